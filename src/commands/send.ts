@@ -1,0 +1,36 @@
+import {Args, Flags} from '@oclif/core'
+import {BaseCommand} from './base-command.js'
+import type {AgentRunOutput} from '../runtime/agent-run/contract.js'
+import {GatewayError} from '../runtime/errors.js'
+import {readMessageArgument, sendMessage} from '../runtime/send.js'
+
+export default class Send extends BaseCommand<typeof Send> {
+  static summary = "send one message to an agent and print its reply (runs the agent's whole loop in its isolation level)"
+  static args = {message: Args.string({description: 'the message; "-" reads it from stdin', required: true})}
+  static flags = {
+    agent: Flags.string({char: 'a', description: 'agent id', required: true}),
+    channel: Flags.string({description: 'conversation channel (history is kept per channel)', default: 'cli'}),
+    unrestricted: Flags.boolean({description: 'run without any isolation, for this invocation only'}),
+  }
+  static examples = [
+    '<%= config.bin %> send --agent meepa "what files are in your workspace?"',
+    'echo "summarise notes.md" | <%= config.bin %> send --agent meepa -',
+  ]
+
+  async run(): Promise<AgentRunOutput> {
+    const content = await readMessageArgument(this.args.message, process.stdin)
+    const {output} = await sendMessage({
+      loaded: this.loadConfig(),
+      agentId: this.flags.agent,
+      channel: this.flags.channel,
+      content,
+      unrestricted: this.flags.unrestricted,
+      onLog: (line) => this.logToStderr(line),
+    })
+    if (!output.ok) {
+      throw new GatewayError(output.error.code, output.error.message, {retryable: output.error.retryable, details: {...output.error.details, run_id: output.run_id}})
+    }
+    this.log(output.reply.content)
+    return output
+  }
+}

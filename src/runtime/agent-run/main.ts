@@ -1,0 +1,75 @@
+import {GatewayError, toGatewayError} from '../errors.js'
+import {redactSecrets} from '../redact.js'
+import {withoutSecrets} from './env.js'
+import type {AgentRunInput, AgentRunOutput} from './contract.js'
+import {MAX_INPUT_BYTES, parseAgentRunInput} from './input.js'
+
+async function readStdin(): Promise<string> {
+  const chunks: Buffer[] = []
+  let size = 0
+  for await (const chunk of process.stdin) {
+    size += (chunk as Buffer).length
+    if (size > MAX_INPUT_BYTES) throw new GatewayError('E_INPUT', `stdin is larger than ${MAX_INPUT_BYTES} bytes`)
+    chunks.push(chunk as Buffer)
+  }
+  return Buffer.concat(chunks).toString('utf8')
+}
+
+/** Runs one agent-run input; never throws: every failure becomes the contract's error object. */
+export async function executeAgentRun(input: AgentRunInput, log: (line: string) => void): Promise<AgentRunOutput> {
+  const secretValues = Object.values(input.secrets)
+  const redact = input.redact_secrets === false ? (text: string) => text : (text: string) => redactSecrets(text, secretValues)
+  // Imported lazily so a malformed input is answered without loading SDKs and SQLite.
+  const [{runAgentLoop}, {openMemory}, {createProviderChain}] = await Promise.all([
+    import('../agent/loop.js'),
+    import('../memory.js'),
+    import('../providers/index.js'),
+  ])
+  let memory
+  try {
+    const chain = createProviderChain(input.providers, input.secrets, {provider: input.agent.provider, model: input.agent.model})
+    memory = openMemory(input.workspace)
+    const env = withoutSecrets(process.env, input.secrets)
+    return await runAgentLoop(input, {chat: (request) => chain.chat(request), memory, redact, log, env})
+  } catch (error) {
+    const gatewayError = toGatewayError(error, 'E_RUN')
+    return {
+      version: 1,
+      ok: false,
+      run_id: input.run_id,
+      error: {
+        code: gatewayError.code,
+        message: redact(gatewayError.message),
+        retryable: gatewayError.retryable,
+        ...(Object.keys(gatewayError.details).length > 0 ? {details: JSON.parse(redact(JSON.stringify(gatewayError.details))) as Record<string, unknown>} : {}),
+      },
+    }
+  } finally {
+    memory?.close()
+  }
+}
+
+/** `meepagateway agent-run`: one JSON object in on stdin, one out on stdout, logs on stderr. */
+export async function main(): Promise<void> {
+  const stdout = process.stdout
+  // Only the result may reach stdout: anything a library prints goes to stderr.
+  console.log = console.error
+  console.info = console.error
+  let runId = 'unknown'
+  let secrets: string[] = []
+  const log = (line: string) => process.stderr.write(`[agent-run ${runId}] ${redactSecrets(line, secrets)}\n`)
+  let output: AgentRunOutput
+  try {
+    const input = parseAgentRunInput(await readStdin())
+    runId = input.run_id
+    secrets = Object.values(input.secrets)
+    output = await executeAgentRun(input, log)
+  } catch (error) {
+    const gatewayError = toGatewayError(error, 'E_INTERNAL')
+    if (gatewayError.code === 'E_INTERNAL') log(`internal error: ${gatewayError.stack ?? gatewayError.message}`)
+    output = {version: 1, ok: false, run_id: runId, error: {code: gatewayError.code, message: gatewayError.message, retryable: false}}
+  }
+  stdout.write(`${JSON.stringify(output)}\n`, () => {
+    process.exit(output.ok ? 0 : output.error.code === 'E_INPUT' ? 2 : 1)
+  })
+}

@@ -1,0 +1,80 @@
+import type {AgentRunInput, AgentRunSuccess, ToolCallRecord, Usage} from '../agent-run/contract.js'
+import type {Memory} from '../memory.js'
+import type {ChatMessage, ChatResponse, ChatRequest} from '../providers/types.js'
+import {buildSystemPrompt} from './prompt.js'
+import {listSkills} from './skills.js'
+import {runTool, TOOL_DEFINITIONS} from './tools.js'
+
+export interface AgentLoopDeps {
+  chat: (request: ChatRequest) => Promise<ChatResponse>
+  memory: Memory
+  redact: (text: string) => string
+  log: (line: string) => void
+  env: NodeJS.ProcessEnv
+  signal?: AbortSignal
+}
+
+/** The agent loop: ask the model, run the tools it calls, repeat until a final answer or max_iterations. */
+export async function runAgentLoop(input: AgentRunInput, deps: AgentLoopDeps): Promise<AgentRunSuccess> {
+  const started = Date.now()
+  const {agent, message, workspace} = input
+  const channel = `${message.connector}:${message.channel_id}`
+  const skills = listSkills(workspace, deps.log)
+  const system = buildSystemPrompt(agent, workspace, skills, message)
+  const turn: ChatMessage[] = [{role: 'user', content: message.content}]
+  const history = deps.memory.history(channel)
+  const usage: Usage = {input_tokens: 0, output_tokens: 0}
+  const toolCalls: ToolCallRecord[] = []
+  let iterations = 0
+  let reply: string | undefined
+  let lastText = ''
+
+  while (iterations < agent.max_iterations) {
+    iterations++
+    const response = await deps.chat({system, messages: [...history, ...turn], tools: TOOL_DEFINITIONS, signal: deps.signal})
+    usage.input_tokens += response.usage.input_tokens
+    usage.output_tokens += response.usage.output_tokens
+    const content = deps.redact(response.content)
+    if (content) lastText = content
+    if (response.tool_calls.length === 0) {
+      reply = content
+      turn.push({role: 'assistant', content})
+      break
+    }
+    turn.push({role: 'assistant', content, tool_calls: response.tool_calls})
+    for (const call of response.tool_calls) {
+      const toolStarted = Date.now()
+      const result = await runTool(call.name, call.arguments, {
+        workspace,
+        memory: deps.memory,
+        env: deps.env,
+        redact: deps.redact,
+        signal: deps.signal,
+      })
+      const ms = Date.now() - toolStarted
+      toolCalls.push({name: call.name, ok: result.ok, ms})
+      deps.log(`tool ${call.name} ${result.ok ? 'ok' : 'failed'} in ${ms} ms`)
+      turn.push({role: 'tool', tool_call_id: call.id, name: call.name, content: result.output, ...(result.ok ? {} : {is_error: true})})
+    }
+  }
+
+  const stopReason = reply === undefined ? 'max_iterations' : 'final'
+  if (reply === undefined) {
+    reply =
+      `I stopped after ${iterations} steps, the limit for one message (max_iterations: ${agent.max_iterations}), before finishing.` +
+      (lastText ? ` Where I got to: ${lastText}` : '')
+    turn.push({role: 'assistant', content: reply})
+  }
+  deps.memory.appendHistory(channel, turn)
+  return {
+    version: 1,
+    ok: true,
+    run_id: input.run_id,
+    reply: {content: reply},
+    stop_reason: stopReason,
+    iterations,
+    tool_calls: toolCalls,
+    usage,
+    ms: Date.now() - started,
+  }
+}

@@ -1,0 +1,238 @@
+import {Ajv, type ErrorObject} from 'ajv'
+import fs from 'node:fs'
+import path from 'node:path'
+import YAML from 'yaml'
+import {GatewayError} from '../errors.js'
+import {defaultConfigPath, gatewayHome} from '../paths.js'
+import {CONFIG_SCHEMA} from './schema.js'
+import {DEFAULT_AGENT, DEFAULT_CAPTAIN, DEFAULT_CONFIG_YAML, DEFAULT_GATEWAY, DEFAULT_IMAGE_CONFIG} from './defaults.js'
+import type {AgentConfig, GatewayConfig, LoadedConfig} from './types.js'
+
+export interface LoadConfigOptions {
+  /** --config: an explicit file, which must exist. */
+  configPath?: string
+  home?: string
+  env?: NodeJS.ProcessEnv
+  /** Write the commented default config when the default location has none (commands that need a config). */
+  createIfMissing?: boolean
+}
+
+const ajv = new Ajv({allErrors: true, strict: false, useDefaults: false})
+const validateSchema = ajv.compile(CONFIG_SCHEMA)
+
+export function loadConfig(options: LoadConfigOptions = {}): LoadedConfig {
+  const env = options.env ?? process.env
+  const home = options.home ?? gatewayHome(env)
+  const configPath = path.resolve(options.configPath ?? defaultConfigPath(home))
+  let created = false
+  if (!fs.existsSync(configPath)) {
+    if (options.configPath !== undefined) {
+      throw new GatewayError('E_CONFIG', `config file not found: ${configPath}`, {
+        suggestions: ['check the --config path', `or run without --config to use ${defaultConfigPath(home)}`],
+      })
+    }
+    if (!options.createIfMissing) {
+      throw new GatewayError('E_CONFIG', `no config at ${configPath}`, {
+        suggestions: ['run `meepagateway config check` to create a commented default config'],
+      })
+    }
+    writeDefaultConfig(configPath)
+    created = true
+  }
+  const text = fs.readFileSync(configPath, 'utf8')
+  const result = parseConfigText(text, configPath, env)
+  return {...result, path: configPath, home, created}
+}
+
+/** Writes the default config without ever replacing an operator's file. */
+export function writeDefaultConfig(configPath: string): void {
+  fs.mkdirSync(path.dirname(configPath), {recursive: true, mode: 0o700})
+  try {
+    fs.writeFileSync(configPath, DEFAULT_CONFIG_YAML, {flag: 'wx', mode: 0o600})
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code !== 'EEXIST') throw error
+  }
+}
+
+/** Parses and validates config text; every problem is reported at once, each with its path. */
+export function parseConfigText(
+  text: string,
+  source: string,
+  env: NodeJS.ProcessEnv = process.env,
+): {config: GatewayConfig; secrets: Record<string, string>} {
+  const document = YAML.parseDocument(text, {prettyErrors: true})
+  if (document.errors.length > 0) {
+    const problems = document.errors.map((error) => error.message.split('\n')[0] ?? error.message)
+    throw configError(source, problems)
+  }
+  const raw: unknown = document.toJSON() ?? {}
+  const secrets: Record<string, string> = {}
+  const unset = new Map<string, string>()
+  const substituted = substituteEnv(raw, '', env, secrets, unset)
+  const problems = [...unset].map(([at, name]) => `${at}: environment variable ${name} is not set`)
+  if (!validateSchema(substituted)) {
+    // a field whose variable is unset is already reported; its "$NAME" placeholder failing a pattern is noise
+    problems.push(...formatAjvErrors(validateSchema.errors ?? []).filter((problem) => !unset.has(problem.slice(0, problem.indexOf(': ')))))
+  }
+  if (problems.length === 0) problems.push(...crossCheck(substituted as RawConfig))
+  if (problems.length > 0) throw configError(source, problems)
+  const config = resolveConfig(substituted as RawConfig)
+  collectProviderSecrets(config, env, secrets)
+  return {config, secrets}
+}
+
+function configError(source: string, problems: string[]): GatewayError {
+  const unique = [...new Set(problems)]
+  return new GatewayError(
+    'E_CONFIG',
+    `invalid config ${source} (${unique.length} problem${unique.length === 1 ? '' : 's'}):\n${unique.map((p) => `  - ${p}`).join('\n')}`,
+    {
+      suggestions: ['fix the fields named above', 'run `meepagateway config schema` for the full schema'],
+      details: {problems: unique},
+    },
+  )
+}
+
+/** `/agents/1/container_mode/memory_limit` becomes `agents[1].container_mode.memory_limit`. */
+export function formatInstancePath(instancePath: string): string {
+  return instancePath
+    .split('/')
+    .slice(1)
+    .map((part) => part.replaceAll('~1', '/').replaceAll('~0', '~'))
+    .reduce((acc, part) => (/^\d+$/.test(part) ? `${acc}[${part}]` : acc ? `${acc}.${part}` : part), '')
+}
+
+function formatAjvErrors(errors: ErrorObject[]): string[] {
+  // `if/then` wrappers repeat the real error; the branch-specific error already says it.
+  return errors
+    .filter((error) => error.keyword !== 'if')
+    .map((error) => {
+      const at = formatInstancePath(error.instancePath) || '(root)'
+      switch (error.keyword) {
+        case 'additionalProperties':
+          return `${at}: unknown field "${String(error.params.additionalProperty)}"`
+        case 'required':
+          return `${at}: missing required field "${String(error.params.missingProperty)}"`
+        case 'enum':
+          return `${at}: must be one of ${(error.params.allowedValues as unknown[]).map((v) => JSON.stringify(v)).join(', ')}`
+        case 'pattern':
+          return `${at}: must match ${String(error.params.pattern)}`
+        default:
+          return `${at}: ${error.message ?? 'is invalid'}`
+      }
+    })
+}
+
+const ENV_REFERENCE = /^\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))$/
+
+/** Replaces `$NAME` / `${NAME}` values; unset names are collected by the path that used them. */
+function substituteEnv(value: unknown, at: string, env: NodeJS.ProcessEnv, secrets: Record<string, string>, unset: Map<string, string>): unknown {
+  if (typeof value === 'string') {
+    const match = ENV_REFERENCE.exec(value)
+    if (!match) return value
+    const name = (match[1] ?? match[2]) as string
+    const resolved = env[name]
+    if (resolved === undefined || resolved === '') {
+      unset.set(at || '(root)', name)
+      return value
+    }
+    secrets[name] = resolved
+    return resolved
+  }
+  if (Array.isArray(value)) return value.map((item, index) => substituteEnv(item, `${at}[${index}]`, env, secrets, unset))
+  if (value && typeof value === 'object') {
+    return Object.fromEntries(
+      Object.entries(value).map(([key, item]) => [key, substituteEnv(item, at ? `${at}.${key}` : key, env, secrets, unset)]),
+    )
+  }
+  return value
+}
+
+type RawAgent = Partial<AgentConfig> & {id: string}
+interface RawConfig {
+  providers: {primary: string; fallback?: string[]; providers: GatewayConfig['providers']['providers']}
+  captain?: Partial<GatewayConfig['captain']>
+  image_config?: Partial<GatewayConfig['image_config']>
+  gateway?: Partial<GatewayConfig['gateway']>
+  agent_defaults?: Partial<AgentConfig>
+  agents?: RawAgent[]
+}
+
+function crossCheck(raw: RawConfig): string[] {
+  const problems: string[] = []
+  const names = new Set(Object.keys(raw.providers.providers))
+  if (!names.has(raw.providers.primary)) problems.push(`providers.primary: "${raw.providers.primary}" is not defined in providers.providers`)
+  for (const [index, name] of (raw.providers.fallback ?? []).entries()) {
+    if (!names.has(name)) problems.push(`providers.fallback[${index}]: "${name}" is not defined in providers.providers`)
+  }
+  if (raw.agent_defaults?.provider && !names.has(raw.agent_defaults.provider)) {
+    problems.push(`agent_defaults.provider: "${raw.agent_defaults.provider}" is not defined in providers.providers`)
+  }
+  const seen = new Map<string, number>()
+  for (const [index, agent] of (raw.agents ?? []).entries()) {
+    if (agent.provider && !names.has(agent.provider)) problems.push(`agents[${index}].provider: "${agent.provider}" is not defined in providers.providers`)
+    const earlier = seen.get(agent.id)
+    if (earlier === undefined) seen.set(agent.id, index)
+    else problems.push(`agents[${index}].id: "${agent.id}" is already used by agents[${earlier}]`)
+  }
+  return problems
+}
+
+function resolveConfig(raw: RawConfig): GatewayConfig {
+  const defaults = raw.agent_defaults ?? {}
+  return {
+    providers: {primary: raw.providers.primary, fallback: raw.providers.fallback ?? [], providers: raw.providers.providers},
+    captain: {...DEFAULT_CAPTAIN, ...raw.captain},
+    image_config: {...DEFAULT_IMAGE_CONFIG, ...raw.image_config},
+    gateway: {...DEFAULT_GATEWAY, ...raw.gateway},
+    agents: (raw.agents ?? []).map((agent) => resolveAgent(agent, defaults)),
+  }
+}
+
+/** agent field > agent_defaults > built-in default; nested sections merge field by field. */
+export function resolveAgent(agent: RawAgent, defaults: Partial<AgentConfig>): AgentConfig {
+  const pick = <K extends keyof AgentConfig>(key: K): AgentConfig[K] | undefined => (agent[key] ?? defaults[key]) as AgentConfig[K] | undefined
+  const resolved: AgentConfig = {
+    id: agent.id,
+    name: agent.name ?? agent.id,
+    max_iterations: pick('max_iterations') ?? DEFAULT_AGENT.max_iterations,
+    timeout_seconds: pick('timeout_seconds') ?? DEFAULT_AGENT.timeout_seconds,
+    container_mode: {...DEFAULT_AGENT.container_mode, ...defaults.container_mode, ...agent.container_mode},
+    file_access: {...DEFAULT_AGENT.file_access, ...defaults.file_access, ...agent.file_access},
+    connectors: (pick('connectors') ?? DEFAULT_AGENT.connectors).map((connector) =>
+      connector.type === 'discord' ? {...connector, guild_ids: connector.guild_ids ?? []} : connector,
+    ),
+    secrets: pick('secrets') ?? DEFAULT_AGENT.secrets,
+  }
+  const provider = pick('provider')
+  const model = pick('model')
+  if (provider !== undefined) resolved.provider = provider
+  if (model !== undefined) resolved.model = model
+  return resolved
+}
+
+/** Provider keys and agents' named secrets come from the environment; missing ones are reported when a run needs them. */
+function collectProviderSecrets(config: GatewayConfig, env: NodeJS.ProcessEnv, secrets: Record<string, string>): void {
+  const names = [
+    ...Object.values(config.providers.providers).flatMap((provider) => (provider.api_key_env ? [provider.api_key_env] : [])),
+    ...config.agents.flatMap((agent) => agent.secrets),
+  ]
+  for (const name of names) {
+    const value = env[name]
+    if (value) secrets[name] = value
+  }
+}
+
+export function findAgent(loaded: LoadedConfig, id: string): AgentConfig {
+  const agent = loaded.config.agents.find((candidate) => candidate.id === id)
+  if (!agent) {
+    const known = loaded.config.agents.map((candidate) => candidate.id)
+    throw new GatewayError('E_AGENT_UNKNOWN', `unknown agent "${id}" in ${loaded.path}`, {
+      suggestions: [
+        known.length > 0 ? `known agents: ${known.join(', ')}` : 'the config defines no agents',
+        `add it under agents: in ${loaded.path}, then run \`meepagateway agent create ${id}\``,
+      ],
+    })
+  }
+  return agent
+}

@@ -1,0 +1,163 @@
+/** The JSON Schema of config.yaml (draft-07). `meepagateway config schema` prints it for editors. */
+const stringList = {type: 'array', items: {type: 'string'}, default: []} as const
+
+export const AGENT_ID_PATTERN = '^[a-z0-9][a-z0-9-]{0,62}$'
+
+const providerSchema = {
+  type: 'object',
+  additionalProperties: false,
+  required: ['kind', 'model'],
+  properties: {
+    kind: {enum: ['anthropic', 'openai']},
+    api_key_env: {type: 'string', pattern: '^[A-Za-z_][A-Za-z0-9_]*$'},
+    model: {type: 'string', minLength: 1},
+    base_url: {type: 'string', pattern: '^https?://'},
+    max_tokens: {type: 'integer', minimum: 1},
+    stream: {type: 'boolean'},
+    max_retries: {type: 'integer', minimum: 0, maximum: 10},
+    timeout_seconds: {type: 'number', exclusiveMinimum: 0},
+  },
+}
+
+const containerModeSchema = {
+  type: 'object',
+  additionalProperties: false,
+  properties: {
+    enabled: {type: 'boolean'},
+    image: {type: 'string'},
+    memory_limit: {type: 'string', pattern: '^[0-9]+[kmg]$'},
+    timeout_seconds: {type: 'number', exclusiveMinimum: 0},
+    network: {enum: ['bridge', 'none', 'host']},
+    pids_limit: {type: 'integer', minimum: 16},
+  },
+}
+
+const fileAccessSchema = {
+  type: 'object',
+  additionalProperties: false,
+  properties: {
+    unrestricted: {type: 'boolean'},
+    allow_read: stringList,
+    allow_read_write: stringList,
+    deny: stringList,
+    allow_home_dotfiles: {type: 'boolean'},
+    allow_network: {type: 'boolean'},
+    best_effort: {type: 'boolean'},
+  },
+}
+
+const connectorSchema = {
+  type: 'object',
+  required: ['type'],
+  properties: {type: {enum: ['meepachat', 'discord', 'slack']}},
+  allOf: [
+    {
+      if: {properties: {type: {const: 'meepachat'}}},
+      then: {
+        additionalProperties: false,
+        required: ['url', 'bot_token'],
+        properties: {type: {}, url: {type: 'string', pattern: '^wss?://'}, bot_token: {type: 'string', minLength: 1}},
+      },
+    },
+    {
+      if: {properties: {type: {const: 'discord'}}},
+      then: {
+        additionalProperties: false,
+        required: ['bot_token'],
+        properties: {type: {}, bot_token: {type: 'string', minLength: 1}, guild_ids: stringList, api_url: {type: 'string'}},
+      },
+    },
+    {
+      if: {properties: {type: {const: 'slack'}}},
+      then: {
+        additionalProperties: false,
+        required: ['bot_token', 'app_token'],
+        properties: {
+          type: {},
+          bot_token: {type: 'string', pattern: '^xoxb-'},
+          app_token: {type: 'string', pattern: '^xapp-'},
+          api_url: {type: 'string'},
+        },
+      },
+    },
+  ],
+}
+
+const agentFields = {
+  name: {type: 'string'},
+  provider: {type: 'string'},
+  model: {type: 'string'},
+  max_iterations: {type: 'integer', minimum: 1, maximum: 1000},
+  timeout_seconds: {type: 'number', exclusiveMinimum: 0},
+  container_mode: containerModeSchema,
+  file_access: fileAccessSchema,
+  connectors: {type: 'array', items: connectorSchema},
+  secrets: {type: 'array', items: {type: 'string', pattern: '^[A-Za-z_][A-Za-z0-9_]*$'}},
+}
+
+export const CONFIG_SCHEMA = {
+  $schema: 'http://json-schema.org/draft-07/schema#',
+  $id: 'https://meepagateway.dev/config.schema.json',
+  title: 'meepagateway config.yaml',
+  type: 'object',
+  additionalProperties: false,
+  required: ['providers', 'agents'],
+  properties: {
+    providers: {
+      type: 'object',
+      additionalProperties: false,
+      required: ['primary', 'providers'],
+      properties: {
+        primary: {type: 'string', minLength: 1},
+        fallback: stringList,
+        providers: {type: 'object', minProperties: 1, additionalProperties: providerSchema},
+      },
+    },
+    captain: {
+      type: 'object',
+      additionalProperties: false,
+      properties: {
+        enabled: {type: 'boolean'},
+        bind: {type: 'string', minLength: 1},
+        port: {type: 'integer', minimum: 0, maximum: 65535},
+      },
+    },
+    image_config: {
+      type: 'object',
+      additionalProperties: false,
+      properties: {
+        enabled: {type: 'boolean'},
+        image: {type: 'string'},
+        base_image: {type: 'string', minLength: 1},
+        packages: {type: 'array', items: {type: 'string', pattern: '^[a-zA-Z0-9][a-zA-Z0-9.+:=~_-]*$'}},
+        env_vars: {
+          type: 'object',
+          propertyNames: {pattern: '^[A-Za-z_][A-Za-z0-9_]*$'},
+          additionalProperties: {type: 'string'},
+        },
+        inject_credentials_env: {type: 'boolean'},
+        inject_secrets_env: {type: 'boolean'},
+        redact_secrets: {type: 'boolean'},
+      },
+    },
+    gateway: {
+      type: 'object',
+      additionalProperties: false,
+      properties: {
+        max_concurrent_runs: {type: 'integer', minimum: 1},
+        queue_limit: {type: 'integer', minimum: 1},
+        shutdown_grace_seconds: {type: 'number', minimum: 0},
+      },
+    },
+    agent_defaults: {type: 'object', additionalProperties: false, properties: agentFields},
+    agents: {
+      type: 'array',
+      items: {
+        type: 'object',
+        additionalProperties: false,
+        required: ['id'],
+        properties: {id: {type: 'string', pattern: AGENT_ID_PATTERN}, ...agentFields},
+      },
+    },
+  },
+} as const

@@ -1,0 +1,97 @@
+export type ProviderKind = 'anthropic' | 'openai'
+export type IsolationLevel = 'container' | 'host-sandbox' | 'unrestricted'
+export type ContainerNetwork = 'bridge' | 'none' | 'host'
+
+export interface ProviderConfig {
+  kind: ProviderKind
+  api_key_env?: string
+  model: string
+  base_url?: string
+  max_tokens?: number
+  stream?: boolean
+  /** Retries after the first attempt on 429 / 5xx / network errors. */
+  max_retries?: number
+  timeout_seconds?: number
+}
+
+export interface ProvidersConfig {
+  primary: string
+  fallback: string[]
+  providers: Record<string, ProviderConfig>
+}
+
+export interface CaptainConfig {
+  enabled: boolean
+  bind: string
+  port: number
+}
+
+export interface ImageConfig {
+  enabled: boolean
+  image: string
+  base_image: string
+  packages: string[]
+  env_vars: Record<string, string>
+  inject_credentials_env: boolean
+  inject_secrets_env: boolean
+  redact_secrets: boolean
+}
+
+export interface ContainerModeConfig {
+  enabled: boolean
+  image: string
+  memory_limit: string
+  timeout_seconds: number
+  network: ContainerNetwork
+  pids_limit: number
+}
+
+export interface FileAccessConfig {
+  unrestricted: boolean
+  allow_read: string[]
+  allow_read_write: string[]
+  deny: string[]
+  allow_home_dotfiles: boolean
+  allow_network: boolean
+  best_effort: boolean
+}
+
+export type ConnectorConfig =
+  | {type: 'meepachat'; url: string; bot_token: string}
+  | {type: 'discord'; bot_token: string; guild_ids: string[]; api_url?: string}
+  | {type: 'slack'; bot_token: string; app_token: string; api_url?: string}
+
+/** An agent with every field resolved: agent field, then agent_defaults, then built-in default. */
+export interface AgentConfig {
+  id: string
+  name: string
+  provider?: string
+  model?: string
+  max_iterations: number
+  /** Host-side wall clock limit for one message in the host sandbox and unrestricted levels. */
+  timeout_seconds: number
+  container_mode: ContainerModeConfig
+  file_access: FileAccessConfig
+  connectors: ConnectorConfig[]
+  /** Secret names (environment variables) this agent may receive besides provider keys. */
+  secrets: string[]
+}
+
+export interface GatewayConfig {
+  providers: ProvidersConfig
+  captain: CaptainConfig
+  image_config: ImageConfig
+  agents: AgentConfig[]
+  gateway: {max_concurrent_runs: number; queue_limit: number; shutdown_grace_seconds: number}
+}
+
+/** What loadConfig returns: the resolved config plus where it came from. */
+export interface LoadedConfig {
+  config: GatewayConfig
+  path: string
+  home: string
+  /** Secret values read from the environment ($NAME references and providers' api_key_env), by name. */
+  secrets: Record<string, string>
+  /** True when this load wrote the default config because none existed. */
+  created: boolean
+}

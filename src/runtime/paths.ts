@@ -1,0 +1,20 @@
+import os from 'node:os'
+import path from 'node:path'
+
+/** MEEPAGATEWAY_HOME, or ~/.meepagateway: config, gateway state and agent workspaces. */
+export function gatewayHome(env: NodeJS.ProcessEnv = process.env): string {
+  const fromEnv = env.MEEPAGATEWAY_HOME
+  return path.resolve(fromEnv && fromEnv.trim() ? fromEnv : path.join(os.homedir(), '.meepagateway'))
+}
+
+export function defaultConfigPath(home: string): string {
+  return path.join(home, 'config.yaml')
+}
+
+export function agentsDir(home: string): string {
+  return path.join(home, 'agents')
+}
+
+export function gatewayDbPath(home: string): string {
+  return path.join(home, 'gateway.db')
+}

@@ -1,0 +1,106 @@
+import {execa} from 'execa'
+import {fileURLToPath} from 'node:url'
+import path from 'node:path'
+import type {AgentRunInput, AgentRunOutput} from '../agent-run/contract.js'
+import type {ErrorCode} from '../errors.js'
+
+/** The installed app's root (holds bin/, dist/, node_modules/). */
+export const APP_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..', '..')
+
+/** argv that starts `meepagateway agent-run` with this Node; always the built app (tests build it first). */
+export function agentRunArgv(): string[] {
+  return [process.execPath, path.join(APP_ROOT, 'bin', 'run.js'), 'agent-run']
+}
+
+export interface AgentProcessOptions {
+  /** Full argv; argv[0] is the executable. */
+  argv: string[]
+  /** The complete environment of the child: nothing is inherited. */
+  env: Record<string, string>
+  cwd: string
+  input: AgentRunInput
+  timeoutMs: number
+  signal?: AbortSignal
+  /** Extra data written to fd 3 (the sandbox helper reads its rules there). */
+  fd3?: string
+  onStderr?: (line: string) => void
+}
+
+const STDERR_TAIL_BYTES = 4096
+
+export function failure(runId: string, code: ErrorCode, message: string, retryable = false, details?: Record<string, unknown>): AgentRunOutput {
+  return {version: 1, ok: false, run_id: runId, error: {code, message, retryable, ...(details ? {details} : {})}}
+}
+
+/**
+ * Starts agent-run (directly or under a sandbox helper) in its own process group and kills the
+ * whole group at the deadline and after exit, so nothing it started outlives the run.
+ */
+export async function runAgentProcess(options: AgentProcessOptions): Promise<AgentRunOutput> {
+  const {input} = options
+  const [file, ...args] = options.argv
+  if (!file) throw new Error('runAgentProcess: empty argv')
+  const child = execa(file, args, {
+    cwd: options.cwd,
+    env: options.env,
+    extendEnv: false,
+    detached: true,
+    input: JSON.stringify(input),
+    stdio: options.fd3 === undefined ? ['pipe', 'pipe', 'pipe'] : ['pipe', 'pipe', 'pipe', 'pipe'],
+    reject: false,
+    stripFinalNewline: true,
+    maxBuffer: 64 * 1024 * 1024,
+    cancelSignal: options.signal,
+  })
+  if (options.fd3 !== undefined) {
+    const fd3 = child.stdio[3] as NodeJS.WritableStream
+    fd3.end(options.fd3)
+  }
+
+  let stderrTail = ''
+  child.stderr?.on('data', (chunk: Buffer) => {
+    const text = chunk.toString('utf8')
+    stderrTail = (stderrTail + text).slice(-STDERR_TAIL_BYTES)
+    if (options.onStderr) for (const line of text.split('\n')) if (line.trim()) options.onStderr(line)
+  })
+
+  const killGroup = () => {
+    if (child.pid === undefined) return
+    try {
+      process.kill(-child.pid, 'SIGKILL')
+    } catch {
+      // the group is already gone
+    }
+  }
+
+  let timedOut = false
+  const timer = setTimeout(() => {
+    timedOut = true
+    killGroup()
+  }, options.timeoutMs)
+  const result = await child
+  clearTimeout(timer)
+  killGroup() // background processes the agent left running die with the run
+
+  if (timedOut) {
+    return failure(input.run_id, 'E_TIMEOUT', `the run took longer than ${Math.round(options.timeoutMs / 1000)} s and was stopped`, false, {stderr_tail: stderrTail})
+  }
+  if (result.isCanceled) return failure(input.run_id, 'E_RUN', 'the run was cancelled', true)
+  return parseAgentRunOutput(input.run_id, String(result.stdout ?? ''), result.exitCode, stderrTail)
+}
+
+/** Reads agent-run's one JSON object; anything else becomes an E_RUN failure with the stderr tail. */
+export function parseAgentRunOutput(runId: string, stdout: string, exitCode: number | undefined, stderrTail: string): AgentRunOutput {
+  const text = stdout.trim()
+  if (text) {
+    try {
+      const parsed = JSON.parse(text) as AgentRunOutput
+      if (parsed && typeof parsed === 'object' && parsed.version === 1 && typeof parsed.ok === 'boolean') return parsed
+    } catch {
+      // fall through to the generic failure below
+    }
+  }
+  return failure(runId, 'E_RUN', `agent-run exited with code ${exitCode ?? 'unknown'} without a result`, false, {
+    stderr_tail: stderrTail,
+  })
+}

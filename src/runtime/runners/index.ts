@@ -1,0 +1,22 @@
+import type {AgentConfig, IsolationLevel} from '../config/types.js'
+import {GatewayError} from '../errors.js'
+import type {Runner} from './types.js'
+
+/** --unrestricted wins (an operator's explicit choice for this process), then container mode, then file_access. */
+export function isolationLevelFor(agent: AgentConfig, unrestricted = false): IsolationLevel {
+  if (unrestricted) return 'unrestricted'
+  if (agent.container_mode.enabled) return 'container'
+  if (agent.file_access.unrestricted) return 'unrestricted'
+  return 'host-sandbox'
+}
+
+export async function runnerFor(level: IsolationLevel): Promise<Runner> {
+  switch (level) {
+    case 'unrestricted':
+      return (await import('./unrestricted.js')).unrestrictedRunner
+    default:
+      throw new GatewayError('E_ISOLATION_UNAVAILABLE', `the ${level} isolation level is not available in this build`, {
+        suggestions: ['run with --unrestricted to run without isolation (only for trusted agents)'],
+      })
+  }
+}

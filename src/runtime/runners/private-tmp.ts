@@ -1,0 +1,24 @@
+import fs from 'node:fs'
+import os from 'node:os'
+import path from 'node:path'
+
+/** A per-run TMPDIR, removed when the run ends whatever happened. */
+export async function withPrivateTmp<T>(runId: string, use: (dir: string) => Promise<T>): Promise<T> {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), `meepa-run-${runId.slice(0, 12)}-`))
+  try {
+    return await use(dir)
+  } finally {
+    fs.rmSync(dir, {recursive: true, force: true})
+  }
+}
+
+/** The environment every level gives agent-run: nothing from the operator's shell but PATH and locale. */
+export function agentEnvironment(workspace: string, tmp: string): Record<string, string> {
+  return {
+    PATH: process.env.PATH ?? '/usr/local/bin:/usr/bin:/bin',
+    HOME: workspace,
+    TMPDIR: tmp,
+    LANG: process.env.LANG ?? 'C.UTF-8',
+    ...(process.env.MEEPA_RETRY_BASE_MS ? {MEEPA_RETRY_BASE_MS: process.env.MEEPA_RETRY_BASE_MS} : {}),
+  }
+}

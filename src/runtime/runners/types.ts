@@ -1,0 +1,29 @@
+import type {AgentRunInput, AgentRunOutput} from '../agent-run/contract.js'
+import type {AgentConfig, GatewayConfig, IsolationLevel} from '../config/types.js'
+
+/** Everything a runner needs to run one message for one agent. */
+export interface RunRequest {
+  input: AgentRunInput
+  agent: AgentConfig
+  config: GatewayConfig
+  /** MEEPAGATEWAY_HOME: the runner must keep it out of the agent's reach. */
+  home: string
+  /** Host path of the agent's workspace. */
+  workspace: string
+  /** Wall-clock limit for the whole run; past it the run and everything it started is killed. */
+  timeoutMs: number
+  signal?: AbortSignal
+  /** Progress lines for the operator (image builds, sandbox gaps in best-effort mode). */
+  onLog?: (line: string) => void
+}
+
+/**
+ * One isolation level. Every level runs the same `meepagateway agent-run` with the same
+ * stdin/stdout contract; a runner only decides where it runs and how it is killed.
+ * A runner never throws for a failed run: it returns `{ok: false}` with a code
+ * (E_TIMEOUT, E_OOM, E_SANDBOX, ...) so the gateway can reply to the user and record it.
+ */
+export interface Runner {
+  readonly level: IsolationLevel
+  run(request: RunRequest): Promise<AgentRunOutput>
+}

@@ -1,0 +1,16 @@
+import {execFileSync} from 'node:child_process'
+import path from 'node:path'
+import {fileURLToPath} from 'node:url'
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..')
+
+/**
+ * Processes spawned by tests (agent-run under every runner, `serve`) run the built app, so build
+ * it once per test run: a stale dist/ would otherwise test yesterday's code.
+ */
+export default function setup(): void {
+  if (process.env.MEEPA_SKIP_BUILD === '1') return
+  const started = Date.now()
+  execFileSync('npm', ['run', '--silent', 'build'], {cwd: root, stdio: ['ignore', 'inherit', 'inherit']})
+  process.stderr.write(`[global-setup] built dist/ in ${Date.now() - started} ms\n`)
+}
