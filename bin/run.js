@@ -1,8 +1,15 @@
 #!/usr/bin/env node
-// agent-run is started once per message: skip oclif's plugin loading so start-up stays small.
-if (process.argv[2] === 'agent-run' && process.argv.length === 3) {
+// Hot paths skip oclif's config and plugin loading: agent-run starts once per message, and
+// `--version` is what scripts and health checks call. Everything else goes through oclif.
+const [command, ...rest] = process.argv.slice(2)
+if (command === 'agent-run' && rest.length === 0) {
   const {main} = await import('../dist/runtime/agent-run/main.js')
   await main()
+} else if (command === '--version' && rest.length === 0) {
+  const {readFileSync} = await import('node:fs')
+  const {version} = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8'))
+  // the same line oclif prints
+  process.stdout.write(`meepagateway/${version} ${process.platform}-${process.arch} node-${process.version}\n`)
 } else {
   const {execute} = await import('@oclif/core')
   await execute({dir: import.meta.url})

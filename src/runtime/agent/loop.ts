@@ -19,7 +19,7 @@ export async function runAgentLoop(input: AgentRunInput, deps: AgentLoopDeps): P
   const started = Date.now()
   const {agent, message, workspace} = input
   const channel = `${message.connector}:${message.channel_id}`
-  const skills = listSkills(workspace, deps.log)
+  const skills = await listSkills(workspace, deps.log)
   const system = buildSystemPrompt(agent, workspace, skills, message)
   const turn: ChatMessage[] = [{role: 'user', content: message.content}]
   const history = deps.memory.history(channel)

@@ -1,6 +1,5 @@
 import fs from 'node:fs'
 import path from 'node:path'
-import YAML from 'yaml'
 
 export interface Skill {
   name: string
@@ -11,7 +10,7 @@ export interface Skill {
 const FRONT_MATTER = /^---\r?\n([\s\S]*?)\r?\n---\r?\n?/
 
 /** Skills are `skills/NAME.md` or `skills/NAME/SKILL.md` with `name` and `description` front-matter. */
-export function listSkills(workspace: string, warn: (line: string) => void = () => {}): Skill[] {
+export async function listSkills(workspace: string, warn: (line: string) => void = () => {}): Promise<Skill[]> {
   const dir = path.join(workspace, 'skills')
   let entries: fs.Dirent[]
   try {
@@ -27,7 +26,7 @@ export function listSkills(workspace: string, warn: (line: string) => void = () 
         ? path.join(dir, entry.name)
         : undefined
     if (!file || !fs.existsSync(file)) continue
-    const meta = readFrontMatter(fs.readFileSync(file, 'utf8'))
+    const meta = await readFrontMatter(fs.readFileSync(file, 'utf8'))
     if (typeof meta.name !== 'string' || typeof meta.description !== 'string') {
       warn(`skill ${path.relative(workspace, file)} skipped: front-matter needs "name" and "description"`)
       continue
@@ -37,9 +36,11 @@ export function listSkills(workspace: string, warn: (line: string) => void = () 
   return skills
 }
 
-function readFrontMatter(text: string): Record<string, unknown> {
+async function readFrontMatter(text: string): Promise<Record<string, unknown>> {
   const match = FRONT_MATTER.exec(text)
   if (!match) return {}
+  // yaml costs ~40 ms to import; most workspaces have no skills
+  const {default: YAML} = await import('yaml')
   try {
     const parsed: unknown = YAML.parse(match[1] ?? '')
     return parsed && typeof parsed === 'object' ? (parsed as Record<string, unknown>) : {}

@@ -1,4 +1,3 @@
-import {execa} from 'execa'
 import fs from 'node:fs'
 import path from 'node:path'
 import type {Memory} from '../memory.js'
@@ -140,7 +139,7 @@ async function dispatch(name: string, args: Record<string, unknown>, context: To
     }
     case 'skill_read': {
       const wanted = requireString(args, 'name')
-      const skill = listSkills(workspace).find((candidate) => candidate.name === wanted)
+      const skill = (await listSkills(workspace)).find((candidate) => candidate.name === wanted)
       if (!skill) throw new ToolInputError(`no skill named "${wanted}"`)
       return fs.readFileSync(skill.file, 'utf8')
     }
@@ -150,6 +149,8 @@ async function dispatch(name: string, args: Record<string, unknown>, context: To
 }
 
 async function runShell(command: string, timeout: unknown, context: ToolContext): Promise<string> {
+  // execa costs ~80 ms to import: loaded on the first shell call, not at every agent-run start
+  const {execa} = await import('execa')
   const seconds = Math.min(typeof timeout === 'number' && timeout > 0 ? timeout : DEFAULT_SHELL_TIMEOUT_SECONDS, MAX_SHELL_TIMEOUT_SECONDS)
   const child = execa('/bin/sh', ['-c', command], {
     cwd: context.workspace,

@@ -1,0 +1,42 @@
+import fs from 'node:fs'
+import path from 'node:path'
+import {fileURLToPath} from 'node:url'
+
+export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..')
+
+export interface Stats {
+  n: number
+  median: number
+  p95: number
+  min: number
+  max: number
+}
+
+export function stats(samples: number[]): Stats {
+  const sorted = [...samples].sort((a, b) => a - b)
+  const at = (q: number) => sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] as number
+  return {n: sorted.length, median: at(0.5), p95: at(0.95), min: sorted[0] as number, max: sorted.at(-1) as number}
+}
+
+/** Runs `fn` n times after `warmup` discarded runs; returns the milliseconds of each. */
+export async function sample(n: number, fn: () => Promise<number | void>, warmup = 2): Promise<number[]> {
+  const out: number[] = []
+  for (let i = 0; i < warmup + n; i++) {
+    const started = performance.now()
+    const measured = await fn()
+    const ms = typeof measured === 'number' ? measured : performance.now() - started
+    if (i >= warmup) out.push(ms)
+  }
+  return out
+}
+
+export const fmt = (ms: number) => `${ms.toFixed(1)} ms`
+
+/** Saves machine-readable results beside the benchmark and prints them. */
+export function report(name: string, result: Record<string, unknown>): void {
+  const dir = path.join(ROOT, 'bench', 'results')
+  fs.mkdirSync(dir, {recursive: true})
+  const record = {name, date: new Date().toISOString(), node: process.version, ...result}
+  fs.writeFileSync(path.join(dir, `${name}.json`), `${JSON.stringify(record, null, 2)}\n`)
+  console.log(JSON.stringify(record, null, 2))
+}
