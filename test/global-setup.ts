@@ -11,6 +11,8 @@ const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..')
 export default function setup(): void {
   if (process.env.MEEPA_SKIP_BUILD === '1') return
   const started = Date.now()
-  execFileSync('npm', ['run', '--silent', 'build'], {cwd: root, stdio: ['ignore', 'inherit', 'inherit']})
+  // in place, not `npm run build`: removing dist/ would break other test runs sharing the tree
+  execFileSync(process.execPath, [path.join(root, 'node_modules/typescript/bin/tsc'), '-p', 'tsconfig.json'], {cwd: root, stdio: 'inherit'})
+  execFileSync(process.execPath, [path.join(root, 'scripts/build-native.js')], {cwd: root, stdio: 'inherit'})
   process.stderr.write(`[global-setup] built dist/ in ${Date.now() - started} ms\n`)
 }
