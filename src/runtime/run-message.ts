@@ -76,6 +76,7 @@ export async function runMessage(options: RunMessageOptions): Promise<RunMessage
       agent,
       config: options.loaded.config,
       home: options.loaded.home,
+      configPath: options.loaded.path,
       workspace,
       timeoutMs: timeoutSeconds * 1000,
       signal: options.signal,

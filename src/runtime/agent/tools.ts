@@ -2,6 +2,7 @@ import fs from 'node:fs'
 import path from 'node:path'
 import type {Memory} from '../memory.js'
 import type {ToolDefinition} from '../providers/types.js'
+import {shellArgv} from '../../sandbox/network-layer.js'
 import {listSkills} from './skills.js'
 
 /** Tool output beyond this is cut, and the result says so: models cope, prompts stay small. */
@@ -152,7 +153,9 @@ async function runShell(command: string, timeout: unknown, context: ToolContext)
   // execa costs ~80 ms to import: loaded on the first shell call, not at every agent-run start
   const {execa} = await import('execa')
   const seconds = Math.min(typeof timeout === 'number' && timeout > 0 ? timeout : DEFAULT_SHELL_TIMEOUT_SECONDS, MAX_SHELL_TIMEOUT_SECONDS)
-  const child = execa('/bin/sh', ['-c', command], {
+  // under the host sandbox with allow_network: false this adds the network-off layer
+  const [file, ...args] = shellArgv(command, context.env)
+  const child = execa(file!, args, {
     cwd: context.workspace,
     env: {...context.env, HOME: context.workspace},
     extendEnv: false,

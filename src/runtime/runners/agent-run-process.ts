@@ -3,6 +3,7 @@ import {fileURLToPath} from 'node:url'
 import path from 'node:path'
 import type {AgentRunInput, AgentRunOutput} from '../agent-run/contract.js'
 import type {ErrorCode} from '../errors.js'
+import {killSession} from '../../sandbox/kill-session.js'
 
 /** The installed app's root (holds bin/, dist/, node_modules/). */
 export const APP_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..', '..')
@@ -71,6 +72,9 @@ export async function runAgentProcess(options: AgentProcessOptions): Promise<Age
     } catch {
       // the group is already gone
     }
+    // `detached` made the child a session leader: members that moved to another process group
+    // (the host sandbox lets them setpgid, never setsid) are still in its session
+    killSession(child.pid)
   }
 
   let timedOut = false

@@ -14,6 +14,10 @@ export async function runnerFor(level: IsolationLevel): Promise<Runner> {
   switch (level) {
     case 'unrestricted':
       return (await import('./unrestricted.js')).unrestrictedRunner
+    case 'host-sandbox':
+      return (await import('./host-sandbox.js')).hostSandboxRunner
+    case 'container':
+      return (await import('./container.js')).containerRunner
     default:
       throw new GatewayError('E_ISOLATION_UNAVAILABLE', `the ${level} isolation level is not available in this build`, {
         suggestions: ['run with --unrestricted to run without isolation (only for trusted agents)'],

@@ -8,6 +8,8 @@ export interface RunRequest {
   config: GatewayConfig
   /** MEEPAGATEWAY_HOME: the runner must keep it out of the agent's reach. */
   home: string
+  /** The config file actually loaded (--config may put it outside MEEPAGATEWAY_HOME); kept out of reach too. */
+  configPath?: string
   /** Host path of the agent's workspace. */
   workspace: string
   /** Wall-clock limit for the whole run; past it the run and everything it started is killed. */

@@ -1,0 +1,77 @@
+// Issue 4 target: the per-message overhead of container mode, send to reply with a fake LLM that
+// answers at once, is at most 1.3 times a bare `docker run --rm <isolation image> node -e 0`
+// (median, same run). Also reports the isolation image's size.
+//
+// Two send-to-reply numbers: `in_process` is the runtime path a gateway takes for every message
+// (runMessage: queue, image check, docker run of agent-run, inspect, remove); `cli` adds the
+// `meepagateway send` process start-up, paid once per message only by the CLI.
+//
+// The agent uses `network: host` because the fake LLM listens on the host's 127.0.0.1 (the
+// bench engine has no bridge, and benchmarks, like tests, only talk to loopback).
+import {execa} from 'execa'
+import fs from 'node:fs'
+import os from 'node:os'
+import path from 'node:path'
+import YAML from 'yaml'
+import {startFakeLlm} from '../test/fakes/llm-server.js'
+import {loadConfig, findAgent} from '../src/runtime/config/load.js'
+import {containerImageContext} from '../src/runtime/container-context.js'
+import {runMessage} from '../src/runtime/run-message.js'
+import {readyIsolationImage} from '../src/runtime/runners/container.js'
+import {fmt, report, ROOT, sample, stats} from './lib.js'
+
+const N = Number(process.env.BENCH_N ?? 15)
+const bin = path.join(ROOT, 'bin', 'run.js')
+
+const llm = await startFakeLlm()
+llm.setDefault({text: 'ok'})
+const home = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-bench-container-'))
+const configPath = path.join(home, 'config.yaml')
+fs.writeFileSync(configPath, YAML.stringify({
+  providers: {primary: 'fake', providers: {fake: {kind: 'openai', api_key_env: 'FAKE_LLM_KEY', model: 'm', base_url: llm.openaiBaseUrl}}},
+  agents: [{id: 'bench', container_mode: {enabled: true, network: 'host'}}],
+}))
+process.env.FAKE_LLM_KEY = 'sk-bench-key-123456'
+const loaded = loadConfig({configPath, home})
+const image = await readyIsolationImage(loaded.config, findAgent(loaded, 'bench'), containerImageContext(home, {onLog: (line) => process.stderr.write(`${line}\n`)}))
+
+const bare = stats(await sample(N, async () => void (await execa('docker', ['run', '--rm', image, 'node', '-e', '0']))))
+
+const inProcess = stats(
+  await sample(N, async () => {
+    const started = performance.now()
+    const result = await runMessage({
+      loaded,
+      agentId: 'bench',
+      message: {id: 'm', connector: 'cli', channel_id: 'bench', user: {id: 'u', name: 'u'}, content: 'hi'},
+      onLog: () => {},
+    })
+    if (!result.output.ok) throw new Error(`bench run failed: ${JSON.stringify(result.output.error)}`)
+    return performance.now() - started
+  }),
+)
+
+const cli = stats(
+  await sample(N, async () => {
+    const result = await execa(process.execPath, [bin, 'send', '--agent', 'bench', 'hi'], {env: {MEEPAGATEWAY_HOME: home, FAKE_LLM_KEY: 'sk-bench-key-123456'}, reject: false})
+    if (result.exitCode !== 0) throw new Error(`bench send failed: ${result.stderr}`)
+  }),
+)
+
+const size = Number((await execa('docker', ['image', 'inspect', '--format', '{{.Size}}', image])).stdout)
+await llm.close()
+fs.rmSync(home, {recursive: true, force: true})
+
+const ratio = (value: number) => +(value / bare.median).toFixed(2)
+report('container-overhead', {
+  samples: N,
+  image,
+  image_size_bytes: size,
+  bare_docker_run_node_e_0: bare,
+  send_to_reply_in_process: inProcess,
+  send_to_reply_cli: cli,
+  ratio_in_process_to_bare: ratio(inProcess.median),
+  ratio_cli_to_bare: ratio(cli.median),
+  target_ratio: 1.3,
+  summary: `send to reply ${fmt(inProcess.median)} in process (${ratio(inProcess.median)}x), ${fmt(cli.median)} through the CLI (${ratio(cli.median)}x) vs bare docker run node -e 0 ${fmt(bare.median)}; isolation image ${Math.round(size / 1e6)} MB`,
+})

@@ -1,0 +1,667 @@
+/*
+ * meepa-sandbox: the Landlock + seccomp launcher of meepagateway's host sandbox.
+ *
+ *   meepa-sandbox --rules-fd N -- CMD [ARGS...]   apply the rules read from fd N, then exec CMD
+ *   meepa-sandbox --deny-network -- CMD [ARGS...] add a network-off layer (keeps the environment)
+ *   meepa-sandbox --probe                         print what this kernel can enforce, as JSON
+ *
+ * The policy is computed in TypeScript (src/sandbox/policy.ts); this program only applies explicit
+ * (path, rights) rules. Landlock restricts the calling thread only, so it is applied here, in a
+ * single-threaded process, right before execve -- never inside the multi-threaded Node process.
+ *
+ * Rules file (text, one directive per line; paths and values run to the end of the line):
+ *   meepa-sandbox-rules 1
+ *   best_effort 0|1
+ *   network allow|deny
+ *   path RIGHT[,RIGHT...] /absolute/path
+ *   env NAME=VALUE
+ *   end
+ * A missing `end` means a truncated file: the helper refuses to run.
+ *
+ * Exit status: the command's own, or 125 when the sandbox could not be set up (nothing ran),
+ * 126 / 127 when the command could not be executed.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* Our own copies of the kernel ABI: distribution headers lag the running kernel. */
+#define LL_CREATE_RULESET_VERSION (1U << 0)
+#define LL_RULE_PATH_BENEATH 1
+#define LL_FS_EXECUTE (1ULL << 0)
+#define LL_FS_WRITE_FILE (1ULL << 1)
+#define LL_FS_READ_FILE (1ULL << 2)
+#define LL_FS_READ_DIR (1ULL << 3)
+#define LL_FS_REMOVE_DIR (1ULL << 4)
+#define LL_FS_REMOVE_FILE (1ULL << 5)
+#define LL_FS_MAKE_CHAR (1ULL << 6)
+#define LL_FS_MAKE_DIR (1ULL << 7)
+#define LL_FS_MAKE_REG (1ULL << 8)
+#define LL_FS_MAKE_SOCK (1ULL << 9)
+#define LL_FS_MAKE_FIFO (1ULL << 10)
+#define LL_FS_MAKE_BLOCK (1ULL << 11)
+#define LL_FS_MAKE_SYM (1ULL << 12)
+#define LL_FS_REFER (1ULL << 13)
+#define LL_FS_TRUNCATE (1ULL << 14)
+#define LL_FS_IOCTL_DEV (1ULL << 15)
+#define LL_NET_BIND_TCP (1ULL << 0)
+#define LL_NET_CONNECT_TCP (1ULL << 1)
+#define LL_SCOPE_ABSTRACT_UNIX_SOCKET (1ULL << 0)
+#define LL_SCOPE_SIGNAL (1ULL << 1)
+#define LL_FILE_RIGHTS (LL_FS_EXECUTE | LL_FS_WRITE_FILE | LL_FS_READ_FILE | LL_FS_TRUNCATE | LL_FS_IOCTL_DEV)
+
+#ifndef __NR_landlock_create_ruleset
+#define __NR_landlock_create_ruleset 444
+#define __NR_landlock_add_rule 445
+#define __NR_landlock_restrict_self 446
+#endif
+#ifndef __NR_openat2
+#define __NR_openat2 437
+#endif
+#ifndef __NR_close_range
+#define __NR_close_range 436
+#endif
+#ifndef __NR_io_uring_setup
+#define __NR_io_uring_setup 425
+#define __NR_io_uring_enter 426
+#define __NR_io_uring_register 427
+#endif
+#ifndef AF_VSOCK
+#define AF_VSOCK 40
+#endif
+#ifndef SECCOMP_RET_KILL_PROCESS
+#define SECCOMP_RET_KILL_PROCESS 0x80000000U
+#endif
+#ifndef SECCOMP_GET_ACTION_AVAIL
+#define SECCOMP_GET_ACTION_AVAIL 2
+#endif
+#ifndef RESOLVE_NO_SYMLINKS
+#define RESOLVE_NO_SYMLINKS 0x04
+#endif
+
+#if defined(__x86_64__)
+#define NATIVE_AUDIT_ARCH AUDIT_ARCH_X86_64
+#define ARCH_NAME "x86_64"
+#elif defined(__aarch64__)
+#define NATIVE_AUDIT_ARCH AUDIT_ARCH_AARCH64
+#define ARCH_NAME "aarch64"
+#elif defined(__riscv) && __riscv_xlen == 64
+#define NATIVE_AUDIT_ARCH AUDIT_ARCH_RISCV64
+#define ARCH_NAME "riscv64"
+#else
+#define ARCH_NAME "unsupported"
+#endif
+
+struct ll_ruleset_attr {
+	uint64_t handled_access_fs;
+	uint64_t handled_access_net;
+	uint64_t scoped;
+};
+
+struct ll_path_beneath_attr {
+	uint64_t allowed_access;
+	int32_t parent_fd;
+} __attribute__((packed));
+
+struct open_how_compat {
+	uint64_t flags;
+	uint64_t mode;
+	uint64_t resolve;
+};
+
+static const struct {
+	const char *name;
+	uint64_t bit;
+	int abi;
+} RIGHTS[] = {
+	{"execute", LL_FS_EXECUTE, 1},       {"write_file", LL_FS_WRITE_FILE, 1}, {"read_file", LL_FS_READ_FILE, 1},
+	{"read_dir", LL_FS_READ_DIR, 1},     {"remove_dir", LL_FS_REMOVE_DIR, 1}, {"remove_file", LL_FS_REMOVE_FILE, 1},
+	{"make_char", LL_FS_MAKE_CHAR, 1},   {"make_dir", LL_FS_MAKE_DIR, 1},     {"make_reg", LL_FS_MAKE_REG, 1},
+	{"make_sock", LL_FS_MAKE_SOCK, 1},   {"make_fifo", LL_FS_MAKE_FIFO, 1},   {"make_block", LL_FS_MAKE_BLOCK, 1},
+	{"make_sym", LL_FS_MAKE_SYM, 1},     {"refer", LL_FS_REFER, 2},           {"truncate", LL_FS_TRUNCATE, 3},
+	{"ioctl_dev", LL_FS_IOCTL_DEV, 5},
+};
+#define N_RIGHTS (sizeof(RIGHTS) / sizeof(RIGHTS[0]))
+#define EXIT_SETUP 125
+#define MAX_RULES 16384
+#define MAX_ENV 1024
+#define MAX_RULES_BYTES (16 * 1024 * 1024)
+
+struct rule {
+	uint64_t access;
+	const char *path;
+};
+
+struct policy {
+	int best_effort;
+	int network_deny;
+	int ended;
+	size_t n_rules;
+	struct rule rules[MAX_RULES];
+	size_t n_env;
+	char *env[MAX_ENV + 1];
+};
+
+static struct policy policy;
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die(const char *fmt, ...)
+{
+	va_list args;
+	va_start(args, fmt);
+	fputs("meepa-sandbox: ", stderr);
+	vfprintf(stderr, fmt, args);
+	fputc('\n', stderr);
+	va_end(args);
+	exit(EXIT_SETUP);
+}
+
+static const char *errno_name(int err)
+{
+	switch (err) {
+	case ENOSYS:
+		return "ENOSYS";
+	case EOPNOTSUPP:
+		return "EOPNOTSUPP";
+	case EPERM:
+		return "EPERM";
+	case EINVAL:
+		return "EINVAL";
+	default:
+		return "EUNKNOWN";
+	}
+}
+
+static int landlock_abi(int *err)
+{
+	long abi = syscall(__NR_landlock_create_ruleset, NULL, 0, LL_CREATE_RULESET_VERSION);
+	*err = abi < 0 ? errno : 0;
+	return abi < 0 ? 0 : (int)abi;
+}
+
+static const char *landlock_unavailable_reason(int err)
+{
+	switch (err) {
+	case ENOSYS:
+		return "the kernel was built without Landlock (CONFIG_SECURITY_LANDLOCK)";
+	case EOPNOTSUPP:
+		return "Landlock is built in but not enabled: add landlock to the lsm= boot parameter";
+	case EPERM:
+		return "a seccomp filter (container runtime?) blocks the Landlock system calls";
+	default:
+		return "landlock_create_ruleset failed";
+	}
+}
+
+static int seccomp_available(void)
+{
+#ifdef NATIVE_AUDIT_ARCH
+	uint32_t action = SECCOMP_RET_ERRNO;
+	if (syscall(__NR_seccomp, SECCOMP_GET_ACTION_AVAIL, 0, &action) == 0)
+		return 1;
+#endif
+	return 0;
+}
+
+static uint64_t handled_fs_for_abi(int abi)
+{
+	uint64_t handled = 0;
+	for (size_t i = 0; i < N_RIGHTS; i++)
+		if (RIGHTS[i].abi <= abi)
+			handled |= RIGHTS[i].bit;
+	return handled;
+}
+
+static int probe(void)
+{
+	int err;
+	int abi = landlock_abi(&err);
+	printf("{\"landlock\":{\"abi\":%d", abi);
+	if (abi == 0)
+		printf(",\"errno\":\"%s\",\"reason\":\"%s\"", errno_name(err),
+		       landlock_unavailable_reason(err));
+	printf("},\"seccomp\":%s,\"arch\":\"%s\"}\n", seccomp_available() ? "true" : "false", ARCH_NAME);
+	return 0;
+}
+
+static uint64_t parse_rights(char *list, int line)
+{
+	uint64_t access = 0;
+	for (char *save = NULL, *name = strtok_r(list, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+		size_t i;
+		for (i = 0; i < N_RIGHTS; i++)
+			if (strcmp(name, RIGHTS[i].name) == 0)
+				break;
+		if (i == N_RIGHTS)
+			die("rules line %d: unknown right \"%s\"", line, name);
+		access |= RIGHTS[i].bit;
+	}
+	return access;
+}
+
+static char *read_all(int fd)
+{
+	size_t size = 0, capacity = 65536;
+	char *buffer = malloc(capacity);
+	if (!buffer)
+		die("out of memory");
+	for (;;) {
+		if (size + 1 >= capacity) {
+			if (capacity >= MAX_RULES_BYTES)
+				die("the rules on fd %d are larger than %d bytes", fd, MAX_RULES_BYTES);
+			capacity *= 2;
+			buffer = realloc(buffer, capacity);
+			if (!buffer)
+				die("out of memory");
+		}
+		ssize_t n = read(fd, buffer + size, capacity - size - 1);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			die("cannot read the rules from fd %d: %s", fd, strerror(errno));
+		if (n == 0)
+			break;
+		size += (size_t)n;
+	}
+	buffer[size] = '\0';
+	return buffer;
+}
+
+static void parse_rules(char *text)
+{
+	int line_no = 0;
+	for (char *save = NULL, *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+		line_no++;
+		if (policy.ended)
+			die("rules line %d: text after `end`", line_no);
+		if (line_no == 1) {
+			if (strcmp(line, "meepa-sandbox-rules 1") != 0)
+				die("the rules do not start with `meepa-sandbox-rules 1` (version mismatch between the app and the helper?)");
+			continue;
+		}
+		char *value = strchr(line, ' ');
+		if (value)
+			*value++ = '\0';
+		if (strcmp(line, "end") == 0 && !value) {
+			policy.ended = 1;
+		} else if (strcmp(line, "best_effort") == 0 && value) {
+			policy.best_effort = strcmp(value, "1") == 0;
+		} else if (strcmp(line, "network") == 0 && value && (!strcmp(value, "allow") || !strcmp(value, "deny"))) {
+			policy.network_deny = strcmp(value, "deny") == 0;
+		} else if (strcmp(line, "path") == 0 && value) {
+			char *path = strchr(value, ' ');
+			if (!path || path[1] != '/')
+				die("rules line %d: expected `path RIGHTS /absolute/path`", line_no);
+			*path++ = '\0';
+			if (policy.n_rules == MAX_RULES)
+				die("more than %d path rules", MAX_RULES);
+			policy.rules[policy.n_rules].access = parse_rights(value, line_no);
+			policy.rules[policy.n_rules].path = path;
+			policy.n_rules++;
+		} else if (strcmp(line, "env") == 0 && value && strchr(value, '=') && value[0] != '=') {
+			if (policy.n_env == MAX_ENV)
+				die("more than %d environment variables", MAX_ENV);
+			policy.env[policy.n_env++] = value;
+		} else {
+			die("rules line %d: unknown directive \"%s\"", line_no, line);
+		}
+	}
+	if (!policy.ended)
+		die("the rules end without `end` (truncated?): refusing to run");
+	policy.env[policy.n_env] = NULL;
+}
+
+/* Opens a rule's path without following any symlink: the paths are canonical, so a symlink means
+ * the tree changed since the policy was compiled, and following it could grant its target. */
+static int open_rule_path(const char *path)
+{
+	struct open_how_compat how = {.flags = O_PATH | O_CLOEXEC, .mode = 0, .resolve = RESOLVE_NO_SYMLINKS};
+	int fd = (int)syscall(__NR_openat2, AT_FDCWD, path, &how, sizeof(how));
+	if (fd < 0 && errno == ENOSYS)
+		fd = open(path, O_PATH | O_CLOEXEC | O_NOFOLLOW);
+	return fd;
+}
+
+/* Reports a gap; fatal unless best effort was chosen, in which case it is printed on every run. */
+static int gaps;
+static void gap(const char *what)
+{
+	gaps++;
+	fprintf(stderr, "meepa-sandbox: %s: %s\n", policy.best_effort ? "best effort, NOT enforced" : "cannot enforce", what);
+}
+
+static void drop_capabilities(void)
+{
+	for (int cap = 0; cap < 64; cap++)
+		prctl(PR_CAPBSET_DROP, cap, 0, 0, 0);
+	prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+	struct __user_cap_header_struct header = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+	struct __user_cap_data_struct data[2];
+	memset(data, 0, sizeof(data));
+	if (syscall(SYS_capset, &header, data) != 0)
+		die("cannot drop capabilities: %s", strerror(errno));
+	if (syscall(SYS_capget, &header, data) != 0)
+		die("cannot read capabilities: %s", strerror(errno));
+	if (data[0].effective | data[0].permitted | data[0].inheritable | data[1].effective | data[1].permitted | data[1].inheritable)
+		die("capabilities are still set after dropping them");
+	/* uid 0 regains its capabilities at execve from the bounding set: it must be empty. */
+	if (getuid() == 0 || geteuid() == 0)
+		for (int cap = 0; cap < 64; cap++)
+			if (prctl(PR_CAPBSET_READ, cap, 0, 0, 0) == 1)
+				die("running as root and capability %d cannot be removed from the bounding set", cap);
+}
+
+#ifdef NATIVE_AUDIT_ARCH
+#define ALLOW BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW)
+#define DENY(err) BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ((err) & SECCOMP_RET_DATA))
+#define LOAD_NR BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr))
+#define LOAD_ARG_LO(i) BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[i]))
+#define IF_EQ_NEXT_ELSE_SKIP1(k) BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (k), 0, 1)
+
+/*
+ * Always: no io_uring (it creates sockets and opens files without the syscalls below), no setsid
+ * (every descendant stays in the session the runner kills at the deadline; setpgid stays allowed so
+ * a tool can still kill the group of one command), no
+ * TIOCSTI/TIOCLINUX (typing into a terminal the command inherited), no socket(AF_UNIX) (Landlock
+ * before ABI 9 cannot restrict connect() to a pathname socket such as /var/run/docker.sock; socketpair
+ * stays allowed) and no AF_VSOCK. With the network off: no socket() at all, so UDP, raw, packet and
+ * netlink sockets -- which Landlock's TCP rules do not see -- cannot be created.
+ */
+static void install_seccomp(int network_deny)
+{
+	struct sock_filter filter[64];
+	size_t n = 0;
+#define EMIT(...) (filter[n++] = (struct sock_filter)__VA_ARGS__)
+	EMIT(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)));
+	EMIT(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, NATIVE_AUDIT_ARCH, 1, 0));
+	EMIT(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS));
+	EMIT(LOAD_NR);
+#if defined(__x86_64__)
+	EMIT(BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000, 0, 1)); /* x32 ABI: a second syscall table */
+	EMIT(DENY(EPERM));
+#endif
+	const int denied[] = {__NR_io_uring_setup, __NR_io_uring_enter, __NR_io_uring_register, __NR_setsid};
+	for (size_t i = 0; i < sizeof(denied) / sizeof(denied[0]); i++) {
+		EMIT(IF_EQ_NEXT_ELSE_SKIP1(denied[i]));
+		EMIT(DENY(EPERM));
+	}
+	EMIT(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_ioctl, 0, 5));
+	EMIT(LOAD_ARG_LO(1));
+	EMIT(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, TIOCSTI, 1, 0));
+	EMIT(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, TIOCLINUX, 0, 1));
+	EMIT(DENY(EPERM));
+	EMIT(ALLOW);
+	EMIT(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_socket, 0, network_deny ? 1 : 5));
+	if (network_deny) {
+		EMIT(DENY(EPERM));
+	} else {
+		EMIT(LOAD_ARG_LO(0));
+		EMIT(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_UNIX, 1, 0));
+		EMIT(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_VSOCK, 0, 1));
+		EMIT(DENY(EPERM));
+		EMIT(ALLOW);
+	}
+	EMIT(ALLOW);
+#undef EMIT
+	struct sock_fprog program = {.len = (unsigned short)n, .filter = filter};
+	if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) != 0)
+		die("cannot install the seccomp filter: %s", strerror(errno));
+}
+#else
+static void install_seccomp(int network_deny)
+{
+	(void)network_deny;
+}
+#endif
+
+/* A new session (so a new process group) the runner can kill as a whole. When this process already
+ * leads a group (a shell started it with job control), a child is forked to lead the new session
+ * and this process only relays signals and the exit status. */
+static pid_t supervised_child;
+static void relay_signal(int signo)
+{
+	if (supervised_child > 0)
+		kill(-supervised_child, signo);
+}
+
+static void new_session(void)
+{
+	if (setsid() >= 0 || getsid(0) == getpid())
+		return;
+	pid_t child = fork();
+	if (child < 0)
+		die("fork failed: %s", strerror(errno));
+	if (child == 0) {
+		/* Fails inside an outer meepa-sandbox, whose seccomp filter forbids it; the outer
+		 * runner's group kill then covers this tree. */
+		(void)setsid();
+		return;
+	}
+	supervised_child = child;
+	struct sigaction action = {.sa_handler = relay_signal};
+	sigemptyset(&action.sa_mask);
+	for (int signo = 1; signo < 32; signo++)
+		if (signo != SIGKILL && signo != SIGSTOP && signo != SIGCHLD)
+			sigaction(signo, &action, NULL);
+	int status;
+	while (waitpid(child, &status, 0) < 0)
+		if (errno != EINTR)
+			die("waitpid failed: %s", strerror(errno));
+	exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+}
+
+static void close_inherited_fds(void)
+{
+	if (syscall(__NR_close_range, 3U, ~0U, 0U) == 0)
+		return;
+	long max = sysconf(_SC_OPEN_MAX);
+	for (long fd = 3; fd < (max > 0 && max < 65536 ? max : 65536); fd++)
+		close((int)fd);
+}
+
+static void apply_landlock(int abi)
+{
+	struct ll_ruleset_attr attr = {0};
+	size_t attr_size = sizeof(uint64_t);
+	attr.handled_access_fs = handled_fs_for_abi(abi);
+	if (abi >= 4) {
+		attr_size = 2 * sizeof(uint64_t);
+		/* With the network off, TCP bind and connect are handled and no port is allowed. */
+		if (policy.network_deny)
+			attr.handled_access_net = LL_NET_BIND_TCP | LL_NET_CONNECT_TCP;
+	}
+	if (abi >= 6) {
+		attr_size = sizeof(attr);
+		attr.scoped = LL_SCOPE_ABSTRACT_UNIX_SOCKET | LL_SCOPE_SIGNAL;
+	}
+	int ruleset = (int)syscall(__NR_landlock_create_ruleset, &attr, attr_size, 0U);
+	if (ruleset < 0)
+		die("landlock_create_ruleset: %s", strerror(errno));
+	for (size_t i = 0; i < policy.n_rules; i++) {
+		const struct rule *rule = &policy.rules[i];
+		int fd = open_rule_path(rule->path);
+		if (fd < 0) {
+			/* Skipping an allow rule only narrows the policy. */
+			fprintf(stderr, "meepa-sandbox: note: %s is not granted: %s\n", rule->path, strerror(errno));
+			continue;
+		}
+		struct stat st;
+		if (fstat(fd, &st) != 0)
+			die("fstat %s: %s", rule->path, strerror(errno));
+		struct ll_path_beneath_attr beneath = {.allowed_access = rule->access & attr.handled_access_fs, .parent_fd = fd};
+		if (!S_ISDIR(st.st_mode))
+			beneath.allowed_access &= LL_FILE_RIGHTS;
+		if (beneath.allowed_access &&
+		    syscall(__NR_landlock_add_rule, ruleset, LL_RULE_PATH_BENEATH, &beneath, 0U) != 0)
+			die("landlock_add_rule %s: %s", rule->path, strerror(errno));
+		close(fd);
+	}
+	if (syscall(__NR_landlock_restrict_self, ruleset, 0U) != 0)
+		die("landlock_restrict_self: %s", strerror(errno));
+	close(ruleset);
+}
+
+/* The layer agent-run puts around each shell command. Being a nested Landlock domain is the point:
+ * a process may only ptrace (and so read the memory of, via /proc/PID/mem) processes in its own
+ * domain or beneath it, so the command cannot reach agent-run, which holds the provider keys; with
+ * scoping (ABI 6) it cannot signal agent-run either. No filesystem rights of its own beyond that
+ * (make_block is handled and never allowed, as outside); with the network off, TCP is handled with
+ * no port allowed. */
+static void apply_nested_layer(int abi, int network_deny)
+{
+	if (abi < 1)
+		return;
+	struct ll_ruleset_attr attr = {.handled_access_fs = LL_FS_MAKE_BLOCK};
+	size_t attr_size = sizeof(uint64_t);
+	if (abi >= 4) {
+		attr_size = 2 * sizeof(uint64_t);
+		if (network_deny)
+			attr.handled_access_net = LL_NET_BIND_TCP | LL_NET_CONNECT_TCP;
+	}
+	if (abi >= 6) {
+		attr_size = sizeof(attr);
+		attr.scoped = LL_SCOPE_ABSTRACT_UNIX_SOCKET | LL_SCOPE_SIGNAL;
+	}
+	int ruleset = (int)syscall(__NR_landlock_create_ruleset, &attr, attr_size, 0U);
+	if (ruleset < 0 || syscall(__NR_landlock_restrict_self, ruleset, 0U) != 0)
+		die("cannot apply the nested Landlock layer: %s", strerror(errno));
+	close(ruleset);
+}
+
+static void check_gaps(int abi, int landlock_err, int have_seccomp)
+{
+	char message[512];
+	if (abi < 1) {
+		snprintf(message, sizeof(message), "file rules: Landlock is unavailable (%s: %s)",
+			 errno_name(landlock_err), landlock_unavailable_reason(landlock_err));
+		gap(message);
+	} else {
+		if (abi < 3)
+			gap("truncate(2) of readable files (needs Landlock ABI 3, Linux 6.2)");
+		if (abi < 5)
+			gap("ioctl on device files (needs Landlock ABI 5, Linux 6.10)");
+		if (abi < 6)
+			gap("signals to processes outside the sandbox (needs Landlock ABI 6, Linux 6.12)");
+	}
+	if (!have_seccomp) {
+		gap("seccomp filter unavailable: unix sockets (the Docker socket), io_uring and leaving the process group are not blocked");
+		if (policy.network_deny)
+			gap("network off: UDP, raw and packet sockets are not blocked (no seccomp)");
+		if (policy.network_deny && abi < 4)
+			gap("network off: TCP is not blocked (no seccomp and Landlock ABI < 4)");
+	}
+	if (gaps && !policy.best_effort)
+		die("refusing to run: the kernel cannot enforce the policy (set file_access.best_effort: true to run with these gaps)");
+}
+
+static int usage(void)
+{
+	fputs("usage: meepa-sandbox --rules-fd N -- CMD [ARGS...]\n"
+	      "       meepa-sandbox [--new-group] [--deny-network] -- CMD [ARGS...]\n"
+	      "       meepa-sandbox --probe\n",
+	      stderr);
+	return 2;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 2 && strcmp(argv[1], "--probe") == 0)
+		return probe();
+	int rules_fd = -1, network_layer = 0, new_group = 0, command = 0;
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--") == 0) {
+			command = i + 1;
+			break;
+		} else if (strcmp(argv[i], "--rules-fd") == 0 && i + 1 < argc) {
+			char *end;
+			long fd = strtol(argv[++i], &end, 10);
+			if (*end || fd < 3 || fd > 1024)
+				return usage();
+			rules_fd = (int)fd;
+		} else if (strcmp(argv[i], "--deny-network") == 0) {
+			network_layer = 1;
+		} else if (strcmp(argv[i], "--new-group") == 0) {
+			new_group = 1;
+		} else {
+			return usage();
+		}
+	}
+	if (!command || command >= argc || (rules_fd >= 0 && (network_layer || new_group)) || (rules_fd < 0 && !network_layer && !new_group))
+		return usage();
+
+	/* Inside the sandbox: a command of its own process group, so agent-run's shell tool can kill
+	 * exactly that command and what it started (setsid is denied, setpgid is not). */
+	if (new_group && setpgid(0, 0) != 0)
+		die("setpgid failed: %s", strerror(errno));
+
+	int landlock_err;
+	int abi = landlock_abi(&landlock_err);
+	int have_seccomp = seccomp_available();
+	/* Test hooks that can only make the kernel look weaker (so the helper refuses more or applies
+	 * less inside an already sandboxed process), never stronger. The runner starts the helper with
+	 * an empty environment, so they cannot reach a real run. */
+	const char *fake_abi = getenv("MEEPA_SANDBOX_FAKE_ABI");
+	if (fake_abi && *fake_abi >= '0' && *fake_abi <= '9' && atoi(fake_abi) < abi) {
+		abi = atoi(fake_abi);
+		landlock_err = abi == 0 ? ENOSYS : 0;
+	}
+	if (getenv("MEEPA_SANDBOX_FAKE_NO_SECCOMP"))
+		have_seccomp = 0;
+
+	if (network_layer || new_group) {
+		policy.network_deny = network_layer;
+		if (network_layer && !have_seccomp)
+			die("refusing to run: no seccomp filter, so UDP, raw and packet sockets cannot be blocked");
+		if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+			die("cannot set no_new_privs: %s", strerror(errno));
+		apply_nested_layer(abi, network_layer);
+		if (network_layer)
+			install_seccomp(1);
+		close_inherited_fds();
+		execvp(argv[command], argv + command);
+		fprintf(stderr, "meepa-sandbox: cannot execute %s: %s\n", argv[command], strerror(errno));
+		return errno == ENOENT ? 127 : 126;
+	}
+
+	char *text = read_all(rules_fd);
+	close(rules_fd);
+	parse_rules(text);
+	check_gaps(abi, landlock_err, have_seccomp);
+
+	new_session();
+	prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+		die("cannot set no_new_privs: %s", strerror(errno));
+	if (abi >= 1)
+		apply_landlock(abi);
+	drop_capabilities();
+	if (have_seccomp)
+		install_seccomp(policy.network_deny);
+	close_inherited_fds();
+
+	clearenv();
+	environ = policy.env;
+	execvp(argv[command], argv + command);
+	int err = errno;
+	fprintf(stderr, "meepa-sandbox: cannot execute %s: %s (the command, its interpreter or its libraries may be outside the policy)\n",
+		argv[command], strerror(err));
+	return err == ENOENT ? 127 : 126;
+}

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Starts a Docker engine for the tests and makes the local base image, as DESIGN.md section 6 says.
+#
+# Idempotent and non-interactive (run as root, CI=true, no stdin):
+#   - an engine that already answers is left alone;
+#   - otherwise dockerd starts in the background WITHOUT a bridge (tests may only reach loopback,
+#     so containers get `--network none` or `host`), logging to $DOCKERD_LOG;
+#   - the storage driver is overlay2 when the kernel and backing filesystem allow it, vfs otherwise;
+#   - debian:bookworm-slim is made locally with debootstrap (there is no registry to pull from).
+#
+# Exit status: 0 when the engine answers and the base image exists, non-zero with a message otherwise.
+set -euo pipefail
+
+DOCKERD_LOG="${DOCKERD_LOG:-/var/log/meepa-dockerd.log}"
+DOCKER_DATA_ROOT="${DOCKER_DATA_ROOT:-/var/lib/docker}"
+BASE_IMAGE="${BASE_IMAGE:-debian:bookworm-slim}"
+ENGINE_WAIT_SECONDS="${ENGINE_WAIT_SECONDS:-60}"
+DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+
+log() { printf 'docker-up: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# `docker info` itself hangs when the engine hangs: always bound it.
+engine_answers() { timeout 10 docker info --format '{{.ServerVersion}}' >/dev/null 2>&1; }
+
+pick_storage_driver() {
+  if [ -n "${DOCKER_STORAGE_DRIVER:-}" ]; then echo "$DOCKER_STORAGE_DRIVER"; return; fi
+  # An existing data root keeps its driver: switching would hide every image already built.
+  if [ -d "$DOCKER_DATA_ROOT/overlay2" ] && [ -n "$(ls -A "$DOCKER_DATA_ROOT/overlay2" 2>/dev/null)" ]; then echo overlay2; return; fi
+  if [ -d "$DOCKER_DATA_ROOT/vfs" ] && [ -n "$(ls -A "$DOCKER_DATA_ROOT/vfs" 2>/dev/null)" ]; then echo vfs; return; fi
+  # Probe: overlayfs with a lower, upper and work dir on the data root's filesystem.
+  modprobe overlay >/dev/null 2>&1 || true
+  mkdir -p "$DOCKER_DATA_ROOT"
+  local probe
+  probe="$(mktemp -d "$DOCKER_DATA_ROOT/.overlay-probe.XXXXXX")"
+  mkdir -p "$probe/lower" "$probe/upper" "$probe/work" "$probe/merged"
+  local driver=vfs
+  if mount -t overlay overlay -o "lowerdir=$probe/lower,upperdir=$probe/upper,workdir=$probe/work" "$probe/merged" 2>/dev/null; then
+    if touch "$probe/merged/ok" 2>/dev/null; then driver=overlay2; fi
+    umount "$probe/merged" 2>/dev/null || true
+  fi
+  rm -rf "$probe"
+  echo "$driver"
+}
+
+start_engine() {
+  command -v dockerd >/dev/null || die "dockerd is not installed (apt-get install -y docker.io)"
+  local driver
+  driver="$(pick_storage_driver)"
+  log "starting dockerd (storage driver $driver, no bridge), log: $DOCKERD_LOG"
+  mkdir -p "$(dirname "$DOCKERD_LOG")"
+  # setsid + nohup: the engine must outlive this script and the CI step that ran it.
+  setsid nohup dockerd \
+    --bridge=none --iptables=false --ip-masq=false \
+    --storage-driver="$driver" --data-root="$DOCKER_DATA_ROOT" \
+    >>"$DOCKERD_LOG" 2>&1 </dev/null &
+  local waited=0
+  until engine_answers; do
+    if [ "$waited" -ge "$ENGINE_WAIT_SECONDS" ]; then
+      tail -n 30 "$DOCKERD_LOG" >&2 || true
+      die "the Docker engine did not answer within ${ENGINE_WAIT_SECONDS} s (log above: $DOCKERD_LOG)"
+    fi
+    sleep 1
+    waited=$((waited + 1))
+  done
+  log "engine up after ${waited} s"
+}
+
+build_base_image() {
+  command -v debootstrap >/dev/null || die "debootstrap is not installed (apt-get install -y debootstrap)"
+  local root
+  root="$(mktemp -d /var/tmp/meepa-bookworm.XXXXXX)"
+  trap 'rm -rf "$root"' RETURN
+  log "building $BASE_IMAGE with debootstrap from $DEBIAN_MIRROR (a few minutes)"
+  timeout 1200 debootstrap --variant=minbase bookworm "$root" "$DEBIAN_MIRROR" >&2 \
+    || die "debootstrap failed; check that $DEBIAN_MIRROR is reachable"
+  # Like the official slim image: no apt lists or caches, and sources pointing at the mirror.
+  rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin "$root"/var/cache/apt/archives/*.deb
+  printf 'deb %s bookworm main\n' "$DEBIAN_MIRROR" >"$root/etc/apt/sources.list"
+  tar -C "$root" -c . | timeout 600 docker import \
+    --change 'CMD ["bash"]' --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    - "$BASE_IMAGE" >/dev/null
+  log "imported $BASE_IMAGE"
+}
+
+if engine_answers; then
+  log "engine already answers ($(timeout 10 docker info --format '{{.ServerVersion}} {{.Driver}}' 2>/dev/null))"
+else
+  start_engine
+fi
+
+if timeout 30 docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+  log "$BASE_IMAGE present"
+else
+  build_base_image
+fi

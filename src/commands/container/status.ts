@@ -1,0 +1,26 @@
+import {BaseCommand} from '../base-command.js'
+import {containerStatus, type ContainerStatus} from '../../runtime/container-status.js'
+
+export default class ContainerStatusCommand extends BaseCommand<typeof ContainerStatusCommand> {
+  static summary = "show the Docker engine, each container-mode agent's images and the gateway's running containers"
+  static description = 'Exits 0 when the engine answers (images may still need `container build`), 10 when it does not.'
+  static examples = ['<%= config.bin %> container status', '<%= config.bin %> container status --json']
+
+  async run(): Promise<ContainerStatus> {
+    const status = await containerStatus(this.loadConfig())
+    this.log(`engine: Docker ${status.engine.server_version} (client ${status.engine.client_version})`)
+    for (const agent of status.agents) {
+      if (agent.error) {
+        this.log(`agent ${agent.agent}: ${agent.error}`)
+        continue
+      }
+      const image = agent.isolation_image
+      const state = !image.present ? 'missing, run `container build`' : image.up_to_date ? 'up to date' : `stale (${image.reason}), run \`container build\``
+      this.log(`agent ${agent.agent}: ${image.tag} ${state}`)
+    }
+    if (status.agents.length === 0) this.log('no agent has container_mode.enabled')
+    this.log(`containers: ${status.containers.length === 0 ? 'none running' : ''}`)
+    for (const container of status.containers) this.log(`  ${container.name} ${container.state} agent=${container.agent ?? '-'} run=${container.run ?? '-'}`)
+    return status
+  }
+}

@@ -1,0 +1,48 @@
+import {Flags} from '@oclif/core'
+import {BaseCommand} from './base-command.js'
+import {gatewayHome} from '../runtime/paths.js'
+import {listRuns, type RunRecord} from '../runtime/state/run-records.js'
+
+export default class Runs extends BaseCommand<typeof Runs> {
+  static summary = 'list run records (newest first): agent, connector, channel, isolation, outcome, duration, tokens'
+  static flags = {
+    agent: Flags.string({char: 'a', description: 'only runs of this agent'}),
+    limit: Flags.integer({char: 'n', description: 'how many runs to show', default: 20, min: 1, max: 10_000}),
+  }
+  static examples = ['<%= config.bin %> runs', '<%= config.bin %> runs --agent meepa --limit 50', '<%= config.bin %> runs --json']
+
+  async run(): Promise<RunRecord[]> {
+    const runs = listRuns({home: gatewayHome(), agentId: this.flags.agent, limit: this.flags.limit})
+    if (runs.length === 0) {
+      this.log(this.flags.agent ? `no runs recorded for agent ${this.flags.agent}` : 'no runs recorded yet')
+      return runs
+    }
+    const rows = runs.map((run) => [
+      new Date(run.started_at).toISOString().replace('T', ' ').slice(0, 19),
+      run.id,
+      run.agent_id,
+      run.connector,
+      run.channel_id,
+      run.isolation,
+      run.status,
+      run.duration_ms === null ? '-' : `${run.duration_ms} ms`,
+      run.input_tokens === null ? '-' : `${run.input_tokens}/${run.output_tokens}`,
+      run.error_code ? `${run.error_code}: ${oneLine(run.error_message ?? '')}` : '',
+    ])
+    const header = ['STARTED (UTC)', 'RUN', 'AGENT', 'CONNECTOR', 'CHANNEL', 'ISOLATION', 'STATUS', 'DURATION', 'TOKENS IN/OUT', 'ERROR']
+    const widths = header.map((title, column) => Math.max(title.length, ...rows.map((row) => (row[column] as string).length)))
+    const format = (row: string[]) =>
+      row
+        .map((cell, column) => (column === row.length - 1 ? cell : cell.padEnd(widths[column] as number)))
+        .join('  ')
+        .trimEnd()
+    this.log(format(header))
+    for (const row of rows) this.log(format(row))
+    return runs
+  }
+}
+
+function oneLine(text: string): string {
+  const first = text.split('\n')[0] ?? ''
+  return first.length > 100 ? `${first.slice(0, 99)}…` : first
+}

@@ -1,0 +1,51 @@
+import {Flags} from '@oclif/core'
+import {BaseCommand} from '../base-command.js'
+import {sandboxExplain, type SandboxExplanation} from '../../runtime/sandbox.js'
+
+export default class SandboxExplain extends BaseCommand<typeof SandboxExplain> {
+  static summary = "print what an agent's host sandbox enforces, rule by rule, and by which kernel mechanism"
+  static flags = {
+    agent: Flags.string({char: 'a', description: 'agent id', required: true}),
+  }
+  static examples = ['<%= config.bin %> sandbox explain --agent meepa', '<%= config.bin %> sandbox explain --agent meepa --json']
+
+  async run(): Promise<SandboxExplanation> {
+    const explanation = await sandboxExplain(this.loadConfig(), this.flags.agent)
+    const {report, seatbelt} = explanation
+    this.log(`agent ${explanation.agent}, workspace ${explanation.workspace}`)
+    if (seatbelt) {
+      this.log('macOS Seatbelt profile (sandbox-exec -p PROFILE with these -D parameters):')
+      for (const [name, value] of Object.entries(seatbelt.params)) this.log(`  -D ${name}=${value}`)
+      this.log(seatbelt.profile)
+      return explanation
+    }
+    if (!report) return explanation
+    const kernel = report.kernel
+    this.log(
+      `kernel: Landlock ABI ${kernel.landlock_abi}${kernel.landlock_unavailable ? ` (unavailable: ${kernel.landlock_unavailable})` : ''}, seccomp ${kernel.seccomp ? 'available' : 'UNAVAILABLE'}, ${kernel.arch}`,
+    )
+    this.log(report.enforced ? 'status: fully enforced' : `status: ${report.best_effort ? 'BEST EFFORT, these are NOT enforced' : 'REFUSED, runs fail until fixed'}:`)
+    for (const gap of report.gaps) this.log(`  - ${gap}`)
+    this.log('')
+    this.log('allowed (Landlock path rules; a rule covers everything beneath it):')
+    for (const rule of report.rules) this.log(`  ${rule.path}\n      ${rule.rights.join(',')}  [${rule.reason}]`)
+    this.log('')
+    this.log('denied (nothing else is reachable either: Landlock denies by default):')
+    for (const deny of report.denies) this.log(`  ${deny.path}${deny.exists ? '' : ' (missing)'}  [${deny.source}: ${deny.reason}]\n      ${deny.mechanism}`)
+    this.log('')
+    this.log(`network: ${report.network.mode}`)
+    for (const mechanism of report.network.enforced_by) this.log(`  - ${mechanism}`)
+    this.log('')
+    this.log('process:')
+    for (const entry of report.process) this.log(`  - ${entry.what}: ${entry.mechanism}`)
+    this.log('')
+    this.log('known limits:')
+    for (const limit of report.limits) this.log(`  - ${limit}`)
+    if (report.notes.length > 0) {
+      this.log('')
+      this.log('notes on the config:')
+      for (const note of report.notes) this.log(`  - ${note}`)
+    }
+    return explanation
+  }
+}

@@ -1,0 +1,317 @@
+import fs from 'node:fs'
+import path from 'node:path'
+import type {AgentConfig, ConnectorConfig, LoadedConfig} from '../config/types.js'
+import {writeFileAtomic} from '../config/write.js'
+import {toGatewayError} from '../errors.js'
+import {readJsonObject, sendJson} from '../http/json.js'
+import {HttpError, type Router} from '../http/router.js'
+import {isolationLevelFor} from '../runners/index.js'
+import type {ApiKeys} from '../state/api-keys.js'
+import type {RunRecords} from '../state/run-records.js'
+import {ensureWorkspace, workspacePath} from '../workspace.js'
+import type {CaptainAuth} from './auth.js'
+import type {BuildJobs} from './build-jobs.js'
+import type {ConfigEditor, ConfigEditResult} from './config-editor.js'
+import {connectorNames} from '../connectors/index.js'
+import {containerImageContext} from '../container-context.js'
+import {containerStatus, listGatewayImages} from '../container-status.js'
+import {deleteGatewayImage, previewDockerfile, withDraft} from './images.js'
+import type {DockerCli} from '../../sandbox/docker/cli.js'
+import {inspectImage, planImages} from '../../sandbox/docker/images.js'
+import {authed, open} from './respond.js'
+import {lastEventId, openEventStream} from './sse.js'
+
+export const API = '/api/captain'
+const MAX_SOUL_BYTES = 256 * 1024
+
+/** A connector as the dashboard shows it: type, where it connects, live state; never its tokens. */
+export interface ConnectorView {
+  name: string
+  type: string
+  state: string
+  url?: string
+  guild_ids?: string[]
+}
+
+export interface LiveConnector {
+  name: string
+  type: string
+  agentId: string
+  state: string
+}
+
+export interface CaptainApiDeps {
+  router: Router
+  auth: CaptainAuth
+  apiKeys: ApiKeys
+  runs: RunRecords
+  editor: ConfigEditor
+  builds: BuildJobs
+  docker: () => DockerCli
+  connectors: () => ReadonlyArray<LiveConnector>
+  /** --unrestricted of the running gateway: every agent's effective level is then unrestricted. */
+  unrestricted: boolean
+}
+
+export function mountCaptainApi(deps: CaptainApiDeps): void {
+  mountAuthRoutes(deps)
+  mountAgentRoutes(deps)
+  mountContainerRoutes(deps)
+}
+
+function mountAuthRoutes({router, auth, apiKeys}: CaptainApiDeps): void {
+  router.get(`${API}/auth/session`, open(({req, res}) => {
+    const session = auth.session(req)
+    sendJson(res, 200, {
+      authenticated: Boolean(session),
+      ...(session ? {csrf_token: session.csrfToken} : {}),
+      password_set: auth.passwordSet,
+      setup_required: !auth.passwordSet,
+      password_from_env: auth.passwordFromEnv,
+    })
+  }))
+  router.post(`${API}/auth/login`, open(async ({req, res}) => {
+    const body = await readJsonObject(req, 16 * 1024)
+    const session = await auth.login(req, body.password)
+    auth.setSessionCookie(res, session.token)
+    sendJson(res, 200, {ok: true, csrf_token: session.csrfToken})
+  }))
+  router.post(`${API}/auth/setup`, open(async ({req, res}) => {
+    const body = await readJsonObject(req, 16 * 1024)
+    const session = await auth.setup(req, body.code, body.password)
+    auth.setSessionCookie(res, session.token)
+    sendJson(res, 200, {ok: true, csrf_token: session.csrfToken})
+  }))
+  router.post(`${API}/auth/logout`, open(({req, res}) => {
+    auth.logout(req)
+    auth.clearSessionCookie(res)
+    sendJson(res, 200, {ok: true})
+  }))
+  router.post(`${API}/auth/password`, authed(auth, async ({req, res}) => {
+    const body = await readJsonObject(req, 16 * 1024)
+    await auth.changePassword(body.current_password, body.new_password)
+    // every session ended with the change; this browser gets a fresh one
+    const session = await auth.login(req, body.new_password)
+    auth.setSessionCookie(res, session.token)
+    sendJson(res, 200, {ok: true, csrf_token: session.csrfToken})
+  }))
+  router.get(`${API}/auth/api-keys`, authed(auth, ({res}) => {
+    sendJson(res, 200, apiKeys.list().map(keyView))
+  }))
+  router.post(`${API}/auth/api-keys`, authed(auth, async ({req, res}) => {
+    const body = await readJsonObject(req)
+    if (typeof body.name !== 'string') throw new HttpError(400, 'E_INPUT', 'field "name" must be a string')
+    const created = apiKeys.create(body.name)
+    const info = apiKeys.list().find((key) => key.id === created.id)
+    sendJson(res, 201, {id: created.id, name: created.name, key: created.key, prefix: info?.key_prefix ?? created.key.slice(0, 11)})
+  }))
+  router.add('DELETE', `${API}/auth/api-keys/:id`, authed(auth, ({res, params}) => {
+    sendJson(res, 200, keyView(apiKeys.revoke(params.id as string)))
+  }))
+}
+
+function keyView(key: {id: string; name: string; key_prefix: string; created_at: number; last_used_at: number | null; revoked_at: number | null}) {
+  return {id: key.id, name: key.name, prefix: key.key_prefix, created_at: key.created_at, last_used_at: key.last_used_at, revoked_at: key.revoked_at, revoked: key.revoked_at !== null}
+}
+
+function mountAgentRoutes(deps: CaptainApiDeps): void {
+  const {router, auth, editor, runs} = deps
+  const agentOr404 = (id: string): AgentConfig => {
+    const agent = editor.loaded.config.agents.find((candidate) => candidate.id === id)
+    if (!agent) throw new HttpError(404, 'E_AGENT_UNKNOWN', `unknown agent "${id}"`)
+    return agent
+  }
+
+  router.get(`${API}/agents`, authed(auth, ({res}) => {
+    sendJson(res, 200, editor.loaded.config.agents.map((agent) => agentSummary(agent, editor.loaded, deps)))
+  }))
+  router.get(`${API}/agents/:id`, authed(auth, ({res, params}) => {
+    const agent = agentOr404(params.id as string)
+    sendJson(res, 200, {
+      ...agentSummary(agent, editor.loaded, deps),
+      max_iterations: agent.max_iterations,
+      timeout_seconds: agent.timeout_seconds,
+      container_mode: agent.container_mode,
+      file_access: agent.file_access,
+      secrets: agent.secrets,
+      configured: withoutTokens(editor.rawAgent(agent.id)),
+      recent_runs: runs.list({agentId: agent.id, limit: 10}),
+    })
+  }))
+  router.add('PATCH', `${API}/agents/:id`, authed(auth, async ({req, res, params}) => {
+    const id = params.id as string
+    agentOr404(id)
+    const body = await readJsonObject(req)
+    const result = editor.patchAgent(id, body)
+    const agent = agentOr404(id)
+    sendJson(res, 200, {ok: true, ...editOutcome(result), agent: {...agentSummary(agent, result.loaded, deps), container_mode: agent.container_mode, file_access: agent.file_access, max_iterations: agent.max_iterations, timeout_seconds: agent.timeout_seconds}})
+  }))
+  router.get(`${API}/agents/:id/soul`, authed(auth, ({res, params}) => {
+    const agent = agentOr404(params.id as string)
+    const file = soulPath(editor.loaded, agent.id)
+    let content = ''
+    let exists = true
+    try {
+      content = fs.readFileSync(file, 'utf8')
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code !== 'ENOENT') throw error
+      exists = false
+    }
+    sendJson(res, 200, {agent_id: agent.id, path: file, content, exists})
+  }))
+  router.add('PUT', `${API}/agents/:id/soul`, authed(auth, async ({req, res, params}) => {
+    const agent = agentOr404(params.id as string)
+    const body = await readJsonObject(req, MAX_SOUL_BYTES + 4096)
+    if (typeof body.content !== 'string') throw new HttpError(400, 'E_INPUT', 'field "content" must be a string')
+    if (Buffer.byteLength(body.content) > MAX_SOUL_BYTES) throw new HttpError(413, 'E_INPUT', `SOUL.md may be at most ${MAX_SOUL_BYTES / 1024} KB`)
+    ensureWorkspace(editor.loaded.home, agent.id)
+    const file = soulPath(editor.loaded, agent.id)
+    writeFileAtomic(file, body.content, {mode: 0o644})
+    sendJson(res, 200, {ok: true, agent_id: agent.id, path: file, bytes: Buffer.byteLength(body.content)})
+  }))
+  router.get(`${API}/runs`, authed(auth, ({res, url}) => {
+    const agent = url.searchParams.get('agent') ?? undefined
+    const limitText = url.searchParams.get('limit')
+    const limit = limitText === null ? 50 : Number(limitText)
+    if (!Number.isInteger(limit) || limit < 1 || limit > 500) throw new HttpError(400, 'E_INPUT', 'limit must be an integer from 1 to 500')
+    sendJson(res, 200, runs.list({agentId: agent, limit}))
+  }))
+}
+
+function soulPath(loaded: LoadedConfig, agentId: string): string {
+  return path.join(workspacePath(loaded.home, agentId), 'SOUL.md')
+}
+
+function agentSummary(agent: AgentConfig, loaded: LoadedConfig, deps: CaptainApiDeps) {
+  const workspace = workspacePath(loaded.home, agent.id)
+  const live = new Map(deps.connectors().filter((connector) => connector.agentId === agent.id).map((connector) => [connector.name, connector]))
+  const names = connectorNames(agent.id, agent.connectors)
+  return {
+    id: agent.id,
+    name: agent.name,
+    isolation: isolationLevelFor(agent, deps.unrestricted),
+    provider: agent.provider ?? loaded.config.providers.primary,
+    model: agent.model ?? loaded.config.providers.providers[agent.provider ?? loaded.config.providers.primary]?.model ?? null,
+    connectors: agent.connectors.map((connector, index) => connectorView(connector, names[index] as string, live.get(names[index] as string))),
+    workspace,
+    workspace_exists: fs.existsSync(workspace),
+  }
+}
+
+/** `not running`: the gateway could not set the connector up (its log says why), or no gateway runs it. */
+function connectorView(connector: ConnectorConfig, name: string, live: LiveConnector | undefined): ConnectorView {
+  return {
+    name,
+    type: connector.type,
+    state: live?.state ?? 'not running',
+    ...(connector.type === 'meepachat' ? {url: connector.url} : {}),
+    ...(connector.type === 'discord' ? {guild_ids: connector.guild_ids} : {}),
+  }
+}
+
+/** Raw agent fields for the edit form; connector tokens are replaced by whether they are set. */
+function withoutTokens(raw: Record<string, unknown>): Record<string, unknown> {
+  const {connectors, ...rest} = raw
+  return Array.isArray(connectors) ? {...rest, connectors: connectors.map((c) => ({type: (c as {type?: unknown})?.type}))} : rest
+}
+
+function editOutcome(result: ConfigEditResult) {
+  return {applied: result.applied, restart_required: result.restart_required, warnings: result.warnings}
+}
+
+function mountContainerRoutes(deps: CaptainApiDeps): void {
+  const {router, auth, editor, builds} = deps
+
+  router.get(`${API}/container/config`, authed(auth, ({res}) => {
+    sendJson(res, 200, {image_config: editor.loaded.config.image_config, configured: editor.rawImageConfig()})
+  }))
+  router.add('PUT', `${API}/container/config`, authed(auth, async ({req, res}) => {
+    const body = await readJsonObject(req)
+    const section = (body.image_config ?? body) as unknown
+    if (!section || typeof section !== 'object' || Array.isArray(section)) throw new HttpError(400, 'E_INPUT', 'send the image_config fields as a JSON object')
+    const result = editor.putImageConfig(section as Record<string, unknown>)
+    sendJson(res, 200, {ok: true, ...editOutcome(result), image_config: result.loaded.config.image_config})
+  }))
+  router.get(`${API}/container/dockerfile`, authed(auth, async ({res, url}) => {
+    const draftText = url.searchParams.get('draft')
+    let draft: unknown
+    if (draftText !== null) {
+      try {
+        draft = JSON.parse(draftText)
+      } catch {
+        throw new HttpError(400, 'E_INPUT', 'draft must be JSON (the image_config fields being edited)')
+      }
+    }
+    const imageConfig = withDraft(editor.loaded.config, draft)
+    sendJson(res, 200, await previewDockerfile(imageConfig, containerImageContext(editor.loaded.home, {cli: deps.docker()})))
+  }))
+  router.post(`${API}/container/build`, authed(auth, async ({req, res}) => {
+    const body = req.headers['content-length'] === '0' || !req.headers['content-type'] ? {} : await readJsonObject(req)
+    const {build, started} = builds.start(editor.loaded, {force: body.force === true})
+    sendJson(res, started ? 202 : 409, {
+      build,
+      events_url: `${API}/container/build/${build.id}/events`,
+      ...(started ? {} : {error: {code: 'E_BUSY', message: 'a build is already running; follow it instead'}}),
+    })
+  }))
+  router.get(`${API}/container/build/:id`, authed(auth, ({res, params}) => {
+    const build = builds.get(params.id as string)
+    if (!build) throw new HttpError(404, 'E_NOT_FOUND', `no build ${params.id}`)
+    sendJson(res, 200, build)
+  }))
+  router.get(`${API}/container/build/:id/events`, authed(auth, async ({req, res, url, params}) => {
+    const id = params.id as string
+    if (!builds.get(id)) throw new HttpError(404, 'E_NOT_FOUND', `no build ${id}`)
+    const stream = openEventStream(req, res)
+    let unsubscribe = () => {}
+    unsubscribe = builds.subscribe(id, lastEventId(req, url), (event) => {
+      stream.send(event.type, event.data, event.id)
+      // the stream ends with the build, so the client knows there is nothing more to wait for
+      if (event.type === 'done') setImmediate(() => stream.close())
+    })
+    await stream.closed
+    unsubscribe()
+  }))
+  router.add('DELETE', `${API}/container/images/:tag`, authed(auth, async ({res, params}) => {
+    sendJson(res, 200, {ok: true, ...(await deleteGatewayImage(deps.docker(), params.tag as string))})
+  }))
+  router.get(`${API}/container/status`, authed(auth, async ({res}) => {
+    sendJson(res, 200, await dashboardContainerStatus(deps))
+  }))
+}
+
+/**
+ * What the Container Mode page shows: the engine, the image image_config builds (whether or not an
+ * agent uses it yet), each container-mode agent's images and every gateway image. An engine that
+ * cannot be reached is part of the answer (with the fix), not an error.
+ */
+async function dashboardContainerStatus(deps: CaptainApiDeps) {
+  const loaded = deps.editor.loaded
+  const cli = deps.docker()
+  const signal = AbortSignal.timeout(30_000)
+  const base = {image_config: loaded.config.image_config, build: deps.builds.running ?? deps.builds.latest() ?? null}
+  let status
+  try {
+    status = await containerStatus(loaded, {cli, signal})
+  } catch (error) {
+    return {...base, docker: {ok: false, error: toGatewayError(error, 'E_DOCKER').toJSON()}, container_image: null, agents: [], images: []}
+  }
+  let containerImage: Record<string, unknown> | null
+  try {
+    const context = containerImageContext(loaded.home, {cli, signal})
+    const plan = await planImages({...loaded.config, image_config: {...loaded.config.image_config, enabled: true}}, undefined, context)
+    const tag = plan.container?.tag ?? plan.baseRef
+    const info = await inspectImage(cli, tag, signal)
+    containerImage = {tag, source: plan.source, exists: Boolean(info), ...(info ? {id: info.id, size: info.size, created: info.created} : {})}
+  } catch (error) {
+    containerImage = {error: toGatewayError(error, 'E_IMAGE').toJSON()}
+  }
+  return {
+    ...base,
+    docker: {ok: true, version: status.engine.server_version},
+    container_image: containerImage,
+    agents: status.agents,
+    containers: status.containers,
+    images: await listGatewayImages(loaded, {cli, signal}),
+  }
+}

@@ -1,0 +1,125 @@
+import YAML from 'yaml'
+import fs from 'node:fs'
+import type {AgentConfig, LoadedConfig} from '../config/types.js'
+import {patchToEdits, updateConfigFile, type ConfigEdit} from '../config/write.js'
+import {HttpError} from '../http/router.js'
+
+/** What a dashboard edit changed, for listeners that apply it to the running gateway. */
+export type ConfigChange = {section: 'agent'; agentId: string} | {section: 'image_config'}
+
+/**
+ * Applies a written config to the running gateway. Return the parts that could not be applied
+ * live (e.g. a connector that needs a reconnect), so the dashboard can say a restart is needed.
+ */
+export type ConfigListener = (loaded: LoadedConfig, change: ConfigChange) => void | {restartRequired?: string[]}
+
+export interface ConfigEditResult {
+  loaded: LoadedConfig
+  /** Listeners applied the change to the running gateway (none registered counts as not applied). */
+  applied: boolean
+  restart_required: string[]
+  warnings: string[]
+}
+
+/** Agent fields the dashboard edits. Connectors and secrets hold tokens and stay in the file. */
+const AGENT_FIELDS = ['name', 'provider', 'model', 'max_iterations', 'timeout_seconds', 'container_mode', 'file_access'] as const
+const OBJECT_FIELDS = new Set(['container_mode', 'file_access'])
+const IMAGE_CONFIG_FIELDS = ['enabled', 'image', 'base_image', 'packages', 'env_vars', 'inject_credentials_env', 'inject_secrets_env', 'redact_secrets'] as const
+
+/**
+ * Config changes from the dashboard: validated with the CLI's schema, written atomically with
+ * comments kept, then handed to the running gateway through listeners.
+ */
+export class ConfigEditor {
+  private readonly listeners = new Set<ConfigListener>()
+
+  constructor(
+    private current: LoadedConfig,
+    private readonly env: NodeJS.ProcessEnv = process.env,
+  ) {}
+
+  get loaded(): LoadedConfig {
+    return this.current
+  }
+
+  /** The gateway reloaded the config itself (e.g. on SIGHUP): the dashboard shows that one. */
+  replace(loaded: LoadedConfig): void {
+    this.current = loaded
+  }
+
+  onChange(listener: ConfigListener): () => void {
+    this.listeners.add(listener)
+    return () => this.listeners.delete(listener)
+  }
+
+  /** The agent's fields exactly as written in config.yaml (before defaults), for forms that must not pin defaults. */
+  rawAgent(id: string): Record<string, unknown> {
+    const raw = this.rawConfig()
+    const agents = Array.isArray(raw.agents) ? (raw.agents as Array<Record<string, unknown>>) : []
+    return agents.find((agent) => agent?.id === id) ?? {}
+  }
+
+  rawImageConfig(): Record<string, unknown> {
+    const section = this.rawConfig().image_config
+    return section && typeof section === 'object' ? (section as Record<string, unknown>) : {}
+  }
+
+  patchAgent(id: string, patch: Record<string, unknown>): ConfigEditResult {
+    // the position in the file as it is now: the operator may have edited it by hand since start-up
+    const rawAgents = this.rawConfig().agents
+    const index = Array.isArray(rawAgents) ? rawAgents.findIndex((agent) => (agent as {id?: unknown})?.id === id) : -1
+    if (index < 0) throw new HttpError(404, 'E_AGENT_UNKNOWN', `unknown agent "${id}" in ${this.current.path}`)
+    for (const [key, value] of Object.entries(patch)) {
+      if (!(AGENT_FIELDS as readonly string[]).includes(key)) {
+        throw new HttpError(400, 'E_INPUT', `agents[${index}].${key}: the dashboard cannot change this field (it can change ${AGENT_FIELDS.join(', ')})`)
+      }
+      if (OBJECT_FIELDS.has(key) && value !== null && (typeof value !== 'object' || Array.isArray(value))) {
+        throw new HttpError(400, 'E_INPUT', `agents[${index}].${key}: must be an object`)
+      }
+    }
+    const before = this.current.config.agents.find((agent) => agent.id === id)
+    const result = this.write(patchToEdits(['agents', index], patch), {section: 'agent', agentId: id})
+    const after = result.loaded.config.agents[index] as AgentConfig
+    if (after.file_access.unrestricted && !before?.file_access.unrestricted && !after.container_mode.enabled) {
+      result.warnings.push(`agent ${id} now runs UNRESTRICTED: its shell and file tools can read and change anything this user can, including secrets`)
+    }
+    return result
+  }
+
+  /** Replaces the image_config section: fields left out return to their defaults. */
+  putImageConfig(body: Record<string, unknown>): ConfigEditResult {
+    const edits: ConfigEdit[] = []
+    for (const key of Object.keys(body)) {
+      if (!(IMAGE_CONFIG_FIELDS as readonly string[]).includes(key)) {
+        throw new HttpError(400, 'E_INPUT', `image_config.${key}: unknown field (known: ${IMAGE_CONFIG_FIELDS.join(', ')})`)
+      }
+    }
+    for (const key of IMAGE_CONFIG_FIELDS) {
+      const value = body[key]
+      // whole values, not merged: a package removed in the form must disappear from the file
+      edits.push(value === undefined || value === null ? {path: ['image_config', key], delete: true} : {path: ['image_config', key], value})
+    }
+    return this.write(edits, {section: 'image_config'})
+  }
+
+  private write(edits: ConfigEdit[], change: ConfigChange): ConfigEditResult {
+    const update = updateConfigFile(this.current.path, edits, {env: this.env})
+    // Secret values were read from the environment at start-up; the file's references did not change
+    this.current = {...this.current, config: update.config, secrets: {...this.current.secrets, ...update.secrets}, created: false}
+    const restartRequired: string[] = []
+    for (const listener of this.listeners) {
+      const outcome = listener(this.current, change)
+      if (outcome?.restartRequired) restartRequired.push(...outcome.restartRequired)
+    }
+    return {loaded: this.current, applied: this.listeners.size > 0 && restartRequired.length === 0, restart_required: restartRequired, warnings: []}
+  }
+
+  private rawConfig(): Record<string, unknown> {
+    try {
+      const parsed = YAML.parse(fs.readFileSync(this.current.path, 'utf8')) as unknown
+      return parsed && typeof parsed === 'object' ? (parsed as Record<string, unknown>) : {}
+    } catch {
+      return {}
+    }
+  }
+}

@@ -1,0 +1,106 @@
+import type {IncomingMessage} from 'node:http'
+import type {LoadedConfig} from '../config/types.js'
+import type {Router} from '../http/router.js'
+import {ApiKeys} from '../state/api-keys.js'
+import type {GatewayDb} from '../state/gateway-db.js'
+import {RunRecords} from '../state/run-records.js'
+import {dockerCli, type DockerCli} from '../../sandbox/docker/cli.js'
+import {mountCaptainApi, type LiveConnector} from './api.js'
+import {CaptainAuth, PASSWORD_ENV} from './auth.js'
+import {CaptainAuthStore} from './auth-store.js'
+import {BuildJobs} from './build-jobs.js'
+import {ConfigEditor} from './config-editor.js'
+import {mountStaticUi, UI_BASE, UI_DIR} from './static.js'
+
+export {assertSafeBind, isLoopbackBind} from './bind.js'
+export type {ConfigChange, ConfigListener} from './config-editor.js'
+
+export interface CaptainDeps {
+  db: GatewayDb
+  /** The config the gateway started with; the dashboard keeps its own copy current after edits. */
+  loaded: LoadedConfig
+  log: (line: string) => void
+  env?: NodeJS.ProcessEnv
+  apiKeys?: ApiKeys
+  runs?: RunRecords
+  /** The gateway's live connectors (state shown on the Overview page). */
+  connectors?: () => ReadonlyArray<LiveConnector>
+  unrestricted?: boolean
+  /** The docker CLI of the container pages (default: the process-wide one; tests pass a missing one). */
+  docker?: DockerCli
+  uiDir?: string
+}
+
+export interface Captain {
+  /**
+   * Subscribe to config changes made in the dashboard (already validated and written). Apply what
+   * can be applied live; return `{restartRequired: [...]}` for the rest.
+   */
+  onConfigChange: ConfigEditor['onChange']
+  /** Tell the dashboard about a config the gateway reloaded by itself. */
+  replaceConfig(loaded: LoadedConfig): void
+  /** The setup code while no password is set (already printed through `log`). */
+  readonly setupCode: string | undefined
+  /**
+   * For the web chat connector: a dashboard session (with its CSRF token) may use POST /api/chat
+   * like an API key. Undefined when the request has no session cookie; throws HttpError 401/403
+   * when it has one that is invalid or lacks the CSRF token.
+   */
+  chatCaller(req: IncomingMessage): {id: string; name: string} | undefined
+  /** Aborts running builds (gateway shutdown). */
+  close(): void
+}
+
+/** Whether the dashboard has a password (before mounting: `serve` checks this against the bind). */
+export function hasCaptainPassword(db: GatewayDb, env: NodeJS.ProcessEnv = process.env): boolean {
+  return Boolean(env[PASSWORD_ENV]) || new CaptainAuthStore(db).passwordHash() !== undefined
+}
+
+/**
+ * Mounts the Captain dashboard on the gateway's router: the JSON API under /api/captain/, the
+ * pages under /captain/. Prints the one-time setup code when no password is set.
+ */
+export async function mountCaptain(router: Router, deps: CaptainDeps): Promise<Captain> {
+  const env = deps.env ?? process.env
+  const apiKeys = deps.apiKeys ?? new ApiKeys(deps.db)
+  const auth = new CaptainAuth(new CaptainAuthStore(deps.db), apiKeys, {env, log: deps.log})
+  await auth.init()
+  const editor = new ConfigEditor(deps.loaded, env)
+  const docker = () => deps.docker ?? dockerCli()
+  const builds = new BuildJobs(docker)
+
+  mountCaptainApi({
+    router,
+    auth,
+    apiKeys,
+    runs: deps.runs ?? new RunRecords(deps.db),
+    editor,
+    builds,
+    docker,
+    connectors: deps.connectors ?? (() => []),
+    unrestricted: deps.unrestricted ?? false,
+  })
+  mountStaticUi(router, deps.uiDir ?? UI_DIR)
+
+  const setupCode = auth.pendingSetupCode
+  const {bind, port} = deps.loaded.config.captain
+  const origin = `http://${bind.includes(':') ? `[${bind}]` : bind}:${port}`
+  if (setupCode) {
+    deps.log('captain: FIRST-TIME SETUP: no dashboard password is set')
+    deps.log(`captain: open ${origin}/setup and enter the setup code ${setupCode} (or set ${PASSWORD_ENV} and restart)`)
+  } else {
+    deps.log(`captain: dashboard at ${origin}${UI_BASE}`)
+  }
+
+  return {
+    onConfigChange: (listener) => editor.onChange(listener),
+    replaceConfig: (loaded) => editor.replace(loaded),
+    setupCode,
+    chatCaller(req) {
+      if (!req.headers.cookie || !auth.session(req)) return undefined
+      auth.authenticate(req)
+      return {id: 'captain', name: 'dashboard'}
+    },
+    close: () => builds.abortAll(),
+  }
+}

@@ -1,0 +1,155 @@
+import fs from 'node:fs'
+import path from 'node:path'
+import YAML, {isMap, type Document} from 'yaml'
+import {GatewayError} from '../errors.js'
+import {parseConfigText} from './load.js'
+import type {GatewayConfig} from './types.js'
+
+/** A path into config.yaml: `['agents', 0, 'file_access', 'deny']`. */
+export type ConfigPath = ReadonlyArray<string | number>
+
+/** One change to config.yaml: set a value (objects and arrays replace what was there) or remove a key. */
+export type ConfigEdit = {path: ConfigPath; value: unknown} | {path: ConfigPath; delete: true}
+
+export interface AtomicWriteOptions {
+  /** Permission bits of a new file; an existing file keeps its own. */
+  mode?: number
+  /** Test hook: runs after the temp file is written and synced, before it replaces the target. */
+  beforeRename?: (tempPath: string) => void
+}
+
+/**
+ * Replaces `file` so that a reader (or a crash) sees either the old or the new content, never a
+ * mix: write a temp file in the same directory, fsync it, rename it over the target, fsync the
+ * directory so the rename itself is durable.
+ */
+export function writeFileAtomic(file: string, content: string, options: AtomicWriteOptions = {}): void {
+  const dir = path.dirname(file)
+  let mode = options.mode ?? 0o600
+  try {
+    mode = fs.statSync(file).mode & 0o7777
+  } catch {
+    // a new file gets options.mode
+  }
+  const temp = path.join(dir, `.${path.basename(file)}.${process.pid}.${Date.now().toString(36)}.tmp`)
+  let renamed = false
+  try {
+    const fd = fs.openSync(temp, 'wx', mode)
+    try {
+      fs.writeFileSync(fd, content)
+      fs.fsyncSync(fd)
+    } finally {
+      fs.closeSync(fd)
+    }
+    options.beforeRename?.(temp)
+    fs.renameSync(temp, file)
+    renamed = true
+    syncDirectory(dir)
+  } catch (error) {
+    if (!renamed) fs.rmSync(temp, {force: true})
+    if (error instanceof GatewayError) throw error
+    throw new GatewayError('E_CONFIG', `cannot write ${file}: ${(error as Error).message}`, {
+      cause: error,
+      suggestions: [`check that ${dir} is writable by this user and the disk is not full`],
+    })
+  }
+}
+
+function syncDirectory(dir: string): void {
+  let fd: number | undefined
+  try {
+    fd = fs.openSync(dir, 'r')
+    fs.fsyncSync(fd)
+  } catch (error) {
+    // Some file systems refuse fsync on a directory; the rename has happened either way.
+    if (!['EINVAL', 'EISDIR', 'EPERM', 'EBADF'].includes((error as NodeJS.ErrnoException).code ?? '')) throw error
+  } finally {
+    if (fd !== undefined) fs.closeSync(fd)
+  }
+}
+
+/**
+ * Applies edits to config.yaml text through the `yaml` Document API, so comments and layout of
+ * everything not edited survive (a plain parse + stringify would drop every comment).
+ */
+export function applyConfigEdits(text: string, edits: ReadonlyArray<ConfigEdit>): string {
+  const document = YAML.parseDocument(text)
+  if (document.errors.length > 0) {
+    throw new GatewayError('E_CONFIG', `config.yaml does not parse, so it cannot be edited: ${document.errors[0]?.message.split('\n')[0]}`, {
+      suggestions: ['fix the file by hand (meepagateway config check names the problem)'],
+    })
+  }
+  for (const edit of edits) {
+    if ('delete' in edit) {
+      if (document.hasIn(edit.path)) document.deleteIn(edit.path)
+      continue
+    }
+    ensureParentMaps(document, edit.path)
+    const node = document.createNode(edit.value)
+    // a trailing `# e.g. [git, python3]` belongs to the field, not to the old value: keep it
+    const previous = document.getIn(edit.path, true)
+    if (YAML.isNode(previous)) {
+      const old = previous as {comment?: string | null; commentBefore?: string | null; flow?: boolean}
+      if (old.comment) node.comment = old.comment
+      if (old.commentBefore) node.commentBefore = old.commentBefore
+      // `packages: [a, b]` stays on one line when it was written that way
+      if (old.flow && YAML.isCollection(node)) node.flow = true
+    }
+    document.setIn(edit.path, node)
+  }
+  return document.toString()
+}
+
+/** `setIn` creates missing maps itself, but not when a parent exists as a null scalar (`file_access:`). */
+function ensureParentMaps(document: Document, at: ConfigPath): void {
+  for (let depth = 1; depth < at.length; depth++) {
+    const parent = at.slice(0, depth)
+    const node = document.getIn(parent, true)
+    if (node === undefined || isMap(node) || typeof at[depth] === 'number') continue
+    if (YAML.isScalar(node) && (node.value === null || node.value === undefined)) document.setIn(parent, document.createNode({}))
+  }
+}
+
+/**
+ * Flattens a partial object into leaf edits below `base`: nested objects merge key by key (so
+ * untouched keys keep their comments), arrays and scalars replace, `null` removes the key.
+ */
+export function patchToEdits(base: ConfigPath, patch: Record<string, unknown>): ConfigEdit[] {
+  const edits: ConfigEdit[] = []
+  for (const [key, value] of Object.entries(patch)) {
+    const at = [...base, key]
+    if (value === null) edits.push({path: at, delete: true})
+    else if (typeof value === 'object' && !Array.isArray(value) && Object.keys(value as object).length > 0) {
+      edits.push(...patchToEdits(at, value as Record<string, unknown>))
+    } else edits.push({path: at, value})
+  }
+  return edits
+}
+
+export interface ConfigFileUpdate {
+  text: string
+  config: GatewayConfig
+  secrets: Record<string, string>
+}
+
+/**
+ * Reads config.yaml, applies the edits, validates the result with the same schema and checks as
+ * `loadConfig`, and only then writes it atomically. An invalid change throws E_CONFIG naming
+ * every problem, and the file is left untouched.
+ */
+export function updateConfigFile(
+  configPath: string,
+  edits: ReadonlyArray<ConfigEdit>,
+  options: {env?: NodeJS.ProcessEnv; beforeRename?: (tempPath: string) => void} = {},
+): ConfigFileUpdate {
+  let current: string
+  try {
+    current = fs.readFileSync(configPath, 'utf8')
+  } catch (error) {
+    throw new GatewayError('E_CONFIG', `cannot read ${configPath}: ${(error as Error).message}`, {cause: error})
+  }
+  const text = applyConfigEdits(current, edits)
+  const parsed = parseConfigText(text, configPath, options.env ?? process.env)
+  if (text !== current) writeFileAtomic(configPath, text, {beforeRename: options.beforeRename})
+  return {text, ...parsed}
+}

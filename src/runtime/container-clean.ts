@@ -1,0 +1,75 @@
+import {dockerCli, type DockerCli} from '../sandbox/docker/cli.js'
+import {cleanOrphanContainers, type GatewayContainer} from '../sandbox/docker/containers.js'
+import type {LoadedConfig} from './config/types.js'
+import {listGatewayImages, type GatewayImage} from './container-status.js'
+
+/**
+ * Removes containers left behind by a crashed runner, for one gateway home (at start-up) or for
+ * every home on the engine (`container clean`). Containers of live runs are never touched.
+ * Throws E_DOCKER_* when the engine cannot be reached; the caller decides whether that matters.
+ */
+export async function removeOrphanContainers(options: {home?: string; dryRun?: boolean; cli?: DockerCli; signal?: AbortSignal} = {}): Promise<GatewayContainer[]> {
+  const {removed} = await cleanOrphanContainers(options.cli ?? dockerCli(), options)
+  return removed
+}
+
+export interface ContainerCleanResult {
+  dry_run: boolean
+  containers: Array<Pick<GatewayContainer, 'name' | 'agent' | 'run' | 'state'>>
+  images: Array<{ref: string; id: string; size_bytes: number}>
+  /** Images that stay, with why (in use by a container, referred to by the config, removal refused). */
+  kept: Array<{ref: string; reason: string}>
+  reclaimed_bytes: number
+}
+
+/**
+ * `container clean`: orphan containers, then untagged leftovers of rebuilds and images this config
+ * does not refer to (older than CLEAN_GRACE_SECONDS); with `all`, every meepagateway image not used
+ * by a container. Idempotent: a second run finds nothing and succeeds.
+ */
+export async function cleanContainers(loaded: LoadedConfig, options: {all?: boolean; dryRun?: boolean; cli?: DockerCli; signal?: AbortSignal} = {}): Promise<ContainerCleanResult> {
+  const cli = options.cli ?? dockerCli()
+  const dryRun = options.dryRun === true
+  const containers = await removeOrphanContainers({cli, dryRun, signal: options.signal})
+  // In a dry run the orphans still exist; their images count as free, as they will be.
+  const images = await listGatewayImages(loaded, {cli, signal: options.signal, ignoreContainers: new Set(containers.map((container) => container.id))})
+  const result: ContainerCleanResult = {
+    dry_run: dryRun,
+    containers: containers.map(({name, agent, run, state}) => ({name, agent, run, state})),
+    images: [],
+    kept: [],
+    reclaimed_bytes: 0,
+  }
+  for (const image of images) {
+    const ref = image.tag === '<none>' ? image.id : `${image.repository}:${image.tag}`
+    const reason = keepReason(image, options.all === true)
+    if (reason) {
+      result.kept.push({ref, reason})
+      continue
+    }
+    if (!dryRun) {
+      const removal = await cli.exec(['image', 'rm', ref], {signal: options.signal})
+      if (removal.exitCode !== 0 && !/no such image/i.test(removal.stderr)) {
+        result.kept.push({ref, reason: `docker refused: ${removal.stderr.trim().split('\n').at(-1) ?? ''}`})
+        continue
+      }
+    }
+    result.images.push({ref, id: image.id, size_bytes: image.size_bytes})
+  }
+  // Several tags of one image free its size once.
+  result.reclaimed_bytes = [...new Map(result.images.map((image) => [image.id, image.size_bytes])).values()].reduce((sum, size) => sum + size, 0)
+  return result
+}
+
+/** Unreferenced tagged images younger than this are kept (without --all): see keepReason. */
+export const CLEAN_GRACE_SECONDS = 600
+
+function keepReason(image: GatewayImage, all: boolean): string | undefined {
+  if (image.containers > 0) return `used by ${image.containers} container(s)`
+  if (all) return undefined
+  if (image.used_by.length > 0) return `used by agent ${image.used_by.join(', ')}`
+  // Images are shared by every gateway home on the engine, and this config only knows its own
+  // agents: a fresh image may belong to another home's build or run that is starting right now.
+  if (image.tag !== '<none>' && image.age_seconds < CLEAN_GRACE_SECONDS) return `built less than ${CLEAN_GRACE_SECONDS / 60} minutes ago`
+  return undefined
+}

@@ -1,0 +1,30 @@
+import fs from 'node:fs'
+import path from 'node:path'
+import {dockerCli, type DockerCli} from '../sandbox/docker/cli.js'
+import type {ImageContext} from '../sandbox/docker/images.js'
+import {APP_ROOT} from './runners/agent-run-process.js'
+
+let version: string | undefined
+
+/** The installed app's version (package.json): part of every isolation image tag. */
+export function appVersion(): string {
+  version ??= (JSON.parse(fs.readFileSync(path.join(APP_ROOT, 'package.json'), 'utf8')) as {version?: string}).version ?? '0.0.0'
+  return version
+}
+
+/**
+ * What the image pipeline needs from this installation: the docker CLI, this Node and this app as
+ * the runtime to bundle, and a cache dir in the gateway home. One place, so the runner and the
+ * `container` commands always agree on which images an agent uses.
+ */
+export function containerImageContext(home: string, options: {cli?: DockerCli; signal?: AbortSignal; onLog?: (line: string) => void} = {}): ImageContext {
+  return {
+    cli: options.cli ?? dockerCli(),
+    app: {appRoot: APP_ROOT, nodePath: process.execPath},
+    version: appVersion(),
+    cacheDir: path.join(home, 'cache'),
+    signal: options.signal,
+    onLog: options.onLog,
+    buildNetwork: process.env.MEEPAGATEWAY_DOCKER_BUILD_NETWORK || 'host',
+  }
+}

@@ -1,0 +1,126 @@
+import {dockerCli, type DockerCli} from '../sandbox/docker/cli.js'
+import {listGatewayContainers, type GatewayContainer} from '../sandbox/docker/containers.js'
+import {LABEL} from '../sandbox/docker/dockerfile.js'
+import {inspectImage, isolationImageState, planImages, type ImagePlan} from '../sandbox/docker/images.js'
+import type {LoadedConfig} from './config/types.js'
+import {containerAgents} from './container-build.js'
+import {containerImageContext} from './container-context.js'
+import {toGatewayError} from './errors.js'
+
+/** `container status`, `container images` and the "which images does the config use" both need. */
+
+export interface AgentImageStatus {
+  agent: string
+  container_mode: boolean
+  base: string
+  container_image?: {tag: string; present: boolean}
+  isolation_image: {tag: string; present: boolean; up_to_date: boolean; reason?: string}
+  /** Set when the images of this agent could not be worked out (bad base, ...). */
+  error?: string
+}
+
+export interface ContainerStatus {
+  engine: {reachable: true; client_version: string; server_version: string}
+  agents: AgentImageStatus[]
+  containers: Array<Pick<GatewayContainer, 'name' | 'agent' | 'run' | 'state' | 'created' | 'image'>>
+}
+
+/** Engine, images per agent, and the gateway's containers. An unreachable engine throws (exit 10). */
+export async function containerStatus(loaded: LoadedConfig, options: {cli?: DockerCli; signal?: AbortSignal} = {}): Promise<ContainerStatus> {
+  const cli = options.cli ?? dockerCli()
+  const version = await cli.ping({signal: options.signal})
+  const context = containerImageContext(loaded.home, {cli, signal: options.signal})
+  const agents: AgentImageStatus[] = []
+  for (const agent of containerAgents(loaded)) {
+    try {
+      const plan = await planImages(loaded.config, agent, context)
+      const state = await isolationImageState(plan, context)
+      agents.push({
+        agent: agent.id,
+        container_mode: agent.container_mode.enabled,
+        base: plan.baseRef,
+        ...(plan.container ? {container_image: {tag: plan.container.tag, present: state.base !== undefined}} : {}),
+        isolation_image: {tag: plan.isolationTag, present: state.existing !== undefined, up_to_date: state.stale === undefined, ...(state.stale ? {reason: state.stale} : {})},
+      })
+    } catch (error) {
+      agents.push({agent: agent.id, container_mode: true, base: '', isolation_image: {tag: '', present: false, up_to_date: false}, error: toGatewayError(error).message})
+    }
+  }
+  const containers = (await listGatewayContainers(cli, {home: loaded.home, signal: options.signal})).map(({name, agent, run, state, created, image}) => ({name, agent, run, state, created, image}))
+  return {engine: {reachable: true, client_version: version.client, server_version: version.server}, agents, containers}
+}
+
+export interface GatewayImage {
+  repository: string
+  tag: string
+  id: string
+  kind: string
+  size_bytes: number
+  created: string
+  age_seconds: number
+  /** Agents of this config whose runs use it. */
+  used_by: string[]
+  /** Containers (any state) created from it. */
+  containers: number
+  in_use: boolean
+}
+
+/** Every image with the meepagateway label, with what uses it. */
+export async function listGatewayImages(
+  loaded: LoadedConfig,
+  options: {cli?: DockerCli; signal?: AbortSignal; ignoreContainers?: Set<string>} = {},
+): Promise<GatewayImage[]> {
+  const cli = options.cli ?? dockerCli()
+  const ids = [...new Set((await cli.check(['image', 'ls', '--quiet', '--no-trunc', '--filter', `label=${LABEL.gateway}=1`], {signal: options.signal})).stdout.split('\n').filter(Boolean))]
+  if (ids.length === 0) return []
+  const [references, containers] = await Promise.all([referencedImages(loaded, cli, options.signal), listGatewayContainers(cli, {signal: options.signal})])
+  const images: GatewayImage[] = []
+  for (const id of ids) {
+    const info = await inspectImage(cli, id, options.signal)
+    if (!info) continue
+    const tags = info.tags.length > 0 ? info.tags : ['<none>:<none>']
+    // A rebuilt tag leaves the old image dangling (untagged): it is listed as <none> so clean can remove it.
+    for (const ref of tags) {
+      const [repository, tag] = splitRef(ref)
+      const usedBy = [...new Set(references.filter((reference) => reference.tags.includes(ref)).map((reference) => reference.agent))]
+      const users = containers.filter((container) => !options.ignoreContainers?.has(container.id) && container.imageId === info.id).length
+      images.push({
+        repository,
+        tag,
+        id: info.id,
+        kind: info.labels[LABEL.kind] ?? 'unknown',
+        size_bytes: info.size,
+        created: info.created,
+        age_seconds: Math.max(0, Math.round((Date.now() - Date.parse(info.created)) / 1000)),
+        used_by: usedBy,
+        containers: users,
+        in_use: usedBy.length > 0 || users > 0,
+      })
+    }
+  }
+  return images.sort((a, b) => a.repository.localeCompare(b.repository) || b.created.localeCompare(a.created))
+}
+
+/**
+ * The gateway image tags the config refers to, per agent: what `container build` would produce.
+ * Works out plans without building; an agent whose plan fails (base missing) refers to nothing.
+ */
+export async function referencedImages(loaded: LoadedConfig, cli: DockerCli, signal?: AbortSignal): Promise<Array<{agent: string; tags: string[]}>> {
+  const context = containerImageContext(loaded.home, {cli, signal})
+  const references: Array<{agent: string; tags: string[]}> = []
+  for (const agent of containerAgents(loaded)) {
+    let plan: ImagePlan
+    try {
+      plan = await planImages(loaded.config, agent, context)
+    } catch {
+      continue
+    }
+    references.push({agent: agent.id, tags: [plan.isolationTag, ...(plan.container ? [plan.container.tag] : [])]})
+  }
+  return references
+}
+
+function splitRef(ref: string): [string, string] {
+  const at = ref.lastIndexOf(':')
+  return at > ref.lastIndexOf('/') ? [ref.slice(0, at), ref.slice(at + 1)] : [ref, 'latest']
+}

@@ -1,0 +1,178 @@
+import type {AgentRunOutput, InboundMessage} from '../agent-run/contract.js'
+import type {IsolationLevel} from '../config/types.js'
+import type {Delivery} from '../connectors/types.js'
+import type {RunMessageResult} from '../run-message.js'
+import {failure} from '../runners/agent-run-process.js'
+import type {RunRecords, RunStart} from '../state/run-records.js'
+import type {RunQueue} from './run-queue.js'
+import {BUSY_REPLY, EMPTY_REPLY, INTERRUPTED_REPLY, RESTARTING_REPLY, failureReply} from './user-replies.js'
+
+/** How long aborted runs get to report back before shutdown goes on without them. */
+const ABORT_SETTLE_MS = 10_000
+
+const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms).unref())
+
+/** Runs one message for one agent: `runMessage` in production, a stub in queueing tests. */
+export type RunFunction = (request: {agentId: string; message: InboundMessage; runId: string; signal: AbortSignal}) => Promise<RunMessageResult>
+
+export type DispatchStatus = 'ok' | 'failed' | 'interrupted' | 'rejected'
+
+export interface DispatchOutcome {
+  runId: string
+  status: DispatchStatus
+  /** Exactly what was sent to the user. */
+  reply: string
+  output?: AgentRunOutput
+  /** Why a `rejected` message never ran. */
+  rejectedBecause?: 'busy' | 'stopping'
+}
+
+export interface DispatchTicket {
+  runId: string
+  accepted: boolean
+  /** Settles once the reply went out (or could not); never rejects. */
+  done: Promise<DispatchOutcome>
+}
+
+export interface DispatcherOptions {
+  queue: RunQueue
+  records: RunRecords
+  run: RunFunction
+  /** The level a run of this agent will use, recorded before it starts. */
+  isolationFor: (agentId: string) => IsolationLevel
+  newRunId: () => string
+  log: (line: string) => void
+}
+
+/**
+ * message → agent queue → run → reply through the same connector, with a run record for
+ * every message: inserted as `running` before the run, updated when it ends.
+ */
+export class Dispatcher {
+  private stopping = false
+  private readonly inFlight = new Set<AbortController>()
+  private endGrace: (() => void) | undefined
+  private readonly rejections = new Set<Promise<void>>()
+
+  constructor(private readonly options: DispatcherOptions) {}
+
+  get accepting(): boolean {
+    return !this.stopping
+  }
+
+  dispatch(agentId: string, message: InboundMessage, delivery: Delivery): DispatchTicket {
+    const runId = this.options.newRunId()
+    const start: RunStart = {
+      id: runId,
+      agentId,
+      connector: message.connector,
+      channelId: message.channel_id,
+      threadId: message.thread_id,
+      messageId: message.id,
+      userId: message.user.id,
+      isolation: this.options.isolationFor(agentId),
+    }
+    if (this.stopping) return this.reject(start, delivery, 'stopping', 'the gateway is shutting down')
+
+    let settle!: (outcome: DispatchOutcome) => void
+    const done = new Promise<DispatchOutcome>((resolve) => (settle = resolve))
+    const accepted = this.options.queue.submit(agentId, {
+      run: async () => settle(await this.execute(start, message, delivery)),
+      cancel: () => void this.reject(start, delivery, 'stopping', 'the gateway shut down before the run started').done.then(settle),
+    })
+    if (!accepted) {
+      this.options.log(`agent ${agentId}: queue full, told ${message.connector} user ${message.user.id} to try again`)
+      return this.reject(start, delivery, 'busy', `the agent's queue is full (${this.options.queue.waitingFor(agentId)} waiting)`)
+    }
+    return {runId, accepted: true, done}
+  }
+
+  /**
+   * Stops taking messages, drops those not started, lets running ones finish for `graceMs`,
+   * then aborts them (their records end as `interrupted`).
+   */
+  async drain(graceMs: number): Promise<{aborted: number}> {
+    this.stopping = true
+    this.options.queue.cancelWaiting()
+    let timer: NodeJS.Timeout | undefined
+    const graceOver = new Promise<'timeout'>((resolve) => {
+      timer = setTimeout(() => resolve('timeout'), graceMs)
+      this.endGrace = () => resolve('timeout')
+    })
+    const result = await Promise.race([this.options.queue.idle().then(() => 'idle' as const), graceOver])
+    clearTimeout(timer)
+    let aborted = 0
+    if (result !== 'idle') {
+      aborted = this.inFlight.size
+      this.abortRuns()
+      // runners kill their process group on abort; still, never let a stuck run hold the exit
+      await Promise.race([this.options.queue.idle(), sleep(ABORT_SETTLE_MS)])
+    }
+    await Promise.race([Promise.allSettled([...this.rejections]), sleep(ABORT_SETTLE_MS)])
+    return {aborted}
+  }
+
+  /** Aborts every running run now; during drain() this also ends the grace period. */
+  abortRuns(): void {
+    for (const controller of this.inFlight) controller.abort(new Error('the gateway is shutting down'))
+    this.endGrace?.()
+  }
+
+  private reject(start: RunStart, delivery: Delivery, because: 'busy' | 'stopping', reason: string): DispatchTicket {
+    try {
+      this.options.records.reject(start, 'E_BUSY', reason)
+    } catch (error) {
+      this.options.log(`run ${start.id}: could not write its record: ${(error as Error).message}`)
+    }
+    const reply = because === 'busy' ? BUSY_REPLY : RESTARTING_REPLY
+    const delivered = this.deliver(start, delivery, reply)
+    // drain() waits for these too, so a "restarting" reply goes out before the connectors close
+    this.rejections.add(delivered)
+    void delivered.then(() => this.rejections.delete(delivered))
+    const done = delivered.then((): DispatchOutcome => ({runId: start.id, status: 'rejected', reply, rejectedBecause: because}))
+    return {runId: start.id, accepted: false, done}
+  }
+
+  private async execute(start: RunStart, message: InboundMessage, delivery: Delivery): Promise<DispatchOutcome> {
+    const controller = new AbortController()
+    this.inFlight.add(controller)
+    const started = Date.now()
+    const stopTyping = delivery.startTyping()
+    let output: AgentRunOutput
+    let level = start.isolation
+    try {
+      this.options.records.start({...start, startedAt: started})
+      const result = await this.options.run({agentId: start.agentId, message, runId: start.id, signal: controller.signal})
+      output = result.output
+      level = result.level
+    } catch (error) {
+      output = failure(start.id, 'E_INTERNAL', (error as Error).message)
+    } finally {
+      stopTyping()
+      this.inFlight.delete(controller)
+    }
+    const interrupted = controller.signal.aborted && !output.ok
+    const durationMs = Date.now() - started
+    try {
+      this.options.records.finish(start.id, output, {durationMs, isolation: level, interrupted})
+    } catch (error) {
+      this.options.log(`run ${start.id}: could not write its record: ${(error as Error).message}`)
+    }
+    const status: DispatchStatus = output.ok ? 'ok' : interrupted ? 'interrupted' : 'failed'
+    const reply = output.ok ? output.reply.content.trim() || EMPTY_REPLY : interrupted ? INTERRUPTED_REPLY : failureReply(output)
+    this.options.log(
+      `run ${start.id}: agent ${start.agentId} via ${start.connector} ${status} in ${durationMs} ms (${level})` +
+        (output.ok ? '' : `: ${output.error.code} ${output.error.message.split('\n')[0]}`),
+    )
+    await this.deliver(start, delivery, reply)
+    return {runId: start.id, status, reply, output}
+  }
+
+  private async deliver(start: RunStart, delivery: Delivery, text: string): Promise<void> {
+    try {
+      await delivery.send(text)
+    } catch (error) {
+      this.options.log(`run ${start.id}: could not send the reply via ${start.connector}: ${(error as Error).message}`)
+    }
+  }
+}

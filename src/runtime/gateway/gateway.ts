@@ -1,0 +1,172 @@
+import type {LoadedConfig} from '../config/types.js'
+import {createConnector, connectorNames, type ConnectorTimings} from '../connectors/index.js'
+import type {Connector} from '../connectors/types.js'
+import {mountWebChat} from '../connectors/webchat.js'
+import {sendJson} from '../http/json.js'
+import {Router} from '../http/router.js'
+import {startHttpListener, type HttpListener} from '../http/server.js'
+import {newRunId, runMessage} from '../run-message.js'
+import {isolationLevelFor} from '../runners/index.js'
+import {ApiKeys} from '../state/api-keys.js'
+import {openGatewayDb, type GatewayDb} from '../state/gateway-db.js'
+import {RunRecords} from '../state/run-records.js'
+import {Dispatcher, type RunFunction} from './dispatcher.js'
+import {RunQueue} from './run-queue.js'
+import {assertSafeBind, hasCaptainPassword, mountCaptain, type Captain} from '../captain/index.js'
+
+export interface GatewayOptions {
+  loaded: LoadedConfig
+  /** --unrestricted: every agent runs without isolation, for this process only. */
+  unrestricted?: boolean
+  log: (line: string) => void
+  /** Replaces runMessage (tests about queueing use a fast stub). */
+  run?: RunFunction
+  /** Overrides captain.port (tests pass 0 for a free port). */
+  port?: number
+  connectorTimings?: ConnectorTimings
+  /** Removes containers a crashed gateway left behind; a failure is logged, never fatal. */
+  removeOrphans?: () => Promise<number>
+}
+
+export interface Gateway {
+  readonly url: string
+  /** Other parts of the gateway (the dashboard) add their routes here. */
+  readonly router: Router
+  readonly connectors: Connector[]
+  readonly dispatcher: Dispatcher
+  readonly queue: RunQueue
+  readonly db: GatewayDb
+  /** Graceful stop: no new messages, running ones finish within the grace period, then everything closes. */
+  stop(options?: {graceMs?: number}): Promise<void>
+  /** During stop(): stop waiting and abort running runs now (a second Ctrl-C). */
+  abortRuns(): void
+  /** Settles when stop() has finished. */
+  readonly stopped: Promise<void>
+}
+
+/**
+ * Starts the whole gateway: state, HTTP listener (health, web chat), dispatch and every
+ * agent's connectors. Connectors connect in the background; one that cannot connect is
+ * reported and retried and never stops the others.
+ */
+export async function startGateway(options: GatewayOptions): Promise<Gateway> {
+  const {loaded, log} = options
+  const {config} = loaded
+  log(`gateway: starting with ${loaded.path} (state in ${loaded.home})`)
+  const db = openGatewayDb(loaded.home)
+  try {
+    const records = new RunRecords(db)
+    const stale = records.markStaleInterrupted()
+    if (stale > 0) log(`gateway: marked ${stale} run(s) left running by a previous gateway as interrupted`)
+    if (options.removeOrphans) {
+      try {
+        const removed = await options.removeOrphans()
+        if (removed > 0) log(`gateway: removed ${removed} container(s) left behind by a previous gateway`)
+      } catch (error) {
+        log(`gateway: skipped the check for containers a previous gateway left behind: ${(error as Error).message.split('\n')[0]}`)
+      }
+    }
+
+    const agents = new Map(config.agents.map((agent) => [agent.id, agent]))
+    // the dashboard edits agents and image_config; runs started after an edit use the new config
+    let live = loaded
+    const queue = new RunQueue({maxConcurrent: config.gateway.max_concurrent_runs, queueLimit: config.gateway.queue_limit})
+    const run: RunFunction =
+      options.run ??
+      (({agentId, message, runId, signal}) =>
+        runMessage({loaded: live, agentId, message, runId, signal, unrestricted: options.unrestricted, onLog: (line) => log(`run ${runId}: ${line}`)}))
+    const dispatcher = new Dispatcher({
+      queue,
+      records,
+      run,
+      isolationFor: (agentId) => {
+        const agent = agents.get(agentId)
+        return agent ? isolationLevelFor(agent, options.unrestricted) : 'unrestricted'
+      },
+      newRunId,
+      log,
+    })
+
+    const connectors: Connector[] = []
+    for (const agent of config.agents) {
+      const names = connectorNames(agent.id, agent.connectors)
+      for (const [index, connectorConfig] of agent.connectors.entries()) {
+        const name = names[index] as string
+        try {
+          connectors.push(
+            createConnector(
+              connectorConfig,
+              {name, agentId: agent.id, log, onMessage: (message, delivery) => void dispatcher.dispatch(agent.id, message, delivery)},
+              options.connectorTimings,
+            ),
+          )
+        } catch (error) {
+          log(`connector ${name}: cannot be set up: ${(error as Error).message}; skipped`)
+        }
+      }
+    }
+
+    const router = new Router()
+    const started = Date.now()
+    router.get('/healthz', ({res}) => {
+      const states: Record<string, number> = {}
+      for (const connector of connectors) states[connector.state] = (states[connector.state] ?? 0) + 1
+      sendJson(res, dispatcher.accepting ? 200 : 503, {
+        status: dispatcher.accepting ? 'ok' : 'stopping',
+        uptime_s: Math.round((Date.now() - started) / 1000),
+        agents: agents.size,
+        connectors: states,
+        runs: {running: queue.running, waiting: queue.waiting},
+      })
+    })
+    let captain: Captain | undefined
+    if (config.captain.enabled) {
+      assertSafeBind(config.captain.bind, hasCaptainPassword(db))
+      captain = await mountCaptain(router, {db, loaded, log, connectors: () => connectors, unrestricted: options.unrestricted})
+      captain.onConfigChange((next) => {
+        live = next
+        for (const agent of next.config.agents) if (agents.has(agent.id)) agents.set(agent.id, agent)
+      })
+    }
+    mountWebChat({router, apiKeys: new ApiKeys(db), dispatcher, agentIds: () => [...agents.keys()], sessionCaller: captain?.chatCaller})
+
+    const http: HttpListener = await startHttpListener({bind: config.captain.bind, port: options.port ?? config.captain.port, router, log})
+    log(
+      `gateway: listening on ${http.url} (health: /healthz, web chat: POST /api/chat); ${agents.size} agent(s), ${connectors.length} connector(s)` +
+        (options.unrestricted ? '; --unrestricted: every agent runs WITHOUT isolation' : ''),
+    )
+    for (const connector of connectors) connector.start()
+
+    let stopping: Promise<void> | undefined
+    let markStopped!: () => void
+    const stopped = new Promise<void>((resolve) => (markStopped = resolve))
+    const stop = async (stopOptions: {graceMs?: number} = {}): Promise<void> => {
+      const graceMs = stopOptions.graceMs ?? config.gateway.shutdown_grace_seconds * 1000
+      if (queue.running > 0) log(`gateway: stopping; waiting up to ${Math.round(graceMs / 1000)} s for ${queue.running} running run(s)`)
+      else log('gateway: stopping')
+      const {aborted} = await dispatcher.drain(graceMs)
+      if (aborted > 0) log(`gateway: stopped ${aborted} run(s) still running after the grace period`)
+      await Promise.all(connectors.map((connector) => connector.stop().catch(() => {})))
+      captain?.close() // ends running builds and so their event streams, which would hold the listener open
+      await Promise.race([http.close(), new Promise((resolve) => setTimeout(resolve, 5000).unref())])
+      db.close()
+      log('gateway: stopped')
+      markStopped()
+    }
+
+    return {
+      url: http.url,
+      router,
+      connectors,
+      dispatcher,
+      queue,
+      db,
+      stop: (stopOptions) => (stopping ??= stop(stopOptions)),
+      abortRuns: () => dispatcher.abortRuns(),
+      stopped,
+    }
+  } catch (error) {
+    db.close()
+    throw error
+  }
+}

@@ -1,0 +1,65 @@
+import {dockerCli} from '../../sandbox/docker/cli.js'
+import {cleanOrphanContainers} from '../../sandbox/docker/containers.js'
+import type {LoadedConfig} from '../config/types.js'
+import {startGateway, type GatewayOptions} from './gateway.js'
+
+/** Bounded: a hung Docker engine must not hold the gateway's start-up. */
+const ORPHAN_CHECK_TIMEOUT_MS = 15_000
+
+/** Containers a crashed gateway of this home left behind; Docker being absent is the caller's to log. */
+async function removeOrphanContainers(home: string): Promise<number> {
+  const {removed} = await cleanOrphanContainers(dockerCli(), {home, signal: AbortSignal.timeout(ORPHAN_CHECK_TIMEOUT_MS)})
+  return removed.length
+}
+
+export interface ServeOptions extends Omit<GatewayOptions, 'log'> {
+  loaded: LoadedConfig
+  /** Receives every log line, already time-stamped. */
+  log: (line: string) => void
+  /** Where SIGINT/SIGTERM come from (the process; tests pass an emitter). */
+  signals?: NodeJS.EventEmitter
+}
+
+export interface ServeResult {
+  stoppedBy: string
+  url: string
+}
+
+/**
+ * `meepagateway serve`: runs the gateway until SIGINT or SIGTERM, then drains it (running
+ * runs finish within `gateway.shutdown_grace_seconds`). A second signal stops waiting and
+ * aborts the runs still going; their records end as `interrupted`.
+ */
+export async function serveGateway(options: ServeOptions): Promise<ServeResult> {
+  const log = (line: string) => options.log(`${new Date().toISOString()} ${line}`)
+  const signals = options.signals ?? process
+  const gateway = await startGateway({removeOrphans: () => removeOrphanContainers(options.loaded.home), ...options, log})
+
+  // A long-running gateway must not die of one library's stray promise: report it and go on.
+  const onUnhandled = (reason: unknown) => log(`gateway: unexpected error (still running): ${reason instanceof Error ? reason.message : String(reason)}`)
+  process.on('unhandledRejection', onUnhandled)
+
+  const stoppedBy = await new Promise<string>((resolve) => {
+    let received: string | undefined
+    const onSignal = (signal: string) => {
+      if (received) {
+        log(`gateway: ${signal} again: aborting the running runs now`)
+        gateway.abortRuns()
+        return
+      }
+      received = signal
+      log(`gateway: ${signal} received`)
+      void gateway.stop().then(() => resolve(signal))
+    }
+    const onInt = () => onSignal('SIGINT')
+    const onTerm = () => onSignal('SIGTERM')
+    signals.on('SIGINT', onInt)
+    signals.on('SIGTERM', onTerm)
+    void gateway.stopped.then(() => {
+      signals.off('SIGINT', onInt)
+      signals.off('SIGTERM', onTerm)
+    })
+  })
+  process.off('unhandledRejection', onUnhandled)
+  return {stoppedBy, url: gateway.url}
+}

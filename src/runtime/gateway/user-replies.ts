@@ -1,0 +1,31 @@
+import type {AgentRunFailure} from '../agent-run/contract.js'
+
+/** What the sender reads; the operator gets the full story in the run record and the log. */
+export const BUSY_REPLY = "I'm busy with other messages right now, so I couldn't take this one. Please try again in a minute."
+export const RESTARTING_REPLY = 'The gateway is restarting, so I could not take this message. Please send it again in a minute.'
+export const INTERRUPTED_REPLY = 'The gateway restarted before I finished this one. Please send it again.'
+export const EMPTY_REPLY = '(The agent finished without writing a reply.)'
+
+/** A short, plain reply for a failed run, with the run id so the operator can find the record. */
+export function failureReply(failure: AgentRunFailure): string {
+  const reference = ` (ref ${failure.run_id})`
+  switch (failure.error.code) {
+    case 'E_TIMEOUT':
+      return `Sorry, that took too long and was stopped before I could answer.${reference}`
+    case 'E_OOM':
+      return `Sorry, that ran out of memory and was stopped before I could answer.${reference}`
+    case 'E_PROVIDER':
+      return `Sorry, I can't reach my language model right now. Please try again in a few minutes.${reference}`
+    case 'E_SANDBOX':
+    case 'E_ISOLATION_UNAVAILABLE':
+      return `Sorry, I can't run right now: my sandbox could not be set up on this machine. The operator has the details.${reference}`
+    case 'E_DOCKER':
+    case 'E_DOCKER_DOWN':
+    case 'E_DOCKER_HUNG':
+    case 'E_DOCKER_MISSING':
+    case 'E_IMAGE':
+      return `Sorry, I can't run right now: my container could not be started. The operator has the details.${reference}`
+    default:
+      return `Sorry, something went wrong while I was working on that. The operator has the details.${reference}`
+  }
+}

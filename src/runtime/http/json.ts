@@ -1,0 +1,51 @@
+import type {IncomingMessage, ServerResponse} from 'node:http'
+import {HttpError} from './router.js'
+
+const DEFAULT_BODY_LIMIT = 1024 * 1024
+
+export function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
+  const text = JSON.stringify(body)
+  res.writeHead(status, {
+    'content-type': 'application/json; charset=utf-8',
+    'content-length': String(Buffer.byteLength(text)),
+    'cache-control': 'no-store',
+    ...headers,
+  })
+  res.end(text)
+}
+
+export function sendError(res: ServerResponse, error: HttpError): void {
+  sendJson(res, error.status, {error: {code: error.code, message: error.message}}, error.headers)
+}
+
+/** The request body parsed as a JSON object; a clear 400/413/415 otherwise. */
+export async function readJsonObject(req: IncomingMessage, limit = DEFAULT_BODY_LIMIT): Promise<Record<string, unknown>> {
+  const type = req.headers['content-type'] ?? ''
+  if (type && !/^application\/json\b/i.test(type)) {
+    throw new HttpError(415, 'E_INPUT', 'send the body as JSON with Content-Type: application/json')
+  }
+  const chunks: Buffer[] = []
+  let size = 0
+  for await (const chunk of req) {
+    size += (chunk as Buffer).length
+    if (size > limit) throw new HttpError(413, 'E_INPUT', `the request body is larger than ${limit} bytes`)
+    chunks.push(chunk as Buffer)
+  }
+  let parsed: unknown
+  try {
+    parsed = JSON.parse(Buffer.concat(chunks).toString('utf8'))
+  } catch {
+    throw new HttpError(400, 'E_INPUT', 'the request body is not valid JSON')
+  }
+  if (!parsed || typeof parsed !== 'object' || Array.isArray(parsed)) {
+    throw new HttpError(400, 'E_INPUT', 'the request body must be a JSON object')
+  }
+  return parsed as Record<string, unknown>
+}
+
+/** The token of an `Authorization: Bearer <token>` header, if any. */
+export function bearerToken(req: IncomingMessage): string | undefined {
+  const header = req.headers.authorization
+  const match = header ? /^Bearer\s+(\S+)\s*$/i.exec(header) : null
+  return match ? match[1] : undefined
+}

@@ -1,0 +1,92 @@
+import type {AgentRunOutput} from '../agent-run/contract.js'
+import {toGatewayError} from '../errors.js'
+import {agentPolicy, sandboxPath} from '../../sandbox/agent-policy.js'
+import {kernelGaps} from '../../sandbox/landlock/enforcement.js'
+import {HELPER_SETUP_EXIT, probeKernel, requireHelper} from '../../sandbox/landlock/helper.js'
+import {serializeRules} from '../../sandbox/landlock/rules-file.js'
+import {SANDBOX_HELPER_ENV, SANDBOX_NETWORK_ENV} from '../../sandbox/network-layer.js'
+import type {SandboxPolicy} from '../../sandbox/policy.js'
+import {seatbeltInvocation} from '../../sandbox/seatbelt/profile.js'
+import {prepareWorkspaceForPolicy} from '../../sandbox/workspace-prep.js'
+import {agentRunArgv, failure, runAgentProcess} from './agent-run-process.js'
+import {agentEnvironment, withPrivateTmp} from './private-tmp.js'
+import type {RunRequest, Runner} from './types.js'
+
+interface Launch {
+  argv: string[]
+  env: Record<string, string>
+  fd3?: string
+}
+
+/**
+ * The default level (DESIGN.md 4.1): agent-run and everything it starts run under the Landlock +
+ * seccomp helper (Linux) or sandbox-exec (macOS). Fail closed: when the kernel cannot enforce the
+ * policy the run is refused with what is missing, unless the agent opted into best effort (then
+ * every gap is logged on every run).
+ */
+export const hostSandboxRunner: Runner = {
+  level: 'host-sandbox',
+  run: (request: RunRequest) =>
+    withPrivateTmp(request.input.run_id, async (tmp): Promise<AgentRunOutput> => {
+      const runId = request.input.run_id
+      let launch: Launch
+      try {
+        const compile = () => agentPolicy({
+            agent: request.agent,
+            config: request.config,
+            home: request.home,
+            workspace: request.workspace,
+            tmpDir: tmp,
+            configPath: request.configPath,
+          })
+        let policy = compile()
+        if (prepareWorkspaceForPolicy(request.workspace, policy)) policy = compile()
+        for (const note of policy.notes) request.onLog?.(`sandbox: ${note}`)
+        const env = {...agentEnvironment(request.workspace, tmp), PATH: sandboxPath()}
+        if (process.platform === 'darwin') launch = {argv: seatbeltInvocation(policy, agentRunArgv()).argv, env}
+        else {
+          const linux = await linuxLaunch(policy, env)
+          if ('error' in linux) return failure(runId, 'E_SANDBOX', linux.error, false, {gaps: linux.gaps, fix: linux.fix})
+          launch = linux
+        }
+      } catch (error) {
+        const gatewayError = toGatewayError(error, 'E_SANDBOX')
+        return failure(runId, gatewayError.code, gatewayError.message, false, gatewayError.suggestions.length ? {suggestions: gatewayError.suggestions} : undefined)
+      }
+      const output = await runAgentProcess({
+        ...launch,
+        cwd: request.workspace,
+        input: request.input,
+        timeoutMs: request.timeoutMs,
+        signal: request.signal,
+        onStderr: request.onLog,
+      })
+      return helperRefusal(output) ?? output
+    }),
+}
+
+async function linuxLaunch(policy: SandboxPolicy, env: Record<string, string>): Promise<Launch | {error: string; gaps: string[]; fix: string}> {
+  const helper = requireHelper()
+  const probe = await probeKernel(helper)
+  const gaps = kernelGaps(probe, policy.network)
+  if (gaps.length > 0 && !policy.bestEffort) {
+    return {
+      error: `the host sandbox cannot be enforced on this kernel: ${gaps.join('; ')}`,
+      gaps,
+      fix: 'upgrade the kernel, use container mode, or set file_access.best_effort: true to run with these gaps',
+    }
+  }
+  // agent-run talks to its LLM provider, so its own layer keeps the network; with
+  // allow_network: false every shell command it starts gets the network-off layer.
+  const inner = {...env, [SANDBOX_HELPER_ENV]: helper, [SANDBOX_NETWORK_ENV]: policy.network}
+  return {argv: [helper, '--rules-fd', '3', '--', ...agentRunArgv()], env: {}, fd3: serializeRules({...policy, network: 'allow'}, inner)}
+}
+
+/** The helper's own refusal (exit 125, nothing ran) reads better as E_SANDBOX than as a crashed run. */
+function helperRefusal(output: AgentRunOutput): AgentRunOutput | undefined {
+  if (output.ok || output.error.code !== 'E_RUN') return undefined
+  const tail = String(output.error.details?.stderr_tail ?? '')
+  const lines = tail.split('\n').filter((line) => line.startsWith('meepa-sandbox: '))
+  if (lines.length === 0 || !output.error.message.includes(`code ${HELPER_SETUP_EXIT}`)) return undefined
+  return failure(output.run_id, 'E_SANDBOX', lines.map((line) => line.slice('meepa-sandbox: '.length)).join('; '), false, {stderr_tail: tail})
+}

@@ -1,0 +1,144 @@
+import {execa} from 'execa'
+import fs from 'node:fs'
+import os from 'node:os'
+import path from 'node:path'
+import {agentPolicy, sandboxPath} from '../sandbox/agent-policy.js'
+import {killSession} from '../sandbox/kill-session.js'
+import {enforcementReport, kernelGaps, type EnforcementReport} from '../sandbox/landlock/enforcement.js'
+import {probeKernel, requireHelper, type KernelProbe} from '../sandbox/landlock/helper.js'
+import {serializeRules} from '../sandbox/landlock/rules-file.js'
+import type {SandboxPolicy} from '../sandbox/policy.js'
+import {seatbeltInvocation, type SeatbeltInvocation} from '../sandbox/seatbelt/profile.js'
+import {findAgent} from './config/load.js'
+import type {AgentConfig, LoadedConfig} from './config/types.js'
+import {GatewayError} from './errors.js'
+import {agentEnvironment} from './runners/private-tmp.js'
+import {ensureWorkspace} from './workspace.js'
+
+/** One agent's sandbox for a command run by the operator: policy, helper, kernel facts, temp dir. */
+export interface AgentSandbox {
+  agent: AgentConfig
+  workspace: string
+  tmpDir: string
+  policy: SandboxPolicy
+  helper: string
+  probe: KernelProbe
+  /** The command's whole environment inside the sandbox. */
+  env: Record<string, string>
+  dispose(): void
+}
+
+function requireLinux(): void {
+  if (process.platform !== 'linux') {
+    throw new GatewayError('E_ISOLATION_UNAVAILABLE', `the Landlock host sandbox runs on Linux; this is ${process.platform}`, {
+      suggestions: process.platform === 'darwin' ? ['on macOS the policy is compiled to a Seatbelt profile: see `sandbox explain --json`'] : [],
+    })
+  }
+}
+
+/** Compiles an agent's policy and checks, fail-closed, that this kernel can enforce it. */
+export async function openAgentSandbox(loaded: LoadedConfig, agentId: string, options: {allowGaps?: boolean} = {}): Promise<AgentSandbox> {
+  requireLinux()
+  const agent = findAgent(loaded, agentId)
+  const workspace = ensureWorkspace(loaded.home, agent.id).path
+  const helper = requireHelper()
+  const probe = await probeKernel(helper)
+  const tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), `meepa-sandbox-${agent.id}-`))
+  const dispose = () => fs.rmSync(tmpDir, {recursive: true, force: true})
+  try {
+    const policy = agentPolicy({agent, config: loaded.config, home: loaded.home, workspace, tmpDir, configPath: loaded.path})
+    const gaps = kernelGaps(probe, policy.network)
+    if (gaps.length > 0 && !policy.bestEffort && !options.allowGaps) {
+      throw new GatewayError('E_SANDBOX', `the host sandbox cannot be enforced on this kernel: ${gaps.join('; ')}`, {
+        suggestions: ['upgrade the kernel (Landlock ABI 6 = Linux 6.12)', 'use container mode for this agent', 'or set file_access.best_effort: true to run with these gaps'],
+        details: {gaps},
+      })
+    }
+    const env: Record<string, string> = {...agentEnvironment(workspace, tmpDir), PATH: sandboxPath()}
+    if (process.env.TERM) env.TERM = process.env.TERM
+    return {agent, workspace, tmpDir, policy, helper, probe, env, dispose}
+  } catch (error) {
+    dispose()
+    throw error
+  }
+}
+
+export interface SandboxExecOptions {
+  loaded: LoadedConfig
+  agentId: string
+  argv: string[]
+  timeoutMs: number
+  onLog?: (line: string) => void
+}
+
+/** `sandbox exec`: runs any command under an agent's host policy with the terminal attached; returns its exit status. */
+export async function sandboxExec(options: SandboxExecOptions): Promise<{exitCode: number; timedOut: boolean}> {
+  if (options.argv.length === 0) throw new GatewayError('E_USAGE', 'no command given', {suggestions: ['meepagateway sandbox exec --agent ID -- CMD [ARGS...]']})
+  const sandbox = await openAgentSandbox(options.loaded, options.agentId)
+  try {
+    if (sandbox.policy.bestEffort) for (const gap of kernelGaps(sandbox.probe, sandbox.policy.network)) options.onLog?.(`sandbox: best effort, NOT enforced: ${gap}`)
+    const child = execa(sandbox.helper, ['--rules-fd', '3', '--', ...options.argv], {
+      cwd: sandbox.workspace,
+      env: {},
+      extendEnv: false,
+      stdio: ['inherit', 'inherit', 'inherit', 'pipe'],
+      detached: true,
+      reject: false,
+      timeout: options.timeoutMs,
+      killSignal: 'SIGKILL',
+      cancelSignal: AbortSignal.timeout(options.timeoutMs + 5000),
+    })
+    ;(child.stdio[3] as unknown as NodeJS.WritableStream).end(serializeRules(sandbox.policy, sandbox.env))
+    const killGroup = () => {
+      if (child.pid === undefined) return
+      try {
+        process.kill(-child.pid, 'SIGKILL')
+      } catch {
+        // already gone
+      }
+      killSession(child.pid)
+    }
+    const onSignal = () => killGroup()
+    process.once('SIGINT', onSignal)
+    process.once('SIGTERM', onSignal)
+    const result = await child
+    process.off('SIGINT', onSignal)
+    process.off('SIGTERM', onSignal)
+    killGroup() // whatever the command left running in the background
+    if (result.timedOut) return {exitCode: 124, timedOut: true}
+    const signal = result.signal ? os.constants.signals[result.signal as keyof typeof os.constants.signals] : undefined
+    return {exitCode: result.exitCode ?? (signal ? 128 + signal : 1), timedOut: false}
+  } finally {
+    sandbox.dispose()
+  }
+}
+
+export interface SandboxExplanation {
+  agent: string
+  workspace: string
+  platform: NodeJS.Platform
+  report?: EnforcementReport
+  seatbelt?: SeatbeltInvocation
+}
+
+/** `sandbox explain`: the enforcement manifest of an agent's policy on this machine. */
+export async function sandboxExplain(loaded: LoadedConfig, agentId: string): Promise<SandboxExplanation> {
+  if (process.platform === 'darwin') {
+    const agent = findAgent(loaded, agentId)
+    const workspace = ensureWorkspace(loaded.home, agent.id).path
+    const tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), `meepa-sandbox-${agent.id}-`))
+    try {
+      const policy = agentPolicy({agent, config: loaded.config, home: loaded.home, workspace, tmpDir, configPath: loaded.path})
+      const seatbelt = seatbeltInvocation(policy, ['CMD'])
+      return {agent: agent.id, workspace, platform: process.platform, seatbelt}
+    } finally {
+      fs.rmSync(tmpDir, {recursive: true, force: true})
+    }
+  }
+  const sandbox = await openAgentSandbox(loaded, agentId, {allowGaps: true})
+  try {
+    return {agent: sandbox.agent.id, workspace: sandbox.workspace, platform: process.platform, report: enforcementReport(sandbox.policy, sandbox.probe)}
+  } finally {
+    sandbox.dispose()
+  }
+}

@@ -1,0 +1,96 @@
+import crypto from 'node:crypto'
+import {GatewayError} from '../errors.js'
+import {withGatewayDb, type GatewayDb} from './gateway-db.js'
+
+export const API_KEY_PREFIX = 'cptn_'
+/** Characters of the key kept in clear (prefix + a few random ones) so keys can be told apart. */
+const SHOWN_PREFIX_LENGTH = API_KEY_PREFIX.length + 6
+
+export interface ApiKeyInfo {
+  id: string
+  name: string
+  key_prefix: string
+  created_at: number
+  last_used_at: number | null
+  revoked_at: number | null
+}
+
+export interface CreatedApiKey {
+  id: string
+  name: string
+  /** The only time the whole key exists outside its holder: it is not stored. */
+  key: string
+}
+
+/**
+ * A key is 32 random bytes, so a plain SHA-256 is enough to store it: there is nothing to
+ * brute-force, and verification stays a single indexed lookup per request.
+ */
+function hashKey(key: string): string {
+  return crypto.createHash('sha256').update(key, 'utf8').digest('hex')
+}
+
+export class ApiKeys {
+  constructor(private readonly db: GatewayDb) {}
+
+  create(name: string): CreatedApiKey {
+    const trimmed = name.trim()
+    if (!trimmed || trimmed.length > 100) {
+      throw new GatewayError('E_USAGE', 'an API key name must be 1 to 100 characters', {
+        suggestions: ['meepagateway api-key create "deploy script"'],
+      })
+    }
+    const id = `key_${crypto.randomBytes(6).toString('hex')}`
+    const key = API_KEY_PREFIX + crypto.randomBytes(32).toString('base64url')
+    this.db
+      .prepare('INSERT INTO api_keys (id, name, key_hash, key_prefix, created_at) VALUES (?, ?, ?, ?, ?)')
+      .run(id, trimmed, hashKey(key), key.slice(0, SHOWN_PREFIX_LENGTH), Date.now())
+    return {id, name: trimmed, key}
+  }
+
+  list(): ApiKeyInfo[] {
+    return this.db
+      .prepare('SELECT id, name, key_prefix, created_at, last_used_at, revoked_at FROM api_keys ORDER BY created_at, rowid')
+      .all() as ApiKeyInfo[]
+  }
+
+  /** Revoking twice is not an error; an unknown id is. */
+  revoke(id: string): ApiKeyInfo {
+    const row = this.db.prepare('SELECT id FROM api_keys WHERE id = ?').get(id)
+    if (!row) {
+      throw new GatewayError('E_NOT_FOUND', `no API key with id ${id}`, {suggestions: ['meepagateway api-key list']})
+    }
+    this.db.prepare('UPDATE api_keys SET revoked_at = COALESCE(revoked_at, ?) WHERE id = ?').run(Date.now(), id)
+    return this.db
+      .prepare('SELECT id, name, key_prefix, created_at, last_used_at, revoked_at FROM api_keys WHERE id = ?')
+      .get(id) as ApiKeyInfo
+  }
+
+  /** The key's record when it is known and not revoked, else undefined. */
+  verify(key: string): ApiKeyInfo | undefined {
+    if (!key.startsWith(API_KEY_PREFIX)) return undefined
+    const row = this.db
+      .prepare('SELECT id, name, key_prefix, created_at, last_used_at, revoked_at FROM api_keys WHERE key_hash = ?')
+      .get(hashKey(key)) as ApiKeyInfo | undefined
+    if (!row || row.revoked_at !== null) return undefined
+    const now = Date.now()
+    // last_used_at is informational: write it at most once a minute to keep hot paths read-only
+    if (row.last_used_at === null || now - row.last_used_at > 60_000) {
+      this.db.prepare('UPDATE api_keys SET last_used_at = ? WHERE id = ?').run(now, row.id)
+    }
+    return row
+  }
+}
+
+/** `meepagateway api-key create|list|revoke`: one-shot operations on the gateway database. */
+export function createApiKey(options: {home: string; name: string}): CreatedApiKey {
+  return withGatewayDb(options.home, (db) => new ApiKeys(db).create(options.name))
+}
+
+export function listApiKeys(options: {home: string}): ApiKeyInfo[] {
+  return withGatewayDb(options.home, (db) => new ApiKeys(db).list())
+}
+
+export function revokeApiKey(options: {home: string; id: string}): ApiKeyInfo {
+  return withGatewayDb(options.home, (db) => new ApiKeys(db).revoke(options.id))
+}

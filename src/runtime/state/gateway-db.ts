@@ -1,0 +1,128 @@
+import Database from 'better-sqlite3'
+import fs from 'node:fs'
+import {GatewayError} from '../errors.js'
+import {gatewayDbPath} from '../paths.js'
+
+export type GatewayDb = Database.Database
+
+/**
+ * Schema changes, applied in order and tracked with `PRAGMA user_version`. Append, never edit:
+ * a database already at version N only runs the migrations after N. Other parts of the gateway
+ * (the dashboard's `sessions` table) add their tables by appending here.
+ */
+export const MIGRATIONS: ReadonlyArray<{name: string; sql: string}> = [
+  {
+    name: 'runs and api keys',
+    sql: `
+      CREATE TABLE runs (
+        id TEXT PRIMARY KEY,
+        agent_id TEXT NOT NULL,
+        connector TEXT NOT NULL,
+        channel_id TEXT NOT NULL,
+        thread_id TEXT,
+        message_id TEXT,
+        user_id TEXT,
+        isolation TEXT NOT NULL,
+        status TEXT NOT NULL,            -- running | ok | failed | interrupted | rejected
+        started_at INTEGER NOT NULL,     -- ms since epoch
+        duration_ms INTEGER,
+        error_code TEXT,
+        error_message TEXT,
+        input_tokens INTEGER,
+        output_tokens INTEGER,
+        iterations INTEGER,
+        tool_calls INTEGER
+      );
+      CREATE INDEX runs_by_start ON runs (started_at DESC);
+      CREATE INDEX runs_by_agent ON runs (agent_id, started_at DESC);
+      CREATE INDEX runs_by_status ON runs (status);
+
+      CREATE TABLE api_keys (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        key_hash TEXT NOT NULL UNIQUE,   -- sha256 hex of the whole key; the key itself is never stored
+        key_prefix TEXT NOT NULL,        -- first characters, so an operator can tell keys apart
+        created_at INTEGER NOT NULL,
+        last_used_at INTEGER,
+        revoked_at INTEGER
+      );
+    `,
+  },
+  {
+    name: 'dashboard settings and sessions',
+    sql: `
+      CREATE TABLE captain_settings (
+        key TEXT PRIMARY KEY,            -- password_hash
+        value TEXT NOT NULL,
+        updated_at INTEGER NOT NULL
+      );
+      CREATE TABLE captain_sessions (
+        token_hash TEXT PRIMARY KEY,     -- sha256 hex of the cookie value; the cookie itself is never stored
+        csrf_token TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        expires_at INTEGER NOT NULL,
+        last_seen_at INTEGER NOT NULL
+      );
+      CREATE INDEX captain_sessions_by_expiry ON captain_sessions (expires_at);
+    `,
+  },
+]
+
+/**
+ * Opens (creating if needed) $MEEPAGATEWAY_HOME/gateway.db. WAL lets `runs` and `api-key`
+ * commands read and write while `serve` holds the database open; busy_timeout makes a
+ * concurrent writer wait instead of failing with SQLITE_BUSY.
+ */
+export function openGatewayDb(home: string): GatewayDb {
+  const file = gatewayDbPath(home)
+  let db: GatewayDb
+  try {
+    fs.mkdirSync(home, {recursive: true, mode: 0o700})
+    db = new Database(file)
+    db.pragma('journal_mode = WAL')
+    db.pragma('busy_timeout = 5000')
+    db.pragma('synchronous = NORMAL')
+    db.pragma('foreign_keys = ON')
+  } catch (error) {
+    throw new GatewayError('E_STATE', `cannot open the gateway database ${file}: ${(error as Error).message}`, {
+      cause: error,
+      suggestions: [`check that ${home} is writable by this user`, 'set MEEPAGATEWAY_HOME to another directory'],
+    })
+  }
+  try {
+    fs.chmodSync(file, 0o600) // API key hashes and run metadata are the operator's business only
+    migrate(db)
+  } catch (error) {
+    db.close()
+    if (error instanceof GatewayError) throw error
+    throw new GatewayError('E_STATE', `cannot prepare the gateway database ${file}: ${(error as Error).message}`, {cause: error})
+  }
+  return db
+}
+
+function migrate(db: GatewayDb): void {
+  const current = db.pragma('user_version', {simple: true}) as number
+  if (current > MIGRATIONS.length) {
+    throw new GatewayError(
+      'E_STATE',
+      `the gateway database is at schema version ${current}, newer than this meepagateway understands (${MIGRATIONS.length})`,
+      {suggestions: ['upgrade meepagateway, or point MEEPAGATEWAY_HOME at another directory']},
+    )
+  }
+  for (let version = current; version < MIGRATIONS.length; version++) {
+    db.transaction(() => {
+      db.exec(MIGRATIONS[version].sql)
+      db.pragma(`user_version = ${version + 1}`)
+    }).immediate()
+  }
+}
+
+/** Runs `fn` with the gateway database open, closing it afterwards (for one-shot commands). */
+export function withGatewayDb<T>(home: string, fn: (db: GatewayDb) => T): T {
+  const db = openGatewayDb(home)
+  try {
+    return fn(db)
+  } finally {
+    db.close()
+  }
+}

@@ -1,0 +1,124 @@
+import type {IsolationLevel} from '../config/types.js'
+import type {AgentRunOutput} from '../agent-run/contract.js'
+import {withGatewayDb, type GatewayDb} from './gateway-db.js'
+
+export type RunStatus = 'running' | 'ok' | 'failed' | 'interrupted' | 'rejected'
+
+export interface RunRecord {
+  id: string
+  agent_id: string
+  connector: string
+  channel_id: string
+  thread_id: string | null
+  message_id: string | null
+  user_id: string | null
+  isolation: IsolationLevel
+  status: RunStatus
+  started_at: number
+  duration_ms: number | null
+  error_code: string | null
+  error_message: string | null
+  input_tokens: number | null
+  output_tokens: number | null
+  iterations: number | null
+  tool_calls: number | null
+}
+
+export interface RunStart {
+  id: string
+  agentId: string
+  connector: string
+  channelId: string
+  threadId?: string
+  messageId?: string
+  userId?: string
+  isolation: IsolationLevel
+  startedAt?: number
+}
+
+/**
+ * The operator's record of every message the gateway handled. A row is inserted as `running`
+ * before the run starts and updated when it ends, so a crash or kill mid-run still leaves a
+ * row; the next start-up turns stale `running` rows into `interrupted`.
+ */
+export class RunRecords {
+  constructor(private readonly db: GatewayDb) {}
+
+  start(run: RunStart): void {
+    this.db
+      .prepare(
+        `INSERT INTO runs (id, agent_id, connector, channel_id, thread_id, message_id, user_id, isolation, status, started_at)
+         VALUES (@id, @agentId, @connector, @channelId, @threadId, @messageId, @userId, @isolation, 'running', @startedAt)`,
+      )
+      .run({
+        threadId: null,
+        messageId: null,
+        userId: null,
+        ...run,
+        startedAt: run.startedAt ?? Date.now(),
+      })
+  }
+
+  /** Records how a started run ended; `interrupted` when the gateway stopped it. */
+  finish(id: string, output: AgentRunOutput, options: {durationMs: number; isolation?: IsolationLevel; interrupted?: boolean}): void {
+    const status: RunStatus = output.ok ? 'ok' : options.interrupted ? 'interrupted' : 'failed'
+    this.db
+      .prepare(
+        `UPDATE runs SET status = @status, duration_ms = @durationMs, isolation = COALESCE(@isolation, isolation),
+           error_code = @errorCode, error_message = @errorMessage, input_tokens = @inputTokens,
+           output_tokens = @outputTokens, iterations = @iterations, tool_calls = @toolCalls
+         WHERE id = @id`,
+      )
+      .run({
+        id,
+        status,
+        durationMs: Math.round(options.durationMs),
+        isolation: options.isolation ?? null,
+        errorCode: output.ok ? null : output.error.code,
+        errorMessage: output.ok ? null : output.error.message,
+        inputTokens: output.ok ? output.usage.input_tokens : null,
+        outputTokens: output.ok ? output.usage.output_tokens : null,
+        iterations: output.ok ? output.iterations : null,
+        toolCalls: output.ok ? output.tool_calls.length : null,
+      })
+  }
+
+  /** A message that never ran (queue full, gateway stopping): recorded so the operator sees the loss. */
+  reject(run: RunStart, errorCode: string, errorMessage: string): void {
+    this.start(run)
+    this.db
+      .prepare(`UPDATE runs SET status = 'rejected', duration_ms = 0, error_code = ?, error_message = ? WHERE id = ?`)
+      .run(errorCode, errorMessage, run.id)
+  }
+
+  /** Rows left `running` by a gateway that died; returns how many were marked. */
+  markStaleInterrupted(): number {
+    return this.db
+      .prepare(
+        `UPDATE runs SET status = 'interrupted', error_code = COALESCE(error_code, 'E_RUN'),
+           error_message = COALESCE(error_message, 'the gateway stopped before the run finished')
+         WHERE status = 'running'`,
+      )
+      .run().changes
+  }
+
+  get(id: string): RunRecord | undefined {
+    return this.db.prepare('SELECT * FROM runs WHERE id = ?').get(id) as RunRecord | undefined
+  }
+
+  /** Newest first. */
+  list(options: {agentId?: string; limit?: number} = {}): RunRecord[] {
+    const limit = options.limit ?? 20
+    if (options.agentId) {
+      return this.db
+        .prepare('SELECT * FROM runs WHERE agent_id = ? ORDER BY started_at DESC, rowid DESC LIMIT ?')
+        .all(options.agentId, limit) as RunRecord[]
+    }
+    return this.db.prepare('SELECT * FROM runs ORDER BY started_at DESC, rowid DESC LIMIT ?').all(limit) as RunRecord[]
+  }
+}
+
+/** `meepagateway runs`: the newest run records, optionally for one agent. */
+export function listRuns(options: {home: string; agentId?: string; limit?: number}): RunRecord[] {
+  return withGatewayDb(options.home, (db) => new RunRecords(db).list(options))
+}

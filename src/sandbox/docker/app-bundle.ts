@@ -1,0 +1,179 @@
+import {createHash} from 'node:crypto'
+import {constants as fsConstants} from 'node:fs'
+import {copyFile, link, mkdir, mkdtemp, readFile, readdir, readlink, rm, stat, symlink, writeFile} from 'node:fs/promises'
+import os from 'node:os'
+import path from 'node:path'
+import {GatewayError} from '../../runtime/errors.js'
+
+/**
+ * The meepagateway runtime that goes into an isolation image: the host's Node binary and the
+ * installed app (bin/, dist/, package.json, production node_modules). better-sqlite3 is a native
+ * addon built for this host's libc and architecture, which is why the base must match them.
+ */
+export interface AppBundleSource {
+  /** The installed app's root (holds bin/, dist/, package.json, node_modules/). */
+  appRoot: string
+  /** The Node executable to copy (the host's process.execPath). */
+  nodePath: string
+}
+
+export interface AppBundleContext {
+  dir: string
+  files: number
+  bytes: number
+  remove(): Promise<void>
+}
+
+const APP_ENTRIES = ['bin', 'dist', 'package.json']
+/** Never part of the runtime: VCS data, and native build intermediates (only the .node files are loaded). */
+const SKIP_NAMES = new Set(['.git', '.github', '.bin', '.cache', 'obj', 'obj.target', '.deps'])
+/** Files of dependencies nothing loads at run time: type declarations, source maps, static libraries, docs. */
+const SKIP_DEPENDENCY_FILE = /(\.d\.[cm]?ts|\.map|\.[ao]|\.md|\.markdown)$/i
+
+/**
+ * A hash of everything the bundle would contain, cheap enough to compute on every
+ * `container build` (well under a second): the Node binary by version, size and mtime, the app's
+ * own files by content, and node_modules by its lockfile (npm rewrites it on every install).
+ */
+export async function computeAppHash(source: AppBundleSource): Promise<string> {
+  const hash = createHash('sha256')
+  const node = await stat(source.nodePath)
+  hash.update(`node ${process.version} ${process.arch} ${node.size} ${node.mtimeMs}\n`)
+  for (const entry of APP_ENTRIES) {
+    for (const file of await listFiles(path.join(source.appRoot, entry), entry)) {
+      hash.update(`${file}\n`)
+      hash.update(await readFile(path.join(source.appRoot, file)))
+    }
+  }
+  const lockfile = await firstExisting([
+    path.join(source.appRoot, 'node_modules', '.package-lock.json'),
+    path.join(source.appRoot, 'package-lock.json'),
+  ])
+  if (lockfile) hash.update(await readFile(lockfile))
+  else hash.update((await readdir(path.join(source.appRoot, 'node_modules')).catch(() => [])).join('\n'))
+  return hash.digest('hex').slice(0, 16)
+}
+
+/**
+ * Assembles the isolation image's build context in a temp dir: `node/node`, `deps/node_modules`
+ * (production packages only) and `app/`. Files are hard-linked (copied across file systems), so
+ * assembling takes well under a second even for a large node_modules.
+ */
+export async function assembleAppBundle(source: AppBundleSource, dockerfile: string): Promise<AppBundleContext> {
+  await assertBuilt(source.appRoot)
+  const dir = await mkdtemp(path.join(os.tmpdir(), 'meepa-isolation-'))
+  const counter = {files: 0, bytes: 0}
+  try {
+    await mkdir(path.join(dir, 'node'))
+    await placeFile(source.nodePath, path.join(dir, 'node', 'node'), counter)
+    for (const entry of APP_ENTRIES) await placeTree(path.join(source.appRoot, entry), path.join(dir, 'app', entry), counter)
+    for (const pkg of await productionPackages(source.appRoot)) {
+      await placeTree(path.join(source.appRoot, pkg), path.join(dir, 'deps', pkg), counter, {dependency: true})
+    }
+    await mkdir(path.join(dir, 'deps'), {recursive: true})
+    await writeFile(path.join(dir, 'Dockerfile'), dockerfile)
+  } catch (error) {
+    await rm(dir, {recursive: true, force: true})
+    throw error
+  }
+  return {dir, ...counter, remove: () => rm(dir, {recursive: true, force: true})}
+}
+
+/**
+ * node_modules paths (relative to the app root) of the packages a production install has:
+ * every lockfile entry not marked `dev`. Nested node_modules are separate entries, so each
+ * package is copied without its own node_modules. Without a lockfile (a global install holds
+ * production packages only) every top-level package is taken.
+ */
+export async function productionPackages(appRoot: string): Promise<string[]> {
+  const lockfile = await firstExisting([path.join(appRoot, 'node_modules', '.package-lock.json'), path.join(appRoot, 'package-lock.json')])
+  if (lockfile) {
+    const parsed = JSON.parse(await readFile(lockfile, 'utf8')) as {packages?: Record<string, {dev?: boolean; link?: boolean}>}
+    const packages: string[] = []
+    for (const [key, entry] of Object.entries(parsed.packages ?? {})) {
+      if (!key.startsWith('node_modules/') || entry.dev || entry.link) continue
+      if (await exists(path.join(appRoot, key))) packages.push(key)
+    }
+    return packages
+  }
+  const top: string[] = []
+  for (const name of await readdir(path.join(appRoot, 'node_modules')).catch(() => [] as string[])) {
+    if (name.startsWith('.')) continue
+    if (name.startsWith('@')) {
+      for (const scoped of await readdir(path.join(appRoot, 'node_modules', name))) top.push(`node_modules/${name}/${scoped}`)
+    } else top.push(`node_modules/${name}`)
+  }
+  return top
+}
+
+async function assertBuilt(appRoot: string): Promise<void> {
+  if (!(await exists(path.join(appRoot, 'dist')))) {
+    throw new GatewayError('E_IMAGE', `the app at ${appRoot} is not built (no dist/), so it cannot be put into the isolation image`, {
+      suggestions: [`run npm run build in ${appRoot}`],
+    })
+  }
+}
+
+/**
+ * Copies a tree into the context. For a dependency (`dependency: true`) its own node_modules is
+ * skipped (nested packages are lockfile entries of their own), as are files nothing loads and,
+ * for a native addon (binding.gyp), the vendored C sources in deps/.
+ */
+async function placeTree(from: string, to: string, counter: {files: number; bytes: number}, options: {dependency?: boolean; below?: boolean} = {}): Promise<void> {
+  const info = await stat(from).catch(() => undefined)
+  if (!info) return
+  if (!info.isDirectory()) {
+    await mkdir(path.dirname(to), {recursive: true})
+    await placeFile(from, to, counter)
+    return
+  }
+  await mkdir(to, {recursive: true})
+  const entries = await readdir(from, {withFileTypes: true})
+  const nativeAddon = options.dependency === true && !options.below && entries.some((entry) => entry.name === 'binding.gyp')
+  for (const entry of entries) {
+    if (SKIP_NAMES.has(entry.name)) continue
+    if (options.dependency && entry.name === 'node_modules') continue
+    if (nativeAddon && entry.isDirectory() && entry.name === 'deps') continue
+    if (options.dependency && entry.isFile() && SKIP_DEPENDENCY_FILE.test(entry.name)) continue
+    const source = path.join(from, entry.name)
+    const target = path.join(to, entry.name)
+    if (entry.isDirectory()) await placeTree(source, target, counter, {dependency: options.dependency, below: true})
+    else if (entry.isSymbolicLink()) await symlink(await readlink(source), target)
+    else if (entry.isFile()) await placeFile(source, target, counter)
+  }
+}
+
+async function placeFile(from: string, to: string, counter: {files: number; bytes: number}): Promise<void> {
+  try {
+    await link(from, to)
+  } catch {
+    await copyFile(from, to, fsConstants.COPYFILE_FICLONE)
+  }
+  counter.files++
+  counter.bytes += (await stat(from)).size
+}
+
+/** Relative paths of the files under `dir` (sorted, so the hash is stable). */
+async function listFiles(dir: string, relative: string): Promise<string[]> {
+  const info = await stat(dir).catch(() => undefined)
+  if (!info) return []
+  if (!info.isDirectory()) return [relative]
+  const out: string[] = []
+  const entries = (await readdir(dir, {withFileTypes: true})).sort((a, b) => (a.name < b.name ? -1 : 1))
+  for (const entry of entries) {
+    if (SKIP_NAMES.has(entry.name)) continue
+    const rel = `${relative}/${entry.name}`
+    if (entry.isDirectory()) out.push(...(await listFiles(path.join(dir, entry.name), rel)))
+    else if (entry.isFile()) out.push(rel)
+  }
+  return out
+}
+
+async function firstExisting(paths: string[]): Promise<string | undefined> {
+  for (const candidate of paths) if (await exists(candidate)) return candidate
+  return undefined
+}
+
+async function exists(file: string): Promise<boolean> {
+  return stat(file).then(() => true, () => false)
+}

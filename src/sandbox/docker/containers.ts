@@ -1,0 +1,107 @@
+import {createHash} from 'node:crypto'
+import fs from 'node:fs'
+import path from 'node:path'
+import {processAlive} from '../../runtime/process-alive.js'
+import type {DockerCli} from './cli.js'
+import {LABEL} from './dockerfile.js'
+
+/**
+ * The gateway's containers, found by label. A message's container is removed by the runner that
+ * started it; one whose runner died (gateway crashed, `send` killed) is an orphan, removed at
+ * start-up and by `container clean`. A container still running for a live gateway is never one.
+ */
+export interface GatewayContainer {
+  id: string
+  name: string
+  /** The image reference it was started from. */
+  image: string
+  /** The image ID it runs (stays right when the reference is re-tagged). */
+  imageId: string
+  state: string
+  running: boolean
+  created: string
+  agent?: string
+  run?: string
+  /** The gateway home it belongs to (hashed, see homeLabel). */
+  home?: string
+  /** The host process that started it and will remove it. */
+  ownerPid?: number
+}
+
+/** The label value that scopes containers to one MEEPAGATEWAY_HOME (several may share an engine). */
+export function homeLabel(home: string): string {
+  let canonical = path.resolve(home)
+  try {
+    canonical = fs.realpathSync(canonical)
+  } catch {
+    // a home that does not exist yet is labelled by its resolved path
+  }
+  return createHash('sha256').update(canonical).digest('hex').slice(0, 16)
+}
+
+export async function listGatewayContainers(cli: DockerCli, options: {home?: string; signal?: AbortSignal} = {}): Promise<GatewayContainer[]> {
+  const filters = ['--filter', `label=${LABEL.gateway}=1`]
+  if (options.home) filters.push('--filter', `label=${LABEL.home}=${homeLabel(options.home)}`)
+  const ids = (await cli.check(['ps', '-a', '-q', '--no-trunc', ...filters], {signal: options.signal})).stdout.split('\n').filter(Boolean)
+  if (ids.length === 0) return []
+  // A container may disappear between ps and inspect (its runner removed it): inspect prints the rest.
+  const result = await cli.exec(['container', 'inspect', ...ids], {signal: options.signal})
+  const parsed = result.stdout.trim() ? (JSON.parse(result.stdout) as RawContainer[]) : []
+  return parsed.map(toGatewayContainer)
+}
+
+interface RawContainer {
+  Id: string
+  Name: string
+  Created: string
+  Image: string
+  State: {Status: string; Running: boolean}
+  Config: {Image: string; Labels: Record<string, string> | null}
+}
+
+function toGatewayContainer(raw: RawContainer): GatewayContainer {
+  const labels = raw.Config.Labels ?? {}
+  const pid = Number(labels[LABEL.pid])
+  return {
+    id: raw.Id,
+    name: raw.Name.replace(/^\//, ''),
+    image: raw.Config.Image,
+    imageId: raw.Image,
+    state: raw.State.Status,
+    running: raw.State.Running,
+    created: raw.Created,
+    agent: labels[LABEL.agent],
+    run: labels[LABEL.run],
+    home: labels[LABEL.home],
+    ownerPid: Number.isInteger(pid) && pid > 0 ? pid : undefined,
+  }
+}
+
+/**
+ * Left behind: not running (nobody will read or remove it), or running for a runner process
+ * that no longer exists. Probes and builds carry no owner and are only orphans once stopped.
+ */
+export function isOrphan(container: GatewayContainer, isAlive: (pid: number) => boolean = processAlive): boolean {
+  if (!container.running) return true
+  return container.ownerPid !== undefined && !isAlive(container.ownerPid)
+}
+
+/** `docker rm -f` for many containers in one call; a container already gone is not an error. */
+export async function removeContainers(cli: DockerCli, ids: string[], signal?: AbortSignal): Promise<void> {
+  if (ids.length === 0) return
+  await cli.exec(['rm', '--force', '--volumes', ...ids], {signal})
+}
+
+export interface OrphanCleanup {
+  removed: GatewayContainer[]
+  kept: GatewayContainer[]
+}
+
+/** Finds and (unless dryRun) removes orphans of one home, or of every home when none is given. */
+export async function cleanOrphanContainers(cli: DockerCli, options: {home?: string; dryRun?: boolean; signal?: AbortSignal} = {}): Promise<OrphanCleanup> {
+  const containers = await listGatewayContainers(cli, options)
+  const removed = containers.filter((container) => isOrphan(container))
+  const kept = containers.filter((container) => !removed.includes(container))
+  if (!options.dryRun) await removeContainers(cli, removed.map((container) => container.id), options.signal)
+  return {removed, kept}
+}

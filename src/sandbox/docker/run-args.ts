@@ -1,0 +1,85 @@
+import type {ContainerNetwork} from '../../runtime/config/types.js'
+import {GatewayError} from '../../runtime/errors.js'
+import {CONTAINER_APP, CONTAINER_NODE} from './dockerfile.js'
+
+/** Everything that decides the `docker run` of one message (DESIGN.md section 4.2). */
+export interface DockerRunSpec {
+  name: string
+  image: string
+  /** Host path of the agent's workspace (canonical, existing). */
+  workspace: string
+  uid: number
+  gid: number
+  /** Docker size, e.g. 512m; used for --memory and --memory-swap (no swap beyond the limit). */
+  memoryLimit: string
+  pidsLimit: number
+  network: ContainerNetwork
+  labels: Record<string, string>
+  /**
+   * Names of variables forwarded from the docker CLI's own environment with `-e NAME`: the value
+   * reaches the engine through the CLI's environment, never through argv.
+   */
+  forwardEnv: string[]
+  /** The program inside the container; default the bundled Node. */
+  entrypoint?: string
+  /** Its arguments; default `agent-run` of the bundled app. */
+  command?: string[]
+}
+
+export const CONTAINER_WORKSPACE = '/workspace'
+export const CONTAINER_TMP_SIZE = '256m'
+
+const SIZE = /^[0-9]+[kmg]$/i
+const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/
+
+/**
+ * argv of `docker run` for one message. No --rm: the host removes the container after reading
+ * its exit code and OOMKilled. No value of any secret: argv is visible to every user in `ps`.
+ */
+export function buildDockerRunArgs(spec: DockerRunSpec): string[] {
+  if (!SIZE.test(spec.memoryLimit)) throw new GatewayError('E_CONFIG', `container_mode.memory_limit: "${spec.memoryLimit}" must look like 512m or 2g`)
+  if (!Number.isInteger(spec.pidsLimit) || spec.pidsLimit < 1) throw new GatewayError('E_CONFIG', `container_mode.pids_limit: must be a whole number of at least 1, not ${spec.pidsLimit}`)
+  if (spec.workspace.includes(':') || spec.workspace.includes(',')) {
+    throw new GatewayError('E_WORKSPACE', `the workspace path ${spec.workspace} contains ":" or ",", which docker -v cannot mount`, {
+      suggestions: ['move MEEPAGATEWAY_HOME to a path without ":" and ","'],
+    })
+  }
+  for (const name of spec.forwardEnv) {
+    if (!ENV_NAME.test(name)) throw new GatewayError('E_CONFIG', `"${name}" is not a valid environment variable name to forward into the container`)
+  }
+  const user = `${spec.uid}:${spec.gid}`
+  return [
+    'run',
+    '--name', spec.name,
+    '-i',
+    // never reach a registry from a message run; images are built (or pulled) by `container build`
+    '--pull', 'never',
+    // stdout carries the reply: keep it off the engine's disk (attach still streams it)
+    '--log-driver', 'none',
+    '--read-only',
+    '--cap-drop=ALL',
+    '--security-opt=no-new-privileges',
+    '--memory', spec.memoryLimit,
+    '--memory-swap', spec.memoryLimit,
+    '--pids-limit', String(spec.pidsLimit),
+    '--init',
+    // owned by the run user: with --cap-drop=ALL even root could not write a root-owned 0755 /tmp
+    '--tmpfs', `/tmp:rw,nosuid,nodev,exec,size=${CONTAINER_TMP_SIZE},uid=${spec.uid},gid=${spec.gid},mode=0700`,
+    '--user', user,
+    '-v', `${spec.workspace}:${CONTAINER_WORKSPACE}`,
+    '-w', CONTAINER_WORKSPACE,
+    '-e', `HOME=${CONTAINER_WORKSPACE}`,
+    '-e', 'TMPDIR=/tmp',
+    ...spec.forwardEnv.flatMap((name) => ['-e', name]),
+    '--network', spec.network,
+    ...Object.entries(spec.labels).flatMap(([key, value]) => ['--label', `${key}=${value}`]),
+    '--entrypoint', spec.entrypoint ?? CONTAINER_NODE,
+    spec.image,
+    ...(spec.command ?? [`${CONTAINER_APP}/bin/run.js`, 'agent-run']),
+  ]
+}
+
+/** A container name from a run id: [a-zA-Z0-9][a-zA-Z0-9_.-]*, at most 63 characters. */
+export function containerNameFor(runId: string): string {
+  return `meepa-${runId.replace(/[^a-zA-Z0-9_.-]+/g, '-')}`.slice(0, 63)
+}

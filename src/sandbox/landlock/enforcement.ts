@@ -1,0 +1,111 @@
+import type {SandboxPolicy} from '../policy.js'
+import type {KernelProbe} from './helper.js'
+import {FS_RIGHTS, RIGHT_SINCE_ABI, type FsRight} from './rights.js'
+
+/**
+ * What the kernel will enforce of a policy, rule by rule, and what it cannot (the gaps). The helper
+ * makes the same decision in C and is the final word; this copy lets the runner refuse with a clear
+ * error before spawning anything and lets `sandbox explain` print the manifest.
+ */
+export interface EnforcementReport {
+  platform: 'linux'
+  kernel: {landlock_abi: number; landlock_unavailable?: string; seccomp: boolean; arch: string}
+  network: {mode: 'allow' | 'deny'; enforced_by: string[]}
+  rules: Array<{path: string; rights: FsRight[]; reason: string; mechanism: string}>
+  denies: Array<{path: string; reason: string; source: 'config' | 'mandatory'; exists: boolean; mechanism: string}>
+  process: Array<{what: string; mechanism: string}>
+  limits: string[]
+  gaps: string[]
+  best_effort: boolean
+  enforced: boolean
+  notes: string[]
+}
+
+export function kernelGaps(probe: KernelProbe, network: 'allow' | 'deny'): string[] {
+  const gaps: string[] = []
+  const abi = probe.landlock.abi
+  if (abi < 1) gaps.push(`file rules: Landlock is unavailable (${probe.landlock.errno ?? '?'}: ${probe.landlock.reason ?? 'unknown reason'})`)
+  else {
+    if (abi < 3) gaps.push('truncate(2) of readable files (needs Landlock ABI 3, Linux 6.2)')
+    if (abi < 5) gaps.push('ioctl on device files (needs Landlock ABI 5, Linux 6.10)')
+    if (abi < 6) gaps.push('signals to processes outside the sandbox (needs Landlock ABI 6, Linux 6.12)')
+  }
+  if (!probe.seccomp) {
+    gaps.push('seccomp filter unavailable: unix sockets (the Docker socket), io_uring and leaving the process group are not blocked')
+    if (network === 'deny') gaps.push('network off: UDP, raw and packet sockets are not blocked (no seccomp)')
+    if (network === 'deny' && abi < 4) gaps.push('network off: TCP is not blocked (no seccomp and Landlock ABI < 4)')
+  }
+  return gaps
+}
+
+export function enforcementReport(policy: SandboxPolicy, probe: KernelProbe): EnforcementReport {
+  const abi = probe.landlock.abi
+  const gaps = kernelGaps(probe, policy.network)
+  const landlock = abi >= 1
+  const unsupported = (rights: readonly FsRight[]) => rights.filter((right) => RIGHT_SINCE_ABI[right] > abi)
+  const handledCount = FS_RIGHTS.filter((right) => RIGHT_SINCE_ABI[right] <= abi).length
+
+  const rules = policy.rules.map((rule) => {
+    const missing = unsupported(rule.rights)
+    const mechanism = !landlock
+      ? 'nothing (Landlock unavailable)'
+      : `Landlock path rule (ABI ${abi} handles ${handledCount} of ${FS_RIGHTS.length} file rights${missing.length ? `; ${missing.join(', ')} not known to this kernel` : ''})`
+    return {path: rule.path, rights: rule.rights, reason: rule.reason, mechanism}
+  })
+
+  const denies = policy.denies.map((deny) => {
+    const socket = deny.reason === 'the container engine socket'
+    let mechanism = landlock ? 'Landlock: no rule reaches it (denied by omission)' : 'nothing (Landlock unavailable)'
+    if (socket) {
+      mechanism += probe.seccomp
+        ? '; seccomp: socket(AF_UNIX) is denied, because Landlock before ABI 9 cannot restrict connect() to a socket path'
+        : '; connect() to it is NOT blocked (no seccomp)'
+    }
+    return {...deny, mechanism}
+  })
+
+  const networkMechanisms: string[] = []
+  if (policy.network === 'deny') {
+    if (abi >= 4) networkMechanisms.push('Landlock: TCP bind and connect handled, no port allowed')
+    if (probe.seccomp) networkMechanisms.push('seccomp: socket() denied for every address family (UDP, raw, packet, netlink included); socketpair(AF_UNIX) allowed')
+  } else networkMechanisms.push('not restricted (allow_network: true); only socket(AF_UNIX) and AF_VSOCK are denied by seccomp')
+
+  const processRules = [
+    {what: 'environment', mechanism: 'replaced by an explicit allow-list (PATH, HOME=workspace, TMPDIR, LANG); secrets reach agent-run on stdin only'},
+    {what: 'privileges', mechanism: 'no_new_privs set; all capabilities and the bounding set dropped (root inside is an ordinary uid 0)'},
+    {what: 'inherited file descriptors', mechanism: 'everything above 2 closed before exec'},
+    {
+      what: 'process tree',
+      mechanism: probe.seccomp
+        ? 'new session; setsid denied by seccomp, so every descendant stays in it and the runner kills the whole session at the deadline (setpgid stays allowed: each shell command gets its own group for the tool timeout)'
+        : 'new session; descendants CAN leave it (no seccomp)',
+    },
+    {what: 'signals and abstract unix sockets', mechanism: abi >= 6 ? 'Landlock scoping (ABI 6): nothing outside the sandbox can be signalled or reached' : 'NOT scoped (Landlock ABI < 6)'},
+    {what: 'io_uring, TIOCSTI', mechanism: probe.seccomp ? 'denied by seccomp' : 'NOT blocked (no seccomp)'},
+  ]
+
+  const limits = [
+    ...policy.lowered.map(
+      (dir) =>
+        `${dir.path}: listing only, because ${dir.denied.join(', ')} ${dir.denied.length === 1 ? 'is' : 'are'} denied beneath it: names inside it stay visible to directory listings, and no entry can be created, renamed or removed directly in it (its other entries keep their own grants)`,
+    ),
+    'metadata (existence, size, times via stat) of denied paths is not hidden: Landlock does not control stat',
+    'the rules are a snapshot taken when the run starts: an entry created later in a listing-only directory gets no access',
+    'unix sockets: socket(AF_UNIX) is denied entirely (socketpair works), so programs that talk to local daemons fail',
+    '/tmp itself is not granted: programs must honour TMPDIR (the private temp dir)',
+  ]
+
+  return {
+    platform: 'linux',
+    kernel: {landlock_abi: abi, ...(abi < 1 ? {landlock_unavailable: probe.landlock.reason ?? 'unknown'} : {}), seccomp: probe.seccomp, arch: probe.arch},
+    network: {mode: policy.network, enforced_by: networkMechanisms},
+    rules,
+    denies,
+    process: processRules,
+    limits,
+    gaps,
+    best_effort: policy.bestEffort,
+    enforced: gaps.length === 0,
+    notes: policy.notes,
+  }
+}

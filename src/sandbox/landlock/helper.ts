@@ -1,0 +1,44 @@
+import {execa} from 'execa'
+import fs from 'node:fs'
+import path from 'node:path'
+import {APP_ROOT} from '../../runtime/runners/agent-run-process.js'
+import {GatewayError} from '../../runtime/errors.js'
+
+/** The compiled helper; `npm run build` puts it there (scripts/build-native.js). */
+export function helperPath(appRoot: string = APP_ROOT): string {
+  return path.join(appRoot, 'dist', 'native', 'meepa-sandbox')
+}
+
+/** Exit status of the helper when it refused or failed to set the sandbox up (nothing ran). */
+export const HELPER_SETUP_EXIT = 125
+
+export interface KernelProbe {
+  landlock: {abi: number; errno?: string; reason?: string}
+  seccomp: boolean
+  arch: string
+}
+
+export function requireHelper(appRoot: string = APP_ROOT): string {
+  const helper = helperPath(appRoot)
+  try {
+    fs.accessSync(helper, fs.constants.X_OK)
+  } catch {
+    throw new GatewayError('E_SANDBOX', `the host sandbox helper is missing: ${helper}`, {
+      suggestions: ['build it with `npm run build:native` (needs a C compiler: apt-get install gcc)', 'or run the agent in container mode'],
+    })
+  }
+  return helper
+}
+
+let cached: Promise<KernelProbe> | undefined
+
+/** What the running kernel can enforce; asked once per process (the kernel does not change under us). */
+export function probeKernel(helper: string = requireHelper()): Promise<KernelProbe> {
+  cached ??= execa(helper, ['--probe'], {timeout: 10_000, cancelSignal: AbortSignal.timeout(15_000), extendEnv: false, env: {}})
+    .then((result) => JSON.parse(result.stdout) as KernelProbe)
+    .catch((error: unknown) => {
+      cached = undefined
+      throw new GatewayError('E_SANDBOX', `the sandbox helper's kernel probe failed: ${(error as Error).message}`, {cause: error})
+    })
+  return cached
+}

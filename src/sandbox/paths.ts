@@ -1,0 +1,63 @@
+import fs from 'node:fs'
+import path from 'node:path'
+
+/** True when `child` is `parent` or lies beneath it (both absolute, normalised). */
+export function isWithin(child: string, parent: string): boolean {
+  if (child === parent) return true
+  const prefix = parent.endsWith(path.sep) ? parent : parent + path.sep
+  return child.startsWith(prefix)
+}
+
+export function isStrictlyWithin(child: string, parent: string): boolean {
+  return child !== parent && isWithin(child, parent)
+}
+
+/**
+ * Resolves every symlink of a path. A missing path resolves its longest existing ancestor and
+ * keeps the missing tail as written, so a rule on it still lands where the kernel would look.
+ */
+export function canonicalPath(input: string): string {
+  const absolute = path.resolve(input)
+  let existing = absolute
+  const tail: string[] = []
+  for (;;) {
+    try {
+      const real = fs.realpathSync.native(existing)
+      return tail.length === 0 ? real : path.join(real, ...tail.reverse())
+    } catch {
+      const parent = path.dirname(existing)
+      if (parent === existing) return absolute
+      tail.push(path.basename(existing))
+      existing = parent
+    }
+  }
+}
+
+/**
+ * The entry itself when the path is a symlink: its parent canonicalised, its own name kept.
+ * A deny on a symlink covers both the link (it cannot be replaced) and its target.
+ */
+export function canonicalEntry(input: string): string {
+  const absolute = path.resolve(input)
+  const parent = path.dirname(absolute)
+  return parent === absolute ? absolute : path.join(canonicalPath(parent), path.basename(absolute))
+}
+
+export type EntryKind = 'dir' | 'file' | 'symlink' | 'missing'
+
+export function entryKind(file: string): EntryKind {
+  try {
+    const stat = fs.lstatSync(file)
+    if (stat.isSymbolicLink()) return 'symlink'
+    return stat.isDirectory() ? 'dir' : 'file'
+  } catch {
+    return 'missing'
+  }
+}
+
+/** Expands `~` (the operator's home) and resolves relative paths against `base`. */
+export function expandConfigPath(input: string, operatorHome: string, base: string): string {
+  if (input === '~') return operatorHome
+  if (input.startsWith('~/')) return path.join(operatorHome, input.slice(2))
+  return path.resolve(base, input)
+}

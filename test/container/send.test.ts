@@ -1,0 +1,276 @@
+import {execa} from 'execa'
+import fs from 'node:fs'
+import path from 'node:path'
+import {afterAll, beforeAll, describe, expect, it} from 'vitest'
+import {startFakeLlm, type FakeLlm, type FakeRequest} from '../fakes/llm-server.js'
+import {fakeLlmConfig, makeHome, runCli, type CliResult, type TestHome} from '../helpers/home.js'
+import {homeLabel} from '../../src/sandbox/docker/containers.js'
+import {buildDockerRunArgs} from '../../src/sandbox/docker/run-args.js'
+import {describeWithDocker, dockerRecorder, realDockerPath, type DockerRecorder} from './docker-env.js'
+
+/*
+ * Container mode through the path a user takes: the built CLI, `send`, the container runner,
+ * `docker run` of the isolation image, agent-run inside, the real SDK, the fake LLM. Every
+ * isolation property is checked by ATTEMPTING the forbidden thing from a scripted shell tool call.
+ *
+ * The fake LLM listens on 127.0.0.1 of the host, so these agents use `network: host`: with
+ * `none` the agent could not reach any LLM, and the test engine has no bridge (tests may only send
+ * traffic to loopback). `network: none` is checked below with the runner's own argv and a probe.
+ */
+
+const SECRET = 'ghp-very-secret-token-4242'
+const PROVIDER_KEY = 'sk-fake-test-key-123456'
+
+/** The content of the tool result the agent sent back to the LLM in the request after the call. */
+function toolResult(llm: FakeLlm, index = 1): string {
+  const request = llm.requests[index] as FakeRequest | undefined
+  return String(request?.body.messages.at(-1)?.content ?? '')
+}
+
+/** Scripts one shell tool call, then a final answer quoting its output. */
+function scriptShell(llm: FakeLlm, command: string, timeoutSeconds = 60): void {
+  llm.enqueue({toolCalls: [{name: 'shell', arguments: {command, timeout_seconds: timeoutSeconds}}]}, (request) => ({text: `tool said: ${request.body.messages.at(-1).content}`}))
+}
+
+/** Text between `== name ==` and the next marker in a probe's output. */
+function section(output: string, name: string): string {
+  const start = output.indexOf(`== ${name} ==`)
+  if (start < 0) return ''
+  const rest = output.slice(start + name.length + 6)
+  const end = rest.indexOf('\n== ')
+  return (end < 0 ? rest : rest.slice(0, end)).trim()
+}
+
+describeWithDocker('container mode: a fresh hardened container per message (real engine)', () => {
+  let llm: FakeLlm
+  let recorder: DockerRecorder
+  const homes: TestHome[] = []
+
+  const containerAgent = (id: string, containerMode: Record<string, unknown> = {}, extra: Record<string, unknown> = {}) => ({
+    id,
+    secrets: ['GITHUB_TOKEN'],
+    container_mode: {enabled: true, network: 'host', memory_limit: '512m', timeout_seconds: 60, ...containerMode},
+    ...extra,
+  })
+  const newHome = (agents: Array<Record<string, unknown>>, imageConfig: Record<string, unknown> = {}) => {
+    const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, agents, {image_config: {inject_credentials_env: false, inject_secrets_env: false, ...imageConfig}}))
+    homes.push(home)
+    return home
+  }
+  const send = (home: TestHome, agent: string, message: string, ...flags: string[]): Promise<CliResult> =>
+    runCli(['send', '--agent', agent, ...flags, message], {
+      home: home.home,
+      env: {GITHUB_TOKEN: SECRET, MEEPAGATEWAY_DOCKER_BIN: recorder.bin},
+      timeoutMs: 240_000,
+    })
+  const gatewayContainers = async (home: TestHome) =>
+    (await execa('docker', ['ps', '-a', '-q', '--filter', `label=meepagateway.home=${homeLabel(home.home)}`])).stdout.split('\n').filter(Boolean)
+
+  beforeAll(async () => {
+    llm = await startFakeLlm()
+    recorder = dockerRecorder(fs.mkdtempSync(path.join(process.env.TMPDIR ?? '/tmp', 'meepa-docker-rec-')))
+  })
+  afterAll(async () => {
+    await llm.close()
+    for (const home of homes) home.cleanup()
+  })
+
+  describe('one probe run, injection off', () => {
+    let home: TestHome
+    let result: CliResult
+    let probe: string
+
+    beforeAll(async () => {
+      llm.reset()
+      home = newHome([containerAgent('box')])
+      scriptShell(llm, [
+        'echo "== root =="; touch /escape 2>&1 || true',
+        'echo "== status =="; grep -E "^(CapEff|CapBnd|NoNewPrivs|Seccomp):" /proc/self/status',
+        'echo "== memory =="; cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max',
+        'echo "== tmp-write =="; echo ok > /tmp/probe && cat /tmp/probe',
+        'echo "== tmp-size =="; df -k /tmp | tail -1 | awk "{print \\$2}"',
+        'echo "== tmp-cap =="; { head -c 300000000 /dev/zero > /tmp/big; } 2>&1 || true; rm -f /tmp/big',
+        'echo "== workspace =="; echo persisted > /workspace/from-container.txt && echo written; pwd; echo "$HOME $TMPDIR"',
+        'echo "== socket =="; for s in /var/run/docker.sock /run/docker.sock; do test -e $s && echo "present $s"; done; echo checked',
+        'echo "== environ =="; cat /proc/[0-9]*/environ 2>/dev/null | tr "\\0" "\\n" | sort -u',
+        'echo "== end =="',
+      ].join('\n'))
+      recorder.clear()
+      result = await send(home, 'box', 'probe your sandbox', '--json')
+      probe = toolResult(llm)
+    })
+
+    it('answers through the container', () => {
+      expect(result.exitCode).toBe(0)
+      expect(JSON.parse(result.stdout)).toMatchObject({ok: true, reply: {content: expect.stringContaining('tool said: exit code: 0')}})
+    })
+
+    it('has a read-only root: writing to / fails', () => {
+      expect(section(probe, 'root')).toContain('Read-only file system')
+    })
+
+    it('has no capabilities and no way to gain privileges (CapEff 0, NoNewPrivs 1, seccomp on)', () => {
+      const status = section(probe, 'status')
+      expect(status).toMatch(/CapEff:\s+0000000000000000/)
+      expect(status).toMatch(/CapBnd:\s+0000000000000000/)
+      expect(status).toMatch(/NoNewPrivs:\s+1/)
+      expect(status).toMatch(/Seccomp:\s+2/)
+    })
+
+    it('sees its memory limit in its own cgroup', () => {
+      expect(section(probe, 'memory')).toBe(String(512 * 1024 * 1024))
+    })
+
+    it('has a writable /tmp capped at 256 MB', () => {
+      expect(section(probe, 'tmp-write')).toBe('ok')
+      expect(section(probe, 'tmp-size')).toBe(String(256 * 1024))
+      expect(section(probe, 'tmp-cap')).toContain('No space left on device')
+    })
+
+    it('works in /workspace as HOME; a file written there persists on the host, owned by the host user', () => {
+      expect(section(probe, 'workspace')).toBe('written\n/workspace\n/workspace /tmp')
+      const file = path.join(home.workspace('box'), 'from-container.txt')
+      expect(fs.readFileSync(file, 'utf8')).toBe('persisted\n')
+      expect(fs.statSync(file).uid).toBe(process.getuid!())
+      expect(fs.statSync(file).gid).toBe(process.getgid!())
+    })
+
+    it('has no Docker socket', () => {
+      expect(section(probe, 'socket')).toBe('checked')
+    })
+
+    it('with injection off, no secret is in /proc/1/environ or any process environment', () => {
+      const environ = section(probe, 'environ')
+      expect(environ).toContain('HOME=/workspace') // the probe really read the environments
+      for (const leak of [SECRET, PROVIDER_KEY, 'GITHUB_TOKEN', 'FAKE_LLM_KEY', '[REDACTED]']) expect(environ).not.toContain(leak)
+    })
+
+    it('never puts a secret in the docker argv', () => {
+      const calls = recorder.calls()
+      expect(calls.some((call) => call[0] === 'run' && call.includes('--read-only'))).toBe(true)
+      for (const call of calls) for (const arg of call) for (const secret of [SECRET, PROVIDER_KEY]) expect(arg).not.toContain(secret)
+    })
+
+    it('leaves no container behind', async () => {
+      // after a successful run the container is removed once the reply is out: allow it a moment
+      for (let i = 0; i < 50 && (await gatewayContainers(home)).length > 0; i++) await new Promise((resolve) => setTimeout(resolve, 100))
+      expect(await gatewayContainers(home)).toEqual([])
+    })
+  })
+
+  it('with inject_secrets_env and inject_credentials_env on, sets them in the container env (still not in argv)', async () => {
+    llm.reset()
+    const home = newHome([containerAgent('box')], {inject_secrets_env: true, inject_credentials_env: true})
+    scriptShell(llm, 'tr "\\0" "\\n" < /proc/1/environ')
+    recorder.clear()
+    const result = await send(home, 'box', 'show init env', '--json')
+    expect(result.exitCode).toBe(0)
+    // agent-run redacts secret values from tool output before it reaches the LLM: the names prove
+    // the variables were set, the masked values prove they carried the secrets.
+    expect(toolResult(llm)).toContain('GITHUB_TOKEN=[REDACTED]')
+    expect(toolResult(llm)).toContain('FAKE_LLM_KEY=[REDACTED]')
+    for (const call of recorder.calls()) for (const arg of call) expect(arg).not.toContain(SECRET)
+    expect(recorder.calls().find((call) => call[0] === 'run')).toEqual(expect.arrayContaining(['-e', 'GITHUB_TOKEN']))
+  })
+
+  it('with network: none, the agent cannot reach even the host loopback (the LLM) and the user is told', async () => {
+    llm.reset()
+    const home = newHome([containerAgent('offline', {network: 'none'})])
+    const result = await send(home, 'offline', 'hello', '--json')
+    expect(result.exitCode).toBe(6)
+    expect(JSON.parse(result.stdout).error.code).toBe('E_PROVIDER')
+    expect(llm.requests).toHaveLength(0)
+  })
+
+  it('with network: none, only the loopback interface exists (the runner argv, with a probe command)', async () => {
+    const image = (await execa('docker', ['image', 'ls', '--format', '{{.Repository}}:{{.Tag}}', 'meepagateway-isolated'])).stdout.split('\n').find((ref) => ref.endsWith('-debian-bookworm-slim'))
+    expect(image).toBeDefined()
+    const workspace = fs.mkdtempSync(path.join(process.env.TMPDIR ?? '/tmp', 'meepa-netns-'))
+    const args = buildDockerRunArgs({
+      name: `meepa-netprobe-${process.pid}`, image: image!, workspace, uid: process.getuid!(), gid: process.getgid!(), memoryLimit: '128m', pidsLimit: 64,
+      network: 'none', labels: {meepagateway: '1'}, forwardEnv: [], entrypoint: '/bin/sh', command: ['-c', "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"],
+    })
+    const run = await execa('docker', args, {reject: false, input: '', timeout: 60_000})
+    await execa('docker', ['rm', '-f', `meepa-netprobe-${process.pid}`], {reject: false})
+    fs.rmSync(workspace, {recursive: true, force: true})
+    expect(run.exitCode).toBe(0)
+    expect(run.stdout.trim().split('\n')).toEqual(['lo'])
+  })
+
+  it('past timeout_seconds, kills the container: a timeout reply, no container left, no late side effect', async () => {
+    llm.reset()
+    const home = newHome([containerAgent('slow', {timeout_seconds: 3})])
+    scriptShell(llm, 'sleep 6; touch /workspace/SENTINEL')
+    const started = Date.now()
+    const result = await send(home, 'slow', 'take your time', '--json')
+    expect(Date.now() - started).toBeLessThan(20_000)
+    expect(result.exitCode).toBe(7)
+    const {error} = JSON.parse(result.stdout)
+    expect(error.code).toBe('E_TIMEOUT')
+    expect(error.message).toMatch(/longer than 3 s.*killed/)
+    expect(await gatewayContainers(home)).toEqual([])
+    await new Promise((resolve) => setTimeout(resolve, 5000))
+    expect(fs.existsSync(path.join(home.workspace('slow'), 'SENTINEL'))).toBe(false)
+  })
+
+  it('an allocation past memory_limit is reported as out of memory', async () => {
+    llm.reset()
+    const home = newHome([containerAgent('hungry', {memory_limit: '128m'})])
+    scriptShell(llm, 'node -e "const kept = []; for (;;) kept.push(Buffer.alloc(1e7, 1))"; echo survived')
+    const result = await send(home, 'hungry', 'allocate a lot', '--json')
+    expect(result.exitCode).toBe(7)
+    const {error} = JSON.parse(result.stdout)
+    expect(error.code).toBe('E_OOM')
+    expect(error.message).toContain('128m')
+    expect(await gatewayContainers(home)).toEqual([])
+  })
+
+  describe('concurrency', () => {
+    /** Start and end (ms) of each run, as the runs themselves recorded them in the workspace. */
+    const spans = (home: TestHome, agent: string) =>
+      fs.readFileSync(path.join(home.workspace(agent), 'spans'), 'utf8').trim().split('\n').map((line) => line.split(' ').map(Number) as [number, number])
+    const overlap = ([a0, a1]: [number, number], [b0, b1]: [number, number]) => a0 < b1 && b0 < a1
+
+    beforeAll(() => {
+      llm.reset()
+      // any number of runs in any order: a tool call first, then a final answer
+      llm.setDefault((request) =>
+        request.body.messages.at(-1).role === 'tool'
+          ? {text: 'done'}
+          : {toolCalls: [{name: 'shell', arguments: {command: 's=$(date +%s%3N); sleep 2; echo "$s $(date +%s%3N)" >> /workspace/spans'}}]},
+      )
+    })
+    afterAll(() => llm.setDefault(undefined))
+
+    it('two messages to one agent run one after the other', async () => {
+      const home = newHome([containerAgent('solo')])
+      const results = await Promise.all([send(home, 'solo', 'first'), send(home, 'solo', 'second')])
+      expect(results.map((result) => result.exitCode)).toEqual([0, 0])
+      const [first, second] = spans(home, 'solo')
+      expect(first && second).toBeTruthy()
+      expect(overlap(first!, second!)).toBe(false)
+    })
+
+    it('two agents run at the same time', async () => {
+      const home = newHome([containerAgent('left'), containerAgent('right')])
+      const results = await Promise.all([send(home, 'left', 'go'), send(home, 'right', 'go')])
+      expect(results.map((result) => result.exitCode)).toEqual([0, 0])
+      expect(overlap(spans(home, 'left')[0]!, spans(home, 'right')[0]!)).toBe(true)
+    })
+  })
+})
+
+describe.skipIf(!fs.existsSync(realDockerPath()))('container mode without a reachable engine', () => {
+  it('a send to a container agent fails with E_DOCKER_DOWN and how to start the engine', async () => {
+    const home = makeHome(fakeLlmConfig('http://127.0.0.1:9/v1', [{id: 'box', container_mode: {enabled: true}}]))
+    try {
+      const result = await runCli(['send', '--agent', 'box', 'hello', '--json'], {home: home.home, env: {DOCKER_HOST: `unix://${home.home}/no-engine.sock`}})
+      expect(result.exitCode).toBe(10)
+      const {error} = JSON.parse(result.stdout)
+      expect(error.code).toBe('E_DOCKER_DOWN')
+      expect(error.message).toContain('no-engine.sock')
+    } finally {
+      home.cleanup()
+    }
+  })
+})

@@ -1,0 +1,321 @@
+/**
+ * A fake Discord on 127.0.0.1 for the real discord.js client: the REST API (`/api/v10/...`,
+ * `Authorization: Bot <token>`) and a Gateway v10 WebSocket (HELLO, IDENTIFY → READY and one
+ * GUILD_CREATE per guild, heartbeat ACKs, RESUME → RESUMED, MESSAGE_CREATE dispatches). A bot's
+ * post is dispatched back to it as MESSAGE_CREATE, as Discord does.
+ *
+ *   const discord = await startFakeDiscord({token: 'bot.token'})
+ *   // connector config: {type: discord, bot_token: 'bot.token', guild_ids: [], api_url: discord.apiUrl}
+ *   discord.userSays({channelId: 'c1', content: 'hi'})
+ *   const [reply] = await discord.waitForPosts(1)
+ */
+import {createServer, type IncomingMessage, type ServerResponse} from 'node:http'
+import type {AddressInfo} from 'node:net'
+import {WebSocketServer, type WebSocket} from 'ws'
+
+export interface DiscordPost {
+  channelId: string
+  content: string
+  id: string
+  time: number
+}
+
+export interface FakeDiscord {
+  /** For discord.js `rest.api` / the connector's `api_url`. */
+  readonly apiUrl: string
+  readonly botUser: {id: string; username: string}
+  readonly posts: DiscordPost[]
+  /** Channel ids the bot sent a typing pulse to, in order. */
+  readonly typing: string[]
+  readonly identifies: number
+  readonly resumes: number
+  /** REST calls refused for a bad token. */
+  readonly refused: number
+  readonly connections: number
+  /** Dispatches MESSAGE_CREATE from a human (or `author` you pass); returns the message id. */
+  userSays(message: {channelId: string; content: string; guildId?: string | null; author?: {id: string; username: string; bot?: boolean}}): string
+  waitForPosts(count: number, timeoutMs?: number): Promise<DiscordPost[]>
+  waitFor(check: () => boolean, what: string, timeoutMs?: number): Promise<void>
+  dropConnections(): void
+  close(): Promise<void>
+}
+
+export interface FakeDiscordGuild {
+  id: string
+  name: string
+  channels: Array<{id: string; name: string}>
+}
+
+const DEFAULT_GUILDS: FakeDiscordGuild[] = [
+  {id: '100', name: 'Test Guild', channels: [{id: '1001', name: 'general'}, {id: '1002', name: 'random'}]},
+  {id: '200', name: 'Other Guild', channels: [{id: '2001', name: 'elsewhere'}]},
+]
+
+interface Session {
+  id: string
+  sequence: number
+  socket?: WebSocket
+}
+
+export async function startFakeDiscord(options: {token: string; guilds?: FakeDiscordGuild[]}): Promise<FakeDiscord> {
+  const guilds = options.guilds ?? DEFAULT_GUILDS
+  const botUser = {id: '900', username: 'meepabot', discriminator: '0', global_name: null, avatar: null, bot: true}
+  const human = {id: '500', username: 'alice', discriminator: '0', global_name: 'Alice', avatar: null}
+  const posts: DiscordPost[] = []
+  const typing: string[] = []
+  const sessions = new Map<string, Session>()
+  const sockets = new Set<WebSocket>()
+  let identifies = 0
+  let resumes = 0
+  let refused = 0
+  let snowflake = 10_000
+  const waiters = new Set<() => void>()
+  const notify = () => {
+    for (const waiter of waiters) waiter()
+  }
+  /** A DM channel with the human: not in any guild, so not announced at READY (as on Discord). */
+  const dmChannelId = '3001'
+  const guildOf = (channelId: string) => guilds.find((guild) => guild.channels.some((channel) => channel.id === channelId))
+
+  function messageObject(fields: {id: string; channelId: string; content: string; author: any}) {
+    const guild = guildOf(fields.channelId)
+    return {
+      id: fields.id,
+      type: 0,
+      channel_id: fields.channelId,
+      // Discord sends the channel type with every message: discord.js needs it to build an uncached DM channel
+      channel_type: guild ? 0 : 1,
+      ...(guild ? {guild_id: guild.id} : {}),
+      author: fields.author,
+      content: fields.content,
+      timestamp: new Date().toISOString(),
+      edited_timestamp: null,
+      tts: false,
+      mention_everyone: false,
+      mentions: [],
+      mention_roles: [],
+      attachments: [],
+      embeds: [],
+      pinned: false,
+      flags: 0,
+    }
+  }
+
+  function dispatch(t: string, d: unknown): void {
+    for (const session of sessions.values()) {
+      const socket = session.socket
+      if (!socket || socket.readyState !== socket.OPEN) continue
+      session.sequence++
+      socket.send(JSON.stringify({op: 0, t, s: session.sequence, d}))
+    }
+  }
+
+  function sendJson(res: ServerResponse, status: number, body?: unknown): void {
+    if (body === undefined) {
+      res.writeHead(status)
+      res.end()
+      return
+    }
+    res.writeHead(status, {'content-type': 'application/json'})
+    res.end(JSON.stringify(body))
+  }
+
+  async function readJson(req: IncomingMessage): Promise<any> {
+    const chunks: Buffer[] = []
+    for await (const chunk of req) chunks.push(chunk as Buffer)
+    try {
+      return JSON.parse(Buffer.concat(chunks).toString('utf8'))
+    } catch {
+      return undefined
+    }
+  }
+
+  const server = createServer(async (req, res) => {
+    const url = new URL(req.url ?? '/', 'http://fake')
+    if (req.headers.authorization !== `Bot ${options.token}`) {
+      refused++
+      notify()
+      return sendJson(res, 401, {message: '401: Unauthorized', code: 0})
+    }
+    const path = url.pathname.replace(/^\/api\/v10/, '')
+    if (req.method === 'GET' && path === '/gateway/bot') {
+      return sendJson(res, 200, {
+        url: `ws://127.0.0.1:${port}/gateway`,
+        shards: 1,
+        session_start_limit: {total: 1000, remaining: 999, reset_after: 0, max_concurrency: 1},
+      })
+    }
+    if (req.method === 'GET' && path === `/channels/${dmChannelId}`) {
+      return sendJson(res, 200, {id: dmChannelId, type: 1, last_message_id: null, recipients: [human]})
+    }
+    const typingMatch = /^\/channels\/(\d+)\/typing$/.exec(path)
+    if (req.method === 'POST' && typingMatch) {
+      typing.push(typingMatch[1] as string)
+      notify()
+      return sendJson(res, 204)
+    }
+    const postMatch = /^\/channels\/(\d+)\/messages$/.exec(path)
+    if (req.method === 'POST' && postMatch) {
+      const channelId = postMatch[1] as string
+      const body = await readJson(req)
+      if (!guildOf(channelId) && channelId !== dmChannelId) return sendJson(res, 404, {message: 'Unknown Channel', code: 10003})
+      if (!body?.content) return sendJson(res, 400, {message: 'Cannot send an empty message', code: 50006})
+      if (String(body.content).length > 2000) {
+        return sendJson(res, 400, {message: 'Invalid Form Body', code: 50035, errors: {content: {_errors: [{code: 'BASE_TYPE_MAX_LENGTH', message: 'Must be 2000 or fewer in length.'}]}}})
+      }
+      const id = String(++snowflake)
+      posts.push({channelId, content: body.content, id, time: Date.now()})
+      const message = messageObject({id, channelId, content: body.content, author: botUser})
+      sendJson(res, 200, message)
+      dispatch('MESSAGE_CREATE', message)
+      notify()
+      return
+    }
+    return sendJson(res, 404, {message: '404: Not Found', code: 0})
+  })
+
+  const wss = new WebSocketServer({noServer: true})
+  server.on('upgrade', (req, socket, head) => {
+    if (!(req.url ?? '').startsWith('/gateway')) {
+      socket.destroy()
+      return
+    }
+    wss.handleUpgrade(req, socket, head, (ws) => {
+      sockets.add(ws)
+      let session: Session | undefined
+      ws.on('close', () => {
+        sockets.delete(ws)
+        if (session?.socket === ws) session.socket = undefined
+        notify()
+      })
+      ws.on('message', (data) => {
+        let payload: any
+        try {
+          payload = JSON.parse(String(data))
+        } catch {
+          ws.close(4002, 'Decode error')
+          return
+        }
+        switch (payload.op) {
+          case 1:
+            ws.send(JSON.stringify({op: 11}))
+            return
+          case 2: {
+            if (payload.d?.token !== options.token) {
+              ws.close(4004, 'Authentication failed.')
+              return
+            }
+            identifies++
+            session = {id: `session-${identifies}`, sequence: 0, socket: ws}
+            sessions.set(session.id, session)
+            const send = (t: string, d: unknown) => ws.send(JSON.stringify({op: 0, t, s: ++(session as Session).sequence, d}))
+            send('READY', {
+              v: 10,
+              user: botUser,
+              guilds: guilds.map((guild) => ({id: guild.id, unavailable: true})),
+              session_id: session.id,
+              resume_gateway_url: `ws://127.0.0.1:${port}/gateway`,
+              application: {id: '901', flags: 0},
+              private_channels: [],
+            })
+            for (const guild of guilds) {
+              send('GUILD_CREATE', {
+                id: guild.id,
+                name: guild.name,
+                unavailable: false,
+                owner_id: human.id,
+                member_count: 2,
+                roles: [],
+                emojis: [],
+                members: [],
+                channels: guild.channels.map((channel, position) => ({id: channel.id, type: 0, name: channel.name, position, guild_id: guild.id})),
+                threads: [],
+              })
+            }
+            notify()
+            return
+          }
+          case 6: {
+            const resumed = sessions.get(payload.d?.session_id)
+            if (!resumed || payload.d?.token !== options.token) {
+              ws.send(JSON.stringify({op: 9, d: false}))
+              return
+            }
+            resumes++
+            session = resumed
+            session.socket = ws
+            ws.send(JSON.stringify({op: 0, t: 'RESUMED', s: ++session.sequence, d: {}}))
+            notify()
+            return
+          }
+          default:
+            return
+        }
+      })
+      ws.send(JSON.stringify({op: 10, d: {heartbeat_interval: 41_250}}))
+    })
+  })
+
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+  const port = (server.address() as AddressInfo).port
+
+  function waitFor(check: () => boolean, what: string | (() => string), timeoutMs = 20_000): Promise<void> {
+    if (check()) return Promise.resolve()
+    return new Promise((resolve, reject) => {
+      const waiter = () => {
+        if (!check()) return
+        waiters.delete(waiter)
+        clearTimeout(timer)
+        resolve()
+      }
+      const timer = setTimeout(() => {
+        waiters.delete(waiter)
+        reject(new Error(`fake Discord: timed out waiting for ${typeof what === 'string' ? what : what()}`))
+      }, timeoutMs)
+      waiters.add(waiter)
+    })
+  }
+
+  return {
+    apiUrl: `http://127.0.0.1:${port}/api`,
+    botUser,
+    posts,
+    typing,
+    get identifies() {
+      return identifies
+    },
+    get resumes() {
+      return resumes
+    },
+    get refused() {
+      return refused
+    },
+    get connections() {
+      return sockets.size
+    },
+    userSays(message) {
+      const id = String(++snowflake)
+      const fields = messageObject({id, channelId: message.channelId, content: message.content, author: message.author ?? human})
+      if (message.guildId !== undefined) {
+        if (message.guildId === null) delete (fields as {guild_id?: string}).guild_id
+        else (fields as {guild_id?: string}).guild_id = message.guildId
+      }
+      dispatch('MESSAGE_CREATE', fields)
+      return id
+    },
+    async waitForPosts(count, timeoutMs = 20_000) {
+      await waitFor(() => posts.length >= count, () => `${count} posts (have ${posts.length})`, timeoutMs)
+      return posts.slice(0, count)
+    },
+    waitFor: (check, what, timeoutMs) => waitFor(check, what, timeoutMs),
+    dropConnections() {
+      for (const socket of sockets) socket.terminate()
+    },
+    close: async () => {
+      for (const socket of sockets) socket.terminate()
+      wss.close()
+      server.closeAllConnections()
+      await new Promise<void>((resolve) => server.close(() => resolve()))
+    },
+  }
+}

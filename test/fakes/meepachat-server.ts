@@ -1,0 +1,268 @@
+/**
+ * A fake MeepaChat server on 127.0.0.1 speaking the bot protocol: the bot gateway WebSocket
+ * (`GET /api/bot-gateway`, `Authorization: Bot <token>`, `{type, data}` frames, `ready`,
+ * `message.created`, `ping`→`pong`, `typing`) and the REST calls a bot replies with. Like the
+ * real server, a message the bot posts is broadcast back to it as `message.created`.
+ *
+ *   const chat = await startFakeMeepaChat({token: '1.secret'})
+ *   // connector config: {type: meepachat, url: chat.gatewayUrl, bot_token: '1.secret'}
+ *   chat.userSays({channelId: 'general', content: 'hi'})
+ *   const [reply] = await chat.waitForPosts(1)
+ */
+import {createServer, type IncomingMessage, type ServerResponse} from 'node:http'
+import type {AddressInfo} from 'node:net'
+import {WebSocketServer, type WebSocket} from 'ws'
+
+export interface FakeChannel {
+  id: string
+  serverId: string | null
+  name: string
+  isDm: boolean
+}
+
+export interface PostedMessage {
+  id: string
+  channelId: string
+  serverId: string | null
+  threadId?: string
+  content: string
+  path: string
+  time: number
+}
+
+export interface ClientFrame {
+  type: string
+  data?: any
+  time: number
+}
+
+export interface FakeMeepaChat {
+  /** `ws://127.0.0.1:PORT/api/bot-gateway` */
+  readonly gatewayUrl: string
+  readonly botUser: {id: string; username: string; displayName: string; bot: true}
+  readonly posts: PostedMessage[]
+  /** Frames the bot sent (ping, typing, ...). */
+  readonly frames: ClientFrame[]
+  /** WebSocket upgrades refused for a bad token. */
+  readonly refused: number
+  /** Open bot connections. */
+  readonly connections: number
+  /** Sends `message.created` from a human (or `user` you pass) to every connected bot; returns the message id. */
+  userSays(message: {channelId: string; content: string; id?: string; threadId?: string; user?: {id: string; username: string; bot?: boolean}}): string
+  waitForPosts(count: number, timeoutMs?: number): Promise<PostedMessage[]>
+  waitForConnections(count: number, timeoutMs?: number): Promise<void>
+  /** Total successful connections (ready frames sent) so far. */
+  readonly readyCount: number
+  waitForReadyCount(count: number, timeoutMs?: number): Promise<void>
+  /** Cuts every bot connection without a close handshake (a network drop). */
+  dropConnections(): void
+  /** Sends any frame (or raw text) to every connected bot. */
+  sendRaw(frame: unknown): void
+  /** Current connections stop getting pongs and events (a connection that died silently). */
+  stopAnswering(): void
+  /** Answer REST posts with this status (e.g. 500) until cleared with undefined. */
+  failPostsWith(status: number | undefined): void
+  close(): Promise<void>
+}
+
+export interface FakeMeepaChatOptions {
+  token: string
+  port?: number
+}
+
+const HUMAN = {id: 'user-1', username: 'alice', displayName: 'Alice', status: 'online', bot: false}
+
+export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise<FakeMeepaChat> {
+  const botUser = {id: 'bot-1', username: 'meepabot', displayName: 'Meepa Bot', bot: true as const}
+  const channels: FakeChannel[] = [
+    {id: 'general', serverId: 'server-1', name: 'general', isDm: false},
+    {id: 'random', serverId: 'server-1', name: 'random', isDm: false},
+    {id: 'dm-alice', serverId: null, name: 'alice', isDm: true},
+  ]
+  const posts: PostedMessage[] = []
+  const frames: ClientFrame[] = []
+  const sockets = new Set<WebSocket>()
+  const muted = new WeakSet<WebSocket>()
+  let refused = 0
+  let readyCount = 0
+  let nextId = 1
+  let postFailure: number | undefined
+  const waiters = new Set<() => void>()
+  const notify = () => {
+    for (const waiter of waiters) waiter()
+  }
+
+  const authorized = (req: IncomingMessage) => req.headers.authorization === `Bot ${options.token}`
+
+  function messageObject(fields: {id: string; channelId: string; content: string; threadId?: string; user: any}) {
+    const now = new Date().toISOString()
+    return {
+      id: fields.id,
+      channelId: fields.channelId,
+      userId: fields.user.id,
+      ...(fields.threadId ? {threadId: fields.threadId} : {}),
+      content: fields.content,
+      edited: false,
+      createdAt: now,
+      updatedAt: now,
+      user: {status: 'online', displayName: fields.user.username, ...fields.user},
+    }
+  }
+
+  function broadcast(frame: unknown): void {
+    const text = JSON.stringify(frame)
+    for (const socket of sockets) if (socket.readyState === socket.OPEN && !muted.has(socket)) socket.send(text)
+  }
+
+  function sendJson(res: ServerResponse, status: number, body: unknown): void {
+    res.writeHead(status, {'content-type': 'application/json'})
+    res.end(JSON.stringify(body))
+  }
+
+  async function readBody(req: IncomingMessage): Promise<any> {
+    const chunks: Buffer[] = []
+    for await (const chunk of req) chunks.push(chunk as Buffer)
+    try {
+      return JSON.parse(Buffer.concat(chunks).toString('utf8'))
+    } catch {
+      return undefined
+    }
+  }
+
+  const server = createServer(async (req, res) => {
+    const url = new URL(req.url ?? '/', 'http://fake')
+    if (!authorized(req)) return sendJson(res, 401, {error: 'unauthorized'})
+    const serverChannel = /^\/api\/servers\/([^/]+)\/channels\/([^/]+)\/messages$/.exec(url.pathname)
+    const dmChannel = /^\/api\/dms\/([^/]+)\/messages$/.exec(url.pathname)
+    if (req.method !== 'POST' || (!serverChannel && !dmChannel)) return sendJson(res, 404, {error: 'not found'})
+    const channelId = decodeURIComponent((serverChannel?.[2] ?? dmChannel?.[1]) as string)
+    const serverId = serverChannel ? decodeURIComponent(serverChannel[1] as string) : null
+    const channel = channels.find((candidate) => candidate.id === channelId)
+    if (!channel || channel.serverId !== serverId) return sendJson(res, 404, {error: 'channel not found'})
+    const body = await readBody(req)
+    if (postFailure !== undefined) return sendJson(res, postFailure, {error: 'scripted failure'})
+    if (!body || typeof body.content !== 'string' || !body.content) return sendJson(res, 400, {error: 'content is required'})
+    if (body.content.length > 4000) return sendJson(res, 400, {error: 'content exceeds 4000 characters'})
+    const id = `m${nextId++}`
+    const post: PostedMessage = {id, channelId, serverId, content: body.content, path: url.pathname, time: Date.now(), ...(body.threadId ? {threadId: body.threadId} : {})}
+    posts.push(post)
+    const message = messageObject({id, channelId, content: body.content, threadId: body.threadId, user: botUser})
+    sendJson(res, 201, {data: message})
+    broadcast({type: 'message.created', data: message}) // bots see their own messages, as on the real server
+    notify()
+  })
+
+  const wss = new WebSocketServer({noServer: true})
+  server.on('upgrade', (req, socket, head) => {
+    const url = new URL(req.url ?? '/', 'http://fake')
+    if (url.pathname !== '/api/bot-gateway' || !authorized(req)) {
+      if (url.pathname === '/api/bot-gateway') refused++
+      socket.end('HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n{"error":"unauthorized"}')
+      notify()
+      return
+    }
+    wss.handleUpgrade(req, socket, head, (ws) => {
+      sockets.add(ws)
+      ws.on('close', () => {
+        sockets.delete(ws)
+        notify()
+      })
+      ws.on('message', (data) => {
+        let frame: any
+        try {
+          frame = JSON.parse(String(data))
+        } catch {
+          return
+        }
+        frames.push({...frame, time: Date.now()})
+        if (frame.type === 'ping' && !muted.has(ws)) ws.send(JSON.stringify({type: 'pong'}))
+        notify()
+      })
+      ws.send(
+        JSON.stringify({
+          type: 'ready',
+          data: {
+            user: {...botUser, status: 'online', createdAt: new Date().toISOString()},
+            servers: [{id: 'server-1', name: 'Test Server', channels: channels.filter((channel) => channel.serverId === 'server-1').map(channelObject)}],
+            dmChannels: channels.filter((channel) => channel.isDm).map(channelObject),
+          },
+        }),
+      )
+      readyCount++
+      notify()
+    })
+  })
+
+  function channelObject(channel: FakeChannel) {
+    return {id: channel.id, serverId: channel.serverId, name: channel.name, displayName: channel.name, topic: null, isDm: channel.isDm, isPrivate: channel.isDm}
+  }
+
+  await new Promise<void>((resolve) => server.listen(options.port ?? 0, '127.0.0.1', resolve))
+  const port = (server.address() as AddressInfo).port
+
+  function waitFor(check: () => boolean, timeoutMs: number, what: () => string): Promise<void> {
+    if (check()) return Promise.resolve()
+    return new Promise((resolve, reject) => {
+      const waiter = () => {
+        if (!check()) return
+        waiters.delete(waiter)
+        clearTimeout(timer)
+        resolve()
+      }
+      const timer = setTimeout(() => {
+        waiters.delete(waiter)
+        reject(new Error(`fake MeepaChat: timed out waiting for ${what()}`))
+      }, timeoutMs)
+      waiters.add(waiter)
+    })
+  }
+
+  return {
+    gatewayUrl: `ws://127.0.0.1:${port}/api/bot-gateway`,
+    botUser,
+    posts,
+    frames,
+    get refused() {
+      return refused
+    },
+    get connections() {
+      return sockets.size
+    },
+    get readyCount() {
+      return readyCount
+    },
+    userSays(message) {
+      const id = message.id ?? `u${nextId++}`
+      broadcast({type: 'message.created', data: messageObject({id, channelId: message.channelId, content: message.content, threadId: message.threadId, user: message.user ?? HUMAN})})
+      return id
+    },
+    async waitForPosts(count, timeoutMs = 20_000) {
+      await waitFor(() => posts.length >= count, timeoutMs, () => `${count} posts (have ${posts.length}: ${JSON.stringify(posts.map((post) => post.content.slice(0, 60)))})`)
+      return posts.slice(0, count)
+    },
+    waitForConnections(count, timeoutMs = 10_000) {
+      return waitFor(() => sockets.size >= count, timeoutMs, () => `${count} connections (have ${sockets.size})`)
+    },
+    waitForReadyCount(count, timeoutMs = 10_000) {
+      return waitFor(() => readyCount >= count, timeoutMs, () => `${count} ready frames (sent ${readyCount})`)
+    },
+    dropConnections() {
+      for (const socket of sockets) socket.terminate()
+    },
+    sendRaw(frame) {
+      for (const socket of sockets) if (socket.readyState === socket.OPEN) socket.send(typeof frame === 'string' ? frame : JSON.stringify(frame))
+    },
+    stopAnswering() {
+      for (const socket of sockets) muted.add(socket)
+    },
+    failPostsWith(status) {
+      postFailure = status
+    },
+    close: async () => {
+      for (const socket of sockets) socket.terminate()
+      wss.close()
+      server.closeAllConnections()
+      await new Promise<void>((resolve) => server.close(() => resolve()))
+    },
+  }
+}

@@ -1,0 +1,218 @@
+/**
+ * A fake Slack on 127.0.0.1 for the real @slack/socket-mode and @slack/web-api clients (both
+ * pointed here with `slackApiUrl`): the Web API methods a bot uses (form-encoded or JSON,
+ * `Authorization: Bearer`), `apps.connections.open` handing out a Socket Mode WebSocket, `hello`,
+ * `events_api` envelopes that must be acknowledged with `{envelope_id, payload}`. A bot's post is
+ * echoed back as a `message` event with `bot_id`, as Slack does for subscribed channels.
+ *
+ *   const slack = await startFakeSlack({botToken: 'xoxb-1', appToken: 'xapp-1'})
+ *   // connector config: {type: slack, bot_token: 'xoxb-1', app_token: 'xapp-1', api_url: slack.apiUrl}
+ *   slack.userSays({channel: 'C1', text: 'hi'})
+ *   const [reply] = await slack.waitForPosts(1)
+ */
+import {createServer, type IncomingMessage, type ServerResponse} from 'node:http'
+import type {AddressInfo} from 'node:net'
+import {WebSocketServer, type WebSocket} from 'ws'
+
+export interface SlackPost {
+  channel: string
+  text: string
+  thread_ts?: string
+  ts: string
+  time: number
+}
+
+export interface FakeSlack {
+  /** For `slackApiUrl` / the connector's `api_url` (ends in /api/). */
+  readonly apiUrl: string
+  readonly botUserId: string
+  readonly posts: SlackPost[]
+  /** Envelope ids the client acknowledged. */
+  readonly acks: string[]
+  /** Web API calls by method name, in order. */
+  readonly calls: string[]
+  readonly connections: number
+  /** Socket Mode connections that got `hello`, in total. */
+  readonly helloCount: number
+  /** Sends a `message` event (or `app_mention` with `mention: true`); returns its ts. */
+  userSays(message: {channel: string; text: string; user?: string; thread_ts?: string; mention?: boolean; ts?: string}): string
+  waitForPosts(count: number, timeoutMs?: number): Promise<SlackPost[]>
+  waitForHelloCount(count: number, timeoutMs?: number): Promise<void>
+  waitForCall(method: string, count?: number, timeoutMs?: number): Promise<void>
+  dropConnections(): void
+  close(): Promise<void>
+}
+
+export async function startFakeSlack(options: {botToken: string; appToken: string}): Promise<FakeSlack> {
+  const botUserId = 'UBOT'
+  const botId = 'BBOT'
+  const posts: SlackPost[] = []
+  const acks: string[] = []
+  const calls: string[] = []
+  const sockets = new Set<WebSocket>()
+  let helloCount = 0
+  let clock = 1_700_000_000
+  let sequence = 0
+  const waiters = new Set<() => void>()
+  const notify = () => {
+    for (const waiter of waiters) waiter()
+  }
+  const nextTs = () => `${clock++}.${String(++sequence).padStart(6, '0')}`
+
+  function sendEnvelope(event: Record<string, unknown>): void {
+    const envelopeId = `env-${++sequence}`
+    const text = JSON.stringify({
+      envelope_id: envelopeId,
+      type: 'events_api',
+      accepts_response_payload: false,
+      retry_attempt: 0,
+      retry_reason: '',
+      payload: {
+        token: 'verification',
+        team_id: 'T1',
+        api_app_id: 'A1',
+        type: 'event_callback',
+        event_id: `Ev${sequence}`,
+        event_time: Math.floor(Date.now() / 1000),
+        event: {...event, event_ts: event.ts},
+      },
+    })
+    for (const socket of sockets) if (socket.readyState === socket.OPEN) socket.send(text)
+  }
+
+  async function readParams(req: IncomingMessage): Promise<Record<string, any>> {
+    const chunks: Buffer[] = []
+    for await (const chunk of req) chunks.push(chunk as Buffer)
+    const body = Buffer.concat(chunks).toString('utf8')
+    if (!body) return {}
+    if ((req.headers['content-type'] ?? '').includes('application/json')) return JSON.parse(body)
+    return Object.fromEntries(new URLSearchParams(body))
+  }
+
+  function reply(res: ServerResponse, body: Record<string, unknown>): void {
+    res.writeHead(200, {'content-type': 'application/json'})
+    res.end(JSON.stringify(body))
+  }
+
+  const server = createServer(async (req, res) => {
+    const url = new URL(req.url ?? '/', 'http://fake')
+    const method = url.pathname.replace(/^\/api\//, '')
+    calls.push(method)
+    notify()
+    const params = await readParams(req)
+    const token = /^Bearer (.+)$/.exec(req.headers.authorization ?? '')?.[1] ?? params.token
+    const botAuthed = token === options.botToken
+    switch (method) {
+      case 'auth.test':
+        return reply(res, botAuthed ? {ok: true, url: 'https://fake.slack.com/', team: 'Test Team', user: 'meepabot', team_id: 'T1', user_id: botUserId, bot_id: botId} : {ok: false, error: 'invalid_auth'})
+      case 'apps.connections.open':
+        if (token !== options.appToken) return reply(res, {ok: false, error: 'invalid_auth'})
+        return reply(res, {ok: true, url: `ws://127.0.0.1:${port}/link/?ticket=t${++sequence}`})
+      case 'users.info':
+        if (!botAuthed) return reply(res, {ok: false, error: 'invalid_auth'})
+        return reply(res, {ok: true, user: {id: params.user, name: 'alice', real_name: 'Alice Example', profile: {display_name: 'alice'}}})
+      case 'chat.postMessage': {
+        if (!botAuthed) return reply(res, {ok: false, error: 'invalid_auth'})
+        if (!params.channel) return reply(res, {ok: false, error: 'channel_not_found'})
+        if (!params.text) return reply(res, {ok: false, error: 'no_text'})
+        if (String(params.text).length > 40_000) return reply(res, {ok: false, error: 'msg_too_long'})
+        const ts = nextTs()
+        const post: SlackPost = {channel: params.channel, text: params.text, ts, time: Date.now(), ...(params.thread_ts ? {thread_ts: params.thread_ts} : {})}
+        posts.push(post)
+        const message = {type: 'message', subtype: 'bot_message', text: params.text, user: botUserId, bot_id: botId, ts, ...(params.thread_ts ? {thread_ts: params.thread_ts} : {})}
+        reply(res, {ok: true, channel: params.channel, ts, message})
+        sendEnvelope({...message, channel: params.channel, channel_type: 'channel'})
+        notify()
+        return
+      }
+      default:
+        return reply(res, {ok: false, error: 'unknown_method'})
+    }
+  })
+
+  const wss = new WebSocketServer({noServer: true})
+  server.on('upgrade', (req, socket, head) => {
+    if (!(req.url ?? '').startsWith('/link/')) {
+      socket.destroy()
+      return
+    }
+    wss.handleUpgrade(req, socket, head, (ws) => {
+      sockets.add(ws)
+      ws.on('close', () => {
+        sockets.delete(ws)
+        notify()
+      })
+      ws.on('message', (data) => {
+        try {
+          const frame = JSON.parse(String(data))
+          if (frame.envelope_id) acks.push(frame.envelope_id)
+        } catch {
+          // ignore
+        }
+        notify()
+      })
+      ws.send(JSON.stringify({type: 'hello', num_connections: sockets.size, debug_info: {host: 'fake', approximate_connection_time: 18060}, connection_info: {app_id: 'A1'}}))
+      helloCount++
+      notify()
+    })
+  })
+
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+  const port = (server.address() as AddressInfo).port
+
+  function waitFor(check: () => boolean, timeoutMs: number, what: () => string): Promise<void> {
+    if (check()) return Promise.resolve()
+    return new Promise((resolve, reject) => {
+      const waiter = () => {
+        if (!check()) return
+        waiters.delete(waiter)
+        clearTimeout(timer)
+        resolve()
+      }
+      const timer = setTimeout(() => {
+        waiters.delete(waiter)
+        reject(new Error(`fake Slack: timed out waiting for ${what()}`))
+      }, timeoutMs)
+      waiters.add(waiter)
+    })
+  }
+
+  return {
+    apiUrl: `http://127.0.0.1:${port}/api/`,
+    botUserId,
+    posts,
+    acks,
+    calls,
+    get connections() {
+      return sockets.size
+    },
+    get helloCount() {
+      return helloCount
+    },
+    userSays(message) {
+      const ts = message.ts ?? nextTs()
+      const base = {user: message.user ?? 'UALICE', text: message.text, ts, channel: message.channel, ...(message.thread_ts ? {thread_ts: message.thread_ts} : {})}
+      sendEnvelope({type: message.mention ? 'app_mention' : 'message', ...base, channel_type: 'channel'})
+      return ts
+    },
+    async waitForPosts(count, timeoutMs = 20_000) {
+      await waitFor(() => posts.length >= count, timeoutMs, () => `${count} posts (have ${posts.length})`)
+      return posts.slice(0, count)
+    },
+    waitForHelloCount(count, timeoutMs = 10_000) {
+      return waitFor(() => helloCount >= count, timeoutMs, () => `${count} hello (sent ${helloCount})`)
+    },
+    waitForCall(method, count = 1, timeoutMs = 10_000) {
+      return waitFor(() => calls.filter((call) => call === method).length >= count, timeoutMs, () => `${count} × ${method} (calls: ${calls.join(', ')})`)
+    },
+    dropConnections() {
+      for (const socket of sockets) socket.terminate()
+    },
+    close: async () => {
+      for (const socket of sockets) socket.terminate()
+      wss.close()
+      server.closeAllConnections()
+      await new Promise<void>((resolve) => server.close(() => resolve()))
+    },
+  }
+}
