@@ -1,7 +1,8 @@
 // Issue 5, criterion 6: 20 agents × 5 messages through the web chat API of a real `serve`
 // process, against a fake LLM that answers at once, in the unrestricted and host-sandbox levels.
-// Reports messages per second and p50/p95 latency, each as a ratio to calling agent-run directly
-// (same concurrency, same machine, same run), and the gateway's resident memory with 20 idle agents.
+// Reports messages per second and p50/p95 latency, each as a ratio to running the same messages
+// without the gateway (runMessage: agent-run started by the level's runner, same concurrency, same
+// machine, same run), and the gateway's resident memory with 20 idle agents.
 //
 //   npx tsx bench/gateway-webchat.ts            (BENCH_AGENTS, BENCH_MESSAGES to change the load)
 import {execa, type ResultPromise} from 'execa'
@@ -11,9 +12,8 @@ import os from 'node:os'
 import path from 'node:path'
 import YAML from 'yaml'
 import {startFakeLlm} from '../test/fakes/llm-server.js'
-import {buildAgentRunInput} from '../src/runtime/run-message.js'
+import {runMessage} from '../src/runtime/run-message.js'
 import {loadConfig} from '../src/runtime/config/load.js'
-import {ensureWorkspace} from '../src/runtime/workspace.js'
 import {report, ROOT, stats} from './lib.js'
 
 const AGENTS = Number(process.env.BENCH_AGENTS ?? 20)
@@ -73,17 +73,19 @@ async function pooled(count: number, limit: number, task: (index: number) => Pro
   return {latencies, wallMs: performance.now() - started}
 }
 
-/** Baseline: `meepagateway agent-run` spawned directly with the same input, CONCURRENCY at a time. */
-async function directAgentRun(): Promise<{latencies: number[]; wallMs: number}> {
+/**
+ * Baseline: the same runs without the gateway: runMessage (agent-run started by the level's own
+ * runner, exactly as the gateway starts it) called directly, CONCURRENCY at a time.
+ */
+async function direct(level: 'unrestricted' | 'host-sandbox'): Promise<{latencies: number[]; wallMs: number}> {
   const {home, configPath} = makeHome(0)
   const loaded = loadConfig({configPath, home, env: {...process.env, ...env}})
   const total = AGENTS * MESSAGES
   const result = await pooled(total, CONCURRENCY, async (index) => {
-    const agent = loaded.config.agents[index % AGENTS]!
-    const workspace = ensureWorkspace(home, agent.id).path
-    const input = buildAgentRunInput(loaded, agent, {id: `m${index}`, connector: 'bench', channel_id: `bench-${index}`, user: {id: 'u', name: 'u'}, content: 'hi'}, `run_direct_${index}`, workspace)
-    const child = await execa(process.execPath, [bin, 'agent-run'], {input: JSON.stringify(input), env: {HOME: workspace, PATH: env.PATH}, extendEnv: false, reject: false, timeout: 60_000})
-    if (!JSON.parse(String(child.stdout)).ok) throw new Error(`direct agent-run failed: ${child.stdout}`)
+    const agentId = loaded.config.agents[index % AGENTS]!.id
+    const message = {id: `m${index}`, connector: 'bench', channel_id: `bench-${index}`, user: {id: 'u', name: 'u'}, content: 'hi'}
+    const {output} = await runMessage({loaded, agentId, message, unrestricted: level === 'unrestricted'})
+    if (!output.ok) throw new Error(`direct ${level} run failed: ${output.error.code} ${output.error.message}`)
   })
   fs.rmSync(home, {recursive: true, force: true})
   return result
@@ -138,16 +140,16 @@ const summarise = (run: {latencies: number[]; wallMs: number}) => {
 const levels: Record<string, unknown> = {}
 for (const level of ['unrestricted', 'host-sandbox'] as const) {
   // the machine is shared: measure the baseline right before each level it is compared with
-  const direct = summarise(await directAgentRun())
+  const directRun = summarise(await direct(level))
   const run = await throughGateway(level)
   const pooledSummary = summarise(run.pooled)
   levels[level] = {
-    direct_agent_run: direct,
+    direct_run_message: directRun,
     gateway_4_clients: pooledSummary,
     // 1.0 = the gateway costs nothing over spawning agent-run yourself; latency ratios > 1 are its overhead
-    throughput_ratio_to_direct: +(pooledSummary.messages_per_s / direct.messages_per_s).toFixed(2),
-    p50_ratio_to_direct: +(pooledSummary.p50_ms / direct.p50_ms).toFixed(2),
-    p95_ratio_to_direct: +(pooledSummary.p95_ms / direct.p95_ms).toFixed(2),
+    throughput_ratio_to_direct: +(pooledSummary.messages_per_s / directRun.messages_per_s).toFixed(2),
+    p50_ratio_to_direct: +(pooledSummary.p50_ms / directRun.p50_ms).toFixed(2),
+    p95_ratio_to_direct: +(pooledSummary.p95_ms / directRun.p95_ms).toFixed(2),
     // all 100 at once: latency includes waiting in the agent's queue for a slot
     gateway_burst_100: summarise(run.burst),
     idle_rss_mb_20_agents: run.idleRssMb,

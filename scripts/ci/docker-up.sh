@@ -54,16 +54,7 @@ start_engine() {
     --bridge=none --iptables=false --ip-masq=false \
     --storage-driver="$driver" --data-root="$DOCKER_DATA_ROOT" \
     >>"$DOCKERD_LOG" 2>&1 </dev/null &
-  local waited=0
-  until engine_answers; do
-    if [ "$waited" -ge "$ENGINE_WAIT_SECONDS" ]; then
-      tail -n 30 "$DOCKERD_LOG" >&2 || true
-      die "the Docker engine did not answer within ${ENGINE_WAIT_SECONDS} s (log above: $DOCKERD_LOG)"
-    fi
-    sleep 1
-    waited=$((waited + 1))
-  done
-  log "engine up after ${waited} s"
+  wait_for_engine
 }
 
 build_base_image() {
@@ -83,8 +74,32 @@ build_base_image() {
   log "imported $BASE_IMAGE"
 }
 
+wait_for_engine() {
+  local waited=0
+  until engine_answers; do
+    if [ "$waited" -ge "$ENGINE_WAIT_SECONDS" ]; then
+      tail -n 30 "$DOCKERD_LOG" >&2 2>/dev/null || true
+      die "the Docker engine did not answer within ${ENGINE_WAIT_SECONDS} s (log: $DOCKERD_LOG)"
+    fi
+    sleep 1
+    waited=$((waited + 1))
+  done
+  log "engine up after ${waited} s"
+}
+
+# A dockerd that is still starting (or wedged) owns the pid file: wait for it instead of
+# starting a second one, which would fail on the pid file and the socket.
+running_dockerd_pid() {
+  local pid
+  pid="$(cat /var/run/docker.pid 2>/dev/null || true)"
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then echo "$pid"; fi
+}
+
 if engine_answers; then
   log "engine already answers ($(timeout 10 docker info --format '{{.ServerVersion}} {{.Driver}}' 2>/dev/null))"
+elif [ -n "$(running_dockerd_pid)" ]; then
+  log "dockerd (pid $(running_dockerd_pid)) is running but not answering yet; waiting"
+  wait_for_engine
 else
   start_engine
 fi

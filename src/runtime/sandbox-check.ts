@@ -43,6 +43,8 @@ interface Probe {
   /** Extra check of a successful command's output. */
   verify?: (stdout: string) => string | undefined
   cleanup?: string[]
+  /** A rename the probe attempts: put back if it wrongly succeeded. */
+  restore?: {from: string; to: string}
 }
 
 // EXDEV: Landlock refuses a link or rename that would give a file more rights than it has.
@@ -89,6 +91,12 @@ function buildProbes(loaded: LoadedConfig, sandbox: AgentSandbox, tcpPort: numbe
   const readFirstByte = (file: string) => sh(`head -c1 ${quote(file)} >/dev/null`)
   const createFile = (file: string) => sh(`: > ${quote(file)} && rm -f ${quote(file)}`)
   const existingFile = (file: string) => fs.existsSync(file) && fs.statSync(file).isFile()
+  const renameAside = (denied: string): Probe => ({
+    name: `rename denied ${denied} aside`,
+    expect: 'denied',
+    argv: sh(`mv ${quote(denied)} ${quote(denied + tag)}`),
+    restore: {from: denied + tag, to: denied},
+  })
   const probes: Probe[] = []
 
   // forbidden: the gateway's own secrets and state
@@ -127,12 +135,12 @@ function buildProbes(loaded: LoadedConfig, sandbox: AgentSandbox, tcpPort: numbe
   for (const deny of policy.denies.filter((entry) => entry.source === 'config' && entry.exists)) {
     if (existingFile(deny.path)) {
       probes.push({name: `read denied ${deny.path}`, expect: 'denied', argv: readFirstByte(deny.path)})
-      probes.push({name: `rename denied ${deny.path} aside`, expect: 'denied', argv: sh(`mv ${quote(deny.path)} ${quote(deny.path + tag)}`)})
+      probes.push(renameAside(deny.path))
       probes.push({name: `hard-link denied ${deny.path} into TMPDIR`, expect: 'denied', argv: sh(`ln ${quote(deny.path)} ${quote(path.join(tmpDir, tag))}`)})
     } else {
       const inside = path.join(deny.path, tag)
       probes.push({name: `create a file in denied ${deny.path}`, expect: 'denied', argv: createFile(inside), cleanup: [inside]})
-      probes.push({name: `rename denied ${deny.path} aside`, expect: 'denied', argv: sh(`mv ${quote(deny.path)} ${quote(deny.path + tag)}`)})
+      probes.push(renameAside(deny.path))
     }
   }
 
@@ -200,7 +208,6 @@ function buildProbes(loaded: LoadedConfig, sandbox: AgentSandbox, tcpPort: numbe
 async function runProbe(sandbox: AgentSandbox, probe: Probe): Promise<ProbeResult> {
   const base = {name: probe.name, expect: probe.expect}
   if (probe.skip || !probe.argv) return {...base, pass: true, skipped: true, detail: probe.skip}
-  const renamedAside = probe.name.startsWith('rename denied') ? probe.argv.at(-1)?.match(/'([^']*\.meepa-sandbox-check-[0-9a-f]+)'$/)?.[1] : undefined
   try {
     const child = execa(sandbox.helper, ['--rules-fd', '3', '--', ...probe.argv], {
       cwd: sandbox.workspace,
@@ -227,8 +234,7 @@ async function runProbe(sandbox: AgentSandbox, probe: Probe): Promise<ProbeResul
     return problem ? {...base, pass: false, detail: problem} : {...base, pass: true}
   } finally {
     for (const file of probe.cleanup ?? []) fs.rmSync(file, {force: true, recursive: true})
-    // a rename that wrongly succeeded is put back
-    if (renamedAside && fs.existsSync(renamedAside)) fs.renameSync(renamedAside, renamedAside.slice(0, renamedAside.lastIndexOf('.meepa-sandbox-check-')))
+    if (probe.restore && fs.existsSync(probe.restore.from)) fs.renameSync(probe.restore.from, probe.restore.to)
   }
 }
 

@@ -49,3 +49,13 @@ export function sessionMembers(sessionId: number): number[] {
   }
   return members
 }
+
+/** The session id of a process (field 6 of /proc/PID/stat), or undefined off Linux or when it is gone. */
+export function sessionOf(pid: number): number | undefined {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8')
+    return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[3])
+  } catch {
+    return undefined
+  }
+}

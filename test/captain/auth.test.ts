@@ -120,6 +120,7 @@ describe('captain auth', () => {
     const code = harness.captain.setupCode as string
     expect(code).toMatch(/^[A-Z2-9]{3}-[A-Z2-9]{3}-[A-Z2-9]{3}$/)
     expect(harness.logs.join('\n')).toContain(code)
+    expect(harness.logs.join('\n')).toContain(`open ${harness.url}/setup`) // the bound port, not the configured 0
     expect(hasCaptainPassword(harness.db, {})).toBe(false)
     const state = await harness.request('GET', '/api/captain/auth/session')
     expect(state.body).toMatchObject({authenticated: false, setup_required: true})

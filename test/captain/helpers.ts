@@ -62,6 +62,7 @@ export async function startCaptain(options: {config?: string; env?: Record<strin
     ...options.deps,
   })
   const http: HttpListener = await startHttpListener({bind: '127.0.0.1', port: 0, router, log})
+  captain.announce(http.url)
   const request: CaptainHarness['request'] = async (method, path, requestOptions = {}) => {
     const headers: Record<string, string> = {...requestOptions.headers}
     if (requestOptions.body !== undefined) headers['content-type'] = 'application/json'

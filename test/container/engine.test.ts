@@ -148,8 +148,13 @@ describeWithDocker('container commands (real engine)', () => {
   let home: TestHome
   let recorder: DockerRecorder
   const cli = (...args: string[]) => runCli(['container', ...args], {home: home.home, env: {MEEPAGATEWAY_DOCKER_BIN: recorder.bin}, timeoutMs: 600_000})
+  // 'plain' refers to the isolation image of the bare base, which the send tests use meanwhile:
+  // `container clean` below must keep it.
   const config = (packages: string[]) =>
-    fakeLlmConfig(llm.openaiBaseUrl, [{id: 'box', container_mode: {enabled: true, network: 'host'}}], {image_config: {enabled: true, packages}})
+    fakeLlmConfig(llm.openaiBaseUrl, [
+      {id: 'box', container_mode: {enabled: true, network: 'host'}},
+      {id: 'plain', container_mode: {enabled: true, network: 'host', image: BASE_IMAGE}},
+    ], {image_config: {enabled: true, packages}})
 
   beforeAll(async () => {
     llm = await startFakeLlm()
@@ -174,6 +179,7 @@ describeWithDocker('container commands (real engine)', () => {
     const result = JSON.parse(second.stdout)
     expect(result.built).toBe(0)
     expect(result.images[0]).toMatchObject({agents: ['box'], container_image: {built: false, reason: 'up to date'}, isolation_image: {built: false, reason: 'up to date'}})
+    expect(result.images[1]).toMatchObject({agents: ['plain'], isolation_image: {built: false, reason: 'up to date'}})
     expect(recorder.calls().filter((call) => call[0] === 'build' || call[0] === 'run')).toEqual([])
     // The CLI process includes oclif start-up (without the release manifest in a dev tree it loads every command).
     process.stderr.write(`[container build] second (no-op) build took ${elapsed} ms\n`)
@@ -184,7 +190,10 @@ describeWithDocker('container commands (real engine)', () => {
     expect(result.exitCode).toBe(0)
     const status = JSON.parse(result.stdout)
     expect(status.engine).toMatchObject({reachable: true, server_version: expect.any(String)})
-    expect(status.agents).toEqual([expect.objectContaining({agent: 'box', isolation_image: expect.objectContaining({present: true, up_to_date: true})})])
+    expect(status.agents).toEqual([
+      expect.objectContaining({agent: 'box', isolation_image: expect.objectContaining({present: true, up_to_date: true})}),
+      expect.objectContaining({agent: 'plain', base: BASE_IMAGE, isolation_image: expect.objectContaining({present: true, up_to_date: true})}),
+    ])
     expect(status.containers).toEqual([])
   }, 600_000)
 
@@ -195,10 +204,11 @@ describeWithDocker('container commands (real engine)', () => {
   }, 600_000)
 
   it('`container images` lists the images with size, age and the agent using them', async () => {
+    const boxImage = JSON.parse((await cli('status', '--json')).stdout).agents[0].isolation_image.tag as string
     const result = await cli('images', '--json')
     expect(result.exitCode).toBe(0)
     const images = JSON.parse(result.stdout) as Array<{repository: string; tag: string; size_bytes: number; age_seconds: number; used_by: string[]; in_use: boolean}>
-    const isolation = images.find((image) => image.repository === 'meepagateway-isolated' && image.tag.startsWith('0.1.0-meepa-sandbox-'))
+    const isolation = images.find((image) => `${image.repository}:${image.tag}` === boxImage)
     expect(isolation).toMatchObject({used_by: ['box'], in_use: true})
     expect(isolation!.size_bytes).toBeGreaterThan(50_000_000)
     expect(isolation!.age_seconds).toBeGreaterThanOrEqual(0)

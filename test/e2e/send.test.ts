@@ -100,6 +100,41 @@ describe('send (unrestricted level) end to end', () => {
     expect(output.reply.content).not.toContain('[REDACTED]') // absent, not merely masked
   })
 
+  const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
+  const survivors = (marker: string) =>
+    fs.readdirSync('/proc').filter((pid) => {
+      try {
+        return /^\d+$/.test(pid) && fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes(marker)
+      } catch {
+        return false
+      }
+    })
+
+  it("kills a shell command and what it started in the background at the tool's timeout", async () => {
+    const sentinel = path.join(home.workspace('meepa'), 'late-tool')
+    llm.enqueue({toolCalls: [{name: 'shell', arguments: {command: `(sleep 2; touch ${sentinel}) & sleep 30`, timeout_seconds: 1}}]}, (request) => ({
+      text: request.body.messages.at(-1).content,
+    }))
+    const started = Date.now()
+    const result = await send('run it')
+    expect(result.stdout).toContain('command timed out after 1 s')
+    expect(Date.now() - started).toBeLessThan(10_000)
+    await sleep(2500)
+    expect(fs.existsSync(sentinel)).toBe(false)
+  })
+
+  it('kills the whole run at the agent timeout: an E_TIMEOUT reply and no late side effect', async () => {
+    home.writeConfig(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'meepa', timeout_seconds: 2, file_access: {unrestricted: true}}]))
+    const sentinel = path.join(home.workspace('meepa'), 'late-run')
+    llm.enqueue({toolCalls: [{name: 'shell', arguments: {command: `(sleep 3; touch ${sentinel}) & sleep 31`}}]})
+    const result = await send('run it', '--json')
+    expect(result.exitCode).toBe(7)
+    expect(JSON.parse(result.stdout).error).toMatchObject({code: 'E_TIMEOUT', message: expect.stringContaining('longer than 2 s')})
+    await sleep(3500)
+    expect(fs.existsSync(sentinel)).toBe(false)
+    expect(survivors('sleep 31')).toEqual([])
+  })
+
   it('reads the message from stdin with "-" and refuses an empty one', async () => {
     llm.enqueue({text: 'got it'})
     const piped = await runCli(['send', '--agent', 'meepa', '-'], {home: home.home, input: 'from stdin'})

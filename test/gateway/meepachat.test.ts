@@ -186,7 +186,7 @@ describe('MeepaChat connector (fake MeepaChat server, real agent with the fake L
 
   it('answers 30 messages to one agent in order', async () => {
     const started: string[] = []
-    await gatewayWith({run: stubRun({delayMs: 2, onStart: (content) => started.push(content)}), gateway: {queue_limit: 30}})
+    await gatewayWith({run: stubRun({delayMs: 2, onStart: (content) => started.push(content)})})
     await chat.waitForReadyCount(1)
     const sent = Array.from({length: 30}, (_, i) => `message ${i}`)
     for (const content of sent) chat.userSays({channelId: 'general', content})

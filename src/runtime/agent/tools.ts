@@ -2,6 +2,7 @@ import fs from 'node:fs'
 import path from 'node:path'
 import type {Memory} from '../memory.js'
 import type {ToolDefinition} from '../providers/types.js'
+import {killSession, sessionOf} from '../../sandbox/kill-session.js'
 import {shellArgv} from '../../sandbox/network-layer.js'
 import {listSkills} from './skills.js'
 
@@ -153,23 +154,30 @@ async function runShell(command: string, timeout: unknown, context: ToolContext)
   // execa costs ~80 ms to import: loaded on the first shell call, not at every agent-run start
   const {execa} = await import('execa')
   const seconds = Math.min(typeof timeout === 'number' && timeout > 0 ? timeout : DEFAULT_SHELL_TIMEOUT_SECONDS, MAX_SHELL_TIMEOUT_SECONDS)
-  // under the host sandbox with allow_network: false this adds the network-off layer
-  const [file, ...args] = shellArgv(command, context.env)
-  const child = execa(file!, args, {
+  // inside the host sandbox this goes back through the helper (own process group, network layer)
+  const argv = shellArgv(command, context.env)
+  const throughHelper = argv[0] !== '/bin/sh'
+  // Every runner starts agent-run as a session leader and kills that session at the deadline, so a
+  // command must stay in it (no `detached`, which is setsid): a timeout then kills the session's
+  // other members. agent-run started by hand (a terminal's session) keeps a group of its own instead.
+  const leadsSession = !throughHelper && sessionOf(process.pid) === process.pid
+  const [file, ...args] = argv
+  const child = execa(file as string, args, {
     cwd: context.workspace,
     env: {...context.env, HOME: context.workspace},
     extendEnv: false,
     reject: false,
     all: true,
     stdin: 'ignore',
-    detached: true, // its own group, so a timeout kills what the command started too
+    detached: !throughHelper && !leadsSession,
     cancelSignal: context.signal,
     maxBuffer: 4 * 1024 * 1024,
   })
   let timedOut = false
   const timer = setTimeout(() => {
     timedOut = true
-    if (child.pid !== undefined) {
+    if (leadsSession) killSession(process.pid)
+    else if (child.pid !== undefined) {
       try {
         process.kill(-child.pid, 'SIGKILL')
       } catch {

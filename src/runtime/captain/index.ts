@@ -32,6 +32,8 @@ export interface CaptainDeps {
 }
 
 export interface Captain {
+  /** Prints where the dashboard is (or the first-time setup code), once the listener is bound. */
+  announce(origin: string): void
   /**
    * Subscribe to config changes made in the dashboard (already validated and written). Apply what
    * can be applied live; return `{restartRequired: [...]}` for the rest.
@@ -39,7 +41,7 @@ export interface Captain {
   onConfigChange: ConfigEditor['onChange']
   /** Tell the dashboard about a config the gateway reloaded by itself. */
   replaceConfig(loaded: LoadedConfig): void
-  /** The setup code while no password is set (already printed through `log`). */
+  /** The setup code while no password is set (printed by `announce`). */
   readonly setupCode: string | undefined
   /**
    * For the web chat connector: a dashboard session (with its CSRF token) may use POST /api/chat
@@ -83,16 +85,18 @@ export async function mountCaptain(router: Router, deps: CaptainDeps): Promise<C
   mountStaticUi(router, deps.uiDir ?? UI_DIR)
 
   const setupCode = auth.pendingSetupCode
-  const {bind, port} = deps.loaded.config.captain
-  const origin = `http://${bind.includes(':') ? `[${bind}]` : bind}:${port}`
-  if (setupCode) {
-    deps.log('captain: FIRST-TIME SETUP: no dashboard password is set')
-    deps.log(`captain: open ${origin}/setup and enter the setup code ${setupCode} (or set ${PASSWORD_ENV} and restart)`)
-  } else {
-    deps.log(`captain: dashboard at ${origin}${UI_BASE}`)
+  // The URL is known only once the listener is bound (port 0 picks one): the gateway prints it then.
+  const announce = (origin: string) => {
+    if (setupCode) {
+      deps.log('captain: FIRST-TIME SETUP: no dashboard password is set')
+      deps.log(`captain: open ${origin}/setup and enter the setup code ${setupCode} (or set ${PASSWORD_ENV} and restart)`)
+    } else {
+      deps.log(`captain: dashboard at ${origin}${UI_BASE}`)
+    }
   }
 
   return {
+    announce,
     onConfigChange: (listener) => editor.onChange(listener),
     replaceConfig: (loaded) => editor.replace(loaded),
     setupCode,

@@ -13,7 +13,7 @@ export const DEFAULT_IMAGE_CONFIG: ImageConfig = {
   redact_secrets: true,
 }
 
-export const DEFAULT_GATEWAY: GatewayConfig['gateway'] = {max_concurrent_runs: 4, queue_limit: 20, shutdown_grace_seconds: 30}
+export const DEFAULT_GATEWAY: GatewayConfig['gateway'] = {max_concurrent_runs: 4, queue_limit: 50, shutdown_grace_seconds: 30}
 
 /** Built-in agent defaults: the last step of agent field > agent_defaults > built-in default. */
 export const DEFAULT_AGENT: Omit<AgentConfig, 'id' | 'name'> = {

@@ -1,7 +1,7 @@
 import type {ConnectorConfig} from '../config/types.js'
-import {DEFAULT_DISCORD_TIMINGS, DiscordConnector, type DiscordTimings} from './discord.js'
-import {DEFAULT_MEEPACHAT_TIMINGS, MeepaChatConnector, type MeepaChatTimings} from './meepachat.js'
-import {DEFAULT_SLACK_TIMINGS, SlackConnector, type SlackTimings} from './slack.js'
+import type {DiscordTimings} from './discord.js'
+import type {MeepaChatTimings} from './meepachat.js'
+import type {SlackTimings} from './slack.js'
 import type {Connector, ConnectorContext} from './types.js'
 
 /** Per-platform timing overrides: tests shorten backoffs and pings; production uses the defaults. */
@@ -11,14 +11,24 @@ export interface ConnectorTimings {
   slack?: Partial<SlackTimings>
 }
 
-export function createConnector(config: ConnectorConfig, context: ConnectorContext, timings: ConnectorTimings = {}): Connector {
+/**
+ * Platform libraries load only for platforms in use: discord.js alone adds ~50 MB of resident
+ * memory, the Slack clients ~20 MB, to a gateway that may not need them.
+ */
+export async function createConnector(config: ConnectorConfig, context: ConnectorContext, timings: ConnectorTimings = {}): Promise<Connector> {
   switch (config.type) {
-    case 'meepachat':
+    case 'meepachat': {
+      const {MeepaChatConnector, DEFAULT_MEEPACHAT_TIMINGS} = await import('./meepachat.js')
       return new MeepaChatConnector(config, context, {...DEFAULT_MEEPACHAT_TIMINGS, ...timings.meepachat})
-    case 'discord':
+    }
+    case 'discord': {
+      const {DiscordConnector, DEFAULT_DISCORD_TIMINGS} = await import('./discord.js')
       return new DiscordConnector(config, context, {...DEFAULT_DISCORD_TIMINGS, ...timings.discord})
-    case 'slack':
+    }
+    case 'slack': {
+      const {SlackConnector, DEFAULT_SLACK_TIMINGS} = await import('./slack.js')
       return new SlackConnector(config, context, {...DEFAULT_SLACK_TIMINGS, ...timings.slack})
+    }
   }
 }
 

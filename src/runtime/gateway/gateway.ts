@@ -94,7 +94,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
         const name = names[index] as string
         try {
           connectors.push(
-            createConnector(
+            await createConnector(
               connectorConfig,
               {name, agentId: agent.id, log, onMessage: (message, delivery) => void dispatcher.dispatch(agent.id, message, delivery)},
               options.connectorTimings,
@@ -135,6 +135,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       `gateway: listening on ${http.url} (health: /healthz, web chat: POST /api/chat); ${agents.size} agent(s), ${connectors.length} connector(s)` +
         (options.unrestricted ? '; --unrestricted: every agent runs WITHOUT isolation' : ''),
     )
+    captain?.announce(http.url.replace(/\/$/, ''))
     for (const connector of connectors) connector.start()
 
     let stopping: Promise<void> | undefined

@@ -151,6 +151,9 @@ export async function ensureIsolationImage(plan: ImagePlan, context: ImageContex
     const built = await inspectImage(context.cli, plan.isolationTag, context.signal)
     if (!built) throw new GatewayError('E_IMAGE', `docker build reported success but ${plan.isolationTag} does not exist`)
     await smokeTestIsolationImage(plan, context)
+    // The image the tag pointed to before is now untagged; without this every upgrade would leave
+    // one behind. Docker refuses (and we ignore) while a container still runs from it.
+    if (existing && existing.id !== built.id) await context.cli.exec(['image', 'rm', existing.id], {signal: context.signal}).catch(() => undefined)
     return {tag: plan.isolationTag, built: true, reason, id: built.id}
   })
 }
