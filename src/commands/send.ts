@@ -28,7 +28,12 @@ export default class Send extends BaseCommand<typeof Send> {
       onLog: (line) => this.logToStderr(line),
     })
     if (!output.ok) {
-      throw new GatewayError(output.error.code, output.error.message, {retryable: output.error.retryable, details: {...output.error.details, run_id: output.run_id}})
+      const {suggestions, ...details} = output.error.details ?? {}
+      throw new GatewayError(output.error.code, output.error.message, {
+        retryable: output.error.retryable,
+        suggestions: Array.isArray(suggestions) ? suggestions.map(String) : [],
+        details: {...details, run_id: output.run_id},
+      })
     }
     this.log(output.reply.content)
     return output

@@ -2,8 +2,7 @@ import crypto from 'node:crypto'
 import type {AgentRunInput, AgentRunOutput, InboundMessage} from './agent-run/contract.js'
 import {findAgent} from './config/load.js'
 import type {AgentConfig, GatewayConfig, IsolationLevel, LoadedConfig} from './config/types.js'
-import {toGatewayError} from './errors.js'
-import {failure} from './runners/agent-run-process.js'
+import {failureFromError} from './agent-run/output.js'
 import {isolationLevelFor, runnerFor} from './runners/index.js'
 import {ensureWorkspace} from './workspace.js'
 
@@ -83,8 +82,7 @@ export async function runMessage(options: RunMessageOptions): Promise<RunMessage
       onLog: options.onLog,
     })
   } catch (error) {
-    const gatewayError = toGatewayError(error, 'E_RUN')
-    output = failure(runId, gatewayError.code, gatewayError.message, gatewayError.retryable, gatewayError.details)
+    output = failureFromError(runId, error)
   }
   return {runId, level, output, ms: Date.now() - started}
 }

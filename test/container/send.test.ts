@@ -161,14 +161,18 @@ describeWithDocker('container mode: a fresh hardened container per message (real
   it('with inject_secrets_env and inject_credentials_env on, sets them in the container env (still not in argv)', async () => {
     llm.reset()
     const home = newHome([containerAgent('box')], {inject_secrets_env: true, inject_credentials_env: true})
-    scriptShell(llm, 'tr "\\0" "\\n" < /proc/1/environ')
+    // the shell command's own environment: injected secrets are for the agent's tools (gh, git...)
+    scriptShell(llm, 'tr "\\0" "\\n" < /proc/1/environ; echo ---; env')
     recorder.clear()
     const result = await send(home, 'box', 'show init env', '--json')
     expect(result.exitCode).toBe(0)
     // agent-run redacts secret values from tool output before it reaches the LLM: the names prove
     // the variables were set, the masked values prove they carried the secrets.
-    expect(toolResult(llm)).toContain('GITHUB_TOKEN=[REDACTED]')
-    expect(toolResult(llm)).toContain('FAKE_LLM_KEY=[REDACTED]')
+    const [initEnv, shellEnv] = toolResult(llm).split('---')
+    for (const env of [initEnv, shellEnv]) {
+      expect(env).toContain('GITHUB_TOKEN=[REDACTED]')
+      expect(env).toContain('FAKE_LLM_KEY=[REDACTED]')
+    }
     for (const call of recorder.calls()) for (const arg of call) expect(arg).not.toContain(SECRET)
     expect(recorder.calls().find((call) => call[0] === 'run')).toEqual(expect.arrayContaining(['-e', 'GITHUB_TOKEN']))
   })

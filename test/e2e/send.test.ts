@@ -73,6 +73,7 @@ describe('send (unrestricted level) end to end', () => {
     expect(error.code).toBe('E_PROVIDER')
     expect(error.message).toContain('fake')
     expect(error.message).toContain('400')
+    expect(error.suggestions.length).toBeGreaterThan(0) // the provider's advice survives agent-run and the runner
   })
 
   it('stops at max_iterations with a reply that says so', async () => {

@@ -13,6 +13,11 @@ export interface AgentRunInput {
   workspace: string
   /** Scrub every secret value from the reply, stored tool output and logs. */
   redact_secrets?: boolean
+  /**
+   * Secret names the runner deliberately set in agent-run's environment (container mode's
+   * inject_secrets_env / inject_credentials_env): shell commands keep these, for tools like `gh`.
+   */
+  env_secrets?: string[]
 }
 
 export interface InboundMessage {

@@ -1,6 +1,7 @@
 import {GatewayError, toGatewayError} from '../errors.js'
 import {redactSecrets} from '../redact.js'
 import {withoutSecrets} from './env.js'
+import {failureFromError} from './output.js'
 import type {AgentRunInput, AgentRunOutput} from './contract.js'
 import {MAX_INPUT_BYTES, parseAgentRunInput} from './input.js'
 
@@ -29,21 +30,12 @@ export async function executeAgentRun(input: AgentRunInput, log: (line: string) 
   try {
     const chain = createProviderChain(input.providers, input.secrets, {provider: input.agent.provider, model: input.agent.model})
     memory = openMemory(input.workspace)
-    const env = withoutSecrets(process.env, input.secrets)
+    const injected = new Set(input.env_secrets ?? [])
+    const env = withoutSecrets(process.env, Object.fromEntries(Object.entries(input.secrets).filter(([name]) => !injected.has(name))))
     return await runAgentLoop(input, {chat: (request) => chain.chat(request), memory, redact, log, env})
   } catch (error) {
-    const gatewayError = toGatewayError(error, 'E_RUN')
-    return {
-      version: 1,
-      ok: false,
-      run_id: input.run_id,
-      error: {
-        code: gatewayError.code,
-        message: redact(gatewayError.message),
-        retryable: gatewayError.retryable,
-        ...(Object.keys(gatewayError.details).length > 0 ? {details: JSON.parse(redact(JSON.stringify(gatewayError.details))) as Record<string, unknown>} : {}),
-      },
-    }
+    const output = failureFromError(input.run_id, error)
+    return JSON.parse(redact(JSON.stringify(output))) as AgentRunOutput
   } finally {
     memory?.close()
   }

@@ -25,7 +25,7 @@ export interface GatewayOptions {
   port?: number
   connectorTimings?: ConnectorTimings
   /** Removes containers a crashed gateway left behind; a failure is logged, never fatal. */
-  removeOrphans?: () => Promise<number>
+  removeOrphans?: (signal: AbortSignal) => Promise<number>
 }
 
 export interface Gateway {
@@ -58,14 +58,17 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     const records = new RunRecords(db)
     const stale = records.markStaleInterrupted()
     if (stale > 0) log(`gateway: marked ${stale} run(s) left running by a previous gateway as interrupted`)
-    if (options.removeOrphans) {
-      try {
-        const removed = await options.removeOrphans()
+    // In the background: a slow or hung Docker engine must not delay the connectors, and a live
+    // run's containers are never taken for orphans, so nothing races with the runs starting now.
+    const orphanCheck = new AbortController()
+    options.removeOrphans?.(orphanCheck.signal).then(
+      (removed) => {
         if (removed > 0) log(`gateway: removed ${removed} container(s) left behind by a previous gateway`)
-      } catch (error) {
-        log(`gateway: skipped the check for containers a previous gateway left behind: ${(error as Error).message.split('\n')[0]}`)
-      }
-    }
+      },
+      (error: Error) => {
+        if (!orphanCheck.signal.aborted) log(`gateway: skipped the check for containers a previous gateway left behind: ${error.message.split('\n')[0]}`)
+      },
+    )
 
     const agents = new Map(config.agents.map((agent) => [agent.id, agent]))
     // the dashboard edits agents and image_config; runs started after an edit use the new config
@@ -142,6 +145,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     let markStopped!: () => void
     const stopped = new Promise<void>((resolve) => (markStopped = resolve))
     const stop = async (stopOptions: {graceMs?: number} = {}): Promise<void> => {
+      orphanCheck.abort()
       const graceMs = stopOptions.graceMs ?? config.gateway.shutdown_grace_seconds * 1000
       if (queue.running > 0) log(`gateway: stopping; waiting up to ${Math.round(graceMs / 1000)} s for ${queue.running} running run(s)`)
       else log('gateway: stopping')

@@ -1,16 +1,9 @@
-import {dockerCli} from '../../sandbox/docker/cli.js'
-import {cleanOrphanContainers} from '../../sandbox/docker/containers.js'
+import {removeOrphanContainers} from '../container-clean.js'
 import type {LoadedConfig} from '../config/types.js'
 import {startGateway, type GatewayOptions} from './gateway.js'
 
-/** Bounded: a hung Docker engine must not hold the gateway's start-up. */
+/** Bounded: a hung Docker engine must not keep the check running forever. */
 const ORPHAN_CHECK_TIMEOUT_MS = 15_000
-
-/** Containers a crashed gateway of this home left behind; Docker being absent is the caller's to log. */
-async function removeOrphanContainers(home: string): Promise<number> {
-  const {removed} = await cleanOrphanContainers(dockerCli(), {home, signal: AbortSignal.timeout(ORPHAN_CHECK_TIMEOUT_MS)})
-  return removed.length
-}
 
 export interface ServeOptions extends Omit<GatewayOptions, 'log'> {
   loaded: LoadedConfig
@@ -33,7 +26,12 @@ export interface ServeResult {
 export async function serveGateway(options: ServeOptions): Promise<ServeResult> {
   const log = (line: string) => options.log(`${new Date().toISOString()} ${line}`)
   const signals = options.signals ?? process
-  const gateway = await startGateway({removeOrphans: () => removeOrphanContainers(options.loaded.home), ...options, log})
+  const gateway = await startGateway({
+    removeOrphans: async (signal) =>
+      (await removeOrphanContainers({home: options.loaded.home, signal: AbortSignal.any([signal, AbortSignal.timeout(ORPHAN_CHECK_TIMEOUT_MS)])})).length,
+    ...options,
+    log,
+  })
 
   // A long-running gateway must not die of one library's stray promise: report it and go on.
   const onUnhandled = (reason: unknown) => log(`gateway: unexpected error (still running): ${reason instanceof Error ? reason.message : String(reason)}`)

@@ -2,7 +2,7 @@ import {execa} from 'execa'
 import {fileURLToPath} from 'node:url'
 import path from 'node:path'
 import type {AgentRunInput, AgentRunOutput} from '../agent-run/contract.js'
-import type {ErrorCode} from '../errors.js'
+import {failure, parseAgentRunOutput} from '../agent-run/output.js'
 import {killSession} from '../../sandbox/kill-session.js'
 
 /** The installed app's root (holds bin/, dist/, node_modules/). */
@@ -28,10 +28,6 @@ export interface AgentProcessOptions {
 }
 
 const STDERR_TAIL_BYTES = 4096
-
-export function failure(runId: string, code: ErrorCode, message: string, retryable = false, details?: Record<string, unknown>): AgentRunOutput {
-  return {version: 1, ok: false, run_id: runId, error: {code, message, retryable, ...(details ? {details} : {})}}
-}
 
 /**
  * Starts agent-run (directly or under a sandbox helper) in its own process group and kills the
@@ -91,20 +87,4 @@ export async function runAgentProcess(options: AgentProcessOptions): Promise<Age
   }
   if (result.isCanceled) return failure(input.run_id, 'E_RUN', 'the run was cancelled', true)
   return parseAgentRunOutput(input.run_id, String(result.stdout ?? ''), result.exitCode, stderrTail)
-}
-
-/** Reads agent-run's one JSON object; anything else becomes an E_RUN failure with the stderr tail. */
-export function parseAgentRunOutput(runId: string, stdout: string, exitCode: number | undefined, stderrTail: string): AgentRunOutput {
-  const text = stdout.trim()
-  if (text) {
-    try {
-      const parsed = JSON.parse(text) as AgentRunOutput
-      if (parsed && typeof parsed === 'object' && parsed.version === 1 && typeof parsed.ok === 'boolean') return parsed
-    } catch {
-      // fall through to the generic failure below
-    }
-  }
-  return failure(runId, 'E_RUN', `agent-run exited with code ${exitCode ?? 'unknown'} without a result`, false, {
-    stderr_tail: stderrTail,
-  })
 }

@@ -12,7 +12,7 @@ import {containerImageContext} from '../container-context.js'
 import {GatewayError, toGatewayError} from '../errors.js'
 import {KeyedQueue} from '../keyed-queue.js'
 import {redactSecrets} from '../redact.js'
-import {failure, parseAgentRunOutput} from './agent-run-process.js'
+import {failure, failureFromError, parseAgentRunOutput} from '../agent-run/output.js'
 import type {RunRequest, Runner} from './types.js'
 
 /**
@@ -48,9 +48,7 @@ export async function runInContainer(request: RunRequest, options: {cli?: Docker
     )
     return redactOutput(output, request)
   } catch (error) {
-    const gatewayError = toGatewayError(error, 'E_RUN')
-    const details = {...gatewayError.details, ...(gatewayError.suggestions.length > 0 ? {suggestions: gatewayError.suggestions} : {})}
-    return redactOutput(failure(runId, gatewayError.code, gatewayError.message, gatewayError.retryable, Object.keys(details).length > 0 ? details : undefined), request)
+    return redactOutput(failureFromError(runId, error), request)
   }
 }
 
@@ -102,7 +100,7 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
   // Everything the run needs, secrets included, goes in on stdin; forwarded secrets reach the
   // engine through the docker CLI's own environment (`-e NAME` without a value), never argv.
   const child = cli.spawn(args, {
-    input: JSON.stringify({...input, workspace: CONTAINER_WORKSPACE}),
+    input: JSON.stringify({...input, workspace: CONTAINER_WORKSPACE, env_secrets: forwardEnv}),
     env: Object.fromEntries(forwardEnv.map((secretName) => [secretName, input.secrets[secretName] ?? ''])),
     timeoutMs: request.timeoutMs + CLIENT_GRACE_MS,
   })

@@ -1,5 +1,4 @@
 import type {AgentRunOutput} from '../agent-run/contract.js'
-import {toGatewayError} from '../errors.js'
 import {agentPolicy, sandboxPath} from '../../sandbox/agent-policy.js'
 import {kernelGaps} from '../../sandbox/landlock/enforcement.js'
 import {HELPER_SETUP_EXIT, probeKernel, requireHelper} from '../../sandbox/landlock/helper.js'
@@ -8,7 +7,8 @@ import {SANDBOX_HELPER_ENV, SANDBOX_NETWORK_ENV} from '../../sandbox/network-lay
 import type {SandboxPolicy} from '../../sandbox/policy.js'
 import {seatbeltInvocation} from '../../sandbox/seatbelt/profile.js'
 import {prepareWorkspaceForPolicy} from '../../sandbox/workspace-prep.js'
-import {agentRunArgv, failure, runAgentProcess} from './agent-run-process.js'
+import {failure, failureFromError} from '../agent-run/output.js'
+import {agentRunArgv, runAgentProcess} from './agent-run-process.js'
 import {agentEnvironment, withPrivateTmp} from './private-tmp.js'
 import type {RunRequest, Runner} from './types.js'
 
@@ -50,8 +50,7 @@ export const hostSandboxRunner: Runner = {
           launch = linux
         }
       } catch (error) {
-        const gatewayError = toGatewayError(error, 'E_SANDBOX')
-        return failure(runId, gatewayError.code, gatewayError.message, false, gatewayError.suggestions.length ? {suggestions: gatewayError.suggestions} : undefined)
+        return failureFromError(runId, error, 'E_SANDBOX')
       }
       const output = await runAgentProcess({
         ...launch,
