@@ -3,7 +3,7 @@ import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
 import {agentPolicy, sandboxPath} from '../sandbox/agent-policy.js'
-import {killSession} from '../sandbox/kill-session.js'
+import {killProcessTree} from '../sandbox/kill-session.js'
 import {enforcementReport, kernelGaps, type EnforcementReport} from '../sandbox/landlock/enforcement.js'
 import {probeKernel, requireHelper, type KernelProbe} from '../sandbox/landlock/helper.js'
 import {serializeRules} from '../sandbox/landlock/rules-file.js'
@@ -89,15 +89,7 @@ export async function sandboxExec(options: SandboxExecOptions): Promise<{exitCod
       cancelSignal: AbortSignal.timeout(options.timeoutMs + 5000),
     })
     ;(child.stdio[3] as unknown as NodeJS.WritableStream).end(serializeRules(sandbox.policy, sandbox.env))
-    const killGroup = () => {
-      if (child.pid === undefined) return
-      try {
-        process.kill(-child.pid, 'SIGKILL')
-      } catch {
-        // already gone
-      }
-      killSession(child.pid)
-    }
+    const killGroup = () => killProcessTree(child.pid)
     const onSignal = () => killGroup()
     process.once('SIGINT', onSignal)
     process.once('SIGTERM', onSignal)

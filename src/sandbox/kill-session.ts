@@ -59,3 +59,17 @@ export function sessionOf(pid: number): number | undefined {
     return undefined
   }
 }
+
+/**
+ * Kills what a child started as a process-group (and, when `detached`, session) leader: its group,
+ * then every member of its session, which also reaches processes that moved to a group of their own.
+ */
+export function killProcessTree(pid: number | undefined): void {
+  if (pid === undefined) return
+  try {
+    process.kill(-pid, 'SIGKILL')
+  } catch {
+    // the group is already gone
+  }
+  killSession(pid)
+}

@@ -2,7 +2,7 @@ import fs from 'node:fs'
 import path from 'node:path'
 import type {Memory} from '../memory.js'
 import type {ToolDefinition} from '../providers/types.js'
-import {killSession, sessionOf} from '../../sandbox/kill-session.js'
+import {killProcessTree, killSession, sessionOf} from '../../sandbox/kill-session.js'
 import {shellArgv} from '../../sandbox/network-layer.js'
 import {listSkills} from './skills.js'
 
@@ -177,13 +177,7 @@ async function runShell(command: string, timeout: unknown, context: ToolContext)
   const timer = setTimeout(() => {
     timedOut = true
     if (leadsSession) killSession(process.pid)
-    else if (child.pid !== undefined) {
-      try {
-        process.kill(-child.pid, 'SIGKILL')
-      } catch {
-        // already gone
-      }
-    }
+    else killProcessTree(child.pid)
   }, seconds * 1000)
   const result = await child
   clearTimeout(timer)

@@ -3,7 +3,7 @@ import {fileURLToPath} from 'node:url'
 import path from 'node:path'
 import type {AgentRunInput, AgentRunOutput} from '../agent-run/contract.js'
 import {failure, parseAgentRunOutput} from '../agent-run/output.js'
-import {killSession} from '../../sandbox/kill-session.js'
+import {killProcessTree} from '../../sandbox/kill-session.js'
 
 /** The installed app's root (holds bin/, dist/, node_modules/). */
 export const APP_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..', '..')
@@ -61,17 +61,9 @@ export async function runAgentProcess(options: AgentProcessOptions): Promise<Age
     if (options.onStderr) for (const line of text.split('\n')) if (line.trim()) options.onStderr(line)
   })
 
-  const killGroup = () => {
-    if (child.pid === undefined) return
-    try {
-      process.kill(-child.pid, 'SIGKILL')
-    } catch {
-      // the group is already gone
-    }
-    // `detached` made the child a session leader: members that moved to another process group
-    // (the host sandbox lets them setpgid, never setsid) are still in its session
-    killSession(child.pid)
-  }
+  // `detached` made the child a session leader: members that moved to another process group
+  // (the host sandbox lets them setpgid, never setsid) are still in its session
+  const killGroup = () => killProcessTree(child.pid)
 
   let timedOut = false
   const timer = setTimeout(() => {

@@ -134,6 +134,14 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
     request.signal?.removeEventListener('abort', onAbort)
   }
   await stopping
+  if (!stopped && result.exitCode === 0) {
+    // A clean exit with a good result has nothing to diagnose: skip the inspect round trip.
+    const output = parseAgentRunOutput(runId, String(result.stdout ?? ''), 0, stderrTail)
+    if (output.ok) {
+      scheduleRemoval(cli, name, log)
+      return output
+    }
+  }
   const state = await collectContainer(cli, name, log, {awaitRemoval: stopped !== undefined})
 
   if (result.code === 'ENOENT') throw dockerMissing(cli.bin, cli.binFromEnv)
@@ -181,17 +189,22 @@ async function collectContainer(
   } catch (error) {
     log(`could not inspect container ${name}: ${toGatewayError(error).message}`)
   }
-  const removal = removeContainers(cli, [name]).catch((error: unknown) => {
-    log(`could not remove container ${name} (container clean will): ${toGatewayError(error).message}`)
-  })
-  pendingRemovals.add(removal)
-  void removal.finally(() => pendingRemovals.delete(removal))
+  const removal = scheduleRemoval(cli, name, log)
   // A failed run is not in a hurry, and "nothing left behind" matters most after a kill.
   if (!state || state.exitCode !== 0 || state.oomKilled || options.awaitRemoval) await removal
   return state
 }
 
 const pendingRemovals = new Set<Promise<void>>()
+
+function scheduleRemoval(cli: DockerCli, name: string, log: (line: string) => void): Promise<void> {
+  const removal = removeContainers(cli, [name]).catch((error: unknown) => {
+    log(`could not remove container ${name} (container clean will): ${toGatewayError(error).message}`)
+  })
+  pendingRemovals.add(removal)
+  void removal.finally(() => pendingRemovals.delete(removal))
+  return removal
+}
 
 /** Resolves when every container this process started has been removed (for shutdown and tests). */
 export async function containerRemovalsSettled(): Promise<void> {
