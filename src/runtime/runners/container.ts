@@ -134,14 +134,8 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
     request.signal?.removeEventListener('abort', onAbort)
   }
   await stopping
-  if (!stopped && result.exitCode === 0) {
-    // A clean exit with a good result has nothing to diagnose: skip the inspect round trip.
-    const output = parseAgentRunOutput(runId, String(result.stdout ?? ''), 0, stderrTail)
-    if (output.ok) {
-      scheduleRemoval(cli, name, log)
-      return output
-    }
-  }
+  // Inspected even after a clean exit: a command the agent ran may have been OOM-killed while
+  // agent-run itself carried on, and the user must hear "out of memory", not a puzzled reply.
   const state = await collectContainer(cli, name, log, {awaitRemoval: stopped !== undefined})
 
   if (result.code === 'ENOENT') throw dockerMissing(cli.bin, cli.binFromEnv)
