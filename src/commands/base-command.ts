@@ -39,7 +39,9 @@ export abstract class BaseCommand<T extends typeof Command> extends Command {
     if (loaded.created) {
       const primary = loaded.config.providers.providers[loaded.config.providers.primary]
       this.logToStderr(`Created a default config at ${loaded.path} with one agent, "meepa".`)
-      if (primary?.api_key_env) this.logToStderr(`Set ${primary.api_key_env} in your environment to use the ${loaded.config.providers.primary} provider.`)
+      if (primary?.api_key_env && !(primary.api_key_env in loaded.secrets)) {
+        this.logToStderr(`Set ${primary.api_key_env} in your environment to use the ${loaded.config.providers.primary} provider.`)
+      }
     }
     return loaded
   }

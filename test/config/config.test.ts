@@ -99,14 +99,15 @@ agents:
 
 describe('config commands', () => {
   let home: TestHome
-  let savedHome: string | undefined
+  let savedEnv: NodeJS.ProcessEnv
   beforeEach(() => {
     home = makeHome()
-    savedHome = process.env.MEEPAGATEWAY_HOME
+    savedEnv = {...process.env}
     process.env.MEEPAGATEWAY_HOME = home.home
+    delete process.env.ANTHROPIC_API_KEY // whatever the machine running the tests has
   })
   afterEach(() => {
-    process.env.MEEPAGATEWAY_HOME = savedHome
+    process.env = savedEnv
     home.cleanup()
   })
 
@@ -118,6 +119,9 @@ describe('config commands', () => {
     const text = fs.readFileSync(home.configPath, 'utf8')
     expect(text).toMatch(/^# meepagateway configuration/)
     expect(loadConfig({home: home.home}).config.agents.map((agent) => agent.id)).toEqual(['meepa'])
+    fs.rmSync(home.configPath)
+    process.env.ANTHROPIC_API_KEY = 'sk-ant-already-set'
+    expect((await runCommand('config check')).stderr).not.toContain('Set ANTHROPIC_API_KEY') // only when it is missing
     fs.appendFileSync(home.configPath, '\n# operator edit\n')
     const second = await runCommand('config check')
     expect(second.stderr).not.toContain('Created a default config')
