@@ -162,19 +162,44 @@ describeWithDocker('container mode: a fresh hardened container per message (real
     llm.reset()
     const home = newHome([containerAgent('box')], {inject_secrets_env: true, inject_credentials_env: true})
     // the shell command's own environment: injected secrets are for the agent's tools (gh, git...)
-    scriptShell(llm, 'tr "\\0" "\\n" < /proc/1/environ; echo ---; env')
+    scriptShell(llm, 'env')
     recorder.clear()
-    const result = await send(home, 'box', 'show init env', '--json')
+    const result = await send(home, 'box', 'show your env', '--json')
     expect(result.exitCode).toBe(0)
     // agent-run redacts secret values from tool output before it reaches the LLM: the names prove
     // the variables were set, the masked values prove they carried the secrets.
-    const [initEnv, shellEnv] = toolResult(llm).split('---')
-    for (const env of [initEnv, shellEnv]) {
-      expect(env).toContain('GITHUB_TOKEN=[REDACTED]')
-      expect(env).toContain('FAKE_LLM_KEY=[REDACTED]')
-    }
+    expect(toolResult(llm)).toContain('GITHUB_TOKEN=[REDACTED]')
+    expect(toolResult(llm)).toContain('FAKE_LLM_KEY=[REDACTED]')
     for (const call of recorder.calls()) for (const arg of call) expect(arg).not.toContain(SECRET)
     expect(recorder.calls().find((call) => call[0] === 'run')).toEqual(expect.arrayContaining(['-e', 'GITHUB_TOKEN']))
+  })
+
+  it("a shell command cannot read the provider key out of agent-run's memory (/proc/PID/mem)", async () => {
+    llm.reset()
+    const home = newHome([containerAgent('box')]) // injection off: the key lives only in agent-run's memory
+    // The needle is assembled at run time, so the command text itself never holds the key.
+    scriptShell(llm, `node -e '
+      const fs = require("fs"); const needle = Buffer.from(${JSON.stringify(PROVIDER_KEY.split('-'))}.join("-"))
+      const pid = fs.readdirSync("/proc").find((p) => /^[0-9]+$/.test(p) && p !== "1" &&
+        fs.readFileSync("/proc/" + p + "/cmdline", "utf8").split("\\0").filter(Boolean).pop() === "agent-" + "run")
+      let verdict = "NOT FOUND", error = "none", chunks = 0
+      try {
+        const fd = fs.openSync("/proc/" + pid + "/mem", "r"); const buf = Buffer.alloc(1 << 20)
+        for (const line of fs.readFileSync("/proc/" + pid + "/maps", "utf8").split("\\n")) {
+          const m = /^([0-9a-f]+)-([0-9a-f]+) rw/.exec(line); if (!m) continue
+          for (let at = parseInt(m[1], 16), end = parseInt(m[2], 16); at < end; at += (1 << 20) - 64) {
+            try { const n = fs.readSync(fd, buf, 0, Math.min(1 << 20, end - at), at); chunks++; if (buf.subarray(0, n).includes(needle)) verdict = "LEAKED" } catch (e) { error = e.code }
+          }
+        }
+      } catch (e) { error = e.code }
+      console.log("agent-run pid", pid, "chunks", chunks, "error", error, verdict)'`)
+    const result = await send(home, 'box', 'read your parent', '--json')
+    expect(result.exitCode).toBe(0)
+    const output = toolResult(llm)
+    expect(output).toMatch(/agent-run pid \d+ /) // the probe found its target
+    expect(output).toContain('error EACCES')
+    expect(output).toContain('NOT FOUND')
+    expect(output).not.toContain('[REDACTED]')
   })
 
   it('with network: none, the agent cannot reach even the host loopback (the LLM) and the user is told', async () => {

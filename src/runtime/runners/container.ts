@@ -1,7 +1,8 @@
 import fs from 'node:fs'
+import path from 'node:path'
 import {dockerCli, dockerMissing, engineErrorOf, type DockerCli} from '../../sandbox/docker/cli.js'
 import {homeLabel, removeContainers} from '../../sandbox/docker/containers.js'
-import {LABEL} from '../../sandbox/docker/dockerfile.js'
+import {CONTAINER_APP, LABEL} from '../../sandbox/docker/dockerfile.js'
 import {ensureContainerImage, ensureIsolationImage, planImages, type ImageContext} from '../../sandbox/docker/images.js'
 import {buildDockerRunArgs, CONTAINER_WORKSPACE, containerNameFor} from '../../sandbox/docker/run-args.js'
 import type {AgentRunOutput} from '../agent-run/contract.js'
@@ -13,6 +14,8 @@ import {GatewayError, toGatewayError} from '../errors.js'
 import {KeyedQueue} from '../keyed-queue.js'
 import {redactSecrets} from '../redact.js'
 import {failure, failureFromError, parseAgentRunOutput} from '../agent-run/output.js'
+import {helperPath} from '../../sandbox/landlock/helper.js'
+import {APP_ROOT} from './agent-run-process.js'
 import type {RunRequest, Runner} from './types.js'
 
 /**
@@ -95,6 +98,7 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
       [LABEL.pid]: String(process.pid),
     },
     forwardEnv,
+    sandboxHelper: bundledSandboxHelper(),
   })
 
   // Everything the run needs, secrets included, goes in on stdin; forwarded secrets reach the
@@ -237,4 +241,9 @@ function redactOutput(output: AgentRunOutput, request: RunRequest): AgentRunOutp
     return value
   }
   return scrub(output) as AgentRunOutput
+}
+
+/** The helper's path inside the isolation image, which bundles dist/ (and so the helper, built on Linux). */
+function bundledSandboxHelper(): string | undefined {
+  return fs.existsSync(helperPath()) ? `${CONTAINER_APP}/${path.relative(APP_ROOT, helperPath())}` : undefined
 }

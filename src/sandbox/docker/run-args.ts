@@ -1,6 +1,7 @@
 import type {ContainerNetwork} from '../../runtime/config/types.js'
 import {GatewayError} from '../../runtime/errors.js'
 import {CONTAINER_APP, CONTAINER_NODE} from './dockerfile.js'
+import {SANDBOX_HELPER_ENV} from '../network-layer.js'
 
 /** Everything that decides the `docker run` of one message (DESIGN.md section 4.2). */
 export interface DockerRunSpec {
@@ -20,6 +21,12 @@ export interface DockerRunSpec {
    * reaches the engine through the CLI's environment, never through argv.
    */
   forwardEnv: string[]
+  /**
+   * The sandbox helper inside the image, when it carries one: agent-run then starts every shell
+   * command through it, in a Landlock domain of its own, so a command cannot read agent-run's
+   * memory (which holds the provider keys) through /proc/PID/mem, nor signal it.
+   */
+  sandboxHelper?: string
   /** The program inside the container; default the bundled Node. */
   entrypoint?: string
   /** Its arguments; default `agent-run` of the bundled app. */
@@ -70,6 +77,7 @@ export function buildDockerRunArgs(spec: DockerRunSpec): string[] {
     '-w', CONTAINER_WORKSPACE,
     '-e', `HOME=${CONTAINER_WORKSPACE}`,
     '-e', 'TMPDIR=/tmp',
+    ...(spec.sandboxHelper ? ['-e', `${SANDBOX_HELPER_ENV}=${spec.sandboxHelper}`] : []),
     ...spec.forwardEnv.flatMap((name) => ['-e', name]),
     '--network', spec.network,
     ...Object.entries(spec.labels).flatMap(([key, value]) => ['--label', `${key}=${value}`]),
