@@ -136,6 +136,23 @@ describe('meepagateway serve (the real CLI)', {timeout: 90_000}, () => {
     expect((await serve!).exitCode).toBe(0)
   })
 
+  it('never logs a configured secret, even one a library or an operator puts in a log line', async () => {
+    const deadPort = await freePort()
+    // the bot token is also (carelessly) pasted into the URL path, which the connector logs
+    home = makeHome(
+      fakeLlmConfig(llm.openaiBaseUrl, [
+        {id: 'a1', connectors: [{type: 'meepachat', url: `ws://127.0.0.1:${deadPort}/api/bot-gateway/sk-fake-test-key-123456`, bot_token: '$FAKE_LLM_KEY'}]},
+      ], {captain: {enabled: false, bind: '127.0.0.1', port: await freePort()}}),
+    )
+    const {output} = await startServe()
+    const deadline = Date.now() + 10_000
+    while (!output().includes('reconnecting in') && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 50))
+    expect(output()).toContain('/api/bot-gateway/[REDACTED]')
+    expect(output()).not.toContain('sk-fake-test-key-123456')
+    serve!.kill('SIGTERM')
+    expect((await serve!).exitCode).toBe(0)
+  })
+
   it('answers MeepaChat messages end to end through the real CLI (alias start)', async () => {
     const port = await freePort()
     const chatServer = await startFakeMeepaChat({token: '5.token'})

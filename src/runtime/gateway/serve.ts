@@ -1,5 +1,6 @@
 import {removeOrphanContainers} from '../container-clean.js'
 import type {LoadedConfig} from '../config/types.js'
+import {redactSecrets} from '../redact.js'
 import {startGateway, type GatewayOptions} from './gateway.js'
 
 /** Bounded: a hung Docker engine must not keep the check running forever. */
@@ -24,7 +25,9 @@ export interface ServeResult {
  * aborts the runs still going; their records end as `interrupted`.
  */
 export async function serveGateway(options: ServeOptions): Promise<ServeResult> {
-  const log = (line: string) => options.log(`${new Date().toISOString()} ${line}`)
+  // Library errors end up in log lines; no configured secret (tokens, keys) may reach the log.
+  const secretValues = Object.values(options.loaded.secrets)
+  const log = (line: string) => options.log(`${new Date().toISOString()} ${redactSecrets(line, secretValues)}`)
   const signals = options.signals ?? process
   const gateway = await startGateway({
     removeOrphans: async (signal) =>
