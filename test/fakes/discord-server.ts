@@ -9,9 +9,9 @@
  *   discord.userSays({channelId: 'c1', content: 'hi'})
  *   const [reply] = await discord.waitForPosts(1)
  */
-import {createServer, type IncomingMessage, type ServerResponse} from 'node:http'
-import type {AddressInfo} from 'node:net'
+import {createServer} from 'node:http'
 import {WebSocketServer, type WebSocket} from 'ws'
+import {closeFakeServer, createWaiters, listenOnLoopback, readJson, sendJson} from './fake-http.js'
 
 export interface DiscordPost {
   channelId: string
@@ -69,10 +69,7 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
   let resumes = 0
   let refused = 0
   let snowflake = 10_000
-  const waiters = new Set<() => void>()
-  const notify = () => {
-    for (const waiter of waiters) waiter()
-  }
+  const {notify, waitFor} = createWaiters('fake Discord')
   /** A DM channel with the human: not in any guild, so not announced at READY (as on Discord). */
   const dmChannelId = '3001'
   const guildOf = (channelId: string) => guilds.find((guild) => guild.channels.some((channel) => channel.id === channelId))
@@ -107,26 +104,6 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
       if (!socket || socket.readyState !== socket.OPEN) continue
       session.sequence++
       socket.send(JSON.stringify({op: 0, t, s: session.sequence, d}))
-    }
-  }
-
-  function sendJson(res: ServerResponse, status: number, body?: unknown): void {
-    if (body === undefined) {
-      res.writeHead(status)
-      res.end()
-      return
-    }
-    res.writeHead(status, {'content-type': 'application/json'})
-    res.end(JSON.stringify(body))
-  }
-
-  async function readJson(req: IncomingMessage): Promise<any> {
-    const chunks: Buffer[] = []
-    for await (const chunk of req) chunks.push(chunk as Buffer)
-    try {
-      return JSON.parse(Buffer.concat(chunks).toString('utf8'))
-    } catch {
-      return undefined
     }
   }
 
@@ -256,25 +233,7 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
     })
   })
 
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
-  const port = (server.address() as AddressInfo).port
-
-  function waitFor(check: () => boolean, what: string | (() => string), timeoutMs = 20_000): Promise<void> {
-    if (check()) return Promise.resolve()
-    return new Promise((resolve, reject) => {
-      const waiter = () => {
-        if (!check()) return
-        waiters.delete(waiter)
-        clearTimeout(timer)
-        resolve()
-      }
-      const timer = setTimeout(() => {
-        waiters.delete(waiter)
-        reject(new Error(`fake Discord: timed out waiting for ${typeof what === 'string' ? what : what()}`))
-      }, timeoutMs)
-      waiters.add(waiter)
-    })
-  }
+  const port = await listenOnLoopback(server)
 
   return {
     apiUrl: `http://127.0.0.1:${port}/api`,
@@ -304,18 +263,13 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
       return id
     },
     async waitForPosts(count, timeoutMs = 20_000) {
-      await waitFor(() => posts.length >= count, () => `${count} posts (have ${posts.length})`, timeoutMs)
+      await waitFor(() => posts.length >= count, timeoutMs, () => `${count} posts (have ${posts.length})`)
       return posts.slice(0, count)
     },
-    waitFor: (check, what, timeoutMs) => waitFor(check, what, timeoutMs),
+    waitFor: (check, what, timeoutMs = 20_000) => waitFor(check, timeoutMs, what),
     dropConnections() {
       for (const socket of sockets) socket.terminate()
     },
-    close: async () => {
-      for (const socket of sockets) socket.terminate()
-      wss.close()
-      server.closeAllConnections()
-      await new Promise<void>((resolve) => server.close(() => resolve()))
-    },
+    close: () => closeFakeServer(server, {wss, sockets}),
   }
 }

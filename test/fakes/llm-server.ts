@@ -22,8 +22,8 @@
  * HTTP 400 (and consumes no turn), so a conversion bug fails the test that caused it.
  */
 import {createServer, type IncomingMessage, type ServerResponse} from 'node:http'
-import type {AddressInfo} from 'node:net'
 import {pathToFileURL} from 'node:url'
+import {closeFakeServer, listenOnLoopback, readBody, sendJson} from './fake-http.js'
 
 export type FakeApi = 'openai' | 'anthropic'
 
@@ -198,11 +198,7 @@ export async function startFakeLlm(options: FakeLlmOptions = {}): Promise<FakeLl
     }
   }
 
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', reject)
-    server.listen(0, '127.0.0.1', () => resolve())
-  })
-  const {port} = server.address() as AddressInfo
+  const port = await listenOnLoopback(server)
   const origin = `http://127.0.0.1:${port}`
 
   return {
@@ -222,11 +218,7 @@ export async function startFakeLlm(options: FakeLlmOptions = {}): Promise<FakeLl
       defaultTurn = undefined
       apiKey = undefined
     },
-    close: () =>
-      new Promise<void>((resolve) => {
-        server.closeAllConnections()
-        server.close(() => resolve())
-      }),
+    close: () => closeFakeServer(server),
   }
 }
 
@@ -435,12 +427,6 @@ function sendError(res: ServerResponse, api: FakeApi, status: number, message: s
   }
 }
 
-function sendJson(res: ServerResponse, status: number, body: object, headers: Record<string, string> = {}): void {
-  if (res.destroyed) return
-  res.writeHead(status, {'content-type': 'application/json', ...headers})
-  res.end(JSON.stringify(body))
-}
-
 function startSse(res: ServerResponse): void {
   res.writeHead(200, {'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', connection: 'keep-alive'})
 }
@@ -457,15 +443,6 @@ function pieces(text: string): string[] {
   const result: string[] = []
   for (let start = 0; start < text.length; start += size) result.push(text.slice(start, start + size))
   return result
-}
-
-function readBody(req: IncomingMessage): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const chunks: Buffer[] = []
-    req.on('data', (chunk: Buffer) => chunks.push(chunk))
-    req.on('end', () => resolve(Buffer.concat(chunks).toString('utf8')))
-    req.on('error', reject)
-  })
 }
 
 /** Resolves true when the client hung up before the delay ran out. */

@@ -9,9 +9,9 @@
  *   chat.userSays({channelId: 'general', content: 'hi'})
  *   const [reply] = await chat.waitForPosts(1)
  */
-import {createServer, type IncomingMessage, type ServerResponse} from 'node:http'
-import type {AddressInfo} from 'node:net'
+import {createServer, type IncomingMessage} from 'node:http'
 import {WebSocketServer, type WebSocket} from 'ws'
+import {closeFakeServer, createWaiters, listenOnLoopback, readJson, sendJson} from './fake-http.js'
 
 export interface FakeChannel {
   id: string
@@ -87,10 +87,7 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
   let readyCount = 0
   let nextId = 1
   let postFailure: number | undefined
-  const waiters = new Set<() => void>()
-  const notify = () => {
-    for (const waiter of waiters) waiter()
-  }
+  const {notify, waitFor} = createWaiters('fake MeepaChat')
 
   const authorized = (req: IncomingMessage) => req.headers.authorization === `Bot ${options.token}`
 
@@ -114,21 +111,6 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
     for (const socket of sockets) if (socket.readyState === socket.OPEN && !muted.has(socket)) socket.send(text)
   }
 
-  function sendJson(res: ServerResponse, status: number, body: unknown): void {
-    res.writeHead(status, {'content-type': 'application/json'})
-    res.end(JSON.stringify(body))
-  }
-
-  async function readBody(req: IncomingMessage): Promise<any> {
-    const chunks: Buffer[] = []
-    for await (const chunk of req) chunks.push(chunk as Buffer)
-    try {
-      return JSON.parse(Buffer.concat(chunks).toString('utf8'))
-    } catch {
-      return undefined
-    }
-  }
-
   const server = createServer(async (req, res) => {
     const url = new URL(req.url ?? '/', 'http://fake')
     if (!authorized(req)) return sendJson(res, 401, {error: 'unauthorized'})
@@ -139,7 +121,7 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
     const serverId = serverChannel ? decodeURIComponent(serverChannel[1] as string) : null
     const channel = channels.find((candidate) => candidate.id === channelId)
     if (!channel || channel.serverId !== serverId) return sendJson(res, 404, {error: 'channel not found'})
-    const body = await readBody(req)
+    const body = await readJson(req)
     if (postFailure !== undefined) return sendJson(res, postFailure, {error: 'scripted failure'})
     if (!body || typeof body.content !== 'string' || !body.content) return sendJson(res, 400, {error: 'content is required'})
     if (body.content.length > 4000) return sendJson(res, 400, {error: 'content exceeds 4000 characters'})
@@ -197,25 +179,7 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
     return {id: channel.id, serverId: channel.serverId, name: channel.name, displayName: channel.name, topic: null, isDm: channel.isDm, isPrivate: channel.isDm}
   }
 
-  await new Promise<void>((resolve) => server.listen(options.port ?? 0, '127.0.0.1', resolve))
-  const port = (server.address() as AddressInfo).port
-
-  function waitFor(check: () => boolean, timeoutMs: number, what: () => string): Promise<void> {
-    if (check()) return Promise.resolve()
-    return new Promise((resolve, reject) => {
-      const waiter = () => {
-        if (!check()) return
-        waiters.delete(waiter)
-        clearTimeout(timer)
-        resolve()
-      }
-      const timer = setTimeout(() => {
-        waiters.delete(waiter)
-        reject(new Error(`fake MeepaChat: timed out waiting for ${what()}`))
-      }, timeoutMs)
-      waiters.add(waiter)
-    })
-  }
+  const port = await listenOnLoopback(server, options.port)
 
   return {
     gatewayUrl: `ws://127.0.0.1:${port}/api/bot-gateway`,
@@ -258,11 +222,6 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
     failPostsWith(status) {
       postFailure = status
     },
-    close: async () => {
-      for (const socket of sockets) socket.terminate()
-      wss.close()
-      server.closeAllConnections()
-      await new Promise<void>((resolve) => server.close(() => resolve()))
-    },
+    close: () => closeFakeServer(server, {wss, sockets}),
   }
 }

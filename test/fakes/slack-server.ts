@@ -11,8 +11,8 @@
  *   const [reply] = await slack.waitForPosts(1)
  */
 import {createServer, type IncomingMessage, type ServerResponse} from 'node:http'
-import type {AddressInfo} from 'node:net'
 import {WebSocketServer, type WebSocket} from 'ws'
+import {closeFakeServer, createWaiters, listenOnLoopback, readBody, sendJson} from './fake-http.js'
 
 export interface SlackPost {
   channel: string
@@ -53,10 +53,7 @@ export async function startFakeSlack(options: {botToken: string; appToken: strin
   let helloCount = 0
   let clock = 1_700_000_000
   let sequence = 0
-  const waiters = new Set<() => void>()
-  const notify = () => {
-    for (const waiter of waiters) waiter()
-  }
+  const {notify, waitFor} = createWaiters('fake Slack')
   const nextTs = () => `${clock++}.${String(++sequence).padStart(6, '0')}`
 
   function sendEnvelope(event: Record<string, unknown>): void {
@@ -81,18 +78,14 @@ export async function startFakeSlack(options: {botToken: string; appToken: strin
   }
 
   async function readParams(req: IncomingMessage): Promise<Record<string, any>> {
-    const chunks: Buffer[] = []
-    for await (const chunk of req) chunks.push(chunk as Buffer)
-    const body = Buffer.concat(chunks).toString('utf8')
+    const body = await readBody(req)
     if (!body) return {}
     if ((req.headers['content-type'] ?? '').includes('application/json')) return JSON.parse(body)
     return Object.fromEntries(new URLSearchParams(body))
   }
 
-  function reply(res: ServerResponse, body: Record<string, unknown>): void {
-    res.writeHead(200, {'content-type': 'application/json'})
-    res.end(JSON.stringify(body))
-  }
+  // the Web API answers HTTP 200 even for errors, with `ok: false`
+  const reply = (res: ServerResponse, body: Record<string, unknown>) => sendJson(res, 200, body)
 
   const server = createServer(async (req, res) => {
     const url = new URL(req.url ?? '/', 'http://fake')
@@ -157,25 +150,7 @@ export async function startFakeSlack(options: {botToken: string; appToken: strin
     })
   })
 
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
-  const port = (server.address() as AddressInfo).port
-
-  function waitFor(check: () => boolean, timeoutMs: number, what: () => string): Promise<void> {
-    if (check()) return Promise.resolve()
-    return new Promise((resolve, reject) => {
-      const waiter = () => {
-        if (!check()) return
-        waiters.delete(waiter)
-        clearTimeout(timer)
-        resolve()
-      }
-      const timer = setTimeout(() => {
-        waiters.delete(waiter)
-        reject(new Error(`fake Slack: timed out waiting for ${what()}`))
-      }, timeoutMs)
-      waiters.add(waiter)
-    })
-  }
+  const port = await listenOnLoopback(server)
 
   return {
     apiUrl: `http://127.0.0.1:${port}/api/`,
@@ -208,11 +183,6 @@ export async function startFakeSlack(options: {botToken: string; appToken: strin
     dropConnections() {
       for (const socket of sockets) socket.terminate()
     },
-    close: async () => {
-      for (const socket of sockets) socket.terminate()
-      wss.close()
-      server.closeAllConnections()
-      await new Promise<void>((resolve) => server.close(() => resolve()))
-    },
+    close: () => closeFakeServer(server, {wss, sockets}),
   }
 }

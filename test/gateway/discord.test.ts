@@ -1,32 +1,24 @@
-import {afterAll, afterEach, beforeAll, describe, expect, it} from 'vitest'
-import {startFakeLlm, type FakeLlm} from '../fakes/llm-server.js'
+import {describe, expect, it} from 'vitest'
+import type {FakeLlm} from '../fakes/llm-server.js'
 import {startFakeDiscord, type FakeDiscord} from '../fakes/discord-server.js'
-import {startTestGateway, stubRun, type TestGateway} from './helpers.js'
+import {fakeLlmForTests} from '../helpers/fake-llm-for-tests.js'
+import {closeAfterEachTest, startTestGateway, stubRun, type TestGateway} from './helpers.js'
 
 const TOKEN = 'MTIz.discord.token'
 let llm: FakeLlm
 let discord: FakeDiscord
 let test: TestGateway | undefined
 
-beforeAll(async () => {
-  llm = await startFakeLlm()
-})
-afterAll(async () => {
-  await llm.close()
-})
-afterEach(async () => {
-  await test?.close()
-  test = undefined
-  await discord?.close()
-})
+fakeLlmForTests((started) => (llm = started))
+const closeAfterTest = closeAfterEachTest()
 
 async function gatewayWith(options: {token?: string; guildIds?: string[]; run?: Parameters<typeof startTestGateway>[0]['run']} = {}) {
-  discord = await startFakeDiscord({token: TOKEN})
-  test = await startTestGateway({
+  discord = closeAfterTest(await startFakeDiscord({token: TOKEN}))
+  test = closeAfterTest(await startTestGateway({
     agents: [{id: 'disco', connectors: [{type: 'discord', bot_token: options.token ?? TOKEN, guild_ids: options.guildIds ?? [], api_url: discord.apiUrl}]}],
     llmBaseUrl: llm.openaiBaseUrl,
     run: options.run,
-  })
+  }))
   return test
 }
 

@@ -1,3 +1,4 @@
+import {afterEach} from 'vitest'
 import {loadConfig} from '../../src/runtime/config/load.js'
 import type {ConnectorTimings} from '../../src/runtime/connectors/index.js'
 import type {RunFunction} from '../../src/runtime/gateway/dispatcher.js'
@@ -89,6 +90,23 @@ export async function startTestGateway(options: {
       await gateway.stop({graceMs: 5000})
       home.cleanup()
     },
+  }
+}
+
+type Closable = {close(): Promise<void>}
+
+/**
+ * Registers an afterEach that closes what the test marked with the returned function, newest
+ * first: a gateway stops before the fake platform it is connected to goes away.
+ */
+export function closeAfterEachTest(): <T extends Closable>(thing: T) => T {
+  const open: Closable[] = []
+  afterEach(async () => {
+    for (const thing of open.splice(0).reverse()) await thing.close()
+  })
+  return (thing) => {
+    open.push(thing)
+    return thing
   }
 }
 

@@ -1,25 +1,17 @@
-import {afterAll, afterEach, beforeAll, describe, expect, it} from 'vitest'
-import {startFakeLlm, type FakeLlm} from '../fakes/llm-server.js'
+import {describe, expect, it} from 'vitest'
+import type {FakeLlm} from '../fakes/llm-server.js'
 import {startFakeMeepaChat, type FakeMeepaChat} from '../fakes/meepachat-server.js'
 import {RunRecords} from '../../src/runtime/state/run-records.js'
-import {startTestGateway, stubRun, type TestGateway} from './helpers.js'
+import {fakeLlmForTests} from '../helpers/fake-llm-for-tests.js'
+import {closeAfterEachTest, startTestGateway, stubRun, type TestGateway} from './helpers.js'
 
 const TOKEN = '11.meepa-secret'
 let llm: FakeLlm
 let chat: FakeMeepaChat
 let test: TestGateway | undefined
 
-beforeAll(async () => {
-  llm = await startFakeLlm()
-})
-afterAll(async () => {
-  await llm.close()
-})
-afterEach(async () => {
-  await test?.close()
-  test = undefined
-  await chat?.close()
-})
+fakeLlmForTests((started) => (llm = started))
+const closeAfterTest = closeAfterEachTest()
 
 const lastUserMessage = (request: {body: any}) => {
   const messages = request.body.messages as Array<{role: string; content: unknown}>
@@ -28,13 +20,13 @@ const lastUserMessage = (request: {body: any}) => {
 }
 
 async function gatewayWith(options: {token?: string; run?: Parameters<typeof startTestGateway>[0]['run']; gateway?: Record<string, unknown>} = {}) {
-  chat = await startFakeMeepaChat({token: TOKEN})
-  test = await startTestGateway({
+  chat = closeAfterTest(await startFakeMeepaChat({token: TOKEN}))
+  test = closeAfterTest(await startTestGateway({
     agents: [{id: 'meepa', connectors: [{type: 'meepachat', url: chat.gatewayUrl, bot_token: options.token ?? TOKEN}]}],
     llmBaseUrl: llm.openaiBaseUrl,
     run: options.run,
     gateway: options.gateway,
-  })
+  }))
   return test
 }
 
@@ -157,11 +149,11 @@ describe('MeepaChat connector (fake MeepaChat server, real agent with the fake L
 
   it('answers a run that hits the agent timeout with a timeout reply', async () => {
     llm.setDefault({text: 'too slow', delayMs: 5000})
-    chat = await startFakeMeepaChat({token: TOKEN})
-    test = await startTestGateway({
+    chat = closeAfterTest(await startFakeMeepaChat({token: TOKEN}))
+    test = closeAfterTest(await startTestGateway({
       agents: [{id: 'meepa', timeout_seconds: 1, connectors: [{type: 'meepachat', url: chat.gatewayUrl, bot_token: TOKEN}]}],
       llmBaseUrl: llm.openaiBaseUrl,
-    })
+    }))
     await chat.waitForReadyCount(1)
     chat.userSays({channelId: 'general', content: 'slow question'})
     const [reply] = await chat.waitForPosts(1, 15_000)

@@ -1,9 +1,10 @@
 import {execa, type ResultPromise} from 'execa'
 import fs from 'node:fs'
 import net from 'node:net'
-import {afterAll, afterEach, beforeAll, describe, expect, it} from 'vitest'
-import {startFakeLlm, type FakeLlm} from '../fakes/llm-server.js'
+import {afterEach, describe, expect, it} from 'vitest'
+import type {FakeLlm} from '../fakes/llm-server.js'
 import {startFakeMeepaChat} from '../fakes/meepachat-server.js'
+import {fakeLlmForTests} from '../helpers/fake-llm-for-tests.js'
 import {BIN, fakeLlmConfig, makeHome, runCli, type TestHome} from '../helpers/home.js'
 import {requireLandlockOrSkip} from '../sandbox/landlock-support.js'
 
@@ -13,12 +14,7 @@ let llm: FakeLlm
 let home: TestHome | undefined
 let serve: ResultPromise | undefined
 
-beforeAll(async () => {
-  llm = await startFakeLlm()
-})
-afterAll(async () => {
-  await llm.close()
-})
+fakeLlmForTests((started) => (llm = started))
 afterEach(async () => {
   if (serve && serve.exitCode === null) {
     serve.kill('SIGKILL')

@@ -1,7 +1,8 @@
-import {afterAll, afterEach, beforeAll, describe, expect, it} from 'vitest'
-import {startFakeLlm, type FakeLlm} from '../fakes/llm-server.js'
+import {describe, expect, it} from 'vitest'
+import type {FakeLlm} from '../fakes/llm-server.js'
 import {startFakeSlack, type FakeSlack} from '../fakes/slack-server.js'
-import {startTestGateway, stubRun, type TestGateway} from './helpers.js'
+import {fakeLlmForTests} from '../helpers/fake-llm-for-tests.js'
+import {closeAfterEachTest, startTestGateway, stubRun, type TestGateway} from './helpers.js'
 
 const BOT = 'xoxb-test-bot-token'
 const APP = 'xapp-1-test-app-token'
@@ -9,25 +10,16 @@ let llm: FakeLlm
 let slack: FakeSlack
 let test: TestGateway | undefined
 
-beforeAll(async () => {
-  llm = await startFakeLlm()
-})
-afterAll(async () => {
-  await llm.close()
-})
-afterEach(async () => {
-  await test?.close()
-  test = undefined
-  await slack?.close()
-})
+fakeLlmForTests((started) => (llm = started))
+const closeAfterTest = closeAfterEachTest()
 
 async function gatewayWith(options: {botToken?: string; run?: Parameters<typeof startTestGateway>[0]['run']} = {}) {
-  slack = await startFakeSlack({botToken: BOT, appToken: APP})
-  test = await startTestGateway({
+  slack = closeAfterTest(await startFakeSlack({botToken: BOT, appToken: APP}))
+  test = closeAfterTest(await startTestGateway({
     agents: [{id: 'slacker', connectors: [{type: 'slack', bot_token: options.botToken ?? BOT, app_token: APP, api_url: slack.apiUrl}]}],
     llmBaseUrl: llm.openaiBaseUrl,
     run: options.run,
-  })
+  }))
   return test
 }
 

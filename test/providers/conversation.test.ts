@@ -1,9 +1,10 @@
 import OpenAI from 'openai'
-import {afterAll, beforeAll, beforeEach, describe, expect, it} from 'vitest'
+import {describe, expect, it} from 'vitest'
 import {repairToolPairs} from '../../src/runtime/providers/conversation.js'
 import {createProviderChain} from '../../src/runtime/providers/index.js'
 import type {ChatMessage} from '../../src/runtime/providers/types.js'
-import {type FakeLlm, startFakeLlm} from '../fakes/llm-server.js'
+import type {FakeLlm} from '../fakes/llm-server.js'
+import {fakeLlmForTests} from '../helpers/fake-llm-for-tests.js'
 import {fakeProvider, providersConfig, SECRETS} from './helpers.js'
 
 /** What bounded history looks like after its oldest messages were dropped mid-exchange. */
@@ -43,13 +44,7 @@ describe('repairToolPairs', () => {
 
 describe('cut history through the real SDKs', () => {
   let llm: FakeLlm
-  beforeAll(async () => {
-    llm = await startFakeLlm()
-  })
-  afterAll(async () => {
-    await llm.close()
-  })
-  beforeEach(() => llm.reset())
+  fakeLlmForTests((started) => (llm = started), {resetBeforeEach: true})
 
   it('the fake refuses unpaired tool results, as the real API does', async () => {
     // Proves the next test can fail: without the repair, this is what a cut history gets.

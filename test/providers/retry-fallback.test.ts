@@ -1,16 +1,11 @@
-import {afterAll, beforeAll, beforeEach, describe, expect, it} from 'vitest'
+import {describe, expect, it} from 'vitest'
 import {createProviderChain} from '../../src/runtime/providers/index.js'
-import {type FakeLlm, startFakeLlm} from '../fakes/llm-server.js'
+import type {FakeLlm} from '../fakes/llm-server.js'
+import {fakeLlmForTests} from '../helpers/fake-llm-for-tests.js'
 import {closedPort, fakeProvider, gatewayErrorOf, providersConfig, SECRETS, userRequest} from './helpers.js'
 
 let llm: FakeLlm
-beforeAll(async () => {
-  llm = await startFakeLlm()
-})
-afterAll(async () => {
-  await llm.close()
-})
-beforeEach(() => llm.reset())
+fakeLlmForTests((started) => (llm = started), {resetBeforeEach: true})
 
 /** Backoff of ~1 ms so the retry tests measure the policy, not the waiting. */
 const QUICK = {baseDelayMs: 1}

@@ -1,17 +1,12 @@
-import {afterAll, beforeAll, beforeEach, describe, expect, it} from 'vitest'
+import {describe, expect, it} from 'vitest'
 import {createProviderChain} from '../../src/runtime/providers/index.js'
 import type {ChatMessage} from '../../src/runtime/providers/types.js'
 import {type FakeApi, type FakeLlm, presentedKey, startFakeLlm} from '../fakes/llm-server.js'
+import {fakeLlmForTests} from '../helpers/fake-llm-for-tests.js'
 import {fakeProvider, providersConfig, SECRETS, userRequest, WRITE_FILE_TOOL} from './helpers.js'
 
 let llm: FakeLlm
-beforeAll(async () => {
-  llm = await startFakeLlm()
-})
-afterAll(async () => {
-  await llm.close()
-})
-beforeEach(() => llm.reset())
+fakeLlmForTests((started) => (llm = started), {resetBeforeEach: true})
 
 const MODES: Array<{api: FakeApi; stream: boolean}> = [
   {api: 'openai', stream: false},

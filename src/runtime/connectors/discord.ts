@@ -1,11 +1,10 @@
 import {Client, Events, GatewayIntentBits, Partials, type ClientOptions, type Message} from 'discord.js'
 import type {InboundMessage} from '../agent-run/contract.js'
-import {Backoff, DEFAULT_BACKOFF, formatDelay, type BackoffOptions} from './backoff.js'
-import {ConnectorStatus} from './connector-status.js'
-import {RecentIds} from './recent-ids.js'
+import {DEFAULT_BACKOFF, formatDelay, type BackoffOptions} from './backoff.js'
+import {ReconnectingConnector} from './reconnecting-connector.js'
 import {splitMessage} from './split-message.js'
 import {keepTyping} from './typing.js'
-import type {Connector, ConnectorContext, ConnectorState} from './types.js'
+import type {ConnectorContext} from './types.js'
 
 export const DISCORD_MESSAGE_LIMIT = 2000
 
@@ -25,16 +24,9 @@ export const DEFAULT_DISCORD_TIMINGS: DiscordTimings = {backoff: DEFAULT_BACKOFF
  * library resumes dropped sessions and handles rate limits; a login that fails (bad token,
  * unreachable API) or a session Discord ends for good is retried here with backoff.
  */
-export class DiscordConnector implements Connector {
+export class DiscordConnector extends ReconnectingConnector {
   readonly type = 'discord'
-  readonly name: string
-  readonly agentId: string
-  private readonly status: ConnectorStatus
-  private readonly backoff: Backoff
-  private readonly seen = new RecentIds()
   private client: Client | undefined
-  private reconnectTimer: NodeJS.Timeout | undefined
-  private stopped = false
   private warnedEmptyContent = false
 
   constructor(
@@ -42,28 +34,13 @@ export class DiscordConnector implements Connector {
     private readonly context: ConnectorContext,
     private readonly timings: DiscordTimings = DEFAULT_DISCORD_TIMINGS,
   ) {
-    this.name = context.name
-    this.agentId = context.agentId
-    this.status = new ConnectorStatus(context.name, context.log)
-    this.backoff = new Backoff(timings.backoff)
+    super(context, timings.backoff)
   }
 
-  get state(): ConnectorState {
-    return this.status.state
-  }
-
-  start(): void {
-    this.stopped = false
-    void this.connect()
-  }
-
-  async stop(): Promise<void> {
-    this.stopped = true
-    clearTimeout(this.reconnectTimer)
+  protected async disconnect(): Promise<void> {
     const client = this.client
     this.client = undefined
     if (client) await destroyQuietly(client)
-    this.status.set('stopped')
   }
 
   private buildClient(): Client {
@@ -76,7 +53,7 @@ export class DiscordConnector implements Connector {
     })
   }
 
-  private async connect(): Promise<void> {
+  protected async connect(): Promise<void> {
     if (this.stopped) return
     this.status.set('connecting')
     const client = this.buildClient()

@@ -1,11 +1,10 @@
 import WebSocket from 'ws'
 import type {InboundMessage} from '../agent-run/contract.js'
-import {Backoff, DEFAULT_BACKOFF, formatDelay, type BackoffOptions} from './backoff.js'
-import {ConnectorStatus} from './connector-status.js'
-import {RecentIds} from './recent-ids.js'
+import {DEFAULT_BACKOFF, formatDelay, type BackoffOptions} from './backoff.js'
+import {ReconnectingConnector} from './reconnecting-connector.js'
 import {splitMessage} from './split-message.js'
 import {keepTyping} from './typing.js'
-import type {Connector, ConnectorContext, ConnectorState, Delivery} from './types.js'
+import type {ConnectorContext, Delivery} from './types.js'
 
 export const MEEPACHAT_MESSAGE_LIMIT = 4000
 
@@ -67,50 +66,29 @@ export function meepaChatRestBase(gatewayUrl: string): string {
  * MeepaChat bot gateway: a WebSocket with `Authorization: Bot <token>` carrying `{type, data}`
  * frames, replies over REST. Reconnects with exponential backoff for as long as it runs.
  */
-export class MeepaChatConnector implements Connector {
+export class MeepaChatConnector extends ReconnectingConnector {
   readonly type = 'meepachat'
-  readonly name: string
-  readonly agentId: string
-  private readonly status: ConnectorStatus
-  private readonly backoff: Backoff
-  private readonly seen = new RecentIds()
   private readonly channels = new Map<string, ChannelInfo>()
   private readonly restBase: string
   /** The gateway URL without query or credentials (an old-style `?token=` must not reach the log). */
   private readonly displayUrl: string
   private socket: WebSocket | undefined
   private botUserId: string | undefined
-  private reconnectTimer: NodeJS.Timeout | undefined
   private pingTimer: NodeJS.Timeout | undefined
   private lastFrameAt = 0
-  private stopped = false
 
   constructor(
     private readonly config: {url: string; bot_token: string},
     private readonly context: ConnectorContext,
     private readonly timings: MeepaChatTimings = DEFAULT_MEEPACHAT_TIMINGS,
   ) {
-    this.name = context.name
-    this.agentId = context.agentId
-    this.status = new ConnectorStatus(context.name, context.log)
-    this.backoff = new Backoff(timings.backoff)
+    super(context, timings.backoff)
     this.restBase = meepaChatRestBase(config.url)
     const url = new URL(config.url)
     this.displayUrl = `${url.protocol}//${url.host}${url.pathname}`
   }
 
-  get state(): ConnectorState {
-    return this.status.state
-  }
-
-  start(): void {
-    this.stopped = false
-    this.connect()
-  }
-
-  async stop(): Promise<void> {
-    this.stopped = true
-    clearTimeout(this.reconnectTimer)
+  protected async disconnect(): Promise<void> {
     this.stopPing()
     const socket = this.socket
     this.socket = undefined
@@ -127,10 +105,9 @@ export class MeepaChatConnector implements Connector {
         socket.close(1000, 'gateway stopping')
       })
     }
-    this.status.set('stopped')
   }
 
-  private connect(): void {
+  protected connect(): void {
     if (this.stopped) return
     this.status.set('connecting', this.displayUrl)
     const socket = new WebSocket(this.config.url, {

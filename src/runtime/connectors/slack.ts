@@ -1,11 +1,10 @@
 import {SocketModeClient} from '@slack/socket-mode'
 import {LogLevel, WebClient, type Logger, type RetryOptions} from '@slack/web-api'
 import type {InboundMessage} from '../agent-run/contract.js'
-import {Backoff, DEFAULT_BACKOFF, formatDelay, type BackoffOptions} from './backoff.js'
-import {ConnectorStatus} from './connector-status.js'
-import {RecentIds} from './recent-ids.js'
+import {DEFAULT_BACKOFF, formatDelay, type BackoffOptions} from './backoff.js'
+import {ReconnectingConnector} from './reconnecting-connector.js'
 import {splitMessage} from './split-message.js'
-import type {Connector, ConnectorContext, ConnectorState} from './types.js'
+import type {ConnectorContext} from './types.js'
 
 export const SLACK_MESSAGE_LIMIT = 4000
 
@@ -51,20 +50,13 @@ const quietLogger: Logger = {
  * replies go in the message's thread. Reconnection is ours (the library's linear retry can end
  * in an unhandled rejection), with the same exponential backoff as every connector.
  */
-export class SlackConnector implements Connector {
+export class SlackConnector extends ReconnectingConnector {
   readonly type = 'slack'
-  readonly name: string
-  readonly agentId: string
-  private readonly status: ConnectorStatus
-  private readonly backoff: Backoff
-  private readonly seen = new RecentIds()
   private readonly web: WebClient
   private readonly userNames = new Map<string, string>()
   private inbound: Promise<void> = Promise.resolve()
   private socket: SocketModeClient | undefined
   private botUserId: string | undefined
-  private reconnectTimer: NodeJS.Timeout | undefined
-  private stopped = false
   private connecting = false
 
   constructor(
@@ -72,10 +64,7 @@ export class SlackConnector implements Connector {
     private readonly context: ConnectorContext,
     private readonly timings: SlackTimings = DEFAULT_SLACK_TIMINGS,
   ) {
-    this.name = context.name
-    this.agentId = context.agentId
-    this.status = new ConnectorStatus(context.name, context.log)
-    this.backoff = new Backoff(timings.backoff)
+    super(context, timings.backoff)
     this.web = new WebClient(config.bot_token, {
       ...this.apiUrlOption(),
       logger: quietLogger,
@@ -84,24 +73,12 @@ export class SlackConnector implements Connector {
     })
   }
 
-  get state(): ConnectorState {
-    return this.status.state
-  }
-
-  start(): void {
-    this.stopped = false
-    void this.connect()
-  }
-
-  async stop(): Promise<void> {
-    this.stopped = true
-    clearTimeout(this.reconnectTimer)
+  protected async disconnect(): Promise<void> {
     const socket = this.socket
     this.socket = undefined
     if (socket) {
       await Promise.race([socket.disconnect().catch(() => {}), new Promise((resolve) => setTimeout(resolve, 2000).unref())])
     }
-    this.status.set('stopped')
   }
 
   private apiUrlOption(): {slackApiUrl?: string} {
@@ -109,7 +86,7 @@ export class SlackConnector implements Connector {
     return {slackApiUrl: this.config.api_url.endsWith('/') ? this.config.api_url : `${this.config.api_url}/`}
   }
 
-  private async connect(): Promise<void> {
+  protected async connect(): Promise<void> {
     if (this.stopped || this.connecting) return
     this.connecting = true
     this.status.set('connecting')

@@ -1,0 +1,49 @@
+import {Backoff, type BackoffOptions} from './backoff.js'
+import {ConnectorStatus} from './connector-status.js'
+import {RecentIds} from './recent-ids.js'
+import type {Connector, ConnectorContext, ConnectorState} from './types.js'
+
+/**
+ * What the platform connectors share: names, the logged status, the reconnect backoff, the
+ * stopped flag and the pending reconnect. A platform supplies `connect` (which never throws and
+ * schedules its own retries in `reconnectTimer`) and `disconnect` (closing its client for good).
+ */
+export abstract class ReconnectingConnector implements Connector {
+  abstract readonly type: string
+  readonly name: string
+  readonly agentId: string
+  protected readonly status: ConnectorStatus
+  protected readonly backoff: Backoff
+  /** Handles a redelivered or double-sent event once. */
+  protected readonly seen = new RecentIds()
+  protected reconnectTimer: NodeJS.Timeout | undefined
+  protected stopped = false
+
+  constructor(context: ConnectorContext, backoff: BackoffOptions) {
+    this.name = context.name
+    this.agentId = context.agentId
+    this.status = new ConnectorStatus(context.name, context.log)
+    this.backoff = new Backoff(backoff)
+  }
+
+  get state(): ConnectorState {
+    return this.status.state
+  }
+
+  start(): void {
+    this.stopped = false
+    void this.connect()
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true
+    clearTimeout(this.reconnectTimer)
+    await this.disconnect()
+    this.status.set('stopped')
+  }
+
+  protected abstract connect(): void | Promise<void>
+
+  /** Closes the current connection for good; called by `stop`, after any pending reconnect is cancelled. */
+  protected abstract disconnect(): Promise<void>
+}

@@ -1,0 +1,87 @@
+/**
+ * HTTP and WebSocket plumbing the fake servers share: JSON in and out, listening on 127.0.0.1,
+ * shutting down, and waiting for the fake's state to reach a condition.
+ */
+import type {IncomingMessage, Server, ServerResponse} from 'node:http'
+import type {AddressInfo} from 'node:net'
+import type {WebSocket, WebSocketServer} from 'ws'
+
+/** Sends `body` as JSON, or only the status when there is no body (e.g. 204). */
+export function sendJson(res: ServerResponse, status: number, body?: unknown, headers: Record<string, string> = {}): void {
+  if (res.destroyed) return // the client hung up: there is no one to answer
+  if (body === undefined) {
+    res.writeHead(status, headers)
+    res.end()
+    return
+  }
+  res.writeHead(status, {'content-type': 'application/json', ...headers})
+  res.end(JSON.stringify(body))
+}
+
+export async function readBody(req: IncomingMessage): Promise<string> {
+  const chunks: Buffer[] = []
+  for await (const chunk of req) chunks.push(chunk as Buffer)
+  return Buffer.concat(chunks).toString('utf8')
+}
+
+/** The parsed JSON body, or undefined when it is not JSON (the fake answers that like the real API). */
+export async function readJson(req: IncomingMessage): Promise<any> {
+  const body = await readBody(req)
+  try {
+    return JSON.parse(body)
+  } catch {
+    return undefined
+  }
+}
+
+/** Listens on 127.0.0.1 (a free port unless one is given) and returns the port. */
+export async function listenOnLoopback(server: Server, port = 0): Promise<number> {
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject)
+    server.listen(port, '127.0.0.1', () => resolve())
+  })
+  return (server.address() as AddressInfo).port
+}
+
+/** Cuts the fake's WebSockets without a close handshake, then closes the server and its keep-alive connections. */
+export async function closeFakeServer(server: Server, websockets?: {wss: WebSocketServer; sockets: Iterable<WebSocket>}): Promise<void> {
+  if (websockets) {
+    for (const socket of websockets.sockets) socket.terminate()
+    websockets.wss.close()
+  }
+  server.closeAllConnections()
+  await new Promise<void>((resolve) => server.close(() => resolve()))
+}
+
+export interface Waiters {
+  /** Call after every change of the fake's state: re-checks every pending wait. */
+  notify(): void
+  /** Resolves once `check()` holds; rejects after `timeoutMs` with `LABEL: timed out waiting for WHAT`. */
+  waitFor(check: () => boolean, timeoutMs: number, what: string | (() => string)): Promise<void>
+}
+
+/** Waits on a fake's state without polling: the fake calls `notify()` whenever something happens. */
+export function createWaiters(label: string): Waiters {
+  const waiters = new Set<() => void>()
+  return {
+    notify() {
+      for (const waiter of waiters) waiter()
+    },
+    waitFor(check, timeoutMs, what) {
+      if (check()) return Promise.resolve()
+      return new Promise((resolve, reject) => {
+        const waiter = () => {
+          if (!check()) return
+          waiters.delete(waiter)
+          clearTimeout(timer)
+          resolve()
+        }
+        const timer = setTimeout(() => {
+          waiters.delete(waiter)
+          reject(new Error(`${label}: timed out waiting for ${typeof what === 'string' ? what : what()}`))
+        }, timeoutMs)
+        waiters.add(waiter)
+      })
+    },
+  }
+}
