@@ -7,7 +7,6 @@
 //   npx tsx bench/gateway-webchat.ts            (BENCH_AGENTS, BENCH_MESSAGES to change the load)
 import {execa, type ResultPromise} from 'execa'
 import fs from 'node:fs'
-import net from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
 import YAML from 'yaml'
@@ -15,6 +14,7 @@ import {startFakeLlm} from '../test/fakes/llm-server.js'
 import {runMessage} from '../src/runtime/run-message.js'
 import {loadConfig} from '../src/runtime/config/load.js'
 import {report, ROOT, stats} from './lib.js'
+import {freePort} from '../test/helpers/free-port.js'
 
 const AGENTS = Number(process.env.BENCH_AGENTS ?? 20)
 const MESSAGES = Number(process.env.BENCH_MESSAGES ?? 5)
@@ -38,14 +38,6 @@ function makeHome(port: number): {home: string; configPath: string} {
     }),
   )
   return {home, configPath}
-}
-
-async function freePort(): Promise<number> {
-  const server = net.createServer()
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
-  const {port} = server.address() as net.AddressInfo
-  await new Promise((resolve) => server.close(resolve))
-  return port
 }
 
 function rssMb(pid: number): number {

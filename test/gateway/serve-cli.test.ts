@@ -1,12 +1,12 @@
 import {execa, type ResultPromise} from 'execa'
 import fs from 'node:fs'
-import net from 'node:net'
 import {afterEach, describe, expect, it} from 'vitest'
 import type {FakeLlm} from '../fakes/llm-server.js'
 import {startFakeMeepaChat} from '../fakes/meepachat-server.js'
 import {fakeLlmForTests} from '../helpers/fake-llm-for-tests.js'
 import {BIN, fakeLlmConfig, makeHome, runCli, type TestHome} from '../helpers/home.js'
 import {requireLandlockOrSkip} from '../sandbox/landlock-support.js'
+import {freePort} from '../helpers/free-port.js'
 
 const landlock = requireLandlockOrSkip('serve in the host-sandbox level')
 
@@ -24,14 +24,6 @@ afterEach(async () => {
   home?.cleanup()
   home = undefined
 })
-
-async function freePort(): Promise<number> {
-  const server = net.createServer()
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
-  const {port} = server.address() as net.AddressInfo
-  await new Promise((resolve) => server.close(resolve))
-  return port
-}
 
 /** Starts `node bin/run.js serve` and resolves once it listens; `output()` is everything it logged. */
 async function startServe(args: string[] = ['--unrestricted']): Promise<{url: string; output: () => string}> {

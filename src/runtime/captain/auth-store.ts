@@ -1,5 +1,6 @@
 import crypto from 'node:crypto'
 import type {GatewayDb} from '../state/gateway-db.js'
+import {hashRandomToken} from '../state/token-hash.js'
 
 /** How long a dashboard login lasts without being used again. */
 export const SESSION_TTL_MS = 7 * 24 * 60 * 60 * 1000
@@ -8,10 +9,6 @@ export interface Session {
   csrfToken: string
   createdAt: number
   expiresAt: number
-}
-
-function hashToken(token: string): string {
-  return crypto.createHash('sha256').update(token, 'utf8').digest('hex')
 }
 
 /**
@@ -43,7 +40,7 @@ export class CaptainAuthStore {
     this.db.prepare('DELETE FROM captain_sessions WHERE expires_at <= ?').run(now)
     this.db
       .prepare('INSERT INTO captain_sessions (token_hash, csrf_token, created_at, expires_at, last_seen_at) VALUES (?, ?, ?, ?, ?)')
-      .run(hashToken(token), session.csrfToken, session.createdAt, session.expiresAt, now)
+      .run(hashRandomToken(token), session.csrfToken, session.createdAt, session.expiresAt, now)
     return {token, session}
   }
 
@@ -51,17 +48,17 @@ export class CaptainAuthStore {
   findSession(token: string, now = Date.now()): Session | undefined {
     const row = this.db
       .prepare('SELECT csrf_token, created_at, expires_at, last_seen_at FROM captain_sessions WHERE token_hash = ?')
-      .get(hashToken(token)) as {csrf_token: string; created_at: number; expires_at: number; last_seen_at: number} | undefined
+      .get(hashRandomToken(token)) as {csrf_token: string; created_at: number; expires_at: number; last_seen_at: number} | undefined
     if (!row || row.expires_at <= now) return undefined
     let expiresAt = row.expires_at
     if (now - row.last_seen_at > 60_000) {
       expiresAt = now + SESSION_TTL_MS
-      this.db.prepare('UPDATE captain_sessions SET last_seen_at = ?, expires_at = ? WHERE token_hash = ?').run(now, expiresAt, hashToken(token))
+      this.db.prepare('UPDATE captain_sessions SET last_seen_at = ?, expires_at = ? WHERE token_hash = ?').run(now, expiresAt, hashRandomToken(token))
     }
     return {csrfToken: row.csrf_token, createdAt: row.created_at, expiresAt}
   }
 
   deleteSession(token: string): void {
-    this.db.prepare('DELETE FROM captain_sessions WHERE token_hash = ?').run(hashToken(token))
+    this.db.prepare('DELETE FROM captain_sessions WHERE token_hash = ?').run(hashRandomToken(token))
   }
 }

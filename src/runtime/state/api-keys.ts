@@ -1,6 +1,7 @@
 import crypto from 'node:crypto'
 import {GatewayError} from '../errors.js'
 import {withGatewayDb, type GatewayDb} from './gateway-db.js'
+import {hashRandomToken} from './token-hash.js'
 
 export const API_KEY_PREFIX = 'cptn_'
 /** Characters of the key kept in clear (prefix + a few random ones) so keys can be told apart. */
@@ -22,14 +23,6 @@ export interface CreatedApiKey {
   key: string
 }
 
-/**
- * A key is 32 random bytes, so a plain SHA-256 is enough to store it: there is nothing to
- * brute-force, and verification stays a single indexed lookup per request.
- */
-function hashKey(key: string): string {
-  return crypto.createHash('sha256').update(key, 'utf8').digest('hex')
-}
-
 export class ApiKeys {
   constructor(private readonly db: GatewayDb) {}
 
@@ -44,7 +37,7 @@ export class ApiKeys {
     const key = API_KEY_PREFIX + crypto.randomBytes(32).toString('base64url')
     this.db
       .prepare('INSERT INTO api_keys (id, name, key_hash, key_prefix, created_at) VALUES (?, ?, ?, ?, ?)')
-      .run(id, trimmed, hashKey(key), key.slice(0, SHOWN_PREFIX_LENGTH), Date.now())
+      .run(id, trimmed, hashRandomToken(key), key.slice(0, SHOWN_PREFIX_LENGTH), Date.now())
     return {id, name: trimmed, key}
   }
 
@@ -71,7 +64,7 @@ export class ApiKeys {
     if (!key.startsWith(API_KEY_PREFIX)) return undefined
     const row = this.db
       .prepare('SELECT id, name, key_prefix, created_at, last_used_at, revoked_at FROM api_keys WHERE key_hash = ?')
-      .get(hashKey(key)) as ApiKeyInfo | undefined
+      .get(hashRandomToken(key)) as ApiKeyInfo | undefined
     if (!row || row.revoked_at !== null) return undefined
     const now = Date.now()
     // last_used_at is informational: write it at most once a minute to keep hot paths read-only
