@@ -1,17 +1,16 @@
-import {execa} from 'execa'
 import crypto from 'node:crypto'
 import dgram from 'node:dgram'
 import fs from 'node:fs'
 import net from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
-import {serializeRules} from '../sandbox/landlock/rules-file.js'
+import {HELPER_SETUP_EXIT} from '../sandbox/landlock/helper.js'
 import {CONTAINER_SOCKETS} from '../sandbox/policy.js'
 import type {LoadedConfig} from './config/types.js'
 import {GatewayError} from './errors.js'
 import {APP_ROOT} from './runners/agent-run-process.js'
 import {isolationLevelFor} from './runners/index.js'
-import {openAgentSandbox, type AgentSandbox} from './sandbox.js'
+import {openAgentSandbox, spawnInSandbox, type AgentSandbox} from './sandbox.js'
 
 /**
  * `sandbox check`: under an agent's real policy, attempt each forbidden operation (it must fail
@@ -209,21 +208,10 @@ async function runProbe(sandbox: AgentSandbox, probe: Probe): Promise<ProbeResul
   const base = {name: probe.name, expect: probe.expect}
   if (probe.skip || !probe.argv) return {...base, pass: true, skipped: true, detail: probe.skip}
   try {
-    const child = execa(sandbox.helper, ['--rules-fd', '3', '--', ...probe.argv], {
-      cwd: sandbox.workspace,
-      env: {},
-      extendEnv: false,
-      stdio: ['ignore', 'pipe', 'pipe', 'pipe'],
-      detached: true,
-      reject: false,
-      timeout: PROBE_TIMEOUT_MS,
-      killSignal: 'SIGKILL',
-      cancelSignal: AbortSignal.timeout(PROBE_TIMEOUT_MS + 5000),
-    })
-    ;(child.stdio[3] as unknown as NodeJS.WritableStream).end(serializeRules(sandbox.policy, sandbox.env))
+    const child = spawnInSandbox(sandbox, probe.argv, {stdio: 'pipe', timeoutMs: PROBE_TIMEOUT_MS})
     const result = await child
     const stderr = String(result.stderr ?? '').trim()
-    if (result.exitCode === 125 && stderr.startsWith('meepa-sandbox:')) return {...base, pass: false, detail: `the helper refused: ${stderr}`}
+    if (result.exitCode === HELPER_SETUP_EXIT && stderr.startsWith('meepa-sandbox:')) return {...base, pass: false, detail: `the helper refused: ${stderr}`}
     if (probe.expect === 'denied') {
       if (result.exitCode === 0) return {...base, pass: false, detail: 'the operation SUCCEEDED'}
       if (!DENIED_ERROR.test(stderr)) return {...base, pass: false, detail: `failed, but not with EACCES/EPERM: ${stderr.split('\n')[0] || `exit ${result.exitCode}`}`}

@@ -71,24 +71,30 @@ export interface SandboxExecOptions {
   onLog?: (line: string) => void
 }
 
+/** Starts argv under an agent's policy: the helper reads its rules on fd 3 and opens a session the caller can kill whole. */
+export function spawnInSandbox(sandbox: AgentSandbox, argv: string[], options: {stdio: 'inherit' | 'pipe'; timeoutMs: number}) {
+  const child = execa(sandbox.helper, ['--rules-fd', '3', '--', ...argv], {
+    cwd: sandbox.workspace,
+    env: {},
+    extendEnv: false,
+    stdio: options.stdio === 'inherit' ? ['inherit', 'inherit', 'inherit', 'pipe'] : ['ignore', 'pipe', 'pipe', 'pipe'],
+    detached: true,
+    reject: false,
+    timeout: options.timeoutMs,
+    killSignal: 'SIGKILL',
+    cancelSignal: AbortSignal.timeout(options.timeoutMs + 5000),
+  })
+  ;(child.stdio[3] as unknown as NodeJS.WritableStream).end(serializeRules(sandbox.policy, sandbox.env))
+  return child
+}
+
 /** `sandbox exec`: runs any command under an agent's host policy with the terminal attached; returns its exit status. */
 export async function sandboxExec(options: SandboxExecOptions): Promise<{exitCode: number; timedOut: boolean}> {
   if (options.argv.length === 0) throw new GatewayError('E_USAGE', 'no command given', {suggestions: ['meepagateway sandbox exec --agent ID -- CMD [ARGS...]']})
   const sandbox = await openAgentSandbox(options.loaded, options.agentId)
   try {
     if (sandbox.policy.bestEffort) for (const gap of kernelGaps(sandbox.probe, sandbox.policy.network)) options.onLog?.(`sandbox: best effort, NOT enforced: ${gap}`)
-    const child = execa(sandbox.helper, ['--rules-fd', '3', '--', ...options.argv], {
-      cwd: sandbox.workspace,
-      env: {},
-      extendEnv: false,
-      stdio: ['inherit', 'inherit', 'inherit', 'pipe'],
-      detached: true,
-      reject: false,
-      timeout: options.timeoutMs,
-      killSignal: 'SIGKILL',
-      cancelSignal: AbortSignal.timeout(options.timeoutMs + 5000),
-    })
-    ;(child.stdio[3] as unknown as NodeJS.WritableStream).end(serializeRules(sandbox.policy, sandbox.env))
+    const child = spawnInSandbox(sandbox, options.argv, {stdio: 'inherit', timeoutMs: options.timeoutMs})
     const killGroup = () => killProcessTree(child.pid)
     const onSignal = () => killGroup()
     process.once('SIGINT', onSignal)

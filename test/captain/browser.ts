@@ -2,8 +2,8 @@ import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
 import {chromium, type BrowserContext, type Page} from 'playwright-core'
-import {describe, it} from 'vitest'
 import {ROOT} from '../helpers/home.js'
+import {describeRequiring} from '../helpers/describe-requiring.js'
 
 export const CHROMIUM = '/usr/bin/chromium'
 export const SCREENSHOTS = path.join(ROOT, 'test-results')
@@ -22,21 +22,8 @@ const FLAGS = [
 
 /** `describe` for browser suites: skipped loudly without Chromium, failing under MEEPA_REQUIRE_CHROMIUM=1. */
 export function describeWithChromium(name: string, body: () => void): void {
-  if (fs.existsSync(CHROMIUM)) {
-    describe(name, body)
-    return
-  }
-  const message = `${name}: ${CHROMIUM} is missing; install Debian's chromium package (apt-get install chromium)`
-  if (process.env.MEEPA_REQUIRE_CHROMIUM === '1') {
-    describe(name, () => {
-      it('needs Chromium (MEEPA_REQUIRE_CHROMIUM=1)', () => {
-        throw new Error(message)
-      })
-    })
-    return
-  }
-  process.stderr.write(`\n!!! SKIPPED (no Chromium) ${message}\n\n`)
-  describe.skip(name, body)
+  const missingReason = fs.existsSync(CHROMIUM) ? undefined : `${CHROMIUM} is missing; install Debian's chromium package (apt-get install chromium)`
+  describeRequiring({what: 'Chromium', missingReason, requireEnv: 'MEEPA_REQUIRE_CHROMIUM'}, name, body)
 }
 
 export interface BrowserSession {

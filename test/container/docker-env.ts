@@ -2,7 +2,7 @@ import {execa} from 'execa'
 import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
-import {describe, it} from 'vitest'
+import {describeRequiring} from '../helpers/describe-requiring.js'
 
 /**
  * Whether this machine can run the container-mode tests: a docker CLI, an engine that answers, and
@@ -24,21 +24,8 @@ export const dockerAvailable = dockerMissingReason === undefined
 
 /** `describe` for suites that need the engine: skipped loudly, or failing under MEEPA_REQUIRE_DOCKER=1. */
 export function describeWithDocker(name: string, body: () => void): void {
-  if (dockerAvailable) {
-    describe(name, body)
-    return
-  }
-  const message = `${name}: ${dockerMissingReason}; run scripts/ci/docker-up.sh as root to start an engine and make the base image`
-  if (process.env.MEEPA_REQUIRE_DOCKER === '1') {
-    describe(name, () => {
-      it('needs a Docker engine (MEEPA_REQUIRE_DOCKER=1)', () => {
-        throw new Error(message)
-      })
-    })
-    return
-  }
-  process.stderr.write(`\n!!! SKIPPED (no Docker) ${message}\n\n`)
-  describe.skip(name, body)
+  const missingReason = dockerMissingReason && `${dockerMissingReason}; run scripts/ci/docker-up.sh as root to start an engine and make the base image`
+  describeRequiring({what: 'Docker', missingReason, requireEnv: 'MEEPA_REQUIRE_DOCKER'}, name, body)
 }
 
 /** The real docker CLI's path, for wrappers that record argv and then exec it. */
