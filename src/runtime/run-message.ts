@@ -14,6 +14,8 @@ export interface RunMessageOptions {
   signal?: AbortSignal
   onLog?: (line: string) => void
   runId?: string
+  /** More messages will follow (a running gateway): the runner may prepare the next run ahead. */
+  standby?: boolean
 }
 
 export interface RunMessageResult {
@@ -80,6 +82,7 @@ export async function runMessage(options: RunMessageOptions): Promise<RunMessage
       timeoutMs: timeoutSeconds * 1000,
       signal: options.signal,
       onLog: options.onLog,
+      standby: options.standby,
     })
   } catch (error) {
     output = failureFromError(runId, error)

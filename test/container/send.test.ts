@@ -242,16 +242,28 @@ describeWithDocker('container mode: a fresh hardened container per message (real
     expect(fs.existsSync(path.join(home.workspace('slow'), 'SENTINEL'))).toBe(false)
   })
 
-  it('an allocation past memory_limit is reported as out of memory', async () => {
-    llm.reset()
-    const home = newHome([containerAgent('hungry', {memory_limit: '128m'})])
-    scriptShell(llm, 'node -e "const kept = []; for (;;) kept.push(Buffer.alloc(1e7, 1))"; echo survived')
-    const result = await send(home, 'hungry', 'allocate a lot', '--json')
-    expect(result.exitCode).toBe(7)
-    const {error} = JSON.parse(result.stdout)
-    expect(error.code).toBe('E_OOM')
-    expect(error.message).toContain('128m')
-    expect(await gatewayContainers(home)).toEqual([])
+  describe('out of memory', () => {
+    const expectOutOfMemory = async (memoryLimit: string) => {
+      const home = newHome([containerAgent('hungry', {memory_limit: memoryLimit})])
+      const result = await send(home, 'hungry', 'allocate a lot', '--json')
+      expect(result.exitCode).toBe(7)
+      const {error} = JSON.parse(result.stdout)
+      expect(error.code).toBe('E_OOM')
+      expect(error.message).toContain(memoryLimit)
+      expect(await gatewayContainers(home)).toEqual([])
+    }
+
+    it('an allocation past memory_limit is reported as out of memory', async () => {
+      llm.reset()
+      scriptShell(llm, 'node -e "const kept = []; for (;;) kept.push(Buffer.alloc(1e7, 1))"; echo survived')
+      await expectOutOfMemory('128m')
+    })
+
+    // agent-run reports a command killed for memory; this is the case where nothing inside can
+    it('a memory_limit too small for agent-run itself is reported as out of memory, not as a crash', async () => {
+      llm.reset()
+      await expectOutOfMemory('16m')
+    })
   })
 
   describe('concurrency', () => {

@@ -7,6 +7,14 @@ export function failure(runId: string, code: ErrorCode, message: string, retryab
   return {version: 1, ok: false, run_id: runId, error: {code, message, retryable, ...(details ? {details} : {})}}
 }
 
+/** E_OOM, from agent-run (a command it ran was killed) or the host (agent-run itself was). */
+export function outOfMemory(runId: string, memoryLimit: string, details: Record<string, unknown> = {}): AgentRunOutput {
+  return failure(runId, 'E_OOM', `the run ran out of memory: its container reached container_mode.memory_limit (${memoryLimit}) and the kernel killed it`, false, {
+    ...details,
+    suggestions: ['raise container_mode.memory_limit for this agent', 'or ask for a task that needs less memory'],
+  })
+}
+
 /** Any error as the contract's failure object; suggestions travel in details so `send` can show them. */
 export function failureFromError(runId: string, error: unknown, fallbackCode: ErrorCode = 'E_RUN'): AgentRunOutput {
   const gatewayError = toGatewayError(error, fallbackCode)

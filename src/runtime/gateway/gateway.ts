@@ -6,7 +6,7 @@ import {sendJson} from '../http/json.js'
 import {Router} from '../http/router.js'
 import {startHttpListener, type HttpListener} from '../http/server.js'
 import {newRunId, runMessage} from '../run-message.js'
-import {isolationLevelFor} from '../runners/index.js'
+import {isolationLevelFor, stopStandbyContainers} from '../runners/index.js'
 import {ApiKeys} from '../state/api-keys.js'
 import {openGatewayDb, type GatewayDb} from '../state/gateway-db.js'
 import {RunRecords} from '../state/run-records.js'
@@ -77,7 +77,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     const run: RunFunction =
       options.run ??
       (({agentId, message, runId, signal}) =>
-        runMessage({loaded: live, agentId, message, runId, signal, unrestricted: options.unrestricted, onLog: (line) => log(`run ${runId}: ${line}`)}))
+        runMessage({loaded: live, agentId, message, runId, signal, unrestricted: options.unrestricted, standby: true, onLog: (line) => log(`run ${runId}: ${line}`)}))
     const dispatcher = new Dispatcher({
       queue,
       records,
@@ -152,6 +152,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       const {aborted} = await dispatcher.drain(graceMs)
       if (aborted > 0) log(`gateway: stopped ${aborted} run(s) still running after the grace period`)
       await Promise.all(connectors.map((connector) => connector.stop().catch(() => {})))
+      await stopStandbyContainers().catch((error: Error) => log(`gateway: could not remove standby containers (container clean will): ${error.message}`))
       captain?.close() // ends running builds and so their event streams, which would hold the listener open
       await Promise.race([http.close(), new Promise((resolve) => setTimeout(resolve, 5000).unref())])
       db.close()

@@ -1,15 +1,14 @@
+import {Anthropic} from '@anthropic-ai/sdk'
 import type {ContentBlockParam, Message, MessageCreateParamsNonStreaming, MessageParam, Tool} from '@anthropic-ai/sdk/resources/messages/messages'
 
 import type {ProviderConfig} from '../config/types.js'
 import {repairToolPairs} from './conversation.js'
 import {failureFromSdkError} from './failure.js'
-import {requireSdk} from './load-sdk.js'
+import {httpFetch} from './http-fetch.js'
 import {requestTimeoutMs} from './retry.js'
 import type {ChatMessage, ChatProvider, ChatRequest, ChatResponse, ToolCall, ToolDefinition} from './types.js'
 
 export const ANTHROPIC_DEFAULT_MAX_TOKENS = 4096
-
-const {Anthropic} = requireSdk<typeof import('@anthropic-ai/sdk')>('@anthropic-ai/sdk')
 
 /** `kind: anthropic`: the Messages API through the official SDK. */
 export function createAnthropicProvider(name: string, config: ProviderConfig, apiKey: string): ChatProvider {
@@ -17,6 +16,7 @@ export function createAnthropicProvider(name: string, config: ProviderConfig, ap
     apiKey,
     baseURL: anthropicBaseUrl(config.base_url),
     maxRetries: 0, // retry.ts owns retries, so backoff and fallback follow one policy for every provider
+    fetch: httpFetch,
     // A backstop only: retry.ts aborts each attempt at timeout_seconds and says so in its error.
     timeout: requestTimeoutMs(config) + 1_000,
   })

@@ -25,6 +25,11 @@ const FACTORY_LOADERS: Record<ProviderKind, () => Promise<ProviderFactory>> = {
   openai: async () => (await import('./openai.js')).createOpenAiProvider,
 }
 
+/** Loads every SDK now (a standby agent-run, which has time to spare before its message). */
+export async function preloadProviders(): Promise<void> {
+  await Promise.all(Object.values(FACTORY_LOADERS).map((load) => load()))
+}
+
 /** Sent when a provider has no api_key_env: local servers (Ollama...) ignore it, but the SDKs require one. */
 const PLACEHOLDER_API_KEY = 'no-key-configured'
 

@@ -1,3 +1,4 @@
+import {OpenAI} from 'openai'
 import type {
   ChatCompletion,
   ChatCompletionChunk,
@@ -9,11 +10,9 @@ import type {
 import type {ProviderConfig} from '../config/types.js'
 import {repairToolPairs} from './conversation.js'
 import {failureFromSdkError, ProviderFailure} from './failure.js'
-import {requireSdk} from './load-sdk.js'
+import {httpFetch} from './http-fetch.js'
 import {requestTimeoutMs} from './retry.js'
 import type {ChatMessage, ChatProvider, ChatRequest, ChatResponse, ToolCall, ToolDefinition} from './types.js'
-
-const {OpenAI} = requireSdk<typeof import('openai')>('openai')
 
 /**
  * `kind: openai`: Chat Completions through the official SDK, against api.openai.com or any
@@ -27,6 +26,7 @@ export function createOpenAiProvider(name: string, config: ProviderConfig, apiKe
     organization: null,
     project: null,
     maxRetries: 0, // retry.ts owns retries
+    fetch: httpFetch,
     // A backstop only: retry.ts aborts each attempt at timeout_seconds and says so in its error.
     timeout: requestTimeoutMs(config) + 1_000,
   })

@@ -1,10 +1,12 @@
+import {randomBytes} from 'node:crypto'
 import fs from 'node:fs'
 import path from 'node:path'
+import type {ResultPromise} from 'execa'
 import {dockerCli, dockerMissing, engineErrorOf, type DockerCli} from '../../sandbox/docker/cli.js'
 import {homeLabel, removeContainers} from '../../sandbox/docker/containers.js'
-import {CONTAINER_APP, LABEL} from '../../sandbox/docker/dockerfile.js'
+import {CONTAINER_APP, LABEL, sha256} from '../../sandbox/docker/dockerfile.js'
 import {ensureContainerImage, ensureIsolationImage, planImages, type ImageContext} from '../../sandbox/docker/images.js'
-import {buildDockerRunArgs, CONTAINER_WORKSPACE, containerNameFor} from '../../sandbox/docker/run-args.js'
+import {buildDockerRunArgs, CONTAINER_WORKSPACE, containerNameFor, type DockerRunSpec} from '../../sandbox/docker/run-args.js'
 import type {AgentRunOutput} from '../agent-run/contract.js'
 import {withAgentLock} from '../agent-lock.js'
 import type {AgentConfig, GatewayConfig} from '../config/types.js'
@@ -13,7 +15,7 @@ import {containerImageContext} from '../container-context.js'
 import {GatewayError, toGatewayError} from '../errors.js'
 import {KeyedQueue} from '../keyed-queue.js'
 import {redactSecrets} from '../redact.js'
-import {failure, failureFromError, parseAgentRunOutput} from '../agent-run/output.js'
+import {failure, failureFromError, outOfMemory, parseAgentRunOutput} from '../agent-run/output.js'
 import {helperPath} from '../../sandbox/landlock/helper.js'
 import {APP_ROOT} from './agent-run-process.js'
 import type {RunRequest, Runner} from './types.js'
@@ -49,6 +51,11 @@ export async function runInContainer(request: RunRequest, options: {cli?: Docker
       }),
       {signal: request.signal},
     )
+    if (request.standby) {
+      const preparing = prepareStandby(request, cli).catch((error: unknown) => log(`could not start a standby container: ${toGatewayError(error).message}`))
+      preparingStandbys.add(preparing)
+      void preparing.finally(() => preparingStandbys.delete(preparing))
+    }
     return redactOutput(output, request)
   } catch (error) {
     return redactOutput(failureFromError(runId, error), request)
@@ -79,42 +86,16 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
   const {input, agent} = request
   const runId = input.run_id
   const image = await readyIsolationImage(request.config, agent, containerImageContext(request.home, {cli, signal: request.signal, onLog: log}))
-  const forwardEnv = injectedSecretNames(request.config, input.secrets)
-  const name = containerNameFor(runId)
-  const args = buildDockerRunArgs({
-    name,
-    image,
-    workspace: canonicalWorkspace(request.workspace),
-    uid: process.getuid?.() ?? 1000,
-    gid: process.getgid?.() ?? 1000,
-    memoryLimit: agent.container_mode.memory_limit,
-    pidsLimit: agent.container_mode.pids_limit,
-    network: agent.container_mode.network,
-    labels: {
-      [LABEL.gateway]: '1',
-      [LABEL.agent]: agent.id,
-      [LABEL.run]: runId,
-      [LABEL.home]: homeLabel(request.home),
-      [LABEL.pid]: String(process.pid),
-    },
-    forwardEnv,
-    sandboxHelper: bundledSandboxHelper(),
-  })
-
+  const shape = runShape(request, image)
+  const standby = takeStandby(standbySlot(request), shape.key)
+  if (standby) log(`running in standby container ${standby.name}, started before this message arrived`)
+  const container = standby ?? startAgentContainer(cli, shape, {name: containerNameFor(runId), run: runId, clientTimeoutMs: request.timeoutMs + CLIENT_GRACE_MS})
+  container.log = log
+  const {name, child} = container
   // Everything the run needs, secrets included, goes in on stdin; forwarded secrets reach the
   // engine through the docker CLI's own environment (`-e NAME` without a value), never argv.
-  const child = cli.spawn(args, {
-    input: JSON.stringify({...input, workspace: CONTAINER_WORKSPACE, env_secrets: forwardEnv}),
-    env: Object.fromEntries(forwardEnv.map((secretName) => [secretName, input.secrets[secretName] ?? ''])),
-    timeoutMs: request.timeoutMs + CLIENT_GRACE_MS,
-  })
-  let stderrTail = ''
-  const secretValues = Object.values(input.secrets)
-  child.stderr?.on('data', (chunk: Buffer) => {
-    const text = chunk.toString('utf8')
-    stderrTail = (stderrTail + text).slice(-STDERR_TAIL_BYTES)
-    for (const line of text.split('\n')) if (line.trim()) log(redactSecrets(line, secretValues))
-  })
+  child.stdin?.on('error', () => {}) // a client that died first is reported from its exit below
+  child.stdin?.end(JSON.stringify({...input, workspace: CONTAINER_WORKSPACE, env_secrets: shape.forwardEnv}))
 
   // The deadline kills the container itself: killing only the docker client would leave the
   // agent's processes running inside (and writing to the workspace) after the user was told it stopped.
@@ -138,18 +119,16 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
     request.signal?.removeEventListener('abort', onAbort)
   }
   await stopping
-  // Inspected even after a clean exit: a command the agent ran may have been OOM-killed while
-  // agent-run itself carried on, and the user must hear "out of memory", not a puzzled reply.
-  const state = await collectContainer(cli, name, log, {awaitRemoval: stopped !== undefined})
-
+  const stderrTail = container.stderrTail
   if (result.code === 'ENOENT') throw dockerMissing(cli.bin, cli.binFromEnv)
-  if (state?.oomKilled) {
-    return failure(runId, 'E_OOM', `the run ran out of memory: its container reached container_mode.memory_limit (${agent.container_mode.memory_limit}) and the kernel killed it`, false, {
-      stderr_tail: stderrTail,
-      exit_code: state.exitCode,
-      suggestions: ['raise container_mode.memory_limit for this agent', 'or ask for a task that needs less memory'],
-    })
+  if (result.exitCode === 0 && !stopped) {
+    // agent-run answered, and itself reported any command the kernel killed for memory: the
+    // container only needs removing, which the reply does not wait for.
+    scheduleRemoval(cli, name, log)
+    return parseAgentRunOutput(runId, String(result.stdout ?? ''), 0, stderrTail)
   }
+  const state = await collectContainer(cli, name, log)
+  if (state?.oomKilled) return outOfMemory(runId, agent.container_mode.memory_limit, {stderr_tail: stderrTail, exit_code: state.exitCode})
   if (stopped === 'timeout') {
     return failure(runId, 'E_TIMEOUT', `the run took longer than ${Math.round(request.timeoutMs / 1000)} s (container_mode.timeout_seconds) and its container was killed`, false, {stderr_tail: stderrTail})
   }
@@ -166,17 +145,134 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
   return parseAgentRunOutput(runId, String(result.stdout ?? ''), state.exitCode, stderrTail)
 }
 
-/**
- * Reads how the container ended, then removes it; undefined when it was never created. The
- * removal is not waited for: the reply does not depend on it, and the process keeps running
- * until it is done (a container it fails to remove is an orphan for start-up and `container clean`).
- */
-async function collectContainer(
+/** Everything that decides an agent's `docker run` except its name and run label. */
+interface RunShape {
+  spec: Omit<DockerRunSpec, 'name'>
+  forwardEnv: string[]
+  /** Values of the forwarded secrets, for the docker CLI's environment. */
+  cliEnv: Record<string, string>
+  /** Hash of all of it (secret values included): a standby container must match it exactly. */
+  key: string
+}
+
+function runShape(request: RunRequest, image: string): RunShape {
+  const {agent, input} = request
+  const forwardEnv = injectedSecretNames(request.config, input.secrets)
+  const cliEnv = Object.fromEntries(forwardEnv.map((secretName) => [secretName, input.secrets[secretName] ?? '']))
+  const spec: RunShape['spec'] = {
+    image,
+    workspace: canonicalWorkspace(request.workspace),
+    uid: process.getuid?.() ?? 1000,
+    gid: process.getgid?.() ?? 1000,
+    memoryLimit: agent.container_mode.memory_limit,
+    pidsLimit: agent.container_mode.pids_limit,
+    network: agent.container_mode.network,
+    labels: {
+      [LABEL.gateway]: '1',
+      [LABEL.agent]: agent.id,
+      [LABEL.home]: homeLabel(request.home),
+      [LABEL.pid]: String(process.pid),
+    },
+    forwardEnv,
+    sandboxHelper: bundledSandboxHelper(),
+  }
+  return {spec, forwardEnv, cliEnv, key: sha256(JSON.stringify([spec, cliEnv, request.timeoutMs]))}
+}
+
+/** A `docker run -i` of agent-run, whose input goes in on stdin once its message is known. */
+interface AgentContainer {
+  name: string
+  key: string
+  child: ResultPromise<{reject: false}>
+  stderrTail: string
+  /** Where its stderr lines go: the run it serves (a standby container has none yet). */
+  log: (line: string) => void
+}
+
+function startAgentContainer(
   cli: DockerCli,
-  name: string,
-  log: (line: string) => void,
-  options: {awaitRemoval?: boolean} = {},
-): Promise<{oomKilled: boolean; exitCode: number} | undefined> {
+  shape: RunShape,
+  options: {name: string; run: string; clientTimeoutMs: number; standby?: boolean},
+): AgentContainer {
+  const args = buildDockerRunArgs({...shape.spec, name: options.name, labels: {...shape.spec.labels, [LABEL.run]: options.run}, standby: options.standby})
+  const child = cli.spawn(args, {openStdin: true, env: shape.cliEnv, timeoutMs: options.clientTimeoutMs})
+  const container: AgentContainer = {name: options.name, key: shape.key, child, stderrTail: '', log: () => {}}
+  const secretValues = Object.values(shape.cliEnv)
+  child.stderr?.on('data', (chunk: Buffer) => {
+    const text = chunk.toString('utf8')
+    container.stderrTail = (container.stderrTail + text).slice(-STDERR_TAIL_BYTES)
+    for (const line of text.split('\n')) if (line.trim()) container.log(redactSecrets(line, secretValues))
+  })
+  return container
+}
+
+/**
+ * Standby containers: after a gateway's run, the agent's next container is started at once and
+ * waits, agent-run loaded, for its message, which then skips container and Node start-up. Each
+ * still serves exactly one message. One per agent, discarded when the run's shape changes
+ * (config, image, secrets), after STANDBY_IDLE_MS without a message, and when the gateway stops.
+ */
+const STANDBY_IDLE_MS = 10 * 60_000
+const standbys = new Map<string, {container: AgentContainer; cli: DockerCli; expiry: NodeJS.Timeout}>()
+/** Standbys still being started: stopping must wait for them, or one would outlive the gateway. */
+const preparingStandbys = new Set<Promise<void>>()
+
+function standbySlot(request: RunRequest): string {
+  return `${homeLabel(request.home)}/${request.agent.id}`
+}
+
+function takeStandby(slot: string, key: string): AgentContainer | undefined {
+  const entry = removeStandby(slot)
+  if (entry && entry.container.key === key && entry.container.child.exitCode === null) return entry.container
+  if (entry) discard(entry)
+  return undefined
+}
+
+/** Takes a slot's standby out of the pool (to use or discard it). */
+function removeStandby(slot: string): {container: AgentContainer; cli: DockerCli} | undefined {
+  const entry = standbys.get(slot)
+  if (!entry) return undefined
+  standbys.delete(slot)
+  clearTimeout(entry.expiry)
+  return entry
+}
+
+/** `docker rm --force` stops and removes it; its client, stdin closed, exits with it. */
+function discard({container, cli}: {container: AgentContainer; cli: DockerCli}): void {
+  container.child.stdin?.destroy()
+  void scheduleRemoval(cli, container.name, () => {})
+}
+
+async function prepareStandby(request: RunRequest, cli: DockerCli): Promise<void> {
+  const slot = standbySlot(request)
+  if (standbys.has(slot)) return
+  const image = await readyIsolationImage(request.config, request.agent, containerImageContext(request.home, {cli}))
+  if (standbys.has(slot)) return
+  const shape = runShape(request, image)
+  const name = containerNameFor(`standby_${randomBytes(8).toString('hex')}`)
+  const container = startAgentContainer(cli, shape, {name, run: 'standby', standby: true, clientTimeoutMs: STANDBY_IDLE_MS + request.timeoutMs + CLIENT_GRACE_MS})
+  const discardIfWaiting = () => {
+    if (standbys.get(slot)?.container === container) discard(removeStandby(slot)!)
+  }
+  // One that ends on its own (engine restart, killed) is only removed: the next run starts cold.
+  void container.child.then(discardIfWaiting)
+  const expiry = setTimeout(discardIfWaiting, STANDBY_IDLE_MS)
+  expiry.unref()
+  standbys.set(slot, {container, cli, expiry})
+}
+
+/** Removes every standby container of this process (gateway shutdown, tests); waits for the removals. */
+export async function stopStandbyContainers(): Promise<void> {
+  await Promise.all([...preparingStandbys])
+  for (const slot of [...standbys.keys()]) discard(removeStandby(slot)!)
+  await containerRemovalsSettled()
+}
+
+/**
+ * How a container that did not answer ended (OOMKilled, exit code), then removed: undefined when
+ * it was never created. Waits for the removal: "nothing left behind" matters most after a kill.
+ */
+async function collectContainer(cli: DockerCli, name: string, log: (line: string) => void): Promise<{oomKilled: boolean; exitCode: number} | undefined> {
   let state: {oomKilled: boolean; exitCode: number} | undefined
   try {
     const inspected = await cli.exec(['container', 'inspect', '--format', '{{json .State}}', name])
@@ -187,9 +283,7 @@ async function collectContainer(
   } catch (error) {
     log(`could not inspect container ${name}: ${toGatewayError(error).message}`)
   }
-  const removal = scheduleRemoval(cli, name, log)
-  // A failed run is not in a hurry, and "nothing left behind" matters most after a kill.
-  if (!state || state.exitCode !== 0 || state.oomKilled || options.awaitRemoval) await removal
+  await scheduleRemoval(cli, name, log)
   return state
 }
 

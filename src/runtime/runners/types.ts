@@ -17,6 +17,11 @@ export interface RunRequest {
   signal?: AbortSignal
   /** Progress lines for the operator (image builds, sandbox gaps in best-effort mode). */
   onLog?: (line: string) => void
+  /**
+   * More messages are expected (a running gateway): a runner may prepare the agent's next run
+   * ahead of time (container mode starts a standby container).
+   */
+  standby?: boolean
 }
 
 /**

@@ -37,6 +37,8 @@ export interface DockerCallOptions {
   timeoutMs?: number
   signal?: AbortSignal
   input?: string
+  /** Leaves stdin a pipe for the caller to write (a `docker run -i` whose input comes later). */
+  openStdin?: boolean
   /** Extra variables for the CLI process (e.g. values forwarded with `-e NAME`, which never appear in argv). */
   env?: Record<string, string>
   /** Called with each line of stdout and stderr as it arrives (build progress). */
@@ -97,7 +99,7 @@ export class DockerCli {
       extendEnv: false,
       cwd: options.cwd,
       input: options.input,
-      stdin: options.input === undefined ? 'ignore' : undefined,
+      stdin: options.input === undefined && !options.openStdin ? 'ignore' : undefined,
       reject: false,
       timeout: options.timeoutMs,
       cancelSignal: options.signal,

@@ -2,6 +2,7 @@ import type {ContainerNetwork} from '../../runtime/config/types.js'
 import {GatewayError} from '../../runtime/errors.js'
 import {CONTAINER_APP, CONTAINER_NODE} from './dockerfile.js'
 import {SANDBOX_HELPER_ENV} from '../network-layer.js'
+import {IN_CONTAINER_ENV, STANDBY_ENV} from '../../runtime/agent-run/in-container.js'
 
 /** Everything that decides the `docker run` of one message (DESIGN.md section 4.2). */
 export interface DockerRunSpec {
@@ -27,6 +28,8 @@ export interface DockerRunSpec {
    * memory (which holds the provider keys) through /proc/PID/mem, nor signal it.
    */
   sandboxHelper?: string
+  /** Started before its message (see the container runner's standby containers). */
+  standby?: boolean
   /** The program inside the container; default the bundled Node. */
   entrypoint?: string
   /** Its arguments; default `agent-run` of the bundled app. */
@@ -77,6 +80,8 @@ export function buildDockerRunArgs(spec: DockerRunSpec): string[] {
     '-w', CONTAINER_WORKSPACE,
     '-e', `HOME=${CONTAINER_WORKSPACE}`,
     '-e', 'TMPDIR=/tmp',
+    '-e', `${IN_CONTAINER_ENV}=1`,
+    ...(spec.standby ? ['-e', `${STANDBY_ENV}=1`] : []),
     ...(spec.sandboxHelper ? ['-e', `${SANDBOX_HELPER_ENV}=${spec.sandboxHelper}`] : []),
     ...spec.forwardEnv.flatMap((name) => ['-e', name]),
     '--network', spec.network,

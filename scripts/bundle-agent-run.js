@@ -1,0 +1,38 @@
+#!/usr/bin/env node
+// Bundles agent-run (dist/runtime/agent-run/main.js and everything it loads, both LLM SDKs included)
+// into one CommonJS file, dist/agent-run.cjs, plus its V8 code cache; bin/run.js loads them for
+// `agent-run`. agent-run starts once per message: resolving and linking hundreds of small ESM
+// files costs more than the run's own work. better-sqlite3 stays outside: it is a native addon
+// found next to its package. Run by `npm run build` after tsc (and by the test setup).
+import esbuild from 'esbuild'
+import path from 'node:path'
+import {fileURLToPath} from 'node:url'
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..')
+const outfile = path.join(root, 'dist', 'agent-run.cjs')
+
+const result = await esbuild.build({
+  stdin: {
+    contents: "export {main} from './runtime/agent-run/main.js'",
+    resolveDir: path.join(root, 'dist'),
+    sourcefile: 'agent-run-entry.js',
+  },
+  bundle: true,
+  platform: 'node',
+  format: 'cjs',
+  target: 'node20',
+  outfile,
+  external: ['better-sqlite3'],
+  legalComments: 'none',
+  logLevel: 'silent',
+})
+// A warning here is a bundle that misbehaves at run time (import.meta is empty in CommonJS, an
+// unresolved require throws): fail the build instead of shipping it.
+if (result.warnings.length > 0) {
+  const messages = await esbuild.formatMessages(result.warnings, {kind: 'warning'})
+  process.stderr.write(`bundle-agent-run: ${messages.join('\n')}\n  Try this: keep import.meta and dynamic require() out of agent-run's modules\n`)
+  process.exit(1)
+}
+
+const {writeAgentRunCodeCache} = await import('../dist/runtime/agent-run/bundle.js')
+writeAgentRunCodeCache()

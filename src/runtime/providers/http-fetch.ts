@@ -1,0 +1,88 @@
+import http from 'node:http'
+import https from 'node:https'
+import {Readable} from 'node:stream'
+import zlib from 'node:zlib'
+
+/**
+ * The `fetch` both provider SDKs are given: the fetch API over node:http. Node 20's global fetch
+ * (undici) compiles its HTTP parser to WebAssembly on first use, and at exit the process waits for
+ * the optimising tier of that compile: ~70 ms and a busy core added to every agent-run.
+ *
+ * Covers what the SDKs use: string/bytes/stream bodies, AbortSignal (rejecting with an AbortError,
+ * which they read as a timeout or a cancel), streamed responses, gzip/deflate/br. Redirects are
+ * returned, not followed: no LLM API redirects, and following one would resend the API key.
+ */
+export async function httpFetch(input: string | URL | Request, init: RequestInit = {}): Promise<Response> {
+  if (typeof input !== 'string' && !(input instanceof URL)) throw new TypeError('httpFetch takes a URL, not a Request')
+  const url = new URL(input)
+  if (url.protocol !== 'http:' && url.protocol !== 'https:') throw new TypeError(`httpFetch cannot fetch ${url.protocol} URLs`)
+  const signal = init.signal ?? undefined
+  if (signal?.aborted) throw abortError(signal)
+
+  const headers = new Headers(init.headers)
+  if (!headers.has('accept-encoding')) headers.set('accept-encoding', 'gzip, deflate, br')
+  const body = await requestBody(init.body)
+  if (typeof body === 'string' || body instanceof Uint8Array) headers.set('content-length', String(Buffer.byteLength(body)))
+
+  const requestHeaders: Record<string, string> = {}
+  headers.forEach((value, name) => {
+    requestHeaders[name] = value
+  })
+  return new Promise<Response>((resolve, reject) => {
+    const request = (url.protocol === 'https:' ? https : http).request(url, {method: init.method ?? 'GET', headers: requestHeaders})
+    let response: http.IncomingMessage | undefined
+    // The body stream must fail with the AbortError itself, or a reader sees a plain "aborted" reset.
+    const onAbort = () => {
+      response?.destroy(abortError(signal))
+      request.destroy(abortError(signal))
+    }
+    signal?.addEventListener('abort', onAbort, {once: true})
+    const done = () => signal?.removeEventListener('abort', onAbort)
+    request.on('error', (error) => {
+      done()
+      reject(error)
+    })
+    request.on('response', (incoming) => {
+      response = incoming
+      response.on('close', done)
+      const status = response.statusCode ?? 0
+      const responseHeaders = new Headers()
+      for (let i = 0; i + 1 < response.rawHeaders.length; i += 2) responseHeaders.append(response.rawHeaders[i]!, response.rawHeaders[i + 1]!)
+      const nullBody = init.method === 'HEAD' || status === 204 || status === 205 || status === 304
+      const decoded = nullBody ? null : decode(response, responseHeaders.get('content-encoding'))
+      const result = new Response(decoded ? (Readable.toWeb(decoded) as ReadableStream<Uint8Array>) : null, {
+        status,
+        statusText: response.statusMessage,
+        headers: responseHeaders,
+      })
+      Object.defineProperty(result, 'url', {value: url.href})
+      resolve(result)
+    })
+    if (body instanceof Readable) body.pipe(request)
+    else request.end(body)
+  })
+}
+
+async function requestBody(body: RequestInit['body']): Promise<string | Uint8Array | Readable | undefined> {
+  if (body === undefined || body === null) return undefined
+  if (typeof body === 'string' || body instanceof Uint8Array) return body
+  if (body instanceof ArrayBuffer) return new Uint8Array(body)
+  if (ArrayBuffer.isView(body)) return new Uint8Array(body.buffer, body.byteOffset, body.byteLength)
+  if (body instanceof URLSearchParams) return body.toString()
+  if (body instanceof Blob) return new Uint8Array(await body.arrayBuffer())
+  if (body instanceof ReadableStream) return Readable.fromWeb(body as import('node:stream/web').ReadableStream)
+  throw new TypeError(`httpFetch cannot send a ${Object.prototype.toString.call(body)} body`)
+}
+
+function decode(response: http.IncomingMessage, encoding: string | null): Readable {
+  const stream = {gzip: zlib.createGunzip, 'x-gzip': zlib.createGunzip, deflate: zlib.createInflate, br: zlib.createBrotliDecompress}[encoding?.trim().toLowerCase() ?? '']
+  if (!stream) return response
+  const decoder = stream()
+  response.on('error', (error) => decoder.destroy(error))
+  return response.pipe(decoder)
+}
+
+function abortError(signal: AbortSignal | undefined): Error {
+  const reason: unknown = signal?.reason
+  return reason instanceof Error && reason.name === 'AbortError' ? reason : new DOMException('This operation was aborted', 'AbortError')
+}
