@@ -37,7 +37,7 @@ fs.writeFileSync(configPath, YAML.stringify({
 }))
 process.env.FAKE_LLM_KEY = 'sk-bench-key-123456'
 const loaded = loadConfig({configPath, home})
-const image = await readyIsolationImage(loaded.config, findAgent(loaded, 'bench'), containerImageContext(home, {onLog: (line) => process.stderr.write(`${line}\n`)}))
+const {tag: image} = await readyIsolationImage(loaded.config, findAgent(loaded, 'bench'), containerImageContext(home, {onLog: (line) => process.stderr.write(`${line}\n`)}))
 
 const bare = stats(await sample(N, async () => void (await execa('docker', ['run', '--rm', image, 'node', '-e', '0']))))
 

@@ -68,18 +68,25 @@ export async function runInContainer(request: RunRequest, options: {cli?: Docker
  * (the run still uses whatever the tag points to).
  */
 const VERIFIED_IMAGE_TTL_MS = 30_000
-const verifiedImages = new Map<string, {tag: string; at: number}>()
+const verifiedImages = new Map<string, {image: ReadyImage; at: number}>()
+
+export interface ReadyImage {
+  tag: string
+  /** The image the tag points to now: a standby started from an older one is not used. */
+  id: string
+}
 
 /** The isolation image of the agent: its container image and the runtime, each built when missing or stale. */
-export async function readyIsolationImage(config: GatewayConfig, agent: AgentConfig, context: ImageContext): Promise<string> {
+export async function readyIsolationImage(config: GatewayConfig, agent: AgentConfig, context: ImageContext): Promise<ReadyImage> {
   const key = JSON.stringify([config.image_config, agent.container_mode.image, context.cacheDir])
   const verified = verifiedImages.get(key)
-  if (verified && Date.now() - verified.at < VERIFIED_IMAGE_TTL_MS) return verified.tag
+  if (verified && Date.now() - verified.at < VERIFIED_IMAGE_TTL_MS) return verified.image
   const plan = await planImages(config, agent, context)
   await ensureContainerImage(plan, context)
-  await ensureIsolationImage(plan, context)
-  verifiedImages.set(key, {tag: plan.isolationTag, at: Date.now()})
-  return plan.isolationTag
+  const {id} = await ensureIsolationImage(plan, context)
+  const image = {tag: plan.isolationTag, id}
+  verifiedImages.set(key, {image, at: Date.now()})
+  return image
 }
 
 async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) => void): Promise<AgentRunOutput> {
@@ -155,12 +162,12 @@ interface RunShape {
   key: string
 }
 
-function runShape(request: RunRequest, image: string): RunShape {
+function runShape(request: RunRequest, image: ReadyImage): RunShape {
   const {agent, input} = request
   const forwardEnv = injectedSecretNames(request.config, input.secrets)
   const cliEnv = Object.fromEntries(forwardEnv.map((secretName) => [secretName, input.secrets[secretName] ?? '']))
   const spec: RunShape['spec'] = {
-    image,
+    image: image.tag,
     workspace: canonicalWorkspace(request.workspace),
     uid: process.getuid?.() ?? 1000,
     gid: process.getgid?.() ?? 1000,
@@ -176,7 +183,7 @@ function runShape(request: RunRequest, image: string): RunShape {
     forwardEnv,
     sandboxHelper: bundledSandboxHelper(),
   }
-  return {spec, forwardEnv, cliEnv, key: sha256(JSON.stringify([spec, cliEnv, request.timeoutMs]))}
+  return {spec, forwardEnv, cliEnv, key: sha256(JSON.stringify([spec, image.id, cliEnv, request.timeoutMs]))}
 }
 
 /** A `docker run -i` of agent-run, whose input goes in on stdin once its message is known. */
