@@ -3,7 +3,8 @@ import fs from 'node:fs'
 import path from 'node:path'
 import {afterAll, beforeAll, expect, it} from 'vitest'
 import {startFakeLlm, type FakeLlm} from '../fakes/llm-server.js'
-import {fakeLlmConfig, makeHome, type TestHome} from '../helpers/home.js'
+import {freePort} from '../helpers/free-port.js'
+import {BIN, fakeLlmConfig, makeHome, runCli, type TestHome} from '../helpers/home.js'
 import {loadConfig} from '../../src/runtime/config/load.js'
 import {runMessage, type RunMessageResult} from '../../src/runtime/run-message.js'
 import {stopStandbyContainers} from '../../src/runtime/runners/container.js'
@@ -109,4 +110,45 @@ describeWithDocker('container mode: standby containers of a running gateway (rea
     await stopStandbyContainers()
     expect(await containers()).toEqual([])
   }, 120_000)
+})
+
+describeWithDocker('`serve` with a container agent (real engine)', () => {
+  it('answers the second message from a standby container, and leaves no container behind when it stops', async () => {
+    const llm = await startFakeLlm()
+    llm.setDefault({text: 'pong'})
+    const port = await freePort()
+    const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'boxed', container_mode: {enabled: true, network: 'host'}}], {captain: {enabled: true, bind: '127.0.0.1', port}}))
+    try {
+      const {key} = JSON.parse((await runCli(['api-key', 'create', 'tests', '--json'], {home: home.home})).stdout)
+      let output = ''
+      const serve = execa(process.execPath, [BIN, 'serve'], {env: {MEEPAGATEWAY_HOME: home.home, FAKE_LLM_KEY: 'sk-fake-test-key-123456'}, reject: false, timeout: 120_000})
+      serve.stderr?.on('data', (chunk) => (output += String(chunk)))
+      serve.stdout?.on('data', (chunk) => (output += String(chunk)))
+      for (let i = 0; i < 200 && !output.includes('listening on'); i++) await new Promise((resolve) => setTimeout(resolve, 100))
+      const chat = async () => {
+        const response = await fetch(`http://127.0.0.1:${port}/api/chat`, {
+          method: 'POST',
+          headers: {authorization: `Bearer ${key}`, 'content-type': 'application/json'},
+          body: JSON.stringify({agent: 'boxed', message: 'ping'}),
+        })
+        expect(response.status).toBe(200)
+        return ((await response.json()) as {reply: string}).reply
+      }
+      const containers = async () =>
+        (await execa('docker', ['ps', '-a', '-q', '--filter', `label=meepagateway.home=${homeLabel(home.home)}`])).stdout.split('\n').filter(Boolean)
+
+      expect(await chat()).toBe('pong')
+      for (let i = 0; i < 150 && (await containers()).length === 0; i++) await new Promise((resolve) => setTimeout(resolve, 200))
+      await new Promise((resolve) => setTimeout(resolve, 1000))
+      expect(await chat()).toBe('pong')
+      expect(output).toMatch(/running in standby container meepa-standby_/)
+
+      serve.kill('SIGTERM')
+      expect((await serve).exitCode).toBe(0)
+      expect(await containers()).toEqual([])
+    } finally {
+      await llm.close()
+      home.cleanup()
+    }
+  }, 180_000)
 })
