@@ -105,6 +105,16 @@ describeWithDocker('container mode: standby containers of a running gateway (rea
     expect(await containers()).not.toContain(stale)
   }, 120_000)
 
+  it('with container_mode.standby: false nothing waits between messages', async () => {
+    await stopStandbyContainers()
+    home.writeConfig(fakeLlmConfig(llm.openaiBaseUrl, [agent({standby: false})]))
+    probe((await send(PROBE)).result)
+    await new Promise((resolve) => setTimeout(resolve, 3000))
+    expect(await containers()).toEqual([])
+    home.writeConfig(fakeLlmConfig(llm.openaiBaseUrl, [agent()]))
+    probe((await send(PROBE)).result)
+  }, 120_000)
+
   it('stopping the standbys (gateway shutdown) leaves no container behind', async () => {
     await standbyReady()
     await stopStandbyContainers()

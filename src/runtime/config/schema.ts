@@ -29,6 +29,7 @@ const containerModeSchema = {
     timeout_seconds: {type: 'number', exclusiveMinimum: 0},
     network: {enum: ['bridge', 'none', 'host']},
     pids_limit: {type: 'integer', minimum: 16},
+    standby: {type: 'boolean'},
   },
 }
 

@@ -44,6 +44,8 @@ export interface ContainerModeConfig {
   timeout_seconds: number
   network: ContainerNetwork
   pids_limit: number
+  /** Under `serve`, keep the agent's next container started and waiting (see the container runner). */
+  standby: boolean
 }
 
 export interface FileAccessConfig {

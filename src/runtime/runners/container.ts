@@ -51,7 +51,7 @@ export async function runInContainer(request: RunRequest, options: {cli?: Docker
       }),
       {signal: request.signal},
     )
-    if (request.standby) {
+    if (request.standby && request.agent.container_mode.standby) {
       const preparing = prepareStandby(request, cli).catch((error: unknown) => log(`could not start a standby container: ${toGatewayError(error).message}`))
       preparingStandbys.add(preparing)
       void preparing.finally(() => preparingStandbys.delete(preparing))
