@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // Bundles agent-run (dist/runtime/agent-run/main.js and everything it loads, both LLM SDKs included)
-// into one CommonJS file, dist/agent-run.cjs, plus its V8 code cache; bin/run.js loads them for
-// `agent-run`. agent-run starts once per message: resolving and linking hundreds of small ESM
+// into one CommonJS file, dist/agent-run.cjs, plus its V8 code cache and the list of packages it
+// loads from node_modules (what an isolation image needs); bin/run.js loads them for `agent-run`. agent-run starts once per message: resolving and linking hundreds of small ESM
 // files costs more than the run's own work. better-sqlite3 stays outside: it is a native addon
 // found next to its package. Run by `npm run build` after tsc (and by the test setup).
 import esbuild from 'esbuild'
@@ -9,7 +9,7 @@ import path from 'node:path'
 import {fileURLToPath} from 'node:url'
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..')
-const outfile = path.join(root, 'dist', 'agent-run.cjs')
+const {AGENT_RUN_BUNDLE: outfile, AGENT_RUN_EXTERNALS, writeAgentRunCodeCache, writeAgentRunPackages} = await import('../dist/runtime/agent-run/bundle.js')
 
 const result = await esbuild.build({
   stdin: {
@@ -22,7 +22,7 @@ const result = await esbuild.build({
   format: 'cjs',
   target: 'node20',
   outfile,
-  external: ['better-sqlite3'],
+  external: AGENT_RUN_EXTERNALS,
   legalComments: 'none',
   logLevel: 'silent',
 })
@@ -34,5 +34,5 @@ if (result.warnings.length > 0) {
   process.exit(1)
 }
 
-const {writeAgentRunCodeCache} = await import('../dist/runtime/agent-run/bundle.js')
 writeAgentRunCodeCache()
+writeAgentRunPackages()

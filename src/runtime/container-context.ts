@@ -2,7 +2,7 @@ import fs from 'node:fs'
 import path from 'node:path'
 import {dockerCli, type DockerCli} from '../sandbox/docker/cli.js'
 import type {ImageContext} from '../sandbox/docker/images.js'
-import {APP_ROOT} from './runners/agent-run-process.js'
+import {APP_ROOT} from './app-root.js'
 
 let version: string | undefined
 

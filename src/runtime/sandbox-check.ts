@@ -8,7 +8,7 @@ import {HELPER_SETUP_EXIT} from '../sandbox/landlock/helper.js'
 import {CONTAINER_SOCKETS} from '../sandbox/policy.js'
 import type {LoadedConfig} from './config/types.js'
 import {GatewayError} from './errors.js'
-import {APP_ROOT} from './runners/agent-run-process.js'
+import {APP_ROOT} from './app-root.js'
 import {isolationLevelFor} from './runners/index.js'
 import {openAgentSandbox, spawnInSandbox, type AgentSandbox} from './sandbox.js'
 

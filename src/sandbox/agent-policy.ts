@@ -1,7 +1,7 @@
 import os from 'node:os'
 import path from 'node:path'
 import type {AgentConfig, GatewayConfig} from '../runtime/config/types.js'
-import {APP_ROOT} from '../runtime/runners/agent-run-process.js'
+import {APP_ROOT} from '../runtime/app-root.js'
 import {listWorkspaceIds, workspacePath} from '../runtime/workspace.js'
 import {compilePolicy, type SandboxPolicy} from './policy.js'
 

@@ -1,8 +1,8 @@
 import fs from 'node:fs'
 import Module, {createRequire} from 'node:module'
 import path from 'node:path'
-import {fileURLToPath} from 'node:url'
 import vm from 'node:vm'
+import {APP_ROOT} from '../app-root.js'
 
 /**
  * agent-run as one bundled file (scripts/bundle-agent-run.js) loaded with V8's code cache: it
@@ -10,9 +10,26 @@ import vm from 'node:vm'
  * than reading the cached bytecode. A cache V8 rejects (another Node build) only costs that time.
  */
 
-const DIST = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..')
-export const AGENT_RUN_BUNDLE = path.join(DIST, 'agent-run.cjs')
-export const AGENT_RUN_CODE_CACHE = path.join(DIST, 'agent-run.cjs.v8cache')
+/**
+ * What starts agent-run, relative to the app root: all an isolation image needs of the app
+ * besides the packages in `packages` (and the sandbox helper).
+ */
+export const AGENT_RUN_FILES = {
+  bundle: 'dist/agent-run.cjs',
+  codeCache: 'dist/agent-run.cjs.v8cache',
+  /** The node_modules packages agent-run loads at run time (its externals and theirs), recorded at build time. */
+  packages: 'dist/agent-run.packages.json',
+  loader: 'dist/runtime/agent-run/bundle.js',
+  /** The loader's one import besides Node's own. */
+  appRoot: 'dist/runtime/app-root.js',
+  entry: 'bin/run.js',
+  manifest: 'package.json',
+}
+/** Left out of the bundle: a native addon is found next to its package. */
+export const AGENT_RUN_EXTERNALS = ['better-sqlite3']
+
+export const AGENT_RUN_BUNDLE = path.join(APP_ROOT, AGENT_RUN_FILES.bundle)
+const AGENT_RUN_CODE_CACHE = path.join(APP_ROOT, AGENT_RUN_FILES.codeCache)
 
 interface AgentRunModule {
   main(): Promise<void>
@@ -23,7 +40,7 @@ function compile(cachedData: Buffer | undefined): {script: vm.Script; run(): Age
   const run = () => {
     const module = {exports: {} as AgentRunModule}
     const wrapper = script.runInThisContext() as (...args: unknown[]) => void
-    wrapper.call(module.exports, module.exports, createRequire(AGENT_RUN_BUNDLE), module, AGENT_RUN_BUNDLE, DIST)
+    wrapper.call(module.exports, module.exports, createRequire(AGENT_RUN_BUNDLE), module, AGENT_RUN_BUNDLE, path.dirname(AGENT_RUN_BUNDLE))
     return module.exports
   }
   return {script, run}
@@ -46,6 +63,27 @@ export function agentRunCodeCacheStatus(): 'accepted' | 'rejected' | 'missing' {
   const cachedData = readCodeCache()
   if (!cachedData) return 'missing'
   return compile(cachedData).script.cachedDataRejected ? 'rejected' : 'accepted'
+}
+
+/**
+ * Loads each external the way a run does (better-sqlite3 loads its addon on first open) and
+ * records every package directory that took, relative to the app root.
+ */
+export function writeAgentRunPackages(): string[] {
+  const require = createRequire(AGENT_RUN_BUNDLE)
+  const before = new Set(Object.keys(require.cache))
+  for (const name of AGENT_RUN_EXTERNALS) require(name)
+  const Database = require('better-sqlite3') as new (file: string) => {close(): void}
+  new Database(':memory:').close()
+  const packages = new Set<string>()
+  for (const file of Object.keys(require.cache)) {
+    if (before.has(file)) continue
+    const match = /^(.*\/node_modules\/(?:@[^/]+\/)?[^/]+)\//.exec(file)
+    if (match?.[1]) packages.add(path.relative(APP_ROOT, match[1]))
+  }
+  const sorted = [...packages].sort()
+  fs.writeFileSync(path.join(APP_ROOT, AGENT_RUN_FILES.packages), `${JSON.stringify(sorted, null, 2)}\n`)
+  return sorted
 }
 
 /** Written at build time, after the bundle's top level has run, so its eager functions are in it. */

@@ -1,12 +1,10 @@
 import {execa} from 'execa'
-import {fileURLToPath} from 'node:url'
 import path from 'node:path'
 import type {AgentRunInput, AgentRunOutput} from '../agent-run/contract.js'
 import {failure, parseAgentRunOutput} from '../agent-run/output.js'
+import {APP_ROOT} from '../app-root.js'
 import {killProcessTree} from '../../sandbox/kill-session.js'
 
-/** The installed app's root (holds bin/, dist/, node_modules/). */
-export const APP_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..', '..')
 
 /** argv that starts `meepagateway agent-run` with this Node; always the built app (tests build it first). */
 export function agentRunArgv(): string[] {

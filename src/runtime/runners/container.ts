@@ -1,5 +1,6 @@
 import {randomBytes} from 'node:crypto'
 import fs from 'node:fs'
+import {setTimeout as sleep} from 'node:timers/promises'
 import path from 'node:path'
 import type {ResultPromise} from 'execa'
 import {dockerCli, dockerMissing, engineErrorOf, type DockerCli} from '../../sandbox/docker/cli.js'
@@ -17,7 +18,7 @@ import {KeyedQueue} from '../keyed-queue.js'
 import {redactSecrets} from '../redact.js'
 import {failure, failureFromError, outOfMemory, parseAgentRunOutput} from '../agent-run/output.js'
 import {helperPath} from '../../sandbox/landlock/helper.js'
-import {APP_ROOT} from './agent-run-process.js'
+import {APP_ROOT} from '../app-root.js'
 import type {RunRequest, Runner} from './types.js'
 
 /**
@@ -244,10 +245,23 @@ function removeStandby(slot: string): {container: AgentContainer; cli: DockerCli
   return entry
 }
 
-/** `docker rm --force` stops and removes it; its client, stdin closed, exits with it. */
+/** How long a discarded standby's docker client may take to exit before it is killed. */
+const DISCARD_CLIENT_WAIT_MS = 10_000
+
+/**
+ * Removed at once (which stops it), and again once its docker client has exited: a container
+ * the engine was still creating when the first removal ran would otherwise outlive the gateway.
+ */
 function discard({container, cli}: {container: AgentContainer; cli: DockerCli}): void {
   container.child.stdin?.destroy()
-  void scheduleRemoval(cli, container.name, () => {})
+  void trackRemoval(
+    (async () => {
+      await scheduleRemoval(cli, container.name, () => {})
+      const exited = await Promise.race([container.child.then(() => true), sleep(DISCARD_CLIENT_WAIT_MS, false, {ref: false})])
+      if (!exited) container.child.kill('SIGKILL')
+      await scheduleRemoval(cli, container.name, () => {})
+    })(),
+  )
 }
 
 async function prepareStandby(request: RunRequest, cli: DockerCli): Promise<void> {
@@ -297,9 +311,14 @@ async function collectContainer(cli: DockerCli, name: string, log: (line: string
 const pendingRemovals = new Set<Promise<void>>()
 
 function scheduleRemoval(cli: DockerCli, name: string, log: (line: string) => void): Promise<void> {
-  const removal = removeContainers(cli, [name]).catch((error: unknown) => {
-    log(`could not remove container ${name} (container clean will): ${toGatewayError(error).message}`)
-  })
+  return trackRemoval(
+    removeContainers(cli, [name]).catch((error: unknown) => {
+      log(`could not remove container ${name} (container clean will): ${toGatewayError(error).message}`)
+    }),
+  )
+}
+
+function trackRemoval(removal: Promise<void>): Promise<void> {
   pendingRemovals.add(removal)
   void removal.finally(() => pendingRemovals.delete(removal))
   return removal

@@ -3,12 +3,16 @@ import {constants as fsConstants} from 'node:fs'
 import {copyFile, link, mkdir, mkdtemp, readFile, readdir, readlink, rm, stat, symlink, writeFile} from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
+import {AGENT_RUN_FILES} from '../../runtime/agent-run/bundle.js'
 import {GatewayError} from '../../runtime/errors.js'
+import {helperPath} from '../landlock/helper.js'
 
 /**
- * The meepagateway runtime that goes into an isolation image: the host's Node binary and the
- * installed app (bin/, dist/, package.json, production node_modules). better-sqlite3 is a native
- * addon built for this host's libc and architecture, which is why the base must match them.
+ * The meepagateway runtime that goes into an isolation image: the host's Node binary and what
+ * starts agent-run (its bundle, the packages it loads from node_modules, the sandbox helper), not
+ * the rest of the app: a container runs nothing else, and what is not there cannot be used from
+ * inside. better-sqlite3 is a native addon built for this host's libc and architecture, which is
+ * why the base must match them.
  */
 export interface AppBundleSource {
   /** The installed app's root (holds bin/, dist/, package.json, node_modules/). */
@@ -24,33 +28,37 @@ export interface AppBundleContext {
   remove(): Promise<void>
 }
 
-const APP_ENTRIES = ['bin', 'dist', 'package.json']
+/** The app's files in the image, relative to its root: agent-run's, and the sandbox helper. */
+function runtimeEntries(appRoot: string): string[] {
+  return [...Object.values(AGENT_RUN_FILES), path.relative(appRoot, path.dirname(helperPath(appRoot)))]
+}
 /** Never part of the runtime: VCS data, and native build intermediates (only the .node files are loaded). */
 const SKIP_NAMES = new Set(['.git', '.github', '.bin', '.cache', 'obj', 'obj.target', '.deps'])
 /** Files of dependencies nothing loads at run time: type declarations, source maps, static libraries, docs. */
 const SKIP_DEPENDENCY_FILE = /(\.d\.[cm]?ts|\.map|\.[ao]|\.md|\.markdown)$/i
 
 /**
- * A hash of everything the bundle would contain, cheap enough to compute on every
- * `container build` (well under a second): the Node binary by version, size and mtime, the app's
- * own files by content, and node_modules by its lockfile (npm rewrites it on every install).
+ * A hash of everything the bundle would contain, cheap enough to compute for every `send` and
+ * `container build`: the Node binary by version, size and mtime, the app's files by content, and
+ * each package by its package.json (name and version; an installed package does not change
+ * without a new version).
  */
 export async function computeAppHash(source: AppBundleSource): Promise<string> {
+  await assertBuilt(source.appRoot)
   const hash = createHash('sha256')
   const node = await stat(source.nodePath)
   hash.update(`node ${process.version} ${process.arch} ${node.size} ${node.mtimeMs}\n`)
-  for (const entry of APP_ENTRIES) {
+  for (const entry of runtimeEntries(source.appRoot)) {
     for (const file of await listFiles(path.join(source.appRoot, entry), entry)) {
       hash.update(`${file}\n`)
-      hash.update(await readFile(path.join(source.appRoot, file)))
+      // V8 writes a different cache on every build; it follows from the bundle and Node, both hashed.
+      if (file !== AGENT_RUN_FILES.codeCache) hash.update(await readFile(path.join(source.appRoot, file)))
     }
   }
-  const lockfile = await firstExisting([
-    path.join(source.appRoot, 'node_modules', '.package-lock.json'),
-    path.join(source.appRoot, 'package-lock.json'),
-  ])
-  if (lockfile) hash.update(await readFile(lockfile))
-  else hash.update((await readdir(path.join(source.appRoot, 'node_modules')).catch(() => [])).join('\n'))
+  for (const pkg of await runtimePackages(source.appRoot)) {
+    hash.update(`${pkg}\n`)
+    hash.update(await readFile(path.join(source.appRoot, pkg, 'package.json')))
+  }
   return hash.digest('hex').slice(0, 16)
 }
 
@@ -66,8 +74,8 @@ export async function assembleAppBundle(source: AppBundleSource, dockerfile: str
   try {
     await mkdir(path.join(dir, 'node'))
     await placeFile(source.nodePath, path.join(dir, 'node', 'node'), counter)
-    for (const entry of APP_ENTRIES) await placeTree(path.join(source.appRoot, entry), path.join(dir, 'app', entry), counter)
-    for (const pkg of await productionPackages(source.appRoot)) {
+    for (const entry of runtimeEntries(source.appRoot)) await placeTree(path.join(source.appRoot, entry), path.join(dir, 'app', entry), counter)
+    for (const pkg of await runtimePackages(source.appRoot)) {
       await placeTree(path.join(source.appRoot, pkg), path.join(dir, 'deps', pkg), counter, {dependency: true})
     }
     await mkdir(path.join(dir, 'deps'), {recursive: true})
@@ -79,36 +87,14 @@ export async function assembleAppBundle(source: AppBundleSource, dockerfile: str
   return {dir, ...counter, remove: () => rm(dir, {recursive: true, force: true})}
 }
 
-/**
- * node_modules paths (relative to the app root) of the packages a production install has:
- * every lockfile entry not marked `dev`. Nested node_modules are separate entries, so each
- * package is copied without its own node_modules. Without a lockfile (a global install holds
- * production packages only) every top-level package is taken.
- */
-export async function productionPackages(appRoot: string): Promise<string[]> {
-  const lockfile = await firstExisting([path.join(appRoot, 'node_modules', '.package-lock.json'), path.join(appRoot, 'package-lock.json')])
-  if (lockfile) {
-    const parsed = JSON.parse(await readFile(lockfile, 'utf8')) as {packages?: Record<string, {dev?: boolean; link?: boolean}>}
-    const packages: string[] = []
-    for (const [key, entry] of Object.entries(parsed.packages ?? {})) {
-      if (!key.startsWith('node_modules/') || entry.dev || entry.link) continue
-      if (await exists(path.join(appRoot, key))) packages.push(key)
-    }
-    return packages
-  }
-  const top: string[] = []
-  for (const name of await readdir(path.join(appRoot, 'node_modules')).catch(() => [] as string[])) {
-    if (name.startsWith('.')) continue
-    if (name.startsWith('@')) {
-      for (const scoped of await readdir(path.join(appRoot, 'node_modules', name))) top.push(`node_modules/${name}/${scoped}`)
-    } else top.push(`node_modules/${name}`)
-  }
-  return top
+/** node_modules paths (relative to the app root) of the packages agent-run loads, as the build recorded them. */
+async function runtimePackages(appRoot: string): Promise<string[]> {
+  return JSON.parse(await readFile(path.join(appRoot, AGENT_RUN_FILES.packages), 'utf8')) as string[]
 }
 
 async function assertBuilt(appRoot: string): Promise<void> {
-  if (!(await exists(path.join(appRoot, 'dist')))) {
-    throw new GatewayError('E_IMAGE', `the app at ${appRoot} is not built (no dist/), so it cannot be put into the isolation image`, {
+  if (!(await exists(path.join(appRoot, AGENT_RUN_FILES.packages)))) {
+    throw new GatewayError('E_IMAGE', `the app at ${appRoot} is not built (no ${AGENT_RUN_FILES.packages}), so it cannot be put into the isolation image`, {
       suggestions: [`run npm run build in ${appRoot}`],
     })
   }
@@ -167,11 +153,6 @@ async function listFiles(dir: string, relative: string): Promise<string[]> {
     else if (entry.isFile()) out.push(rel)
   }
   return out
-}
-
-async function firstExisting(paths: string[]): Promise<string | undefined> {
-  for (const candidate of paths) if (await exists(candidate)) return candidate
-  return undefined
 }
 
 async function exists(file: string): Promise<boolean> {

@@ -1,7 +1,7 @@
 import {execa} from 'execa'
 import fs from 'node:fs'
 import path from 'node:path'
-import {APP_ROOT} from '../../runtime/runners/agent-run-process.js'
+import {APP_ROOT} from '../../runtime/app-root.js'
 import {GatewayError} from '../../runtime/errors.js'
 
 /** The compiled helper; `npm run build` puts it there (scripts/build-native.js). */
