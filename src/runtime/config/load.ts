@@ -1,10 +1,10 @@
-import {Ajv, type ErrorObject} from 'ajv'
+import type {ErrorObject} from 'ajv'
 import fs from 'node:fs'
 import path from 'node:path'
 import YAML from 'yaml'
 import {GatewayError} from '../errors.js'
 import {defaultConfigPath, gatewayHome} from '../paths.js'
-import {CONFIG_SCHEMA} from './schema.js'
+import {validateConfigSchema} from './config-validator.js'
 import {DEFAULT_AGENT, DEFAULT_CAPTAIN, DEFAULT_CONFIG_YAML, DEFAULT_GATEWAY, DEFAULT_IMAGE_CONFIG} from './defaults.js'
 import type {AgentConfig, GatewayConfig, LoadedConfig} from './types.js'
 
@@ -17,8 +17,6 @@ export interface LoadConfigOptions {
   createIfMissing?: boolean
 }
 
-const ajv = new Ajv({allErrors: true, strict: false, useDefaults: false})
-const validateSchema = ajv.compile(CONFIG_SCHEMA)
 
 export function loadConfig(options: LoadConfigOptions = {}): LoadedConfig {
   const env = options.env ?? process.env
@@ -70,9 +68,9 @@ export function parseConfigText(
   const unset = new Map<string, string>()
   const substituted = substituteEnv(raw, '', env, secrets, unset)
   const problems = [...unset].map(([at, name]) => `${at}: environment variable ${name} is not set`)
-  if (!validateSchema(substituted)) {
+  if (!validateConfigSchema(substituted)) {
     // a field whose variable is unset is already reported; its "$NAME" placeholder failing a pattern is noise
-    problems.push(...formatAjvErrors(validateSchema.errors ?? []).filter((problem) => !unset.has(problem.slice(0, problem.indexOf(': ')))))
+    problems.push(...formatAjvErrors(validateConfigSchema.errors ?? []).filter((problem) => !unset.has(problem.slice(0, problem.indexOf(': ')))))
   }
   if (problems.length === 0) problems.push(...crossCheck(substituted as RawConfig))
   if (problems.length > 0) throw configError(source, problems)

@@ -162,3 +162,6 @@ export const CONFIG_SCHEMA = {
     },
   },
 } as const
+
+/** How the schema is checked: every problem at once, defaults applied by the loader, not by ajv. */
+export const CONFIG_AJV_OPTIONS = {allErrors: true, strict: false, useDefaults: false} as const
