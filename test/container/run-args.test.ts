@@ -28,6 +28,7 @@ describe('docker run argv (DESIGN.md 4.2)', () => {
     expect(flag(args, '--memory')).toBe('512m')
     expect(flag(args, '--memory-swap')).toBe('512m')
     expect(flag(args, '--pids-limit')).toBe('256')
+    expect(flag(args, '--cgroupns')).toBe('private')
     expect(args).not.toContain('--rm') // the host inspects OOMKilled and the exit code first
     expect(args).not.toContain('--privileged')
   })

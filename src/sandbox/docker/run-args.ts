@@ -72,6 +72,8 @@ export function buildDockerRunArgs(spec: DockerRunSpec): string[] {
     '--memory', spec.memoryLimit,
     '--memory-swap', spec.memoryLimit,
     '--pids-limit', String(spec.pidsLimit),
+    // its own cgroup at /sys/fs/cgroup whatever the engine's default, where agent-run reads OOM kills
+    '--cgroupns', 'private',
     '--init',
     // owned by the run user: with --cap-drop=ALL even root could not write a root-owned 0755 /tmp
     '--tmpfs', `/tmp:rw,nosuid,nodev,exec,size=${CONTAINER_TMP_SIZE},uid=${spec.uid},gid=${spec.gid},mode=0700`,
