@@ -1,7 +1,8 @@
 #!/usr/bin/env node
-// Bundles agent-run (dist/runtime/agent-run/main.js and everything it loads, both LLM SDKs included)
-// into one CommonJS file, dist/agent-run.cjs, plus its V8 code cache and the list of packages it
-// loads from node_modules (what an isolation image needs); bin/run.js loads them for `agent-run`. agent-run starts once per message: resolving and linking hundreds of small ESM
+// Bundles agent-run (dist/runtime/agent-run/main.js and everything it loads, both LLM SDKs
+// included) into one CommonJS file, dist/agent-run.cjs, plus its V8 code cache and the list of
+// packages it loads from node_modules (what an isolation image needs); bin/run.js loads them for
+// `agent-run`. agent-run starts once per message: resolving and linking hundreds of small ESM
 // files costs more than the run's own work. better-sqlite3 stays outside: it is a native addon
 // found next to its package. Run by `npm run build` after tsc (and by the test setup).
 import esbuild from 'esbuild'

@@ -21,9 +21,10 @@ import {
 const DENIED = /Permission denied|Operation not permitted|EPERM|EACCES|Invalid cross-device link/
 const enabled = requireLandlockOrSkip('host sandbox escape tests (sandbox exec)')
 
-describe.skipIf(!enabled)('sandbox exec: escapes fail', () => {
-  let world: EscapeWorld
-  let net: Awaited<ReturnType<typeof loopbackListeners>>
+// One world for both suites below (they run one after the other): agents, operator files, listeners.
+let world: EscapeWorld
+let net: Awaited<ReturnType<typeof loopbackListeners>>
+if (enabled) {
   beforeAll(async () => {
     world = makeEscapeWorld('http://127.0.0.1:9/v1')
     net = await loopbackListeners()
@@ -32,10 +33,11 @@ describe.skipIf(!enabled)('sandbox exec: escapes fail', () => {
     net.close()
     world.cleanup()
   })
+}
+const exec = (agent: string, script: string) =>
+  runCli(['sandbox', 'exec', '--agent', agent, '--', '/bin/sh', '-c', script], {home: world.home, env: {HOME: world.operatorHome}})
 
-  const exec = (agent: string, script: string) =>
-    runCli(['sandbox', 'exec', '--agent', agent, '--', '/bin/sh', '-c', script], {home: world.home, env: {HOME: world.operatorHome}})
-
+describe.skipIf(!enabled)('sandbox exec: escapes fail', () => {
   /** Runs every attack in one sandboxed shell (one CLI start), each in its own subshell, and checks each one failed with EACCES/EPERM/EXDEV. */
   const expectDenied = async (agent: string, attacks: string[], leaked?: string) => {
     const script = attacks.map((attack, index) => `out=$( (${attack}) 2>&1 ); echo "ATTACK ${index} rc=$? $(printf %s "$out" | tr '\\n' ' ' | head -c 400)"`).join('\n')
@@ -149,18 +151,6 @@ describe.skipIf(!enabled)('sandbox exec: escapes fail', () => {
 })
 
 describe.skipIf(!enabled)('sandbox exec: what agents need works', () => {
-  let world: EscapeWorld
-  let net: Awaited<ReturnType<typeof loopbackListeners>>
-  beforeAll(async () => {
-    world = makeEscapeWorld('http://127.0.0.1:9/v1')
-    net = await loopbackListeners()
-  })
-  afterAll(() => {
-    net.close()
-    world.cleanup()
-  })
-  const exec = (agent: string, script: string) =>
-    runCli(['sandbox', 'exec', '--agent', agent, '--', '/bin/sh', '-c', script], {home: world.home, env: {HOME: world.operatorHome}})
 
   it('reads and writes in the workspace and the temp dir', async () => {
     const result = await exec('open', 'echo hello > made.txt && cat made.txt && mkdir -p sub && mv made.txt sub/ && echo tmp > "$TMPDIR/t" && cat "$TMPDIR/t"')

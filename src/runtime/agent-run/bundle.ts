@@ -66,13 +66,12 @@ export function agentRunCodeCacheStatus(): 'accepted' | 'rejected' | 'missing' {
 }
 
 /**
- * Loads each external the way a run does (better-sqlite3 loads its addon on first open) and
+ * Loads the externals the way a run does (better-sqlite3 loads its addon on first open) and
  * records every package directory that took, relative to the app root.
  */
-export function writeAgentRunPackages(): string[] {
+export function writeAgentRunPackages(): void {
   const require = createRequire(AGENT_RUN_BUNDLE)
   const before = new Set(Object.keys(require.cache))
-  for (const name of AGENT_RUN_EXTERNALS) require(name)
   const Database = require('better-sqlite3') as new (file: string) => {close(): void}
   new Database(':memory:').close()
   const packages = new Set<string>()
@@ -81,16 +80,12 @@ export function writeAgentRunPackages(): string[] {
     const match = /^(.*\/node_modules\/(?:@[^/]+\/)?[^/]+)\//.exec(file)
     if (match?.[1]) packages.add(path.relative(APP_ROOT, match[1]))
   }
-  const sorted = [...packages].sort()
-  fs.writeFileSync(path.join(APP_ROOT, AGENT_RUN_FILES.packages), `${JSON.stringify(sorted, null, 2)}\n`)
-  return sorted
+  fs.writeFileSync(path.join(APP_ROOT, AGENT_RUN_FILES.packages), `${JSON.stringify([...packages].sort(), null, 2)}\n`)
 }
 
 /** Written at build time, after the bundle's top level has run, so its eager functions are in it. */
-export function writeAgentRunCodeCache(): number {
+export function writeAgentRunCodeCache(): void {
   const {script, run} = compile(undefined)
   run()
-  const data = script.createCachedData()
-  fs.writeFileSync(AGENT_RUN_CODE_CACHE, data)
-  return data.length
+  fs.writeFileSync(AGENT_RUN_CODE_CACHE, script.createCachedData())
 }

@@ -4,8 +4,7 @@ import type {ContentBlockParam, Message, MessageCreateParamsNonStreaming, Messag
 import type {ProviderConfig} from '../config/types.js'
 import {repairToolPairs} from './conversation.js'
 import {failureFromSdkError} from './failure.js'
-import {httpFetch} from './http-fetch.js'
-import {requestTimeoutMs} from './retry.js'
+import {sdkClientOptions} from './retry.js'
 import type {ChatMessage, ChatProvider, ChatRequest, ChatResponse, ToolCall, ToolDefinition} from './types.js'
 
 export const ANTHROPIC_DEFAULT_MAX_TOKENS = 4096
@@ -15,10 +14,7 @@ export function createAnthropicProvider(name: string, config: ProviderConfig, ap
   const client = new Anthropic({
     apiKey,
     baseURL: anthropicBaseUrl(config.base_url),
-    maxRetries: 0, // retry.ts owns retries, so backoff and fallback follow one policy for every provider
-    fetch: httpFetch,
-    // A backstop only: retry.ts aborts each attempt at timeout_seconds and says so in its error.
-    timeout: requestTimeoutMs(config) + 1_000,
+    ...sdkClientOptions(config),
   })
 
   return {

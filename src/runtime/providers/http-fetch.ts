@@ -33,8 +33,9 @@ export async function httpFetch(input: string | URL | Request, init: RequestInit
     let response: http.IncomingMessage | undefined
     // The body stream must fail with the AbortError itself, or a reader sees a plain "aborted" reset.
     const onAbort = () => {
-      response?.destroy(abortError(signal))
-      request.destroy(abortError(signal))
+      const error = abortError(signal)
+      response?.destroy(error)
+      request.destroy(error)
     }
     signal?.addEventListener('abort', onAbort, {once: true})
     const done = () => signal?.removeEventListener('abort', onAbort)

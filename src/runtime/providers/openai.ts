@@ -10,8 +10,7 @@ import type {
 import type {ProviderConfig} from '../config/types.js'
 import {repairToolPairs} from './conversation.js'
 import {failureFromSdkError, ProviderFailure} from './failure.js'
-import {httpFetch} from './http-fetch.js'
-import {requestTimeoutMs} from './retry.js'
+import {sdkClientOptions} from './retry.js'
 import type {ChatMessage, ChatProvider, ChatRequest, ChatResponse, ToolCall, ToolDefinition} from './types.js'
 
 /**
@@ -25,10 +24,7 @@ export function createOpenAiProvider(name: string, config: ProviderConfig, apiKe
     // Explicit nulls: the SDK would otherwise read OPENAI_ORG_ID / OPENAI_PROJECT_ID from our environment.
     organization: null,
     project: null,
-    maxRetries: 0, // retry.ts owns retries
-    fetch: httpFetch,
-    // A backstop only: retry.ts aborts each attempt at timeout_seconds and says so in its error.
-    timeout: requestTimeoutMs(config) + 1_000,
+    ...sdkClientOptions(config),
   })
 
   return {

@@ -53,9 +53,7 @@ export async function runInContainer(request: RunRequest, options: {cli?: Docker
       {signal: request.signal},
     )
     if (request.standby && request.agent.container_mode.standby) {
-      const preparing = prepareStandby(request, cli).catch((error: unknown) => log(`could not start a standby container: ${toGatewayError(error).message}`))
-      preparingStandbys.add(preparing)
-      void preparing.finally(() => preparingStandbys.delete(preparing))
+      void track(preparingStandbys, prepareStandby(request, cli).catch((error: unknown) => log(`could not start a standby container: ${toGatewayError(error).message}`)))
     }
     return redactOutput(output, request)
   } catch (error) {
@@ -103,7 +101,7 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
   // Everything the run needs, secrets included, goes in on stdin; forwarded secrets reach the
   // engine through the docker CLI's own environment (`-e NAME` without a value), never argv.
   child.stdin?.on('error', () => {}) // a client that died first is reported from its exit below
-  child.stdin?.end(JSON.stringify({...input, workspace: CONTAINER_WORKSPACE, env_secrets: shape.forwardEnv}))
+  child.stdin?.end(JSON.stringify({...input, workspace: CONTAINER_WORKSPACE, env_secrets: shape.spec.forwardEnv}))
 
   // The deadline kills the container itself: killing only the docker client would leave the
   // agent's processes running inside (and writing to the workspace) after the user was told it stopped.
@@ -156,7 +154,6 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
 /** Everything that decides an agent's `docker run` except its name and run label. */
 interface RunShape {
   spec: Omit<DockerRunSpec, 'name'>
-  forwardEnv: string[]
   /** Values of the forwarded secrets, for the docker CLI's environment. */
   cliEnv: Record<string, string>
   /** Hash of all of it (secret values included): a standby container must match it exactly. */
@@ -184,7 +181,7 @@ function runShape(request: RunRequest, image: ReadyImage): RunShape {
     forwardEnv,
     sandboxHelper: bundledSandboxHelper(),
   }
-  return {spec, forwardEnv, cliEnv, key: sha256(JSON.stringify([spec, image.id, cliEnv, request.timeoutMs]))}
+  return {spec, cliEnv, key: sha256(JSON.stringify([spec, image.id, cliEnv, request.timeoutMs]))}
 }
 
 /** A `docker run -i` of agent-run, whose input goes in on stdin once its message is known. */
@@ -254,7 +251,8 @@ const DISCARD_CLIENT_WAIT_MS = 10_000
  */
 function discard({container, cli}: {container: AgentContainer; cli: DockerCli}): void {
   container.child.stdin?.destroy()
-  void trackRemoval(
+  void track(
+    pendingRemovals,
     (async () => {
       await scheduleRemoval(cli, container.name, () => {})
       const exited = await Promise.race([container.child.then(() => true), sleep(DISCARD_CLIENT_WAIT_MS, false, {ref: false})])
@@ -311,17 +309,19 @@ async function collectContainer(cli: DockerCli, name: string, log: (line: string
 const pendingRemovals = new Set<Promise<void>>()
 
 function scheduleRemoval(cli: DockerCli, name: string, log: (line: string) => void): Promise<void> {
-  return trackRemoval(
+  return track(
+    pendingRemovals,
     removeContainers(cli, [name]).catch((error: unknown) => {
       log(`could not remove container ${name} (container clean will): ${toGatewayError(error).message}`)
     }),
   )
 }
 
-function trackRemoval(removal: Promise<void>): Promise<void> {
-  pendingRemovals.add(removal)
-  void removal.finally(() => pendingRemovals.delete(removal))
-  return removal
+/** Keeps `work` in `pending` until it settles, so shutdown can wait for it. */
+function track(pending: Set<Promise<void>>, work: Promise<void>): Promise<void> {
+  pending.add(work)
+  void work.finally(() => pending.delete(work))
+  return work
 }
 
 /** Resolves when every container this process started has been removed (for shutdown and tests). */

@@ -10,8 +10,6 @@ export function isolationLevelFor(agent: AgentConfig, unrestricted = false): Iso
   return 'host-sandbox'
 }
 
-let containerRunnerLoaded = false
-
 export async function runnerFor(level: IsolationLevel): Promise<Runner> {
   switch (level) {
     case 'unrestricted':
@@ -19,7 +17,6 @@ export async function runnerFor(level: IsolationLevel): Promise<Runner> {
     case 'host-sandbox':
       return (await import('./host-sandbox.js')).hostSandboxRunner
     case 'container':
-      containerRunnerLoaded = true
       return (await import('./container.js')).containerRunner
     default:
       throw new GatewayError('E_ISOLATION_UNAVAILABLE', `the ${level} isolation level is not available in this build`, {
@@ -28,8 +25,7 @@ export async function runnerFor(level: IsolationLevel): Promise<Runner> {
   }
 }
 
-/** Removes the standby containers this process started (container mode loads only when it ran). */
+/** Removes the standby containers this process started. */
 export async function stopStandbyContainers(): Promise<void> {
-  if (!containerRunnerLoaded) return
   await (await import('./container.js')).stopStandbyContainers()
 }
