@@ -3,7 +3,23 @@
 'use strict'
 
 const API = '/api/captain'
-const state = {csrf: null, agents: [], pollTimer: null, eventSource: null}
+const state = {agents: [], pollTimer: null, eventSource: null}
+
+// The session token lives in this page's sessionStorage: per origin, so per port. Another page on
+// another port of 127.0.0.1 (an agent's server, say) cannot read it, and the browser never sends
+// it by itself the way it sends cookies.
+const TOKEN_KEY = 'captain_token'
+function sessionToken() {
+  return sessionStorage.getItem(TOKEN_KEY)
+}
+function setSessionToken(token) {
+  if (token) sessionStorage.setItem(TOKEN_KEY, token)
+  else sessionStorage.removeItem(TOKEN_KEY)
+}
+function authHeaders() {
+  const token = sessionToken()
+  return token ? {authorization: `Bearer ${token}`} : {}
+}
 
 // ---------- helpers ----------
 
@@ -36,14 +52,13 @@ class ApiError extends Error {
 }
 
 async function api(method, path, body) {
-  const headers = {accept: 'application/json'}
+  const headers = {accept: 'application/json', ...authHeaders()}
   if (body !== undefined) headers['content-type'] = 'application/json'
-  if (method !== 'GET' && state.csrf) headers['x-csrf-token'] = state.csrf
   const res = await fetch(API + path, {
     method,
     headers,
     body: body === undefined ? undefined : JSON.stringify(body),
-    credentials: 'same-origin',
+    credentials: 'omit',
   })
   const text = await res.text()
   let parsed = null
@@ -53,6 +68,7 @@ async function api(method, path, body) {
     parsed = null
   }
   if (res.status === 401 && !path.startsWith('/auth/')) {
+    setSessionToken(null)
     showGate()
     throw new ApiError(res.status, parsed)
   }
@@ -110,8 +126,48 @@ function debounce(fn, ms) {
 
 async function refreshSession() {
   const session = await api('GET', '/auth/session')
-  state.csrf = session.csrf_token || null
+  if (!session.authenticated) setSessionToken(null)
   return session
+}
+
+/** `meepagateway dashboard link` puts a one-time secret in the fragment (never sent to a server): trade it for a session. */
+async function useLoginLink() {
+  const match = /^#login=([A-Za-z0-9_-]+)$/.exec(location.hash)
+  if (!match) return
+  history.replaceState(null, '', location.pathname)
+  const result = await api('POST', '/auth/link', {secret: match[1]})
+  setSessionToken(result.token)
+}
+
+/** Server-Sent Events over fetch, so the request carries the Authorization header (EventSource cannot). */
+function streamEvents(url, handlers) {
+  const controller = new AbortController()
+  ;(async () => {
+    const res = await fetch(url, {headers: {accept: 'text/event-stream', ...authHeaders()}, credentials: 'omit', signal: controller.signal})
+    if (!res.ok || !res.body) throw new Error(`event stream failed (${res.status})`)
+    const reader = res.body.pipeThrough(new TextDecoderStream()).getReader()
+    let buffer = ''
+    for (;;) {
+      const {value, done} = await reader.read()
+      if (done) break
+      buffer += value
+      let end
+      while ((end = buffer.indexOf('\n\n')) >= 0) {
+        const block = buffer.slice(0, end)
+        buffer = buffer.slice(end + 2)
+        let event = 'message'
+        const data = []
+        for (const line of block.split('\n')) {
+          if (line.startsWith('event: ')) event = line.slice(7)
+          else if (line.startsWith('data: ')) data.push(line.slice(6))
+        }
+        if (data.length && handlers[event]) handlers[event]({data: data.join('\n')})
+      }
+    }
+  })().catch((error) => {
+    if (!controller.signal.aborted && handlers.error) handlers.error(error)
+  })
+  return {close: () => controller.abort()}
 }
 
 function showGate(session) {
@@ -132,7 +188,7 @@ function loginForm() {
     message.replaceChildren()
     try {
       const result = await api('POST', '/auth/login', {password: password.value})
-      state.csrf = result.csrf_token
+      setSessionToken(result.token)
       password.value = ''
       await enterShell()
     } catch (error) {
@@ -161,7 +217,7 @@ function setupForm() {
     }
     try {
       const result = await api('POST', '/auth/setup', {code: code.value, password: password.value})
-      state.csrf = result.csrf_token
+      setSessionToken(result.token)
       location.hash = '#/'
       await enterShell()
     } catch (error) {
@@ -274,7 +330,7 @@ async function agentPage(id) {
   const soulCard = h('div', {class: 'card'},
     h('h2', {}, 'Soul (SOUL.md)'),
     h('div', {class: 'hint'}, 'The persona and standing instructions this agent reads at the start of every message.'),
-    h('div', {style: 'margin-top:10px'}, soulText),
+    h('div', {class: 'mt-10'}, soulText),
     soulMessage,
     h('div', {class: 'actions'}, h('button', {class: 'primary', id: 'save-soul', onclick: async () => {
       soulMessage.replaceChildren()
@@ -325,7 +381,7 @@ async function agentPage(id) {
     h('label', {for: 'max-iterations'}, 'Max iterations per message'), f.maxIterations,
     h('label', {class: 'check'}, f.container, 'Container mode — a fresh Docker container for every message'),
     containerFields,
-    h('label', {class: 'check', style: 'margin-top:16px'}, f.unrestricted, 'Unrestricted file access (no sandbox)'),
+    h('label', {class: 'check mt-16'}, f.unrestricted, 'Unrestricted file access (no sandbox)'),
     unrestrictedWarning,
     h('label', {class: 'check'}, f.allowNetwork, 'Allow network access'),
     h('label', {class: 'check'}, f.dotfiles, 'Allow reading dotfiles in the operator\'s home'),
@@ -361,7 +417,7 @@ async function agentPage(id) {
     agent.connectors.length === 0 ? h('div', {class: 'empty'}, 'None: this agent is reachable through the web chat only.')
       : h('table', {}, h('tbody', {}, agent.connectors.map((c) => h('tr', {}, h('td', {}, c.name), h('td', {}, c.type), h('td', {}, badge(c.state, c.state.replace(/\s/g, '-'))), h('td', {class: 'mono'}, c.url || ''))))))
   const runs = h('div', {class: 'card'}, h('h2', {}, 'Recent runs'), runsTable(agent.recent_runs, false))
-  setMain(header, h('div', {class: 'grid2'}, h('div', {}, soulCard, connectors), settingsCard), h('div', {style: 'margin-top:18px'}, runs))
+  setMain(header, h('div', {class: 'grid2'}, h('div', {}, soulCard, connectors), settingsCard), h('div', {class: 'mt-18'}, runs))
 }
 
 // ---------- container mode ----------
@@ -440,7 +496,7 @@ async function containerPage() {
   const renderEnv = () => envRows.replaceChildren(...draft.env.map((pair, index) => {
     const key = h('input', {type: 'text', value: pair[0], placeholder: 'NAME', class: 'env-name', oninput: (e) => { pair[0] = e.target.value; changed() }})
     const value = h('input', {type: 'text', value: pair[1], placeholder: 'value', class: 'env-value', oninput: (e) => { pair[1] = e.target.value; changed() }})
-    return h('div', {class: 'row', style: 'margin-bottom:6px'}, key, value, h('button', {type: 'button', class: 'danger', onclick: () => { draft.env.splice(index, 1); renderEnv(); changed() }}, 'Remove'))
+    return h('div', {class: 'row mb-6'}, key, value, h('button', {type: 'button', class: 'danger', onclick: () => { draft.env.splice(index, 1); renderEnv(); changed() }}, 'Remove'))
   }))
   for (const input of [f.base, f.image]) input.addEventListener('input', changed)
   for (const input of [f.enabled, f.injectCredentials, f.injectSecrets, f.redact]) input.addEventListener('change', () => { dirty = true })
@@ -464,10 +520,10 @@ async function containerPage() {
     const image = status.container_image
     fill(statusBox, 
       h('div', {}, 'Docker engine ', badge(`running ${status.docker.version}`, 'ok')),
-      image && image.tag ? h('div', {style: 'margin-top:6px'}, 'Image of the saved settings ', h('code', {id: 'image-tag'}, image.tag), ' ',
+      image && image.tag ? h('div', {class: 'mt-6'}, 'Image of the saved settings ', h('code', {id: 'image-tag'}, image.tag), ' ',
         image.exists ? badge('built', 'ok') : badge('not built', 'interrupted')) : null,
       image && image.error ? notice('error', image.error.message) : null,
-      status.images.length ? h('table', {id: 'images-table', style: 'margin-top:10px'},
+      status.images.length ? h('table', {id: 'images-table', class: 'mt-10'},
         h('thead', {}, h('tr', {}, h('th', {}, 'Image'), h('th', {}, 'Kind'), h('th', {}, 'Size'), h('th', {}, 'Use'), h('th', {}, ''))),
         h('tbody', {}, status.images.filter((img) => img.tag !== '<none>').map((img) => {
           const ref = `${img.repository}:${img.tag}`
@@ -475,7 +531,7 @@ async function containerPage() {
             h('td', {class: 'num'}, `${Math.round(img.size_bytes / 1e6)} MB`),
             h('td', {}, img.in_use ? badge(img.used_by.length ? `used by ${img.used_by.join(', ')}` : 'in use', 'running') : ''),
             h('td', {}, h('button', {class: 'danger', onclick: () => deleteImage(ref)}, 'Delete')))
-        }))) : h('div', {class: 'hint', style: 'margin-top:8px'}, 'No gateway images on this machine yet.'))
+        }))) : h('div', {class: 'hint mt-8'}, 'No gateway images on this machine yet.'))
     return status
   }
 
@@ -494,14 +550,17 @@ async function containerPage() {
     buildLog.hidden = false
     buildLog.textContent = ''
     buildState.replaceChildren(h('div', {}, 'Build ', badge('running', 'running'), ' ', h('span', {class: 'mono hint'}, build.id)))
-    const source = new EventSource(`${API}/container/build/${encodeURIComponent(build.id)}/events`)
-    state.eventSource = source
-    source.addEventListener('log', (event) => {
-      const {line} = JSON.parse(event.data)
-      buildLog.textContent += line + '\n'
-      buildLog.scrollTop = buildLog.scrollHeight
+    const source = streamEvents(`${API}/container/build/${encodeURIComponent(build.id)}/events`, {
+      log: (event) => {
+        const {line} = JSON.parse(event.data)
+        buildLog.textContent += line + '\n'
+        buildLog.scrollTop = buildLog.scrollHeight
+      },
+      done: (event) => finished(event),
+      error: (error) => buildState.replaceChildren(errorNotice(error)),
     })
-    source.addEventListener('done', async (event) => {
+    state.eventSource = source
+    const finished = async (event) => {
       source.close()
       const summary = JSON.parse(event.data)
       const ok = summary.status === 'succeeded'
@@ -510,7 +569,7 @@ async function containerPage() {
         ok ? '' : notice('error', summary.error.message, (summary.error.suggestions || []).map((s) => h('div', {class: 'hint'}, `→ ${s}`))))
       for (const button of buildButtons) button.disabled = false
       await refreshStatus().catch(() => {})
-    })
+    }
   }
 
   const startBuild = async (force) => {
@@ -554,14 +613,14 @@ async function containerPage() {
         envRows,
         h('button', {type: 'button', id: 'add-env', onclick: () => { draft.env.push(['', '']); renderEnv() }}, '+ Variable'),
         h('label', {for: 'prebuilt-image'}, 'Prebuilt image instead', h('div', {class: 'hint'}, 'Use an image you built yourself; the settings above are then ignored.')), f.image,
-        h('label', {class: 'check', style: 'margin-top:14px'}, f.injectCredentials, 'Give agents their provider credentials as environment variables'),
+        h('label', {class: 'check mt-14'}, f.injectCredentials, 'Give agents their provider credentials as environment variables'),
         h('label', {class: 'check'}, f.injectSecrets, 'Give agents their listed secrets as environment variables'),
         h('label', {class: 'check'}, f.redact, 'Redact secret values from replies, history and logs'),
         formMessage,
         h('div', {class: 'actions'}, h('button', {class: 'primary', id: 'save-container', onclick: () => save().catch((error) => formMessage.replaceChildren(errorNotice(error)))}, 'Save settings'))),
       h('div', {},
         h('div', {class: 'card'}, h('h2', {}, 'Dockerfile preview'), preview, previewTag, previewNote),
-        h('div', {class: 'card', style: 'margin-top:18px'}, h('h2', {}, 'Image'), statusBox,
+        h('div', {class: 'card mt-18'}, h('h2', {}, 'Image'), statusBox,
           h('div', {class: 'actions'}, ...buildButtons, deleteCurrent), buildState, buildLog))))
   updatePreview()
   await refreshStatus().catch((error) => fill(statusBox, errorNotice(error)))
@@ -607,18 +666,18 @@ async function chatPage() {
   })
   setMain(h('h1', {}, 'Chat'),
     h('div', {class: 'card chat'},
-      agents.length === 0 ? notice('warn', 'No agents are configured.') : h('div', {class: 'row'}, h('label', {for: 'chat-agent', style: 'margin:0'}, 'Agent'), select),
+      agents.length === 0 ? notice('warn', 'No agents are configured.') : h('div', {class: 'row'}, h('label', {for: 'chat-agent', class: 'm-0'}, 'Agent'), select),
       messages,
       h('div', {class: 'composer'}, input, sendButton)))
   input.focus()
 }
 
-/** POST /api/chat of the web chat connector; the session cookie and CSRF token stand in for an API key. */
+/** POST /api/chat of the web chat connector; the dashboard's session token stands in for an API key. */
 async function chatRequest(agent, message, channel) {
   const res = await fetch('/api/chat', {
     method: 'POST',
-    credentials: 'same-origin',
-    headers: {'content-type': 'application/json', 'x-csrf-token': state.csrf || ''},
+    credentials: 'omit',
+    headers: {'content-type': 'application/json', ...authHeaders()},
     body: JSON.stringify({agent, message, channel}),
   })
   const body = await res.json().catch(() => ({}))
@@ -643,24 +702,26 @@ async function accessPage() {
   const session = await api('GET', '/auth/session')
   const keysCard = h('div', {class: 'card'})
   const name = h('input', {type: 'text', id: 'key-name', placeholder: 'e.g. deploy script'})
+  const admin = h('input', {type: 'checkbox', id: 'key-admin'})
   const created = h('div', {id: 'created-key'})
   const renderKeys = async () => {
     const keys = await api('GET', '/auth/api-keys')
     keysCard.replaceChildren(h('h2', {}, 'API keys'),
-      h('div', {class: 'hint'}, 'Keys work as Authorization: Bearer on /api/chat and every dashboard API route.'),
+      h('div', {class: 'hint'}, 'Keys work as Authorization: Bearer. A chat key may only use POST /api/chat; an admin key may use every dashboard API route except the password.'),
       keys.length === 0 ? h('div', {class: 'empty'}, 'No keys yet.') : h('table', {id: 'keys-table'},
-        h('thead', {}, h('tr', {}, h('th', {}, 'Name'), h('th', {}, 'Key'), h('th', {}, 'Created'), h('th', {}, 'Last used'), h('th', {}, ''))),
+        h('thead', {}, h('tr', {}, h('th', {}, 'Name'), h('th', {}, 'Kind'), h('th', {}, 'Key'), h('th', {}, 'Created'), h('th', {}, 'Last used'), h('th', {}, ''))),
         h('tbody', {}, keys.map((key) => h('tr', {'data-key': key.id},
-          h('td', {}, key.name), h('td', {class: 'mono'}, `${key.prefix}…`), h('td', {class: 'num'}, when(key.created_at)), h('td', {class: 'num'}, key.last_used_at ? when(key.last_used_at) : 'never'),
+          h('td', {}, key.name), h('td', {}, key.kind === 'admin' ? badge('admin', 'warn') : 'chat'), h('td', {class: 'mono'}, `${key.prefix}…`), h('td', {class: 'num'}, when(key.created_at)), h('td', {class: 'num'}, key.last_used_at ? when(key.last_used_at) : 'never'),
           h('td', {}, key.revoked ? badge('revoked', 'failed') : h('button', {class: 'danger', onclick: async () => {
             await api('DELETE', `/auth/api-keys/${encodeURIComponent(key.id)}`)
             created.replaceChildren()
             await renderKeys()
           }}, 'Revoke')))))),
-      h('div', {class: 'row', style: 'margin-top:14px'}, name, h('button', {class: 'primary', id: 'create-key', onclick: async () => {
+      h('div', {class: 'row mt-14'}, name, h('label', {class: 'check m-0', for: 'key-admin'}, admin, 'Admin'), h('button', {class: 'primary', id: 'create-key', onclick: async () => {
         try {
-          const key = await api('POST', '/auth/api-keys', {name: name.value})
+          const key = await api('POST', '/auth/api-keys', {name: name.value, admin: admin.checked})
           name.value = ''
+          admin.checked = false
           created.replaceChildren(notice('ok', `Key "${key.name}" created. Copy it now: it is shown only once.`, h('div', {class: 'secret-once', id: 'new-key'}, key.key)))
           await renderKeys()
         } catch (error) {
@@ -679,7 +740,7 @@ async function accessPage() {
       h('div', {class: 'actions'}, h('button', {class: 'primary', onclick: async () => {
         try {
           const result = await api('POST', '/auth/password', {current_password: current.value, new_password: next.value})
-          state.csrf = result.csrf_token
+          setSessionToken(result.token)
           current.value = next.value = ''
           passwordMessage.replaceChildren(notice('ok', 'Password changed. Every other session was logged out.'))
         } catch (error) {
@@ -694,7 +755,7 @@ async function accessPage() {
 
 document.getElementById('logout').addEventListener('click', async () => {
   await api('POST', '/auth/logout').catch(() => {})
-  state.csrf = null
+  setSessionToken(null)
   showGate({setup_required: false})
 })
 window.addEventListener('hashchange', () => {
@@ -703,6 +764,7 @@ window.addEventListener('hashchange', () => {
 
 ;(async () => {
   try {
+    await useLoginLink()
     const session = await refreshSession()
     if (session.authenticated) await enterShell()
     else showGate(session)

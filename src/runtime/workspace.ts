@@ -4,6 +4,7 @@ import {AGENT_ID_PATTERN} from './config/schema.js'
 import {GatewayError} from './errors.js'
 import {openMemory} from './memory.js'
 import {agentsDir} from './paths.js'
+import {workspaceEntry, writeWorkspaceFile} from './workspace-files.js'
 
 const AGENT_ID = new RegExp(AGENT_ID_PATTERN)
 
@@ -53,24 +54,25 @@ export function ensureWorkspace(home: string, id: string): WorkspaceCreation {
     ['SOUL.md', DEFAULT_SOUL],
     ['MEMORY.md', DEFAULT_MEMORY],
   ]
+  // the agent owns the workspace: nothing in it is followed or opened unless it is a regular file
   for (const [name, content] of files) {
     try {
-      fs.writeFileSync(path.join(root, name), content, {flag: 'wx'})
-      created.push(name)
+      ;(writeWorkspaceFile(root, name, content, {exclusive: true}) ? created : kept).push(name)
     } catch (error) {
-      if ((error as NodeJS.ErrnoException).code !== 'EEXIST') throw wrapFsError(error, root)
-      kept.push(name)
+      throw error instanceof GatewayError ? error : wrapFsError(error, root)
     }
   }
-  const skills = path.join(root, 'skills')
-  if (fs.existsSync(skills)) kept.push('skills/')
-  else {
-    fs.mkdirSync(skills)
+  const skills = workspaceEntry(root, 'skills')
+  if (skills === 'missing') {
+    fs.mkdirSync(path.join(root, 'skills'))
     created.push('skills/')
-  }
-  const dbExisted = fs.existsSync(path.join(root, 'memory.db'))
-  openMemory(root).close() // creates the schema; existing rows are untouched
-  ;(dbExisted ? kept : created).push('memory.db')
+  } else kept.push('skills/')
+  if (workspaceEntry(root, 'memory.db') === 'missing') {
+    // an empty file is an empty SQLite database; only one the gateway just made is opened here
+    writeWorkspaceFile(root, 'memory.db', '', {exclusive: true, mode: 0o600})
+    openMemory(root).close()
+    created.push('memory.db')
+  } else kept.push('memory.db')
   return {id, path: root, created, kept}
 }
 

@@ -150,7 +150,7 @@ describe('captain JSON API', () => {
     await start()
     const started = await harness.request('POST', '/api/captain/container/build', {body: {}, headers})
     expect(started.status).toBe(202)
-    const res = await fetch(harness.url + started.body.events_url, {headers: {cookie: headers.cookie as string}})
+    const res = await fetch(harness.url + started.body.events_url, {headers: {authorization: headers.authorization as string}})
     expect(res.headers.get('content-type')).toContain('text/event-stream')
     const text = await res.text() // the server ends the stream with the build
     const events = [...text.matchAll(/id: (\d+)\nevent: (\w+)\ndata: (.*)\n\n/g)].map((m) => ({id: Number(m[1]), type: m[2], data: JSON.parse(m[3] as string)}))
@@ -159,7 +159,7 @@ describe('captain JSON API', () => {
     expect(done?.data).toMatchObject({status: 'failed', error: {code: 'E_DOCKER_MISSING'}})
     expect(events.some((event) => event.type === 'log' && /build failed/.test(event.data.line))).toBe(true)
     // reconnecting after the last seen event replays only what came later
-    const again = await (await fetch(`${harness.url}${started.body.events_url}?after=${done!.id - 1}`, {headers: {cookie: headers.cookie as string}})).text()
+    const again = await (await fetch(`${harness.url}${started.body.events_url}?after=${done!.id - 1}`, {headers: {authorization: headers.authorization as string}})).text()
     expect(again.match(/^event: /gm)).toHaveLength(1)
   })
 

@@ -1,7 +1,9 @@
 import {afterEach, describe, expect, it} from 'vitest'
 import {assertSafeBind, hasCaptainPassword, isLoopbackBind} from '../../src/runtime/captain/index.js'
 import {CaptainAuthStore} from '../../src/runtime/captain/auth-store.js'
-import {FailureRateLimiter} from '../../src/runtime/captain/rate-limit.js'
+import {PasswordGuard} from '../../src/runtime/captain/rate-limit.js'
+import {verifyPassword} from '../../src/runtime/captain/passwords.js'
+import {AuditLog} from '../../src/runtime/state/audit.js'
 import {ApiKeys} from '../../src/runtime/state/api-keys.js'
 import {PASSWORD, sessionHeaders, startCaptain, type CaptainHarness} from './helpers.js'
 
@@ -12,18 +14,15 @@ describe('captain auth', () => {
     harness = undefined
   })
 
-  it('refuses a wrong password and sets an HttpOnly, SameSite=Strict session cookie for the right one', async () => {
+  it('refuses a wrong password and returns a bearer session token in the body, never a cookie', async () => {
     harness = await startCaptain()
     const wrong = await harness.request('POST', '/api/captain/auth/login', {body: {password: 'nope nope nope'}})
     expect(wrong.status).toBe(401)
-    expect(wrong.headers.get('set-cookie')).toBeNull()
     const right = await harness.request('POST', '/api/captain/auth/login', {body: {password: PASSWORD}})
     expect(right.status).toBe(200)
-    const cookie = right.headers.get('set-cookie') ?? ''
-    expect(cookie).toMatch(/^captain_session=[A-Za-z0-9_-]{40,};/)
-    expect(cookie).toContain('HttpOnly')
-    expect(cookie).toContain('SameSite=Strict')
-    expect(right.body.csrf_token).toMatch(/^[A-Za-z0-9_-]{20,}$/)
+    expect(right.headers.get('set-cookie')).toBeNull()
+    expect(right.body.token).toMatch(/^cps_[A-Za-z0-9_-]{40,}$/)
+    expect(right.body.csrf_token).toBeUndefined()
   })
 
   it('stores the password only as a salted scrypt hash', async () => {
@@ -32,56 +31,98 @@ describe('captain auth', () => {
     expect(stored).toMatch(/^scrypt\$32768\$8\$1\$/)
     expect(stored).not.toContain(PASSWORD)
     const session = await harness.login()
-    // a second gateway start with the same variable keeps the hash (and so the sessions)
     expect(new CaptainAuthStore(harness.db).passwordHash()).toBe(stored)
     expect((await harness.request('GET', '/api/captain/agents', {headers: sessionHeaders(session)})).status).toBe(200)
   })
 
-  it('answers 401 to API requests without a session cookie, and with a forged one', async () => {
+  it('answers 401 without credentials, with a forged token, and to cookies or HTTP auth however valid', async () => {
     harness = await startCaptain()
     expect((await harness.request('GET', '/api/captain/agents')).status).toBe(401)
     expect((await harness.request('GET', '/api/captain/container/config')).status).toBe(401)
-    const forged = await harness.request('GET', '/api/captain/agents', {headers: {cookie: 'captain_session=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA'}})
+    const forged = await harness.request('GET', '/api/captain/agents', {headers: {authorization: 'Bearer cps_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA'}})
     expect(forged.status).toBe(401)
     expect(forged.body.error.code).toBe('E_AUTH')
+    // an attacker holding every cookie of the operator's browser, and the session token itself as a cookie or Basic auth
+    const {token} = await harness.login()
+    const ambient = [
+      {cookie: `captain_session=${token}`},
+      {cookie: `captain_session=${token}; cps=${token}; token=${token}`},
+      {authorization: `Basic ${Buffer.from(`admin:${PASSWORD}`).toString('base64')}`},
+      {authorization: `Basic ${Buffer.from(`${token}:`).toString('base64')}`},
+    ]
+    for (const headers of ambient) {
+      for (const [method, path, body] of [
+        ['GET', '/api/captain/agents', undefined],
+        ['PATCH', '/api/captain/agents/meepa', {file_access: {unrestricted: true}}],
+        ['GET', '/api/captain/agents/meepa/soul', undefined],
+        ['POST', '/api/captain/auth/api-keys', {name: 'stolen', admin: true}],
+        ['POST', '/api/captain/auth/password', {current_password: PASSWORD, new_password: 'attacker password'}],
+        ['GET', '/api/captain/container/config', undefined],
+      ] as const) {
+        const res = await harness.request(method, path, {body, headers})
+        expect(res.status, `${method} ${path} with ${Object.keys(headers)[0]}`).toBe(401)
+      }
+    }
+    expect((await harness.request('GET', '/api/captain/auth/session', {headers: {cookie: `captain_session=${token}`}})).body.authenticated).toBe(false)
+    expect(harness.loaded.config.agents[0]!.file_access.unrestricted).toBe(false)
   })
 
-  it('refuses a state-changing cookie request without the CSRF token or with a wrong one', async () => {
+  it('logout ends the session token', async () => {
     harness = await startCaptain()
     const session = await harness.login()
-    const body = {content: '# changed\n'}
-    const missing = await harness.request('PUT', '/api/captain/agents/meepa/soul', {body, headers: {cookie: session.cookie}})
-    expect(missing.status).toBe(403)
-    expect(missing.body.error.message).toContain('CSRF')
-    const wrong = await harness.request('PUT', '/api/captain/agents/meepa/soul', {body, headers: {cookie: session.cookie, 'x-csrf-token': 'x'.repeat(32)}})
-    expect(wrong.status).toBe(403)
-    const soul = await harness.request('GET', '/api/captain/agents/meepa/soul', {headers: {cookie: session.cookie}})
-    expect(soul.body.content).not.toBe('# changed\n')
-    const right = await harness.request('PUT', '/api/captain/agents/meepa/soul', {body, headers: sessionHeaders(session)})
-    expect(right.status).toBe(200)
+    expect((await harness.request('GET', '/api/captain/agents', {headers: sessionHeaders(session)})).status).toBe(200)
+    expect((await harness.request('POST', '/api/captain/auth/logout', {headers: sessionHeaders(session)})).status).toBe(200)
+    expect((await harness.request('GET', '/api/captain/agents', {headers: sessionHeaders(session)})).status).toBe(401)
   })
 
-  it('accepts API keys as Bearer on dashboard routes without CSRF, and refuses them once revoked', async () => {
+  it('a chat key may chat and nothing else; an admin key administers; neither changes the password', async () => {
     harness = await startCaptain()
-    const key = new ApiKeys(harness.db).create('script')
+    const keys = new ApiKeys(harness.db)
+    const chatKey = {authorization: `Bearer ${keys.create('widget').key}`}
+    const adminKey = {authorization: `Bearer ${keys.create('deploy', 'admin').key}`}
+    for (const [method, path, body] of [
+      ['GET', '/api/captain/agents', undefined],
+      ['PATCH', '/api/captain/agents/meepa', {file_access: {unrestricted: true}}],
+      ['PUT', '/api/captain/agents/meepa/soul', {content: 'owned'}],
+      ['POST', '/api/captain/auth/api-keys', {name: 'more', admin: true}],
+      ['DELETE', '/api/captain/auth/api-keys/key_000000000000', undefined],
+      ['PUT', '/api/captain/container/config', {redact_secrets: false}],
+      ['POST', '/api/captain/container/build', {}],
+      ['GET', '/api/captain/runs', undefined],
+    ] as const) {
+      const res = await harness.request(method, path, {body, headers: chatKey})
+      expect(res.status, `${method} ${path}`).toBe(403)
+      expect(res.body.error.message).toContain('chat key')
+    }
+    expect((await harness.request('GET', '/api/captain/agents', {headers: adminKey})).status).toBe(200)
+    const put = await harness.request('PUT', '/api/captain/agents/meepa/soul', {body: {content: 'from a script'}, headers: adminKey})
+    expect(put.status).toBe(200)
+    for (const headers of [chatKey, adminKey]) {
+      const change = await harness.request('POST', '/api/captain/auth/password', {body: {current_password: PASSWORD, new_password: 'attacker password'}, headers})
+      expect(change.status).toBe(403)
+    }
+    expect((await harness.request('POST', '/api/captain/auth/login', {body: {password: PASSWORD}})).status).toBe(200)
+  })
+
+  it('refuses revoked keys, and a bad key even with a valid session alongside in a cookie', async () => {
+    harness = await startCaptain()
+    const key = new ApiKeys(harness.db).create('script', 'admin')
     const bearer = {authorization: `Bearer ${key.key}`}
     expect((await harness.request('GET', '/api/captain/agents', {headers: bearer})).status).toBe(200)
-    const put = await harness.request('PUT', '/api/captain/agents/meepa/soul', {body: {content: 'from a script'}, headers: bearer})
-    expect(put.status).toBe(200)
     new ApiKeys(harness.db).revoke(key.id)
     const revoked = await harness.request('GET', '/api/captain/agents', {headers: bearer})
     expect(revoked.status).toBe(401)
     expect(revoked.body.error.message).toContain('revoked')
-    // a bad key is refused even when a valid session cookie rides along
     const session = await harness.login()
-    expect((await harness.request('GET', '/api/captain/agents', {headers: {...bearer, cookie: session.cookie}})).status).toBe(401)
+    expect((await harness.request('GET', '/api/captain/agents', {headers: {...bearer, cookie: `captain_session=${session.token}`}})).status).toBe(401)
   })
 
   it('creates keys that are shown once, lists them by prefix, and revokes them from the API', async () => {
     harness = await startCaptain()
     const headers = sessionHeaders(await harness.login())
-    const created = await harness.request('POST', '/api/captain/auth/api-keys', {body: {name: 'ci'}, headers})
+    const created = await harness.request('POST', '/api/captain/auth/api-keys', {body: {name: 'ci', admin: true}, headers})
     expect(created.status).toBe(201)
+    expect(created.body.kind).toBe('admin')
     expect(created.body.key).toMatch(/^cptn_/)
     const list = await harness.request('GET', '/api/captain/auth/api-keys', {headers})
     expect(list.body).toHaveLength(1)
@@ -102,17 +143,77 @@ describe('captain auth', () => {
     const limited = await harness.request('POST', '/api/captain/auth/login', {body: {password: PASSWORD}})
     expect(limited.status).toBe(429)
     expect(Number(limited.headers.get('retry-after'))).toBeGreaterThan(0)
+    expect(limited.body.error.message).toContain('dashboard link')
   })
 
-  it('the limiter forgets failures after its window', () => {
+  it('counts 30 parallel guesses before checking any: only 5 are checked', async () => {
+    harness = await startCaptain()
+    const answers = await Promise.all(Array.from({length: 30}, (_, index) => harness!.request('POST', '/api/captain/auth/login', {body: {password: `parallel-${index}`}})))
+    const statuses = answers.map((answer) => answer.status)
+    expect(statuses.filter((status) => status === 401)).toHaveLength(5)
+    expect(statuses.filter((status) => status === 429)).toHaveLength(25)
+    const audit = new AuditLog(harness.db).list()
+    expect(audit.filter((entry) => entry.event === 'login_failed')).toHaveLength(30)
+  })
+
+  it('the limiter counts attempts before they are checked, gives back right ones, and caps all addresses together', () => {
     let now = 0
-    const limiter = new FailureRateLimiter(2, 1000, () => now)
-    limiter.recordFailure('a')
-    limiter.recordFailure('a')
-    expect(limiter.retryAfterSeconds('a')).toBe(1)
-    expect(limiter.retryAfterSeconds('b')).toBe(0)
+    const guard = new PasswordGuard({perClient: 2, perClientWindowMs: 1000, global: 3, globalWindowMs: 1000}, () => now)
+    const first = guard.begin('a')
+    expect(first.ok).toBe(true)
+    expect(guard.begin('a').ok).toBe(true)
+    expect(guard.begin('a')).toMatchObject({ok: false}) // both still in flight: counted already
+    if (first.ok) first.succeeded()
+    expect(guard.begin('a').ok).toBe(true)
+    // another address (127.0.0.2) gets no fresh global budget
+    expect(guard.begin('b')).toMatchObject({ok: false})
     now = 1001
-    expect(limiter.retryAfterSeconds('a')).toBe(0)
+    expect(guard.begin('b').ok).toBe(true)
+  })
+
+  it('answers 415 to login, setup and password requests that are not application/json, before counting or checking', async () => {
+    harness = await startCaptain()
+    for (const path of ['/api/captain/auth/login', '/api/captain/auth/setup', '/api/captain/auth/password', '/api/captain/auth/link']) {
+      for (const type of [undefined, 'text/plain', 'application/x-www-form-urlencoded', 'multipart/form-data; boundary=x']) {
+        const res = await fetch(harness.url + path, {method: 'POST', headers: type ? {'content-type': type} : {}, body: JSON.stringify({password: PASSWORD})})
+        // the password route needs a session first (401); the others refuse the type
+        expect(res.status, `${path} ${type}`).toBe(path.endsWith('/password') ? 401 : 415)
+      }
+    }
+    const session = await harness.login()
+    const res = await fetch(harness.url + '/api/captain/auth/password', {method: 'POST', headers: {...sessionHeaders(session), 'content-type': 'text/plain'}, body: '{}'})
+    expect(res.status).toBe(415)
+    expect(new AuditLog(harness.db).list().filter((entry) => entry.event === 'login_failed')).toHaveLength(0)
+  })
+
+  it('a password change needs the current password, is audited, and is not saved when rate-limited', async () => {
+    harness = await startCaptain({env: {MEEPAGATEWAY_PASSWORD: ''}})
+    await harness.request('POST', '/api/captain/auth/setup', {body: {code: harness.captain.setupCode, password: 'first password'}})
+    const {body} = await harness.request('POST', '/api/captain/auth/login', {body: {password: 'first password'}})
+    const headers = sessionHeaders({token: body.token})
+    for (let attempt = 0; attempt < 5; attempt++) {
+      expect((await harness.request('POST', '/api/captain/auth/password', {body: {current_password: `wrong-${attempt}`, new_password: 'second password'}, headers})).status).toBe(401)
+    }
+    const limited = await harness.request('POST', '/api/captain/auth/password', {body: {current_password: 'first password', new_password: 'third password'}, headers})
+    expect(limited.status).toBe(429)
+    const store = new CaptainAuthStore(harness.db)
+    expect(await verifyPassword('first password', store.passwordHash()!)).toBe(true)
+    const events = new AuditLog(harness.db).list().map((entry) => entry.event)
+    expect(events).toContain('password_set')
+    expect(events.filter((event) => event === 'password_change_failed')).toHaveLength(6)
+  })
+
+  it('a one-time dashboard link logs in once, even while password logins are locked out', async () => {
+    harness = await startCaptain()
+    const answers = await Promise.all(Array.from({length: 25}, (_, index) => harness!.request('POST', '/api/captain/auth/login', {body: {password: `neighbour-${index}`}})))
+    expect(answers.some((answer) => answer.status === 429)).toBe(true)
+    expect((await harness.request('POST', '/api/captain/auth/login', {body: {password: PASSWORD}})).status).toBe(429)
+    const secret = new CaptainAuthStore(harness.db).createLoginLink()
+    const used = await harness.request('POST', '/api/captain/auth/link', {body: {secret}})
+    expect(used.status).toBe(200)
+    expect((await harness.request('GET', '/api/captain/agents', {headers: sessionHeaders(used.body)})).status).toBe(200)
+    expect((await harness.request('POST', '/api/captain/auth/link', {body: {secret}})).status).toBe(401)
+    expect((await harness.request('POST', '/api/captain/auth/link', {body: {secret: 'x'.repeat(43)}})).status).toBe(401)
   })
 
   it('without a password prints a one-time setup code that sets it once', async () => {
@@ -129,7 +230,7 @@ describe('captain auth', () => {
     expect((await harness.request('POST', '/api/captain/auth/setup', {body: {code, password: 'short'}})).status).toBe(400)
     const done = await harness.request('POST', '/api/captain/auth/setup', {body: {code: code.toLowerCase(), password: 'a good password'}})
     expect(done.status).toBe(200)
-    expect(done.headers.get('set-cookie')).toContain('HttpOnly')
+    expect(done.body.token).toMatch(/^cps_/)
     expect(hasCaptainPassword(harness.db, {})).toBe(true)
     // the code is spent
     expect((await harness.request('POST', '/api/captain/auth/setup', {body: {code, password: 'another password'}})).status).toBe(409)
@@ -141,15 +242,14 @@ describe('captain auth', () => {
     await harness.request('POST', '/api/captain/auth/setup', {body: {code: harness.captain.setupCode, password: 'first password'}})
     const login = async (password: string) => {
       const res = await harness!.request('POST', '/api/captain/auth/login', {body: {password}})
-      return {cookie: (res.headers.get('set-cookie') ?? '').split(';')[0] as string, csrf: res.body.csrf_token as string}
+      return {token: res.body.token as string}
     }
     const laptop = await login('first password')
     const phone = await login('first password')
     const changed = await harness.request('POST', '/api/captain/auth/password', {body: {current_password: 'first password', new_password: 'second password'}, headers: sessionHeaders(laptop)})
     expect(changed.status).toBe(200)
-    expect((await harness.request('GET', '/api/captain/agents', {headers: {cookie: phone.cookie}})).status).toBe(401)
-    const fresh = (changed.headers.get('set-cookie') ?? '').split(';')[0] as string
-    expect((await harness.request('GET', '/api/captain/agents', {headers: {cookie: fresh}})).status).toBe(200)
+    expect((await harness.request('GET', '/api/captain/agents', {headers: sessionHeaders(phone)})).status).toBe(401)
+    expect((await harness.request('GET', '/api/captain/agents', {headers: sessionHeaders(changed.body)})).status).toBe(200)
     expect((await harness.request('POST', '/api/captain/auth/login', {body: {password: 'first password'}})).status).toBe(401)
   })
 })

@@ -24,22 +24,21 @@ describe('captain inside the gateway', () => {
     test = undefined
   })
 
-  async function login(url: string): Promise<{cookie: string; csrf: string}> {
+  async function login(url: string): Promise<{token: string}> {
     const res = await fetch(`${url}/api/captain/auth/login`, {method: 'POST', headers: {'content-type': 'application/json'}, body: JSON.stringify({password: PASSWORD})})
     expect(res.status).toBe(200)
-    return {cookie: (res.headers.get('set-cookie') ?? '').split(';')[0] as string, csrf: ((await res.json()) as {csrf_token: string}).csrf_token}
+    return {token: ((await res.json()) as {token: string}).token}
   }
 
   const chat = (url: string, headers: Record<string, string>) =>
     fetch(`${url}/api/chat`, {method: 'POST', headers: {'content-type': 'application/json', ...headers}, body: JSON.stringify({agent: 'a1', message: 'hi'})})
 
-  it('lets a dashboard session use the web chat with its CSRF token, and only with it', async () => {
+  it('lets the dashboard use the web chat with its bearer session token, never with a cookie', async () => {
     test = await startTestGateway({agents: [{id: 'a1'}], run: stubRun()})
     const session = await login(test.gateway.url)
-    expect((await chat(test.gateway.url, {cookie: session.cookie})).status).toBe(403)
-    expect((await chat(test.gateway.url, {cookie: session.cookie, 'x-csrf-token': 'forged-token-forged-token'})).status).toBe(403)
+    expect((await chat(test.gateway.url, {cookie: `captain_session=${session.token}`})).status).toBe(401)
     expect((await chat(test.gateway.url, {})).status).toBe(401)
-    const ok = await chat(test.gateway.url, {cookie: session.cookie, 'x-csrf-token': session.csrf})
+    const ok = await chat(test.gateway.url, {authorization: `Bearer ${session.token}`})
     expect(ok.status).toBe(200)
     expect(await ok.json()).toMatchObject({reply: 'echo: hi', tool_calls: []})
   })
@@ -50,7 +49,7 @@ describe('captain inside the gateway', () => {
     const session = await login(test.gateway.url)
     const patch = await fetch(`${test.gateway.url}/api/captain/agents/a1`, {
       method: 'PATCH',
-      headers: {'content-type': 'application/json', cookie: session.cookie, 'x-csrf-token': session.csrf},
+      headers: {'content-type': 'application/json', authorization: `Bearer ${session.token}`},
       body: JSON.stringify({max_iterations: 1}),
     })
     expect(patch.status).toBe(200)

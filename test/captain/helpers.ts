@@ -36,8 +36,8 @@ export interface CaptainHarness {
   close(): Promise<void>
   /** fetch against the harness with JSON in and out. */
   request(method: string, path: string, options?: {body?: unknown; headers?: Record<string, string>}): Promise<{status: number; body: any; headers: Headers}>
-  /** Logs in with PASSWORD and returns the cookie and CSRF headers for later requests. */
-  login(): Promise<{cookie: string; csrf: string}>
+  /** Logs in with PASSWORD and returns the session token for later requests. */
+  login(): Promise<{token: string}>
 }
 
 /** A Docker CLI that does not exist: container routes then fail the way they do without Docker. */
@@ -87,8 +87,7 @@ export async function startCaptain(options: {config?: string; env?: Record<strin
     async login() {
       const res = await request('POST', '/api/captain/auth/login', {body: {password: PASSWORD}})
       if (res.status !== 200) throw new Error(`login failed: ${res.status} ${JSON.stringify(res.body)}`)
-      const cookie = (res.headers.get('set-cookie') ?? '').split(';')[0] as string
-      return {cookie, csrf: res.body.csrf_token as string}
+      return {token: res.body.token as string}
     },
     async close() {
       captain.close()
@@ -99,7 +98,7 @@ export async function startCaptain(options: {config?: string; env?: Record<strin
   }
 }
 
-/** Headers of a logged-in browser that also sends its CSRF token. */
-export function sessionHeaders(session: {cookie: string; csrf: string}): Record<string, string> {
-  return {cookie: session.cookie, 'x-csrf-token': session.csrf}
+/** Headers of the logged-in dashboard page: its session token as a bearer credential. */
+export function sessionHeaders(session: {token: string}): Record<string, string> {
+  return {authorization: `Bearer ${session.token}`}
 }

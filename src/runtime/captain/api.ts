@@ -6,10 +6,13 @@ import {toGatewayError} from '../errors.js'
 import {readJsonObject, sendJson} from '../http/json.js'
 import {HttpError, type Router} from '../http/router.js'
 import {isolationLevelFor} from '../runners/index.js'
-import type {ApiKeys} from '../state/api-keys.js'
+import type {ApiKeyInfo, ApiKeys} from '../state/api-keys.js'
+import type {AuditLog} from '../state/audit.js'
 import type {RunRecords} from '../state/run-records.js'
 import {ensureWorkspace, workspacePath} from '../workspace.js'
-import type {CaptainAuth} from './auth.js'
+import {readWorkspaceFile, writeWorkspaceFile} from '../workspace-files.js'
+import {clientOf, principalLabel, type CaptainAuth, type Principal} from './auth.js'
+import {agentWeakenings, auditConfigChange, imageConfigWeakenings} from './config-audit.js'
 import type {BuildJobs} from './build-jobs.js'
 import type {ConfigEditor, ConfigEditResult} from './config-editor.js'
 import {connectorNames} from '../connectors/index.js'
@@ -19,7 +22,7 @@ import {deleteGatewayImage, previewDockerfile, withDraft} from './images.js'
 import type {DockerCli} from '../../sandbox/docker/cli.js'
 import {inspectImage, planImages} from '../../sandbox/docker/images.js'
 import {authed, open} from './respond.js'
-import {lastEventId, openEventStream} from './sse.js'
+import {lastEventId, MAX_STREAMS_PER_PRINCIPAL, StreamLimiter} from './sse.js'
 
 export const API = '/api/captain'
 const MAX_SOUL_BYTES = 256 * 1024
@@ -45,6 +48,7 @@ export interface CaptainApiDeps {
   auth: CaptainAuth
   apiKeys: ApiKeys
   runs: RunRecords
+  audit: AuditLog
   editor: ConfigEditor
   builds: BuildJobs
   docker: () => DockerCli
@@ -59,59 +63,58 @@ export function mountCaptainApi(deps: CaptainApiDeps): void {
   mountContainerRoutes(deps)
 }
 
-function mountAuthRoutes({router, auth, apiKeys}: CaptainApiDeps): void {
+function mountAuthRoutes({router, auth, apiKeys, audit}: CaptainApiDeps): void {
   router.get(`${API}/auth/session`, open(({req, res}) => {
-    const session = auth.session(req)
     sendJson(res, 200, {
-      authenticated: Boolean(session),
-      ...(session ? {csrf_token: session.csrfToken} : {}),
+      authenticated: auth.hasSession(req),
       password_set: auth.passwordSet,
       setup_required: !auth.passwordSet,
       password_from_env: auth.passwordFromEnv,
     })
   }))
+  // The session token goes in the body, never in a cookie: the page keeps it in its own storage.
   router.post(`${API}/auth/login`, open(async ({req, res}) => {
     const body = await readJsonObject(req, 16 * 1024)
-    const session = await auth.login(req, body.password)
-    auth.setSessionCookie(res, session.token)
-    sendJson(res, 200, {ok: true, csrf_token: session.csrfToken})
+    sendJson(res, 200, {ok: true, token: await auth.login(req, body.password)})
   }))
   router.post(`${API}/auth/setup`, open(async ({req, res}) => {
     const body = await readJsonObject(req, 16 * 1024)
-    const session = await auth.setup(req, body.code, body.password)
-    auth.setSessionCookie(res, session.token)
-    sendJson(res, 200, {ok: true, csrf_token: session.csrfToken})
+    sendJson(res, 200, {ok: true, token: await auth.setup(req, body.code, body.password)})
+  }))
+  router.post(`${API}/auth/link`, open(async ({req, res}) => {
+    const body = await readJsonObject(req, 16 * 1024)
+    sendJson(res, 200, {ok: true, token: auth.loginWithLink(req, body.secret)})
   }))
   router.post(`${API}/auth/logout`, open(({req, res}) => {
     auth.logout(req)
-    auth.clearSessionCookie(res)
     sendJson(res, 200, {ok: true})
   }))
   router.post(`${API}/auth/password`, authed(auth, async ({req, res}) => {
     const body = await readJsonObject(req, 16 * 1024)
-    await auth.changePassword(body.current_password, body.new_password)
     // every session ended with the change; this browser gets a fresh one
-    const session = await auth.login(req, body.new_password)
-    auth.setSessionCookie(res, session.token)
-    sendJson(res, 200, {ok: true, csrf_token: session.csrfToken})
-  }))
+    sendJson(res, 200, {ok: true, token: await auth.changePassword(req, body.current_password, body.new_password)})
+  }, 'session'))
   router.get(`${API}/auth/api-keys`, authed(auth, ({res}) => {
     sendJson(res, 200, apiKeys.list().map(keyView))
   }))
-  router.post(`${API}/auth/api-keys`, authed(auth, async ({req, res}) => {
+  router.post(`${API}/auth/api-keys`, authed(auth, async ({req, res, principal}) => {
     const body = await readJsonObject(req)
     if (typeof body.name !== 'string') throw new HttpError(400, 'E_INPUT', 'field "name" must be a string')
-    const created = apiKeys.create(body.name)
+    if (body.admin !== undefined && typeof body.admin !== 'boolean') throw new HttpError(400, 'E_INPUT', 'field "admin" must be true or false')
+    const created = apiKeys.create(body.name, body.admin ? 'admin' : 'chat')
     const info = apiKeys.list().find((key) => key.id === created.id)
-    sendJson(res, 201, {id: created.id, name: created.name, key: created.key, prefix: info?.key_prefix ?? created.key.slice(0, 11)})
+    audit.record({event: 'api_key_created', principal: principalLabel(principal), source: clientOf(req), summary: `${created.kind} key ${created.id} (${created.name}) created`, details: {id: created.id, kind: created.kind}})
+    sendJson(res, 201, {id: created.id, name: created.name, kind: created.kind, key: created.key, prefix: info?.key_prefix ?? created.key.slice(0, 11)})
   }))
-  router.add('DELETE', `${API}/auth/api-keys/:id`, authed(auth, ({res, params}) => {
-    sendJson(res, 200, keyView(apiKeys.revoke(params.id as string)))
+  router.add('DELETE', `${API}/auth/api-keys/:id`, authed(auth, ({req, res, params, principal}) => {
+    const revoked = apiKeys.revoke(params.id as string)
+    audit.record({event: 'api_key_revoked', principal: principalLabel(principal), source: clientOf(req), summary: `${revoked.kind} key ${revoked.id} (${revoked.name}) revoked`, details: {id: revoked.id}})
+    sendJson(res, 200, keyView(revoked))
   }))
 }
 
-function keyView(key: {id: string; name: string; key_prefix: string; created_at: number; last_used_at: number | null; revoked_at: number | null}) {
-  return {id: key.id, name: key.name, prefix: key.key_prefix, created_at: key.created_at, last_used_at: key.last_used_at, revoked_at: key.revoked_at, revoked: key.revoked_at !== null}
+function keyView(key: ApiKeyInfo) {
+  return {id: key.id, name: key.name, kind: key.kind, prefix: key.key_prefix, created_at: key.created_at, last_used_at: key.last_used_at, revoked_at: key.revoked_at, revoked: key.revoked_at !== null}
 }
 
 function mountAgentRoutes(deps: CaptainApiDeps): void {
@@ -123,10 +126,10 @@ function mountAgentRoutes(deps: CaptainApiDeps): void {
   }
 
   router.get(`${API}/agents`, authed(auth, ({res}) => {
-    sendJson(res, 200, editor.loaded.config.agents.map((agent) => agentSummary(agent, editor.loaded, deps)))
+    sendJson(res, 200, editor.loaded.config.agents.map((agent) => agentSummary(shownAgent(editor, agent), editor.loaded, deps)))
   }))
   router.get(`${API}/agents/:id`, authed(auth, ({res, params}) => {
-    const agent = agentOr404(params.id as string)
+    const agent = shownAgent(editor, agentOr404(params.id as string))
     sendJson(res, 200, {
       ...agentSummary(agent, editor.loaded, deps),
       max_iterations: agent.max_iterations,
@@ -138,36 +141,39 @@ function mountAgentRoutes(deps: CaptainApiDeps): void {
       recent_runs: runs.list({agentId: agent.id, limit: 10}),
     })
   }))
-  router.add('PATCH', `${API}/agents/:id`, authed(auth, async ({req, res, params}) => {
+  router.add('PATCH', `${API}/agents/:id`, authed(auth, async ({req, res, params, principal}) => {
     const id = params.id as string
-    agentOr404(id)
+    const before = agentOr404(id)
     const body = await readJsonObject(req)
     const result = editor.patchAgent(id, body)
-    const agent = agentOr404(id)
+    const after = agentOr404(id)
+    auditConfigChange(deps.audit, {
+      what: `agent ${id}`,
+      principal: principalLabel(principal),
+      source: clientOf(req),
+      before: result.writtenBefore,
+      after: result.writtenAfter,
+      weakenings: agentWeakenings(before, after),
+    })
+    const agent = shownAgent(editor, after)
     sendJson(res, 200, {ok: true, ...editOutcome(result), agent: {...agentSummary(agent, result.loaded, deps), container_mode: agent.container_mode, file_access: agent.file_access, max_iterations: agent.max_iterations, timeout_seconds: agent.timeout_seconds}})
   }))
   router.get(`${API}/agents/:id/soul`, authed(auth, ({res, params}) => {
     const agent = agentOr404(params.id as string)
-    const file = soulPath(editor.loaded, agent.id)
-    let content = ''
-    let exists = true
-    try {
-      content = fs.readFileSync(file, 'utf8')
-    } catch (error) {
-      if ((error as NodeJS.ErrnoException).code !== 'ENOENT') throw error
-      exists = false
-    }
-    sendJson(res, 200, {agent_id: agent.id, path: file, content, exists})
+    const workspace = workspacePath(editor.loaded.home, agent.id)
+    // the agent owns its workspace: a planted link, FIFO or device answers E_WORKSPACE, never what it points at
+    const content = fs.existsSync(workspace) ? readWorkspaceFile(workspace, 'SOUL.md', {maxBytes: MAX_SOUL_BYTES}) : undefined
+    sendJson(res, 200, {agent_id: agent.id, path: path.join(workspace, 'SOUL.md'), content: content ?? '', exists: content !== undefined})
   }))
-  router.add('PUT', `${API}/agents/:id/soul`, authed(auth, async ({req, res, params}) => {
+  router.add('PUT', `${API}/agents/:id/soul`, authed(auth, async ({req, res, params, principal}) => {
     const agent = agentOr404(params.id as string)
     const body = await readJsonObject(req, MAX_SOUL_BYTES + 4096)
     if (typeof body.content !== 'string') throw new HttpError(400, 'E_INPUT', 'field "content" must be a string')
     if (Buffer.byteLength(body.content) > MAX_SOUL_BYTES) throw new HttpError(413, 'E_INPUT', `SOUL.md may be at most ${MAX_SOUL_BYTES / 1024} KB`)
-    ensureWorkspace(editor.loaded.home, agent.id)
-    const file = soulPath(editor.loaded, agent.id)
-    writeFileAtomic(file, body.content, {mode: 0o644})
-    sendJson(res, 200, {ok: true, agent_id: agent.id, path: file, bytes: Buffer.byteLength(body.content)})
+    const workspace = ensureWorkspace(editor.loaded.home, agent.id).path
+    writeWorkspaceFile(workspace, 'SOUL.md', body.content, {mode: 0o644})
+    deps.audit.record({event: 'soul_changed', principal: principalLabel(principal), source: clientOf(req), summary: `agent ${agent.id}: SOUL.md replaced (${Buffer.byteLength(body.content)} bytes)`})
+    sendJson(res, 200, {ok: true, agent_id: agent.id, path: path.join(workspace, 'SOUL.md'), bytes: Buffer.byteLength(body.content)})
   }))
   router.get(`${API}/runs`, authed(auth, ({res, url}) => {
     const agent = url.searchParams.get('agent') ?? undefined
@@ -178,8 +184,9 @@ function mountAgentRoutes(deps: CaptainApiDeps): void {
   }))
 }
 
-function soulPath(loaded: LoadedConfig, agentId: string): string {
-  return path.join(workspacePath(loaded.home, agentId), 'SOUL.md')
+/** The agent as config.yaml writes it: `$NAME` references stay references. */
+function shownAgent(editor: ConfigEditor, agent: AgentConfig): AgentConfig {
+  return editor.asWritten(agent, editor.rawAgent(agent.id))
 }
 
 function agentSummary(agent: AgentConfig, loaded: LoadedConfig, deps: CaptainApiDeps) {
@@ -219,18 +226,34 @@ function editOutcome(result: ConfigEditResult) {
   return {applied: result.applied, restart_required: result.restart_required, warnings: result.warnings}
 }
 
+/** Streams count against whoever opened them: one session or one key cannot hold the server's sockets. */
+function principalKey(principal: Principal): string {
+  return principal.kind === 'session' ? `session:${principal.token}` : `key:${principal.keyId}`
+}
+
 function mountContainerRoutes(deps: CaptainApiDeps): void {
   const {router, auth, editor, builds} = deps
+  const streams = new StreamLimiter(MAX_STREAMS_PER_PRINCIPAL)
 
+  const shownImageConfig = () => editor.asWritten(editor.loaded.config.image_config, editor.rawImageConfig())
   router.get(`${API}/container/config`, authed(auth, ({res}) => {
-    sendJson(res, 200, {image_config: editor.loaded.config.image_config, configured: editor.rawImageConfig()})
+    sendJson(res, 200, {image_config: shownImageConfig(), configured: editor.rawImageConfig()})
   }))
-  router.add('PUT', `${API}/container/config`, authed(auth, async ({req, res}) => {
+  router.add('PUT', `${API}/container/config`, authed(auth, async ({req, res, principal}) => {
     const body = await readJsonObject(req)
     const section = (body.image_config ?? body) as unknown
     if (!section || typeof section !== 'object' || Array.isArray(section)) throw new HttpError(400, 'E_INPUT', 'send the image_config fields as a JSON object')
+    const before = editor.loaded.config.image_config
     const result = editor.putImageConfig(section as Record<string, unknown>)
-    sendJson(res, 200, {ok: true, ...editOutcome(result), image_config: result.loaded.config.image_config})
+    auditConfigChange(deps.audit, {
+      what: 'image_config',
+      principal: principalLabel(principal),
+      source: clientOf(req),
+      before: result.writtenBefore,
+      after: result.writtenAfter,
+      weakenings: imageConfigWeakenings(before, result.loaded.config.image_config),
+    })
+    sendJson(res, 200, {ok: true, ...editOutcome(result), image_config: shownImageConfig()})
   }))
   router.get(`${API}/container/dockerfile`, authed(auth, async ({res, url}) => {
     const draftText = url.searchParams.get('draft')
@@ -259,10 +282,10 @@ function mountContainerRoutes(deps: CaptainApiDeps): void {
     if (!build) throw new HttpError(404, 'E_NOT_FOUND', `no build ${params.id}`)
     sendJson(res, 200, build)
   }))
-  router.get(`${API}/container/build/:id/events`, authed(auth, async ({req, res, url, params}) => {
+  router.get(`${API}/container/build/:id/events`, authed(auth, async ({req, res, url, params, principal}) => {
     const id = params.id as string
     if (!builds.get(id)) throw new HttpError(404, 'E_NOT_FOUND', `no build ${id}`)
-    const stream = openEventStream(req, res)
+    const stream = streams.open(principalKey(principal), req, res)
     let unsubscribe = () => {}
     unsubscribe = builds.subscribe(id, lastEventId(req, url), (event) => {
       stream.send(event.type, event.data, event.id)

@@ -1,23 +1,40 @@
 import crypto from 'node:crypto'
-import type {IncomingMessage, ServerResponse} from 'node:http'
+import type {IncomingMessage} from 'node:http'
 import {bearerToken} from '../http/json.js'
 import {HttpError} from '../http/router.js'
 import type {ApiKeys} from '../state/api-keys.js'
-import {CaptainAuthStore, SESSION_TTL_MS} from './auth-store.js'
+import type {AuditLog} from '../state/audit.js'
+import {CaptainAuthStore, SESSION_TOKEN_PREFIX} from './auth-store.js'
 import {hashPassword, passwordProblem, sameSecret, verifyPassword} from './passwords.js'
-import {FailureRateLimiter} from './rate-limit.js'
+import {PasswordGuard} from './rate-limit.js'
 
-export const SESSION_COOKIE = 'captain_session'
-export const CSRF_HEADER = 'x-csrf-token'
 export const PASSWORD_ENV = 'MEEPAGATEWAY_PASSWORD'
 
-/** Who made a dashboard API request. */
-export type Principal = {kind: 'session'; csrfToken: string} | {kind: 'api-key'; keyId: string; name: string}
+/**
+ * Who made a request. Only an `Authorization: Bearer` header proves anything: cookies and HTTP
+ * auth are attached by browsers on their own (to every port of 127.0.0.1), so they are ignored.
+ */
+export type Principal = {kind: 'session'; token: string} | {kind: 'api-key'; keyId: string; name: string; admin: boolean}
+
+/**
+ * What a route needs: `admin` (a dashboard session or an admin key), `session` (the dashboard,
+ * logged in with the password: password changes) or `chat` (any valid credential: web chat).
+ */
+export type Need = 'admin' | 'session' | 'chat'
+
+export function principalLabel(principal: Principal): string {
+  return principal.kind === 'session' ? 'dashboard' : `${principal.admin ? 'admin' : 'chat'} key ${principal.keyId} (${principal.name})`
+}
+
+export function clientOf(req: IncomingMessage): string {
+  return req.socket.remoteAddress ?? 'unknown'
+}
 
 export interface CaptainAuthOptions {
   env?: NodeJS.ProcessEnv
   log: (line: string) => void
-  limiter?: FailureRateLimiter
+  audit: AuditLog
+  guard?: PasswordGuard
 }
 
 /** Unambiguous characters for a code read off a terminal (no 0/O, 1/I/L). */
@@ -25,23 +42,22 @@ const CODE_ALPHABET = 'ABCDEFGHJKMNPQRSTUVWXYZ23456789'
 
 /**
  * Dashboard authentication: a password (from MEEPAGATEWAY_PASSWORD, or set once in the browser
- * with a setup code printed to the terminal), session cookies with a CSRF token for browsers,
- * and the gateway's API keys as `Authorization: Bearer` for scripts.
+ * with a setup code printed to the terminal) or a one-time link from `meepagateway dashboard link`
+ * gives a session token that the dashboard page keeps in its own (per-origin, so per-port)
+ * sessionStorage and sends as `Authorization: Bearer`; scripts send API keys the same way.
  */
 export class CaptainAuth {
   private setupCode: string | undefined
-  private readonly store: CaptainAuthStore
-  private readonly limiter: FailureRateLimiter
+  private readonly guard: PasswordGuard
   private readonly env: NodeJS.ProcessEnv
 
   constructor(
-    store: CaptainAuthStore,
+    private readonly store: CaptainAuthStore,
     private readonly apiKeys: ApiKeys,
     private readonly options: CaptainAuthOptions,
   ) {
-    this.store = store
     this.env = options.env ?? process.env
-    this.limiter = options.limiter ?? new FailureRateLimiter()
+    this.guard = options.guard ?? new PasswordGuard()
   }
 
   /**
@@ -50,6 +66,14 @@ export class CaptainAuth {
    * without a stored hash, a one-time setup code is generated for the terminal.
    */
   async init(): Promise<void> {
+    const legacyKeys = this.store.setting('legacy_keys_notice')
+    if (legacyKeys) {
+      this.options.log(
+        `captain: the ${legacyKeys} API key(s) created before keys had kinds are now CHAT keys (POST /api/chat only); ` +
+          'create an admin key with `meepagateway api-key create NAME --admin` for scripts that manage the gateway',
+      )
+      this.store.deleteSetting('legacy_keys_notice')
+    }
     const fromEnv = this.env[PASSWORD_ENV]
     if (fromEnv) {
       const stored = this.store.passwordHash()
@@ -73,118 +97,105 @@ export class CaptainAuth {
     return this.passwordSet ? undefined : this.setupCode
   }
 
-  async login(req: IncomingMessage, password: unknown): Promise<{token: string; csrfToken: string}> {
-    const client = clientOf(req)
-    this.checkRate(client)
+  async login(req: IncomingMessage, password: unknown): Promise<string> {
     const stored = this.store.passwordHash()
     if (!stored) throw new HttpError(409, 'E_AUTH', 'no dashboard password is set yet; use the setup code printed by `meepagateway serve`')
-    if (typeof password !== 'string' || !(await verifyPassword(password, stored))) {
-      this.limiter.recordFailure(client)
-      throw new HttpError(401, 'E_AUTH', 'wrong password')
-    }
-    return this.newSession()
+    await this.checkSecret(req, 'login_failed', 'dashboard login with a wrong password', () => typeof password === 'string' && verifyPassword(password, stored))
+    return this.store.createSession().token
   }
 
   /** First-time setup: the code from the terminal sets the password, once. */
-  async setup(req: IncomingMessage, code: unknown, password: unknown): Promise<{token: string; csrfToken: string}> {
-    const client = clientOf(req)
-    this.checkRate(client)
+  async setup(req: IncomingMessage, code: unknown, password: unknown): Promise<string> {
     if (this.passwordSet || !this.setupCode) throw new HttpError(409, 'E_AUTH', 'the dashboard password is already set; log in instead')
-    if (typeof code !== 'string' || !sameSecret(normalizeCode(code), this.setupCode)) {
-      this.limiter.recordFailure(client)
-      throw new HttpError(401, 'E_AUTH', 'wrong setup code; it is printed in the terminal running `meepagateway serve`')
-    }
+    const setupCode = this.setupCode
+    await this.checkSecret(req, 'setup_failed', 'dashboard setup with a wrong setup code', () => typeof code === 'string' && sameSecret(normalizeCode(code), setupCode))
     const problem = passwordProblem(password)
     if (problem) throw new HttpError(400, 'E_INPUT', problem)
+    if (this.passwordSet) throw new HttpError(409, 'E_AUTH', 'the dashboard password is already set; log in instead')
     this.store.setPasswordHash(await hashPassword(password as string))
     this.setupCode = undefined
-    this.options.log('captain: dashboard password set through the setup page')
-    return this.newSession()
+    this.options.audit.record({event: 'password_set', principal: 'setup code', source: clientOf(req), summary: 'dashboard password set through the setup page'})
+    return this.store.createSession().token
   }
 
-  async changePassword(current: unknown, next: unknown): Promise<void> {
+  /** Needs the dashboard (never a key) and the current password; answers with this browser's fresh session. */
+  async changePassword(req: IncomingMessage, current: unknown, next: unknown): Promise<string> {
     if (this.passwordFromEnv) {
       throw new HttpError(409, 'E_AUTH', `the password comes from ${PASSWORD_ENV}; change that variable and restart the gateway`)
     }
-    const stored = this.store.passwordHash()
-    if (!stored || typeof current !== 'string' || !(await verifyPassword(current, stored))) {
-      throw new HttpError(401, 'E_AUTH', 'the current password is wrong')
-    }
     const problem = passwordProblem(next)
     if (problem) throw new HttpError(400, 'E_INPUT', problem.replace('"password"', '"new_password"'))
+    const stored = this.store.passwordHash()
+    await this.checkSecret(req, 'password_change_failed', 'password change with a wrong current password', async () =>
+      Boolean(stored) && typeof current === 'string' && (await verifyPassword(current, stored as string)),
+    )
     this.store.setPasswordHash(await hashPassword(next as string))
+    this.options.audit.record({event: 'password_changed', principal: 'dashboard', source: clientOf(req), summary: 'dashboard password changed; every session ended'})
+    return this.store.createSession().token
   }
 
-  /** The session of the request's cookie, if it is live. */
-  session(req: IncomingMessage): {token: string; csrfToken: string} | undefined {
-    const token = readCookie(req, SESSION_COOKIE)
-    if (!token) return undefined
-    const session = this.store.findSession(token)
-    return session ? {token, csrfToken: session.csrfToken} : undefined
+  /** A one-time link from `meepagateway dashboard link`: not rate-limited (the secret is 256 random bits). */
+  loginWithLink(req: IncomingMessage, secret: unknown): string {
+    if (typeof secret !== 'string' || !this.store.consumeLoginLink(secret)) {
+      this.options.audit.record({event: 'login_failed', principal: 'anonymous', source: clientOf(req), summary: 'dashboard login with an unknown, used or expired link'})
+      throw new HttpError(401, 'E_AUTH', 'this login link is unknown, used or expired; run `meepagateway dashboard link` for a new one')
+    }
+    this.options.audit.record({event: 'login_link_used', principal: 'dashboard link', source: clientOf(req), summary: 'dashboard login with a one-time link'})
+    return this.store.createSession().token
+  }
+
+  /** Whether the request carries a live dashboard session. */
+  hasSession(req: IncomingMessage): boolean {
+    const token = bearerToken(req)
+    return token !== undefined && this.store.findSession(token) !== undefined
   }
 
   logout(req: IncomingMessage): void {
-    const token = readCookie(req, SESSION_COOKIE)
-    if (token) this.store.deleteSession(token)
+    const token = bearerToken(req)
+    if (token?.startsWith(SESSION_TOKEN_PREFIX)) this.store.deleteSession(token)
   }
 
-  /**
-   * Who is calling, or 401. A bearer key is checked first and, when present, is the only
-   * credential considered. Cookie-authenticated requests that change state must carry the
-   * session's CSRF token in X-CSRF-Token: another site can make a browser send the cookie, but
-   * cannot read the token.
-   */
-  authenticate(req: IncomingMessage): Principal {
-    const key = bearerToken(req)
-    if (key !== undefined || req.headers.authorization) {
-      const record = key ? this.apiKeys.verify(key) : undefined
-      if (!record) throw new HttpError(401, 'E_AUTH', 'unknown or revoked API key', {'www-authenticate': 'Bearer realm="meepagateway"'})
-      return {kind: 'api-key', keyId: record.id, name: record.name}
+  /** Who is calling: 401 without a valid bearer credential, 403 when it is not enough for `need`. */
+  authenticate(req: IncomingMessage, need: Need = 'admin'): Principal {
+    const token = bearerToken(req)
+    const challenge = {'www-authenticate': 'Bearer realm="meepagateway"'}
+    if (token === undefined) {
+      throw new HttpError(401, 'E_AUTH', 'log in to the dashboard, or send an API key as Authorization: Bearer cptn_... (cookies are not accepted)', challenge)
     }
-    const session = this.session(req)
-    if (!session) throw new HttpError(401, 'E_AUTH', 'log in to the dashboard first (or send an API key as Authorization: Bearer cptn_...)')
-    if (!SAFE_METHODS.has((req.method ?? 'GET').toUpperCase())) {
-      const sent = req.headers[CSRF_HEADER]
-      if (typeof sent !== 'string' || !sameSecret(sent, session.csrfToken)) {
-        throw new HttpError(403, 'E_AUTH', `missing or wrong CSRF token: send the token from GET /api/captain/auth/session in the ${CSRF_HEADER} header`)
-      }
+    let principal: Principal
+    if (token.startsWith(SESSION_TOKEN_PREFIX)) {
+      if (!this.store.findSession(token)) throw new HttpError(401, 'E_AUTH', 'the dashboard session ended; log in again', challenge)
+      principal = {kind: 'session', token}
+    } else {
+      const record = this.apiKeys.verify(token)
+      if (!record) throw new HttpError(401, 'E_AUTH', 'unknown or revoked API key', challenge)
+      principal = {kind: 'api-key', keyId: record.id, name: record.name, admin: record.kind === 'admin'}
     }
-    return {kind: 'session', csrfToken: session.csrfToken}
+    if (need === 'session' && principal.kind !== 'session') {
+      throw new HttpError(403, 'E_AUTH', 'only the dashboard, logged in with the password, may do this; API keys may not')
+    }
+    if (need === 'admin' && principal.kind === 'api-key' && !principal.admin) {
+      throw new HttpError(403, 'E_AUTH', `${principal.keyId} is a chat key: it may only use POST /api/chat and read its own conversations`, {})
+    }
+    return principal
   }
 
-  setSessionCookie(res: ServerResponse, token: string): void {
-    res.setHeader('set-cookie', `${SESSION_COOKIE}=${token}; Path=/; HttpOnly; SameSite=Strict; Max-Age=${SESSION_TTL_MS / 1000}`)
+  /** Counts the attempt first (429 when over a limit), then checks; a wrong secret is audited and answers 401. */
+  private async checkSecret(req: IncomingMessage, event: string, what: string, check: () => boolean | Promise<boolean>): Promise<void> {
+    const source = clientOf(req)
+    const ticket = this.guard.begin(source)
+    if (!ticket.ok) {
+      this.options.audit.record({event, principal: 'anonymous', source, summary: `${what} refused: too many attempts`})
+      throw new HttpError(429, 'E_AUTH', `too many attempts; try again in ${ticket.retryAfterSeconds} s, or run \`meepagateway dashboard link\` on this machine`, {
+        'retry-after': String(ticket.retryAfterSeconds),
+      })
+    }
+    if (!(await check())) {
+      this.options.audit.record({event, principal: 'anonymous', source, summary: what})
+      throw new HttpError(401, 'E_AUTH', event === 'setup_failed' ? 'wrong setup code; it is printed in the terminal running `meepagateway serve`' : event === 'login_failed' ? 'wrong password' : 'the current password is wrong')
+    }
+    ticket.succeeded()
   }
-
-  clearSessionCookie(res: ServerResponse): void {
-    res.setHeader('set-cookie', `${SESSION_COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0`)
-  }
-
-  private newSession(): {token: string; csrfToken: string} {
-    const {token, session} = this.store.createSession()
-    return {token, csrfToken: session.csrfToken}
-  }
-
-  private checkRate(client: string): void {
-    const wait = this.limiter.retryAfterSeconds(client)
-    if (wait > 0) throw new HttpError(429, 'E_AUTH', `too many failed attempts; try again in ${wait} s`, {'retry-after': String(wait)})
-  }
-}
-
-const SAFE_METHODS = new Set(['GET', 'HEAD', 'OPTIONS'])
-
-function clientOf(req: IncomingMessage): string {
-  return req.socket.remoteAddress ?? 'unknown'
-}
-
-export function readCookie(req: IncomingMessage, name: string): string | undefined {
-  const header = req.headers.cookie
-  if (!header) return undefined
-  for (const part of header.split(';')) {
-    const index = part.indexOf('=')
-    if (index > 0 && part.slice(0, index).trim() === name) return part.slice(index + 1).trim() || undefined
-  }
-  return undefined
 }
 
 function newSetupCode(): string {

@@ -3,6 +3,7 @@ import fs from 'node:fs'
 import type {AgentConfig, LoadedConfig} from '../config/types.js'
 import {patchToEdits, updateConfigFile, type ConfigEdit} from '../config/write.js'
 import {HttpError} from '../http/router.js'
+import {validateImageRef} from '../../sandbox/docker/dockerfile.js'
 
 /** What a dashboard edit changed, for listeners that apply it to the running gateway. */
 export type ConfigChange = {section: 'agent'; agentId: string} | {section: 'image_config'}
@@ -15,6 +16,9 @@ export type ConfigListener = (loaded: LoadedConfig, change: ConfigChange) => voi
 
 export interface ConfigEditResult {
   loaded: LoadedConfig
+  /** The edited section before and after, as written in the file (for the audit log). */
+  writtenBefore: Record<string, unknown>
+  writtenAfter: Record<string, unknown>
   /** Listeners applied the change to the running gateway (none registered counts as not applied). */
   applied: boolean
   restart_required: string[]
@@ -76,9 +80,16 @@ export class ConfigEditor {
       if (OBJECT_FIELDS.has(key) && value !== null && (typeof value !== 'object' || Array.isArray(value))) {
         throw new HttpError(400, 'E_INPUT', `agents[${index}].${key}: must be an object`)
       }
+      if (!OBJECT_FIELDS.has(key) && value !== null && typeof value === 'object') {
+        throw new HttpError(400, 'E_INPUT', `agents[${index}].${key}: must be a ${key === 'name' || key === 'provider' || key === 'model' ? 'string' : 'number'}, not ${Array.isArray(value) ? 'an array' : 'an object'}`)
+      }
     }
+    refuseReferences(patch, `agents[${index}]`)
+    const imageRef = (patch.container_mode as {image?: unknown} | null | undefined)?.image
+    if (typeof imageRef === 'string' && imageRef.trim()) checkImageRef(imageRef.trim(), `agents[${index}].container_mode.image`)
     const before = this.current.config.agents.find((agent) => agent.id === id)
-    const result = this.write(patchToEdits(['agents', index], patch), {section: 'agent', agentId: id})
+    const writtenBefore = this.rawAgent(id)
+    const result = this.write(patchToEdits(['agents', index], patch), {section: 'agent', agentId: id}, writtenBefore, () => this.rawAgent(id))
     const after = result.loaded.config.agents[index] as AgentConfig
     if (after.file_access.unrestricted && !before?.file_access.unrestricted && !after.container_mode.enabled) {
       result.warnings.push(`agent ${id} now runs UNRESTRICTED: its shell and file tools can read and change anything this user can, including secrets`)
@@ -94,15 +105,28 @@ export class ConfigEditor {
         throw new HttpError(400, 'E_INPUT', `image_config.${key}: unknown field (known: ${IMAGE_CONFIG_FIELDS.join(', ')})`)
       }
     }
+    refuseReferences(body, 'image_config')
+    for (const key of ['image', 'base_image'] as const) {
+      const value = body[key]
+      if (typeof value === 'string' && value.trim()) checkImageRef(value.trim(), `image_config.${key}`)
+    }
     for (const key of IMAGE_CONFIG_FIELDS) {
       const value = body[key]
       // whole values, not merged: a package removed in the form must disappear from the file
       edits.push(value === undefined || value === null ? {path: ['image_config', key], delete: true} : {path: ['image_config', key], value})
     }
-    return this.write(edits, {section: 'image_config'})
+    return this.write(edits, {section: 'image_config'}, this.rawImageConfig(), () => this.rawImageConfig())
   }
 
-  private write(edits: ConfigEdit[], change: ConfigChange): ConfigEditResult {
+  /**
+   * A resolved value with every `$NAME` reference the file has at the same place put back: what
+   * the API shows, so no variable of the gateway's environment is ever read back through it.
+   */
+  asWritten<T>(resolved: T, written: unknown): T {
+    return overlayReferences(resolved, written) as T
+  }
+
+  private write(edits: ConfigEdit[], change: ConfigChange, writtenBefore: Record<string, unknown>, readAfter: () => Record<string, unknown>): ConfigEditResult {
     const update = updateConfigFile(this.current.path, edits, {env: this.env})
     // Secret values were read from the environment at start-up; the file's references did not change
     this.current = {...this.current, config: update.config, secrets: {...this.current.secrets, ...update.secrets}, created: false}
@@ -111,7 +135,14 @@ export class ConfigEditor {
       const outcome = listener(this.current, change)
       if (outcome?.restartRequired) restartRequired.push(...outcome.restartRequired)
     }
-    return {loaded: this.current, applied: this.listeners.size > 0 && restartRequired.length === 0, restart_required: restartRequired, warnings: []}
+    return {
+      loaded: this.current,
+      writtenBefore,
+      writtenAfter: readAfter(),
+      applied: this.listeners.size > 0 && restartRequired.length === 0,
+      restart_required: restartRequired,
+      warnings: [],
+    }
   }
 
   private rawConfig(): Record<string, unknown> {
@@ -122,4 +153,39 @@ export class ConfigEditor {
       return {}
     }
   }
+}
+
+const ENV_REFERENCE = /^\$(?:\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)$/
+
+/**
+ * Values starting with `$` are environment references in config.yaml; through the API they would
+ * let a caller read the gateway's environment back (set a name to "$SECRET", then GET it).
+ */
+function refuseReferences(value: unknown, at: string): void {
+  if (typeof value === 'string') {
+    if (value.startsWith('$')) {
+      throw new HttpError(400, 'E_INPUT', `${at}: values starting with "$" are environment references, which the API does not accept; write them in config.yaml by hand`)
+    }
+    return
+  }
+  if (Array.isArray(value)) value.forEach((item, index) => refuseReferences(item, `${at}[${index}]`))
+  else if (value && typeof value === 'object') for (const [key, item] of Object.entries(value)) refuseReferences(item, `${at}.${key}`)
+}
+
+function checkImageRef(ref: string, at: string): void {
+  try {
+    validateImageRef(ref, at)
+  } catch (error) {
+    throw new HttpError(400, 'E_INPUT', (error as Error).message)
+  }
+}
+
+function overlayReferences(resolved: unknown, written: unknown): unknown {
+  if (typeof written === 'string' && ENV_REFERENCE.test(written)) return written
+  if (Array.isArray(resolved)) return resolved.map((item, index) => overlayReferences(item, Array.isArray(written) ? written[index] : undefined))
+  if (resolved && typeof resolved === 'object') {
+    const source = written && typeof written === 'object' && !Array.isArray(written) ? (written as Record<string, unknown>) : {}
+    return Object.fromEntries(Object.entries(resolved).map(([key, item]) => [key, overlayReferences(item, source[key])]))
+  }
+  return resolved
 }

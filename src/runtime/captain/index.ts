@@ -2,6 +2,8 @@ import type {IncomingMessage} from 'node:http'
 import type {LoadedConfig} from '../config/types.js'
 import type {Router} from '../http/router.js'
 import {ApiKeys} from '../state/api-keys.js'
+import {AuditLog} from '../state/audit.js'
+import type {ChatCaller} from '../connectors/webchat.js'
 import type {GatewayDb} from '../state/gateway-db.js'
 import {RunRecords} from '../state/run-records.js'
 import {dockerCli, type DockerCli} from '../../sandbox/docker/cli.js'
@@ -44,11 +46,10 @@ export interface Captain {
   /** The setup code while no password is set (printed by `announce`). */
   readonly setupCode: string | undefined
   /**
-   * For the web chat connector: a dashboard session (with its CSRF token) may use POST /api/chat
-   * like an API key. Undefined when the request has no session cookie; throws HttpError 401/403
-   * when it has one that is invalid or lacks the CSRF token.
+   * For the web chat connector: who is chatting (a chat or admin key, or the dashboard session),
+   * from the request's bearer token; throws HttpError 401 without a valid one.
    */
-  chatCaller(req: IncomingMessage): {id: string; name: string} | undefined
+  chatCaller(req: IncomingMessage): ChatCaller
   /** Aborts running builds (gateway shutdown). */
   close(): void
 }
@@ -65,7 +66,8 @@ export function hasCaptainPassword(db: GatewayDb, env: NodeJS.ProcessEnv = proce
 export async function mountCaptain(router: Router, deps: CaptainDeps): Promise<Captain> {
   const env = deps.env ?? process.env
   const apiKeys = deps.apiKeys ?? new ApiKeys(deps.db)
-  const auth = new CaptainAuth(new CaptainAuthStore(deps.db), apiKeys, {env, log: deps.log})
+  const audit = new AuditLog(deps.db, deps.log)
+  const auth = new CaptainAuth(new CaptainAuthStore(deps.db), apiKeys, {env, log: deps.log, audit})
   await auth.init()
   const editor = new ConfigEditor(deps.loaded, env)
   const docker = () => deps.docker ?? dockerCli()
@@ -76,6 +78,7 @@ export async function mountCaptain(router: Router, deps: CaptainDeps): Promise<C
     auth,
     apiKeys,
     runs: deps.runs ?? new RunRecords(deps.db),
+    audit,
     editor,
     builds,
     docker,
@@ -101,9 +104,8 @@ export async function mountCaptain(router: Router, deps: CaptainDeps): Promise<C
     replaceConfig: (loaded) => editor.replace(loaded),
     setupCode,
     chatCaller(req) {
-      if (!req.headers.cookie || !auth.session(req)) return undefined
-      auth.authenticate(req)
-      return {id: 'captain', name: 'dashboard'}
+      const principal = auth.authenticate(req, 'chat')
+      return principal.kind === 'session' ? {id: 'captain', name: 'dashboard'} : {id: principal.keyId, name: principal.name}
     },
     close: () => builds.abortAll(),
   }

@@ -1,40 +1,73 @@
+/** A sliding window of event times. */
+class Window {
+  private times: number[] = []
+
+  constructor(private readonly windowMs: number) {}
+
+  count(now: number): number {
+    const cutoff = now - this.windowMs
+    if (this.times.length > 0 && this.times[0]! <= cutoff) this.times = this.times.filter((time) => time > cutoff)
+    return this.times.length
+  }
+
+  add(now: number): void {
+    this.times.push(now)
+  }
+
+  /** Takes back one event at `time` (a check that turned out right). */
+  remove(time: number): void {
+    const index = this.times.lastIndexOf(time)
+    if (index >= 0) this.times.splice(index, 1)
+  }
+
+  retryAfterSeconds(now: number): number {
+    return Math.max(1, Math.ceil(((this.times[0] ?? now) + this.windowMs - now) / 1000))
+  }
+}
+
+export interface PasswordGuardLimits {
+  /** Wrong guesses one address may make per window. */
+  perClient: number
+  perClientWindowMs: number
+  /** Password checks of all addresses together per window: another loopback address gets no fresh budget. */
+  global: number
+  globalWindowMs: number
+}
+
+export const DEFAULT_GUARD_LIMITS: PasswordGuardLimits = {perClient: 5, perClientWindowMs: 5 * 60_000, global: 20, globalWindowMs: 60_000}
+
+export type GuardTicket = {ok: true; succeeded(): void} | {ok: false; retryAfterSeconds: number}
+
 /**
- * Failed-attempt limiter for the login and setup endpoints: at most `maxFailures` failures per
- * client within `windowMs`. A success does not reset the count, so guessing between two
- * correct logins gains nothing.
+ * Limits password and setup-code checks. Every attempt is counted when it starts, before the
+ * secret is looked at, so parallel guesses cannot all slip in before the first one fails; only a
+ * right answer gives its per-address slot back. The global cap holds whatever the source address;
+ * an operator locked out by a noisy neighbour gets in with `meepagateway dashboard link`.
  */
-export class FailureRateLimiter {
-  private readonly failures = new Map<string, number[]>()
+export class PasswordGuard {
+  private readonly clients = new Map<string, Window>()
+  private readonly all: Window
 
   constructor(
-    private readonly maxFailures = 5,
-    private readonly windowMs = 5 * 60_000,
+    private readonly limits: PasswordGuardLimits = DEFAULT_GUARD_LIMITS,
     private readonly now: () => number = Date.now,
-  ) {}
-
-  /** Seconds until the client may try again, or 0 when it may try now. */
-  retryAfterSeconds(client: string): number {
-    const recent = this.recent(client)
-    if (recent.length < this.maxFailures) return 0
-    return Math.max(1, Math.ceil((recent[0]! + this.windowMs - this.now()) / 1000))
+  ) {
+    this.all = new Window(limits.globalWindowMs)
   }
 
-  recordFailure(client: string): void {
-    const recent = this.recent(client)
-    recent.push(this.now())
-    this.failures.set(client, recent)
-    if (this.failures.size > 10_000) this.prune()
+  begin(client: string): GuardTicket {
+    const now = this.now()
+    const mine = this.clients.get(client) ?? new Window(this.limits.perClientWindowMs)
+    if (mine.count(now) >= this.limits.perClient) return {ok: false, retryAfterSeconds: mine.retryAfterSeconds(now)}
+    if (this.all.count(now) >= this.limits.global) return {ok: false, retryAfterSeconds: this.all.retryAfterSeconds(now)}
+    mine.add(now)
+    this.all.add(now)
+    this.clients.set(client, mine)
+    if (this.clients.size > 10_000) this.prune(now)
+    return {ok: true, succeeded: () => mine.remove(now)}
   }
 
-  private recent(client: string): number[] {
-    const cutoff = this.now() - this.windowMs
-    const recent = (this.failures.get(client) ?? []).filter((time) => time > cutoff)
-    if (recent.length === 0) this.failures.delete(client)
-    else this.failures.set(client, recent)
-    return recent
-  }
-
-  private prune(): void {
-    for (const client of [...this.failures.keys()]) this.recent(client)
+  private prune(now: number): void {
+    for (const [client, window] of this.clients) if (window.count(now) === 0) this.clients.delete(client)
   }
 }

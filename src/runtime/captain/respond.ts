@@ -3,7 +3,7 @@ import type {ErrorCode} from '../errors.js'
 import {GatewayError} from '../errors.js'
 import {sendJson} from '../http/json.js'
 import type {RequestContext, RouteHandler} from '../http/router.js'
-import type {CaptainAuth, Principal} from './auth.js'
+import type {CaptainAuth, Need, Principal} from './auth.js'
 
 const STATUS_BY_CODE: Partial<Record<ErrorCode, number>> = {
   E_CONFIG: 400,
@@ -27,10 +27,10 @@ export function sendGatewayError(res: ServerResponse, error: GatewayError): void
 
 export type CaptainHandler = (context: RequestContext & {principal: Principal}) => Promise<void> | void
 
-/** Wraps a dashboard API handler: authentication first, then runtime errors mapped to statuses. */
-export function authed(auth: CaptainAuth, handler: CaptainHandler): RouteHandler {
+/** Wraps a dashboard API handler: authentication first (admin unless told), then runtime errors mapped to statuses. */
+export function authed(auth: CaptainAuth, handler: CaptainHandler, need: Need = 'admin'): RouteHandler {
   return async (context) => {
-    const principal = auth.authenticate(context.req)
+    const principal = auth.authenticate(context.req, need)
     await answerErrors(context.res, () => handler({...context, principal}))
   }
 }

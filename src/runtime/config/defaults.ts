@@ -1,6 +1,6 @@
 import type {AgentConfig, CaptainConfig, GatewayConfig, ImageConfig} from './types.js'
 
-export const DEFAULT_CAPTAIN: CaptainConfig = {enabled: true, bind: '127.0.0.1', port: 63372}
+export const DEFAULT_CAPTAIN: CaptainConfig = {enabled: true, bind: '127.0.0.1', port: 63372, allowed_hosts: []}
 
 export const DEFAULT_IMAGE_CONFIG: ImageConfig = {
   enabled: false,

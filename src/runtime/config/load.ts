@@ -125,6 +125,8 @@ const ENV_REFERENCE = /^\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]
 
 /** Replaces `$NAME` / `${NAME}` values; unset names are collected by the path that used them. */
 function substituteEnv(value: unknown, at: string, env: NodeJS.ProcessEnv, secrets: Record<string, string>, unset: Map<string, string>): unknown {
+  // baked into an image's layers, readable by anyone who can run it: never a place for the gateway's environment
+  if (at === 'image_config.env_vars') return value
   if (typeof value === 'string') {
     const match = ENV_REFERENCE.exec(value)
     if (!match) return value

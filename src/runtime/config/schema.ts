@@ -121,6 +121,8 @@ export const CONFIG_SCHEMA = {
         enabled: {type: 'boolean'},
         bind: {type: 'string', minLength: 1},
         port: {type: 'integer', minimum: 0, maximum: 65535},
+        // Host header values (name, or name:port) besides loopback ones; others get 421 (DNS rebinding)
+        allowed_hosts: {type: 'array', items: {type: 'string', minLength: 1, pattern: '^[A-Za-z0-9.:\\[\\]-]+$'}},
       },
     },
     image_config: {

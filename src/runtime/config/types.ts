@@ -24,6 +24,8 @@ export interface CaptainConfig {
   enabled: boolean
   bind: string
   port: number
+  /** Host names (besides loopback ones) requests may name in their Host header. */
+  allowed_hosts: string[]
 }
 
 export interface ImageConfig {

@@ -4,17 +4,44 @@ import type {Dispatcher} from '../gateway/dispatcher.js'
 import {bearerToken, readJsonObject, sendJson} from '../http/json.js'
 import {HttpError, type Router} from '../http/router.js'
 import type {ApiKeys} from '../state/api-keys.js'
+import type {RunRecords} from '../state/run-records.js'
+
+/** Who sends a web chat message: an API key (chat or admin) or the dashboard (`captain`). */
+export interface ChatCaller {
+  id: string
+  name: string
+}
 
 export interface WebChatOptions {
   router: Router
-  apiKeys: ApiKeys
   dispatcher: Dispatcher
   agentIds: () => string[]
-  /**
-   * Other credentials than an API key (the dashboard's session cookie + CSRF token): returns the
-   * caller, undefined when the request carries none, or throws HttpError for bad ones.
-   */
-  sessionCaller?: (req: IncomingMessage) => {id: string; name: string} | undefined
+  /** The caller of a request, from its bearer token; throws HttpError 401 without a valid one. */
+  caller: (req: IncomingMessage) => ChatCaller
+  /** The caller's own web chat runs (GET /api/chat/runs). */
+  runs?: RunRecords
+}
+
+/** Callers when the dashboard is off: API keys only. */
+export function apiKeyCaller(apiKeys: ApiKeys): (req: IncomingMessage) => ChatCaller {
+  return (req) => {
+    const key = bearerToken(req)
+    const record = key ? apiKeys.verify(key) : undefined
+    if (!record) {
+      throw new HttpError(401, 'E_AUTH', key ? 'unknown or revoked API key' : 'send an API key as Authorization: Bearer cptn_...', {
+        'www-authenticate': 'Bearer realm="meepagateway"',
+      })
+    }
+    return {id: record.id, name: record.name}
+  }
+}
+
+/**
+ * The conversation (memory channel) of a caller's message: always inside the caller's own
+ * namespace, so no key can name, read or extend another caller's history.
+ */
+export function webChatChannel(caller: ChatCaller, channel: string | undefined): string {
+  return channel === undefined ? `api-${caller.id}` : `api-${caller.id}/${channel}`
 }
 
 const STATUS_BY_OUTCOME = {ok: 200, failed: 502, interrupted: 503, rejected: 429} as const
@@ -22,19 +49,13 @@ const MAX_MESSAGE_LENGTH = 100_000
 
 /**
  * `POST /api/chat {agent, message, channel?}` → `{reply, run_id}`, authenticated with an API
- * key. The request waits for the run; a failed run answers 502 with the same short reply a
+ * key or the dashboard's session; `channel` names a conversation inside the caller's own. The request waits for the run; a failed run answers 502 with the same short reply a
  * chat user would get, plus the error code.
  */
 export function mountWebChat(options: WebChatOptions): void {
   options.router.post('/api/chat', async ({req, res}) => {
     if (!options.dispatcher.accepting) throw new HttpError(503, 'E_BUSY', 'the gateway is shutting down', {'retry-after': '30'})
-    const key = bearerToken(req)
-    const caller = key ? options.apiKeys.verify(key) : options.sessionCaller?.(req)
-    if (!caller) {
-      throw new HttpError(401, 'E_AUTH', key ? 'unknown or revoked API key' : 'send an API key as Authorization: Bearer cptn_...', {
-        'www-authenticate': 'Bearer realm="meepagateway"',
-      })
-    }
+    const caller = options.caller(req)
     const body = await readJsonObject(req)
     const {agent, message, channel} = body
     if (typeof agent !== 'string' || !agent) throw new HttpError(400, 'E_INPUT', 'field "agent" (the agent id) is required')
@@ -48,8 +69,7 @@ export function mountWebChat(options: WebChatOptions): void {
     const inbound: InboundMessage = {
       id: `web-${Date.now()}-${Math.random().toString(36).slice(2, 10)}`,
       connector: 'webchat',
-      // each key talks in its own conversation unless the caller names a channel
-      channel_id: typeof channel === 'string' ? channel : `api-${caller.id}`,
+      channel_id: webChatChannel(caller, channel as string | undefined),
       user: {id: caller.id, name: caller.name},
       content: message,
     }
@@ -66,4 +86,12 @@ export function mountWebChat(options: WebChatOptions): void {
     const toolCalls = outcome.output?.ok ? {tool_calls: outcome.output.tool_calls} : {}
     sendJson(res, status, {reply, run_id: outcome.runId, ...toolCalls, ...(error ? {error} : {})}, status === 429 ? {'retry-after': '30'} : {})
   })
+  const runs = options.runs
+  if (runs) {
+    options.router.get('/api/chat/runs', ({req, res, url}) => {
+      const caller = options.caller(req)
+      const limit = Math.min(Math.max(Number(url.searchParams.get('limit')) || 50, 1), 500)
+      sendJson(res, 200, runs.listByUser('webchat', caller.id, limit))
+    })
+  }
 }

@@ -1,7 +1,7 @@
 import type {LoadedConfig} from '../config/types.js'
 import {createConnector, connectorNames, type ConnectorTimings} from '../connectors/index.js'
 import type {Connector} from '../connectors/types.js'
-import {mountWebChat} from '../connectors/webchat.js'
+import {apiKeyCaller, mountWebChat} from '../connectors/webchat.js'
 import {sendJson} from '../http/json.js'
 import {Router} from '../http/router.js'
 import {startHttpListener, type HttpListener} from '../http/server.js'
@@ -131,9 +131,15 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
         for (const agent of next.config.agents) if (agents.has(agent.id)) agents.set(agent.id, agent)
       })
     }
-    mountWebChat({router, apiKeys: new ApiKeys(db), dispatcher, agentIds: () => [...agents.keys()], sessionCaller: captain?.chatCaller})
+    mountWebChat({router, dispatcher, agentIds: () => [...agents.keys()], caller: captain?.chatCaller ?? apiKeyCaller(new ApiKeys(db)), runs: records})
 
-    const http: HttpListener = await startHttpListener({bind: config.captain.bind, port: options.port ?? config.captain.port, router, log})
+    const http: HttpListener = await startHttpListener({
+      bind: config.captain.bind,
+      port: options.port ?? config.captain.port,
+      router,
+      log,
+      allowedHosts: () => live.config.captain.allowed_hosts,
+    })
     log(
       `gateway: listening on ${http.url} (health: /healthz, web chat: POST /api/chat); ${agents.size} agent(s), ${connectors.length} connector(s)` +
         (options.unrestricted ? '; --unrestricted: every agent runs WITHOUT isolation' : ''),

@@ -1,5 +1,6 @@
 import http from 'node:http'
 import type {AddressInfo} from 'node:net'
+import {isLoopbackBind} from '../captain/bind.js'
 import {GatewayError} from '../errors.js'
 import {sendError} from './json.js'
 import {HttpError, type Router} from './router.js'
@@ -17,22 +18,52 @@ export interface StartHttpOptions {
   port: number
   router: Router
   log: (line: string) => void
+  /** Host names besides loopback ones that requests may name (captain.allowed_hosts); read per request. */
+  allowedHosts?: () => readonly string[]
+  /** A request (headers and body) that has not arrived whole by then is dropped (default 60 s). */
+  requestTimeoutMs?: number
+}
+
+/** The default for requests that have not arrived whole; the reply to one that has may take as long as its run. */
+export const REQUEST_TIMEOUT_MS = 60_000
+/** Lines about failed requests per minute; a flood of aborted requests must not flood the log. */
+const FAILURE_LOG_LINES_PER_MINUTE = 10
+
+/**
+ * Whether a request's Host header names this gateway: a loopback name or address (any port), or
+ * one of `allowed`. Anything else is a page on another site that rebound its DNS name to
+ * 127.0.0.1 (DNS rebinding), and must not read or try anything.
+ */
+export function hostAllowed(host: string | undefined, allowed: readonly string[] = []): boolean {
+  if (!host) return false
+  const lower = host.trim().toLowerCase()
+  const name = lower.startsWith('[') ? lower.slice(0, lower.indexOf(']') + 1) : lower.replace(/:\d+$/, '')
+  if (isLoopbackBind(name)) return true
+  return allowed.some((entry) => {
+    const wanted = entry.trim().toLowerCase()
+    return wanted === lower || wanted === name
+  })
 }
 
 /** The gateway's HTTP listener: one node:http server in front of the shared router. */
 export async function startHttpListener(options: StartHttpOptions): Promise<HttpListener> {
   const {router, log} = options
   let closing = false
-  const server = http.createServer((req, res) => {
+  const requestTimeout = options.requestTimeoutMs ?? REQUEST_TIMEOUT_MS
+  // requestTimeout covers receiving the request only: web chat replies wait for a whole agent run
+  const server = http.createServer({requestTimeout, headersTimeout: Math.min(30_000, requestTimeout), connectionsCheckingInterval: Math.min(5_000, requestTimeout / 2)}, (req, res) => {
     if (closing) res.setHeader('connection', 'close') // keep-alive clients reconnect elsewhere
     void handle(req, res)
   })
-  server.requestTimeout = 0 // web chat requests wait for a whole agent run; runs have their own limits
-  server.headersTimeout = 30_000
   server.keepAliveTimeout = 5_000
+  const failureLog = rateLimitedLog(log, FAILURE_LOG_LINES_PER_MINUTE)
 
   async function handle(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
     try {
+      // before anything else: a rebound DNS name gets nothing, not even the login state
+      if (!hostAllowed(req.headers.host, options.allowedHosts?.() ?? [])) {
+        throw new HttpError(421, 'E_AUTH', `this gateway does not answer to Host ${JSON.stringify(req.headers.host ?? '')}; use 127.0.0.1 or localhost, or add the name to captain.allowed_hosts`)
+      }
       const url = new URL(req.url ?? '/', 'http://gateway.local')
       const found = router.match(req.method ?? 'GET', url.pathname)
       if (!found) throw new HttpError(404, 'E_NOT_FOUND', `no route for ${req.method} ${url.pathname}`)
@@ -45,11 +76,16 @@ export async function startHttpListener(options: StartHttpOptions): Promise<Http
         res.destroy()
         return
       }
+      if (req.readableAborted) {
+        failureLog(`http: ${req.method} ${req.url?.slice(0, 200)}: the client went away before the request arrived whole`)
+        return
+      }
       if (error instanceof HttpError) {
         sendError(res, error)
         return
       }
-      log(`http: ${req.method} ${req.url} failed: ${(error as Error).message}`)
+      if (req.destroyed || req.readableAborted) return // the client went away mid-request: nothing to answer
+      failureLog(`http: ${req.method} ${req.url?.slice(0, 200)} failed: ${(error as Error).message}`)
       sendError(res, new HttpError(500, 'E_INTERNAL', 'internal error; the gateway log has the details'))
     }
   }
@@ -81,5 +117,26 @@ export async function startHttpListener(options: StartHttpOptions): Promise<Http
         server.close(() => resolve())
         server.closeIdleConnections()
       }),
+  }
+}
+
+/** `log`, but at most `perMinute` lines a minute; what was dropped is counted in the next line. */
+function rateLimitedLog(log: (line: string) => void, perMinute: number): (line: string) => void {
+  let windowStart = 0
+  let written = 0
+  let dropped = 0
+  return (line) => {
+    const now = Date.now()
+    if (now - windowStart >= 60_000) {
+      windowStart = now
+      written = 0
+    }
+    if (written >= perMinute) {
+      dropped++
+      return
+    }
+    written++
+    log(dropped > 0 ? `${line} (${dropped} similar line(s) not logged)` : line)
+    dropped = 0
   }
 }

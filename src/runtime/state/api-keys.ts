@@ -1,5 +1,6 @@
 import crypto from 'node:crypto'
 import {GatewayError} from '../errors.js'
+import {AuditLog} from './audit.js'
 import {withGatewayDb, type GatewayDb} from './gateway-db.js'
 import {hashRandomToken} from './token-hash.js'
 
@@ -7,9 +8,13 @@ export const API_KEY_PREFIX = 'cptn_'
 /** Characters of the key kept in clear (prefix + a few random ones) so keys can be told apart. */
 const SHOWN_PREFIX_LENGTH = API_KEY_PREFIX.length + 6
 
+/** A chat key may only chat (POST /api/chat) and read its own conversations; an admin key may do what the dashboard does. */
+export type ApiKeyKind = 'chat' | 'admin'
+
 export interface ApiKeyInfo {
   id: string
   name: string
+  kind: ApiKeyKind
   key_prefix: string
   created_at: number
   last_used_at: number | null
@@ -19,6 +24,7 @@ export interface ApiKeyInfo {
 export interface CreatedApiKey {
   id: string
   name: string
+  kind: ApiKeyKind
   /** The only time the whole key exists outside its holder: it is not stored. */
   key: string
 }
@@ -26,7 +32,7 @@ export interface CreatedApiKey {
 export class ApiKeys {
   constructor(private readonly db: GatewayDb) {}
 
-  create(name: string): CreatedApiKey {
+  create(name: string, kind: ApiKeyKind = 'chat'): CreatedApiKey {
     const trimmed = name.trim()
     if (!trimmed || trimmed.length > 100) {
       throw new GatewayError('E_USAGE', 'an API key name must be 1 to 100 characters', {
@@ -36,14 +42,14 @@ export class ApiKeys {
     const id = `key_${crypto.randomBytes(6).toString('hex')}`
     const key = API_KEY_PREFIX + crypto.randomBytes(32).toString('base64url')
     this.db
-      .prepare('INSERT INTO api_keys (id, name, key_hash, key_prefix, created_at) VALUES (?, ?, ?, ?, ?)')
-      .run(id, trimmed, hashRandomToken(key), key.slice(0, SHOWN_PREFIX_LENGTH), Date.now())
-    return {id, name: trimmed, key}
+      .prepare('INSERT INTO api_keys (id, name, kind, key_hash, key_prefix, created_at) VALUES (?, ?, ?, ?, ?, ?)')
+      .run(id, trimmed, kind, hashRandomToken(key), key.slice(0, SHOWN_PREFIX_LENGTH), Date.now())
+    return {id, name: trimmed, kind, key}
   }
 
   list(): ApiKeyInfo[] {
     return this.db
-      .prepare('SELECT id, name, key_prefix, created_at, last_used_at, revoked_at FROM api_keys ORDER BY created_at, rowid')
+      .prepare('SELECT id, name, kind, key_prefix, created_at, last_used_at, revoked_at FROM api_keys ORDER BY created_at, rowid')
       .all() as ApiKeyInfo[]
   }
 
@@ -55,7 +61,7 @@ export class ApiKeys {
     }
     this.db.prepare('UPDATE api_keys SET revoked_at = COALESCE(revoked_at, ?) WHERE id = ?').run(Date.now(), id)
     return this.db
-      .prepare('SELECT id, name, key_prefix, created_at, last_used_at, revoked_at FROM api_keys WHERE id = ?')
+      .prepare('SELECT id, name, kind, key_prefix, created_at, last_used_at, revoked_at FROM api_keys WHERE id = ?')
       .get(id) as ApiKeyInfo
   }
 
@@ -63,7 +69,7 @@ export class ApiKeys {
   verify(key: string): ApiKeyInfo | undefined {
     if (!key.startsWith(API_KEY_PREFIX)) return undefined
     const row = this.db
-      .prepare('SELECT id, name, key_prefix, created_at, last_used_at, revoked_at FROM api_keys WHERE key_hash = ?')
+      .prepare('SELECT id, name, kind, key_prefix, created_at, last_used_at, revoked_at FROM api_keys WHERE key_hash = ?')
       .get(hashRandomToken(key)) as ApiKeyInfo | undefined
     if (!row || row.revoked_at !== null) return undefined
     const now = Date.now()
@@ -76,8 +82,12 @@ export class ApiKeys {
 }
 
 /** `meepagateway api-key create|list|revoke`: one-shot operations on the gateway database. */
-export function createApiKey(options: {home: string; name: string}): CreatedApiKey {
-  return withGatewayDb(options.home, (db) => new ApiKeys(db).create(options.name))
+export function createApiKey(options: {home: string; name: string; admin?: boolean}): CreatedApiKey {
+  return withGatewayDb(options.home, (db) => {
+    const created = new ApiKeys(db).create(options.name, options.admin ? 'admin' : 'chat')
+    new AuditLog(db).record({event: 'api_key_created', principal: 'cli', summary: `${created.kind} key ${created.id} (${created.name}) created`, details: {id: created.id, kind: created.kind}})
+    return created
+  })
 }
 
 export function listApiKeys(options: {home: string}): ApiKeyInfo[] {
@@ -85,5 +95,9 @@ export function listApiKeys(options: {home: string}): ApiKeyInfo[] {
 }
 
 export function revokeApiKey(options: {home: string; id: string}): ApiKeyInfo {
-  return withGatewayDb(options.home, (db) => new ApiKeys(db).revoke(options.id))
+  return withGatewayDb(options.home, (db) => {
+    const revoked = new ApiKeys(db).revoke(options.id)
+    new AuditLog(db).record({event: 'api_key_revoked', principal: 'cli', summary: `${revoked.kind} key ${revoked.id} (${revoked.name}) revoked`, details: {id: revoked.id}})
+    return revoked
+  })
 }

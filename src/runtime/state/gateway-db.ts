@@ -66,6 +66,31 @@ export const MIGRATIONS: ReadonlyArray<{name: string; sql: string}> = [
       CREATE INDEX captain_sessions_by_expiry ON captain_sessions (expires_at);
     `,
   },
+  {
+    // Keys made before there were two kinds become chat keys; serve says so once (the notice row).
+    name: 'api key kinds, audit log and one-time dashboard links',
+    sql: `
+      ALTER TABLE api_keys ADD COLUMN kind TEXT NOT NULL DEFAULT 'chat';  -- chat | admin
+      INSERT INTO captain_settings (key, value, updated_at)
+        SELECT 'legacy_keys_notice', CAST(count(*) AS TEXT), CAST(strftime('%s', 'now') AS INTEGER) * 1000 FROM api_keys WHERE revoked_at IS NULL HAVING count(*) > 0;
+      CREATE TABLE audit (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        at INTEGER NOT NULL,             -- ms since epoch
+        level TEXT NOT NULL,             -- info | warning
+        event TEXT NOT NULL,             -- login_failed, config_change, api_key_created, ...
+        principal TEXT NOT NULL,         -- dashboard session, key_… (name), anonymous, cli
+        source TEXT,                     -- remote address of the request
+        summary TEXT NOT NULL,
+        details TEXT                     -- JSON
+      );
+      CREATE INDEX audit_by_time ON audit (at);
+      CREATE TABLE captain_login_links (
+        token_hash TEXT PRIMARY KEY,     -- sha256 hex of the one-time secret in the URL fragment
+        created_at INTEGER NOT NULL,
+        expires_at INTEGER NOT NULL
+      );
+    `,
+  },
 ]
 
 /**

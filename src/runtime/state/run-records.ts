@@ -106,6 +106,13 @@ export class RunRecords {
     return this.db.prepare('SELECT * FROM runs WHERE id = ?').get(id) as RunRecord | undefined
   }
 
+  /** One caller's runs on one connector (a web chat key's own conversations), newest first. */
+  listByUser(connector: string, userId: string, limit = 50): RunRecord[] {
+    return this.db
+      .prepare('SELECT * FROM runs WHERE connector = ? AND user_id = ? ORDER BY started_at DESC, rowid DESC LIMIT ?')
+      .all(connector, userId, limit) as RunRecord[]
+  }
+
   /** Newest first. */
   list(options: {agentId?: string; limit?: number} = {}): RunRecord[] {
     const limit = options.limit ?? 20

@@ -48,7 +48,14 @@ export interface GeneratedDockerfile {
   hash: string
 }
 
-const IMAGE_REF = /^[a-zA-Z0-9][a-zA-Z0-9._/:@-]*$/
+// The distribution reference grammar (github.com/distribution/reference): [domain[:port]/]path[:tag][@digest],
+// or an image ID. Nothing that starts with "-" (it would be read as a docker flag) or holds spaces.
+const DOMAIN_PART = '(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])'
+const DOMAIN = `(?:${DOMAIN_PART}(?:\\.${DOMAIN_PART})*(?::[0-9]+)?|\\[[0-9a-fA-F:]+\\](?::[0-9]+)?)`
+const PATH_PART = '[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*'
+const IMAGE_REF = new RegExp(
+  `^(?:(?:${DOMAIN}/)?${PATH_PART}(?:/${PATH_PART})*(?::[\\w][\\w.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?|sha256:[0-9a-f]{64}|[0-9a-f]{64})$`,
+)
 // Debian and Alpine package names, optionally pinned (`curl=7.88.1-10`, `python3~3.11`); nothing a shell would interpret.
 const PACKAGE = /^[a-zA-Z0-9][a-zA-Z0-9+._-]*([=~<>]{1,2}[a-zA-Z0-9+._:~-]+)?$/
 const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/
@@ -158,7 +165,7 @@ export function dockerTag(text: string): string {
 }
 
 export function validateImageRef(ref: string, where: string): void {
-  if (!IMAGE_REF.test(ref)) {
+  if (ref.length > 512 || !IMAGE_REF.test(ref)) {
     throw new GatewayError('E_CONFIG', `${where}: "${ref}" is not a Docker image reference`, {
       suggestions: ['use a reference such as debian:bookworm-slim or registry.example.com/team/image:1.2'],
     })

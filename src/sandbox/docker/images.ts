@@ -61,6 +61,7 @@ const PROBE_TIMEOUT_MS = 60_000
 const builds = new KeyedQueue({concurrency: 2})
 
 export async function inspectImage(cli: DockerCli, ref: string, signal?: AbortSignal): Promise<ImageInfo | undefined> {
+  validateImageRef(ref, 'image') // before docker sees it: a reference is never a flag
   const result = await cli.exec(['image', 'inspect', '--format', '{{json .}}', ref], {signal})
   if (result.exitCode !== 0) {
     if (/no such image/i.test(result.stderr)) return undefined
@@ -274,6 +275,7 @@ async function requireBase(context: ImageContext, ref: string, where: string): P
  * cacheDir) so a second `container build` does not start a container.
  */
 export async function detectPackageManager(baseRef: string, context: ImageContext): Promise<PackageManager | null> {
+  validateImageRef(baseRef, 'image_config.base_image')
   const base = await requireBase(context, baseRef, 'image_config.base_image')
   const cache = await readFactsCache(context.cacheDir)
   const known = cache[base.id]

@@ -1,0 +1,60 @@
+import type {AgentConfig, ImageConfig} from '../config/types.js'
+import {isolationLevelFor} from '../runners/index.js'
+import type {AuditLog} from '../state/audit.js'
+
+const STRENGTH = {container: 2, 'host-sandbox': 1, unrestricted: 0} as const
+
+/** What a change of an agent's effective config gives up, in words (empty when nothing). */
+export function agentWeakenings(before: AgentConfig, after: AgentConfig): string[] {
+  const found: string[] = []
+  const levelBefore = isolationLevelFor(before, false)
+  const levelAfter = isolationLevelFor(after, false)
+  if (STRENGTH[levelAfter] < STRENGTH[levelBefore]) found.push(`isolation ${levelBefore} → ${levelAfter}`)
+  if (after.file_access.allow_network && !before.file_access.allow_network) found.push('file_access.allow_network on')
+  const networkBefore = before.container_mode.network
+  const networkAfter = after.container_mode.network
+  if (networkAfter !== networkBefore && networkAfter !== 'none') found.push(`container_mode.network ${networkBefore} → ${networkAfter}`)
+  for (const list of ['allow_read', 'allow_read_write'] as const) {
+    const added = after.file_access[list].filter((entry) => !before.file_access[list].includes(entry))
+    if (added.length > 0) found.push(`file_access.${list} widened by ${added.join(', ')}`)
+  }
+  const undenied = before.file_access.deny.filter((entry) => !after.file_access.deny.includes(entry))
+  if (undenied.length > 0) found.push(`file_access.deny no longer denies ${undenied.join(', ')}`)
+  if (after.file_access.allow_home_dotfiles && !before.file_access.allow_home_dotfiles) found.push('file_access.allow_home_dotfiles on')
+  if (after.file_access.best_effort && !before.file_access.best_effort) found.push('file_access.best_effort on')
+  return found
+}
+
+export function imageConfigWeakenings(before: ImageConfig, after: ImageConfig): string[] {
+  const found: string[] = []
+  if (before.redact_secrets && !after.redact_secrets) found.push('redact_secrets off')
+  if (after.inject_credentials_env && !before.inject_credentials_env) found.push('inject_credentials_env on')
+  if (after.inject_secrets_env && !before.inject_secrets_env) found.push('inject_secrets_env on')
+  return found
+}
+
+/** Fields whose written value changed, as `field: old → new` (JSON), and the same as data. */
+export function writtenChanges(before: Record<string, unknown>, after: Record<string, unknown>): Array<{field: string; old: unknown; new: unknown}> {
+  const fields = [...new Set([...Object.keys(before), ...Object.keys(after)])].filter((field) => field !== 'connectors')
+  return fields
+    .filter((field) => JSON.stringify(before[field]) !== JSON.stringify(after[field]))
+    .map((field) => ({field, old: before[field] ?? null, new: after[field] ?? null}))
+}
+
+/** One audit entry per API config change; a warning when it weakens isolation or redaction. */
+export function auditConfigChange(
+  audit: AuditLog,
+  entry: {what: string; principal: string; source: string; before: Record<string, unknown>; after: Record<string, unknown>; weakenings: string[]},
+): void {
+  const changes = writtenChanges(entry.before, entry.after)
+  if (changes.length === 0) return
+  const described = changes.map((change) => `${change.field}: ${JSON.stringify(change.old)} → ${JSON.stringify(change.new)}`).join('; ')
+  audit.record({
+    event: 'config_change',
+    level: entry.weakenings.length > 0 ? 'warning' : 'info',
+    principal: entry.principal,
+    source: entry.source,
+    summary: `${entry.what} changed: ${described}${entry.weakenings.length > 0 ? ` (WEAKENS ISOLATION: ${entry.weakenings.join('; ')})` : ''}`,
+    details: {target: entry.what, changes, weakenings: entry.weakenings},
+  })
+}

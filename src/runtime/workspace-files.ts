@@ -1,0 +1,188 @@
+import crypto from 'node:crypto'
+import fs from 'node:fs'
+import path from 'node:path'
+import {GatewayError} from './errors.js'
+
+/**
+ * Files the gateway process itself reads or writes inside an agent's workspace (SOUL.md,
+ * MEMORY.md, skills, memory.db). The agent owns that directory and may have planted anything in
+ * it: a symlink to /proc/self/environ or ~/.ssh, a FIFO that blocks a reader forever, a device
+ * node, a symlinked parent directory. So nothing below the workspace root is followed: every
+ * component is lstat'ed, the file is opened with O_NOFOLLOW|O_NONBLOCK, must be a regular file
+ * of bounded size, and after opening its identity and real path are compared with what was checked.
+ */
+
+/** Bigger workspace files are refused: the gateway puts them in memory and in API answers. */
+export const MAX_WORKSPACE_FILE_BYTES = 1024 * 1024
+
+const {O_RDONLY, O_WRONLY, O_CREAT, O_EXCL, O_NOFOLLOW, O_NONBLOCK} = fs.constants
+
+function refuse(relative: string, problem: string): GatewayError {
+  return new GatewayError('E_WORKSPACE', `the workspace's ${relative} ${problem}; the gateway does not follow or open anything but regular files there`, {
+    suggestions: [`replace ${relative} with a regular file (e.g. delete it; the gateway recreates its own files)`],
+  })
+}
+
+function kindOf(stat: fs.Stats): string {
+  if (stat.isSymbolicLink()) return 'a symbolic link'
+  if (stat.isFIFO()) return 'a FIFO'
+  if (stat.isCharacterDevice() || stat.isBlockDevice()) return 'a device node'
+  if (stat.isSocket()) return 'a socket'
+  if (stat.isDirectory()) return 'a directory'
+  return 'not a regular file'
+}
+
+/** `SOUL.md`, `skills/x/SKILL.md`; never absolute, never `..`. */
+function partsOf(relative: string): string[] {
+  const parts = relative.split(/[\\/]+/).filter((part) => part && part !== '.')
+  if (path.isAbsolute(relative) || parts.length === 0 || parts.includes('..')) {
+    throw new GatewayError('E_INPUT', `${JSON.stringify(relative)} is not a path inside the workspace`)
+  }
+  return parts
+}
+
+function lstatOrUndefined(file: string): fs.Stats | undefined {
+  try {
+    return fs.lstatSync(file)
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === 'ENOENT') return undefined
+    throw error
+  }
+}
+
+/** The workspace root as the kernel sees it (resolved once: the root is the gateway's, its parent the operator's). */
+function realRoot(root: string): string {
+  const stat = lstatOrUndefined(root)
+  if (!stat) throw new GatewayError('E_WORKSPACE', `the workspace ${root} does not exist`, {suggestions: ['run meepagateway agent create <id>']})
+  if (!stat.isDirectory()) throw new GatewayError('E_WORKSPACE', `the workspace ${root} is ${kindOf(stat)}, not a directory`)
+  return fs.realpathSync(root)
+}
+
+/**
+ * Checks every directory between the root and the file: each must be a real directory, not a
+ * link. `create` makes missing ones (mkdir never follows a link at its last component).
+ */
+function checkDirectories(root: string, parts: string[], relative: string, create: boolean): string | undefined {
+  let current = root
+  for (const part of parts.slice(0, -1)) {
+    current = path.join(current, part)
+    let stat = lstatOrUndefined(current)
+    if (!stat && create) {
+      fs.mkdirSync(current, {mode: 0o700})
+      stat = fs.lstatSync(current)
+    }
+    if (!stat) return undefined
+    if (!stat.isDirectory()) throw refuse(relative, `has a parent (${path.relative(root, current)}) that is ${kindOf(stat)}`)
+  }
+  return current
+}
+
+/** Where an open file really is (Linux); undefined where /proc is not available. */
+function openedPath(fd: number): string | undefined {
+  try {
+    return fs.readlinkSync(`/proc/self/fd/${fd}`)
+  } catch {
+    return undefined
+  }
+}
+
+function assertOpenedAt(fd: number, expected: string, relative: string): void {
+  const actual = openedPath(fd)
+  if (actual !== undefined && actual !== expected) throw refuse(relative, 'changed while the gateway opened it (a link was swapped in)')
+}
+
+/** The file's text, or undefined when it does not exist; E_WORKSPACE for anything but a regular file. */
+export function readWorkspaceFile(root: string, relative: string, options: {maxBytes?: number} = {}): string | undefined {
+  const maxBytes = options.maxBytes ?? MAX_WORKSPACE_FILE_BYTES
+  const parts = partsOf(relative)
+  const base = realRoot(root)
+  if (checkDirectories(base, parts, relative, false) === undefined) return undefined
+  const file = path.join(base, ...parts)
+  const before = lstatOrUndefined(file)
+  if (!before) return undefined
+  if (!before.isFile()) throw refuse(relative, `is ${kindOf(before)}`)
+  let fd: number
+  try {
+    // O_NONBLOCK: a FIFO swapped in after the lstat cannot block the gateway in open()
+    fd = fs.openSync(file, O_RDONLY | O_NOFOLLOW | O_NONBLOCK)
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === 'ELOOP') throw refuse(relative, 'is a symbolic link')
+    if ((error as NodeJS.ErrnoException).code === 'ENOENT') return undefined
+    throw error
+  }
+  try {
+    const stat = fs.fstatSync(fd)
+    if (!stat.isFile()) throw refuse(relative, `is ${kindOf(stat)}`)
+    if (stat.ino !== before.ino || stat.dev !== before.dev) throw refuse(relative, 'changed while the gateway opened it')
+    assertOpenedAt(fd, file, relative)
+    if (stat.size > maxBytes) throw refuse(relative, `is larger than ${maxBytes} bytes`)
+    const buffer = Buffer.alloc(Math.min(stat.size, maxBytes) + 1)
+    let length = 0
+    for (;;) {
+      const read = fs.readSync(fd, buffer, length, buffer.length - length, null)
+      if (read === 0) break
+      length += read
+      if (length > maxBytes) throw refuse(relative, `is larger than ${maxBytes} bytes`)
+    }
+    return buffer.subarray(0, length).toString('utf8')
+  } finally {
+    fs.closeSync(fd)
+  }
+}
+
+/**
+ * Writes the file whole: a new file in the checked directory (O_EXCL|O_NOFOLLOW), then renamed
+ * over the old name, which replaces a planted link instead of writing through it. `exclusive`
+ * keeps an existing entry (of any kind) and reports false.
+ */
+export function writeWorkspaceFile(root: string, relative: string, content: string | Buffer, options: {mode?: number; exclusive?: boolean} = {}): boolean {
+  const parts = partsOf(relative)
+  const base = realRoot(root)
+  const dir = checkDirectories(base, parts, relative, true) as string
+  const file = path.join(base, ...parts)
+  const existing = lstatOrUndefined(file)
+  if (existing && options.exclusive) return false
+  if (existing?.isDirectory()) throw refuse(relative, 'is a directory')
+  const temp = path.join(dir, `.${parts.at(-1)}.${crypto.randomBytes(6).toString('hex')}.tmp`)
+  const fd = fs.openSync(temp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, options.mode ?? 0o644)
+  let placed = false
+  try {
+    assertOpenedAt(fd, temp, relative)
+    fs.writeSync(fd, typeof content === 'string' ? Buffer.from(content) : content)
+    fs.fsyncSync(fd)
+    if (options.exclusive) {
+      try {
+        fs.linkSync(temp, file) // fails on any existing entry, a dangling link included
+      } catch (error) {
+        if ((error as NodeJS.ErrnoException).code === 'EEXIST') return false
+        throw error
+      }
+      placed = true
+      fs.unlinkSync(temp)
+      return true
+    }
+    fs.renameSync(temp, file)
+    placed = true
+    // the open file now has the final name: if a parent had been swapped for a link, it would not
+    assertOpenedAt(fd, file, relative)
+    return true
+  } finally {
+    fs.closeSync(fd)
+    if (!placed) fs.rmSync(temp, {force: true})
+  }
+}
+
+/**
+ * What is at `relative` without following it: 'missing', 'file', 'directory', or E_WORKSPACE for
+ * anything else (for files other code opens by name, e.g. SQLite's memory.db).
+ */
+export function workspaceEntry(root: string, relative: string): 'missing' | 'file' | 'directory' {
+  const parts = partsOf(relative)
+  const base = realRoot(root)
+  if (checkDirectories(base, parts, relative, false) === undefined) return 'missing'
+  const stat = lstatOrUndefined(path.join(base, ...parts))
+  if (!stat) return 'missing'
+  if (stat.isFile()) return 'file'
+  if (stat.isDirectory()) return 'directory'
+  throw refuse(relative, `is ${kindOf(stat)}`)
+}
