@@ -44,7 +44,7 @@ describe('captain auth', () => {
     expect(forged.body.error.code).toBe('E_AUTH')
     // an attacker holding every cookie of the operator's browser, and the session token itself as a cookie or Basic auth
     const {token} = await harness.login()
-    const ambient = [
+    const ambient: Array<Record<string, string>> = [
       {cookie: `captain_session=${token}`},
       {cookie: `captain_session=${token}; cps=${token}; token=${token}`},
       {authorization: `Basic ${Buffer.from(`admin:${PASSWORD}`).toString('base64')}`},
