@@ -12,6 +12,7 @@ const STATUS_BY_CODE: Partial<Record<ErrorCode, number>> = {
   E_AUTH: 401,
   E_NOT_FOUND: 404,
   E_AGENT_UNKNOWN: 404,
+  E_WORKSPACE: 409,
   E_BUSY: 409,
   E_IMAGE: 422,
   E_DOCKER: 502,
