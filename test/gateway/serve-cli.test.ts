@@ -47,7 +47,7 @@ async function createKey(): Promise<string> {
   const created = await runCli(['api-key', 'create', 'tests', '--json'], {home: home!.home})
   expect(created.exitCode).toBe(0)
   const parsed = JSON.parse(created.stdout)
-  expect(Object.keys(parsed).sort()).toEqual(['id', 'key', 'name'])
+  expect(Object.keys(parsed).sort()).toEqual(['id', 'key', 'kind', 'name'])
   return parsed.key
 }
 

@@ -23,16 +23,8 @@ export class CaptainAuthStore {
   constructor(private readonly db: GatewayDb) {}
 
   passwordHash(): string | undefined {
-    return this.setting('password_hash')
-  }
-
-  setting(key: string): string | undefined {
-    const row = this.db.prepare('SELECT value FROM captain_settings WHERE key = ?').get(key) as {value: string} | undefined
+    const row = this.db.prepare("SELECT value FROM captain_settings WHERE key = 'password_hash'").get() as {value: string} | undefined
     return row?.value
-  }
-
-  deleteSetting(key: string): void {
-    this.db.prepare('DELETE FROM captain_settings WHERE key = ?').run(key)
   }
 
   /** Sets the password hash and ends every session (a changed password logs everyone out). */

@@ -66,14 +66,6 @@ export class CaptainAuth {
    * without a stored hash, a one-time setup code is generated for the terminal.
    */
   async init(): Promise<void> {
-    const legacyKeys = this.store.setting('legacy_keys_notice')
-    if (legacyKeys) {
-      this.options.log(
-        `captain: the ${legacyKeys} API key(s) created before keys had kinds are now CHAT keys (POST /api/chat only); ` +
-          'create an admin key with `meepagateway api-key create NAME --admin` for scripts that manage the gateway',
-      )
-      this.store.deleteSetting('legacy_keys_notice')
-    }
     const fromEnv = this.env[PASSWORD_ENV]
     if (fromEnv) {
       const stored = this.store.passwordHash()

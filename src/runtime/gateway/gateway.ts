@@ -7,7 +7,7 @@ import {Router} from '../http/router.js'
 import {startHttpListener, type HttpListener} from '../http/server.js'
 import {newRunId, runMessage} from '../run-message.js'
 import {isolationLevelFor, stopStandbyContainers} from '../runners/index.js'
-import {ApiKeys} from '../state/api-keys.js'
+import {ApiKeys, takeLegacyKeysNotice} from '../state/api-keys.js'
 import {openGatewayDb, type GatewayDb} from '../state/gateway-db.js'
 import {RunRecords} from '../state/run-records.js'
 import {Dispatcher, type RunFunction} from './dispatcher.js'
@@ -55,6 +55,8 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
   log(`gateway: starting with ${loaded.path} (state in ${loaded.home})`)
   const db = openGatewayDb(loaded.home)
   try {
+    const legacyKeys = takeLegacyKeysNotice(db)
+    if (legacyKeys) log(legacyKeys)
     const records = new RunRecords(db)
     const stale = records.markStaleInterrupted()
     if (stale > 0) log(`gateway: marked ${stale} run(s) left running by a previous gateway as interrupted`)

@@ -101,3 +101,16 @@ export function revokeApiKey(options: {home: string; id: string}): ApiKeyInfo {
     return revoked
   })
 }
+
+/**
+ * Keys made before keys had kinds became chat keys (gateway.db migration); the first `serve`
+ * after it says so, once.
+ */
+export function takeLegacyKeysNotice(db: GatewayDb): string | undefined {
+  const row = db.prepare("DELETE FROM captain_settings WHERE key = 'legacy_keys_notice' RETURNING value").get() as {value: string} | undefined
+  if (!row) return undefined
+  return (
+    `gateway: the ${row.value} API key(s) created before keys had kinds are now CHAT keys (POST /api/chat only); ` +
+    'create an admin key with `meepagateway api-key create NAME --admin` for scripts that manage the gateway'
+  )
+}
