@@ -69,8 +69,10 @@ describeWithChromium('Captain dashboard in a browser', () => {
     await page.waitForSelector('#agents-table')
     expect(await page.textContent('tr[data-agent="meepa"]')).toContain('unrestricted')
     expect(await page.textContent('tr[data-agent="scout"]')).toContain('host-sandbox')
-    // the session cookie is invisible to page scripts
+    // no cookie at all: the session is a bearer token in this origin's sessionStorage
     expect(await page.evaluate(() => document.cookie)).toBe('')
+    expect((await browser.context.cookies()).length).toBe(0)
+    expect(await page.evaluate(() => sessionStorage.getItem('captain_token'))).toMatch(/^cps_/)
     await browser.screenshot('captain-overview')
   })
 
@@ -181,16 +183,18 @@ describeWithChromium('Captain dashboard in a browser', () => {
     await browser.screenshot('captain-overview-runs')
   }, 60_000)
 
-  it('creates an API key that is shown once, lists it by prefix and revokes it', async () => {
+  it('creates an admin API key that is shown once, lists it by prefix and revokes it', async () => {
     await logIn()
     const {page} = browser
     await page.click('a[data-nav="access"]')
     await page.fill('#key-name', 'deploy script')
+    await page.check('#key-admin')
     await page.click('#create-key')
     const key = (await page.textContent('#new-key'))!.trim()
     expect(key).toMatch(/^cptn_/)
     const row = page.locator('#keys-table tr', {hasText: 'deploy script'})
     expect(await row.textContent()).not.toContain(key)
+    expect(await row.textContent()).toContain('admin')
     const chat = () => fetch(`${gateway.url}/api/captain/agents`, {headers: {authorization: `Bearer ${key}`}})
     expect((await chat()).status).toBe(200)
     await browser.screenshot('captain-api-keys')
