@@ -135,8 +135,12 @@ async function useLoginLink() {
   const match = /^#login=([A-Za-z0-9_-]+)$/.exec(location.hash)
   if (!match) return
   history.replaceState(null, '', location.pathname)
-  const result = await api('POST', '/auth/link', {secret: match[1]})
-  setSessionToken(result.token)
+  try {
+    const result = await api('POST', '/auth/link', {secret: match[1]})
+    setSessionToken(result.token)
+  } catch (error) {
+    state.linkError = error // shown above the login form
+  }
 }
 
 /** Server-Sent Events over fetch, so the request carries the Authorization header (EventSource cannot). */
@@ -176,6 +180,8 @@ function showGate(session) {
   gate.hidden = false
   const setup = session ? session.setup_required : location.hash === '#/setup'
   gate.replaceChildren(setup ? setupForm() : loginForm())
+  if (state.linkError) gate.prepend(errorNotice(state.linkError))
+  state.linkError = null
   const first = gate.querySelector('input')
   if (first) first.focus()
 }

@@ -10,6 +10,7 @@ import {dockerMissingReason} from '../container/docker-env.js'
 import {fakeLlmConfig, makeHome, type TestHome} from '../helpers/home.js'
 import {describeWithChromium, openBrowser, type BrowserSession} from './browser.js'
 import {startCaptain} from './helpers.js'
+import {CaptainAuthStore} from '../../src/runtime/captain/auth-store.js'
 
 const PASSWORD = 'browser test password'
 
@@ -74,6 +75,37 @@ describeWithChromium('Captain dashboard in a browser', () => {
     expect((await browser.context.cookies()).length).toBe(0)
     expect(await page.evaluate(() => sessionStorage.getItem('captain_token'))).toMatch(/^cps_/)
     await browser.screenshot('captain-overview')
+  })
+
+  it('logs in with a one-time `dashboard link` URL and drops the secret from the address bar', async () => {
+    const secret = new CaptainAuthStore(gateway.db).createLoginLink()
+    const {page} = browser
+    await page.goto(`${gateway.url}/captain/#login=${secret}`)
+    await page.waitForSelector('#agents-table')
+    expect(page.url()).not.toContain(secret)
+    // used once: a second browser with the same URL gets the login form
+    const second = await openBrowser()
+    try {
+      await second.page.goto(`${gateway.url}/captain/#login=${secret}`)
+      await second.page.getByText('unknown, used or expired').waitFor()
+    } finally {
+      await second.close()
+    }
+  })
+
+  it('works under its own CSP: no page uses an inline style the policy would drop', async () => {
+    const violations: string[] = []
+    browser.page.on('console', (message) => {
+      if (/Content Security Policy/i.test(message.text())) violations.push(message.text())
+    })
+    await logIn()
+    const {page} = browser
+    for (const nav of ['agent:scout', 'container', 'chat', 'access', 'overview']) {
+      await page.click(`a[data-nav="${nav}"]`)
+      await page.waitForLoadState('networkidle')
+      expect(await page.evaluate(() => document.querySelectorAll('[style]').length), nav).toBe(0)
+    }
+    expect(violations).toEqual([])
   })
 
   it('edits the soul and warns clearly before an agent is made unrestricted', async () => {
