@@ -1,5 +1,6 @@
 import Database from 'better-sqlite3'
-import {execa, type ResultPromise} from 'execa'
+import http from 'node:http'
+import type {ResultPromise} from 'execa'
 import path from 'node:path'
 import {afterEach, describe, expect, it} from 'vitest'
 import {MIGRATIONS} from '../../src/runtime/state/gateway-db.js'
@@ -7,7 +8,8 @@ import {hashRandomToken} from '../../src/runtime/state/token-hash.js'
 import type {FakeLlm} from '../fakes/llm-server.js'
 import {fakeLlmForTests} from '../helpers/fake-llm-for-tests.js'
 import {freePort} from '../helpers/free-port.js'
-import {BIN, fakeLlmConfig, makeHome, runCli, type TestHome} from '../helpers/home.js'
+import {fakeLlmConfig, makeHome, runCli, type TestHome} from '../helpers/home.js'
+import {startServeProcess} from '../helpers/serve-process.js'
 
 const PASSWORD = 'serve control plane password'
 
@@ -25,28 +27,14 @@ afterEach(async () => {
   home = undefined
 })
 
-/** `node bin/run.js serve` over dist/; resolves once it listens. */
-async function startServe(): Promise<{url: string; output: () => string; stop(): Promise<void>}> {
-  let output = ''
-  const serve = execa(process.execPath, [BIN, 'serve', '--unrestricted', '--config', home!.configPath], {
-    env: {MEEPAGATEWAY_HOME: home!.home, FAKE_LLM_KEY: 'sk-fake-test-key-123456', MEEPAGATEWAY_PASSWORD: PASSWORD},
-    reject: false,
-    timeout: 60_000,
-  })
-  running.push(serve)
-  serve.stdout?.on('data', (chunk) => (output += String(chunk)))
-  serve.stderr?.on('data', (chunk) => (output += String(chunk)))
-  const deadline = Date.now() + 20_000
-  while (!/listening on (http:\/\/\S+)/.test(output)) {
-    if (serve.exitCode !== null || Date.now() > deadline) throw new Error(`serve did not start:\n${output}`)
-    await new Promise((resolve) => setTimeout(resolve, 50))
-  }
+async function startServe(env: Record<string, string> = {MEEPAGATEWAY_PASSWORD: PASSWORD}): Promise<{url: string; output: () => string; stop(): Promise<void>}> {
+  const serve = await startServeProcess({home: home!.home, configPath: home!.configPath, env})
+  running.push(serve.process)
   return {
-    url: (/listening on (http:\/\/\S+)/.exec(output) as RegExpExecArray)[1] as string,
-    output: () => output,
+    ...serve,
     async stop() {
-      serve.kill('SIGTERM')
-      await serve
+      serve.process.kill('SIGTERM')
+      await serve.process
     },
   }
 }
@@ -59,7 +47,34 @@ function call(url: string, method: string, route: string, key: string | undefine
   })
 }
 
+/** A request with any Host header (fetch does not let a caller choose it; a rebound DNS name does). */
+function withHost(url: string, method: string, route: string, host: string, body?: unknown): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const target = new URL(route, url)
+    const req = http.request({host: target.hostname, port: target.port, path: target.pathname, method, headers: {host, 'content-type': 'application/json'}}, (res) => {
+      res.resume()
+      resolve(res.statusCode ?? 0)
+    })
+    req.on('error', reject)
+    req.end(body === undefined ? undefined : JSON.stringify(body))
+  })
+}
+
 describe('the control plane of a real `serve`', {timeout: 90_000}, () => {
+  it('answers a rebound DNS name with 421 in setup-code mode, before the session state or a setup code is looked at', async () => {
+    const port = await freePort()
+    home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1'}], {captain: {enabled: true, bind: '127.0.0.1', port}}))
+    const serve = await startServe({})
+    const code = /setup code ([A-Z0-9]{3}-[A-Z0-9]{3}-[A-Z0-9]{3})/.exec(serve.output())?.[1]
+    expect(code).toBeDefined()
+    expect(await withHost(serve.url, 'GET', '/api/captain/auth/session', `evil.example:${port}`)).toBe(421)
+    expect(await withHost(serve.url, 'POST', '/api/captain/auth/setup', `evil.example:${port}`, {code, password: 'rebinding attacker'})).toBe(421)
+    expect(await withHost(serve.url, 'GET', '/captain/', 'evil.example')).toBe(421)
+    expect(await withHost(serve.url, 'GET', '/api/captain/auth/session', `localhost:${port}`)).toBe(200)
+    const state = (await (await fetch(`${serve.url}/api/captain/auth/session`)).json()) as {setup_required: boolean}
+    expect(state.setup_required).toBe(true) // the attacker's setup attempt never ran
+  })
+
   it('turns keys of an older gateway.db into chat keys, says so once, and they may only chat', async () => {
     const port = await freePort()
     home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1'}], {captain: {enabled: true, bind: '127.0.0.1', port}}))

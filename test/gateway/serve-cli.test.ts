@@ -7,6 +7,7 @@ import {fakeLlmForTests} from '../helpers/fake-llm-for-tests.js'
 import {BIN, fakeLlmConfig, makeHome, runCli, type TestHome} from '../helpers/home.js'
 import {requireLandlockOrSkip} from '../sandbox/landlock-support.js'
 import {freePort} from '../helpers/free-port.js'
+import {startServeProcess} from '../helpers/serve-process.js'
 
 const landlock = requireLandlockOrSkip('serve in the host-sandbox level')
 
@@ -27,20 +28,9 @@ afterEach(async () => {
 
 /** Starts `node bin/run.js serve` and resolves once it listens; `output()` is everything it logged. */
 async function startServe(args: string[] = ['--unrestricted']): Promise<{url: string; output: () => string}> {
-  let output = ''
-  serve = execa(process.execPath, [BIN, 'serve', '--config', home!.configPath, ...args], {
-    env: {MEEPAGATEWAY_HOME: home!.home, FAKE_LLM_KEY: 'sk-fake-test-key-123456'},
-    reject: false,
-    timeout: 60_000,
-  })
-  serve.stdout?.on('data', (chunk) => (output += String(chunk)))
-  serve.stderr?.on('data', (chunk) => (output += String(chunk)))
-  const deadline = Date.now() + 20_000
-  while (!/listening on (http:\/\/\S+)/.test(output)) {
-    if (serve.exitCode !== null || Date.now() > deadline) throw new Error(`serve did not start:\n${output}`)
-    await new Promise((resolve) => setTimeout(resolve, 50))
-  }
-  return {url: (/listening on (http:\/\/\S+)/.exec(output) as RegExpExecArray)[1] as string, output: () => output}
+  const started = await startServeProcess({home: home!.home, configPath: home!.configPath, args})
+  serve = started.process
+  return started
 }
 
 async function createKey(): Promise<string> {
@@ -213,7 +203,7 @@ describe('api-key and runs commands', {timeout: 90_000}, () => {
     const list = JSON.parse((await runCli(['api-key', 'list', '--json'], {home: home.home})).stdout)
     expect(list).toHaveLength(1)
     expect(JSON.stringify(list)).not.toContain(key)
-    expect((await runCli(['api-key', 'list'], {home: home.home})).stdout).toMatch(/laptop\s+cptn_\S{6}…\s.*active/)
+    expect((await runCli(['api-key', 'list'], {home: home.home})).stdout).toMatch(/laptop\s+chat\s+cptn_\S{6}…\s.*active/)
 
     const {url} = await startServe()
     llm.setDefault({text: 'ok'})
