@@ -1,4 +1,5 @@
 import Database from 'better-sqlite3'
+import fs from 'node:fs'
 import http from 'node:http'
 import type {ResultPromise} from 'execa'
 import path from 'node:path'
@@ -8,7 +9,8 @@ import {hashRandomToken} from '../../src/runtime/state/token-hash.js'
 import type {FakeLlm} from '../fakes/llm-server.js'
 import {fakeLlmForTests} from '../helpers/fake-llm-for-tests.js'
 import {freePort} from '../helpers/free-port.js'
-import {fakeLlmConfig, makeHome, runCli, type TestHome} from '../helpers/home.js'
+import {BIN, fakeLlmConfig, makeHome, runCli, type TestHome} from '../helpers/home.js'
+import {requireLandlockOrSkip} from '../sandbox/landlock-support.js'
 import {startServeProcess} from '../helpers/serve-process.js'
 
 const PASSWORD = 'serve control plane password'
@@ -60,7 +62,26 @@ function withHost(url: string, method: string, route: string, host: string, body
   })
 }
 
+const landlock = requireLandlockOrSkip('minting a dashboard link from inside the host sandbox')
+
 describe('the control plane of a real `serve`', {timeout: 90_000}, () => {
+  it.skipIf(!landlock)('a sandboxed agent cannot mint a dashboard login link: gateway.db is out of its reach', async () => {
+    home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1'}]))
+    expect((await runCli(['api-key', 'list'], {home: home.home})).exitCode).toBe(0) // gateway.db exists
+    expect((await runCli(['agent', 'create', 'a1'], {home: home.home})).exitCode).toBe(0)
+    // a config of the agent's own (readable to it) gets as far as gateway.db
+    fs.copyFileSync(home.configPath, path.join(home.workspace('a1'), 'own-config.yaml'))
+    for (const config of [home.configPath, path.join(home.workspace('a1'), 'own-config.yaml')]) {
+      const inside = await runCli(['sandbox', 'exec', '--agent', 'a1', '--', 'env', `MEEPAGATEWAY_HOME=${home.home}`, process.execPath, BIN, 'dashboard', 'link', '--config', config], {home: home.home})
+      expect(inside.exitCode, inside.stdout + inside.stderr).not.toBe(0)
+      expect(inside.stdout + inside.stderr).not.toMatch(/#login=/)
+      if (config !== home.configPath) expect(inside.stderr).toMatch(/cannot open the gateway database/)
+    }
+    const db = new Database(path.join(home.home, 'gateway.db'), {readonly: true})
+    expect(db.prepare('SELECT count(*) AS n FROM captain_login_links').get()).toEqual({n: 0})
+    db.close()
+  })
+
   it('answers a rebound DNS name with 421 in setup-code mode, before the session state or a setup code is looked at', async () => {
     const port = await freePort()
     home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1'}], {captain: {enabled: true, bind: '127.0.0.1', port}}))
