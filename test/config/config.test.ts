@@ -88,7 +88,7 @@ agents:
     expect(b?.max_iterations).toBe(3)
     expect(b?.container_mode).toMatchObject({memory_limit: '1g', network: 'host'})
     expect(b?.file_access.allow_network).toBe(true)
-    expect(config.captain).toEqual({enabled: true, bind: '127.0.0.1', port: 63372})
+    expect(config.captain).toEqual({enabled: true, bind: '127.0.0.1', port: 63372, allowed_hosts: []})
   })
 
   it('reports YAML syntax errors with their line', () => {

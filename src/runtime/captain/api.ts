@@ -312,7 +312,7 @@ async function dashboardContainerStatus(deps: CaptainApiDeps) {
   const loaded = deps.editor.loaded
   const cli = deps.docker()
   const signal = AbortSignal.timeout(30_000)
-  const base = {image_config: loaded.config.image_config, build: deps.builds.running ?? deps.builds.latest() ?? null}
+  const base = {image_config: deps.editor.asWritten(loaded.config.image_config, deps.editor.rawImageConfig()), build: deps.builds.running ?? deps.builds.latest() ?? null}
   let status
   try {
     status = await containerStatus(loaded, {cli, signal})

@@ -60,6 +60,8 @@ captain:
   enabled: true
   bind: 127.0.0.1
   port: 63372
+  # Host names (besides 127.0.0.1/localhost) browsers may use to reach the dashboard; others get 421
+  # allowed_hosts: [gateway.lan]
 
 image_config:
   enabled: false

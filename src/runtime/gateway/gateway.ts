@@ -12,7 +12,7 @@ import {openGatewayDb, type GatewayDb} from '../state/gateway-db.js'
 import {RunRecords} from '../state/run-records.js'
 import {Dispatcher, type RunFunction} from './dispatcher.js'
 import {RunQueue} from './run-queue.js'
-import {assertSafeBind, hasCaptainPassword, mountCaptain, type Captain} from '../captain/index.js'
+import {assertSafeBind, hasCaptainPassword, isLoopbackBind, mountCaptain, type Captain} from '../captain/index.js'
 
 export interface GatewayOptions {
   loaded: LoadedConfig
@@ -147,6 +147,9 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
         (options.unrestricted ? '; --unrestricted: every agent runs WITHOUT isolation' : ''),
     )
     captain?.announce(http.url.replace(/\/$/, ''))
+    if (!isLoopbackBind(config.captain.bind) && config.captain.allowed_hosts.length === 0) {
+      log(`gateway: captain.bind is ${config.captain.bind}, but only requests naming 127.0.0.1/localhost are answered; list the names clients use in captain.allowed_hosts`)
+    }
     for (const connector of connectors) connector.start()
 
     let stopping: Promise<void> | undefined
