@@ -48,6 +48,8 @@ const CODE_ALPHABET = 'ABCDEFGHJKMNPQRSTUVWXYZ23456789'
  */
 export class CaptainAuth {
   private setupCode: string | undefined
+  /** Checks run one at a time: each scrypt takes 32 MB, so parallel guesses must not add up. */
+  private checking: Promise<unknown> = Promise.resolve()
   private readonly guard: PasswordGuard
   private readonly env: NodeJS.ProcessEnv
 
@@ -182,7 +184,9 @@ export class CaptainAuth {
         'retry-after': String(ticket.retryAfterSeconds),
       })
     }
-    if (!(await check())) {
+    const checked = this.checking.then(check)
+    this.checking = checked.catch(() => undefined)
+    if (!(await checked)) {
       this.options.audit.record({event, principal: 'anonymous', source, summary: what})
       throw new HttpError(401, 'E_AUTH', event === 'setup_failed' ? 'wrong setup code; it is printed in the terminal running `meepagateway serve`' : event === 'login_failed' ? 'wrong password' : 'the current password is wrong')
     }

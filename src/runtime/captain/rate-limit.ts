@@ -29,7 +29,7 @@ export interface PasswordGuardLimits {
   /** Wrong guesses one address may make per window. */
   perClient: number
   perClientWindowMs: number
-  /** Password checks of all addresses together per window: another loopback address gets no fresh budget. */
+  /** Wrong guesses of all addresses together per window: another loopback address gets no fresh budget. */
   global: number
   globalWindowMs: number
 }
@@ -41,7 +41,7 @@ export type GuardTicket = {ok: true; succeeded(): void} | {ok: false; retryAfter
 /**
  * Limits password and setup-code checks. Every attempt is counted when it starts, before the
  * secret is looked at, so parallel guesses cannot all slip in before the first one fails; only a
- * right answer gives its per-address slot back. The global cap holds whatever the source address;
+ * right answer gives its slots back. The global cap holds whatever the source address;
  * an operator locked out by a noisy neighbour gets in with `meepagateway dashboard link`.
  */
 export class PasswordGuard {
@@ -64,7 +64,13 @@ export class PasswordGuard {
     this.all.add(now)
     this.clients.set(client, mine)
     if (this.clients.size > 10_000) this.prune(now)
-    return {ok: true, succeeded: () => mine.remove(now)}
+    return {
+      ok: true,
+      succeeded: () => {
+        mine.remove(now)
+        this.all.remove(now)
+      },
+    }
   }
 
   private prune(now: number): void {
