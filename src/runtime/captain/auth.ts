@@ -50,6 +50,8 @@ export class CaptainAuth {
   private setupCode: string | undefined
   /** Checks run one at a time: each scrypt takes 32 MB, so parallel guesses must not add up. */
   private checking: Promise<unknown> = Promise.resolve()
+  /** Refused (rate-limited) attempts go on the record at most once a minute, with a count: a flood must not flood the log. */
+  private refused = {count: 0, lastRecordedAt: 0}
   private readonly guard: PasswordGuard
   private readonly env: NodeJS.ProcessEnv
 
@@ -179,7 +181,11 @@ export class CaptainAuth {
     const source = clientOf(req)
     const ticket = this.guard.begin(source)
     if (!ticket.ok) {
-      this.options.audit.record({event, principal: 'anonymous', source, summary: `${what} refused: too many attempts`})
+      this.refused.count++
+      if (Date.now() - this.refused.lastRecordedAt >= 60_000) {
+        this.options.audit.record({event, principal: 'anonymous', source, summary: `${what} refused: too many attempts (${this.refused.count} refused since the last such entry)`})
+        this.refused = {count: 0, lastRecordedAt: Date.now()}
+      }
       throw new HttpError(429, 'E_AUTH', `too many attempts; try again in ${ticket.retryAfterSeconds} s, or run \`meepagateway dashboard link\` on this machine`, {
         'retry-after': String(ticket.retryAfterSeconds),
       })
