@@ -3,7 +3,7 @@ import type {IncomingMessage} from 'node:http'
 import {bearerToken} from '../http/json.js'
 import {HttpError} from '../http/router.js'
 import type {ApiKeys} from '../state/api-keys.js'
-import type {AuditLog} from '../state/audit.js'
+import type {AuditEntry, AuditLog} from '../state/audit.js'
 import {CaptainAuthStore, SESSION_TOKEN_PREFIX} from './auth-store.js'
 import {hashPassword, passwordProblem, sameSecret, verifyPassword} from './passwords.js'
 import {PasswordGuard} from './rate-limit.js'
@@ -50,8 +50,8 @@ export class CaptainAuth {
   private setupCode: string | undefined
   /** Checks run one at a time: each scrypt takes 32 MB, so parallel guesses must not add up. */
   private checking: Promise<unknown> = Promise.resolve()
-  /** Refused (rate-limited) attempts go on the record at most once a minute, with a count: a flood must not flood the log. */
-  private refused = {count: 0, lastRecordedAt: 0}
+  /** Unlimited kinds of failure (refused attempts, bad links) go on the record at most once a minute, with a count. */
+  private readonly throttled = new Map<string, {count: number; lastRecordedAt: number}>()
   private readonly guard: PasswordGuard
   private readonly env: NodeJS.ProcessEnv
 
@@ -133,7 +133,7 @@ export class CaptainAuth {
   /** A one-time link from `meepagateway dashboard link`: not rate-limited (the secret is 256 random bits). */
   loginWithLink(req: IncomingMessage, secret: unknown): string {
     if (typeof secret !== 'string' || !this.store.consumeLoginLink(secret)) {
-      this.options.audit.record({event: 'login_failed', principal: 'anonymous', source: clientOf(req), summary: 'dashboard login with an unknown, used or expired link'})
+      this.recordThrottled('link failed', {event: 'login_failed', principal: 'anonymous', source: clientOf(req), summary: 'dashboard login with an unknown, used or expired link'})
       throw new HttpError(401, 'E_AUTH', 'this login link is unknown, used or expired; run `meepagateway dashboard link` for a new one')
     }
     this.options.audit.record({event: 'login_link_used', principal: 'dashboard link', source: clientOf(req), summary: 'dashboard login with a one-time link'})
@@ -176,16 +176,22 @@ export class CaptainAuth {
     return principal
   }
 
+  /** A flood of these must not flood the log or gateway.db: one entry a minute says how many there were. */
+  private recordThrottled(key: string, entry: AuditEntry): void {
+    const state = this.throttled.get(key) ?? {count: 0, lastRecordedAt: 0}
+    state.count++
+    this.throttled.set(key, state)
+    if (Date.now() - state.lastRecordedAt < 60_000) return
+    this.options.audit.record({...entry, summary: `${entry.summary} (${state.count} time(s) since the last such entry)`})
+    this.throttled.set(key, {count: 0, lastRecordedAt: Date.now()})
+  }
+
   /** Counts the attempt first (429 when over a limit), then checks; a wrong secret is audited and answers 401. */
   private async checkSecret(req: IncomingMessage, event: string, what: string, check: () => boolean | Promise<boolean>): Promise<void> {
     const source = clientOf(req)
     const ticket = this.guard.begin(source)
     if (!ticket.ok) {
-      this.refused.count++
-      if (Date.now() - this.refused.lastRecordedAt >= 60_000) {
-        this.options.audit.record({event, principal: 'anonymous', source, summary: `${what} refused: too many attempts (${this.refused.count} refused since the last such entry)`})
-        this.refused = {count: 0, lastRecordedAt: Date.now()}
-      }
+      this.recordThrottled(`${event} refused`, {event, principal: 'anonymous', source, summary: `${what} refused: too many attempts`})
       throw new HttpError(429, 'E_AUTH', `too many attempts; try again in ${ticket.retryAfterSeconds} s, or run \`meepagateway dashboard link\` on this machine`, {
         'retry-after': String(ticket.retryAfterSeconds),
       })
