@@ -268,9 +268,10 @@ function mountContainerRoutes(deps: CaptainApiDeps): void {
     const imageConfig = withDraft(editor.loaded.config, draft)
     sendJson(res, 200, await previewDockerfile(imageConfig, containerImageContext(editor.loaded.home, {cli: deps.docker()})))
   }))
-  router.post(`${API}/container/build`, authed(auth, async ({req, res}) => {
+  router.post(`${API}/container/build`, authed(auth, async ({req, res, principal}) => {
     const body = req.headers['content-length'] === '0' || !req.headers['content-type'] ? {} : await readJsonObject(req)
     const {build, started} = builds.start(editor.loaded, {force: body.force === true})
+    if (started) deps.audit.record({event: 'image_build', principal: principalLabel(principal), source: clientOf(req), summary: `container image build ${build.id} started${build.force ? ' (forced)' : ''}`})
     sendJson(res, started ? 202 : 409, {
       build,
       events_url: `${API}/container/build/${build.id}/events`,
@@ -295,8 +296,10 @@ function mountContainerRoutes(deps: CaptainApiDeps): void {
     await stream.closed
     unsubscribe()
   }))
-  router.add('DELETE', `${API}/container/images/:tag`, authed(auth, async ({res, params}) => {
-    sendJson(res, 200, {ok: true, ...(await deleteGatewayImage(deps.docker(), params.tag as string))})
+  router.add('DELETE', `${API}/container/images/:tag`, authed(auth, async ({req, res, params, principal}) => {
+    const deleted = await deleteGatewayImage(deps.docker(), params.tag as string)
+    deps.audit.record({event: 'image_deleted', principal: principalLabel(principal), source: clientOf(req), summary: `image ${deleted.deleted} deleted`})
+    sendJson(res, 200, {ok: true, ...deleted})
   }))
   router.get(`${API}/container/status`, authed(auth, async ({res}) => {
     sendJson(res, 200, await dashboardContainerStatus(deps))
