@@ -84,6 +84,7 @@ export const MIGRATIONS: ReadonlyArray<{name: string; sql: string}> = [
         details TEXT                     -- JSON
       );
       CREATE INDEX audit_by_time ON audit (at);
+      DELETE FROM captain_sessions;    -- cookie sessions end: the dashboard now proves itself with a bearer token
       CREATE TABLE captain_login_links (
         token_hash TEXT PRIMARY KEY,     -- sha256 hex of the one-time secret in the URL fragment
         created_at INTEGER NOT NULL,
