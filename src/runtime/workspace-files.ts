@@ -50,10 +50,17 @@ function lstatOrUndefined(file: string): fs.Stats | undefined {
   }
 }
 
-/** The workspace root as the kernel sees it (resolved once: the root is the gateway's, its parent the operator's). */
+/**
+ * The workspace root as the kernel sees it. The root itself may be a link the operator made (its
+ * parent, the agents folder, is the operator's, never the agent's): only what is below it is not followed.
+ */
 function realRoot(root: string): string {
-  const stat = lstatOrUndefined(root)
-  if (!stat) throw new GatewayError('E_WORKSPACE', `the workspace ${root} does not exist`, {suggestions: ['run meepagateway agent create <id>']})
+  let stat: fs.Stats
+  try {
+    stat = fs.statSync(root)
+  } catch {
+    throw new GatewayError('E_WORKSPACE', `the workspace ${root} does not exist`, {suggestions: ['run meepagateway agent create <id>']})
+  }
   if (!stat.isDirectory()) throw new GatewayError('E_WORKSPACE', `the workspace ${root} is ${kindOf(stat)}, not a directory`)
   return fs.realpathSync(root)
 }
