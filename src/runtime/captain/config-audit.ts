@@ -38,7 +38,13 @@ export function writtenChanges(before: Record<string, unknown>, after: Record<st
   const fields = [...new Set([...Object.keys(before), ...Object.keys(after)])].filter((field) => field !== 'connectors')
   return fields
     .filter((field) => JSON.stringify(before[field]) !== JSON.stringify(after[field]))
-    .map((field) => ({field, old: before[field] ?? null, new: after[field] ?? null}))
+    .map((field) => ({field, old: withoutValues(field, before[field] ?? null), new: withoutValues(field, after[field] ?? null)}))
+}
+
+/** env_vars may hold tokens baked into an image: the record names the variables, not their values. */
+function withoutValues(field: string, value: unknown): unknown {
+  if (field !== 'env_vars' || !value || typeof value !== 'object') return value
+  return Object.fromEntries(Object.entries(value).map(([name, text]) => [name, `(${String(text).length} characters)`]))
 }
 
 /** One audit entry per API config change; a warning when it weakens isolation or redaction. */
