@@ -54,11 +54,23 @@ describe('captain auth', () => {
     for (const headers of ambient) {
       for (const [method, path, body] of [
         ['GET', '/api/captain/agents', undefined],
+        ['GET', '/api/captain/agents/meepa', undefined],
         ['PATCH', '/api/captain/agents/meepa', {file_access: {unrestricted: true}}],
         ['GET', '/api/captain/agents/meepa/soul', undefined],
+        ['PUT', '/api/captain/agents/meepa/soul', {content: 'owned'}],
+        ['GET', '/api/captain/runs', undefined],
+        ['GET', '/api/captain/auth/api-keys', undefined],
         ['POST', '/api/captain/auth/api-keys', {name: 'stolen', admin: true}],
+        ['DELETE', '/api/captain/auth/api-keys/key_000000000000', undefined],
         ['POST', '/api/captain/auth/password', {current_password: PASSWORD, new_password: 'attacker password'}],
         ['GET', '/api/captain/container/config', undefined],
+        ['PUT', '/api/captain/container/config', {redact_secrets: false}],
+        ['GET', '/api/captain/container/dockerfile', undefined],
+        ['GET', '/api/captain/container/status', undefined],
+        ['POST', '/api/captain/container/build', {}],
+        ['GET', '/api/captain/container/build/build_000000000000', undefined],
+        ['GET', '/api/captain/container/build/build_000000000000/events', undefined],
+        ['DELETE', '/api/captain/container/images/meepa-sandbox%3Aabc', undefined],
       ] as const) {
         const res = await harness.request(method, path, {body, headers})
         expect(res.status, `${method} ${path} with ${Object.keys(headers)[0]}`).toBe(401)
