@@ -90,7 +90,7 @@ export function spawnInSandbox(sandbox: AgentSandbox, argv: string[], options: {
 
 /** `sandbox exec`: runs any command under an agent's host policy with the terminal attached; returns its exit status. */
 export async function sandboxExec(options: SandboxExecOptions): Promise<{exitCode: number; timedOut: boolean}> {
-  if (options.argv.length === 0) throw new GatewayError('E_USAGE', 'no command given', {suggestions: ['meepagateway sandbox exec --agent ID -- CMD [ARGS...]']})
+  if (options.argv.length === 0) throw new GatewayError('E_USAGE', 'no command given after "--"', {suggestions: ['meepagateway sandbox exec --agent ID -- CMD [ARGS...]']})
   const sandbox = await openAgentSandbox(options.loaded, options.agentId)
   try {
     if (sandbox.policy.bestEffort) for (const gap of kernelGaps(sandbox.probe, sandbox.policy.network)) options.onLog?.(`sandbox: best effort, NOT enforced: ${gap}`)

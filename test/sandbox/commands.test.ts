@@ -71,6 +71,15 @@ describe.skipIf(!enabled)('sandbox explain and sandbox check', () => {
     expect(locked).toMatch(/UDP send to 127\.0\.0\.1/)
   })
 
+  it('exec passes the argv after "--" through untouched: repeated words, flag-like words, a second "--"', async () => {
+    const echoed = await cli('exec', '--agent', 'open', '--', 'echo', 'a', 'b', 'a')
+    expect(echoed.exitCode, echoed.stderr).toBe(0)
+    expect(echoed.stdout).toBe('a b a')
+    const printed = await cli('exec', '--agent', 'open', '--', 'sh', '-c', 'printf "%s|" "$0" "$@"', 'sh', 'a', 'b', 'a', '--agent', 'x', '-a', '--help', '--', 'a')
+    expect(printed.exitCode, printed.stderr).toBe(0)
+    expect(printed.stdout).toBe('sh|a|b|a|--agent|x|-a|--help|--|a|')
+  })
+
   it('exec without a command is a usage error', async () => {
     const result = await cli('exec', '--agent', 'open')
     expect(result.exitCode).toBe(2)
