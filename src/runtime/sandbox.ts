@@ -47,7 +47,7 @@ export async function openAgentSandbox(loaded: LoadedConfig, agentId: string, op
   const dispose = () => fs.rmSync(tmpDir, {recursive: true, force: true})
   try {
     const policy = agentPolicy({agent, config: loaded.config, home: loaded.home, workspace, tmpDir, configPath: loaded.path})
-    const gaps = kernelGaps(probe, policy.network)
+    const gaps = kernelGaps(probe, policy.network, policy.listen)
     if (gaps.length > 0 && !policy.bestEffort && !options.allowGaps) {
       throw new GatewayError('E_SANDBOX', `the host sandbox cannot be enforced on this kernel: ${gaps.join('; ')}`, {
         suggestions: ['upgrade the kernel (Landlock ABI 6 = Linux 6.12)', 'use container mode for this agent', 'or set file_access.best_effort: true to run with these gaps'],
@@ -93,7 +93,7 @@ export async function sandboxExec(options: SandboxExecOptions): Promise<{exitCod
   if (options.argv.length === 0) throw new GatewayError('E_USAGE', 'no command given after "--"', {suggestions: ['meepagateway sandbox exec --agent ID -- CMD [ARGS...]']})
   const sandbox = await openAgentSandbox(options.loaded, options.agentId)
   try {
-    if (sandbox.policy.bestEffort) for (const gap of kernelGaps(sandbox.probe, sandbox.policy.network)) options.onLog?.(`sandbox: best effort, NOT enforced: ${gap}`)
+    if (sandbox.policy.bestEffort) for (const gap of kernelGaps(sandbox.probe, sandbox.policy.network, sandbox.policy.listen)) options.onLog?.(`sandbox: best effort, NOT enforced: ${gap}`)
     const child = spawnInSandbox(sandbox, options.argv, {stdio: 'inherit', timeoutMs: options.timeoutMs})
     const killGroup = () => killProcessTree(child.pid)
     const onSignal = () => killGroup()

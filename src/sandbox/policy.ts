@@ -63,6 +63,8 @@ export interface SandboxPolicy {
   grants: PolicyGrant[]
   denies: PolicyDeny[]
   network: 'allow' | 'deny'
+  /** Binding TCP/UDP ports and listen(): 'deny' unless file_access.allow_listen. */
+  listen: 'allow' | 'deny'
   bestEffort: boolean
   lowered: LoweredDirectory[]
   /** Config entries that were skipped or overridden, in words an operator can act on. */
@@ -72,7 +74,8 @@ export interface SandboxPolicy {
 export type PolicyFileAccess = Pick<
   FileAccessConfig,
   'allow_read' | 'allow_read_write' | 'deny' | 'allow_home_dotfiles' | 'allow_network' | 'best_effort'
->
+> &
+  Partial<Pick<FileAccessConfig, 'allow_listen'>>
 
 export interface PolicyInput {
   fileAccess: PolicyFileAccess
@@ -233,6 +236,7 @@ export function compilePolicy(input: PolicyInput): SandboxPolicy {
     grants: kept,
     denies,
     network: fa.allow_network ? 'allow' : 'deny',
+    listen: fa.allow_listen ? 'allow' : 'deny',
     bestEffort: fa.best_effort,
     lowered,
     notes,

@@ -216,8 +216,8 @@ describeWithDocker('container mode: a fresh hardened container per message (real
     expect(image).toBeDefined()
     const workspace = fs.mkdtempSync(path.join(process.env.TMPDIR ?? '/tmp', 'meepa-netns-'))
     const args = buildDockerRunArgs({
-      name: `meepa-netprobe-${process.pid}`, image: image!, workspace, uid: process.getuid!(), gid: process.getgid!(), memoryLimit: '128m', pidsLimit: 64,
-      network: 'none', labels: {meepagateway: '1'}, forwardEnv: [], entrypoint: '/bin/sh', command: ['-c', "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"],
+      name: `meepa-netprobe-${process.pid}`, image: image!, workspace, uid: process.getuid!(), gid: process.getgid!(), memoryLimit: '128m', pidsLimit: 64, cpus: 1,
+      network: 'none', listen: 'deny', labels: {meepagateway: '1'}, forwardEnv: [], entrypoint: '/bin/sh', command: ['-c', "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"],
     })
     const run = await execa('docker', args, {reject: false, input: '', timeout: 60_000})
     await execa('docker', ['rm', '-f', `meepa-netprobe-${process.pid}`], {reject: false})

@@ -19,7 +19,7 @@ export const DEFAULT_GATEWAY: GatewayConfig['gateway'] = {max_concurrent_runs: 4
 export const DEFAULT_AGENT: Omit<AgentConfig, 'id' | 'name'> = {
   max_iterations: 20,
   timeout_seconds: 300,
-  container_mode: {enabled: false, image: '', memory_limit: '512m', timeout_seconds: 300, network: 'bridge', pids_limit: 256, standby: true},
+  container_mode: {enabled: false, image: '', memory_limit: '512m', timeout_seconds: 300, network: 'bridge', pids_limit: 256, cpus: 1, standby: true},
   file_access: {
     unrestricted: false,
     allow_read: [],
@@ -27,6 +27,7 @@ export const DEFAULT_AGENT: Omit<AgentConfig, 'id' | 'name'> = {
     deny: [],
     allow_home_dotfiles: false,
     allow_network: true,
+    allow_listen: false,
     best_effort: false,
   },
   connectors: [],

@@ -67,7 +67,7 @@ export const hostSandboxRunner: Runner = {
 async function linuxLaunch(policy: SandboxPolicy, env: Record<string, string>): Promise<Launch | {error: string; gaps: string[]; fix: string}> {
   const helper = requireHelper()
   const probe = await probeKernel(helper)
-  const gaps = kernelGaps(probe, policy.network)
+  const gaps = kernelGaps(probe, policy.network, policy.listen)
   if (gaps.length > 0 && !policy.bestEffort) {
     return {
       error: `the host sandbox cannot be enforced on this kernel: ${gaps.join('; ')}`,

@@ -21,7 +21,7 @@ export interface EnforcementReport {
   notes: string[]
 }
 
-export function kernelGaps(probe: KernelProbe, network: 'allow' | 'deny'): string[] {
+export function kernelGaps(probe: KernelProbe, network: 'allow' | 'deny', listen: 'allow' | 'deny' = 'allow'): string[] {
   const gaps: string[] = []
   const abi = probe.landlock.abi
   if (abi < 1) gaps.push(`file rules: Landlock is unavailable (${probe.landlock.errno ?? '?'}: ${probe.landlock.reason ?? 'unknown reason'})`)
@@ -34,13 +34,20 @@ export function kernelGaps(probe: KernelProbe, network: 'allow' | 'deny'): strin
     gaps.push('seccomp filter unavailable: unix sockets (the Docker socket), io_uring and leaving the process group are not blocked')
     if (network === 'deny') gaps.push('network off: UDP, raw and packet sockets are not blocked (no seccomp)')
     if (network === 'deny' && abi < 4) gaps.push('network off: TCP is not blocked (no seccomp and Landlock ABI < 4)')
+    if (listen === 'deny' && network === 'allow') {
+      gaps.push(
+        abi < 4
+          ? 'listening off: binding and listening on TCP and UDP ports are not blocked (no seccomp and Landlock ABI < 4)'
+          : 'listening off: UDP binds and listen() on an unbound TCP socket are not blocked (no seccomp)',
+      )
+    }
   }
   return gaps
 }
 
 export function enforcementReport(policy: SandboxPolicy, probe: KernelProbe): EnforcementReport {
   const abi = probe.landlock.abi
-  const gaps = kernelGaps(probe, policy.network)
+  const gaps = kernelGaps(probe, policy.network, policy.listen)
   const landlock = abi >= 1
   const unsupported = (rights: readonly FsRight[]) => rights.filter((right) => RIGHT_SINCE_ABI[right] > abi)
   const handledCount = FS_RIGHTS.filter((right) => RIGHT_SINCE_ABI[right] <= abi).length
@@ -69,6 +76,10 @@ export function enforcementReport(policy: SandboxPolicy, probe: KernelProbe): En
     if (abi >= 4) networkMechanisms.push('Landlock: TCP bind and connect handled, no port allowed')
     if (probe.seccomp) networkMechanisms.push('seccomp: socket() denied for every address family (UDP, raw, packet, netlink included); socketpair(AF_UNIX) allowed')
   } else networkMechanisms.push('not restricted (allow_network: true); only socket(AF_UNIX) and AF_VSOCK are denied by seccomp')
+  if (policy.network === 'allow' && policy.listen === 'deny') {
+    if (abi >= 4) networkMechanisms.push('no listening (allow_listen: false): Landlock handles TCP bind with no port allowed')
+    if (probe.seccomp) networkMechanisms.push('no listening: seccomp denies listen() and every AF_INET/AF_INET6 bind (TCP and UDP, port 0 included); outgoing connections still work')
+  } else if (policy.listen === 'allow') networkMechanisms.push('listening allowed (allow_listen: true): commands may bind ports on every interface the host has')
 
   const processRules = [
     {what: 'environment', mechanism: 'replaced by an explicit allow-list (PATH, HOME=workspace, TMPDIR, LANG); secrets reach agent-run on stdin only'},
