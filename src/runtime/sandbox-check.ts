@@ -46,8 +46,9 @@ interface Probe {
   restore?: {from: string; to: string}
 }
 
-// EXDEV: Landlock refuses a link or rename that would give a file more rights than it has.
-const DENIED_ERROR = /Permission denied|Operation not permitted|EACCES|EPERM|Invalid cross-device link|EXDEV/
+// EXDEV: Landlock refuses a link or rename that would give a file more rights than it has. EBUSY,
+// EROFS: the namespace layer's read-only covers. ESRCH: a host pid is absent from the PID namespace.
+const DENIED_ERROR = /Permission denied|Operation not permitted|EACCES|EPERM|Invalid cross-device link|EXDEV|Device or resource busy|EBUSY|Read-only file system|EROFS|No such process|ESRCH/
 const PROBE_TIMEOUT_MS = 15_000
 
 export async function sandboxCheck(loaded: LoadedConfig, agentId?: string): Promise<SandboxCheckResult[]> {

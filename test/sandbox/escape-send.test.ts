@@ -22,7 +22,8 @@ import {
 // LLM scripts the tool calls an attacker-controlled model would make, and the test reads the tool
 // results agent-run sent back to the model (and the host's files).
 const enabled = requireLandlockOrSkip('host sandbox escape tests (send)')
-const DENIED = /EACCES|EPERM|Permission denied|Operation not permitted|Invalid cross-device link|EXDEV/
+// EBUSY/EROFS: the namespace layer's read-only covers over denied paths; ESRCH: a host pid does not exist in the run's PID namespace
+const DENIED = /EACCES|EPERM|Permission denied|Operation not permitted|Invalid cross-device link|EXDEV|Device or resource busy|EBUSY|Read-only file system|EROFS|No such process|ESRCH/
 
 describe.skipIf(!enabled)('send under the host sandbox', () => {
   let llm: FakeLlm

@@ -68,7 +68,7 @@ describe.skipIf(!enabled)('no listening unless file_access.allow_listen', () => 
 
   it('with allow_listen: true, TCP and UDP servers start and are reachable', async () => {
     const port = await freePort()
-    const serve = `node -e "const s = require('net').createServer((c) => c.end('hi')).listen(${port}, '127.0.0.1', () => console.log('LISTENING')); setTimeout(() => s.close(), 3000)"`
+    const serve = `node -e "const s = require('net').createServer((c) => c.on('error', () => {}).end('hi')).listen(${port}, '127.0.0.1', () => console.log('LISTENING')); setTimeout(() => s.close(), 3000)"`
     const pending = attempt('listener', [serve, `sleep 1; ${bindAttempts(port + 1)[5]}`])
     let reachable = false
     for (let tries = 0; tries < 40 && !reachable; tries++) {

@@ -1,4 +1,5 @@
 import type {SandboxPolicy} from '../policy.js'
+import type {NamespaceProbe} from '../namespaces.js'
 import type {KernelProbe} from './helper.js'
 import {FS_RIGHTS, RIGHT_SINCE_ABI, type FsRight} from './rights.js'
 
@@ -10,7 +11,8 @@ import {FS_RIGHTS, RIGHT_SINCE_ABI, type FsRight} from './rights.js'
 export interface EnforcementReport {
   platform: 'linux'
   kernel: {landlock_abi: number; landlock_unavailable?: string; seccomp: boolean; arch: string}
-  network: {mode: 'allow' | 'deny'; enforced_by: string[]}
+  network: {mode: 'allow' | 'deny'; listen: 'allow' | 'deny'; enforced_by: string[]}
+  namespaces: {available: boolean; tool?: string; unavailable?: string; covered: Array<{path: string; kind: 'dir' | 'file'; reason: string; mechanism: string}>}
   rules: Array<{path: string; rights: FsRight[]; reason: string; mechanism: string}>
   denies: Array<{path: string; reason: string; source: 'config' | 'mandatory'; exists: boolean; mechanism: string}>
   process: Array<{what: string; mechanism: string}>
@@ -45,9 +47,31 @@ export function kernelGaps(probe: KernelProbe, network: 'allow' | 'deny', listen
   return gaps
 }
 
-export function enforcementReport(policy: SandboxPolicy, probe: KernelProbe): EnforcementReport {
+/**
+ * Without the namespace layer a deny inside a writable tree costs its parents their create,
+ * rename and delete rights: a gap, acceptable only with best_effort. With the layer, only denies
+ * it cannot cover (missing entries, symlinks) still lower a directory: by design, not a gap.
+ */
+export function loweringGaps(policy: Pick<SandboxPolicy, 'lowered'>, namespaces: NamespaceProbe | undefined): string[] {
+  return namespaces && !namespaces.available ? loweringWarnings(policy, namespaces) : []
+}
+
+/** Every writable directory that a deny beneath it leaves listing-only, and why, for `config check` and the run log. */
+export function loweringWarnings(policy: Pick<SandboxPolicy, 'lowered'>, namespaces: NamespaceProbe | undefined): string[] {
+  return policy.lowered
+    .filter((dir) => dir.writable)
+    .map((dir) => {
+      const denied = `${dir.path} loses create, rename and delete rights (listing only) because ${dir.denied.join(', ')} ${dir.denied.length === 1 ? 'is' : 'are'} denied beneath it`
+      return namespaces?.available
+        ? `${denied}: a missing or symlinked entry cannot be covered (create it as a real file or directory)`
+        : `${denied} and the namespace layer that would cover ${dir.denied.length === 1 ? 'it' : 'them'} is unavailable: ${namespaces?.reason ?? 'not probed'}`
+    })
+}
+
+export function enforcementReport(policy: SandboxPolicy, probe: KernelProbe, namespaces?: NamespaceProbe): EnforcementReport {
   const abi = probe.landlock.abi
-  const gaps = kernelGaps(probe, policy.network, policy.listen)
+  const gaps = [...kernelGaps(probe, policy.network, policy.listen), ...loweringGaps(policy, namespaces)]
+  const inNamespaces = namespaces?.available === true
   const landlock = abi >= 1
   const unsupported = (rights: readonly FsRight[]) => rights.filter((right) => RIGHT_SINCE_ABI[right] > abi)
   const handledCount = FS_RIGHTS.filter((right) => RIGHT_SINCE_ABI[right] <= abi).length
@@ -62,7 +86,12 @@ export function enforcementReport(policy: SandboxPolicy, probe: KernelProbe): En
 
   const denies = policy.denies.map((deny) => {
     const socket = deny.reason === 'the container engine socket'
-    let mechanism = landlock ? 'Landlock: no rule reaches it (denied by omission)' : 'nothing (Landlock unavailable)'
+    const cover = policy.covered.find((entry) => entry.path === deny.path)
+    let mechanism = cover
+      ? `covered in the mount namespace by ${cover.kind === 'dir' ? 'an empty read-only mode-000 tmpfs' : 'an empty read-only mode-000 file'} (bubblewrap); its parent keeps its full grant`
+      : landlock
+        ? 'Landlock: no rule reaches it (denied by omission)'
+        : 'nothing (Landlock unavailable)'
     if (socket) {
       mechanism += probe.seccomp
         ? '; seccomp: socket(AF_UNIX) is denied, because Landlock before ABI 9 cannot restrict connect() to a socket path'
@@ -93,9 +122,22 @@ export function enforcementReport(policy: SandboxPolicy, probe: KernelProbe): En
     },
     {what: 'signals and abstract unix sockets', mechanism: abi >= 6 ? 'Landlock scoping (ABI 6): nothing outside the sandbox can be signalled or reached' : 'NOT scoped (Landlock ABI < 6)'},
     {what: 'io_uring, TIOCSTI', mechanism: probe.seccomp ? 'denied by seccomp' : 'NOT blocked (no seccomp)'},
+    {
+      what: 'other processes',
+      mechanism: inNamespaces
+        ? 'PID namespace with its own /proc (bubblewrap): only the run\'s own processes are visible; when its init dies the kernel kills all of them'
+        : `VISIBLE: no PID namespace (${namespaces?.reason ?? 'namespace layer not used'}), every host process and its command line can be listed`,
+    },
+    {
+      what: 'pseudo-terminals',
+      mechanism: inNamespaces ? 'a private devpts instance: openpty and script work, no host terminal is reachable' : 'unavailable: /dev/ptmx is denied (the host\'s /dev/pts would expose other terminals)',
+    },
   ]
 
   const limits = [
+    ...(inNamespaces && policy.covered.length > 0
+      ? ['a covered path still shows in its parent\'s listing (as an empty, unreadable entry) and its mount is visible in /proc/self/mountinfo']
+      : []),
     ...policy.lowered.map(
       (dir) =>
         `${dir.path}: listing only, because ${dir.denied.join(', ')} ${dir.denied.length === 1 ? 'is' : 'are'} denied beneath it: names inside it stay visible to directory listings, and no entry can be created, renamed or removed directly in it (its other entries keep their own grants)`,
@@ -109,7 +151,12 @@ export function enforcementReport(policy: SandboxPolicy, probe: KernelProbe): En
   return {
     platform: 'linux',
     kernel: {landlock_abi: abi, ...(abi < 1 ? {landlock_unavailable: probe.landlock.reason ?? 'unknown'} : {}), seccomp: probe.seccomp, arch: probe.arch},
-    network: {mode: policy.network, enforced_by: networkMechanisms},
+    network: {mode: policy.network, listen: policy.listen, enforced_by: networkMechanisms},
+    namespaces: {
+      available: inNamespaces,
+      ...(inNamespaces ? {tool: namespaces!.bwrap} : {unavailable: namespaces?.reason ?? 'not probed'}),
+      covered: policy.covered.map((cover) => ({...cover, mechanism: cover.kind === 'dir' ? 'empty read-only tmpfs, mode 000' : 'empty read-only file, mode 000'})),
+    },
     rules,
     denies,
     process: processRules,
