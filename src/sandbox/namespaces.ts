@@ -72,17 +72,26 @@ function namespaceOptions(): string[] {
  */
 export function emptyCoverFile(home: string): string {
   const file = path.join(home, 'sandbox-empty-file')
+  if (isEmptyCover(file)) return file
+  fs.rmSync(file, {force: true, recursive: true})
+  fs.mkdirSync(home, {recursive: true, mode: 0o700})
+  try {
+    fs.closeSync(fs.openSync(file, fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_WRONLY | fs.constants.O_NOFOLLOW, 0))
+  } catch (error) {
+    // a run started at the same moment made it first
+    if ((error as NodeJS.ErrnoException).code === 'EEXIST' && isEmptyCover(file)) return file
+    throw error
+  }
+  return file
+}
+
+function isEmptyCover(file: string): boolean {
   try {
     const stat = fs.lstatSync(file)
-    if (stat.isFile() && stat.size === 0 && (stat.mode & 0o7777) === 0 && stat.uid === process.getuid?.()) return file
-    fs.rmSync(file, {force: true, recursive: true})
+    return stat.isFile() && stat.size === 0 && (stat.mode & 0o7777) === 0 && stat.uid === process.getuid?.()
   } catch {
-    // missing: created below
+    return false
   }
-  fs.mkdirSync(home, {recursive: true, mode: 0o700})
-  fs.closeSync(fs.openSync(file, fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_WRONLY | fs.constants.O_NOFOLLOW, 0))
-  fs.chmodSync(file, 0)
-  return file
 }
 
 /** argv prefix that starts the rest of argv inside the namespaces, with the policy's covers mounted. */
