@@ -73,8 +73,8 @@ image_config:
 
 agent_defaults:
   max_iterations: 20
-  # container_mode: {enabled: true, memory_limit: 512m, timeout_seconds: 300, network: bridge}
-  # file_access: {allow_read: [], allow_read_write: [], deny: [], allow_network: true}
+  # container_mode: {enabled: true, memory_limit: 512m, cpus: 1, timeout_seconds: 300, network: bridge}
+  # file_access: {allow_read: [], allow_read_write: [], deny: [], allow_network: true, allow_listen: false}
 
 agents:
   - id: meepa
