@@ -87,6 +87,17 @@
 #define __NR_io_uring_enter 426
 #define __NR_io_uring_register 427
 #endif
+#ifndef __NR_open_tree
+#define __NR_open_tree 428
+#define __NR_move_mount 429
+#define __NR_fsopen 430
+#define __NR_fsconfig 431
+#define __NR_fsmount 432
+#define __NR_fspick 433
+#endif
+#ifndef __NR_mount_setattr
+#define __NR_mount_setattr 442
+#endif
 #ifndef AF_VSOCK
 #define AF_VSOCK 40
 #endif
@@ -383,7 +394,8 @@ static void drop_capabilities(void)
 #define IF_EQ_NEXT_ELSE_SKIP1(k) BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (k), 0, 1)
 
 /*
- * Always: no io_uring (it creates sockets and opens files without the syscalls below), no setsid
+ * Always: no io_uring (it creates sockets and opens files without the syscalls below), no mount or
+ * unmount of any kind, no setsid
  * (every descendant stays in the session the runner kills at the deadline; setpgid stays allowed so
  * a tool can still kill the group of one command), no
  * TIOCSTI/TIOCLINUX (typing into a terminal the command inherited), no socket(AF_UNIX) (Landlock
@@ -407,7 +419,11 @@ static void install_seccomp(int network_deny, int listen_deny)
 	EMIT(BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000, 0, 1)); /* x32 ABI: a second syscall table */
 	EMIT(DENY(EPERM));
 #endif
-	const int denied[] = {__NR_io_uring_setup, __NR_io_uring_enter, __NR_io_uring_register, __NR_setsid};
+	/* The mount family too: the namespace layer's covers must stay in place (Landlock and the
+	 * dropped capabilities refuse these already; this holds even where Landlock is missing). */
+	const int denied[] = {__NR_io_uring_setup, __NR_io_uring_enter, __NR_io_uring_register, __NR_setsid,
+			      __NR_mount, __NR_umount2, __NR_pivot_root, __NR_open_tree, __NR_move_mount,
+			      __NR_fsopen, __NR_fsconfig, __NR_fsmount, __NR_fspick, __NR_mount_setattr};
 	for (size_t i = 0; i < sizeof(denied) / sizeof(denied[0]); i++) {
 		EMIT(IF_EQ_NEXT_ELSE_SKIP1(denied[i]));
 		EMIT(DENY(EPERM));
