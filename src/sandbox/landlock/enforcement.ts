@@ -116,12 +116,15 @@ export function enforcementReport(policy: SandboxPolicy, probe: KernelProbe, nam
     {what: 'inherited file descriptors', mechanism: 'everything above 2 closed before exec'},
     {
       what: 'process tree',
-      mechanism: probe.seccomp
+      mechanism: inNamespaces
+        ? 'a PID namespace whose init is bubblewrap: the runner kills bubblewrap at the deadline (and it dies with the gateway: --die-with-parent), and the kernel then kills every process left in the namespace; setsid is denied too'
+        : probe.seccomp
         ? 'new session; setsid denied by seccomp, so every descendant stays in it and the runner kills the whole session at the deadline (setpgid stays allowed: each shell command gets its own group for the tool timeout)'
         : 'new session; descendants CAN leave it (no seccomp)',
     },
     {what: 'signals and abstract unix sockets', mechanism: abi >= 6 ? 'Landlock scoping (ABI 6): nothing outside the sandbox can be signalled or reached' : 'NOT scoped (Landlock ABI < 6)'},
     {what: 'io_uring, TIOCSTI', mechanism: probe.seccomp ? 'denied by seccomp' : 'NOT blocked (no seccomp)'},
+    {what: 'mount and unmount (the covers stay in place)', mechanism: [landlock ? 'denied by Landlock' : '', probe.seccomp ? 'denied by seccomp' : '', 'no capabilities'].filter(Boolean).join('; ')},
     {
       what: 'other processes',
       mechanism: inNamespaces
