@@ -22,21 +22,26 @@ export const NO_NAMESPACES_ENV = 'MEEPA_SANDBOX_NO_NAMESPACES'
 
 const BWRAP_CANDIDATES = ['/usr/bin/bwrap', '/usr/local/bin/bwrap', '/bin/bwrap']
 
-let cached: Promise<NamespaceProbe> | undefined
+let cached: {probe: Promise<NamespaceProbe>; at: number} | undefined
+/** A failed probe is tried again after this long: one slow start under load must not cost the layer for good. */
+const RETRY_FAILED_PROBE_MS = 60_000
 
-/** Whether bubblewrap can create the namespaces on this machine: tried once per process with the real options. */
-export function probeNamespaces(): Promise<NamespaceProbe> {
-  if (process.platform !== 'linux') return Promise.resolve({available: false, reason: `namespaces are Linux only (this is ${process.platform})`})
-  if (process.env[NO_NAMESPACES_ENV]) return Promise.resolve({available: false, reason: `disabled by ${NO_NAMESPACES_ENV}`})
-  cached ??= (async (): Promise<NamespaceProbe> => {
-    const bwrap = BWRAP_CANDIDATES.find((candidate) => isExecutable(candidate))
-    if (!bwrap) return {available: false, reason: 'bubblewrap is not installed (apt-get install bubblewrap)'}
-    const result = await execa(bwrap, [...namespaceOptions(), '--', '/bin/true'], {reject: false, timeout: 10_000, extendEnv: false, env: {}})
-    if (result.exitCode === 0) return {available: true, bwrap}
-    const stderr = String(result.stderr ?? '').trim().split('\n')[0] ?? ''
-    return {available: false, bwrap, reason: `bubblewrap cannot create the namespaces: ${stderr || `exit ${result.exitCode}`} (unprivileged user namespaces disabled?)`}
-  })()
-  return cached
+/** Whether bubblewrap can create the namespaces on this machine: tried with the real options, once per process while it works. */
+export async function probeNamespaces(): Promise<NamespaceProbe> {
+  if (process.platform !== 'linux') return {available: false, reason: `namespaces are Linux only (this is ${process.platform})`}
+  if (process.env[NO_NAMESPACES_ENV]) return {available: false, reason: `disabled by ${NO_NAMESPACES_ENV}`}
+  if (cached && !(await cached.probe).available && Date.now() - cached.at > RETRY_FAILED_PROBE_MS) cached = undefined
+  cached ??= {probe: runProbe(), at: Date.now()}
+  return cached.probe
+}
+
+async function runProbe(): Promise<NamespaceProbe> {
+  const bwrap = BWRAP_CANDIDATES.find((candidate) => isExecutable(candidate))
+  if (!bwrap) return {available: false, reason: 'bubblewrap is not installed (apt-get install bubblewrap)'}
+  const result = await execa(bwrap, [...namespaceOptions(), '--', '/bin/true'], {reject: false, timeout: 10_000, extendEnv: false, env: {}})
+  if (result.exitCode === 0) return {available: true, bwrap}
+  const stderr = String(result.stderr ?? '').trim().split('\n')[0] ?? ''
+  return {available: false, bwrap, reason: `bubblewrap cannot create the namespaces: ${stderr || `exit ${result.exitCode}`} (unprivileged user namespaces disabled?)`}
 }
 
 function isExecutable(file: string): boolean {
