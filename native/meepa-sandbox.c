@@ -3,6 +3,7 @@
  *
  *   meepa-sandbox --rules-fd N -- CMD [ARGS...]   apply the rules read from fd N, then exec CMD
  *   meepa-sandbox --deny-network -- CMD [ARGS...] add a network-off layer (keeps the environment)
+ *   meepa-sandbox --deny-listen -- CMD [ARGS...]  add a no-listening layer (keeps the environment)
  *   meepa-sandbox --probe                         print what this kernel can enforce, as JSON
  *
  * The policy is computed in TypeScript (src/sandbox/policy.ts); this program only applies explicit
@@ -13,6 +14,7 @@
  *   meepa-sandbox-rules 1
  *   best_effort 0|1
  *   network allow|deny
+ *   listen allow|deny
  *   path RIGHT[,RIGHT...] /absolute/path
  *   env NAME=VALUE
  *   end
@@ -27,6 +29,7 @@
 #include <linux/audit.h>
 #include <linux/capability.h>
 #include <linux/filter.h>
+#include <netinet/in.h>
 #include <linux/seccomp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -83,6 +86,17 @@
 #define __NR_io_uring_setup 425
 #define __NR_io_uring_enter 426
 #define __NR_io_uring_register 427
+#endif
+#ifndef __NR_open_tree
+#define __NR_open_tree 428
+#define __NR_move_mount 429
+#define __NR_fsopen 430
+#define __NR_fsconfig 431
+#define __NR_fsmount 432
+#define __NR_fspick 433
+#endif
+#ifndef __NR_mount_setattr
+#define __NR_mount_setattr 442
 #endif
 #ifndef AF_VSOCK
 #define AF_VSOCK 40
@@ -153,6 +167,7 @@ struct rule {
 struct policy {
 	int best_effort;
 	int network_deny;
+	int listen_deny;
 	int ended;
 	size_t n_rules;
 	struct rule rules[MAX_RULES];
@@ -306,6 +321,8 @@ static void parse_rules(char *text)
 			policy.best_effort = strcmp(value, "1") == 0;
 		} else if (strcmp(line, "network") == 0 && value && (!strcmp(value, "allow") || !strcmp(value, "deny"))) {
 			policy.network_deny = strcmp(value, "deny") == 0;
+		} else if (strcmp(line, "listen") == 0 && value && (!strcmp(value, "allow") || !strcmp(value, "deny"))) {
+			policy.listen_deny = strcmp(value, "deny") == 0;
 		} else if (strcmp(line, "path") == 0 && value) {
 			char *path = strchr(value, ' ');
 			if (!path || path[1] != '/')
@@ -377,15 +394,19 @@ static void drop_capabilities(void)
 #define IF_EQ_NEXT_ELSE_SKIP1(k) BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (k), 0, 1)
 
 /*
- * Always: no io_uring (it creates sockets and opens files without the syscalls below), no setsid
+ * Always: no io_uring (it creates sockets and opens files without the syscalls below), no mount or
+ * unmount of any kind, no setsid
  * (every descendant stays in the session the runner kills at the deadline; setpgid stays allowed so
  * a tool can still kill the group of one command), no
  * TIOCSTI/TIOCLINUX (typing into a terminal the command inherited), no socket(AF_UNIX) (Landlock
  * before ABI 9 cannot restrict connect() to a pathname socket such as /var/run/docker.sock; socketpair
  * stays allowed) and no AF_VSOCK. With the network off: no socket() at all, so UDP, raw, packet and
  * netlink sockets -- which Landlock's TCP rules do not see -- cannot be created.
+ * With listening off: no listen() (which would also bind an unbound TCP socket to a free port) and
+ * no bind() with an address of sockaddr_in's size or more (every AF_INET/AF_INET6 bind, TCP or UDP,
+ * port 0 included: the kernel refuses shorter inet addresses); netlink's 12-byte bind still works.
  */
-static void install_seccomp(int network_deny)
+static void install_seccomp(int network_deny, int listen_deny)
 {
 	struct sock_filter filter[64];
 	size_t n = 0;
@@ -398,10 +419,23 @@ static void install_seccomp(int network_deny)
 	EMIT(BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000, 0, 1)); /* x32 ABI: a second syscall table */
 	EMIT(DENY(EPERM));
 #endif
-	const int denied[] = {__NR_io_uring_setup, __NR_io_uring_enter, __NR_io_uring_register, __NR_setsid};
+	/* The mount family too: the namespace layer's covers must stay in place (Landlock and the
+	 * dropped capabilities refuse these already; this holds even where Landlock is missing). */
+	const int denied[] = {__NR_io_uring_setup, __NR_io_uring_enter, __NR_io_uring_register, __NR_setsid,
+			      __NR_mount, __NR_umount2, __NR_pivot_root, __NR_open_tree, __NR_move_mount,
+			      __NR_fsopen, __NR_fsconfig, __NR_fsmount, __NR_fspick, __NR_mount_setattr};
 	for (size_t i = 0; i < sizeof(denied) / sizeof(denied[0]); i++) {
 		EMIT(IF_EQ_NEXT_ELSE_SKIP1(denied[i]));
 		EMIT(DENY(EPERM));
+	}
+	if (listen_deny) {
+		EMIT(IF_EQ_NEXT_ELSE_SKIP1(__NR_listen));
+		EMIT(DENY(EPERM));
+		EMIT(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_bind, 0, 4));
+		EMIT(LOAD_ARG_LO(2));
+		EMIT(BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, sizeof(struct sockaddr_in), 0, 1));
+		EMIT(DENY(EPERM));
+		EMIT(ALLOW);
 	}
 	EMIT(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_ioctl, 0, 5));
 	EMIT(LOAD_ARG_LO(1));
@@ -426,9 +460,10 @@ static void install_seccomp(int network_deny)
 		die("cannot install the seccomp filter: %s", strerror(errno));
 }
 #else
-static void install_seccomp(int network_deny)
+static void install_seccomp(int network_deny, int listen_deny)
 {
 	(void)network_deny;
+	(void)listen_deny;
 }
 #endif
 
@@ -484,9 +519,12 @@ static void apply_landlock(int abi)
 	attr.handled_access_fs = handled_fs_for_abi(abi);
 	if (abi >= 4) {
 		attr_size = 2 * sizeof(uint64_t);
-		/* With the network off, TCP bind and connect are handled and no port is allowed. */
+		/* With the network off, TCP bind and connect are handled and no port is allowed; with
+		 * listening off, bind alone. */
 		if (policy.network_deny)
 			attr.handled_access_net = LL_NET_BIND_TCP | LL_NET_CONNECT_TCP;
+		if (policy.listen_deny)
+			attr.handled_access_net |= LL_NET_BIND_TCP;
 	}
 	if (abi >= 6) {
 		attr_size = sizeof(attr);
@@ -525,7 +563,7 @@ static void apply_landlock(int abi)
  * scoping (ABI 6) it cannot signal agent-run either. No filesystem rights of its own beyond that
  * (make_block is handled and never allowed, as outside); with the network off, TCP is handled with
  * no port allowed. */
-static void apply_nested_layer(int abi, int network_deny)
+static void apply_nested_layer(int abi, int network_deny, int listen_deny)
 {
 	if (abi < 1)
 		return;
@@ -535,6 +573,8 @@ static void apply_nested_layer(int abi, int network_deny)
 		attr_size = 2 * sizeof(uint64_t);
 		if (network_deny)
 			attr.handled_access_net = LL_NET_BIND_TCP | LL_NET_CONNECT_TCP;
+		if (listen_deny)
+			attr.handled_access_net |= LL_NET_BIND_TCP;
 	}
 	if (abi >= 6) {
 		attr_size = sizeof(attr);
@@ -567,6 +607,9 @@ static void check_gaps(int abi, int landlock_err, int have_seccomp)
 			gap("network off: UDP, raw and packet sockets are not blocked (no seccomp)");
 		if (policy.network_deny && abi < 4)
 			gap("network off: TCP is not blocked (no seccomp and Landlock ABI < 4)");
+		if (policy.listen_deny && !policy.network_deny)
+			gap(abi < 4 ? "listening off: binding and listening on TCP and UDP ports are not blocked (no seccomp and Landlock ABI < 4)"
+				    : "listening off: UDP binds and listen() on an unbound TCP socket are not blocked (no seccomp)");
 	}
 	if (gaps && !policy.best_effort)
 		die("refusing to run: the kernel cannot enforce the policy (set file_access.best_effort: true to run with these gaps)");
@@ -575,7 +618,7 @@ static void check_gaps(int abi, int landlock_err, int have_seccomp)
 static int usage(void)
 {
 	fputs("usage: meepa-sandbox --rules-fd N -- CMD [ARGS...]\n"
-	      "       meepa-sandbox [--new-group] [--deny-network] -- CMD [ARGS...]\n"
+	      "       meepa-sandbox [--new-group] [--deny-network] [--deny-listen] -- CMD [ARGS...]\n"
 	      "       meepa-sandbox --probe\n",
 	      stderr);
 	return 2;
@@ -585,7 +628,7 @@ int main(int argc, char **argv)
 {
 	if (argc == 2 && strcmp(argv[1], "--probe") == 0)
 		return probe();
-	int rules_fd = -1, network_layer = 0, new_group = 0, command = 0;
+	int rules_fd = -1, network_layer = 0, listen_layer = 0, new_group = 0, command = 0;
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--") == 0) {
 			command = i + 1;
@@ -598,13 +641,16 @@ int main(int argc, char **argv)
 			rules_fd = (int)fd;
 		} else if (strcmp(argv[i], "--deny-network") == 0) {
 			network_layer = 1;
+		} else if (strcmp(argv[i], "--deny-listen") == 0) {
+			listen_layer = 1;
 		} else if (strcmp(argv[i], "--new-group") == 0) {
 			new_group = 1;
 		} else {
 			return usage();
 		}
 	}
-	if (!command || command >= argc || (rules_fd >= 0 && (network_layer || new_group)) || (rules_fd < 0 && !network_layer && !new_group))
+	if (!command || command >= argc || (rules_fd >= 0 && (network_layer || listen_layer || new_group)) ||
+	    (rules_fd < 0 && !network_layer && !listen_layer && !new_group))
 		return usage();
 
 	/* Inside the sandbox: a command of its own process group, so agent-run's shell tool can kill
@@ -626,15 +672,15 @@ int main(int argc, char **argv)
 	if (getenv("MEEPA_SANDBOX_FAKE_NO_SECCOMP"))
 		have_seccomp = 0;
 
-	if (network_layer || new_group) {
+	if (network_layer || listen_layer || new_group) {
 		policy.network_deny = network_layer;
-		if (network_layer && !have_seccomp)
+		if ((network_layer || listen_layer) && !have_seccomp)
 			die("refusing to run: no seccomp filter, so UDP, raw and packet sockets cannot be blocked");
 		if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
 			die("cannot set no_new_privs: %s", strerror(errno));
-		apply_nested_layer(abi, network_layer);
-		if (network_layer)
-			install_seccomp(1);
+		apply_nested_layer(abi, network_layer, listen_layer);
+		if (network_layer || listen_layer)
+			install_seccomp(network_layer, listen_layer);
 		close_inherited_fds();
 		execvp(argv[command], argv + command);
 		fprintf(stderr, "meepa-sandbox: cannot execute %s: %s\n", argv[command], strerror(errno));
@@ -654,7 +700,7 @@ int main(int argc, char **argv)
 		apply_landlock(abi);
 	drop_capabilities();
 	if (have_seccomp)
-		install_seccomp(policy.network_deny);
+		install_seccomp(policy.network_deny, policy.listen_deny);
 	close_inherited_fds();
 
 	clearenv();

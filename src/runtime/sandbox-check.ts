@@ -46,8 +46,9 @@ interface Probe {
   restore?: {from: string; to: string}
 }
 
-// EXDEV: Landlock refuses a link or rename that would give a file more rights than it has.
-const DENIED_ERROR = /Permission denied|Operation not permitted|EACCES|EPERM|Invalid cross-device link|EXDEV/
+// EXDEV: Landlock refuses a link or rename that would give a file more rights than it has. EBUSY,
+// EROFS: the namespace layer's read-only covers. ESRCH: a host pid is absent from the PID namespace.
+const DENIED_ERROR = /Permission denied|Operation not permitted|EACCES|EPERM|Invalid cross-device link|EXDEV|Device or resource busy|EBUSY|Read-only file system|EROFS|No such process|ESRCH/
 const PROBE_TIMEOUT_MS = 15_000
 
 export async function sandboxCheck(loaded: LoadedConfig, agentId?: string): Promise<SandboxCheckResult[]> {
@@ -151,6 +152,19 @@ function buildProbes(loaded: LoadedConfig, sandbox: AgentSandbox, tcpPort: numbe
       : {name: 'connect to the container engine socket', expect: 'denied', skip: 'no Docker socket on this machine'},
   )
   probes.push({name: 'signal a process outside the sandbox (the gateway)', expect: 'denied', argv: sh(`kill -0 ${process.pid}`)})
+  probes.push(
+    sandbox.namespaces.available
+      ? {name: "host processes are invisible (the gateway's pid is absent from /proc)", expect: 'allowed', argv: sh(`test ! -e /proc/${process.pid} && ! ls /proc | grep -qx ${process.pid}`)}
+      : {name: 'host processes are invisible', expect: 'allowed', skip: `no PID namespace: ${sandbox.namespaces.reason}`},
+  )
+  probes.push(
+    sandbox.namespaces.available
+      ? {name: 'open a pseudo-terminal (private devpts)', expect: 'allowed', argv: [node, '-e', "require('fs').closeSync(require('fs').openSync('/dev/ptmx', 'r+'))"]}
+      : {name: 'open a pseudo-terminal', expect: 'allowed', skip: `no private devpts: ${sandbox.namespaces.reason}`},
+  )
+  if (policy.listen === 'deny' && policy.network === 'allow') {
+    probes.push({name: 'listen on a TCP port (allow_listen: false)', expect: 'denied', argv: [node, '-e', "require('net').createServer().listen(0, '127.0.0.1', () => process.exit(0)).on('error', (e) => { console.error(e.message); process.exit(1) })"]})
+  }
   probes.push(commandExists('setsid') ? {name: 'leave the process group (setsid)', expect: 'denied', argv: ['setsid', '-w', 'true']} : {name: 'leave the process group', expect: 'denied', skip: 'no setsid binary'})
   probes.push({
     name: 'no_new_privs set and no capabilities',

@@ -4,16 +4,18 @@ import os from 'node:os'
 import path from 'node:path'
 import {agentPolicy, sandboxPath} from '../sandbox/agent-policy.js'
 import {killProcessTree} from '../sandbox/kill-session.js'
-import {enforcementReport, kernelGaps, type EnforcementReport} from '../sandbox/landlock/enforcement.js'
+import {enforcementReport, kernelGaps, loweringGaps, loweringWarnings, type EnforcementReport} from '../sandbox/landlock/enforcement.js'
 import {probeKernel, requireHelper, type KernelProbe} from '../sandbox/landlock/helper.js'
 import {serializeRules} from '../sandbox/landlock/rules-file.js'
+import {bwrapArgv, probeNamespaces, type NamespaceProbe} from '../sandbox/namespaces.js'
 import type {SandboxPolicy} from '../sandbox/policy.js'
 import {seatbeltInvocation, type SeatbeltInvocation} from '../sandbox/seatbelt/profile.js'
 import {findAgent} from './config/load.js'
 import type {AgentConfig, LoadedConfig} from './config/types.js'
 import {GatewayError} from './errors.js'
 import {agentEnvironment} from './runners/private-tmp.js'
-import {ensureWorkspace} from './workspace.js'
+import {isolationLevelFor} from './runners/index.js'
+import {ensureWorkspace, workspacePath} from './workspace.js'
 
 /** One agent's sandbox for a command run by the operator: policy, helper, kernel facts, temp dir. */
 export interface AgentSandbox {
@@ -23,6 +25,9 @@ export interface AgentSandbox {
   policy: SandboxPolicy
   helper: string
   probe: KernelProbe
+  namespaces: NamespaceProbe
+  /** bwrap and its options when the namespace layer is used, else empty. */
+  prefix: string[]
   /** The command's whole environment inside the sandbox. */
   env: Record<string, string>
   dispose(): void
@@ -42,21 +47,27 @@ export async function openAgentSandbox(loaded: LoadedConfig, agentId: string, op
   const agent = findAgent(loaded, agentId)
   const workspace = ensureWorkspace(loaded.home, agent.id).path
   const helper = requireHelper()
-  const probe = await probeKernel(helper)
+  const [probe, namespaces] = await Promise.all([probeKernel(helper), probeNamespaces()])
   const tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), `meepa-sandbox-${agent.id}-`))
   const dispose = () => fs.rmSync(tmpDir, {recursive: true, force: true})
   try {
-    const policy = agentPolicy({agent, config: loaded.config, home: loaded.home, workspace, tmpDir, configPath: loaded.path})
-    const gaps = kernelGaps(probe, policy.network)
+    const policy = agentPolicy({agent, config: loaded.config, home: loaded.home, workspace, tmpDir, configPath: loaded.path, namespaces: namespaces.available})
+    const gaps = [...kernelGaps(probe, policy.network, policy.listen), ...loweringGaps(policy, namespaces)]
     if (gaps.length > 0 && !policy.bestEffort && !options.allowGaps) {
-      throw new GatewayError('E_SANDBOX', `the host sandbox cannot be enforced on this kernel: ${gaps.join('; ')}`, {
-        suggestions: ['upgrade the kernel (Landlock ABI 6 = Linux 6.12)', 'use container mode for this agent', 'or set file_access.best_effort: true to run with these gaps'],
+      throw new GatewayError('E_SANDBOX', `the host sandbox cannot be enforced on this machine: ${gaps.join('; ')}`, {
+        suggestions: [
+          'upgrade the kernel (Landlock ABI 6 = Linux 6.12)',
+          ...(loweringGaps(policy, namespaces).length > 0 ? ['install bubblewrap (apt-get install bubblewrap) and allow unprivileged user namespaces, or move the deny out of the writable tree'] : []),
+          'use container mode for this agent',
+          'or set file_access.best_effort: true to run with these gaps',
+        ],
         details: {gaps},
       })
     }
+    const prefix = namespaces.available ? bwrapArgv(namespaces.bwrap!, policy, loaded.home) : []
     const env: Record<string, string> = {...agentEnvironment(workspace, tmpDir), PATH: sandboxPath()}
     if (process.env.TERM) env.TERM = process.env.TERM
-    return {agent, workspace, tmpDir, policy, helper, probe, env, dispose}
+    return {agent, workspace, tmpDir, policy, helper, probe, namespaces, prefix, env, dispose}
   } catch (error) {
     dispose()
     throw error
@@ -73,7 +84,8 @@ export interface SandboxExecOptions {
 
 /** Starts argv under an agent's policy: the helper reads its rules on fd 3 and opens a session the caller can kill whole. */
 export function spawnInSandbox(sandbox: AgentSandbox, argv: string[], options: {stdio: 'inherit' | 'pipe'; timeoutMs: number}) {
-  const child = execa(sandbox.helper, ['--rules-fd', '3', '--', ...argv], {
+  const [file, ...args] = [...sandbox.prefix, sandbox.helper, '--rules-fd', '3', '--', ...argv]
+  const child = execa(file!, args, {
     cwd: sandbox.workspace,
     env: {},
     extendEnv: false,
@@ -90,10 +102,13 @@ export function spawnInSandbox(sandbox: AgentSandbox, argv: string[], options: {
 
 /** `sandbox exec`: runs any command under an agent's host policy with the terminal attached; returns its exit status. */
 export async function sandboxExec(options: SandboxExecOptions): Promise<{exitCode: number; timedOut: boolean}> {
-  if (options.argv.length === 0) throw new GatewayError('E_USAGE', 'no command given', {suggestions: ['meepagateway sandbox exec --agent ID -- CMD [ARGS...]']})
+  if (options.argv.length === 0) throw new GatewayError('E_USAGE', 'no command given after "--"', {suggestions: ['meepagateway sandbox exec --agent ID -- CMD [ARGS...]']})
   const sandbox = await openAgentSandbox(options.loaded, options.agentId)
   try {
-    if (sandbox.policy.bestEffort) for (const gap of kernelGaps(sandbox.probe, sandbox.policy.network)) options.onLog?.(`sandbox: best effort, NOT enforced: ${gap}`)
+    if (sandbox.policy.bestEffort) {
+      const gaps = [...kernelGaps(sandbox.probe, sandbox.policy.network, sandbox.policy.listen), ...loweringGaps(sandbox.policy, sandbox.namespaces)]
+      for (const gap of gaps) options.onLog?.(`sandbox: best effort, NOT enforced: ${gap}`)
+    }
     const child = spawnInSandbox(sandbox, options.argv, {stdio: 'inherit', timeoutMs: options.timeoutMs})
     const killGroup = () => killProcessTree(child.pid)
     const onSignal = () => killGroup()
@@ -109,6 +124,34 @@ export async function sandboxExec(options: SandboxExecOptions): Promise<{exitCod
   } finally {
     sandbox.dispose()
   }
+}
+
+/**
+ * `config check`: the writable directories each host-sandbox agent loses create rights in (a deny
+ * beneath them that the namespace layer cannot cover, or no namespace layer at all). Agents whose
+ * workspace does not exist yet are skipped: their policy cannot be compiled without it.
+ */
+export async function sandboxConfigWarnings(loaded: LoadedConfig): Promise<Array<{agent: string; warning: string}>> {
+  if (process.platform !== 'linux') return []
+  const agents = loaded.config.agents.filter((agent) => isolationLevelFor(agent) === 'host-sandbox' && fs.existsSync(workspacePath(loaded.home, agent.id)))
+  if (agents.length === 0) return []
+  const namespaces = await probeNamespaces()
+  const warnings: Array<{agent: string; warning: string}> = []
+  for (const agent of agents) {
+    const tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), `meepa-sandbox-${agent.id}-`))
+    try {
+      const policy = agentPolicy({agent, config: loaded.config, home: loaded.home, workspace: workspacePath(loaded.home, agent.id), tmpDir, configPath: loaded.path, namespaces: namespaces.available})
+      const gaps = new Set(loweringGaps(policy, namespaces))
+      for (const warning of loweringWarnings(policy, namespaces)) {
+        warnings.push({agent: agent.id, warning: gaps.has(warning) ? `${warning} (${agent.file_access.best_effort ? 'accepted: best_effort is on' : 'runs are refused unless file_access.best_effort: true'})` : warning})
+      }
+    } catch (error) {
+      warnings.push({agent: agent.id, warning: `the sandbox policy cannot be compiled: ${(error as Error).message}`})
+    } finally {
+      fs.rmSync(tmpDir, {recursive: true, force: true})
+    }
+  }
+  return warnings
 }
 
 export interface SandboxExplanation {
@@ -135,7 +178,7 @@ export async function sandboxExplain(loaded: LoadedConfig, agentId: string): Pro
   }
   const sandbox = await openAgentSandbox(loaded, agentId, {allowGaps: true})
   try {
-    return {agent: sandbox.agent.id, workspace: sandbox.workspace, platform: process.platform, report: enforcementReport(sandbox.policy, sandbox.probe)}
+    return {agent: sandbox.agent.id, workspace: sandbox.workspace, platform: process.platform, report: enforcementReport(sandbox.policy, sandbox.probe, sandbox.namespaces)}
   } finally {
     sandbox.dispose()
   }

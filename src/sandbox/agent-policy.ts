@@ -15,6 +15,8 @@ export interface AgentPolicyContext {
   configPath?: string
   /** The operator's home (dotfiles denied); defaults to os.homedir(). */
   operatorHome?: string
+  /** The run starts inside bubblewrap's namespaces (see src/sandbox/namespaces.ts). */
+  namespaces?: boolean
 }
 
 /** The host-sandbox policy of one agent for one run, with the real machine's baseline. */
@@ -31,6 +33,7 @@ export function agentPolicy(context: AgentPolicyContext): SandboxPolicy {
     otherWorkspaces: [...others].map((id) => workspacePath(context.home, id)),
     appRoot: APP_ROOT,
     nodeBinary: process.execPath,
+    namespaces: context.namespaces,
   })
 }
 

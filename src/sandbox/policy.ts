@@ -7,6 +7,7 @@ import {
   DEVICE_READ_RIGHTS,
   DEVICE_RW_RIGHTS,
   type FsRight,
+  PTY_RIGHTS,
   READ_RIGHTS,
   READ_WRITE_RIGHTS,
   fileRightsOnly,
@@ -29,7 +30,7 @@ import {canonicalEntry, canonicalPath, entryKind, expandConfigPath, isStrictlyWi
  *   5. otherwise nothing. Writes are never allowed without a read-write grant.
  */
 
-export type AccessClass = 'read' | 'read-write' | 'device-rw' | 'device-read'
+export type AccessClass = 'read' | 'read-write' | 'device-rw' | 'device-read' | 'pty'
 
 export interface PolicyGrant {
   path: string
@@ -52,10 +53,23 @@ export interface PolicyRule {
   reason: string
 }
 
+/**
+ * A denied entry inside a grant that the namespace layer (bubblewrap) hides: an empty, read-only,
+ * mode-000 tmpfs over a directory, an empty mode-000 read-only file over a file. Its parent keeps
+ * the grant's full rights instead of being lowered to "listing only".
+ */
+export interface CoveredPath {
+  path: string
+  kind: 'dir' | 'file'
+  reason: string
+}
+
 /** A directory that keeps only its listing because a denied path lies beneath it. */
 export interface LoweredDirectory {
   path: string
   denied: string[]
+  /** It lies in a read-write grant: lowering it cost create, rename and delete rights. */
+  writable: boolean
 }
 
 export interface SandboxPolicy {
@@ -63,8 +77,14 @@ export interface SandboxPolicy {
   grants: PolicyGrant[]
   denies: PolicyDeny[]
   network: 'allow' | 'deny'
+  /** Binding TCP/UDP ports and listen(): 'deny' unless file_access.allow_listen. */
+  listen: 'allow' | 'deny'
   bestEffort: boolean
   lowered: LoweredDirectory[]
+  /** Denied entries covered inside the mount namespace (empty unless `namespaces`). */
+  covered: CoveredPath[]
+  /** The policy is meant to run inside bubblewrap's namespaces (private /proc, /dev/pts, covers). */
+  namespaces: boolean
   /** Config entries that were skipped or overridden, in words an operator can act on. */
   notes: string[]
 }
@@ -72,7 +92,8 @@ export interface SandboxPolicy {
 export type PolicyFileAccess = Pick<
   FileAccessConfig,
   'allow_read' | 'allow_read_write' | 'deny' | 'allow_home_dotfiles' | 'allow_network' | 'best_effort'
->
+> &
+  Partial<Pick<FileAccessConfig, 'allow_listen'>>
 
 export interface PolicyInput {
   fileAccess: PolicyFileAccess
@@ -91,6 +112,11 @@ export interface PolicyInput {
   devices?: ReadonlyArray<{path: string; access: 'device-rw' | 'device-read'}>
   etcSecrets?: readonly string[]
   containerSockets?: readonly string[]
+  /**
+   * Runs inside bubblewrap's user, mount and PID namespaces: denied entries inside a grant are
+   * covered instead of lowering their parents, and the private devpts is granted.
+   */
+  namespaces?: boolean
 }
 
 export const SYSTEM_READ = ['/usr', '/bin', '/sbin', '/lib', '/lib32', '/lib64', '/libx32', '/etc', '/proc'] as const
@@ -160,6 +186,7 @@ const RIGHTS_BY_ACCESS: Record<AccessClass, readonly FsRight[]> = {
   'read-write': READ_WRITE_RIGHTS,
   'device-rw': DEVICE_RW_RIGHTS,
   'device-read': DEVICE_READ_RIGHTS,
+  pty: PTY_RIGHTS,
 }
 
 export function compilePolicy(input: PolicyInput): SandboxPolicy {
@@ -183,6 +210,8 @@ export function compilePolicy(input: PolicyInput): SandboxPolicy {
   for (const dir of input.systemRead ?? (process.platform === 'darwin' ? DARWIN_SYSTEM_READ : SYSTEM_READ)) addGrant(dir, 'read', 'system directory', false, true)
   for (const file of input.dnsAndTls ?? DNS_AND_TLS) addGrant(file, 'read', 'DNS and TLS configuration', false, true)
   for (const device of input.devices ?? DEVICES) addGrant(device.path, device.access, 'device node', false, true)
+  // bubblewrap mounts a devpts instance of the sandbox's own: ptys work, no host terminal is reachable
+  if (input.namespaces) addGrant('/dev/pts', 'pty', 'the private devpts (pseudo-terminals of the sandbox only)', false, true)
   addGrant(input.appRoot, 'read', 'the installed meepagateway app', true, false)
   addGrant(nodeInstallation(input.nodeBinary), 'read', 'the Node.js runtime', true, false)
   addGrant(workspace, 'read-write', 'the agent workspace', true, false)
@@ -222,7 +251,11 @@ export function compilePolicy(input: PolicyInput): SandboxPolicy {
   for (const secret of input.etcSecrets ?? [...ETC_SECRETS, ...sshHostKeys()]) addDeny(secret, 'system credentials', 'mandatory')
 
   const kept = grants.filter((grant) => keepGrant(grant, denies, notes))
-  const {rules, lowered} = lowerToRules(kept, denies)
+  const covered = input.namespaces ? coverableDenies(kept, denies) : []
+  const {rules, lowered} = lowerToRules(
+    kept,
+    denies.filter((deny) => !covered.some((cover) => cover.path === deny.path)),
+  )
   if (rules.length > MAX_RULES) {
     throw new GatewayError('E_SANDBOX', `the sandbox policy needs ${rules.length} Landlock rules (limit ${MAX_RULES})`, {
       suggestions: [`move the denied paths out of large directories: ${lowered.map((dir) => dir.path).slice(0, 5).join(', ')}`],
@@ -233,10 +266,31 @@ export function compilePolicy(input: PolicyInput): SandboxPolicy {
     grants: kept,
     denies,
     network: fa.allow_network ? 'allow' : 'deny',
+    listen: fa.allow_listen ? 'allow' : 'deny',
     bestEffort: fa.best_effort,
     lowered,
+    covered,
+    namespaces: input.namespaces === true,
     notes,
   }
+}
+
+/**
+ * The denies the mount namespace can hide: existing files and directories (never a symlink: a
+ * mount would land on its target) strictly inside a kept grant, with no grant beneath them (a
+ * cover over MEEPAGATEWAY_HOME would hide the workspace too). Missing ones stay lowered: a mount
+ * point would have to be created on the host.
+ */
+function coverableDenies(grants: readonly PolicyGrant[], denies: readonly PolicyDeny[]): CoveredPath[] {
+  const covered: CoveredPath[] = []
+  for (const deny of denies) {
+    const kind = entryKind(deny.path)
+    if (kind !== 'dir' && kind !== 'file') continue
+    if (!grants.some((grant) => isStrictlyWithin(deny.path, grant.path))) continue
+    if (grants.some((grant) => isWithin(grant.path, deny.path))) continue
+    covered.push({path: deny.path, kind, reason: deny.reason})
+  }
+  return covered.sort((a, b) => a.path.localeCompare(b.path))
 }
 
 /** The rights a path gets from the rules: the union of every rule on it or an ancestor. */
@@ -276,7 +330,7 @@ function keepGrant(grant: PolicyGrant, denies: readonly PolicyDeny[], notes: str
  */
 export function lowerToRules(grants: readonly PolicyGrant[], denies: readonly PolicyDeny[]): {rules: PolicyRule[]; lowered: LoweredDirectory[]} {
   const rules = new Map<string, PolicyRule>()
-  const lowered = new Map<string, Set<string>>()
+  const lowered = new Map<string, {denied: Set<string>; writable: boolean}>()
   const emit = (target: string, rights: readonly FsRight[], reason: string) => {
     const kind = entryKind(target)
     if (kind === 'missing' || kind === 'symlink') return
@@ -296,8 +350,9 @@ export function lowerToRules(grants: readonly PolicyGrant[], denies: readonly Po
     }
     if (entryKind(dir) !== 'dir') return
     emit(dir, rights.filter((right) => ANCESTOR_RIGHTS.includes(right)), `${reason} (listing only: a denied path lies beneath)`)
-    const record = lowered.get(dir) ?? new Set<string>()
-    for (const deny of inside) record.add(deny.path)
+    const record = lowered.get(dir) ?? {denied: new Set<string>(), writable: false}
+    for (const deny of inside) record.denied.add(deny.path)
+    record.writable ||= rights.includes('make_reg')
     lowered.set(dir, record)
     let names: string[]
     try {
@@ -320,7 +375,9 @@ export function lowerToRules(grants: readonly PolicyGrant[], denies: readonly Po
   }
   return {
     rules: withoutRedundantRules([...rules.values()]),
-    lowered: [...lowered.entries()].map(([dir, denied]) => ({path: dir, denied: [...denied].sort()})).sort((a, b) => a.path.localeCompare(b.path)),
+    lowered: [...lowered.entries()]
+      .map(([dir, record]) => ({path: dir, denied: [...record.denied].sort(), writable: record.writable}))
+      .sort((a, b) => a.path.localeCompare(b.path)),
   }
 }
 

@@ -42,6 +42,24 @@ agents:
     expect(problems).toHaveLength(3)
   })
 
+  it('checks container_mode.cpus, container_mode.user and file_access.allow_listen', () => {
+    const problems = problemsOf(`
+providers: {primary: fake, providers: {fake: {kind: openai, model: m}}}
+agents:
+  - id: a
+    container_mode: {cpus: 0, user: root}
+    file_access: {allow_listen: sometimes}
+  - id: b
+    container_mode: {cpus: 1.5, user: "1000:1000"}
+    file_access: {allow_listen: true}
+`)
+    expect(problems).toEqual([
+      'agents[0].container_mode.cpus: must be > 0',
+      'agents[0].container_mode.user: must match ^[0-9]+(:[0-9]+)?$',
+      'agents[0].file_access.allow_listen: must be boolean',
+    ])
+  })
+
   it('names unknown fields and unknown providers', () => {
     expect(problemsOf(`providers: {primary: nope, providers: {fake: {kind: openai, model: m}}}\nagents: [{id: a, colour: red}]`)).toEqual([
       'agents[0]: unknown field "colour"',

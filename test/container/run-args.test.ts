@@ -1,6 +1,6 @@
 import {describe, expect, it} from 'vitest'
 import {DEFAULT_IMAGE_CONFIG} from '../../src/runtime/config/defaults.js'
-import {injectedSecretNames} from '../../src/runtime/runners/container.js'
+import {UNPRIVILEGED_CONTAINER_UID, containerUser, injectedSecretNames} from '../../src/runtime/runners/container.js'
 import {buildDockerRunArgs, containerNameFor, type DockerRunSpec} from '../../src/sandbox/docker/run-args.js'
 import {isOrphan, type GatewayContainer} from '../../src/sandbox/docker/containers.js'
 
@@ -12,7 +12,9 @@ const spec: DockerRunSpec = {
   gid: 1001,
   memoryLimit: '512m',
   pidsLimit: 256,
+  cpus: 1,
   network: 'bridge',
+  listen: 'deny',
   labels: {meepagateway: '1', 'meepagateway.agent': 'box', 'meepagateway.run': 'run_1'},
   forwardEnv: ['GITHUB_TOKEN'],
 }
@@ -28,6 +30,9 @@ describe('docker run argv (DESIGN.md 4.2)', () => {
     expect(flag(args, '--memory')).toBe('512m')
     expect(flag(args, '--memory-swap')).toBe('512m')
     expect(flag(args, '--pids-limit')).toBe('256')
+    expect(flag(args, '--cpus')).toBe('1')
+    expect(flag(buildDockerRunArgs({...spec, cpus: 0.5}), '--cpus')).toBe('0.5')
+    expect(() => buildDockerRunArgs({...spec, cpus: 0})).toThrow(/cpus/)
     expect(flag(args, '--cgroupns')).toBe('private')
     expect(args).not.toContain('--rm') // the host inspects OOMKilled and the exit code first
     expect(args).not.toContain('--privileged')
@@ -39,6 +44,13 @@ describe('docker run argv (DESIGN.md 4.2)', () => {
     expect(flag(args, '-w')).toBe('/workspace')
     expect(args).toEqual(expect.arrayContaining(['HOME=/workspace', 'TMPDIR=/tmp']))
     expect(flag(args, '--tmpfs')).toMatch(/^\/tmp:rw,.*size=256m,uid=1000,gid=1001/)
+  })
+
+  it('never picks uid 0 for a root gateway unless container_mode.user says so', () => {
+    expect(containerUser(undefined, {uid: 0, gid: 0})).toEqual({uid: UNPRIVILEGED_CONTAINER_UID, gid: UNPRIVILEGED_CONTAINER_UID})
+    expect(containerUser(undefined, {uid: 1000, gid: 1001})).toEqual({uid: 1000, gid: 1001})
+    expect(containerUser('0', {uid: 0, gid: 0})).toEqual({uid: 0, gid: 0})
+    expect(containerUser('1234:55', {uid: 0, gid: 0})).toEqual({uid: 1234, gid: 55})
   })
 
   it('uses the configured network, bridge included', () => {

@@ -6,6 +6,7 @@ import {startFakeLlm, type FakeLlm, type FakeRequest} from '../fakes/llm-server.
 import {fakeLlmConfig, makeHome, runCli, type CliResult, type TestHome} from '../helpers/home.js'
 import {homeLabel} from '../../src/sandbox/docker/containers.js'
 import {buildDockerRunArgs} from '../../src/sandbox/docker/run-args.js'
+import {containerUser} from '../../src/runtime/runners/container.js'
 import {describeWithDocker, dockerRecorder, realDockerPath, type DockerRecorder} from './docker-env.js'
 
 /*
@@ -19,6 +20,14 @@ import {describeWithDocker, dockerRecorder, realDockerPath, type DockerRecorder}
  */
 
 const SECRET = 'ghp-very-secret-token-4242'
+/** The uid:gid containers run as when container_mode.user is unset. */
+const RUN_USER = containerUser(undefined)
+/** Tries a TCP listen and a UDP bind on 127.0.0.1, printing the error code of each (or LISTENING). */
+const LISTEN_PROBE = [
+  'const net = require("net"), dgram = require("dgram");',
+  'net.createServer().listen(0, "127.0.0.1", () => { console.log("tcp LISTENING"); udp() }).on("error", (e) => { console.log("tcp", e.code); udp() });',
+  'function udp() { const s = dgram.createSocket("udp4"); s.on("error", (e) => { console.log("udp", e.code); process.exit(0) }); s.bind(0, "127.0.0.1", () => { console.log("udp LISTENING"); process.exit(0) }) }',
+].join(' ')
 const PROVIDER_KEY = 'sk-fake-test-key-123456'
 
 /** The content of the tool result the agent sent back to the LLM in the request after the call. */
@@ -83,6 +92,9 @@ describeWithDocker('container mode: a fresh hardened container per message (real
     beforeAll(async () => {
       llm.reset()
       home = newHome([containerAgent('box')])
+      // a file the gateway (root here) made earlier: the container's uid must still be able to write it
+      fs.mkdirSync(home.workspace('box'), {recursive: true})
+      fs.writeFileSync(path.join(home.workspace('box'), 'made-by-gateway.txt'), 'old\n', {mode: 0o644})
       scriptShell(llm, [
         'echo "== root =="; touch /escape 2>&1 || true',
         'echo "== status =="; grep -E "^(CapEff|CapBnd|NoNewPrivs|Seccomp):" /proc/self/status',
@@ -93,6 +105,10 @@ describeWithDocker('container mode: a fresh hardened container per message (real
         'echo "== workspace =="; echo persisted > /workspace/from-container.txt && echo written; pwd; echo "$HOME $TMPDIR"',
         'echo "== socket =="; for s in /var/run/docker.sock /run/docker.sock; do test -e $s && echo "present $s"; done; echo checked',
         'echo "== environ =="; cat /proc/[0-9]*/environ 2>/dev/null | tr "\\0" "\\n" | sort -u',
+        'echo "== user =="; id -u; id -g',
+        'echo "== gateway-file =="; echo new >> /workspace/made-by-gateway.txt && echo appended',
+        'echo "== cpu =="; cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us /sys/fs/cgroup/cpu/cpu.cfs_period_us 2>/dev/null || cat /sys/fs/cgroup/cpu.max',
+        `echo "== listen =="; node -e '${LISTEN_PROBE}'`,
         'echo "== end =="',
       ].join('\n'))
       recorder.clear()
@@ -127,12 +143,28 @@ describeWithDocker('container mode: a fresh hardened container per message (real
       expect(section(probe, 'tmp-cap')).toContain('No space left on device')
     })
 
-    it('works in /workspace as HOME; a file written there persists on the host, owned by the host user', () => {
+    it('works in /workspace as HOME; a file written there persists on the host, owned by the run uid', () => {
       expect(section(probe, 'workspace')).toBe('written\n/workspace\n/workspace /tmp')
       const file = path.join(home.workspace('box'), 'from-container.txt')
       expect(fs.readFileSync(file, 'utf8')).toBe('persisted\n')
-      expect(fs.statSync(file).uid).toBe(process.getuid!())
-      expect(fs.statSync(file).gid).toBe(process.getgid!())
+      expect(fs.statSync(file).uid).toBe(RUN_USER.uid)
+      expect(fs.statSync(file).gid).toBe(RUN_USER.gid)
+    })
+
+    it('never runs as uid 0 by default (a root gateway picks an unprivileged uid), and files the gateway made stay writable', () => {
+      expect(section(probe, 'user')).toBe(`${RUN_USER.uid}\n${RUN_USER.gid}`)
+      expect(RUN_USER.uid).not.toBe(0)
+      expect(section(probe, 'gateway-file')).toBe('appended')
+      expect(fs.readFileSync(path.join(home.workspace('box'), 'made-by-gateway.txt'), 'utf8')).toBe('old\nnew\n')
+    })
+
+    it('is held to one CPU by default (--cpus 1)', () => {
+      const cpu = section(probe, 'cpu').split(/\s+/)
+      expect(Number(cpu[0]) / Number(cpu[1])).toBe(1)
+    })
+
+    it('cannot listen on a port, even with network: host (allow_listen is off)', () => {
+      expect(section(probe, 'listen')).toBe('tcp EPERM\nudp EPERM')
     })
 
     it('has no Docker socket', () => {
@@ -156,6 +188,15 @@ describeWithDocker('container mode: a fresh hardened container per message (real
       for (let i = 0; i < 50 && (await gatewayContainers(home)).length > 0; i++) await new Promise((resolve) => setTimeout(resolve, 100))
       expect(await gatewayContainers(home)).toEqual([])
     })
+  })
+
+  it('with allow_listen: true and container_mode.user "0", listens (network: host) and runs as root as configured', async () => {
+    llm.reset()
+    const home = newHome([containerAgent('server', {user: '0'}, {file_access: {allow_listen: true}})])
+    scriptShell(llm, `id -u; node -e '${LISTEN_PROBE}'`)
+    const result = await send(home, 'server', 'listen', '--json')
+    expect(result.exitCode, result.stdout + result.stderr).toBe(0)
+    expect(toolResult(llm)).toContain('0\ntcp LISTENING\nudp LISTENING')
   })
 
   it('with inject_secrets_env and inject_credentials_env on, sets them in the container env (still not in argv)', async () => {
@@ -216,8 +257,8 @@ describeWithDocker('container mode: a fresh hardened container per message (real
     expect(image).toBeDefined()
     const workspace = fs.mkdtempSync(path.join(process.env.TMPDIR ?? '/tmp', 'meepa-netns-'))
     const args = buildDockerRunArgs({
-      name: `meepa-netprobe-${process.pid}`, image: image!, workspace, uid: process.getuid!(), gid: process.getgid!(), memoryLimit: '128m', pidsLimit: 64,
-      network: 'none', labels: {meepagateway: '1'}, forwardEnv: [], entrypoint: '/bin/sh', command: ['-c', "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"],
+      name: `meepa-netprobe-${process.pid}`, image: image!, workspace, uid: process.getuid!(), gid: process.getgid!(), memoryLimit: '128m', pidsLimit: 64, cpus: 1,
+      network: 'none', listen: 'deny', labels: {meepagateway: '1'}, forwardEnv: [], entrypoint: '/bin/sh', command: ['-c', "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"],
     })
     const run = await execa('docker', args, {reject: false, input: '', timeout: 60_000})
     await execa('docker', ['rm', '-f', `meepa-netprobe-${process.pid}`], {reject: false})

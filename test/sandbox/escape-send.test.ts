@@ -22,7 +22,8 @@ import {
 // LLM scripts the tool calls an attacker-controlled model would make, and the test reads the tool
 // results agent-run sent back to the model (and the host's files).
 const enabled = requireLandlockOrSkip('host sandbox escape tests (send)')
-const DENIED = /EACCES|EPERM|Permission denied|Operation not permitted|Invalid cross-device link|EXDEV/
+// EBUSY/EROFS: the namespace layer's read-only covers over denied paths; ESRCH: a host pid does not exist in the run's PID namespace
+const DENIED = /EACCES|EPERM|Permission denied|Operation not permitted|Invalid cross-device link|EXDEV|Device or resource busy|EBUSY|Read-only file system|EROFS|No such process|ESRCH/
 
 describe.skipIf(!enabled)('send under the host sandbox', () => {
   let llm: FakeLlm
@@ -101,6 +102,25 @@ describe.skipIf(!enabled)('send under the host sandbox', () => {
     }
     expect(fs.readFileSync(path.join(world.workspace('locked'), 'private', 'secret.txt'), 'utf8')).toBe(DENIED_MARKER)
     expect(fs.existsSync(path.join(world.workspace('locked'), 'private-aside'))).toBe(false)
+  })
+
+  it("an agent's shell sees only the run's processes, opens a pty, creates files beside a denied directory and cannot listen", async () => {
+    const results = await sendTools('locked', [
+      shell(`ps -e -o comm= | sort | tr '\\n' ' '; cat /proc/${process.pid}/cmdline`),
+      shell(`python3 -c 'import os; m, s = os.openpty(); print("PTY", os.ttyname(s))'`),
+      shell('echo beside > beside.txt && mkdir newdir && mv beside.txt newdir/ && cat newdir/beside.txt && cat private/secret.txt'),
+      shell(`python3 -c 'import socket; socket.socket().bind(("127.0.0.1", 0))'`),
+    ])
+    // bwrap (the run's init), agent-run (node), the shell, ps, sort, tr: nothing of the host
+    const [processes, cmdline] = results[0]!.split('\n')[1]!.split(' cat: ')
+    expect(processes!.trim().split(' ').every((name) => ['bwrap', 'node', 'sh', 'ps', 'sort', 'tr'].includes(name))).toBe(true)
+    expect(cmdline).toMatch(/No such file or directory/)
+    expect(results[1]).toMatch(/^exit code: 0\b[\s\S]*PTY \/dev\/pts\/\d+/)
+    expect(results[2]).toMatch(/beside/)
+    expect(results[2]).toMatch(/Permission denied/)
+    expect(results[2]).not.toContain(DENIED_MARKER)
+    expect(fs.existsSync(path.join(world.workspace('locked'), 'newdir', 'beside.txt'))).toBe(true)
+    expect(results[3]).toMatch(/Operation not permitted/)
   })
 
   it('keeps shell commands off the network with allow_network: false, TCP and UDP to 127.0.0.1 included', async () => {

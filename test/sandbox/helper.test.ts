@@ -37,7 +37,7 @@ describe.skipIf(!enabled)('meepa-sandbox helper', () => {
     return child
   }
   const rules = (options: {network?: 'allow' | 'deny'; bestEffort?: boolean; env?: Record<string, string>} = {}) =>
-    serializeRules({rules: baseRules(), network: options.network ?? 'deny', bestEffort: options.bestEffort ?? false}, options.env ?? {PATH: '/usr/bin:/bin'})
+    serializeRules({rules: baseRules(), network: options.network ?? 'deny', listen: 'deny', bestEffort: options.bestEffort ?? false}, options.env ?? {PATH: '/usr/bin:/bin'})
 
   it('probes the kernel and prints JSON', async () => {
     const result = await execa(HELPER, ['--probe'], {timeout: 10_000})
@@ -102,5 +102,20 @@ describe.skipIf(!enabled)('meepa-sandbox helper', () => {
     expect(result.exitCode).toBe(3)
     const env = await execa(HELPER, ['--deny-network', '--', 'env'], {timeout: 15_000, env: {KEEP: 'me'}})
     expect(env.stdout).toContain('KEEP=me')
+  })
+
+  it('adds a no-listening layer with --deny-listen (the container shell tool): no TCP/UDP bind, no listen()', async () => {
+    const script = [
+      'import socket',
+      'for family, kind, addr in [(socket.AF_INET, socket.SOCK_STREAM, ("127.0.0.1", 0)), (socket.AF_INET, socket.SOCK_DGRAM, ("127.0.0.1", 0)), (socket.AF_INET6, socket.SOCK_STREAM, ("::1", 0))]:',
+      '    try: socket.socket(family, kind).bind(addr); print("BOUND")',
+      '    except OSError as e: print(e.errno)',
+      'try: socket.socket().listen(); print("LISTENING")',
+      'except OSError as e: print(e.errno)',
+    ].join('\n')
+    const denied = await execa(HELPER, ['--new-group', '--deny-listen', '--', 'python3', '-c', script], {reject: false, timeout: 15_000})
+    expect(denied.stdout.split('\n')).toEqual(['1', '1', '1', '1'])
+    const allowed = await execa(HELPER, ['--new-group', '--', 'python3', '-c', script], {reject: false, timeout: 15_000})
+    expect(allowed.stdout.split('\n')).toEqual(['BOUND', 'BOUND', 'BOUND', 'LISTENING'])
   })
 })

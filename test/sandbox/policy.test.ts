@@ -214,6 +214,49 @@ describe('compilePolicy: config rules', () => {
     expect(compilePolicy(layout({allow_network: false})).network).toBe('deny')
     expect(compilePolicy(layout()).network).toBe('allow')
   })
+
+  it('turns allow_listen into the listen mode, off by default', () => {
+    expect(compilePolicy(layout()).listen).toBe('deny')
+    expect(compilePolicy(layout({allow_listen: true})).listen).toBe('allow')
+  })
+})
+
+describe('compilePolicy with the namespace layer: covers instead of lowering', () => {
+  it('covers an existing denied directory and file inside the workspace; the workspace keeps its full grant', () => {
+    write('gw/agents/me/private/key', 'K')
+    write('gw/agents/me/token.txt', 'T')
+    const ws = path.join(root, 'gw/agents/me')
+    const policy = compilePolicy({...layout({deny: ['private', 'token.txt']}), namespaces: true})
+    expect(policy.covered).toEqual([
+      {path: path.join(ws, 'private'), kind: 'dir', reason: 'deny: private'},
+      {path: path.join(ws, 'token.txt'), kind: 'file', reason: 'deny: token.txt'},
+    ])
+    expect(policy.lowered).toEqual([])
+    expect(has(effectiveRights(policy.rules, ws), ['make_reg', 'make_dir', 'remove_file', 'remove_dir', 'refer'])).toBe(true)
+    // without the layer the same config lowers the workspace root, and says it costs writes
+    const fallback = compilePolicy(layout({deny: ['private', 'token.txt']}))
+    expect(fallback.covered).toEqual([])
+    expect(fallback.lowered).toContainEqual({path: ws, denied: [path.join(ws, 'private'), path.join(ws, 'token.txt')], writable: true})
+  })
+
+  it('still lowers for a missing or symlinked denied entry, and never covers a deny with a grant beneath it', () => {
+    write('gw/agents/me/real/x')
+    fs.symlinkSync(path.join(root, 'gw/agents/me/real'), path.join(root, 'gw/agents/me/link'))
+    const ws = path.join(root, 'gw/agents/me')
+    const policy = compilePolicy({...layout({deny: ['missing', 'link'], allow_read: [root]}), namespaces: true})
+    // MEEPAGATEWAY_HOME lies inside the allow_read grant but holds the workspace: lowered, not covered
+    expect(policy.covered.map((cover) => cover.path)).not.toContain(path.join(root, 'gw'))
+    expect(policy.lowered.map((dir) => dir.path)).toContain(ws)
+    expect(policy.lowered.find((dir) => dir.path === ws)!.denied).toEqual(expect.arrayContaining([path.join(ws, 'missing'), path.join(ws, 'link')]))
+    // the symlink's target is covered (it is the canonical deny), the link itself is not
+    expect(policy.covered.map((cover) => cover.path)).toContain(path.join(ws, 'real'))
+    expect(policy.covered.map((cover) => cover.path)).not.toContain(path.join(ws, 'link'))
+  })
+
+  it('grants the private devpts only with the layer', () => {
+    expect(compilePolicy({...layout(), namespaces: true, devices: []}).grants.some((grant) => grant.path === '/dev/pts')).toBe(true)
+    expect(compilePolicy(layout()).grants.some((grant) => grant.path === '/dev/pts')).toBe(false)
+  })
 })
 
 /** Deterministic PRNG so a failing generated tree can be reproduced from its seed. */

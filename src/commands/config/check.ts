@@ -1,14 +1,18 @@
 import {BaseCommand} from '../base-command.js'
 import {describeConfig, type ConfigReport} from '../../runtime/config/report.js'
+import {sandboxConfigWarnings} from '../../runtime/sandbox.js'
 
 export default class ConfigCheck extends BaseCommand<typeof ConfigCheck> {
   static summary = 'validate config.yaml and print the resolved config with secrets masked'
   static examples = ['<%= config.bin %> config check', '<%= config.bin %> config check --config ./config.yaml --json']
 
-  async run(): Promise<ConfigReport> {
-    const report = describeConfig(this.loadConfig())
+  async run(): Promise<ConfigReport & {warnings: Array<{agent: string; warning: string}>}> {
+    const loaded = this.loadConfig()
+    const report = describeConfig(loaded)
+    const warnings = await sandboxConfigWarnings(loaded)
     this.log(`config ok: ${report.path}`)
+    for (const {agent, warning} of warnings) this.logToStderr(`warning: agent ${agent}: ${warning}`)
     this.log(report.yaml)
-    return report
+    return {...report, warnings}
   }
 }

@@ -4,7 +4,7 @@ import {sandboxExec} from '../../runtime/sandbox.js'
 
 export default class SandboxExec extends BaseCommand<typeof SandboxExec> {
   static summary = "run any command under an agent's host sandbox policy (exit status passed through)"
-  static description = 'The operator\'s debugging tool: the command gets exactly what the agent would get (files, network, environment). Put the command after "--".'
+  static description = 'The operator\'s debugging tool: the command gets exactly what the agent would get (files, network, environment). Put the command after "--": everything after it is passed through untouched.'
   static strict = false
   static enableJsonFlag = false
   static flags = {
@@ -17,11 +17,10 @@ export default class SandboxExec extends BaseCommand<typeof SandboxExec> {
   ]
 
   async run(): Promise<{exit_code: number}> {
-    const {argv} = await this.parse(SandboxExec)
     const {exitCode, timedOut} = await sandboxExec({
       loaded: this.loadConfig(),
       agentId: this.flags.agent,
-      argv: argv as string[],
+      argv: commandAfterSeparator(this.argv),
       timeoutMs: this.flags.timeout * 1000,
       onLog: (line) => this.logToStderr(line),
     })
@@ -29,4 +28,10 @@ export default class SandboxExec extends BaseCommand<typeof SandboxExec> {
     process.exitCode = exitCode
     return {exit_code: exitCode}
   }
+}
+
+/** The command exactly as typed after the first `--`: oclif 4's parser reorders and dedupes the argv of non-strict commands. */
+export function commandAfterSeparator(raw: readonly string[]): string[] {
+  const separator = raw.indexOf('--')
+  return separator < 0 ? [] : raw.slice(separator + 1)
 }

@@ -24,8 +24,18 @@ export default class SandboxExplain extends BaseCommand<typeof SandboxExplain> {
     this.log(
       `kernel: Landlock ABI ${kernel.landlock_abi}${kernel.landlock_unavailable ? ` (unavailable: ${kernel.landlock_unavailable})` : ''}, seccomp ${kernel.seccomp ? 'available' : 'UNAVAILABLE'}, ${kernel.arch}`,
     )
+    this.log(
+      report.namespaces.available
+        ? `namespaces: user, mount, PID, IPC via ${report.namespaces.tool} (private /proc and /dev/pts, denied paths covered)`
+        : `namespaces: UNAVAILABLE (${report.namespaces.unavailable}): host processes are visible, no pseudo-terminals, a deny inside a writable tree costs its parents their create rights`,
+    )
     this.log(report.enforced ? 'status: fully enforced' : `status: ${report.best_effort ? 'BEST EFFORT, these are NOT enforced' : 'REFUSED, runs fail until fixed'}:`)
     for (const gap of report.gaps) this.log(`  - ${gap}`)
+    if (report.namespaces.covered.length > 0) {
+      this.log('')
+      this.log('covered inside the sandbox (their parents keep full rights):')
+      for (const cover of report.namespaces.covered) this.log(`  ${cover.path}  [${cover.mechanism}; ${cover.reason}]`)
+    }
     this.log('')
     this.log('allowed (Landlock path rules; a rule covers everything beneath it):')
     for (const rule of report.rules) this.log(`  ${rule.path}\n      ${rule.rights.join(',')}  [${rule.reason}]`)

@@ -19,7 +19,7 @@ export const DEFAULT_GATEWAY: GatewayConfig['gateway'] = {max_concurrent_runs: 4
 export const DEFAULT_AGENT: Omit<AgentConfig, 'id' | 'name'> = {
   max_iterations: 20,
   timeout_seconds: 300,
-  container_mode: {enabled: false, image: '', memory_limit: '512m', timeout_seconds: 300, network: 'bridge', pids_limit: 256, standby: true},
+  container_mode: {enabled: false, image: '', memory_limit: '512m', timeout_seconds: 300, network: 'bridge', pids_limit: 256, cpus: 1, standby: true},
   file_access: {
     unrestricted: false,
     allow_read: [],
@@ -27,6 +27,7 @@ export const DEFAULT_AGENT: Omit<AgentConfig, 'id' | 'name'> = {
     deny: [],
     allow_home_dotfiles: false,
     allow_network: true,
+    allow_listen: false,
     best_effort: false,
   },
   connectors: [],
@@ -74,8 +75,8 @@ image_config:
 
 agent_defaults:
   max_iterations: 20
-  # container_mode: {enabled: true, memory_limit: 512m, timeout_seconds: 300, network: bridge}
-  # file_access: {allow_read: [], allow_read_write: [], deny: [], allow_network: true}
+  # container_mode: {enabled: true, memory_limit: 512m, cpus: 1, timeout_seconds: 300, network: bridge}
+  # file_access: {allow_read: [], allow_read_write: [], deny: [], allow_network: true, allow_listen: false}
 
 agents:
   - id: meepa

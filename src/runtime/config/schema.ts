@@ -29,6 +29,8 @@ const containerModeSchema = {
     timeout_seconds: {type: 'number', exclusiveMinimum: 0},
     network: {enum: ['bridge', 'none', 'host']},
     pids_limit: {type: 'integer', minimum: 16},
+    cpus: {type: 'number', exclusiveMinimum: 0},
+    user: {type: 'string', pattern: '^[0-9]+(:[0-9]+)?$'},
     standby: {type: 'boolean'},
   },
 }
@@ -43,6 +45,7 @@ const fileAccessSchema = {
     deny: stringList,
     allow_home_dotfiles: {type: 'boolean'},
     allow_network: {type: 'boolean'},
+    allow_listen: {type: 'boolean'},
     best_effort: {type: 'boolean'},
   },
 }

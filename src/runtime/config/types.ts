@@ -46,6 +46,10 @@ export interface ContainerModeConfig {
   timeout_seconds: number
   network: ContainerNetwork
   pids_limit: number
+  /** docker run --cpus. */
+  cpus: number
+  /** "UID[:GID]" the container runs as; unset: the gateway's own uid, or an unprivileged one when the gateway is root. */
+  user?: string
   /** Under `serve`, keep the agent's next container started and waiting (see the container runner). */
   standby: boolean
 }
@@ -57,6 +61,8 @@ export interface FileAccessConfig {
   deny: string[]
   allow_home_dotfiles: boolean
   allow_network: boolean
+  /** Sandboxed commands may bind TCP/UDP ports and listen (off: a local server could be reached by the operator's browser). */
+  allow_listen: boolean
   best_effort: boolean
 }
 

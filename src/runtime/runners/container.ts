@@ -1,3 +1,4 @@
+import {spawnSync} from 'node:child_process'
 import {randomBytes} from 'node:crypto'
 import fs from 'node:fs'
 import {setTimeout as sleep} from 'node:timers/promises'
@@ -164,14 +165,19 @@ function runShape(request: RunRequest, image: ReadyImage): RunShape {
   const {agent, input} = request
   const forwardEnv = injectedSecretNames(request.config, input.secrets)
   const cliEnv = Object.fromEntries(forwardEnv.map((secretName) => [secretName, input.secrets[secretName] ?? '']))
+  const workspace = canonicalWorkspace(request.workspace)
+  const user = containerUser(agent.container_mode.user)
+  ensureWorkspaceOwner(workspace, user)
   const spec: RunShape['spec'] = {
     image: image.tag,
-    workspace: canonicalWorkspace(request.workspace),
-    uid: process.getuid?.() ?? 1000,
-    gid: process.getgid?.() ?? 1000,
+    workspace,
+    uid: user.uid,
+    gid: user.gid,
     memoryLimit: agent.container_mode.memory_limit,
     pidsLimit: agent.container_mode.pids_limit,
+    cpus: agent.container_mode.cpus,
     network: agent.container_mode.network,
+    listen: agent.file_access.allow_listen ? 'allow' : 'deny',
     labels: {
       [LABEL.gateway]: '1',
       [LABEL.agent]: agent.id,
@@ -341,6 +347,34 @@ export function injectedSecretNames(config: GatewayConfig, secrets: Record<strin
     .filter((name) => (credentials.has(name) ? config.image_config.inject_credentials_env : config.image_config.inject_secrets_env))
     .filter((name) => !/^(DOCKER_|XDG_)/.test(name) && !['PATH', 'HOME', 'USER', 'TMPDIR', 'SSH_AUTH_SOCK'].includes(name) && !/_PROXY$/i.test(name))
     .sort()
+}
+
+/** The uid a container runs as when the gateway is root and container_mode.user is unset: never root. */
+export const UNPRIVILEGED_CONTAINER_UID = 65532
+
+/** container_mode.user, else the gateway's own uid:gid, else (gateway is root) an unprivileged uid. */
+export function containerUser(configured: string | undefined, own = {uid: process.getuid?.() ?? 1000, gid: process.getgid?.() ?? 1000}): {uid: number; gid: number} {
+  if (configured) {
+    const [uid, gid = uid] = configured.split(':').map(Number)
+    return {uid: uid!, gid: gid!}
+  }
+  if (own.uid !== 0) return own
+  return {uid: UNPRIVILEGED_CONTAINER_UID, gid: UNPRIVILEGED_CONTAINER_UID}
+}
+
+/**
+ * A root gateway running the container as another uid hands it the workspace: every entry (files
+ * the gateway or a host-sandbox run created as root included) is chowned to that uid. GNU chown -R
+ * -P walks with openat and never follows a symlink the agent planted.
+ */
+function ensureWorkspaceOwner(workspace: string, user: {uid: number; gid: number}): void {
+  if (process.getuid?.() !== 0 || user.uid === 0) return
+  const result = spawnSync('chown', ['-R', '-P', '-h', `${user.uid}:${user.gid}`, '--', workspace], {encoding: 'utf8', timeout: 60_000})
+  if (result.status !== 0) {
+    throw new GatewayError('E_WORKSPACE', `cannot hand the workspace ${workspace} to uid ${user.uid} for the container: ${(result.stderr || result.error?.message || '').trim()}`, {
+      suggestions: ['check that `chown` (coreutils) is installed', 'or set container_mode.user to the uid that owns the workspace'],
+    })
+  }
 }
 
 function canonicalWorkspace(workspace: string): string {

@@ -1,8 +1,9 @@
 import type {AgentRunOutput} from '../agent-run/contract.js'
 import {agentPolicy, sandboxPath} from '../../sandbox/agent-policy.js'
-import {kernelGaps} from '../../sandbox/landlock/enforcement.js'
+import {kernelGaps, loweringGaps} from '../../sandbox/landlock/enforcement.js'
 import {HELPER_SETUP_EXIT, probeKernel, requireHelper} from '../../sandbox/landlock/helper.js'
 import {serializeRules} from '../../sandbox/landlock/rules-file.js'
+import {bwrapArgv, probeNamespaces} from '../../sandbox/namespaces.js'
 import {SANDBOX_HELPER_ENV, SANDBOX_NETWORK_ENV} from '../../sandbox/network-layer.js'
 import type {SandboxPolicy} from '../../sandbox/policy.js'
 import {seatbeltInvocation} from '../../sandbox/seatbelt/profile.js'
@@ -31,13 +32,16 @@ export const hostSandboxRunner: Runner = {
       const runId = request.input.run_id
       let launch: Launch
       try {
-        const compile = () => agentPolicy({
+        const namespaces = process.platform === 'linux' ? await probeNamespaces() : undefined
+        const compile = () =>
+          agentPolicy({
             agent: request.agent,
             config: request.config,
             home: request.home,
             workspace: request.workspace,
             tmpDir: tmp,
             configPath: request.configPath,
+            namespaces: namespaces?.available,
           })
         let policy = compile()
         if (prepareWorkspaceForPolicy(request.workspace, policy)) policy = compile()
@@ -45,7 +49,9 @@ export const hostSandboxRunner: Runner = {
         const env = {...agentEnvironment(request.workspace, tmp), PATH: sandboxPath()}
         if (process.platform === 'darwin') launch = {argv: seatbeltInvocation(policy, agentRunArgv()).argv, env}
         else {
-          const linux = await linuxLaunch(policy, env)
+          const policyGaps = loweringGaps(policy, namespaces)
+          if (policy.bestEffort) for (const gap of policyGaps) request.onLog?.(`sandbox: best effort, NOT enforced: ${gap}`)
+          const linux = await linuxLaunch(policy, env, namespaces?.available ? bwrapArgv(namespaces.bwrap!, policy, request.home) : [], policyGaps)
           if ('error' in linux) return failure(runId, 'E_SANDBOX', linux.error, false, {gaps: linux.gaps, fix: linux.fix})
           launch = linux
         }
@@ -64,21 +70,26 @@ export const hostSandboxRunner: Runner = {
     }),
 }
 
-async function linuxLaunch(policy: SandboxPolicy, env: Record<string, string>): Promise<Launch | {error: string; gaps: string[]; fix: string}> {
+async function linuxLaunch(
+  policy: SandboxPolicy,
+  env: Record<string, string>,
+  bwrap: string[],
+  policyGaps: string[],
+): Promise<Launch | {error: string; gaps: string[]; fix: string}> {
   const helper = requireHelper()
   const probe = await probeKernel(helper)
-  const gaps = kernelGaps(probe, policy.network)
+  const gaps = [...kernelGaps(probe, policy.network, policy.listen), ...policyGaps]
   if (gaps.length > 0 && !policy.bestEffort) {
     return {
-      error: `the host sandbox cannot be enforced on this kernel: ${gaps.join('; ')}`,
+      error: `the host sandbox cannot be enforced on this machine: ${gaps.join('; ')}`,
       gaps,
-      fix: 'upgrade the kernel, use container mode, or set file_access.best_effort: true to run with these gaps',
+      fix: `${policyGaps.length > 0 ? 'install bubblewrap and allow unprivileged user namespaces, move the deny out of the writable tree, ' : ''}upgrade the kernel, use container mode, or set file_access.best_effort: true to run with these gaps`,
     }
   }
   // agent-run talks to its LLM provider, so its own layer keeps the network; with
   // allow_network: false every shell command it starts gets the network-off layer.
   const inner = {...env, [SANDBOX_HELPER_ENV]: helper, [SANDBOX_NETWORK_ENV]: policy.network}
-  return {argv: [helper, '--rules-fd', '3', '--', ...agentRunArgv()], env: {}, fd3: serializeRules({...policy, network: 'allow'}, inner)}
+  return {argv: [...bwrap, helper, '--rules-fd', '3', '--', ...agentRunArgv()], env: {}, fd3: serializeRules({...policy, network: 'allow'}, inner)}
 }
 
 /** The helper's own refusal (exit 125, nothing ran) reads better as E_SANDBOX than as a crashed run. */

@@ -1,7 +1,7 @@
 import type {ContainerNetwork} from '../../runtime/config/types.js'
 import {GatewayError} from '../../runtime/errors.js'
 import {CONTAINER_APP, CONTAINER_NODE} from './dockerfile.js'
-import {SANDBOX_HELPER_ENV} from '../network-layer.js'
+import {SANDBOX_HELPER_ENV, SANDBOX_LISTEN_ENV} from '../network-layer.js'
 import {IN_CONTAINER_ENV, STANDBY_ENV} from '../../runtime/agent-run/in-container.js'
 
 /** Everything that decides the `docker run` of one message (DESIGN.md section 4.2). */
@@ -15,7 +15,11 @@ export interface DockerRunSpec {
   /** Docker size, e.g. 512m; used for --memory and --memory-swap (no swap beyond the limit). */
   memoryLimit: string
   pidsLimit: number
+  /** docker run --cpus */
+  cpus: number
   network: ContainerNetwork
+  /** 'deny' (allow_listen: false): every shell command is started with the helper's --deny-listen layer. */
+  listen: 'allow' | 'deny'
   labels: Record<string, string>
   /**
    * Names of variables forwarded from the docker CLI's own environment with `-e NAME`: the value
@@ -54,6 +58,7 @@ export function buildDockerRunArgs(spec: DockerRunSpec): string[] {
       suggestions: ['move MEEPAGATEWAY_HOME to a path without ":" and ","'],
     })
   }
+  if (!(spec.cpus > 0)) throw new GatewayError('E_CONFIG', `container_mode.cpus: must be a number above 0, not ${spec.cpus}`)
   for (const name of spec.forwardEnv) {
     if (!ENV_NAME.test(name)) throw new GatewayError('E_CONFIG', `"${name}" is not a valid environment variable name to forward into the container`)
   }
@@ -72,6 +77,7 @@ export function buildDockerRunArgs(spec: DockerRunSpec): string[] {
     '--memory', spec.memoryLimit,
     '--memory-swap', spec.memoryLimit,
     '--pids-limit', String(spec.pidsLimit),
+    '--cpus', String(spec.cpus),
     // its own cgroup at /sys/fs/cgroup whatever the engine's default, where agent-run reads OOM kills
     '--cgroupns', 'private',
     '--init',
@@ -84,7 +90,7 @@ export function buildDockerRunArgs(spec: DockerRunSpec): string[] {
     '-e', 'TMPDIR=/tmp',
     '-e', `${IN_CONTAINER_ENV}=1`,
     ...(spec.standby ? ['-e', `${STANDBY_ENV}=1`] : []),
-    ...(spec.sandboxHelper ? ['-e', `${SANDBOX_HELPER_ENV}=${spec.sandboxHelper}`] : []),
+    ...(spec.sandboxHelper ? ['-e', `${SANDBOX_HELPER_ENV}=${spec.sandboxHelper}`, '-e', `${SANDBOX_LISTEN_ENV}=${spec.listen}`] : []),
     ...spec.forwardEnv.flatMap((name) => ['-e', name]),
     '--network', spec.network,
     ...Object.entries(spec.labels).flatMap(([key, value]) => ['--label', `${key}=${value}`]),

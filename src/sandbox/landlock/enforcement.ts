@@ -1,4 +1,5 @@
 import type {SandboxPolicy} from '../policy.js'
+import type {NamespaceProbe} from '../namespaces.js'
 import type {KernelProbe} from './helper.js'
 import {FS_RIGHTS, RIGHT_SINCE_ABI, type FsRight} from './rights.js'
 
@@ -10,7 +11,8 @@ import {FS_RIGHTS, RIGHT_SINCE_ABI, type FsRight} from './rights.js'
 export interface EnforcementReport {
   platform: 'linux'
   kernel: {landlock_abi: number; landlock_unavailable?: string; seccomp: boolean; arch: string}
-  network: {mode: 'allow' | 'deny'; enforced_by: string[]}
+  network: {mode: 'allow' | 'deny'; listen: 'allow' | 'deny'; enforced_by: string[]}
+  namespaces: {available: boolean; tool?: string; unavailable?: string; covered: Array<{path: string; kind: 'dir' | 'file'; reason: string; mechanism: string}>}
   rules: Array<{path: string; rights: FsRight[]; reason: string; mechanism: string}>
   denies: Array<{path: string; reason: string; source: 'config' | 'mandatory'; exists: boolean; mechanism: string}>
   process: Array<{what: string; mechanism: string}>
@@ -21,7 +23,7 @@ export interface EnforcementReport {
   notes: string[]
 }
 
-export function kernelGaps(probe: KernelProbe, network: 'allow' | 'deny'): string[] {
+export function kernelGaps(probe: KernelProbe, network: 'allow' | 'deny', listen: 'allow' | 'deny' = 'allow'): string[] {
   const gaps: string[] = []
   const abi = probe.landlock.abi
   if (abi < 1) gaps.push(`file rules: Landlock is unavailable (${probe.landlock.errno ?? '?'}: ${probe.landlock.reason ?? 'unknown reason'})`)
@@ -34,13 +36,42 @@ export function kernelGaps(probe: KernelProbe, network: 'allow' | 'deny'): strin
     gaps.push('seccomp filter unavailable: unix sockets (the Docker socket), io_uring and leaving the process group are not blocked')
     if (network === 'deny') gaps.push('network off: UDP, raw and packet sockets are not blocked (no seccomp)')
     if (network === 'deny' && abi < 4) gaps.push('network off: TCP is not blocked (no seccomp and Landlock ABI < 4)')
+    if (listen === 'deny' && network === 'allow') {
+      gaps.push(
+        abi < 4
+          ? 'listening off: binding and listening on TCP and UDP ports are not blocked (no seccomp and Landlock ABI < 4)'
+          : 'listening off: UDP binds and listen() on an unbound TCP socket are not blocked (no seccomp)',
+      )
+    }
   }
   return gaps
 }
 
-export function enforcementReport(policy: SandboxPolicy, probe: KernelProbe): EnforcementReport {
+/**
+ * Without the namespace layer a deny inside a writable tree costs its parents their create,
+ * rename and delete rights: a gap, acceptable only with best_effort. With the layer, only denies
+ * it cannot cover (missing entries, symlinks) still lower a directory: by design, not a gap.
+ */
+export function loweringGaps(policy: Pick<SandboxPolicy, 'lowered'>, namespaces: NamespaceProbe | undefined): string[] {
+  return namespaces && !namespaces.available ? loweringWarnings(policy, namespaces) : []
+}
+
+/** Every writable directory that a deny beneath it leaves listing-only, and why, for `config check` and the run log. */
+export function loweringWarnings(policy: Pick<SandboxPolicy, 'lowered'>, namespaces: NamespaceProbe | undefined): string[] {
+  return policy.lowered
+    .filter((dir) => dir.writable)
+    .map((dir) => {
+      const denied = `${dir.path} loses create, rename and delete rights (listing only) because ${dir.denied.join(', ')} ${dir.denied.length === 1 ? 'is' : 'are'} denied beneath it`
+      return namespaces?.available
+        ? `${denied}: a missing or symlinked entry cannot be covered (create it as a real file or directory)`
+        : `${denied} and the namespace layer that would cover ${dir.denied.length === 1 ? 'it' : 'them'} is unavailable: ${namespaces?.reason ?? 'not probed'}`
+    })
+}
+
+export function enforcementReport(policy: SandboxPolicy, probe: KernelProbe, namespaces?: NamespaceProbe): EnforcementReport {
   const abi = probe.landlock.abi
-  const gaps = kernelGaps(probe, policy.network)
+  const gaps = [...kernelGaps(probe, policy.network, policy.listen), ...loweringGaps(policy, namespaces)]
+  const inNamespaces = namespaces?.available === true
   const landlock = abi >= 1
   const unsupported = (rights: readonly FsRight[]) => rights.filter((right) => RIGHT_SINCE_ABI[right] > abi)
   const handledCount = FS_RIGHTS.filter((right) => RIGHT_SINCE_ABI[right] <= abi).length
@@ -55,7 +86,12 @@ export function enforcementReport(policy: SandboxPolicy, probe: KernelProbe): En
 
   const denies = policy.denies.map((deny) => {
     const socket = deny.reason === 'the container engine socket'
-    let mechanism = landlock ? 'Landlock: no rule reaches it (denied by omission)' : 'nothing (Landlock unavailable)'
+    const cover = policy.covered.find((entry) => entry.path === deny.path)
+    let mechanism = cover
+      ? `covered in the mount namespace by ${cover.kind === 'dir' ? 'an empty read-only mode-000 tmpfs' : 'an empty read-only mode-000 file'} (bubblewrap); its parent keeps its full grant`
+      : landlock
+        ? 'Landlock: no rule reaches it (denied by omission)'
+        : 'nothing (Landlock unavailable)'
     if (socket) {
       mechanism += probe.seccomp
         ? '; seccomp: socket(AF_UNIX) is denied, because Landlock before ABI 9 cannot restrict connect() to a socket path'
@@ -69,6 +105,10 @@ export function enforcementReport(policy: SandboxPolicy, probe: KernelProbe): En
     if (abi >= 4) networkMechanisms.push('Landlock: TCP bind and connect handled, no port allowed')
     if (probe.seccomp) networkMechanisms.push('seccomp: socket() denied for every address family (UDP, raw, packet, netlink included); socketpair(AF_UNIX) allowed')
   } else networkMechanisms.push('not restricted (allow_network: true); only socket(AF_UNIX) and AF_VSOCK are denied by seccomp')
+  if (policy.network === 'allow' && policy.listen === 'deny') {
+    if (abi >= 4) networkMechanisms.push('no listening (allow_listen: false): Landlock handles TCP bind with no port allowed')
+    if (probe.seccomp) networkMechanisms.push('no listening: seccomp denies listen() and every AF_INET/AF_INET6 bind (TCP and UDP, port 0 included); outgoing connections still work')
+  } else if (policy.listen === 'allow') networkMechanisms.push('listening allowed (allow_listen: true): commands may bind ports on every interface the host has')
 
   const processRules = [
     {what: 'environment', mechanism: 'replaced by an explicit allow-list (PATH, HOME=workspace, TMPDIR, LANG); secrets reach agent-run on stdin only'},
@@ -76,15 +116,31 @@ export function enforcementReport(policy: SandboxPolicy, probe: KernelProbe): En
     {what: 'inherited file descriptors', mechanism: 'everything above 2 closed before exec'},
     {
       what: 'process tree',
-      mechanism: probe.seccomp
+      mechanism: inNamespaces
+        ? 'a PID namespace whose init is bubblewrap: the runner kills bubblewrap at the deadline (and it dies with the gateway: --die-with-parent), and the kernel then kills every process left in the namespace; setsid is denied too'
+        : probe.seccomp
         ? 'new session; setsid denied by seccomp, so every descendant stays in it and the runner kills the whole session at the deadline (setpgid stays allowed: each shell command gets its own group for the tool timeout)'
         : 'new session; descendants CAN leave it (no seccomp)',
     },
     {what: 'signals and abstract unix sockets', mechanism: abi >= 6 ? 'Landlock scoping (ABI 6): nothing outside the sandbox can be signalled or reached' : 'NOT scoped (Landlock ABI < 6)'},
     {what: 'io_uring, TIOCSTI', mechanism: probe.seccomp ? 'denied by seccomp' : 'NOT blocked (no seccomp)'},
+    {what: 'mount and unmount (the covers stay in place)', mechanism: [landlock ? 'denied by Landlock' : '', probe.seccomp ? 'denied by seccomp' : '', 'no capabilities'].filter(Boolean).join('; ')},
+    {
+      what: 'other processes',
+      mechanism: inNamespaces
+        ? 'PID namespace with its own /proc (bubblewrap): only the run\'s own processes are visible; when its init dies the kernel kills all of them'
+        : `VISIBLE: no PID namespace (${namespaces?.reason ?? 'namespace layer not used'}), every host process and its command line can be listed`,
+    },
+    {
+      what: 'pseudo-terminals',
+      mechanism: inNamespaces ? 'a private devpts instance: openpty and script work, no host terminal is reachable' : 'unavailable: /dev/ptmx is denied (the host\'s /dev/pts would expose other terminals)',
+    },
   ]
 
   const limits = [
+    ...(inNamespaces && policy.covered.length > 0
+      ? ['a covered path still shows in its parent\'s listing (as an empty, unreadable entry) and its mount is visible in /proc/self/mountinfo']
+      : []),
     ...policy.lowered.map(
       (dir) =>
         `${dir.path}: listing only, because ${dir.denied.join(', ')} ${dir.denied.length === 1 ? 'is' : 'are'} denied beneath it: names inside it stay visible to directory listings, and no entry can be created, renamed or removed directly in it (its other entries keep their own grants)`,
@@ -98,7 +154,12 @@ export function enforcementReport(policy: SandboxPolicy, probe: KernelProbe): En
   return {
     platform: 'linux',
     kernel: {landlock_abi: abi, ...(abi < 1 ? {landlock_unavailable: probe.landlock.reason ?? 'unknown'} : {}), seccomp: probe.seccomp, arch: probe.arch},
-    network: {mode: policy.network, enforced_by: networkMechanisms},
+    network: {mode: policy.network, listen: policy.listen, enforced_by: networkMechanisms},
+    namespaces: {
+      available: inNamespaces,
+      ...(inNamespaces ? {tool: namespaces!.bwrap} : {unavailable: namespaces?.reason ?? 'not probed'}),
+      covered: policy.covered.map((cover) => ({...cover, mechanism: cover.kind === 'dir' ? 'empty read-only tmpfs, mode 000' : 'empty read-only file, mode 000'})),
+    },
     rules,
     denies,
     process: processRules,

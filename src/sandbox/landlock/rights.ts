@@ -73,6 +73,8 @@ export const READ_WRITE_RIGHTS: readonly FsRight[] = [
 /** /dev/null, /dev/zero, /dev/full: written to and truncated by `> /dev/null`. */
 export const DEVICE_RW_RIGHTS: readonly FsRight[] = ['read_file', 'write_file', 'truncate', 'ioctl_dev']
 export const DEVICE_READ_RIGHTS: readonly FsRight[] = ['read_file', 'ioctl_dev']
+/** The sandbox's private /dev/pts (namespaces only): open ptmx and the ptys, terminal ioctls. */
+export const PTY_RIGHTS: readonly FsRight[] = ['read_file', 'write_file', 'read_dir', 'ioctl_dev']
 
 /** What an ancestor of a denied path keeps: its listing, nothing that would reach the denied entry. */
 export const ANCESTOR_RIGHTS: readonly FsRight[] = ['read_dir']

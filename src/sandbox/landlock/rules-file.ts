@@ -5,8 +5,8 @@ import type {SandboxPolicy} from '../policy.js'
  * The text the helper reads on its rules fd (format documented in native/meepa-sandbox.c).
  * `env` is the command's complete environment: nothing else is inherited through the helper.
  */
-export function serializeRules(policy: Pick<SandboxPolicy, 'rules' | 'network' | 'bestEffort'>, env: Record<string, string>): string {
-  const lines = ['meepa-sandbox-rules 1', `best_effort ${policy.bestEffort ? 1 : 0}`, `network ${policy.network}`]
+export function serializeRules(policy: Pick<SandboxPolicy, 'rules' | 'network' | 'listen' | 'bestEffort'>, env: Record<string, string>): string {
+  const lines = ['meepa-sandbox-rules 1', `best_effort ${policy.bestEffort ? 1 : 0}`, `network ${policy.network}`, `listen ${policy.listen}`]
   for (const rule of policy.rules) {
     assertOneLine(rule.path, `the path ${JSON.stringify(rule.path)}`)
     if (!rule.path.startsWith('/')) throw new GatewayError('E_INTERNAL', `sandbox rule path is not absolute: ${rule.path}`)
