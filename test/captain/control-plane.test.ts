@@ -86,6 +86,26 @@ describe('control plane attacks', () => {
     expect(dockerfile).toContain('ENV TOKEN="\\$SOME_TOKEN"') // a literal, never expanded by the builder either
   })
 
+  it('shows references from agent_defaults and the provider section as written too, never resolved', async () => {
+    const config = captainConfig([{id: 'meepa'}, {id: 'boxed', file_access: {deny: ['/srv']}}])
+      .replace('model: fake-model', 'model: $SECRET_MODEL')
+      .replace('agents:', 'agent_defaults:\n  file_access: {allow_read: [$SECRET_PATH], deny: [$SECRET_DENY]}\n  container_mode: {image: $SECRET_IMAGE}\nagents:')
+    harness = await startCaptain({config, env: {SECRET_MODEL: 'model-from-env-value', SECRET_PATH: '/srv/path-from-env-value', SECRET_DENY: '/srv/deny-from-env-value', SECRET_IMAGE: 'image-from-env-value:1'}})
+    const headers = sessionHeaders(await harness.login())
+    const shown = JSON.stringify([
+      (await harness.request('GET', '/api/captain/agents', {headers})).body,
+      (await harness.request('GET', '/api/captain/agents/meepa', {headers})).body,
+      (await harness.request('GET', '/api/captain/agents/boxed', {headers})).body,
+      (await harness.request('PATCH', '/api/captain/agents/meepa', {body: {max_iterations: 3}, headers})).body,
+    ])
+    expect(shown).not.toContain('from-env-value')
+    expect(shown).toContain('$SECRET_MODEL')
+    expect(shown).toContain('$SECRET_PATH')
+    expect(shown).toContain('$SECRET_IMAGE')
+    const boxed = (await harness.request('GET', '/api/captain/agents/boxed', {headers})).body
+    expect(boxed.file_access).toMatchObject({allow_read: ['$SECRET_PATH'], deny: ['/srv']}) // the agent's own list wins, as when loading
+  })
+
   it('refuses docker references that are flags or not references before any docker call', async () => {
     const docker = recordingDocker()
     try {
