@@ -1,6 +1,7 @@
 import http from 'node:http'
 import type {AddressInfo} from 'node:net'
 import {isLoopbackBind} from '../captain/bind.js'
+import {capConnections, connectionCap} from './connection-cap.js'
 import {GatewayError} from '../errors.js'
 import {sendError} from './json.js'
 import {HttpError, type Router} from './router.js'
@@ -22,6 +23,8 @@ export interface StartHttpOptions {
   allowedHosts?: () => readonly string[]
   /** A request (headers and body) that has not arrived whole by then is dropped (default 60 s). */
   requestTimeoutMs?: number
+  /** Connections held open at most (default: half the process's descriptor limit, at most 1024). */
+  maxConnections?: number
 }
 
 /** The default for requests that have not arrived whole; the reply to one that has may take as long as its run. */
@@ -57,6 +60,7 @@ export async function startHttpListener(options: StartHttpOptions): Promise<Http
   })
   server.keepAliveTimeout = 5_000
   const failureLog = rateLimitedLog(log, FAILURE_LOG_LINES_PER_MINUTE)
+  capConnections(server, options.maxConnections ?? connectionCap(), rateLimitedLog(log, FAILURE_LOG_LINES_PER_MINUTE))
 
   async function handle(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
     try {
