@@ -178,6 +178,26 @@ describe('HTTP listener protections', () => {
     }
   })
 
+  it('reads Host strictly: junk after a bracketed address, an absolute-form target naming another host, or two Host headers get 421', async () => {
+    let handled = 0
+    const router = new Router().get('/api/captain/auth/session', ({res}) => {
+      handled++
+      res.end('{}')
+    })
+    listener = await startHttpListener({bind: '127.0.0.1', port: 0, router, log: () => {}})
+    const request = (target: string, hosts: string[]) =>
+      rawRequest(listener!.port, `GET ${target} HTTP/1.1\r\n${hosts.map((host) => `Host: ${host}\r\n`).join('')}Connection: close\r\n\r\n`)
+    for (const host of ['[::1].evil.example', '[::1]evil.example', '[::1]:80.evil.example', '[::1]:', 'localhost:', '127.0.0.1:80:80']) {
+      expect(await request('/api/captain/auth/session', [host]), host).toMatch(/^HTTP\/1\.1 421 /)
+    }
+    expect(await request('http://evil.example/api/captain/auth/session', ['127.0.0.1'])).toMatch(/^HTTP\/1\.1 421 /)
+    expect(await request('/api/captain/auth/session', ['127.0.0.1', 'evil.example'])).toMatch(/^HTTP\/1\.1 421 /)
+    expect(await request('/api/captain/auth/session', ['127.0.0.1', '127.0.0.1'])).toMatch(/^HTTP\/1\.1 421 /)
+    expect(handled).toBe(0)
+    expect(await request(`http://127.0.0.1:${listener.port}/api/captain/auth/session`, ['localhost'])).toMatch(/^HTTP\/1\.1 200 /)
+    expect(await request('/api/captain/auth/session', ['[::1]'])).toMatch(/^HTTP\/1\.1 200 /)
+  })
+
   it('drops a request whose body has not arrived in time, while a slow reply to a whole request still arrives', async () => {
     const router = new Router()
       .post('/slow-body', async ({req, res}) => {

@@ -40,12 +40,31 @@ const FAILURE_LOG_LINES_PER_MINUTE = 10
 export function hostAllowed(host: string | undefined, allowed: readonly string[] = []): boolean {
   if (!host) return false
   const lower = host.trim().toLowerCase()
-  const name = lower.startsWith('[') ? lower.slice(0, lower.indexOf(']') + 1) : lower.replace(/:\d+$/, '')
+  // `name[:port]` or `[v6][:port]`, nothing else: junk after either must not slip through
+  const parsed = /^(\[[0-9a-f:.]+\]|[^:[\]]+)(?::\d+)?$/.exec(lower)
+  if (!parsed) return false
+  const name = parsed[1] as string
   if (isLoopbackBind(name)) return true
   return allowed.some((entry) => {
     const wanted = entry.trim().toLowerCase()
     return wanted === lower || wanted === name
   })
+}
+
+/**
+ * The Host a request names: its only Host header, and the authority of an absolute-form target
+ * (`GET http://host/path`) must name an allowed host too. Two Host headers name none.
+ */
+function requestHostsAllowed(req: http.IncomingMessage, allowed: readonly string[]): boolean {
+  const hostHeaders = req.rawHeaders.filter((_, index) => index % 2 === 0 && req.rawHeaders[index]!.toLowerCase() === 'host')
+  if (hostHeaders.length !== 1 || !hostAllowed(req.headers.host, allowed)) return false
+  const target = req.url ?? '/'
+  if (target.startsWith('/') || target === '*') return true
+  try {
+    return hostAllowed(new URL(target).host, allowed)
+  } catch {
+    return false
+  }
 }
 
 /** The gateway's HTTP listener: one node:http server in front of the shared router. */
@@ -65,7 +84,7 @@ export async function startHttpListener(options: StartHttpOptions): Promise<Http
   async function handle(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
     try {
       // before anything else: a rebound DNS name gets nothing, not even the login state
-      if (!hostAllowed(req.headers.host, options.allowedHosts?.() ?? [])) {
+      if (!requestHostsAllowed(req, options.allowedHosts?.() ?? [])) {
         throw new HttpError(421, 'E_AUTH', `this gateway does not answer to Host ${JSON.stringify(req.headers.host ?? '')}; use 127.0.0.1 or localhost, or add the name to captain.allowed_hosts`)
       }
       const url = new URL(req.url ?? '/', 'http://gateway.local')
