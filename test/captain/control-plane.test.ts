@@ -86,6 +86,20 @@ describe('control plane attacks', () => {
     expect(dockerfile).toContain('ENV TOKEN="\\$SOME_TOKEN"') // a literal, never expanded by the builder either
   })
 
+  it('one audit entry is one log line: a key name with a line break cannot forge another entry', async () => {
+    harness = await startCaptain()
+    const headers = sessionHeaders(await harness.login())
+    const forged = 'x)\n2026-01-01T00:00:00.000Z audit: nothing happened (by cli'
+    const refused = await harness.request('POST', '/api/captain/auth/api-keys', {body: {name: forged, admin: true}, headers})
+    expect(refused.status).toBe(400)
+    expect(refused.body.error.message).toContain('without control characters')
+    // a name already stored by an older gateway still prints on one line
+    new AuditLog(harness.db, (line) => harness!.logs.push(line)).record({event: 'config_change', principal: `admin key key_0 (${forged})`, summary: 'agent a1 changed'})
+    const line = harness.logs.at(-1) as string
+    expect(line).not.toContain('\n')
+    expect(line).toContain('x)\\n2026-01-01')
+  })
+
   it('shows references from agent_defaults and the provider section as written too, never resolved', async () => {
     const config = captainConfig([{id: 'meepa'}, {id: 'boxed', file_access: {deny: ['/srv']}}])
       .replace('model: fake-model', 'model: $SECRET_MODEL')
