@@ -27,22 +27,28 @@ export function connectionCap(limit = openFileLimit()): number {
 
 /**
  * Holds the server to `cap` connections. At the cap a new connection pushes out the oldest one
- * that is not being answered (idle, or its request has not arrived whole): a flood of idle or
- * trickling connections then cannot keep out a client that sends its request at once, and
- * replies that are being worked on (web chat runs, build streams) are never cut.
+ * that is not being answered (idle, its request has not arrived whole, or it does not read its
+ * answer): a flood of idle, trickling or stalled connections then cannot keep out a client that
+ * sends its request at once, and replies being worked on (web chat runs, build streams) are never cut.
  */
 export function capConnections(server: http.Server, cap: number, onFull: (line: string) => void): void {
   const open = new Map<net.Socket, {request?: http.IncomingMessage}>() // oldest first
   server.on('connection', (socket: net.Socket) => {
     if (open.size >= cap) {
-      const evictable = [...open].find(([, state]) => !state.request || !state.request.complete)
-      onFull(`http: ${cap} connections are open (the cap); ${evictable ? 'closing the oldest idle one' : 'refusing a new one'} (a local process may be flooding the port)`)
-      if (!evictable) {
+      let evicted: net.Socket | undefined
+      for (const [candidate, state] of open) {
+        // being answered, and the client reads what it is sent: keep it (a run's reply, a build stream)
+        if (state.request && state.request.complete && candidate.writableLength === 0) continue
+        evicted = candidate
+        break
+      }
+      onFull(`http: ${cap} connections are open (the cap); ${evicted ? 'closing the oldest idle one' : 'refusing a new one'} (a local process may be flooding the port)`)
+      if (!evicted) {
         socket.destroy()
         return
       }
-      evictable[0].destroy()
-      open.delete(evictable[0])
+      open.delete(evicted)
+      evicted.destroy()
     }
     open.set(socket, {})
     socket.once('close', () => open.delete(socket))
