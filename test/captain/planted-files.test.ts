@@ -49,6 +49,15 @@ describe('the gateway never follows what an agent planted in its workspace', () 
     expect(() => readWorkspaceFile(workspace, 'SOUL.md')).toThrow(/is a device node/)
   })
 
+  it('refuses a hard link to a file outside the workspace (one left from a time the agent ran unrestricted)', () => {
+    fs.linkSync(path.join(outside, 'secret.txt'), path.join(workspace, 'SOUL.md'))
+    expect(fs.statSync(path.join(workspace, 'SOUL.md')).nlink).toBe(2)
+    expect(() => readWorkspaceFile(workspace, 'SOUL.md')).toThrow(/SOUL\.md has 1 other hard link/)
+    writeWorkspaceFile(workspace, 'SOUL.md', '# new soul\n') // replaces the name, never writes through it
+    expect(fs.readFileSync(path.join(outside, 'secret.txt'), 'utf8')).toBe('OPERATOR SECRET')
+    expect(readWorkspaceFile(workspace, 'SOUL.md')).toBe('# new soul\n')
+  })
+
   it('refuses a file under a symlinked parent directory, for reading and for writing', () => {
     fs.symlinkSync(outside, path.join(workspace, 'skills'))
     expect(() => readWorkspaceFile(workspace, 'skills/secret.txt')).toThrow(/parent \(skills\) that is a symbolic link/)
