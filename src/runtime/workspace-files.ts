@@ -121,6 +121,8 @@ export function readWorkspaceFile(root: string, relative: string, options: {maxB
     const stat = fs.fstatSync(fd)
     if (!stat.isFile()) throw refuse(relative, `is ${kindOf(stat)}`)
     if (stat.ino !== before.ino || stat.dev !== before.dev) throw refuse(relative, 'changed while the gateway opened it')
+    // another name for the same file may be anywhere on this file system (gateway.db, another workspace)
+    if (stat.nlink > 1) throw refuse(relative, `has ${stat.nlink - 1} other hard link(s), so it may be a file from outside the workspace`)
     assertOpenedAt(fd, file, relative)
     if (stat.size > maxBytes) throw refuse(relative, `is larger than ${maxBytes} bytes`)
     const buffer = Buffer.alloc(Math.min(stat.size, maxBytes) + 1)

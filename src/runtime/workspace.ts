@@ -2,7 +2,6 @@ import fs from 'node:fs'
 import path from 'node:path'
 import {AGENT_ID_PATTERN} from './config/schema.js'
 import {GatewayError} from './errors.js'
-import {openMemory} from './memory.js'
 import {agentsDir} from './paths.js'
 import {workspaceEntry, writeWorkspaceFile} from './workspace-files.js'
 
@@ -68,9 +67,9 @@ export function ensureWorkspace(home: string, id: string): WorkspaceCreation {
     created.push('skills/')
   } else kept.push('skills/')
   if (workspaceEntry(root, 'memory.db') === 'missing') {
-    // an empty file is an empty SQLite database; only one the gateway just made is opened here
+    // an empty file is an empty SQLite database; agent-run makes its tables. The gateway never opens
+    // it: SQLite opens by name and follows a link the agent could swap in right after the create.
     writeWorkspaceFile(root, 'memory.db', '', {exclusive: true, mode: 0o600})
-    openMemory(root).close()
     created.push('memory.db')
   } else kept.push('memory.db')
   return {id, path: root, created, kept}

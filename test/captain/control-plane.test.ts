@@ -86,6 +86,40 @@ describe('control plane attacks', () => {
     expect(dockerfile).toContain('ENV TOKEN="\\$SOME_TOKEN"') // a literal, never expanded by the builder either
   })
 
+  it('one audit entry is one log line: a key name with a line break cannot forge another entry', async () => {
+    harness = await startCaptain()
+    const headers = sessionHeaders(await harness.login())
+    const forged = 'x)\n2026-01-01T00:00:00.000Z audit: nothing happened (by cli'
+    const refused = await harness.request('POST', '/api/captain/auth/api-keys', {body: {name: forged, admin: true}, headers})
+    expect(refused.status).toBe(400)
+    expect(refused.body.error.message).toContain('without control characters')
+    // a name already stored by an older gateway still prints on one line
+    new AuditLog(harness.db, (line) => harness!.logs.push(line)).record({event: 'config_change', principal: `admin key key_0 (${forged})`, summary: 'agent a1 changed'})
+    const line = harness.logs.at(-1) as string
+    expect(line).not.toContain('\n')
+    expect(line).toContain('x)\\n2026-01-01')
+  })
+
+  it('shows references from agent_defaults and the provider section as written too, never resolved', async () => {
+    const config = captainConfig([{id: 'meepa'}, {id: 'boxed', file_access: {deny: ['/srv']}}])
+      .replace('model: fake-model', 'model: $SECRET_MODEL')
+      .replace('agents:', 'agent_defaults:\n  file_access: {allow_read: [$SECRET_PATH], deny: [$SECRET_DENY]}\n  container_mode: {image: $SECRET_IMAGE}\nagents:')
+    harness = await startCaptain({config, env: {SECRET_MODEL: 'model-from-env-value', SECRET_PATH: '/srv/path-from-env-value', SECRET_DENY: '/srv/deny-from-env-value', SECRET_IMAGE: 'image-from-env-value:1'}})
+    const headers = sessionHeaders(await harness.login())
+    const shown = JSON.stringify([
+      (await harness.request('GET', '/api/captain/agents', {headers})).body,
+      (await harness.request('GET', '/api/captain/agents/meepa', {headers})).body,
+      (await harness.request('GET', '/api/captain/agents/boxed', {headers})).body,
+      (await harness.request('PATCH', '/api/captain/agents/meepa', {body: {max_iterations: 3}, headers})).body,
+    ])
+    expect(shown).not.toContain('from-env-value')
+    expect(shown).toContain('$SECRET_MODEL')
+    expect(shown).toContain('$SECRET_PATH')
+    expect(shown).toContain('$SECRET_IMAGE')
+    const boxed = (await harness.request('GET', '/api/captain/agents/boxed', {headers})).body
+    expect(boxed.file_access).toMatchObject({allow_read: ['$SECRET_PATH'], deny: ['/srv']}) // the agent's own list wins, as when loading
+  })
+
   it('refuses docker references that are flags or not references before any docker call', async () => {
     const docker = recordingDocker()
     try {
@@ -156,6 +190,26 @@ describe('HTTP listener protections', () => {
     for (const host of [`127.0.0.1:${listener.port}`, 'localhost', `[::1]:${listener.port}`, '127.0.0.2', 'gateway.lan', 'GATEWAY.lan:8080']) {
       expect(await answer(host), host).toMatch(/^HTTP\/1\.1 200 /)
     }
+  })
+
+  it('reads Host strictly: junk after a bracketed address, an absolute-form target naming another host, or two Host headers get 421', async () => {
+    let handled = 0
+    const router = new Router().get('/api/captain/auth/session', ({res}) => {
+      handled++
+      res.end('{}')
+    })
+    listener = await startHttpListener({bind: '127.0.0.1', port: 0, router, log: () => {}})
+    const request = (target: string, hosts: string[]) =>
+      rawRequest(listener!.port, `GET ${target} HTTP/1.1\r\n${hosts.map((host) => `Host: ${host}\r\n`).join('')}Connection: close\r\n\r\n`)
+    for (const host of ['[::1].evil.example', '[::1]evil.example', '[::1]:80.evil.example', '[::1]:', 'localhost:', '127.0.0.1:80:80']) {
+      expect(await request('/api/captain/auth/session', [host]), host).toMatch(/^HTTP\/1\.1 421 /)
+    }
+    expect(await request('http://evil.example/api/captain/auth/session', ['127.0.0.1'])).toMatch(/^HTTP\/1\.1 421 /)
+    expect(await request('/api/captain/auth/session', ['127.0.0.1', 'evil.example'])).toMatch(/^HTTP\/1\.1 421 /)
+    expect(await request('/api/captain/auth/session', ['127.0.0.1', '127.0.0.1'])).toMatch(/^HTTP\/1\.1 421 /)
+    expect(handled).toBe(0)
+    expect(await request(`http://127.0.0.1:${listener.port}/api/captain/auth/session`, ['localhost'])).toMatch(/^HTTP\/1\.1 200 /)
+    expect(await request('/api/captain/auth/session', ['[::1]'])).toMatch(/^HTTP\/1\.1 200 /)
   })
 
   it('drops a request whose body has not arrived in time, while a slow reply to a whole request still arrives', async () => {

@@ -1,4 +1,4 @@
-import {execFileSync} from 'node:child_process'
+import {execFileSync, spawn} from 'node:child_process'
 import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
@@ -49,6 +49,15 @@ describe('the gateway never follows what an agent planted in its workspace', () 
     expect(() => readWorkspaceFile(workspace, 'SOUL.md')).toThrow(/is a device node/)
   })
 
+  it('refuses a hard link to a file outside the workspace (one left from a time the agent ran unrestricted)', () => {
+    fs.linkSync(path.join(outside, 'secret.txt'), path.join(workspace, 'SOUL.md'))
+    expect(fs.statSync(path.join(workspace, 'SOUL.md')).nlink).toBe(2)
+    expect(() => readWorkspaceFile(workspace, 'SOUL.md')).toThrow(/SOUL\.md has 1 other hard link/)
+    writeWorkspaceFile(workspace, 'SOUL.md', '# new soul\n') // replaces the name, never writes through it
+    expect(fs.readFileSync(path.join(outside, 'secret.txt'), 'utf8')).toBe('OPERATOR SECRET')
+    expect(readWorkspaceFile(workspace, 'SOUL.md')).toBe('# new soul\n')
+  })
+
   it('refuses a file under a symlinked parent directory, for reading and for writing', () => {
     fs.symlinkSync(outside, path.join(workspace, 'skills'))
     expect(() => readWorkspaceFile(workspace, 'skills/secret.txt')).toThrow(/parent \(skills\) that is a symbolic link/)
@@ -91,6 +100,51 @@ describe('the gateway never follows what an agent planted in its workspace', () 
       expect(fs.existsSync(path.join(home, 'gateway.db'))).toBe(false)
     } finally {
       fs.rmSync(home, {recursive: true, force: true})
+    }
+  })
+})
+
+/** The agent's side of a race: each time memory.db appears as a regular file, a link to `target` is renamed over it. */
+const SWAPPER = `
+const fs = require('fs'), path = require('path')
+const [dir, target] = process.argv.slice(1)
+let n = 0
+fs.watch(dir, (event, name) => {
+  if (name !== 'memory.db') return
+  try {
+    if (!fs.lstatSync(path.join(dir, name)).isFile()) return
+    const link = path.join(dir, '.swap' + n++)
+    fs.symlinkSync(target, link)
+    fs.renameSync(link, path.join(dir, name))
+  } catch {}
+})
+process.stdout.write('watching\\n')
+`
+
+describe('an agent racing the gateway while it creates memory.db', () => {
+  it('gets no file created or written outside the workspace, however often it wins the swap', async () => {
+    const home = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-home-'))
+    const outside = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-outside-'))
+    const target = path.join(outside, 'created-through-the-link.db')
+    const workspace = ensureWorkspace(home, 'a1').path
+    const swapper = spawn(process.execPath, ['-e', SWAPPER, workspace, target], {stdio: ['ignore', 'pipe', 'inherit']})
+    try {
+      await new Promise((resolve) => swapper.stdout.once('data', resolve))
+      for (let attempt = 0; attempt < 40 && !fs.existsSync(target); attempt++) {
+        // the agent deletes memory.db during its run; the operator then saves SOUL.md (ensureWorkspace)
+        for (const name of fs.readdirSync(workspace)) if (name.startsWith('memory.db') || name.startsWith('.swap')) fs.rmSync(path.join(workspace, name), {force: true})
+        try {
+          ensureWorkspace(home, 'a1')
+        } catch {
+          // a link that won the race is refused: what matters is what happened outside
+        }
+        await new Promise((resolve) => setTimeout(resolve, 10))
+      }
+      expect(fs.existsSync(target)).toBe(false)
+    } finally {
+      swapper.kill()
+      fs.rmSync(home, {recursive: true, force: true})
+      fs.rmSync(outside, {recursive: true, force: true})
     }
   })
 })

@@ -1,6 +1,7 @@
 import Database from 'better-sqlite3'
 import fs from 'node:fs'
 import http from 'node:http'
+import net from 'node:net'
 import type {ResultPromise} from 'execa'
 import path from 'node:path'
 import {afterEach, describe, expect, it} from 'vitest'
@@ -29,8 +30,8 @@ afterEach(async () => {
   home = undefined
 })
 
-async function startServe(env: Record<string, string> = {MEEPAGATEWAY_PASSWORD: PASSWORD}): Promise<{url: string; output: () => string; stop(): Promise<void>}> {
-  const serve = await startServeProcess({home: home!.home, configPath: home!.configPath, env})
+async function startServe(env: Record<string, string> = {MEEPAGATEWAY_PASSWORD: PASSWORD}, prefix?: string[]): Promise<{url: string; output: () => string; stop(): Promise<void>}> {
+  const serve = await startServeProcess({home: home!.home, configPath: home!.configPath, env, prefix})
   running.push(serve.process)
   return {
     ...serve,
@@ -63,6 +64,18 @@ function withHost(url: string, method: string, route: string, host: string, body
 }
 
 const landlock = requireLandlockOrSkip('minting a dashboard link from inside the host sandbox')
+const hasPrlimit = fs.existsSync('/usr/bin/prlimit')
+
+/** Opens `count` TCP connections to `url` that never send a byte (what a hostile local process can do). */
+async function idleConnections(url: string, count: number): Promise<net.Socket[]> {
+  const {hostname, port} = new URL(url)
+  return Promise.all(
+    Array.from({length: count}, () => new Promise<net.Socket>((resolve) => {
+      const socket = net.connect(Number(port), hostname, () => resolve(socket))
+      socket.on('error', () => resolve(socket)) // refused or reset: it holds nothing
+    })),
+  )
+}
 
 describe('the control plane of a real `serve`', {timeout: 90_000}, () => {
   it.skipIf(!landlock)('a sandboxed agent cannot mint a dashboard login link: gateway.db is out of its reach', async () => {
@@ -185,5 +198,31 @@ describe('the control plane of a real `serve`', {timeout: 90_000}, () => {
     const runs = (await (await call(serve.url, 'GET', '/api/chat/runs', mallory.key)).json()) as Array<{user_id: string; channel_id: string}>
     expect(runs).toHaveLength(4)
     expect(runs.every((run) => run.user_id === mallory.id && run.channel_id.startsWith(`api-${mallory.id}`))).toBe(true)
+  })
+
+  it.skipIf(!hasPrlimit)("a flood of idle connections cannot use up the gateway's file descriptors: queued runs still start", async () => {
+    const port = await freePort()
+    home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1'}], {captain: {enabled: true, bind: '127.0.0.1', port}}))
+    const key = JSON.parse((await runCli(['api-key', 'create', 'widget', '--json'], {home: home.home})).stdout) as {key: string}
+    const serve = await startServe(undefined, ['prlimit', '--nofile=256:256'])
+    llm.enqueue({text: 'first', delayMs: 1500}, {text: 'second'})
+    // the second message waits behind the first (one run at a time per agent): its run starts during the flood
+    const first = call(serve.url, 'POST', '/api/chat', key.key, {agent: 'a1', message: 'one'})
+    await new Promise((resolve) => setTimeout(resolve, 300))
+    const second = call(serve.url, 'POST', '/api/chat', key.key, {agent: 'a1', message: 'two'})
+    await new Promise((resolve) => setTimeout(resolve, 200))
+    const flood = await idleConnections(serve.url, 400)
+    try {
+      expect((await first).status).toBe(200)
+      const answer = await second
+      expect(answer.status, await answer.clone().text()).toBe(200)
+      expect(((await answer.json()) as {reply: string}).reply).toBe('second')
+      // a client that sends its request at once still gets in: the flood's idle connections make room
+      flood.push(...(await idleConnections(serve.url, 400)))
+      expect((await fetch(`${serve.url}/healthz`)).status).toBe(200)
+      expect(serve.output()).toMatch(/http: 128 connections are open \(the cap\); closing the oldest idle one/)
+    } finally {
+      for (const socket of flood) socket.destroy()
+    }
   })
 })

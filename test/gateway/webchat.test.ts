@@ -61,6 +61,10 @@ describe('HTTP listener and web chat', () => {
     expect(body.reply).toMatch(/can't reach my language model/)
     expect(body.reply).not.toMatch(/ECONNREFUSED/)
     expect(new RunRecords(test.gateway.db).get(body.run_id)).toMatchObject({status: 'failed', error_code: 'E_PROVIDER', error_message: expect.stringMatching(/ECONNREFUSED/), isolation: 'host-sandbox'})
+    // the caller's own run list has the code too, but the details stay the operator's, as in the reply
+    const runs = (await (await fetch(`${test.gateway.url}/api/chat/runs`, {headers: {authorization: `Bearer ${test.apiKey}`}})).json()) as Array<Record<string, unknown>>
+    expect(runs).toMatchObject([{id: body.run_id, status: 'failed', error_code: 'E_PROVIDER'}])
+    expect(JSON.stringify(runs)).not.toMatch(/ECONNREFUSED|529/)
   })
 
   it('lets other parts of the gateway mount routes on the same listener', async () => {

@@ -9,10 +9,14 @@ export interface ServeProcess {
   output(): string
 }
 
-/** Starts `node bin/run.js serve` (over dist/) and resolves once it listens. */
-export async function startServeProcess(options: {home: string; configPath: string; args?: string[]; env?: Record<string, string>}): Promise<ServeProcess> {
+/**
+ * Starts `node bin/run.js serve` (over dist/) and resolves once it listens. `prefix` runs it
+ * through a wrapper command (e.g. `prlimit --nofile=256:256`).
+ */
+export async function startServeProcess(options: {home: string; configPath: string; args?: string[]; env?: Record<string, string>; prefix?: string[]}): Promise<ServeProcess> {
   let output = ''
-  const serve = execa(process.execPath, [BIN, 'serve', '--config', options.configPath, ...(options.args ?? ['--unrestricted'])], {
+  const [command, ...wrapperArgs] = [...(options.prefix ?? []), process.execPath]
+  const serve = execa(command as string, [...wrapperArgs, BIN, 'serve', '--config', options.configPath, ...(options.args ?? ['--unrestricted'])], {
     env: {MEEPAGATEWAY_HOME: options.home, FAKE_LLM_KEY: 'sk-fake-test-key-123456', ...options.env},
     reject: false,
     timeout: 60_000,

@@ -184,21 +184,22 @@ function mountAgentRoutes(deps: CaptainApiDeps): void {
   }))
 }
 
-/** The agent as config.yaml writes it: `$NAME` references stay references. */
+/** The agent as config.yaml writes it (agent_defaults included): `$NAME` references stay references. */
 function shownAgent(editor: ConfigEditor, agent: AgentConfig): AgentConfig {
-  return editor.asWritten(agent, editor.rawAgent(agent.id))
+  return editor.asWritten(agent, editor.writtenAgent(agent.id))
 }
 
 function agentSummary(agent: AgentConfig, loaded: LoadedConfig, deps: CaptainApiDeps) {
   const workspace = workspacePath(loaded.home, agent.id)
+  const providers = deps.editor.asWritten(loaded.config.providers, deps.editor.writtenProviders())
   const live = new Map(deps.connectors().filter((connector) => connector.agentId === agent.id).map((connector) => [connector.name, connector]))
   const names = connectorNames(agent.id, agent.connectors)
   return {
     id: agent.id,
     name: agent.name,
     isolation: isolationLevelFor(agent, deps.unrestricted),
-    provider: agent.provider ?? loaded.config.providers.primary,
-    model: agent.model ?? loaded.config.providers.providers[agent.provider ?? loaded.config.providers.primary]?.model ?? null,
+    provider: agent.provider ?? providers.primary,
+    model: agent.model ?? providers.providers[agent.provider ?? providers.primary]?.model ?? null,
     connectors: agent.connectors.map((connector, index) => connectorView(connector, names[index] as string, live.get(names[index] as string))),
     workspace,
     workspace_exists: fs.existsSync(workspace),

@@ -1,6 +1,7 @@
 import YAML from 'yaml'
 import fs from 'node:fs'
 import type {AgentConfig, LoadedConfig} from '../config/types.js'
+import {resolveAgent} from '../config/load.js'
 import {patchToEdits, updateConfigFile, type ConfigEdit} from '../config/write.js'
 import {HttpError} from '../http/router.js'
 import {validateImageRef} from '../../sandbox/docker/dockerfile.js'
@@ -61,6 +62,25 @@ export class ConfigEditor {
     const raw = this.rawConfig()
     const agents = Array.isArray(raw.agents) ? (raw.agents as Array<Record<string, unknown>>) : []
     return agents.find((agent) => agent?.id === id) ?? {}
+  }
+
+  /**
+   * The agent as the loader builds it (agent field > agent_defaults > built-in), but from the file's
+   * text before `$NAME` references are resolved: what `asWritten` overlays, defaults included.
+   */
+  writtenAgent(id: string): AgentConfig {
+    const defaults = this.rawConfig().agent_defaults
+    try {
+      return resolveAgent({...this.rawAgent(id), id}, defaults && typeof defaults === 'object' ? (defaults as Partial<AgentConfig>) : {})
+    } catch {
+      return {id} as AgentConfig // a file broken by hand since: overlay nothing rather than fail the page
+    }
+  }
+
+  /** The providers section as written (its models may be references too). */
+  writtenProviders(): Record<string, unknown> {
+    const section = this.rawConfig().providers
+    return section && typeof section === 'object' ? (section as Record<string, unknown>) : {}
   }
 
   rawImageConfig(): Record<string, unknown> {

@@ -91,7 +91,8 @@ export function mountWebChat(options: WebChatOptions): void {
     options.router.get('/api/chat/runs', ({req, res, url}) => {
       const caller = options.caller(req)
       const limit = Math.min(Math.max(Number(url.searchParams.get('limit')) || 50, 1), 500)
-      sendJson(res, 200, runs.listByUser('webchat', caller.id, limit))
+      // like the reply, the list names a failure's code; its details (paths, provider errors) are the operator's
+      sendJson(res, 200, runs.listByUser('webchat', caller.id, limit).map(({error_message: _details, ...run}) => run))
     })
   }
 }

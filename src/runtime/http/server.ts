@@ -1,6 +1,7 @@
 import http from 'node:http'
 import type {AddressInfo} from 'node:net'
 import {isLoopbackBind} from '../captain/bind.js'
+import {capConnections, connectionCap} from './connection-cap.js'
 import {GatewayError} from '../errors.js'
 import {sendError} from './json.js'
 import {HttpError, type Router} from './router.js'
@@ -22,6 +23,8 @@ export interface StartHttpOptions {
   allowedHosts?: () => readonly string[]
   /** A request (headers and body) that has not arrived whole by then is dropped (default 60 s). */
   requestTimeoutMs?: number
+  /** Connections held open at most (default: half the process's descriptor limit, at most 1024). */
+  maxConnections?: number
 }
 
 /** The default for requests that have not arrived whole; the reply to one that has may take as long as its run. */
@@ -37,12 +40,31 @@ const FAILURE_LOG_LINES_PER_MINUTE = 10
 export function hostAllowed(host: string | undefined, allowed: readonly string[] = []): boolean {
   if (!host) return false
   const lower = host.trim().toLowerCase()
-  const name = lower.startsWith('[') ? lower.slice(0, lower.indexOf(']') + 1) : lower.replace(/:\d+$/, '')
+  // `name[:port]` or `[v6][:port]`, nothing else: junk after either must not slip through
+  const parsed = /^(\[[0-9a-f:.]+\]|[^:[\]]+)(?::\d+)?$/.exec(lower)
+  if (!parsed) return false
+  const name = parsed[1] as string
   if (isLoopbackBind(name)) return true
   return allowed.some((entry) => {
     const wanted = entry.trim().toLowerCase()
     return wanted === lower || wanted === name
   })
+}
+
+/**
+ * The Host a request names: its only Host header, and the authority of an absolute-form target
+ * (`GET http://host/path`) must name an allowed host too. Two Host headers name none.
+ */
+function requestHostsAllowed(req: http.IncomingMessage, allowed: readonly string[]): boolean {
+  const hostHeaders = req.rawHeaders.filter((_, index) => index % 2 === 0 && req.rawHeaders[index]!.toLowerCase() === 'host')
+  if (hostHeaders.length !== 1 || !hostAllowed(req.headers.host, allowed)) return false
+  const target = req.url ?? '/'
+  if (target.startsWith('/') || target === '*') return true
+  try {
+    return hostAllowed(new URL(target).host, allowed)
+  } catch {
+    return false
+  }
 }
 
 /** The gateway's HTTP listener: one node:http server in front of the shared router. */
@@ -57,11 +79,12 @@ export async function startHttpListener(options: StartHttpOptions): Promise<Http
   })
   server.keepAliveTimeout = 5_000
   const failureLog = rateLimitedLog(log, FAILURE_LOG_LINES_PER_MINUTE)
+  capConnections(server, options.maxConnections ?? connectionCap(), rateLimitedLog(log, FAILURE_LOG_LINES_PER_MINUTE))
 
   async function handle(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
     try {
       // before anything else: a rebound DNS name gets nothing, not even the login state
-      if (!hostAllowed(req.headers.host, options.allowedHosts?.() ?? [])) {
+      if (!requestHostsAllowed(req, options.allowedHosts?.() ?? [])) {
         throw new HttpError(421, 'E_AUTH', `this gateway does not answer to Host ${JSON.stringify(req.headers.host ?? '')}; use 127.0.0.1 or localhost, or add the name to captain.allowed_hosts`)
       }
       const url = new URL(req.url ?? '/', 'http://gateway.local')

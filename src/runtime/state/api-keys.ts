@@ -34,8 +34,9 @@ export class ApiKeys {
 
   create(name: string, kind: ApiKeyKind = 'chat'): CreatedApiKey {
     const trimmed = name.trim()
-    if (!trimmed || trimmed.length > 100) {
-      throw new GatewayError('E_USAGE', 'an API key name must be 1 to 100 characters', {
+    // the name appears in the audit log and serve's log: a line break there could forge entries
+    if (!trimmed || trimmed.length > 100 || /\p{Cc}/u.test(trimmed)) {
+      throw new GatewayError('E_USAGE', 'an API key name must be 1 to 100 characters, without control characters (line breaks, tabs)', {
         suggestions: ['meepagateway api-key create "deploy script"'],
       })
     }

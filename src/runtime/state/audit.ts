@@ -41,7 +41,9 @@ export class AuditLog {
     this.db
       .prepare('INSERT INTO audit (at, level, event, principal, source, summary, details) VALUES (?, ?, ?, ?, ?, ?, ?)')
       .run(now, level, entry.event, entry.principal, entry.source ?? null, entry.summary, entry.details ? JSON.stringify(entry.details) : null)
-    this.log?.(`audit${level === 'warning' ? ' WARNING' : ''}: ${entry.summary} (by ${entry.principal}${entry.source ? ` from ${entry.source}` : ''})`)
+    const line = `audit${level === 'warning' ? ' WARNING' : ''}: ${entry.summary} (by ${entry.principal}${entry.source ? ` from ${entry.source}` : ''})`
+    // one entry, one line: a name with a line break must not print a second, forged entry
+    this.log?.(line.replace(/\p{Cc}/gu, (char) => JSON.stringify(char).slice(1, -1)))
   }
 
   /** Oldest first, from `since` (ms since epoch) on. */
