@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Starts a Docker engine for the tests and makes the local base image, as DESIGN.md section 6 says.
+# Starts a Docker engine for the tests and makes the local base image, (docs/architecture.md, Tests).
 #
 # Idempotent and non-interactive (run as root, CI=true, no stdin):
 #   - an engine that already answers is left alone;
