@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 // Hot paths skip oclif's config and plugin loading: agent-run starts once per message, and
-// `--version` is what scripts and health checks call. Everything else goes through oclif.
+// `--version` is what scripts and health checks call. Everything else runs the CLI bundle
+// (dist/cli.cjs, one file with a code cache) through oclif, reading oclif.manifest.json.
 const [command, ...rest] = process.argv.slice(2)
 if (command === 'agent-run' && rest.length === 0) {
   const {loadAgentRun} = await import('../dist/runtime/agent-run/bundle.js')
@@ -11,6 +12,10 @@ if (command === 'agent-run' && rest.length === 0) {
   // the same line oclif prints
   process.stdout.write(`meepagateway/${version} ${process.platform}-${process.arch} node-${process.version}\n`)
 } else {
-  const {execute} = await import('@oclif/core')
-  await execute({dir: import.meta.url})
+  const {fileURLToPath} = await import('node:url')
+  const {loadCliBundle} = (await import('./cli-bundle.cjs')).default
+  const cli = loadCliBundle(fileURLToPath(new URL('..', import.meta.url))).exports
+  // Always the built commands, also under NODE_ENV=test/development: bin/dev.js runs src/.
+  cli.settings.enableAutoTranspile = false
+  await cli.execute({dir: import.meta.url})
 }
