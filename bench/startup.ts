@@ -9,6 +9,9 @@
 //   `docker run --rm <isolation image> node -e 0`; peak RSS of each ≤ 80 MB.
 // Container cases are skipped (and said so) when no Docker engine answers.
 //   npx tsx bench/startup.ts        (BENCH_N=10 rounds by default)
+// Every process gets this process's environment (BENCH_ENV=inherit, the default: what an
+// operator's shell gives) or only PATH and the bench's own variables (BENCH_ENV=clean).
+// NODE_EXTRA_CA_CERTS alone adds ≈ 35 ms of CPU to every Node start, the baseline's included.
 import {execa} from 'execa'
 import fs from 'node:fs'
 import os from 'node:os'
@@ -41,7 +44,13 @@ fs.writeFileSync(
     ],
   }),
 )
-const env = {MEEPAGATEWAY_HOME: home, FAKE_LLM_KEY: 'sk-bench-key-123456', PATH: process.env.PATH ?? ''}
+const benchEnv = process.env.BENCH_ENV === 'clean' ? 'clean' : 'inherit'
+const env: Record<string, string> = {
+  ...(benchEnv === 'inherit' ? (Object.fromEntries(Object.entries(process.env).filter(([name]) => !name.startsWith('npm_'))) as Record<string, string>) : {}),
+  MEEPAGATEWAY_HOME: home,
+  FAKE_LLM_KEY: 'sk-bench-key-123456',
+  PATH: process.env.PATH ?? '',
+}
 const cli = (...args: string[]) => [process.execPath, bin, ...args]
 for (const agent of ['boxed', 'free', 'contained']) await execa(process.execPath, [bin, 'agent', 'create', agent], {env, extendEnv: false})
 
@@ -143,8 +152,10 @@ const ratios = targets
     return {...target, median_ms: +median(target.case).toFixed(1), baseline_ms: +median(target.baseline).toFixed(1), ratio, met: ratio <= target.max_ratio, peak_rss_mb: rss[target.case], rss_met: (rss[target.case] ?? 0) <= 80}
   })
 
-report('startup', {
+report(benchEnv === 'clean' ? 'startup-clean-env' : 'startup', {
   samples: N,
+  environment: benchEnv,
+  node_extra_ca_certs: Boolean(env.NODE_EXTRA_CA_CERTS),
   load_average: os.loadavg().map((load) => +load.toFixed(2)),
   medians_ms: Object.fromEntries(Object.entries(results).map(([name, s]) => [name, +s.median.toFixed(1)])),
   stats: results,
