@@ -14,8 +14,10 @@ if (command === 'agent-run' && rest.length === 0) {
 } else {
   const {fileURLToPath} = await import('node:url')
   const {loadCliBundle} = (await import('./cli-bundle.cjs')).default
-  const cli = loadCliBundle(fileURLToPath(new URL('..', import.meta.url))).exports
+  const root = fileURLToPath(new URL('..', import.meta.url))
+  const cli = loadCliBundle(root).exports
   // Always the built commands, also under NODE_ENV=test/development: bin/dev.js runs src/.
   cli.settings.enableAutoTranspile = false
-  await cli.execute({dir: import.meta.url})
+  // No plugins to look for (each lookup is a file read before the command starts).
+  await cli.execute({loadOptions: {root, userPlugins: false, devPlugins: false}})
 }

@@ -7,9 +7,11 @@
 // that needs them); native addons and the connectors' clients stay outside the bundle.
 // Run by `npm run build` after tsc (and by the test setup).
 import esbuild from 'esbuild'
+import {spawnSync} from 'node:child_process'
 import {createHash} from 'node:crypto'
 import fs from 'node:fs'
 import {createRequire} from 'node:module'
+import os from 'node:os'
 import path from 'node:path'
 import {fileURLToPath} from 'node:url'
 
@@ -18,6 +20,28 @@ const require = createRequire(import.meta.url)
 const {CLI_FILES, CLI_EXTERNALS, commandIdOf, loadCliBundle} = require('../bin/cli-bundle.cjs')
 const dist = path.join(root, 'dist')
 const outfile = path.join(root, CLI_FILES.bundle)
+
+if (process.argv.includes('--write-code-cache')) {
+  const {exports: cli, script} = loadCliBundle(root, {codeCache: false})
+  const home = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-warm-'))
+  try {
+    cli.warmUpLoadConfig({home, env: {}, createIfMissing: true})
+    cli.settings.enableAutoTranspile = false
+    const config = await cli.Config.load({root})
+    await config.findCommand('config:check', {must: true}).load()
+    const write = process.stdout.write
+    process.stdout.write = () => true
+    try {
+      await new cli.Help(config).showHelp([])
+    } finally {
+      process.stdout.write = write
+    }
+  } finally {
+    fs.rmSync(home, {recursive: true, force: true})
+  }
+  fs.writeFileSync(path.join(root, CLI_FILES.codeCache), script.createCachedData())
+  process.exit(0)
+}
 
 function commandFiles(dir) {
   return fs.readdirSync(dir, {withFileTypes: true}).flatMap((entry) => {
@@ -36,7 +60,9 @@ const entry = [
   'export const COMMANDS = {}',
   ...commands.map(({id, file}) => `Object.defineProperty(COMMANDS, ${JSON.stringify(id)}, {enumerable: true, get: () => require(${JSON.stringify(file)}).default})`),
   `Object.defineProperty(COMMANDS, 'help', {enumerable: true, get: () => require(${JSON.stringify(helpCommand)}).default})`,
-  "export {execute, Config, Plugin, settings} from '@oclif/core'",
+  "export {execute, Config, Help, Plugin, settings} from '@oclif/core'",
+  // for the code cache's warm-up only; a getter, so a start does not evaluate the config loader
+  "export const warmUpLoadConfig = (options) => require('./runtime/config/load.js').loadConfig(options)",
 ].join('\n')
 
 /** app-root.js finds the app from its own location; inside the bundle that is dist/. */
@@ -92,11 +118,13 @@ fs.writeFileSync(path.join(root, CLI_FILES.sources), `${JSON.stringify(Object.fr
 const manifestFile = path.join(root, CLI_FILES.manifest)
 fs.rmSync(manifestFile, {force: true})
 const {exports: cli, script} = loadCliBundle(root, {codeCache: false})
-// The code cache holds what every start compiles (the bundle's top level and oclif's core), taken
-// before the manifest build evaluates every command: a bigger cache costs more to load than
-// compiling one command's modules lazily.
-const codeCache = script.createCachedData()
 const plugin = new cli.Plugin({root, isRoot: true, type: 'core', ignoreManifest: true, errorOnManifestCreate: true})
 await plugin.load()
 fs.writeFileSync(manifestFile, `${JSON.stringify(plugin.manifest, null, 2)}\n`)
-fs.writeFileSync(path.join(root, CLI_FILES.codeCache), codeCache)
+
+// The code cache holds what most starts compile: the bundle's top level, oclif's core, reading the
+// manifest, help, and loading and validating a config (YAML, the precompiled validator). It is
+// made in a fresh process after that warm-up, not after the manifest build above, which evaluates
+// every command: a cache of everything costs more to load than it saves.
+const warm = spawnSync(process.execPath, [fileURLToPath(import.meta.url), '--write-code-cache'], {stdio: 'inherit'})
+if (warm.status !== 0) process.exit(warm.status ?? 1)
