@@ -25,16 +25,20 @@ if (process.argv.includes('--write-code-cache')) {
   const {exports: cli, script} = loadCliBundle(root, {codeCache: false})
   const home = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-warm-'))
   try {
-    cli.warmUpLoadConfig({home, env: {}, createIfMissing: true})
     cli.settings.enableAutoTranspile = false
-    const config = await cli.Config.load({root})
-    await config.findCommand('config:check', {must: true}).load()
-    const write = process.stdout.write
-    process.stdout.write = () => true
+    const config = await cli.Config.load({root, userPlugins: false, devPlugins: false})
+    const write = [process.stdout.write, process.stderr.write]
+    process.stdout.write = process.stderr.write = () => true
+    process.env.MEEPAGATEWAY_HOME = home
     try {
       await new cli.Help(config).showHelp([])
+      // the commands people and scripts run most; each leaves its compiled functions in the cache
+      // (one that fails here, say with no Landlock on the build machine, still warmed most of its path)
+      const commands = [['config:check', []], ['agent:list', []], ['runs', []], ['sandbox:exec', ['--agent', 'meepa', '--', '/bin/true']]]
+      for (const [id, argv] of commands) await config.runCommand(id, argv).catch(() => {})
     } finally {
-      process.stdout.write = write
+      ;[process.stdout.write, process.stderr.write] = write
+      process.exitCode = 0
     }
   } finally {
     fs.rmSync(home, {recursive: true, force: true})
@@ -61,8 +65,6 @@ const entry = [
   ...commands.map(({id, file}) => `Object.defineProperty(COMMANDS, ${JSON.stringify(id)}, {enumerable: true, get: () => require(${JSON.stringify(file)}).default})`),
   `Object.defineProperty(COMMANDS, 'help', {enumerable: true, get: () => require(${JSON.stringify(helpCommand)}).default})`,
   "export {execute, Config, Help, Plugin, settings} from '@oclif/core'",
-  // for the code cache's warm-up only; a getter, so a start does not evaluate the config loader
-  "export const warmUpLoadConfig = (options) => require('./runtime/config/load.js').loadConfig(options)",
 ].join('\n')
 
 /** app-root.js finds the app from its own location; inside the bundle that is dist/. */
@@ -76,6 +78,18 @@ const appRootInBundle = {
   },
 }
 
+/** oclif checks its own package.json's engines with semver at load; npm checks ours at install. */
+const noEngineCheck = {
+  name: 'no-engine-check',
+  setup(build) {
+    build.onLoad({filter: /[\\/]@oclif[\\/]core[\\/]lib[\\/]index\.js$/}, async (args) => {
+      const text = await fs.promises.readFile(args.path, 'utf8')
+      if (!text.includes('\ncheckNodeVersion();')) throw new Error('@oclif/core changed: checkNodeVersion() not found in lib/index.js')
+      return {contents: text.replace('\ncheckNodeVersion();', '\n'), loader: 'js'}
+    })
+  },
+}
+
 const result = await esbuild.build({
   stdin: {contents: entry, resolveDir: dist, sourcefile: 'cli-entry.js'},
   bundle: true,
@@ -84,7 +98,7 @@ const result = await esbuild.build({
   target: 'node20',
   outfile,
   external: CLI_EXTERNALS,
-  plugins: [appRootInBundle],
+  plugins: [appRootInBundle, noEngineCheck],
   // the precompiled config validator requires ajv's runtime helpers relative to itself
   define: {'import.meta.url': '__bundleUrl'},
   banner: {js: "var __bundleUrl = require('node:url').pathToFileURL(__filename).href;"},
@@ -122,9 +136,10 @@ const plugin = new cli.Plugin({root, isRoot: true, type: 'core', ignoreManifest:
 await plugin.load()
 fs.writeFileSync(manifestFile, `${JSON.stringify(plugin.manifest, null, 2)}\n`)
 
-// The code cache holds what most starts compile: the bundle's top level, oclif's core, reading the
-// manifest, help, and loading and validating a config (YAML, the precompiled validator). It is
-// made in a fresh process after that warm-up, not after the manifest build above, which evaluates
-// every command: a cache of everything costs more to load than it saves.
+// The code cache holds what most starts compile: the bundle's top level, oclif's core, the
+// manifest, help, and the most used commands run once in a scratch home (config load and
+// validation, SQLite, the sandbox helper through execa). It is made in a fresh process after
+// that warm-up, not after the manifest build above, which evaluates every command: a cache of
+// everything costs more to load than it saves. Needs the sandbox helper built first.
 const warm = spawnSync(process.execPath, [fileURLToPath(import.meta.url), '--write-code-cache'], {stdio: 'inherit'})
 if (warm.status !== 0) process.exit(warm.status ?? 1)
