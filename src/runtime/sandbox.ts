@@ -40,13 +40,16 @@ function requireLinux(): void {
 export async function openAgentSandbox(loaded: LoadedConfig, agentId: string, options: {allowGaps?: boolean} = {}): Promise<AgentSandbox> {
   requireLinux()
   const agent = findAgent(loaded, agentId)
-  const workspace = ensureWorkspace(loaded.home, agent.id).path
   const helper = requireHelper()
-  const probe = await probeKernel(helper)
+  // the probe is a process start: let it run while the policy is computed
+  const probing = probeKernel(helper)
+  probing.catch(() => {}) // awaited below
+  const workspace = ensureWorkspace(loaded.home, agent.id).path
   const tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), `meepa-sandbox-${agent.id}-`))
   const dispose = () => fs.rmSync(tmpDir, {recursive: true, force: true})
   try {
     const policy = agentPolicy({agent, config: loaded.config, home: loaded.home, workspace, tmpDir, configPath: loaded.path})
+    const probe = await probing
     const gaps = kernelGaps(probe, policy.network)
     if (gaps.length > 0 && !policy.bestEffort && !options.allowGaps) {
       throw new GatewayError('E_SANDBOX', `the host sandbox cannot be enforced on this kernel: ${gaps.join('; ')}`, {
