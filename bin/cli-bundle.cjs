@@ -43,10 +43,9 @@ function loadCliBundle(root, options = {}) {
       // no cache (a build in progress): compiling costs time, not correctness
     }
   }
-  const script = new vm.Script(Module.wrap(fs.readFileSync(filename, 'utf8')), {
-    filename,
-    cachedData,
-  })
+  // latin1: the bundle is ASCII (esbuild escapes the rest), and Node keeps a large latin1 string
+  // outside the V8 heap; the file is its own wrapper function (see scripts/bundle-cli.js)
+  const script = new vm.Script(fs.readFileSync(filename, 'latin1'), {filename, cachedData})
   const module = new Module(filename, null)
   module.filename = filename
   module.paths = Module._nodeModulePaths(path.dirname(filename))

@@ -101,7 +101,11 @@ const result = await esbuild.build({
   plugins: [appRootInBundle, noEngineCheck],
   // the precompiled config validator requires ajv's runtime helpers relative to itself
   define: {'import.meta.url': '__bundleUrl'},
-  banner: {js: "var __bundleUrl = require('node:url').pathToFileURL(__filename).href;"},
+  // The file is its own CommonJS wrapper function, the script's completion value: bin/run.js
+  // compiles it as is (no second 2 MB string for Module.wrap), and Node's require() (oclif
+  // without bin/run.js, as in tests) runs it through the footer.
+  banner: {js: "var __meepaCli = function (exports, require, module, __filename, __dirname) {\nvar __bundleUrl = require('node:url').pathToFileURL(__filename).href;"},
+  footer: {js: "};\nif (typeof module === 'object' && module && module.exports) __meepaCli(exports, require, module, __filename, __dirname);\n__meepaCli"},
   metafile: true,
   // a third less to read at every start; names are kept (stack traces stay readable)
   minifyWhitespace: true,
