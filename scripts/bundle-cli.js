@@ -25,17 +25,19 @@ if (process.argv.includes('--write-code-cache')) {
   const {exports: cli, script} = loadCliBundle(root, {codeCache: false})
   const home = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-warm-'))
   try {
-    cli.settings.enableAutoTranspile = false
-    const config = await cli.Config.load({root, userPlugins: false, devPlugins: false})
+    const core = cli.core()
+    core.settings.enableAutoTranspile = false
+    const config = await core.Config.load({root, userPlugins: false, devPlugins: false})
     const write = [process.stdout.write, process.stderr.write]
     process.stdout.write = process.stderr.write = () => true
     process.env.MEEPAGATEWAY_HOME = home
     try {
-      await new cli.Help(config).showHelp([])
+      await new core.Help(config).showHelp([])
       // the commands people and scripts run most; each leaves its compiled functions in the cache
       // (one that fails here, say with no Landlock on the build machine, still warmed most of its path)
       const commands = [['config:check', []], ['agent:list', []], ['runs', []], ['sandbox:exec', ['--agent', 'meepa', '--', '/bin/true']]]
       for (const [id, argv] of commands) await config.runCommand(id, argv).catch(() => {})
+      await cli.fastPaths().sandboxExecWithoutOclif(['--agent', 'meepa', '--', '/bin/true'])
     } finally {
       ;[process.stdout.write, process.stderr.write] = write
       process.exitCode = 0
@@ -64,7 +66,9 @@ const entry = [
   'export const COMMANDS = {}',
   ...commands.map(({id, file}) => `Object.defineProperty(COMMANDS, ${JSON.stringify(id)}, {enumerable: true, get: () => require(${JSON.stringify(file)}).default})`),
   `Object.defineProperty(COMMANDS, 'help', {enumerable: true, get: () => require(${JSON.stringify(helpCommand)}).default})`,
-  "export {execute, Config, Help, Plugin, settings} from '@oclif/core'",
+  // getters too: a start that takes a fast path (src/cli/fast-paths.ts) never evaluates oclif
+  "export const core = () => require('@oclif/core')",
+  "export const fastPaths = () => require('./cli/fast-paths.js')",
 ].join('\n')
 
 /** app-root.js finds the app from its own location; inside the bundle that is dist/. */
@@ -136,7 +140,8 @@ fs.writeFileSync(path.join(root, CLI_FILES.sources), `${JSON.stringify(Object.fr
 const manifestFile = path.join(root, CLI_FILES.manifest)
 fs.rmSync(manifestFile, {force: true})
 const {exports: cli, script} = loadCliBundle(root, {codeCache: false})
-const plugin = new cli.Plugin({root, isRoot: true, type: 'core', ignoreManifest: true, errorOnManifestCreate: true})
+const {Plugin} = cli.core()
+const plugin = new Plugin({root, isRoot: true, type: 'core', ignoreManifest: true, errorOnManifestCreate: true})
 await plugin.load()
 fs.writeFileSync(manifestFile, `${JSON.stringify(plugin.manifest, null, 2)}\n`)
 

@@ -58,6 +58,7 @@ function allowed(zone: string, imp: Import): boolean {
   if (zone.startsWith('runtime/') && SHARED_SHAPES.includes(imp.to)) return true
   switch (zone) {
     case 'commands':
+    case 'cli':
       return inRuntime
     case 'runtime/util':
       return false
