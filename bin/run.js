@@ -14,7 +14,9 @@ if (command === 'agent-run' && rest.length === 0) {
   process.stdout.write(`meepagateway/${version} ${process.platform}-${process.arch} node-${process.version}\n`)
 } else {
   const {fileURLToPath} = await import('node:url')
-  const {loadCliBundle} = (await import('./cli-bundle.cjs')).default
+  const {createRequire} = await import('node:module')
+  // require, not import(): importing CommonJS from ESM runs Node's export lexer (≈ 10 ms of WebAssembly set-up)
+  const {loadCliBundle} = createRequire(import.meta.url)('./cli-bundle.cjs')
   const root = fileURLToPath(new URL('..', import.meta.url))
   const cli = loadCliBundle(root).exports
   // `sandbox exec -- CMD` with plain flags runs without oclif; undefined: oclif takes the argv
