@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Starts a Docker engine for the tests and makes the local base image, as DESIGN.md section 6 says.
+# Starts a Docker engine for the tests and makes the local base image, (docs/architecture.md, Tests).
 #
 # Idempotent and non-interactive (run as root, CI=true, no stdin):
 #   - an engine that already answers is left alone;
 #   - otherwise dockerd starts in the background WITHOUT a bridge (tests may only reach loopback,
 #     so containers get `--network none` or `host`), logging to $DOCKERD_LOG;
 #   - the storage driver is overlay2 when the kernel and backing filesystem allow it, vfs otherwise;
-#   - debian:bookworm-slim is made locally with debootstrap (there is no registry to pull from).
+#   - debian:bookworm-slim is made locally with debootstrap (there is no registry to pull from),
+#     from the Debian mirror this machine's apt already uses (see debian_mirror below).
+#
+# `docker-up.sh --print-mirror` prints the mirror it would use and exits.
 #
 # Exit status: 0 when the engine answers and the base image exists, non-zero with a message otherwise.
 set -euo pipefail
@@ -15,10 +18,55 @@ DOCKERD_LOG="${DOCKERD_LOG:-/var/log/meepa-dockerd.log}"
 DOCKER_DATA_ROOT="${DOCKER_DATA_ROOT:-/var/lib/docker}"
 BASE_IMAGE="${BASE_IMAGE:-debian:bookworm-slim}"
 ENGINE_WAIT_SECONDS="${ENGINE_WAIT_SECONDS:-60}"
-DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+APT_ETC="${APT_ETC:-/etc/apt}"
+DEFAULT_DEBIAN_MIRROR="http://deb.debian.org/debian"
 
 log() { printf 'docker-up: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
+
+# The first Debian archive URI in the machine's apt sources (one-line .list or deb822 .sources):
+# a machine behind another mirror or an apt proxy builds the image through the same path.
+# Security and updates suites live elsewhere; cdrom/file sources cannot serve debootstrap.
+debian_mirror() {
+  local files=() file
+  [ -f "$APT_ETC/sources.list" ] && files+=("$APT_ETC/sources.list")
+  for file in "$APT_ETC"/sources.list.d/*.list "$APT_ETC"/sources.list.d/*.sources; do
+    [ -f "$file" ] && files+=("$file")
+  done
+  local found=""
+  if [ "${#files[@]}" -gt 0 ]; then
+    found="$(awk '
+      function debian_suite(s) { return s ~ /^(bookworm|bullseye|buster|trixie|forky|sid|stable|testing|unstable|oldstable)$/ }
+      function usable(uri) { return uri ~ /^https?:\/\// && uri !~ /security/ }
+      function flush() {
+        if (types ~ /(^| )deb( |$)/ && enabled != "no") {
+          n = split(uris, u, " "); m = split(suites, s, " ")
+          for (i = 1; i <= n; i++) for (j = 1; j <= m; j++) if (usable(u[i]) && debian_suite(s[j])) { print u[i]; exit }
+        }
+        types = uris = suites = enabled = ""
+      }
+      FNR == 1 { flush() }
+      FILENAME ~ /\.sources$/ {
+        if ($0 ~ /^[ \t]*$/) { flush(); next }
+        if ($0 ~ /^[ \t]*#/) next
+        key = tolower($1); sub(/:$/, "", key); value = $0; sub(/^[^:]*:[ \t]*/, "", value)
+        if (key == "types") types = value; else if (key == "uris") uris = value
+        else if (key == "suites") suites = value; else if (key == "enabled") enabled = tolower(value)
+        next
+      }
+      $1 == "deb" {
+        k = 2
+        if ($k ~ /^\[/) { while (k <= NF && $k !~ /\]$/) k++; k++ }
+        if (usable($k) && debian_suite($(k + 1))) { print $k; exit }
+      }
+      END { flush() }
+    ' "${files[@]}" 2>/dev/null | head -n 1)"
+  fi
+  echo "${found:-$DEFAULT_DEBIAN_MIRROR}"
+}
+
+DEBIAN_MIRROR="${DEBIAN_MIRROR:-$(debian_mirror)}"
+if [ "${1:-}" = "--print-mirror" ]; then echo "$DEBIAN_MIRROR"; exit 0; fi
 
 # `docker info` itself hangs when the engine hangs: always bound it.
 engine_answers() { timeout 10 docker info --format '{{.ServerVersion}}' >/dev/null 2>&1; }

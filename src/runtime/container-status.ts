@@ -1,8 +1,8 @@
 import {dockerCli, type DockerCli} from '../sandbox/docker/cli.js'
 import {listGatewayContainers, type GatewayContainer} from '../sandbox/docker/containers.js'
 import {LABEL} from '../sandbox/docker/dockerfile.js'
-import {inspectImage, isolationImageState, planImages, type ImagePlan} from '../sandbox/docker/images.js'
-import type {LoadedConfig} from './config/types.js'
+import {inspectImage, isolationImageState, planImages, type ImageContext, type ImagePlan} from '../sandbox/docker/images.js'
+import type {AgentConfig, LoadedConfig} from './config/types.js'
 import {containerAgents} from './container-build.js'
 import {containerImageContext} from './container-context.js'
 import {toGatewayError} from './errors.js'
@@ -28,26 +28,38 @@ export interface ContainerStatus {
 /** Engine, images per agent, and the gateway's containers. An unreachable engine throws (exit 10). */
 export async function containerStatus(loaded: LoadedConfig, options: {cli?: DockerCli; signal?: AbortSignal} = {}): Promise<ContainerStatus> {
   const cli = options.cli ?? dockerCli()
-  const version = await cli.ping({signal: options.signal})
-  const context = containerImageContext(loaded.home, {cli, signal: options.signal})
-  const agents: AgentImageStatus[] = []
-  for (const agent of containerAgents(loaded)) {
-    try {
-      const plan = await planImages(loaded.config, agent, context)
-      const state = await isolationImageState(plan, context)
-      agents.push({
-        agent: agent.id,
-        container_mode: agent.container_mode.enabled,
-        base: plan.baseRef,
-        ...(plan.container ? {container_image: {tag: plan.container.tag, present: state.base !== undefined}} : {}),
-        isolation_image: {tag: plan.isolationTag, present: state.existing !== undefined, up_to_date: state.stale === undefined, ...(state.stale ? {reason: state.stale} : {})},
-      })
-    } catch (error) {
-      agents.push({agent: agent.id, container_mode: true, base: '', isolation_image: {tag: '', present: false, up_to_date: false}, error: toGatewayError(error).message})
-    }
-  }
-  const containers = (await listGatewayContainers(cli, {home: loaded.home, signal: options.signal})).map(({name, agent, run, state, created, image}) => ({name, agent, run, state, created, image}))
+  // Each docker call is a process start: ask everything at once, then let the ping's clear
+  // "engine down" error win over whatever the other calls report.
+  const others = new AbortController() // a failed ping stops the rest (a hung engine must not hold us)
+  const signal = options.signal ? AbortSignal.any([options.signal, others.signal]) : others.signal
+  const pinging = cli.ping({signal: options.signal})
+  const context = containerImageContext(loaded.home, {cli, signal})
+  const statuses = Promise.all(containerAgents(loaded).map((agent) => agentImageStatus(loaded, agent, context)))
+  const listing = listGatewayContainers(cli, {home: loaded.home, signal})
+  listing.catch(() => {}) // awaited below, after the ping
+  const version = await pinging.catch((error: unknown) => {
+    others.abort()
+    throw error
+  })
+  const [agents, listed] = await Promise.all([statuses, listing])
+  const containers = listed.map(({name, agent, run, state, created, image}) => ({name, agent, run, state, created, image}))
   return {engine: {reachable: true, client_version: version.client, server_version: version.server}, agents, containers}
+}
+
+async function agentImageStatus(loaded: LoadedConfig, agent: AgentConfig, context: ImageContext): Promise<AgentImageStatus> {
+  try {
+    const plan = await planImages(loaded.config, agent, context)
+    const state = await isolationImageState(plan, context)
+    return {
+      agent: agent.id,
+      container_mode: agent.container_mode.enabled,
+      base: plan.baseRef,
+      ...(plan.container ? {container_image: {tag: plan.container.tag, present: state.base !== undefined}} : {}),
+      isolation_image: {tag: plan.isolationTag, present: state.existing !== undefined, up_to_date: state.stale === undefined, ...(state.stale ? {reason: state.stale} : {})},
+    }
+  } catch (error) {
+    return {agent: agent.id, container_mode: true, base: '', isolation_image: {tag: '', present: false, up_to_date: false}, error: toGatewayError(error).message}
+  }
 }
 
 export interface GatewayImage {

@@ -45,12 +45,15 @@ function requireLinux(): void {
 export async function openAgentSandbox(loaded: LoadedConfig, agentId: string, options: {allowGaps?: boolean} = {}): Promise<AgentSandbox> {
   requireLinux()
   const agent = findAgent(loaded, agentId)
-  const workspace = ensureWorkspace(loaded.home, agent.id).path
   const helper = requireHelper()
-  const [probe, namespaces] = await Promise.all([probeKernel(helper), probeNamespaces()])
+  // the probes are process starts: let them run while the policy is computed
+  const probing = Promise.all([probeKernel(helper), probeNamespaces()])
+  probing.catch(() => {}) // awaited below
+  const workspace = ensureWorkspace(loaded.home, agent.id).path
   const tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), `meepa-sandbox-${agent.id}-`))
   const dispose = () => fs.rmSync(tmpDir, {recursive: true, force: true})
   try {
+    const [probe, namespaces] = await probing
     const policy = agentPolicy({agent, config: loaded.config, home: loaded.home, workspace, tmpDir, configPath: loaded.path, namespaces: namespaces.available})
     const gaps = [...kernelGaps(probe, policy.network, policy.listen), ...loweringGaps(policy, namespaces)]
     if (gaps.length > 0 && !policy.bestEffort && !options.allowGaps) {

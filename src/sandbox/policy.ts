@@ -16,7 +16,7 @@ import {
 import {canonicalEntry, canonicalPath, entryKind, expandConfigPath, isStrictlyWithin, isWithin} from './paths.js'
 
 /**
- * The host-sandbox policy compiler (DESIGN.md 4.1). One policy, computed here in TypeScript, feeds
+ * The host-sandbox policy compiler (docs/isolation.md). One policy, computed here in TypeScript, feeds
  * both backends: explicit Landlock `(path, rights)` rules for the Linux helper and the grant/deny
  * lists the Seatbelt profile is written from.
  *

@@ -22,7 +22,7 @@ const spec: DockerRunSpec = {
 /** The value of a flag that takes one argument (`--memory 512m`). */
 const flag = (args: string[], name: string) => args[args.indexOf(name) + 1]
 
-describe('docker run argv (DESIGN.md 4.2)', () => {
+describe('docker run argv (docs/isolation.md)', () => {
   const args = buildDockerRunArgs(spec)
 
   it('hardens the container: read-only root, no capabilities, no new privileges, init, limits', () => {

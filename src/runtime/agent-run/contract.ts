@@ -1,7 +1,7 @@
 import type {AgentConfig, ProvidersConfig} from '../config/types.js'
 import type {ErrorCode} from '../errors.js'
 
-/** DESIGN.md section 5: the one JSON object agent-run reads on stdin. */
+/** docs/agent-run.md: the one JSON object agent-run reads on stdin. */
 export interface AgentRunInput {
   version: 1
   run_id: string

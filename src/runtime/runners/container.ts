@@ -23,7 +23,7 @@ import {APP_ROOT} from '../app-root.js'
 import type {RunRequest, Runner} from './types.js'
 
 /**
- * Container level: one fresh, hardened container per message (DESIGN.md section 4.2), running the
+ * Container level: one fresh, hardened container per message (docs/isolation.md), running the
  * same `agent-run` as every level, from the agent's isolation image (built on first use).
  */
 export const containerRunner: Runner = {

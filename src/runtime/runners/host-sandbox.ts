@@ -20,7 +20,7 @@ interface Launch {
 }
 
 /**
- * The default level (DESIGN.md 4.1): agent-run and everything it starts run under the Landlock +
+ * The default level (docs/isolation.md): agent-run and everything it starts run under the Landlock +
  * seccomp helper (Linux) or sandbox-exec (macOS). Fail closed: when the kernel cannot enforce the
  * policy the run is refused with what is missing, unless the agent opted into best effort (then
  * every gap is logged on every run).

@@ -4,7 +4,7 @@ import {CONTAINER_APP, CONTAINER_NODE} from './dockerfile.js'
 import {SANDBOX_HELPER_ENV, SANDBOX_LISTEN_ENV} from '../network-layer.js'
 import {IN_CONTAINER_ENV, STANDBY_ENV} from '../../runtime/agent-run/in-container.js'
 
-/** Everything that decides the `docker run` of one message (DESIGN.md section 4.2). */
+/** Everything that decides the `docker run` of one message (docs/isolation.md, container mode). */
 export interface DockerRunSpec {
   name: string
   image: string

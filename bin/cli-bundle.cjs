@@ -1,0 +1,58 @@
+'use strict'
+// Loads the CLI bundle (dist/cli.cjs, made by scripts/bundle-cli.js) with its V8 code cache and
+// registers it as a CommonJS module, so oclif's own require() of the bundle (the manifest's
+// command target) finds this instance instead of compiling it again. Plain CommonJS with Node's
+// modules only: it runs before anything else at every start.
+const fs = require('node:fs')
+const Module = require('node:module')
+const path = require('node:path')
+const vm = require('node:vm')
+
+/** Relative to the app root. */
+const CLI_FILES = {
+  bundle: 'dist/cli.cjs',
+  codeCache: 'dist/cli.cjs.v8cache',
+  /** The source files the bundle was built from (for the guard test against stale code). */
+  sources: 'dist/cli.sources.json',
+  manifest: 'oclif.manifest.json',
+}
+/**
+ * Outside the bundle: oclif's TypeScript support (dev trees only; bin/run.js turns it off),
+ * native addons, and the connectors' clients, which only `serve` loads (lazily).
+ */
+const CLI_EXTERNALS = ['typescript', 'tsx', 'ts-node', 'better-sqlite3', 'discord.js', '@slack/socket-mode', '@slack/web-api', 'ws']
+
+/** `agent/create.js` -> `agent:create` (oclif's ids; the topic separator shown to users is a space). */
+function commandIdOf(relativeFile) {
+  return relativeFile.replace(/\.js$/, '').split(path.sep).join(':')
+}
+
+/**
+ * The bundle runs as a vm.Script so it can use the code cache; such a script cannot import()
+ * (Node 20 needs --experimental-vm-modules), so the bundle holds no real import(): esbuild
+ * inlines the bundle's own and turns the externals' into require(), and oclif require()s the
+ * bundle as its command target.
+ */
+function loadCliBundle(root, options = {}) {
+  const filename = path.join(root, CLI_FILES.bundle)
+  let cachedData
+  if (options.codeCache !== false) {
+    try {
+      cachedData = fs.readFileSync(path.join(root, CLI_FILES.codeCache))
+    } catch {
+      // no cache (a build in progress): compiling costs time, not correctness
+    }
+  }
+  // latin1: the bundle is ASCII (esbuild escapes the rest), and Node keeps a large latin1 string
+  // outside the V8 heap; the file is its own wrapper function (see scripts/bundle-cli.js)
+  const script = new vm.Script(fs.readFileSync(filename, 'latin1'), {filename, cachedData})
+  const module = new Module(filename, null)
+  module.filename = filename
+  module.paths = Module._nodeModulePaths(path.dirname(filename))
+  Module._cache[filename] = module
+  script.runInThisContext().call(module.exports, module.exports, Module.createRequire(filename), module, filename, path.dirname(filename))
+  module.loaded = true
+  return {exports: module.exports, script}
+}
+
+module.exports = {CLI_EXTERNALS, CLI_FILES, commandIdOf, loadCliBundle}

@@ -1,0 +1,112 @@
+import {execa} from 'execa'
+import fs from 'node:fs'
+import path from 'node:path'
+import {afterEach, beforeEach, describe, expect, it} from 'vitest'
+import {parseSandboxExecArgv, SANDBOX_EXEC_FLAGS} from '../../src/cli/fast-paths.js'
+import {BIN, makeHome, ROOT, type TestHome} from '../helpers/home.js'
+import {requireLandlockOrSkip} from '../sandbox/landlock-support.js'
+
+describe('sandbox exec argv the fast path takes (src/cli/fast-paths.ts)', () => {
+  it('takes plain flags, then `--`, then the command exactly as typed', () => {
+    expect(parseSandboxExecArgv(['--agent', 'a', '--', 'ls', '-la', '--', 'x y'])).toEqual({agent: 'a', timeoutSeconds: 3600, command: ['ls', '-la', '--', 'x y']})
+    expect(parseSandboxExecArgv(['-a', 'a', '--timeout=5', '--config', '/c.yaml', '--', 'true'])).toEqual({agent: 'a', timeoutSeconds: 5, config: '/c.yaml', command: ['true']})
+    expect(parseSandboxExecArgv(['-aa', '--timeout', '7', '--', 'true'])).toEqual({agent: 'a', timeoutSeconds: 7, command: ['true']})
+  })
+
+  it('leaves everything else to oclif: help, unknown, repeated or malformed flags, no command', () => {
+    for (const argv of [
+      ['--help'],
+      ['--agent', 'a', '--help', '--', 'true'],
+      ['-h', '--', 'true'],
+      ['--agent', 'a', '--json', '--', 'true'],
+      ['--agent', 'a', '--agent', 'b', '--', 'true'],
+      ['--agent', '--', 'true'],
+      ['--agent', 'a', '--timeout', '0', '--', 'true'],
+      ['--agent', 'a', '--timeout', '1.5', '--', 'true'],
+      ['--agent', 'a', '--timeout', 'x', '--', 'true'],
+      ['-a=a', '--', 'true'],
+      ['--agent', 'a', 'true'],
+      ['--agent', 'a', '--'],
+      ['--', 'true'],
+      ['stray', '--agent', 'a', '--', 'true'],
+    ]) {
+      expect(parseSandboxExecArgv(argv), argv.join(' ')).toBeUndefined()
+    }
+  })
+
+  it('knows exactly the flags the oclif command declares', () => {
+    const manifest = JSON.parse(fs.readFileSync(path.join(ROOT, 'oclif.manifest.json'), 'utf8')) as {commands: Record<string, {flags: Record<string, {char?: string; type: string}>}>}
+    const declared = manifest.commands['sandbox:exec']?.flags ?? {}
+    expect(Object.keys(SANDBOX_EXEC_FLAGS).sort()).toEqual(Object.keys(declared).sort())
+    for (const [name, flag] of Object.entries(SANDBOX_EXEC_FLAGS)) {
+      expect(declared[name]?.char, name).toBe('char' in flag ? flag.char : undefined)
+      expect(declared[name]?.type, name).toBe('option')
+    }
+  })
+})
+
+const landlock = requireLandlockOrSkip('sandbox exec fast path tests')
+
+describe.skipIf(!landlock)('sandbox exec through bin/run.js: the fast path and oclif agree', () => {
+  let home: TestHome
+  beforeEach(() => {
+    home = makeHome({providers: {primary: 'p', providers: {p: {kind: 'openai', model: 'm'}}}, agents: [{id: 'meepa'}]})
+  })
+  afterEach(() => home.cleanup())
+
+  // --require probe: was oclif ever evaluated in this process? (@oclif/core sets globalThis.oclif)
+  const run = async (argv: string[]) => {
+    const probe = path.join(home.home, 'probe.cjs')
+    fs.writeFileSync(probe, "process.on('exit', () => process.stderr.write('\\nOCLIF ' + (typeof globalThis.oclif) + '\\n'))\n")
+    const result = await execa(process.execPath, ['--require', probe, ...argv], {env: {MEEPAGATEWAY_HOME: home.home}, reject: false})
+    return {exitCode: result.exitCode, stdout: String(result.stdout), stderr: String(result.stderr).replace(/\nOCLIF \w+\n?$/, ''), oclif: /OCLIF object/.test(String(result.stderr))}
+  }
+  const exec = (args: string[]) => run([BIN, 'sandbox', 'exec', ...args])
+  /** The same argv through oclif and the shipped bundle, skipping bin/run.js's fast path. */
+  const execViaOclif = (args: string[]) =>
+    run([
+      '-e',
+      `const {loadCliBundle} = require(${JSON.stringify(path.join(ROOT, 'bin', 'cli-bundle.cjs'))}); const core = loadCliBundle(${JSON.stringify(ROOT)}).exports.core(); core.settings.enableAutoTranspile = false; core.execute({args: process.argv.slice(1), loadOptions: {root: ${JSON.stringify(ROOT)}}})`,
+      'sandbox',
+      'exec',
+      ...args,
+    ])
+
+  it('passes the command through untouched and its exit status back, without loading oclif', async () => {
+    const script = 'printf "%s|" "$@"; exit 7'
+    const fast = await exec(['--agent', 'meepa', '--', 'sh', '-c', script, 'sh', 'a b', '--', '-x'])
+    expect(fast).toMatchObject({exitCode: 7, stdout: 'a b|--|-x|', oclif: false})
+    // oclif's own path gives the same (argv without dashes: oclif 4 reorders and dedupes those of non-strict commands)
+    for (const plain of [['printf', '%s|', 'a b', 'c', 'c'], ['false']]) {
+      const argv = ['--agent', 'meepa', '--', ...plain]
+      const [fastPlain, viaOclif] = await Promise.all([exec(argv), execViaOclif(argv)])
+      expect(fastPlain.oclif).toBe(false)
+      expect(viaOclif.oclif).toBe(true)
+      expect({exitCode: viaOclif.exitCode, stdout: viaOclif.stdout}).toEqual({exitCode: fastPlain.exitCode, stdout: fastPlain.stdout})
+    }
+    expect((await exec(['--agent', 'meepa', '--', 'printf', '%s|', 'a b'])).stdout).toBe('a b|')
+  })
+
+  it('enforces the agent policy on the fast path (a write outside the workspace fails)', async () => {
+    const outside = path.join(home.home, 'outside.txt')
+    const result = await exec(['--agent', 'meepa', '--', 'sh', '-c', `echo pwned > ${outside}`])
+    expect(result.oclif).toBe(false)
+    expect(result.exitCode).not.toBe(0)
+    expect(fs.existsSync(outside)).toBe(false)
+  })
+
+  it('kills the command at --timeout with exit 124 and says so', async () => {
+    const result = await exec(['--agent', 'meepa', '--timeout', '1', '--', 'sleep', '30'])
+    expect(result).toMatchObject({exitCode: 124, oclif: false})
+    expect(result.stderr).toContain('ran longer than 1 s and was killed')
+  })
+
+  it('hands errors and help to oclif: an unknown agent is E_AGENT_UNKNOWN with exit 4, --help is oclif help', async () => {
+    const unknown = await exec(['--agent', 'nope', '--', 'true'])
+    expect(unknown).toMatchObject({exitCode: 4, oclif: true})
+    expect(unknown.stderr).toContain('unknown agent "nope"')
+    const help = await exec(['--help'])
+    expect(help).toMatchObject({exitCode: 0, oclif: true})
+    expect(help.stdout).toContain('USAGE')
+  })
+})
