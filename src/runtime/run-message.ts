@@ -69,7 +69,9 @@ export async function runMessage(options: RunMessageOptions): Promise<RunMessage
   const level = isolationLevelFor(agent, options.unrestricted)
   let output: AgentRunOutput
   try {
-    const workspace = ensureWorkspace(options.loaded.home, agent.id).path
+    const prepared = ensureWorkspace(options.loaded.home, agent.id)
+    const workspace = prepared.path
+    for (const notice of prepared.notices) (options.onLog ?? ((line: string) => process.stderr.write(`${line}\n`)))(notice)
     const runner = await runnerFor(level)
     const timeoutSeconds = level === 'container' ? agent.container_mode.timeout_seconds : agent.timeout_seconds
     output = await runner.run({

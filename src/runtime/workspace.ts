@@ -37,6 +37,8 @@ export interface WorkspaceCreation {
   path: string
   created: string[]
   kept: string[]
+  /** What was repaired on the way (a damaged memory.db moved aside), for the operator's log. */
+  notices: string[]
 }
 
 /** Creates what is missing of a workspace; an operator's existing files are never touched. */
@@ -69,9 +71,10 @@ export function ensureWorkspace(home: string, id: string): WorkspaceCreation {
     created.push('skills/')
   }
   const dbExisted = fs.existsSync(path.join(root, 'memory.db'))
-  openMemory(root).close() // creates the schema; existing rows are untouched
+  const notices: string[] = []
+  openMemory(root, {onRecovered: (notice) => notices.push(notice)}).close() // creates the schema; existing rows are untouched
   ;(dbExisted ? kept : created).push('memory.db')
-  return {id, path: root, created, kept}
+  return {id, path: root, created, kept, notices}
 }
 
 export interface WorkspaceSummary {

@@ -25,7 +25,7 @@ export async function runnerFor(level: IsolationLevel): Promise<Runner> {
   }
 }
 
-/** Removes the standby containers this process started. */
-export async function stopStandbyContainers(): Promise<void> {
-  await (await import('./container.js')).stopStandbyContainers()
+/** Removes the standby containers this process started; returns those a hung engine kept (see container.ts). */
+export async function stopStandbyContainers(): Promise<string[]> {
+  return (await import('./container.js')).stopStandbyContainers()
 }
