@@ -21,9 +21,11 @@ export function failureReply(failure: AgentRunFailure): string {
     case 'E_SANDBOX':
     case 'E_ISOLATION_UNAVAILABLE':
       return `Sorry, I can't run right now: my sandbox could not be set up on this machine. The operator has the details.${reference}`
-    case 'E_DOCKER':
-    case 'E_DOCKER_DOWN':
     case 'E_DOCKER_HUNG':
+      return `Sorry, I couldn't finish: the Docker engine stopped answering, so I was stopped. The operator has the details.${reference}`
+    case 'E_DOCKER_DOWN':
+      return `Sorry, I couldn't run: the Docker engine is not answering. The operator has the details.${reference}`
+    case 'E_DOCKER':
     case 'E_DOCKER_MISSING':
     case 'E_IMAGE':
       return `Sorry, I can't run right now: my container could not be started. The operator has the details.${reference}`

@@ -140,7 +140,8 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
       }
     })()
   }
-  const timer = setTimeout(() => stop('timeout'), Math.max(0, deadline - Date.now()))
+  // counted from here: a first build of the image (the engine answering) is not the run's time
+  const timer = setTimeout(() => stop('timeout'), request.timeoutMs)
   const onAbort = () => stop('cancelled')
   request.signal?.addEventListener('abort', onAbort, {once: true})
   if (request.signal?.aborted) onAbort()
