@@ -163,9 +163,10 @@ export class Dispatcher {
     return {runId: start.id, status, reply, output}
   }
 
-  private writeRecord(runId: string, write: () => void): void {
+  /** `write` returns false when it wrote nothing (a finish whose start was lost): not a sign of health. */
+  private writeRecord(runId: string, write: () => boolean | void): void {
     try {
-      write()
+      if (write() === false) return
       this.options.onRecordWrite?.()
     } catch (error) {
       this.options.log(`run ${runId}: could not write its record (the run goes on): ${(error as Error).message}`)

@@ -8,6 +8,7 @@ import {startHttpListener, type HttpListener} from '../http/server.js'
 import {newRunId, runMessage} from '../run-message.js'
 import {isolationLevelFor, stopStandbyContainers} from '../runners/index.js'
 import {ApiKeys} from '../state/api-keys.js'
+import {isSqliteDamage} from '../sqlite-damage.js'
 import {GuardedGatewayDb} from '../state/db-guard.js'
 import type {GatewayDb} from '../state/gateway-db.js'
 import {RunRecords} from '../state/run-records.js'
@@ -100,7 +101,10 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       },
       newRunId,
       log,
-      onRecordWrite: (error) => health.recordWritten(error),
+      onRecordWrite: (error) => {
+        if (error && isSqliteDamage(error)) guarded.suspect()
+        health.recordWritten(error)
+      },
     })
 
     const connectors: Connector[] = []

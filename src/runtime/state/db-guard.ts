@@ -9,10 +9,11 @@ const IDENTITY_CHECK_MS = 1_000
  * The serving gateway's connection to gateway.db, kept on the file at its path. SQLite goes on
  * writing to a deleted or replaced file through its open descriptor, and everything written
  * there (run records, API keys, the dashboard password) would be gone at the next start. So the
- * file's identity (device, inode) is checked every second; when it changed, the open database is
- * copied out first, then: deleted → the copy is put back; replaced by a usable database → the
- * gateway switches to it (the copy is kept next to it); replaced by a damaged file → that file is
- * moved aside and the copy put back. Every part of the gateway holds `db`, which follows the switch.
+ * file's identity (device, inode) and header are checked every second (and whenever a write fails
+ * as if damaged); when they changed, the open database is copied out first (SQLite still reads it
+ * through its descriptor and cache), then: deleted → the copy is put back; replaced by a usable
+ * database → the gateway switches to it (the copy is kept next to it); replaced by a damaged file,
+ * or damaged in place → that file is moved aside as gateway.db.corrupt-<time> and the copy put back. Every part of the gateway holds `db`, which follows the switch.
  */
 export class GuardedGatewayDb {
   readonly db: GatewayDb
@@ -22,6 +23,7 @@ export class GuardedGatewayDb {
   private current: GatewayDb | undefined
   private identity: {dev: number; ino: number}
   private readonly timer: NodeJS.Timeout
+  private damaged = false
 
   constructor(
     private readonly home: string,
@@ -41,10 +43,19 @@ export class GuardedGatewayDb {
     this.timer = setInterval(() => this.check(), IDENTITY_CHECK_MS).unref()
   }
 
+  /** A write failed as if the file were damaged: checked (and repaired) now rather than at the next tick. */
+  suspect(): void {
+    this.damaged = true
+    this.check()
+  }
+
   /** Compares the file at the path with the open one and repairs a difference (see the class comment). */
   check(): void {
     const now = identityOf(this.file)
-    if (this.current && now && now.dev === this.identity.dev && now.ino === this.identity.ino) return
+    const same = Boolean(this.current && now && now.dev === this.identity.dev && now.ino === this.identity.ino)
+    if (same && !this.damaged && hasSqliteHeader(this.file)) return
+    const change = !now ? 'deleted' : same ? 'damaged' : 'replaced'
+    this.damaged = false
     const stamp = new Date().toISOString().replace(/[:.]/g, '-')
     try {
       if (this.current) {
@@ -53,19 +64,20 @@ export class GuardedGatewayDb {
         this.current.prepare('VACUUM INTO ?').run(snapshot)
         this.current.close()
         this.current = undefined
-        this.log(`gateway: ${this.file} was ${now ? 'replaced' : 'deleted'} while the gateway was running; copied the open database to ${snapshot}`)
-        if (!now) {
+        this.log(`gateway: ${this.file} was ${change} while the gateway was running; copied the open database to ${snapshot}`)
+        if (change === 'deleted') {
           fs.renameSync(snapshot, this.file)
           this.log(`gateway: restored ${this.file} from the open database; nothing written before was lost`)
         } else {
           try {
+            if (change === 'damaged') throw new Error('its header is not an SQLite header')
             openGatewayDb(this.home, {check: true}).close()
             this.log(`gateway: now using the new ${this.file}; what the gateway had before is kept in ${snapshot}`)
           } catch (error) {
             const aside = `${this.file}.corrupt-${stamp}`
             fs.renameSync(this.file, aside)
             fs.renameSync(snapshot, this.file)
-            this.log(`gateway: the new ${this.file} is not usable (${(error as Error).message.split('\n')[0]}); moved it to ${aside} and restored the open database`)
+            this.log(`gateway: the ${change === 'damaged' ? 'damaged' : 'new'} ${this.file} is not usable (${(error as Error).message.split('\n')[0]}); moved it to ${aside} and restored the open database`)
           }
         }
       }
@@ -84,6 +96,24 @@ export class GuardedGatewayDb {
     clearInterval(this.timer)
     this.current?.close()
     this.current = undefined
+  }
+}
+
+const SQLITE_MAGIC = Buffer.from('SQLite format 3\0')
+
+/** Cheap damage check every tick: the first 16 bytes of every SQLite database (a deeper one is quick_check at start). */
+function hasSqliteHeader(file: string): boolean {
+  try {
+    const fd = fs.openSync(file, 'r')
+    try {
+      const head = Buffer.alloc(SQLITE_MAGIC.length)
+      // empty until the first checkpoint: in WAL mode the first pages live in gateway.db-wal
+      return fs.readSync(fd, head, 0, head.length, 0) === 0 || head.equals(SQLITE_MAGIC)
+    } finally {
+      fs.closeSync(fd)
+    }
+  } catch {
+    return false
   }
 }
 

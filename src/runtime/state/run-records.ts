@@ -64,10 +64,10 @@ export class RunRecords {
       })
   }
 
-  /** Records how a started run ended; `interrupted` when the gateway stopped it. */
-  finish(id: string, output: AgentRunOutput, options: {durationMs: number; isolation?: IsolationLevel; interrupted?: boolean}): void {
+  /** Records how a started run ended; `interrupted` when the gateway stopped it. False when its row is missing (its start was not recorded). */
+  finish(id: string, output: AgentRunOutput, options: {durationMs: number; isolation?: IsolationLevel; interrupted?: boolean}): boolean {
     const status: RunStatus = output.ok ? 'ok' : options.interrupted ? 'interrupted' : 'failed'
-    this.db
+    return this.db
       .prepare(
         `UPDATE runs SET status = @status, duration_ms = @durationMs, isolation = COALESCE(@isolation, isolation),
            error_code = @errorCode, error_message = @errorMessage, input_tokens = @inputTokens,
@@ -85,7 +85,7 @@ export class RunRecords {
         outputTokens: output.ok ? output.usage.output_tokens : null,
         iterations: output.ok ? output.iterations : null,
         toolCalls: output.ok ? output.tool_calls.length : null,
-      })
+      }).changes > 0
   }
 
   /** A message that never ran (queue full, gateway stopping): recorded so the operator sees the loss. */
