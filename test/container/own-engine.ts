@@ -94,6 +94,16 @@ export async function startOwnEngine(): Promise<OwnEngine> {
           for (const pid of fs.readFileSync(procs, 'utf8').split('\n').filter(Boolean)) killQuietly(Number(pid))
         }
       }
+      await new Promise((resolve) => setTimeout(resolve, 200))
+      for (const controller of fs.readdirSync('/sys/fs/cgroup')) {
+        for (const id of ids) {
+          try {
+            fs.rmdirSync(`/sys/fs/cgroup/${controller}/docker/${id}`) // an empty cgroup is removed with rmdir
+          } catch {
+            // not there, or still busy
+          }
+        }
+      }
       const ps = await execa('ps', ['-eo', 'pid=,args='], {reject: false})
       for (const line of String(ps.stdout).split('\n')) {
         const match = /^\s*(\d+)\s+(.*)$/.exec(line)

@@ -171,6 +171,9 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
   }
   const state = await collectContainer(cli, name, log)
   if (state === 'engine-lost') {
+    // docker run could not reach the engine at all: nothing was started
+    const engineError = engineErrorOf(stderrTail)
+    if (engineError) throw engineError
     // the container existed (it was started) but the engine went away before saying how it ended
     return failure(runId, 'E_DOCKER_DOWN', `the Docker engine stopped answering during the run (docker run exit ${result.exitCode ?? 'unknown'}); the container may still be running and will be removed when the engine answers`, true, {stderr_tail: stderrTail})
   }
@@ -395,22 +398,32 @@ let removalRetry: NodeJS.Timeout | undefined
 
 function removeWhenEngineAnswers(cli: DockerCli, name: string, log: (line: string) => void): void {
   owedRemovals.set(name, {cli, log})
-  removalRetry ??= setTimeout(retryOwedRemovals, REMOVAL_RETRY_MS).unref()
+  watchEngine(cli)
+}
+
+/** Keeps asking the engine (owed removals first, else `docker version`) until it answers again. */
+function watchEngine(cli: DockerCli): void {
+  removalRetry ??= setTimeout(() => void retryOwedRemovals(cli), REMOVAL_RETRY_MS).unref()
 }
 
 /** One pass over the owed removals; the engine answering at all clears the problem /healthz shows. */
-async function retryOwedRemovals(): Promise<void> {
-  for (const [name, {cli, log}] of [...owedRemovals]) {
+async function retryOwedRemovals(cli: DockerCli): Promise<void> {
+  for (const [name, owed] of [...owedRemovals]) {
     try {
-      await removeContainers(cli, [name], AbortSignal.timeout(REMOVAL_RETRY_TIMEOUT_MS))
+      await removeContainers(owed.cli, [name], AbortSignal.timeout(REMOVAL_RETRY_TIMEOUT_MS))
       owedRemovals.delete(name)
       reportEngineAnswered()
-      log(`the Docker engine answers again: removed container ${name}`)
+      owed.log(`the Docker engine answers again: removed container ${name}`)
     } catch {
       break // still no answer: the next pass tries again
     }
   }
-  removalRetry = owedRemovals.size > 0 ? setTimeout(retryOwedRemovals, REMOVAL_RETRY_MS).unref() : undefined
+  if (owedRemovals.size === 0 && dockerEngineProblem()) {
+    const answers = await cli.exec(['version', '--format', '{{.Server.Version}}'], {timeoutMs: ENGINE_PING_TIMEOUT_MS}).then((result) => result.exitCode === 0, () => false)
+    if (answers) reportEngineAnswered()
+  }
+  removalRetry = undefined
+  if (owedRemovals.size > 0 || dockerEngineProblem()) watchEngine(cli)
 }
 
 /** Names of containers whose removal is still owed (the engine has not answered since). */
@@ -440,6 +453,7 @@ async function readyBeforeDeadline<T>(cli: DockerCli, deadline: number, signal: 
     controller.abort()
     ready.catch(() => {})
     reportEngineProblem(`the Docker engine did not answer within ${ENGINE_PING_TIMEOUT_MS / 1000} s`)
+    watchEngine(cli)
     throw new GatewayError('E_DOCKER_HUNG', `the run's deadline passed while its container was being prepared and the Docker engine did not answer; nothing was started`, {
       retryable: true,
       suggestions: ['check `timeout 10 docker info`; restart the engine: sudo systemctl restart docker'],
