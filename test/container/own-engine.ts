@@ -51,14 +51,17 @@ export async function startOwnEngine(): Promise<OwnEngine> {
   }
   let daemon: ChildProcess | undefined
   let exited: Promise<void> = Promise.resolve()
+  let running = false
   const launch = async () => {
     const log = fs.openSync(path.join(dir, 'dockerd.log'), 'a')
     const started = spawn('dockerd', args, {stdio: ['ignore', log, log], detached: true})
     daemon = started
     exited = new Promise((resolve) => started.once('exit', () => resolve()))
+    running = true
+    void exited.then(() => (running = false))
     for (let i = 0; ; i++) {
       if ((await docker(['version', '--format', '{{.Server.Version}}'], {timeoutMs: 5000})).exitCode === 0) return
-      if (i > 150 || daemon?.exitCode !== null) throw new Error(`the test's own dockerd did not start: ${fs.readFileSync(path.join(dir, 'dockerd.log'), 'utf8').slice(-2000)}`)
+      if (i > 150 || !running) throw new Error(`the test's own dockerd did not start: ${fs.readFileSync(path.join(dir, 'dockerd.log'), 'utf8').slice(-2000)}`)
       await new Promise((resolve) => setTimeout(resolve, 200))
     }
   }
@@ -76,13 +79,13 @@ export async function startOwnEngine(): Promise<OwnEngine> {
       await exited
     },
     destroy: async () => {
-      if (daemon && daemon.exitCode === null) {
+      if (running) {
         process.kill(engine.pid, 'SIGCONT')
         const ids = (await docker(['ps', '-a', '-q'])).stdout.split('\n').filter(Boolean)
         if (ids.length > 0) await docker(['rm', '-f', ...ids])
         process.kill(engine.pid, 'SIGTERM')
         await Promise.race([exited, new Promise((resolve) => setTimeout(resolve, 20_000))])
-        if (daemon.exitCode === null) killQuietly(engine.pid)
+        if (running) killQuietly(engine.pid)
       }
       // what an engine killed mid-test left: its containers' processes (found by their cgroups,
       // named by the container ids in its own data root), then its shims (started with its paths)
