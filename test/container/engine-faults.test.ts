@@ -64,7 +64,13 @@ describeWithDocker('a hung or dying Docker engine under a running gateway (own e
     llm.setDefault(scripted)
     port = await freePort()
     const containerAgent = (id: string, standby: boolean) => ({id, container_mode: {enabled: true, network: 'host', memory_limit: '512m', timeout_seconds: TIMEOUT_SECONDS, standby}})
-    home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [containerAgent('boxed', false), containerAgent('warm', true), {id: 'quick', file_access: {unrestricted: true}}], {
+    home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [
+      containerAgent('boxed', false),
+      containerAgent('warm', true),
+      // its image (the same base, named explicitly) has not been checked by this gateway yet
+      {id: 'fresh', container_mode: {...containerAgent('fresh', false).container_mode, image: 'debian:bookworm-slim'}},
+      {id: 'quick', file_access: {unrestricted: true}},
+    ], {
       gateway: {max_concurrent_runs: 1, shutdown_grace_seconds: 3},
       captain: {enabled: true, bind: '127.0.0.1', port},
     }))
@@ -121,6 +127,19 @@ describeWithDocker('a hung or dying Docker engine under a running gateway (own e
     engine.resume()
     await until('every container of the run is removed', async () => (await containers()).length === 0)
   }, 120_000)
+
+  it('a message whose image must first be checked: failed within timeout + 5 s, nothing started', async () => {
+    engine.stop()
+    const stuck = await serve!.chat('fresh', 'hello')
+    engine.resume()
+    expect(stuck.ms).toBeLessThan(DEADLINE_MS)
+    expect(stuck.status).toBe(502)
+    const failed = record(runIdOf(stuck.reply) as string)
+    expect(failed).toMatchObject({status: 'failed', error_code: 'E_DOCKER_HUNG'})
+    expect(failed?.error_message).toMatch(/the Docker engine did not answer; nothing was started/)
+    await until('/healthz is ok once the engine answers', async () => (await serve!.healthz()).status === 200)
+    expect(await containers()).toEqual([])
+  }, 60_000)
 
   it('SIGTERM to serve with a hung engine stops within the 3 s grace + 5 s; the next start-up removes what was left', async () => {
     const chat = serve!.chat('boxed', 'RUN: sleep 30')
