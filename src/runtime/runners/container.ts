@@ -42,6 +42,8 @@ const CLIENT_GRACE_MS = 30_000
  * and the docker client is killed instead: a run must end within its timeout + 5 s whatever the engine does.
  */
 const KILL_TIMEOUT_MS = 2_000
+/** After a kill the engine answered, how long the docker client may take to notice its container died. */
+const CLIENT_EXIT_AFTER_KILL_MS = 3_000
 /** Past the deadline, how long image checks may go on before the engine is asked whether it still answers. */
 const ENGINE_PING_TIMEOUT_MS = 3_000
 
@@ -68,6 +70,12 @@ export async function runInContainer(request: RunRequest, options: {cli?: Docker
     }
     return redactOutput(output, request)
   } catch (error) {
+    const failed = toGatewayError(error)
+    if (failed.code === 'E_DOCKER_DOWN' || failed.code === 'E_DOCKER_HUNG') {
+      // /healthz says "engine down" until the engine answers again
+      reportEngineProblem(failed.message.split('\n')[0] ?? failed.code)
+      watchEngine(cli)
+    }
     return redactOutput(failureFromError(runId, error), request)
   }
 }
@@ -133,7 +141,7 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
           return false
         },
       )
-      const exited = await Promise.race([child.then(() => true), sleep(answered ? KILL_TIMEOUT_MS : 0, false, {ref: false})])
+      const exited = await Promise.race([child.then(() => true), sleep(answered ? CLIENT_EXIT_AFTER_KILL_MS : 0, false, {ref: false})])
       if (!exited) {
         engineSilent = true
         child.kill('SIGKILL')
