@@ -149,6 +149,7 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
     })()
   }
   // counted from here: a first build of the image (the engine answering) is not the run's time
+  const containerStarted = Date.now()
   const timer = setTimeout(() => stop('timeout'), request.timeoutMs)
   const onAbort = () => stop('cancelled')
   request.signal?.addEventListener('abort', onAbort, {once: true})
@@ -177,7 +178,8 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
     removeWhenEngineAnswers(cli, name, log)
     return failure(runId, 'E_DOCKER_HUNG', `${stopped === 'timeout' ? `the run took longer than ${Math.round(request.timeoutMs / 1000)} s (container_mode.timeout_seconds) and ` : 'the run was cancelled and '}${ENGINE_HUNG_MESSAGE}`, true, {stderr_tail: stderrTail})
   }
-  const state = await collectContainer(cli, name, log)
+  // what is left of the run's timeout + 5 s, at least 3 s: a busy engine is not a hung one
+  const state = await collectContainer(cli, name, log, Math.max(3_000, containerStarted + request.timeoutMs + 5_000 - Date.now()))
   if (state === 'engine-lost') {
     // docker run could not reach the engine at all: nothing was started
     const engineError = engineErrorOf(stderrTail)
@@ -366,10 +368,10 @@ export async function stopStandbyContainers(options: {timeoutMs?: number} = {}):
  * How a container that did not answer ended (OOMKilled, exit code), then removed: undefined when
  * it was never created. Waits for the removal: "nothing left behind" matters most after a kill.
  */
-async function collectContainer(cli: DockerCli, name: string, log: (line: string) => void): Promise<{oomKilled: boolean; exitCode: number} | 'engine-lost' | undefined> {
+async function collectContainer(cli: DockerCli, name: string, log: (line: string) => void, timeoutMs: number): Promise<{oomKilled: boolean; exitCode: number} | 'engine-lost' | undefined> {
   let state: {oomKilled: boolean; exitCode: number} | undefined
   try {
-    const inspected = await cli.exec(['container', 'inspect', '--format', '{{json .State}}', name], {timeoutMs: KILL_TIMEOUT_MS * 2})
+    const inspected = await cli.exec(['container', 'inspect', '--format', '{{json .State}}', name], {timeoutMs})
     if (inspected.exitCode === 0) {
       const raw = JSON.parse(inspected.stdout) as {OOMKilled?: boolean; ExitCode?: number}
       state = {oomKilled: raw.OOMKilled === true, exitCode: raw.ExitCode ?? -1}
