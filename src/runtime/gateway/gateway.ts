@@ -6,7 +6,7 @@ import {sendJson} from '../http/json.js'
 import {Router} from '../http/router.js'
 import {startHttpListener, type HttpListener} from '../http/server.js'
 import {newRunId, runMessage} from '../run-message.js'
-import {isolationLevelFor, stopStandbyContainers} from '../runners/index.js'
+import {abandonEngineWork, isolationLevelFor, stopStandbyContainers} from '../runners/index.js'
 import {ApiKeys} from '../state/api-keys.js'
 import {isSqliteDamage} from '../sqlite-damage.js'
 import {GuardedGatewayDb} from '../state/db-guard.js'
@@ -180,7 +180,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       await restartReplies
       await Promise.all(connectors.map((connector) => connector.stop().catch(() => {})))
       // again: a run that ended during the drain may have prepared one
-      const left = [...(await standbysStopped.catch(() => [])), ...(await stopStandbyContainers().catch(() => []))]
+      const left = [...(await standbysStopped.catch(() => [])), ...(await stopStandbyContainers().catch(() => [])), ...(await abandonEngineWork())]
       if (left.length > 0) log(`gateway: the Docker engine did not answer; left container(s) ${[...new Set(left)].join(', ')} for the next start-up (or container clean) to remove`)
       captain?.close() // ends running builds and so their event streams, which would hold the listener open
       await Promise.race([http.close(), new Promise((resolve) => setTimeout(resolve, 5000).unref())])

@@ -311,15 +311,19 @@ function discard({container, cli}: {container: AgentContainer; cli: DockerCli}):
       await scheduleRemoval(cli, container.name, () => {})
       const exited = await Promise.race([container.child.then(() => true), sleep(DISCARD_CLIENT_WAIT_MS, false, {ref: false})])
       if (!exited) container.child.kill('SIGKILL')
-      await scheduleRemoval(cli, container.name, () => {})
+      if (!owedRemovals.has(container.name)) await scheduleRemoval(cli, container.name, () => {})
     })().finally(() => discarding.delete(container)),
   )
 }
 
 /** Discarded standbys whose docker client may still be running (killed when shutdown cannot wait). */
 const discarding = new Set<AgentContainer>()
+/** Those of them a stop already gave up on (the engine did not answer): not waited for again. */
+const givenUp = new WeakSet<AgentContainer>()
 /** Aborts image checks of standbys still being prepared when the gateway stops. */
 let standbyPreparation = new AbortController()
+/** Aborts the removals in flight when stopping cannot wait for a hung engine (their docker clients would hold the exit). */
+let giveUp = new AbortController()
 
 async function prepareStandby(request: RunRequest, cli: DockerCli): Promise<void> {
   const slot = standbySlot(request)
@@ -349,6 +353,8 @@ const STOP_STANDBYS_TIMEOUT_MS = 3_000
  */
 export async function stopStandbyContainers(options: {timeoutMs?: number} = {}): Promise<string[]> {
   const timeoutMs = options.timeoutMs ?? STOP_STANDBYS_TIMEOUT_MS
+  // an earlier call is already removing (or gave up on) the rest
+  if (standbys.size === 0 && preparingStandbys.size === 0 && [...discarding].every((container) => givenUp.has(container))) return []
   const preparation = standbyPreparation
   const stopping = (async () => {
     await Promise.race([Promise.all([...preparingStandbys]), sleep(timeoutMs, undefined, {ref: false})])
@@ -360,7 +366,12 @@ export async function stopStandbyContainers(options: {timeoutMs?: number} = {}):
   standbyPreparation = new AbortController()
   if (done) return []
   const left = [...discarding].map((container) => container.name)
-  for (const container of discarding) container.child.kill('SIGKILL')
+  for (const container of discarding) {
+    container.child.kill('SIGKILL')
+    givenUp.add(container)
+  }
+  giveUp.abort()
+  giveUp = new AbortController()
   return [...new Set([...left, ...owedRemovals.keys()])]
 }
 
@@ -392,7 +403,7 @@ const pendingRemovals = new Set<Promise<void>>()
 function scheduleRemoval(cli: DockerCli, name: string, log: (line: string) => void): Promise<void> {
   return track(
     pendingRemovals,
-    removeContainers(cli, [name]).catch((error: unknown) => {
+    removeContainers(cli, [name], giveUp.signal).catch((error: unknown) => {
       log(`could not remove container ${name} (retrying until the engine answers): ${toGatewayError(error).message}`)
       removeWhenEngineAnswers(cli, name, log)
     }),
@@ -420,7 +431,7 @@ function watchEngine(cli: DockerCli): void {
 async function retryOwedRemovals(cli: DockerCli): Promise<void> {
   for (const [name, owed] of [...owedRemovals]) {
     try {
-      await removeContainers(owed.cli, [name], AbortSignal.timeout(REMOVAL_RETRY_TIMEOUT_MS))
+      await removeContainers(owed.cli, [name], AbortSignal.any([AbortSignal.timeout(REMOVAL_RETRY_TIMEOUT_MS), giveUp.signal]))
       owedRemovals.delete(name)
       reportEngineAnswered()
       owed.log(`the Docker engine answers again: removed container ${name}`)
@@ -436,8 +447,16 @@ async function retryOwedRemovals(cli: DockerCli): Promise<void> {
   if (owedRemovals.size > 0 || dockerEngineProblem()) watchEngine(cli)
 }
 
-/** Names of containers whose removal is still owed (the engine has not answered since). */
-export function owedContainerRemovals(): string[] {
+/**
+ * For a process about to exit (gateway shutdown): stops retrying owed removals and aborts the
+ * docker calls in flight, whose clients would otherwise hold the exit while the engine hangs.
+ * Returns the containers left for the next start-up (it removes containers whose owner is gone).
+ */
+export function abandonEngineWork(): string[] {
+  clearTimeout(removalRetry)
+  removalRetry = undefined
+  giveUp.abort()
+  giveUp = new AbortController()
   return [...owedRemovals.keys()]
 }
 

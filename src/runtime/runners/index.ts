@@ -29,3 +29,8 @@ export async function runnerFor(level: IsolationLevel): Promise<Runner> {
 export async function stopStandbyContainers(): Promise<string[]> {
   return (await import('./container.js')).stopStandbyContainers()
 }
+
+/** Gives up on Docker work still pending at exit (see container.ts); returns the containers left behind. */
+export async function abandonEngineWork(): Promise<string[]> {
+  return (await import('./container.js')).abandonEngineWork()
+}
