@@ -1,5 +1,8 @@
 import Database from 'better-sqlite3'
+import fs from 'node:fs'
 import path from 'node:path'
+import {GatewayError} from './errors.js'
+import {isSqliteDamage} from './sqlite-damage.js'
 import type {ChatMessage} from './providers/types.js'
 
 /** Per-channel history is bounded so prompts stay small; oldest entries go first. */
@@ -89,12 +92,54 @@ export class Memory {
   }
 }
 
-/** WAL + busy timeout: a run killed mid-write leaves a database that opens with every committed row. */
-export function openMemory(workspace: string): Memory {
-  const db = new Database(path.join(workspace, 'memory.db'))
-  db.pragma('journal_mode = WAL')
-  db.pragma('busy_timeout = 5000')
-  db.pragma('synchronous = NORMAL')
-  db.exec(SCHEMA)
-  return new Memory(db)
+/**
+ * WAL + busy timeout: a run killed mid-write leaves a database that opens with every committed row.
+ * A damaged memory.db (quick_check fails, or it is not a database) would fail every message of the
+ * agent: it is moved aside as `memory.db.corrupt-<time>` and an empty one started; `onRecovered`
+ * tells the operator what was moved.
+ */
+export function openMemory(workspace: string, options: {onRecovered?: (message: string) => void} = {}): Memory {
+  const file = path.join(workspace, 'memory.db')
+  try {
+    return new Memory(openChecked(file))
+  } catch (error) {
+    if (!isSqliteDamage(error)) throw cannotOpen(file, error)
+    const aside = `${file}.corrupt-${new Date().toISOString().replace(/[:.]/g, '-')}`
+    for (const suffix of ['', '-wal', '-shm']) {
+      try {
+        fs.renameSync(file + suffix, aside + suffix)
+      } catch (renameError) {
+        if ((renameError as NodeJS.ErrnoException).code !== 'ENOENT') throw cannotOpen(file, error)
+      }
+    }
+    options.onRecovered?.(`the agent's memory ${file} was damaged (${(error as Error).message}); moved it to ${aside} (its facts and history are there) and started an empty one`)
+    try {
+      return new Memory(openChecked(file))
+    } catch (retryError) {
+      throw cannotOpen(file, retryError)
+    }
+  }
+}
+
+function openChecked(file: string): Database.Database {
+  const db = new Database(file)
+  try {
+    db.pragma('journal_mode = WAL')
+    db.pragma('busy_timeout = 5000')
+    db.pragma('synchronous = NORMAL')
+    const problems = (db.pragma('quick_check') as Array<{quick_check: string}>).map((row) => row.quick_check)
+    if (problems.join() !== 'ok') throw Object.assign(new Error(problems.slice(0, 3).join('; ')), {code: 'SQLITE_CORRUPT'})
+    db.exec(SCHEMA)
+    return db
+  } catch (error) {
+    db.close()
+    throw error
+  }
+}
+
+function cannotOpen(file: string, error: unknown): GatewayError {
+  return new GatewayError('E_STATE', `cannot open the agent's memory ${file}: ${(error as Error).message}`, {
+    cause: error,
+    suggestions: [`check that ${path.dirname(file)} is writable and not full`],
+  })
 }

@@ -67,8 +67,9 @@ export function ensureWorkspace(home: string, id: string): WorkspaceCreation {
     created.push('skills/')
   } else kept.push('skills/')
   if (workspaceEntry(root, 'memory.db') === 'missing') {
-    // an empty file is an empty SQLite database; agent-run makes its tables. The gateway never opens
-    // it: SQLite opens by name and follows a link the agent could swap in right after the create.
+    // an empty file is an empty SQLite database; agent-run makes its tables (and moves a damaged one
+    // aside). The gateway never opens it: SQLite opens by name and follows a link the agent could
+    // swap in right after the create.
     writeWorkspaceFile(root, 'memory.db', '', {exclusive: true, mode: 0o600})
     created.push('memory.db')
   } else kept.push('memory.db')

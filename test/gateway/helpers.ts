@@ -36,8 +36,11 @@ export async function startTestGateway(options: {
   llmBaseUrl?: string
   run?: RunFunction
   gateway?: Record<string, unknown>
+  /** Prepares the home before the gateway starts (e.g. state a previous gateway left). */
+  beforeStart?: (home: TestHome) => void
 }): Promise<TestGateway> {
   const home = makeHome(fakeLlmConfig(options.llmBaseUrl ?? 'http://127.0.0.1:9/v1', options.agents, options.gateway ? {gateway: options.gateway} : {}))
+  options.beforeStart?.(home)
   const loaded = loadConfig({configPath: home.configPath, home: home.home, env: {...process.env, FAKE_LLM_KEY: 'sk-fake-test-key-123456'}})
   const logs: string[] = []
   const logWaiters = new Set<() => void>()

@@ -42,7 +42,7 @@ export async function executeAgentRun(input: AgentRunInput, log: (line: string) 
   let memory
   try {
     const chain = createProviderChain(input.providers, input.secrets, {provider: input.agent.provider, model: input.agent.model})
-    memory = openMemory(input.workspace)
+    memory = openMemory(input.workspace, {onRecovered: log})
     const injected = new Set(input.env_secrets ?? [])
     const env = withoutSecrets(process.env, Object.fromEntries(Object.entries(input.secrets).filter(([name]) => !injected.has(name))))
     const output = await runAgentLoop(input, {chat: (request) => chain.chat(request), memory, redact, log, env})

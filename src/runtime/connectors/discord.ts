@@ -4,7 +4,7 @@ import {DEFAULT_BACKOFF, formatDelay, type BackoffOptions} from './backoff.js'
 import {ReconnectingConnector} from './reconnecting-connector.js'
 import {splitMessage} from './split-message.js'
 import {keepTyping} from './typing.js'
-import type {ConnectorContext} from './types.js'
+import type {ConnectorContext, Delivery} from './types.js'
 
 export const DISCORD_MESSAGE_LIMIT = 2000
 
@@ -101,6 +101,17 @@ export class DiscordConnector extends ReconnectingConnector {
     this.status.set('disconnected', `${why}; reconnecting in ${formatDelay(delay)}`)
     clearTimeout(this.reconnectTimer)
     this.reconnectTimer = setTimeout(() => void this.connect(), delay)
+  }
+
+  deliveryTo(channelId: string): Delivery {
+    return {
+      send: async (text) => {
+        const channel = await this.client?.channels.fetch(channelId)
+        if (!channel?.isSendable()) throw new Error(`cannot send to Discord channel ${channelId}`)
+        for (const chunk of splitMessage(text, DISCORD_MESSAGE_LIMIT)) await channel.send({content: chunk, allowedMentions: {parse: []}})
+      },
+      startTyping: () => () => {},
+    }
   }
 
   private onMessage(client: Client, message: Message): void {

@@ -237,10 +237,10 @@ export class MeepaChatConnector extends ReconnectingConnector {
       user: {id: userId, name: data.user?.displayName || data.user?.username || userId},
       content: data.content,
     }
-    this.context.onMessage(message, this.deliveryFor(channelId, data.threadId ?? undefined))
+    this.context.onMessage(message, this.deliveryTo(channelId, data.threadId ?? undefined))
   }
 
-  private deliveryFor(channelId: string, threadId: string | undefined): Delivery {
+  deliveryTo(channelId: string, threadId?: string): Delivery {
     return {
       send: async (text) => {
         for (const chunk of splitMessage(text, MEEPACHAT_MESSAGE_LIMIT)) await this.postMessage(channelId, chunk, threadId)

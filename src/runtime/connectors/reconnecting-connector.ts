@@ -1,7 +1,7 @@
 import {Backoff, type BackoffOptions} from './backoff.js'
 import {ConnectorStatus} from './connector-status.js'
 import {RecentIds} from './recent-ids.js'
-import type {Connector, ConnectorContext, ConnectorState} from './types.js'
+import type {Connector, ConnectorContext, ConnectorState, Delivery} from './types.js'
 
 /**
  * What the platform connectors share: names, the logged status, the reconnect backoff, the
@@ -41,6 +41,8 @@ export abstract class ReconnectingConnector implements Connector {
     await this.disconnect()
     this.status.set('stopped')
   }
+
+  abstract deliveryTo(channelId: string, threadId?: string): Delivery
 
   protected abstract connect(): void | Promise<void>
 

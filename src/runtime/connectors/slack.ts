@@ -4,7 +4,7 @@ import type {InboundMessage} from '../agent-run/contract.js'
 import {DEFAULT_BACKOFF, formatDelay, type BackoffOptions} from './backoff.js'
 import {ReconnectingConnector} from './reconnecting-connector.js'
 import {splitMessage} from './split-message.js'
-import type {ConnectorContext} from './types.js'
+import type {ConnectorContext, Delivery} from './types.js'
 
 export const SLACK_MESSAGE_LIMIT = 4000
 
@@ -167,14 +167,18 @@ export class SlackConnector extends ReconnectingConnector {
   }
 
   private dispatch(message: InboundMessage, channel: string, threadTs: string): void {
-    this.context.onMessage(message, {
+    this.context.onMessage(message, this.deliveryTo(channel, threadTs))
+  }
+
+  deliveryTo(channel: string, threadTs?: string): Delivery {
+    return {
       send: async (text) => {
         for (const chunk of splitMessage(text, SLACK_MESSAGE_LIMIT)) {
-          await this.web.chat.postMessage({channel, text: chunk, thread_ts: threadTs})
+          await this.web.chat.postMessage({channel, text: chunk, ...(threadTs ? {thread_ts: threadTs} : {})})
         }
       },
       startTyping: () => () => {}, // bots have no typing indicator over Socket Mode
-    })
+    }
   }
 
   /** The sender's display name via users.info, cached; the id when Slack will not say. */

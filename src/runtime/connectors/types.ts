@@ -22,6 +22,8 @@ export interface Connector {
   start(): void
   /** Disconnects for good. */
   stop(): Promise<void>
+  /** Sends to a conversation without a message to answer (a reply owed from before a restart); needs `connected`. */
+  deliveryTo(channelId: string, threadId?: string): Delivery
 }
 
 export interface ConnectorContext {

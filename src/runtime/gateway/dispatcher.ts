@@ -42,6 +42,8 @@ export interface DispatcherOptions {
   isolationFor: (agentId: string) => IsolationLevel
   newRunId: () => string
   log: (line: string) => void
+  /** Told after each run-record write, with the error when it failed (/healthz shows it). */
+  onRecordWrite?: (error?: unknown) => void
 }
 
 /**
@@ -119,11 +121,7 @@ export class Dispatcher {
   }
 
   private reject(start: RunStart, delivery: Delivery, because: 'busy' | 'stopping', reason: string): DispatchTicket {
-    try {
-      this.options.records.reject(start, 'E_BUSY', reason)
-    } catch (error) {
-      this.options.log(`run ${start.id}: could not write its record: ${(error as Error).message}`)
-    }
+    this.writeRecord(start.id, () => this.options.records.reject(start, 'E_BUSY', reason))
     const reply = because === 'busy' ? BUSY_REPLY : RESTARTING_REPLY
     const delivered = this.deliver(start, delivery, reply)
     // drain() waits for these too, so a "restarting" reply goes out before the connectors close
@@ -140,8 +138,9 @@ export class Dispatcher {
     const stopTyping = delivery.startTyping()
     let output: AgentRunOutput
     let level = start.isolation
+    // a record that cannot be written (damaged or full disk) is logged; the message still runs
+    this.writeRecord(start.id, () => this.options.records.start({...start, startedAt: started}))
     try {
-      this.options.records.start({...start, startedAt: started})
       const result = await this.options.run({agentId: start.agentId, message, runId: start.id, signal: controller.signal})
       output = result.output
       level = result.level
@@ -153,11 +152,7 @@ export class Dispatcher {
     }
     const interrupted = controller.signal.aborted && !output.ok
     const durationMs = Date.now() - started
-    try {
-      this.options.records.finish(start.id, output, {durationMs, isolation: level, interrupted})
-    } catch (error) {
-      this.options.log(`run ${start.id}: could not write its record: ${(error as Error).message}`)
-    }
+    this.writeRecord(start.id, () => this.options.records.finish(start.id, output, {durationMs, isolation: level, interrupted}))
     const status: DispatchStatus = output.ok ? 'ok' : interrupted ? 'interrupted' : 'failed'
     const reply = output.ok ? output.reply.content.trim() || EMPTY_REPLY : interrupted ? INTERRUPTED_REPLY : failureReply(output)
     this.options.log(
@@ -166,6 +161,17 @@ export class Dispatcher {
     )
     await this.deliver(start, delivery, reply)
     return {runId: start.id, status, reply, output}
+  }
+
+  /** `write` returns false when it wrote nothing (a finish whose start was lost): not a sign of health. */
+  private writeRecord(runId: string, write: () => boolean | void): void {
+    try {
+      if (write() === false) return
+      this.options.onRecordWrite?.()
+    } catch (error) {
+      this.options.log(`run ${runId}: could not write its record (the run goes on): ${(error as Error).message}`)
+      this.options.onRecordWrite?.(error)
+    }
   }
 
   private async deliver(start: RunStart, delivery: Delivery, text: string): Promise<void> {

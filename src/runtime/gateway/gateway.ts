@@ -6,11 +6,15 @@ import {sendJson} from '../http/json.js'
 import {Router} from '../http/router.js'
 import {startHttpListener, type HttpListener} from '../http/server.js'
 import {newRunId, runMessage} from '../run-message.js'
-import {isolationLevelFor, stopStandbyContainers} from '../runners/index.js'
+import {abandonEngineWork, isolationLevelFor, stopStandbyContainers} from '../runners/index.js'
 import {ApiKeys, takeLegacyKeysNotice} from '../state/api-keys.js'
-import {openGatewayDb, type GatewayDb} from '../state/gateway-db.js'
+import {isSqliteDamage} from '../sqlite-damage.js'
+import {GuardedGatewayDb} from '../state/db-guard.js'
+import type {GatewayDb} from '../state/gateway-db.js'
 import {RunRecords} from '../state/run-records.js'
 import {Dispatcher, type RunFunction} from './dispatcher.js'
+import {GatewayHealth} from './health.js'
+import {answerInterruptedRuns} from './restart-replies.js'
 import {RunQueue} from './run-queue.js'
 import {assertSafeBind, hasCaptainPassword, isLoopbackBind, mountCaptain, type Captain} from '../captain/index.js'
 
@@ -36,6 +40,8 @@ export interface Gateway {
   readonly dispatcher: Dispatcher
   readonly queue: RunQueue
   readonly db: GatewayDb
+  /** Why /healthz says `degraded` (empty when it says ok). */
+  readonly health: GatewayHealth
   /** Graceful stop: no new messages, running ones finish within the grace period, then everything closes. */
   stop(options?: {graceMs?: number}): Promise<void>
   /** During stop(): stop waiting and abort running runs now (a second Ctrl-C). */
@@ -53,7 +59,9 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
   const {loaded, log} = options
   const {config} = loaded
   log(`gateway: starting with ${loaded.path} (state in ${loaded.home})`)
-  const db = openGatewayDb(loaded.home)
+  // checked (PRAGMA quick_check) at start, and kept on the file at its path while serving
+  const guarded = new GuardedGatewayDb(loaded.home, log)
+  const db = guarded.db
   try {
     const legacyKeys = takeLegacyKeysNotice(db)
     if (legacyKeys) log(legacyKeys)
@@ -73,6 +81,11 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     )
 
     const agents = new Map(config.agents.map((agent) => [agent.id, agent]))
+    const health = new GatewayHealth({
+      home: loaded.home,
+      usesContainers: () => [...agents.values()].some((agent) => isolationLevelFor(agent, options.unrestricted) === 'container'),
+      stateProblem: () => guarded.problem,
+    })
     // the dashboard edits agents and image_config; runs started after an edit use the new config
     let live = loaded
     const queue = new RunQueue({maxConcurrent: config.gateway.max_concurrent_runs, queueLimit: config.gateway.queue_limit})
@@ -90,6 +103,10 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       },
       newRunId,
       log,
+      onRecordWrite: (error) => {
+        if (error && isSqliteDamage(error)) guarded.suspect()
+        health.recordWritten(error)
+      },
     })
 
     const connectors: Connector[] = []
@@ -116,8 +133,12 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     router.get('/healthz', ({res}) => {
       const states: Record<string, number> = {}
       for (const connector of connectors) states[connector.state] = (states[connector.state] ?? 0) + 1
-      sendJson(res, dispatcher.accepting ? 200 : 503, {
-        status: dispatcher.accepting ? 'ok' : 'stopping',
+      guarded.check()
+      const reasons = health.reasons()
+      const status = !dispatcher.accepting ? 'stopping' : reasons.length > 0 ? 'degraded' : 'ok'
+      sendJson(res, status === 'ok' ? 200 : 503, {
+        status,
+        ...(reasons.length > 0 ? {reasons} : {}),
         uptime_s: Math.round((Date.now() - started) / 1000),
         agents: agents.size,
         connectors: states,
@@ -151,6 +172,9 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       log(`gateway: captain.bind is ${config.captain.bind}, but only requests naming 127.0.0.1/localhost are answered; list the names clients use in captain.allowed_hosts`)
     }
     for (const connector of connectors) connector.start()
+    const restartReplies = answerInterruptedRuns({records, connectors, log, signal: orphanCheck.signal}).catch((error: Error) =>
+      log(`gateway: could not send the replies owed from before the restart: ${error.message}`),
+    )
 
     let stopping: Promise<void> | undefined
     let markStopped!: () => void
@@ -160,13 +184,18 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       const graceMs = stopOptions.graceMs ?? config.gateway.shutdown_grace_seconds * 1000
       if (queue.running > 0) log(`gateway: stopping; waiting up to ${Math.round(graceMs / 1000)} s for ${queue.running} running run(s)`)
       else log('gateway: stopping')
+      // standbys go while runs drain: a hung engine must not add its wait to the grace period
+      const standbysStopped = stopStandbyContainers()
       const {aborted} = await dispatcher.drain(graceMs)
       if (aborted > 0) log(`gateway: stopped ${aborted} run(s) still running after the grace period`)
+      await restartReplies
       await Promise.all(connectors.map((connector) => connector.stop().catch(() => {})))
-      await stopStandbyContainers().catch((error: Error) => log(`gateway: could not remove standby containers (container clean will): ${error.message}`))
+      // again: a run that ended during the drain may have prepared one
+      const left = [...(await standbysStopped.catch(() => [])), ...(await stopStandbyContainers().catch(() => [])), ...(await abandonEngineWork())]
+      if (left.length > 0) log(`gateway: the Docker engine did not answer; left container(s) ${[...new Set(left)].join(', ')} for the next start-up (or container clean) to remove`)
       captain?.close() // ends running builds and so their event streams, which would hold the listener open
       await Promise.race([http.close(), new Promise((resolve) => setTimeout(resolve, 5000).unref())])
-      db.close()
+      guarded.close()
       log('gateway: stopped')
       markStopped()
     }
@@ -178,12 +207,13 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       dispatcher,
       queue,
       db,
+      health,
       stop: (stopOptions) => (stopping ??= stop(stopOptions)),
       abortRuns: () => dispatcher.abortRuns(),
       stopped,
     }
   } catch (error) {
-    db.close()
+    guarded.close()
     throw error
   }
 }

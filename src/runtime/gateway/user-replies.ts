@@ -4,6 +4,8 @@ import type {AgentRunFailure} from '../agent-run/contract.js'
 export const BUSY_REPLY = "I'm busy with other messages right now, so I couldn't take this one. Please try again in a minute."
 export const RESTARTING_REPLY = 'The gateway is restarting, so I could not take this message. Please send it again in a minute.'
 export const INTERRUPTED_REPLY = 'The gateway restarted before I finished this one. Please send it again.'
+/** Sent at start-up for a message whose run a crashed gateway left unfinished. */
+export const RESTARTED_REPLY = 'I was restarted before I finished working on your message, so I have no answer for it. Please send it again.'
 export const EMPTY_REPLY = '(The agent finished without writing a reply.)'
 
 /** A short, plain reply for a failed run, with the run id so the operator can find the record. */
@@ -19,9 +21,11 @@ export function failureReply(failure: AgentRunFailure): string {
     case 'E_SANDBOX':
     case 'E_ISOLATION_UNAVAILABLE':
       return `Sorry, I can't run right now: my sandbox could not be set up on this machine. The operator has the details.${reference}`
-    case 'E_DOCKER':
-    case 'E_DOCKER_DOWN':
     case 'E_DOCKER_HUNG':
+      return `Sorry, I couldn't finish: the Docker engine stopped answering, so I was stopped. The operator has the details.${reference}`
+    case 'E_DOCKER_DOWN':
+      return `Sorry, I couldn't run: the Docker engine is not answering. The operator has the details.${reference}`
+    case 'E_DOCKER':
     case 'E_DOCKER_MISSING':
     case 'E_IMAGE':
       return `Sorry, I can't run right now: my container could not be started. The operator has the details.${reference}`

@@ -20,6 +20,7 @@ import {redactSecrets} from '../redact.js'
 import {failure, failureFromError, outOfMemory, parseAgentRunOutput} from '../agent-run/output.js'
 import {helperPath} from '../../sandbox/landlock/helper.js'
 import {APP_ROOT} from '../app-root.js'
+import {dockerEngineProblem, reportEngineAnswered, reportEngineProblem} from './engine-health.js'
 import type {RunRequest, Runner} from './types.js'
 
 /**
@@ -37,7 +38,18 @@ const runQueue = new KeyedQueue({concurrency: DEFAULT_GATEWAY.max_concurrent_run
 const STDERR_TAIL_BYTES = 4096
 /** The docker client gets this long past the run's deadline to notice its container died. */
 const CLIENT_GRACE_MS = 30_000
-const KILL_TIMEOUT_MS = 15_000
+/**
+ * How long `docker kill` (and then the client's exit) may take before the engine counts as hung
+ * and the docker client is killed instead: a run must end within its timeout + 5 s whatever the engine does.
+ */
+const KILL_TIMEOUT_MS = 2_000
+/** After a kill the engine answered, how long the docker client may take to notice its container died. */
+const CLIENT_EXIT_AFTER_KILL_MS = 3_000
+/** Past the deadline, how long image checks may go on before the engine is asked whether it still answers. */
+const ENGINE_PING_TIMEOUT_MS = 3_000
+
+/** What the user and the operator are told when the engine stopped answering during a run. */
+export const ENGINE_HUNG_MESSAGE = 'the Docker engine did not answer; the container may still be running and will be removed when the engine answers'
 
 export async function runInContainer(request: RunRequest, options: {cli?: DockerCli} = {}): Promise<AgentRunOutput> {
   const cli = options.cli ?? dockerCli()
@@ -53,11 +65,18 @@ export async function runInContainer(request: RunRequest, options: {cli?: Docker
       }),
       {signal: request.signal},
     )
-    if (request.standby && request.agent.container_mode.standby) {
+    // a hung engine would only leave one more docker client hanging
+    if (request.standby && request.agent.container_mode.standby && !dockerEngineProblem()) {
       void track(preparingStandbys, prepareStandby(request, cli).catch((error: unknown) => log(`could not start a standby container: ${toGatewayError(error).message}`)))
     }
     return redactOutput(output, request)
   } catch (error) {
+    const failed = toGatewayError(error)
+    if (failed.code === 'E_DOCKER_DOWN' || failed.code === 'E_DOCKER_HUNG') {
+      // /healthz says "engine down" until the engine answers again
+      reportEngineProblem(failed.message.split('\n')[0] ?? failed.code)
+      watchEngine(cli)
+    }
     return redactOutput(failureFromError(runId, error), request)
   }
 }
@@ -92,7 +111,8 @@ export async function readyIsolationImage(config: GatewayConfig, agent: AgentCon
 async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) => void): Promise<AgentRunOutput> {
   const {input, agent} = request
   const runId = input.run_id
-  const image = await readyIsolationImage(request.config, agent, containerImageContext(request.home, {cli, signal: request.signal, onLog: log}))
+  const deadline = Date.now() + request.timeoutMs
+  const image = await readyBeforeDeadline(cli, deadline, request.signal, (signal) => readyIsolationImage(request.config, agent, containerImageContext(request.home, {cli, signal, onLog: log})))
   const shape = runShape(request, image)
   const standby = takeStandby(standbySlot(request), shape.key)
   if (standby) log(`running in standby container ${standby.name}, started before this message arrived`)
@@ -106,13 +126,31 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
 
   // The deadline kills the container itself: killing only the docker client would leave the
   // agent's processes running inside (and writing to the workspace) after the user was told it stopped.
+  // When the engine does not answer the kill, the docker client is killed instead, so the run
+  // still ends on time; the container is then removed once the engine answers again.
   let stopped: 'timeout' | 'cancelled' | undefined
+  let engineSilent = false
   let stopping: Promise<unknown> = Promise.resolve()
   const stop = (reason: 'timeout' | 'cancelled') => {
     if (stopped) return
     stopped = reason
-    stopping = cli.exec(['kill', name], {timeoutMs: KILL_TIMEOUT_MS}).catch((error: unknown) => log(`could not kill container ${name}: ${toGatewayError(error).message}`))
+    stopping = (async () => {
+      const answered = await cli.exec(['kill', name], {timeoutMs: KILL_TIMEOUT_MS}).then(
+        () => true,
+        (error: unknown) => {
+          log(`could not kill container ${name}: ${toGatewayError(error).message}`)
+          return false
+        },
+      )
+      const exited = await Promise.race([child.then(() => true), sleep(answered ? CLIENT_EXIT_AFTER_KILL_MS : 0, false, {ref: false})])
+      if (!exited) {
+        engineSilent = true
+        child.kill('SIGKILL')
+      }
+    })()
   }
+  // counted from here: a first build of the image (the engine answering) is not the run's time
+  const containerStarted = Date.now()
   const timer = setTimeout(() => stop('timeout'), request.timeoutMs)
   const onAbort = () => stop('cancelled')
   request.signal?.addEventListener('abort', onAbort, {once: true})
@@ -132,9 +170,24 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
     // agent-run answered, and itself reported any command the kernel killed for memory: the
     // container only needs removing, which the reply does not wait for.
     scheduleRemoval(cli, name, log)
+    reportEngineAnswered()
     return parseAgentRunOutput(runId, String(result.stdout ?? ''), 0, stderrTail)
   }
-  const state = await collectContainer(cli, name, log)
+  if (engineSilent) {
+    reportEngineProblem(`a run's container could not be stopped: ${ENGINE_HUNG_MESSAGE}`)
+    log(`container ${name}: ${ENGINE_HUNG_MESSAGE}`)
+    removeWhenEngineAnswers(cli, name, log)
+    return failure(runId, 'E_DOCKER_HUNG', `${stopped === 'timeout' ? `the run took longer than ${Math.round(request.timeoutMs / 1000)} s (container_mode.timeout_seconds) and ` : 'the run was cancelled and '}${ENGINE_HUNG_MESSAGE}`, true, {stderr_tail: stderrTail})
+  }
+  // what is left of the run's timeout + 5 s, at least 3 s: a busy engine is not a hung one
+  const state = await collectContainer(cli, name, log, Math.max(3_000, containerStarted + request.timeoutMs + 5_000 - Date.now()))
+  if (state === 'engine-lost') {
+    // docker run could not reach the engine at all: nothing was started
+    const engineError = engineErrorOf(stderrTail)
+    if (engineError) throw engineError
+    // the container existed (it was started) but the engine went away before saying how it ended
+    return failure(runId, 'E_DOCKER_DOWN', `the Docker engine stopped answering during the run (docker run exit ${result.exitCode ?? 'unknown'}); the container may still be running and will be removed when the engine answers`, true, {stderr_tail: stderrTail})
+  }
   if (state?.oomKilled) return outOfMemory(runId, agent.container_mode.memory_limit, {stderr_tail: stderrTail, exit_code: state.exitCode})
   if (stopped === 'timeout') {
     return failure(runId, 'E_TIMEOUT', `the run took longer than ${Math.round(request.timeoutMs / 1000)} s (container_mode.timeout_seconds) and its container was killed`, false, {stderr_tail: stderrTail})
@@ -257,22 +310,32 @@ const DISCARD_CLIENT_WAIT_MS = 10_000
  */
 function discard({container, cli}: {container: AgentContainer; cli: DockerCli}): void {
   container.child.stdin?.destroy()
+  discarding.add(container)
   void track(
     pendingRemovals,
     (async () => {
       await scheduleRemoval(cli, container.name, () => {})
       const exited = await Promise.race([container.child.then(() => true), sleep(DISCARD_CLIENT_WAIT_MS, false, {ref: false})])
       if (!exited) container.child.kill('SIGKILL')
-      await scheduleRemoval(cli, container.name, () => {})
-    })(),
+      if (!owedRemovals.has(container.name)) await scheduleRemoval(cli, container.name, () => {})
+    })().finally(() => discarding.delete(container)),
   )
 }
+
+/** Discarded standbys whose docker client may still be running (killed when shutdown cannot wait). */
+const discarding = new Set<AgentContainer>()
+/** Those of them a stop already gave up on (the engine did not answer): not waited for again. */
+const givenUp = new WeakSet<AgentContainer>()
+/** Aborts image checks of standbys still being prepared when the gateway stops. */
+let standbyPreparation = new AbortController()
+/** Aborts the removals in flight when stopping cannot wait for a hung engine (their docker clients would hold the exit). */
+let giveUp = new AbortController()
 
 async function prepareStandby(request: RunRequest, cli: DockerCli): Promise<void> {
   const slot = standbySlot(request)
   if (standbys.has(slot)) return
-  const image = await readyIsolationImage(request.config, request.agent, containerImageContext(request.home, {cli}))
-  if (standbys.has(slot)) return
+  const image = await readyIsolationImage(request.config, request.agent, containerImageContext(request.home, {cli, signal: standbyPreparation.signal}))
+  if (standbys.has(slot) || standbyPreparation.signal.aborted) return
   const shape = runShape(request, image)
   const name = containerNameFor(`standby_${randomBytes(8).toString('hex')}`)
   const container = startAgentContainer(cli, shape, {name, run: 'standby', standby: true, clientTimeoutMs: STANDBY_IDLE_MS + request.timeoutMs + CLIENT_GRACE_MS})
@@ -286,27 +349,56 @@ async function prepareStandby(request: RunRequest, cli: DockerCli): Promise<void
   standbys.set(slot, {container, cli, expiry})
 }
 
-/** Removes every standby container of this process (gateway shutdown, tests); waits for the removals. */
-export async function stopStandbyContainers(): Promise<void> {
-  await Promise.all([...preparingStandbys])
-  for (const slot of [...standbys.keys()]) discard(removeStandby(slot)!)
-  await containerRemovalsSettled()
+/** How long stopping the standbys may wait for the engine before their docker clients are killed. */
+const STOP_STANDBYS_TIMEOUT_MS = 3_000
+
+/**
+ * Removes every standby container of this process (gateway shutdown, tests) and waits for the
+ * removals, at most `timeoutMs`: a hung engine must not hold the shutdown. Returns the names of
+ * containers left for the next start-up (it removes containers whose owner is gone).
+ */
+export async function stopStandbyContainers(options: {timeoutMs?: number} = {}): Promise<string[]> {
+  const timeoutMs = options.timeoutMs ?? STOP_STANDBYS_TIMEOUT_MS
+  // an earlier call is already removing (or gave up on) the rest
+  if (standbys.size === 0 && preparingStandbys.size === 0 && [...discarding].every((container) => givenUp.has(container))) return []
+  const preparation = standbyPreparation
+  const stopping = (async () => {
+    await Promise.race([Promise.all([...preparingStandbys]), sleep(timeoutMs, undefined, {ref: false})])
+    preparation.abort()
+    for (const slot of [...standbys.keys()]) discard(removeStandby(slot)!)
+    await containerRemovalsSettled()
+  })()
+  const done = await Promise.race([stopping.then(() => true), sleep(timeoutMs, false, {ref: false})])
+  standbyPreparation = new AbortController()
+  if (done) return []
+  const left = [...discarding].map((container) => container.name)
+  for (const container of discarding) {
+    container.child.kill('SIGKILL')
+    givenUp.add(container)
+  }
+  giveUp.abort()
+  giveUp = new AbortController()
+  return [...new Set([...left, ...owedRemovals.keys()])]
 }
 
 /**
  * How a container that did not answer ended (OOMKilled, exit code), then removed: undefined when
  * it was never created. Waits for the removal: "nothing left behind" matters most after a kill.
  */
-async function collectContainer(cli: DockerCli, name: string, log: (line: string) => void): Promise<{oomKilled: boolean; exitCode: number} | undefined> {
+async function collectContainer(cli: DockerCli, name: string, log: (line: string) => void, timeoutMs: number): Promise<{oomKilled: boolean; exitCode: number} | 'engine-lost' | undefined> {
   let state: {oomKilled: boolean; exitCode: number} | undefined
   try {
-    const inspected = await cli.exec(['container', 'inspect', '--format', '{{json .State}}', name])
+    const inspected = await cli.exec(['container', 'inspect', '--format', '{{json .State}}', name], {timeoutMs})
     if (inspected.exitCode === 0) {
       const raw = JSON.parse(inspected.stdout) as {OOMKilled?: boolean; ExitCode?: number}
       state = {oomKilled: raw.OOMKilled === true, exitCode: raw.ExitCode ?? -1}
     }
   } catch (error) {
-    log(`could not inspect container ${name}: ${toGatewayError(error).message}`)
+    const message = toGatewayError(error).message
+    log(`could not inspect container ${name}: ${message}`)
+    reportEngineProblem(message)
+    removeWhenEngineAnswers(cli, name, log)
+    return 'engine-lost'
   }
   await scheduleRemoval(cli, name, log)
   return state
@@ -317,10 +409,94 @@ const pendingRemovals = new Set<Promise<void>>()
 function scheduleRemoval(cli: DockerCli, name: string, log: (line: string) => void): Promise<void> {
   return track(
     pendingRemovals,
-    removeContainers(cli, [name]).catch((error: unknown) => {
-      log(`could not remove container ${name} (container clean will): ${toGatewayError(error).message}`)
+    removeContainers(cli, [name], giveUp.signal).catch((error: unknown) => {
+      log(`could not remove container ${name} (retrying until the engine answers): ${toGatewayError(error).message}`)
+      removeWhenEngineAnswers(cli, name, log)
     }),
   )
+}
+
+/** How often removals that failed (engine down or hung) are tried again while this process runs. */
+const REMOVAL_RETRY_MS = 2_000
+const REMOVAL_RETRY_TIMEOUT_MS = 10_000
+/** Containers whose removal is owed, by name: retried in the background until the engine answers. */
+const owedRemovals = new Map<string, {cli: DockerCli; log: (line: string) => void}>()
+let removalRetry: NodeJS.Timeout | undefined
+
+function removeWhenEngineAnswers(cli: DockerCli, name: string, log: (line: string) => void): void {
+  owedRemovals.set(name, {cli, log})
+  watchEngine(cli)
+}
+
+/** Keeps asking the engine (owed removals first, else `docker version`) until it answers again. */
+function watchEngine(cli: DockerCli): void {
+  removalRetry ??= setTimeout(() => void retryOwedRemovals(cli), REMOVAL_RETRY_MS).unref()
+}
+
+/** One pass over the owed removals; the engine answering at all clears the problem /healthz shows. */
+async function retryOwedRemovals(cli: DockerCli): Promise<void> {
+  for (const [name, owed] of [...owedRemovals]) {
+    try {
+      await removeContainers(owed.cli, [name], AbortSignal.any([AbortSignal.timeout(REMOVAL_RETRY_TIMEOUT_MS), giveUp.signal]))
+      owedRemovals.delete(name)
+      reportEngineAnswered()
+      owed.log(`the Docker engine answers again: removed container ${name}`)
+    } catch {
+      break // still no answer: the next pass tries again
+    }
+  }
+  if (owedRemovals.size === 0 && dockerEngineProblem()) {
+    const answers = await cli.exec(['version', '--format', '{{.Server.Version}}'], {timeoutMs: ENGINE_PING_TIMEOUT_MS}).then((result) => result.exitCode === 0, () => false)
+    if (answers) reportEngineAnswered()
+  }
+  removalRetry = undefined
+  if (owedRemovals.size > 0 || dockerEngineProblem()) watchEngine(cli)
+}
+
+/**
+ * For a process about to exit (gateway shutdown): stops retrying owed removals and aborts the
+ * docker calls in flight, whose clients would otherwise hold the exit while the engine hangs.
+ * Returns the containers left for the next start-up (it removes containers whose owner is gone).
+ */
+export function abandonEngineWork(): string[] {
+  clearTimeout(removalRetry)
+  removalRetry = undefined
+  giveUp.abort()
+  giveUp = new AbortController()
+  return [...owedRemovals.keys()]
+}
+
+/**
+ * Resolves with the image once it is ready. Past the run's deadline the engine is asked whether
+ * it still answers: a hung one fails the run now; an answering one (a first build) is waited for.
+ */
+async function readyBeforeDeadline<T>(cli: DockerCli, deadline: number, signal: AbortSignal | undefined, work: (signal: AbortSignal) => Promise<T>): Promise<T> {
+  const controller = new AbortController()
+  const onAbort = () => controller.abort(signal?.reason)
+  signal?.addEventListener('abort', onAbort, {once: true})
+  if (signal?.aborted) onAbort()
+  const ready = work(controller.signal)
+  let timer: NodeJS.Timeout | undefined
+  const late = new Promise<'late'>((resolve) => (timer = setTimeout(() => resolve('late'), Math.max(0, deadline - Date.now()))))
+  try {
+    if ((await Promise.race([ready, late])) !== 'late') return ready
+    const answers = await cli.exec(['version', '--format', '{{.Server.Version}}'], {timeoutMs: ENGINE_PING_TIMEOUT_MS}).then(
+      (result) => result.exitCode === 0,
+      () => false,
+    )
+    if (answers) return await ready
+    controller.abort()
+    ready.catch(() => {})
+    reportEngineProblem(`the Docker engine did not answer within ${ENGINE_PING_TIMEOUT_MS / 1000} s`)
+    watchEngine(cli)
+    throw new GatewayError('E_DOCKER_HUNG', `the run's deadline passed while its container was being prepared and the Docker engine did not answer; nothing was started`, {
+      retryable: true,
+      suggestions: ['check `timeout 10 docker info`; restart the engine: sudo systemctl restart docker'],
+    })
+  } finally {
+    clearTimeout(timer)
+    signal?.removeEventListener('abort', onAbort)
+  }
 }
 
 /** Keeps `work` in `pending` until it settles, so shutdown can wait for it. */

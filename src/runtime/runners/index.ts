@@ -25,7 +25,12 @@ export async function runnerFor(level: IsolationLevel): Promise<Runner> {
   }
 }
 
-/** Removes the standby containers this process started. */
-export async function stopStandbyContainers(): Promise<void> {
-  await (await import('./container.js')).stopStandbyContainers()
+/** Removes the standby containers this process started; returns those a hung engine kept (see container.ts). */
+export async function stopStandbyContainers(): Promise<string[]> {
+  return (await import('./container.js')).stopStandbyContainers()
+}
+
+/** Gives up on Docker work still pending at exit (see container.ts); returns the containers left behind. */
+export async function abandonEngineWork(): Promise<string[]> {
+  return (await import('./container.js')).abandonEngineWork()
 }

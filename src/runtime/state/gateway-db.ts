@@ -1,6 +1,7 @@
 import Database from 'better-sqlite3'
 import fs from 'node:fs'
 import {GatewayError} from '../errors.js'
+import {isSqliteDamage} from '../sqlite-damage.js'
 import {gatewayDbPath} from '../paths.js'
 
 export type GatewayDb = Database.Database
@@ -92,6 +93,14 @@ export const MIGRATIONS: ReadonlyArray<{name: string; sql: string}> = [
       );
     `,
   },
+  {
+    // issue 14: a run a crashed gateway left is answered on its connector at the next start-up
+    name: 'restart replies for interrupted runs',
+    sql: `
+      ALTER TABLE runs ADD COLUMN restart_reply TEXT;   -- NULL | pending | sent <ISO time> | failed: <reason>
+      CREATE INDEX runs_by_restart_reply ON runs (restart_reply) WHERE restart_reply IS NOT NULL;
+    `,
+  },
 ]
 
 /**
@@ -99,7 +108,7 @@ export const MIGRATIONS: ReadonlyArray<{name: string; sql: string}> = [
  * commands read and write while `serve` holds the database open; busy_timeout makes a
  * concurrent writer wait instead of failing with SQLITE_BUSY.
  */
-export function openGatewayDb(home: string): GatewayDb {
+export function openGatewayDb(home: string, options: {check?: boolean} = {}): GatewayDb {
   const file = gatewayDbPath(home)
   let db: GatewayDb
   try {
@@ -110,6 +119,7 @@ export function openGatewayDb(home: string): GatewayDb {
     db.pragma('synchronous = NORMAL')
     db.pragma('foreign_keys = ON')
   } catch (error) {
+    if (isSqliteDamage(error)) throw damagedDatabase(file, (error as Error).message)
     throw new GatewayError('E_STATE', `cannot open the gateway database ${file}: ${(error as Error).message}`, {
       cause: error,
       suggestions: [`check that ${home} is writable by this user`, 'set MEEPAGATEWAY_HOME to another directory'],
@@ -117,13 +127,27 @@ export function openGatewayDb(home: string): GatewayDb {
   }
   try {
     fs.chmodSync(file, 0o600) // API key hashes and run metadata are the operator's business only
+    if (options.check) {
+      const problems = (db.pragma('quick_check') as Array<{quick_check: string}>).map((row) => row.quick_check)
+      if (problems.join() !== 'ok') throw damagedDatabase(file, problems.slice(0, 3).join('; '))
+    }
     migrate(db)
   } catch (error) {
     db.close()
     if (error instanceof GatewayError) throw error
+    if (isSqliteDamage(error)) throw damagedDatabase(file, (error as Error).message)
     throw new GatewayError('E_STATE', `cannot prepare the gateway database ${file}: ${(error as Error).message}`, {cause: error})
   }
   return db
+}
+
+function damagedDatabase(file: string, problem: string): GatewayError {
+  return new GatewayError('E_STATE', `the gateway database ${file} is damaged: ${problem}`, {
+    suggestions: [
+      `recover what is readable: sqlite3 ${file} .recover | sqlite3 ${file}.recovered && mv ${file} ${file}.damaged && mv ${file}.recovered ${file}`,
+      `or move it aside to start empty (run records, API keys and the dashboard password are then lost): mv ${file} ${file}.damaged`,
+    ],
+  })
 }
 
 function migrate(db: GatewayDb): void {

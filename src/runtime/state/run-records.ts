@@ -22,7 +22,12 @@ export interface RunRecord {
   output_tokens: number | null
   iterations: number | null
   tool_calls: number | null
+  /** For a run a crashed gateway left: `pending`, `sent <ISO time>` or `failed: <reason>` (null otherwise). */
+  restart_reply: string | null
 }
+
+/** Connectors whose conversation outlives the gateway, so a late "I was restarted" reply can reach it. */
+export const RESTART_REPLY_CONNECTORS = ['meepachat', 'discord', 'slack'] as const
 
 export interface RunStart {
   id: string
@@ -59,10 +64,10 @@ export class RunRecords {
       })
   }
 
-  /** Records how a started run ended; `interrupted` when the gateway stopped it. */
-  finish(id: string, output: AgentRunOutput, options: {durationMs: number; isolation?: IsolationLevel; interrupted?: boolean}): void {
+  /** Records how a started run ended; `interrupted` when the gateway stopped it. False when its row is missing (its start was not recorded). */
+  finish(id: string, output: AgentRunOutput, options: {durationMs: number; isolation?: IsolationLevel; interrupted?: boolean}): boolean {
     const status: RunStatus = output.ok ? 'ok' : options.interrupted ? 'interrupted' : 'failed'
-    this.db
+    return this.db
       .prepare(
         `UPDATE runs SET status = @status, duration_ms = @durationMs, isolation = COALESCE(@isolation, isolation),
            error_code = @errorCode, error_message = @errorMessage, input_tokens = @inputTokens,
@@ -80,7 +85,7 @@ export class RunRecords {
         outputTokens: output.ok ? output.usage.output_tokens : null,
         iterations: output.ok ? output.iterations : null,
         toolCalls: output.ok ? output.tool_calls.length : null,
-      })
+      }).changes > 0
   }
 
   /** A message that never ran (queue full, gateway stopping): recorded so the operator sees the loss. */
@@ -91,15 +96,31 @@ export class RunRecords {
       .run(errorCode, errorMessage, run.id)
   }
 
-  /** Rows left `running` by a gateway that died; returns how many were marked. */
+  /**
+   * Rows left `running` by a gateway that died; returns how many were marked. Those from a chat
+   * platform are marked for a restart reply (see pendingRestartReplies).
+   */
   markStaleInterrupted(): number {
+    const platforms = RESTART_REPLY_CONNECTORS.map((name) => `'${name}'`).join(', ')
     return this.db
       .prepare(
         `UPDATE runs SET status = 'interrupted', error_code = COALESCE(error_code, 'E_RUN'),
-           error_message = COALESCE(error_message, 'the gateway stopped before the run finished')
+           error_message = COALESCE(error_message, 'the gateway stopped before the run finished'),
+           restart_reply = CASE WHEN connector IN (${platforms}) AND channel_id != '' THEN 'pending' ELSE restart_reply END
          WHERE status = 'running'`,
       )
       .run().changes
+  }
+
+  /** Interrupted runs whose user has not been told yet, oldest first. */
+  pendingRestartReplies(): RunRecord[] {
+    return this.db.prepare(`SELECT * FROM runs WHERE restart_reply = 'pending' ORDER BY started_at, rowid`).all() as RunRecord[]
+  }
+
+  /** Notes that the restart reply went out (or why it could not), so it is sent once. */
+  noteRestartReply(id: string, outcome: {sent: true} | {failed: string}): void {
+    const note = 'sent' in outcome ? `sent ${new Date().toISOString()}` : `failed: ${outcome.failed}`
+    this.db.prepare(`UPDATE runs SET restart_reply = ? WHERE id = ?`).run(note, id)
   }
 
   get(id: string): RunRecord | undefined {

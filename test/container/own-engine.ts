@@ -1,0 +1,138 @@
+import {execa} from 'execa'
+import {spawn, spawnSync, type ChildProcess} from 'node:child_process'
+import fs from 'node:fs'
+import path from 'node:path'
+import {BASE_IMAGE, tempDir} from './docker-env.js'
+
+/**
+ * A Docker engine of the test's own (its socket, data root, exec root and pid file in a temp
+ * dir), for tests that stop, hang or kill an engine: the shared engine other suites use is never
+ * touched. The base image is copied from the shared engine with `docker save | docker load`.
+ */
+export interface OwnEngine {
+  /** Put in DOCKER_HOST. */
+  host: string
+  /** dockerd's pid (for kill -STOP / -CONT / -KILL). */
+  pid: number
+  env: Record<string, string>
+  docker(args: string[], options?: {timeoutMs?: number}): Promise<{stdout: string; exitCode: number}>
+  stop(): void
+  resume(): void
+  /** SIGKILL of dockerd (an engine that dies); what it leaves is killed by `destroy`. */
+  kill(): Promise<void>
+  /** Removes every container, stops the engine and deletes its directories. */
+  destroy(): Promise<void>
+}
+
+/** overlay2 when the temp dir's filesystem allows it (as scripts/ci/docker-up.sh decides), else vfs. */
+function storageDriver(dir: string): string {
+  const probe = path.join(dir, 'probe')
+  for (const sub of ['lower', 'upper', 'work', 'merged']) fs.mkdirSync(path.join(probe, sub), {recursive: true})
+  const mounted = execaSyncOk('mount', ['-t', 'overlay', 'overlay', '-o', `lowerdir=${probe}/lower,upperdir=${probe}/upper,workdir=${probe}/work`, `${probe}/merged`])
+  if (mounted) execaSyncOk('umount', [`${probe}/merged`])
+  fs.rmSync(probe, {recursive: true, force: true})
+  return mounted ? 'overlay2' : 'vfs'
+}
+
+function execaSyncOk(bin: string, args: string[]): boolean {
+  return spawnSync(bin, args, {stdio: 'ignore'}).status === 0
+}
+
+export async function startOwnEngine(): Promise<OwnEngine> {
+  // short: the engine's sockets live under it and unix socket paths are limited to 107 bytes
+  const dir = tempDir('meng-')
+  const host = `unix://${dir}/docker.sock`
+  const env = {DOCKER_HOST: host}
+  const args = ['--host', host, '--data-root', `${dir}/root`, '--exec-root', `${dir}/exec`, '--pidfile', `${dir}/pid`,
+    '--bridge=none', '--iptables=false', '--ip-masq=false', `--storage-driver=${storageDriver(dir)}`]
+  const docker = async (dockerArgs: string[], options: {timeoutMs?: number} = {}) => {
+    const result = await execa('docker', dockerArgs, {env, reject: false, timeout: options.timeoutMs ?? 30_000})
+    return {stdout: String(result.stdout), exitCode: result.exitCode ?? -1}
+  }
+  let daemon: ChildProcess | undefined
+  let exited: Promise<void> = Promise.resolve()
+  let running = false
+  const launch = async () => {
+    const log = fs.openSync(path.join(dir, 'dockerd.log'), 'a')
+    const started = spawn('dockerd', args, {stdio: ['ignore', log, log], detached: true})
+    daemon = started
+    exited = new Promise((resolve) => started.once('exit', () => resolve()))
+    running = true
+    void exited.then(() => (running = false))
+    for (let i = 0; ; i++) {
+      if ((await docker(['version', '--format', '{{.Server.Version}}'], {timeoutMs: 5000})).exitCode === 0) return
+      if (i > 150 || !running) throw new Error(`the test's own dockerd did not start: ${fs.readFileSync(path.join(dir, 'dockerd.log'), 'utf8').slice(-2000)}`)
+      await new Promise((resolve) => setTimeout(resolve, 200))
+    }
+  }
+  const engine: OwnEngine = {
+    host,
+    get pid() {
+      return daemon?.pid as number
+    },
+    env,
+    docker,
+    stop: () => process.kill(engine.pid, 'SIGSTOP'),
+    resume: () => process.kill(engine.pid, 'SIGCONT'),
+    kill: async () => {
+      process.kill(engine.pid, 'SIGKILL')
+      await exited
+    },
+    destroy: async () => {
+      if (running) {
+        process.kill(engine.pid, 'SIGCONT')
+        const ids = (await docker(['ps', '-a', '-q'])).stdout.split('\n').filter(Boolean)
+        if (ids.length > 0) await docker(['rm', '-f', ...ids])
+        process.kill(engine.pid, 'SIGTERM')
+        await Promise.race([exited, new Promise((resolve) => setTimeout(resolve, 20_000))])
+        if (running) killQuietly(engine.pid)
+      }
+      // what an engine killed mid-test left: its containers' processes (found by their cgroups,
+      // named by the container ids in its own data root), then its shims (started with its paths)
+      const ids = fs.existsSync(`${dir}/root/containers`) ? fs.readdirSync(`${dir}/root/containers`) : []
+      for (const controller of fs.readdirSync('/sys/fs/cgroup')) {
+        for (const id of ids) {
+          const procs = `/sys/fs/cgroup/${controller}/docker/${id}/cgroup.procs`
+          if (!fs.existsSync(procs)) continue
+          for (const pid of fs.readFileSync(procs, 'utf8').split('\n').filter(Boolean)) killQuietly(Number(pid))
+        }
+      }
+      await new Promise((resolve) => setTimeout(resolve, 200))
+      for (const controller of fs.readdirSync('/sys/fs/cgroup')) {
+        for (const id of ids) {
+          try {
+            fs.rmdirSync(`/sys/fs/cgroup/${controller}/docker/${id}`) // an empty cgroup is removed with rmdir
+          } catch {
+            // not there, or still busy
+          }
+        }
+      }
+      const ps = await execa('ps', ['-eo', 'pid=,args='], {reject: false})
+      for (const line of String(ps.stdout).split('\n')) {
+        const match = /^\s*(\d+)\s+(.*)$/.exec(line)
+        if (match && match[2]?.includes(dir)) killQuietly(Number(match[1]))
+      }
+      // dockerd leaves its netns mount behind (and overlay mounts of a killed engine)
+      const mounts = fs.readFileSync('/proc/self/mounts', 'utf8').split('\n').map((line) => line.split(' ')[1] ?? '').filter((point) => point.startsWith(dir))
+      for (const point of mounts.reverse()) await execa('umount', ['-l', point], {reject: false})
+      fs.rmSync(dir, {recursive: true, force: true})
+    },
+  }
+  try {
+    await launch()
+    await execa('sh', ['-c', `docker save ${BASE_IMAGE} | DOCKER_HOST=${host} docker load`])
+  } catch (error) {
+    await engine.destroy()
+    throw error
+  }
+  return engine
+}
+
+/** SIGKILL that ignores a process already gone. */
+function killQuietly(pid: number): void {
+  try {
+    process.kill(pid, 'SIGKILL')
+  } catch {
+    // exited meanwhile
+  }
+}
