@@ -56,7 +56,7 @@ export function hostAllowed(host: string | undefined, allowed: readonly string[]
  * (`GET http://host/path`) must name an allowed host too. Two Host headers name none.
  */
 function requestHostsAllowed(req: http.IncomingMessage, allowed: readonly string[]): boolean {
-  const hostHeaders = req.rawHeaders.filter((_, index) => index % 2 === 0 && req.rawHeaders[index]!.toLowerCase() === 'host')
+  const hostHeaders = req.rawHeaders.filter((name, index) => index % 2 === 0 && name.toLowerCase() === 'host')
   if (hostHeaders.length !== 1 || !hostAllowed(req.headers.host, allowed)) return false
   const target = req.url ?? '/'
   if (target.startsWith('/') || target === '*') return true
