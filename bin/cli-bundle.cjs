@@ -28,10 +28,9 @@ function commandIdOf(relativeFile) {
 }
 
 /**
- * The bundle runs as a vm.Script so it can use the code cache; such a script cannot import()
- * (Node 20 needs --experimental-vm-modules), so the bundle holds no real import(): esbuild
- * inlines the bundle's own and turns the externals' into require(), and oclif require()s the
- * bundle as its command target.
+ * The bundle runs as a vm.Script so it can use the code cache. esbuild inlines the bundle's own
+ * import()s and turns the externals' into require(), and oclif require()s the bundle as its
+ * command target, so Node's loader for a real import() is a fallback, not the path.
  */
 function loadCliBundle(root, options = {}) {
   const filename = path.join(root, CLI_FILES.bundle)
@@ -45,7 +44,12 @@ function loadCliBundle(root, options = {}) {
   }
   // latin1: the bundle is ASCII (esbuild escapes the rest), and Node keeps a large latin1 string
   // outside the V8 heap; the file is its own wrapper function (see scripts/bundle-cli.js)
-  const script = new vm.Script(fs.readFileSync(filename, 'latin1'), {filename, cachedData})
+  const script = new vm.Script(fs.readFileSync(filename, 'latin1'), {
+    filename,
+    cachedData,
+    // a real import() (of a non-literal specifier) still works; Node warns that this is experimental only if one runs
+    importModuleDynamically: vm.constants.USE_MAIN_CONTEXT_DEFAULT_LOADER,
+  })
   const module = new Module(filename, null)
   module.filename = filename
   module.paths = Module._nodeModulePaths(path.dirname(filename))

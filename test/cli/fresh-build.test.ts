@@ -46,6 +46,14 @@ describe('the CLI that runs is built from the current sources', () => {
     }
   })
 
+  it("tests that run commands in-process (@oclif/test's runCommand) get them from the bundle too", async () => {
+    const {Config} = await import('@oclif/core')
+    const config = await Config.load(ROOT)
+    const loaded = await config.findCommand('send', {must: true}).load()
+    const bundled = (require(path.join(ROOT, CLI_FILES.bundle)) as {COMMANDS: Record<string, unknown>}).COMMANDS.send
+    expect(loaded).toBe(bundled)
+  })
+
   it('bin/run.js runs the bundle, not src/ through a TypeScript loader, also under NODE_ENV=test', () => {
     const home = makeHome()
     try {
