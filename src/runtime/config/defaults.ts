@@ -29,6 +29,7 @@ export const DEFAULT_AGENT: Omit<AgentConfig, 'id' | 'name'> = {
     allow_network: true,
     best_effort: false,
   },
+  limits: {memory: '512m', pids: 256, cpus: 1, disk: '1g'},
   connectors: [],
   secrets: [],
 }
@@ -74,6 +75,7 @@ agent_defaults:
   max_iterations: 20
   # container_mode: {enabled: true, memory_limit: 512m, timeout_seconds: 300, network: bridge}
   # file_access: {allow_read: [], allow_read_write: [], deny: [], allow_network: true}
+  # limits: {memory: 512m, pids: 256, cpus: 1, disk: 1g}   # every level; meepagateway sandbox explain shows what is enforced
 
 agents:
   - id: meepa

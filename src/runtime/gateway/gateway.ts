@@ -6,6 +6,7 @@ import {sendJson} from '../http/json.js'
 import {Router} from '../http/router.js'
 import {startHttpListener, type HttpListener} from '../http/server.js'
 import {newRunId, runMessage} from '../run-message.js'
+import {reclaimAbandonedRuns} from '../reclaim-runs.js'
 import {isolationLevelFor, stopStandbyContainers} from '../runners/index.js'
 import {ApiKeys} from '../state/api-keys.js'
 import {openGatewayDb, type GatewayDb} from '../state/gateway-db.js'
@@ -58,6 +59,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     const records = new RunRecords(db)
     const stale = records.markStaleInterrupted()
     if (stale > 0) log(`gateway: marked ${stale} run(s) left running by a previous gateway as interrupted`)
+    await reclaimAbandonedRuns(loaded.home, (line) => log(`gateway: ${line}`))
     // In the background: a slow or hung Docker engine must not delay the connectors, and a live
     // run's containers are never taken for orphans, so nothing races with the runs starting now.
     const orphanCheck = new AbortController()

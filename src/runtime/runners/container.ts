@@ -19,6 +19,7 @@ import {redactSecrets} from '../redact.js'
 import {failure, failureFromError, outOfMemory, parseAgentRunOutput} from '../agent-run/output.js'
 import {helperPath} from '../../sandbox/landlock/helper.js'
 import {APP_ROOT} from '../app-root.js'
+import {forgetRunProcess, recordRunProcess} from '../state/run-processes.js'
 import type {RunRequest, Runner} from './types.js'
 
 /**
@@ -98,10 +99,24 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
   const container = standby ?? startAgentContainer(cli, shape, {name: containerNameFor(runId), run: runId, clientTimeoutMs: request.timeoutMs + CLIENT_GRACE_MS})
   container.log = log
   const {name, child} = container
+  // the keeper removes the container if this process dies; the record covers the keeper dying too
+  recordRunProcess(request.home, {runId, keeperPid: child.pid, cgroups: [], container: name}, log)
+  try {
+    return await runInStartedContainer(request, cli, container, shape.spec.forwardEnv)
+  } finally {
+    forgetRunProcess(request.home, runId)
+  }
+}
+
+async function runInStartedContainer(request: RunRequest, cli: DockerCli, container: AgentContainer, forwardEnv: string[]): Promise<AgentRunOutput> {
+  const {input, agent} = request
+  const runId = input.run_id
+  const log = container.log
+  const {name, child} = container
   // Everything the run needs, secrets included, goes in on stdin; forwarded secrets reach the
   // engine through the docker CLI's own environment (`-e NAME` without a value), never argv.
   child.stdin?.on('error', () => {}) // a client that died first is reported from its exit below
-  child.stdin?.end(JSON.stringify({...input, workspace: CONTAINER_WORKSPACE, env_secrets: shape.spec.forwardEnv}))
+  child.stdin?.end(JSON.stringify({...input, workspace: CONTAINER_WORKSPACE, env_secrets: forwardEnv}))
 
   // The deadline kills the container itself: killing only the docker client would leave the
   // agent's processes running inside (and writing to the workspace) after the user was told it stopped.
@@ -200,7 +215,7 @@ function startAgentContainer(
   options: {name: string; run: string; clientTimeoutMs: number; standby?: boolean},
 ): AgentContainer {
   const args = buildDockerRunArgs({...shape.spec, name: options.name, labels: {...shape.spec.labels, [LABEL.run]: options.run}, standby: options.standby})
-  const child = cli.spawn(args, {openStdin: true, env: shape.cliEnv, timeoutMs: options.clientTimeoutMs})
+  const child = cli.spawn(args, {openStdin: true, env: shape.cliEnv, timeoutMs: options.clientTimeoutMs, removeIfOwnerDies: options.name})
   const container: AgentContainer = {name: options.name, key: shape.key, child, stderrTail: '', log: () => {}}
   const secretValues = Object.values(shape.cliEnv)
   child.stderr?.on('data', (chunk: Buffer) => {
