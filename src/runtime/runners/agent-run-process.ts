@@ -6,6 +6,7 @@ import {failure, parseAgentRunOutput} from '../agent-run/output.js'
 import {APP_ROOT} from '../app-root.js'
 import type {LimitsConfig} from '../config/types.js'
 import {sizeBytes} from '../config/size.js'
+import {diskFull, diskUsage, watchDiskUsage} from './disk-limit.js'
 import {forgetRunProcess, recordRunProcess} from '../state/run-processes.js'
 import {killProcessTree} from '../../sandbox/kill-session.js'
 import {keeperArgv, keeperHelper} from '../../sandbox/keeper.js'
@@ -17,11 +18,12 @@ export function agentRunArgv(): string[] {
   return [process.execPath, path.join(APP_ROOT, 'bin', 'run.js'), 'agent-run']
 }
 
-/** Who owns the run on the host: its record in gateway.db, its limits, its private TMPDIR. */
+/** Who owns the run on the host: its record in gateway.db, its limits, its workspace and private TMPDIR. */
 export interface RunOwnership {
   home: string
   runId: string
   limits: LimitsConfig
+  workspace: string
   tmpDir: string
 }
 
@@ -59,6 +61,12 @@ export async function runAgentProcess(options: AgentProcessOptions): Promise<Age
   let cgroup: RunCgroup | undefined
   let argv = options.argv
   const keeperFd = options.fd3 === undefined ? 3 : 4
+  let disk: DiskLimit | undefined
+  if (ownership) {
+    disk = {limit: ownership.limits.disk, bytes: sizeBytes(ownership.limits.disk, 'limits.disk'), roots: [ownership.workspace, ownership.tmpDir], workspace: ownership.workspace}
+    const usage = await diskUsage(disk.roots)
+    if (usage > disk.bytes) return diskFull(input.run_id, disk.limit, usage, disk.workspace, 'before')
+  }
   if (ownership && helper) {
     try {
       cgroup = createRunCgroup(ownership.runId, {
@@ -69,11 +77,11 @@ export async function runAgentProcess(options: AgentProcessOptions): Promise<Age
     } catch (error) {
       return failure(input.run_id, 'E_SANDBOX', (error as Error).message, false)
     }
-    argv = keeperArgv(helper, keeperFd, {cgroups: cgroup?.dirs ?? [], maxFileSize: sizeBytes(ownership.limits.disk, 'limits.disk')}, argv)
+    argv = keeperArgv(helper, keeperFd, {cgroups: cgroup?.dirs ?? [], maxFileSize: disk?.bytes}, argv)
     recordRunProcess(ownership.home, {runId: ownership.runId, cgroups: cgroup?.dirs ?? [], tmpDir: ownership.tmpDir}, options.onStderr)
   }
   try {
-    return await runUnderKeeper(options, argv, helper ? keeperFd : undefined, cgroup)
+    return await runUnderKeeper(options, argv, helper ? keeperFd : undefined, cgroup, disk)
   } finally {
     if (cgroup) {
       killRunCgroups(cgroup.dirs)
@@ -83,7 +91,20 @@ export async function runAgentProcess(options: AgentProcessOptions): Promise<Age
   }
 }
 
-async function runUnderKeeper(options: AgentProcessOptions, argv: string[], keeperFd: number | undefined, cgroup: RunCgroup | undefined): Promise<AgentRunOutput> {
+interface DiskLimit {
+  limit: string
+  bytes: number
+  roots: string[]
+  workspace: string
+}
+
+async function runUnderKeeper(
+  options: AgentProcessOptions,
+  argv: string[],
+  keeperFd: number | undefined,
+  cgroup: RunCgroup | undefined,
+  disk: DiskLimit | undefined,
+): Promise<AgentRunOutput> {
   const {input} = options
   const [file, ...args] = argv
   if (!file) throw new Error('runAgentProcess: empty argv')
@@ -148,7 +169,15 @@ async function runUnderKeeper(options: AgentProcessOptions, argv: string[], keep
   }
   options.signal?.addEventListener('abort', onAbort)
   if (options.signal?.aborted) onAbort()
+  let diskOver = false
+  const diskWatch = disk
+    ? watchDiskUsage(disk.roots, disk.bytes, () => {
+        diskOver = true
+        killRun()
+      })
+    : undefined
   const result = await child
+  const diskAtEnd = await diskWatch?.stop()
   clearTimeout(timer)
   clearTimeout(grace)
   clearTimeout(fallback)
@@ -165,6 +194,7 @@ async function runUnderKeeper(options: AgentProcessOptions, argv: string[], keep
       ...(cancelled === 'abort' ? {} : {signal: cancelled}),
     })
   }
+  if (disk && diskAtEnd && (diskOver || diskAtEnd.over)) return diskFull(input.run_id, disk.limit, diskAtEnd.usage, disk.workspace, 'during')
   const limits = options.ownership?.limits
   if (cgroup && limits) {
     const oomKills = cgroup.oomKills() - oomBefore

@@ -20,6 +20,8 @@ import {failure, failureFromError, outOfMemory, parseAgentRunOutput} from '../ag
 import {helperPath} from '../../sandbox/landlock/helper.js'
 import {APP_ROOT} from '../app-root.js'
 import {forgetRunProcess, recordRunProcess} from '../state/run-processes.js'
+import {sizeBytes} from '../config/size.js'
+import {diskFull, diskUsage, watchDiskUsage} from './disk-limit.js'
 import type {RunRequest, Runner} from './types.js'
 
 /**
@@ -92,6 +94,9 @@ export async function readyIsolationImage(config: GatewayConfig, agent: AgentCon
 async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) => void): Promise<AgentRunOutput> {
   const {input, agent} = request
   const runId = input.run_id
+  const diskLimit = sizeBytes(agent.limits.disk, 'limits.disk')
+  const usageBefore = await diskUsage([request.workspace])
+  if (usageBefore > diskLimit) return diskFull(runId, agent.limits.disk, usageBefore, request.workspace, 'before')
   const image = await readyIsolationImage(request.config, agent, containerImageContext(request.home, {cli, signal: request.signal, onLog: log}))
   const shape = runShape(request, image)
   const standby = takeStandby(standbySlot(request), shape.key)
@@ -101,9 +106,18 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
   const {name, child} = container
   // the keeper removes the container if this process dies; the record covers the keeper dying too
   recordRunProcess(request.home, {runId, keeperPid: child.pid, cgroups: [], container: name}, log)
+  // limits.disk: the workspace is a bind mount, measured from here (see disk-limit.ts)
+  let diskOver = false
+  const diskWatch = watchDiskUsage([request.workspace], diskLimit, () => {
+    diskOver = true
+    void cli.exec(['kill', name], {timeoutMs: KILL_TIMEOUT_MS}).catch(() => {})
+  })
   try {
-    return await runInStartedContainer(request, cli, container, shape.spec.forwardEnv)
+    const output = await runInStartedContainer(request, cli, container, shape.spec.forwardEnv)
+    const atEnd = await diskWatch.stop()
+    return diskOver || atEnd.over ? diskFull(runId, agent.limits.disk, atEnd.usage, request.workspace, 'during') : output
   } finally {
+    void diskWatch.stop()
     forgetRunProcess(request.home, runId)
   }
 }

@@ -18,7 +18,7 @@ export const unrestrictedRunner: Runner = {
         timeoutMs: request.timeoutMs,
         signal: request.signal,
         onStderr: request.onLog,
-        ownership: {home: request.home, runId: request.input.run_id, limits: request.agent.limits, tmpDir: tmp},
+        ownership: {home: request.home, runId: request.input.run_id, limits: request.agent.limits, workspace: request.workspace, tmpDir: tmp},
       }),
     ),
 }

@@ -77,7 +77,7 @@ export function enforcementReport(policy: SandboxPolicy, probe: KernelProbe): En
     {
       what: 'process tree',
       mechanism: probe.seccomp
-        ? 'new session; setsid denied by seccomp, so every descendant stays in it and the runner kills the whole session at the deadline (setpgid stays allowed: each shell command gets its own group for the tool timeout)'
+        ? 'new session under the keeper; setsid denied by seccomp, so every descendant stays in it, and the keeper kills the session, the run cgroup and every descendant when agent-run exits, at the deadline and when the gateway dies (setpgid stays allowed: each shell command gets its own group for the tool timeout)'
         : 'new session; descendants CAN leave it (no seccomp)',
     },
     {what: 'signals and abstract unix sockets', mechanism: abi >= 6 ? 'Landlock scoping (ABI 6): nothing outside the sandbox can be signalled or reached' : 'NOT scoped (Landlock ABI < 6)'},
