@@ -715,7 +715,9 @@ static int kill_tree_and_session(pid_t session)
 	return killed;
 }
 
-static void reap_all(pid_t child, int *child_status, int *child_done)
+/* Reaps every exited child; returns whether any child is left. The keeper is the subreaper of the
+ * run, so with no child left the run has no process left at all (every orphan becomes its child). */
+static int reap_all(pid_t child, int *child_status, int *child_done)
 {
 	int status;
 	pid_t pid;
@@ -724,12 +726,26 @@ static void reap_all(pid_t child, int *child_status, int *child_done)
 			*child_status = status;
 			*child_done = 1;
 		}
+	return !(pid < 0 && errno == ECHILD);
+}
+
+static int cgroups_empty(void)
+{
+	for (int i = 0; i < n_cgroups; i++) {
+		char procs[16];
+		if (read_file(cgroups[i], "cgroup.procs", procs, sizeof(procs)) > 0)
+			return 0;
+	}
+	return 1;
 }
 
 /* Kills every process of the run: cgroup.kill (v2), or freeze + kill + thaw (v1), then rounds of
  * SIGKILL over cgroup members, the run's session and the keeper's descendants until none is left. */
 static void kill_run(pid_t child, int *child_status, int *child_done)
 {
+	/* the common end of a run: agent-run exited and left nothing behind (no /proc scan needed) */
+	if (*child_done && !reap_all(child, child_status, child_done) && cgroups_empty())
+		return;
 	kill(-child, SIGKILL);
 	const char *freezer = NULL;
 	for (int i = 0; i < n_cgroups; i++) {
@@ -756,8 +772,8 @@ static void kill_run(pid_t child, int *child_status, int *child_done)
 		int left = kill_tree_and_session(child);
 		for (int i = 0; i < n_cgroups; i++)
 			left += kill_cgroup_members(cgroups[i]);
-		reap_all(child, child_status, child_done);
-		if (left == 0 || now_ms() > deadline)
+		int children = reap_all(child, child_status, child_done);
+		if ((left == 0 && !children && cgroups_empty()) || now_ms() > deadline)
 			break;
 		sleep_ms(5);
 	}

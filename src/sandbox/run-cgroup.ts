@@ -266,6 +266,7 @@ export function killRunCgroups(dirs: string[]): void {
     }
     return found
   }
+  if (dirs.every((dir) => procs(dir).length === 0)) return // the keeper left nothing (the usual case)
   for (const dir of dirs) {
     try {
       fs.writeFileSync(path.join(dir, 'cgroup.kill'), '1')

@@ -59,7 +59,8 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     const records = new RunRecords(db)
     const stale = records.markStaleInterrupted()
     if (stale > 0) log(`gateway: marked ${stale} run(s) left running by a previous gateway as interrupted`)
-    await reclaimAbandonedRuns(loaded.home, (line) => log(`gateway: ${line}`))
+    // processes are killed before this returns; removing their containers goes on in the background
+    void reclaimAbandonedRuns(loaded.home, (line) => log(`gateway: ${line}`))
     // In the background: a slow or hung Docker engine must not delay the connectors, and a live
     // run's containers are never taken for orphans, so nothing races with the runs starting now.
     const orphanCheck = new AbortController()

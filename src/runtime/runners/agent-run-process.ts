@@ -10,7 +10,7 @@ import {diskFull, diskUsage, watchDiskUsage} from './disk-limit.js'
 import {forgetRunProcess, recordRunProcess} from '../state/run-processes.js'
 import {killProcessTree} from '../../sandbox/kill-session.js'
 import {keeperArgv, keeperHelper} from '../../sandbox/keeper.js'
-import {createRunCgroup, killRunCgroups, removeRunCgroups, type RunCgroup} from '../../sandbox/run-cgroup.js'
+import {cgroupSupport, createRunCgroup, killRunCgroups, removeRunCgroups, type RunCgroup} from '../../sandbox/run-cgroup.js'
 
 
 /** argv that starts `meepagateway agent-run` with this Node; always the built app (tests build it first). */
@@ -45,6 +45,8 @@ export interface AgentProcessOptions {
 }
 
 const STDERR_TAIL_BYTES = 4096
+/** The operator hears once per process that this host cannot enforce the cgroup limits. */
+let toldLimitsUnenforced = false
 /** A run told to stop (SIGINT/SIGTERM forwarded) gets this long before it is killed. */
 const FORWARDED_SIGNAL_GRACE_MS = 1000
 /** The keeper gets this long to kill the run and exit before it is killed itself. */
@@ -76,6 +78,10 @@ export async function runAgentProcess(options: AgentProcessOptions): Promise<Age
       })
     } catch (error) {
       return failure(input.run_id, 'E_SANDBOX', (error as Error).message, false)
+    }
+    if (!cgroup && !toldLimitsUnenforced) {
+      toldLimitsUnenforced = true
+      options.onStderr?.(`limits.memory, limits.pids and limits.cpus are NOT enforced on this host: ${cgroupSupport().how}`)
     }
     argv = keeperArgv(helper, keeperFd, {cgroups: cgroup?.dirs ?? [], maxFileSize: disk?.bytes}, argv)
     recordRunProcess(ownership.home, {runId: ownership.runId, cgroups: cgroup?.dirs ?? [], tmpDir: ownership.tmpDir}, options.onStderr)
