@@ -100,7 +100,11 @@ function detectV2(own: Map<string, string>): Layout | undefined {
     fs.writeFileSync(path.join(runs, 'cgroup.subtree_control'), wanted.map((name) => `+${name}`).join(' '))
   } catch (error) {
     return {
-      support: {mode: 'none', enforced: none(), how: `cgroup v2: cannot create run cgroups under ${base} (${(error as Error).message}); run as root or under a delegated systemd slice (systemd-run --user -p Delegate=yes)`},
+      support: {
+        mode: 'none',
+        enforced: none(),
+        how: `cgroup v2: cannot create run cgroups under ${base} (${(error as Error).message}); run the gateway as root in a unit of its own, or under a delegated one (systemd-run --user -p Delegate=yes meepagateway serve)`,
+      },
       parents: [],
     }
   }
@@ -108,7 +112,11 @@ function detectV2(own: Map<string, string>): Layout | undefined {
   return {support: {mode: 'v2', enforced, how: `cgroup v2: one cgroup per run under ${runs}`}, parents: [{controller: 'unified', dir: runs}]}
 }
 
-/** v2 allows controllers below a cgroup only when it has no processes of its own: move ours to a leaf first. */
+/**
+ * v2 allows controllers below a cgroup only when it has no processes of its own: the gateway moves
+ * itself (never another process) into a leaf first. With other processes in its cgroup (a login
+ * session) the write fails with EBUSY, and the caller reports how to give the gateway its own unit.
+ */
 function enableControllers(base: string, wanted: string[], isRoot: boolean): void {
   const control = path.join(base, 'cgroup.subtree_control')
   const enabled = (readText(control) ?? '').split(/\s+/)
@@ -117,9 +125,7 @@ function enableControllers(base: string, wanted: string[], isRoot: boolean): voi
   if (!isRoot) {
     const leaf = path.join(base, 'meepa-gateway')
     fs.mkdirSync(leaf, {recursive: true})
-    for (const pid of (readText(path.join(base, 'cgroup.procs')) ?? '').split('\n').filter(Boolean)) {
-      fs.writeFileSync(path.join(leaf, 'cgroup.procs'), pid)
-    }
+    fs.writeFileSync(path.join(leaf, 'cgroup.procs'), String(process.pid))
   }
   fs.writeFileSync(control, missing.map((name) => `+${name}`).join(' '))
 }

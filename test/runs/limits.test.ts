@@ -6,6 +6,7 @@ import {afterEach, describe, expect, it} from 'vitest'
 import type {FakeLlm} from '../fakes/llm-server.js'
 import {fakeLlmForTests} from '../helpers/fake-llm-for-tests.js'
 import {fakeLlmConfig, makeHome, runCli, type TestHome} from '../helpers/home.js'
+import {processesWith, uniqueMarker} from '../helpers/processes.js'
 import {requireLandlockOrSkip} from '../sandbox/landlock-support.js'
 import {cgroupSupport} from '../../src/sandbox/run-cgroup.js'
 
@@ -31,19 +32,6 @@ afterEach(async () => {
 const landlock = requireLandlockOrSkip('resource limits under the host sandbox')
 const cgroups = cgroupSupport()
 
-function processesWith(marker: string): number[] {
-  return fs.readdirSync('/proc').filter((pid) => {
-    if (!/^\d+$/.test(pid)) return false
-    try {
-      const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8')
-      if (stat.slice(stat.lastIndexOf(')') + 2).startsWith('Z')) return false
-      return fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes(marker)
-    } catch {
-      return false
-    }
-  }).map(Number)
-}
-
 /** Scripts one shell tool call and a final answer that quotes the tool's result. */
 function scriptShell(command: string, timeoutSeconds: number): void {
   llm.enqueue({toolCalls: [{name: 'shell', arguments: {command, timeout_seconds: timeoutSeconds}}]}, (request) => ({text: `tool said: ${request.body.messages.at(-1).content}`}))
@@ -56,13 +44,12 @@ async function hostResponsive(): Promise<void> {
   expect(Date.now() - started).toBeLessThan(1000)
 }
 
-const marker = () => String(Math.floor(Math.random() * 900_000) + 100_000)
 
 describe.runIf(landlock && cgroups.mode !== 'none')('limits under the host sandbox (cgroup per run)', {timeout: 120_000}, () => {
   it('a memory hog ends the run with E_OOM naming limits.memory; nothing of it is left', async () => {
     const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1', limits: {memory: '256m'}}]))
     homes.push(home)
-    const tag = marker()
+    const tag = uniqueMarker()
     scriptShell(`head -c 2000m /dev/zero | tail # ${tag}`, 60)
     const started = Date.now()
     const result = await runCli(['send', '--agent', 'a1', 'eat memory', '--json'], {home: home.home})
@@ -76,7 +63,7 @@ describe.runIf(landlock && cgroups.mode !== 'none')('limits under the host sandb
   it('a fork bomb is held at limits.pids, ends the run with E_LIMIT, and every process is gone', async () => {
     const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1', limits: {pids: 64}}]))
     homes.push(home)
-    const tag = marker()
+    const tag = uniqueMarker()
     scriptShell(`bash -c ':(){ :|:& };: # ${tag}'; sleep 4`, 8)
     const started = Date.now()
     const result = await runCli(['send', '--agent', 'a1', 'fork', '--json'], {home: home.home})
@@ -85,6 +72,20 @@ describe.runIf(landlock && cgroups.mode !== 'none')('limits under the host sandb
     expect(Date.now() - started).toBeLessThan(40_000)
     expect(processesWith(tag)).toEqual([])
     await hostResponsive()
+  })
+
+  it.runIf(cgroups.enforced.cpu)('a busy loop gets no more CPU time than limits.cpus', async () => {
+    const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1', limits: {cpus: 0.2}}]))
+    homes.push(home)
+    // `times` prints the CPU time of the shell's finished children: user then system, per line
+    scriptShell("timeout 2 sh -c 'while :; do :; done'; times", 30)
+    const result = await runCli(['send', '--agent', 'a1', 'spin'], {home: home.home})
+    const children = /\n(\d+)m([\d.]+)s (\d+)m([\d.]+)s\s*$/.exec(result.stdout.trim())
+    expect(children, result.stdout).not.toBeNull()
+    const [, userMin, userSec, sysMin, sysSec] = children!.map(Number) as number[]
+    const cpuSeconds = (userMin as number) * 60 + (userSec as number) + (sysMin as number) * 60 + (sysSec as number)
+    expect(cpuSeconds).toBeGreaterThan(0.1) // it did spin
+    expect(cpuSeconds).toBeLessThan(0.7) // 0.2 CPU over 2 s is 0.4 s; unlimited it would be up to 2 s
   })
 
   it('sandbox explain says which limits are enforced and how', async () => {
@@ -108,7 +109,7 @@ describe.runIf(landlock && cgroups.mode !== 'none')('limits under the host sandb
   it('the cgroup limits hold for the unrestricted level too', async () => {
     const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1', limits: {memory: '256m'}, file_access: {unrestricted: true}}]))
     homes.push(home)
-    scriptShell(`head -c 2000m /dev/zero | tail # ${marker()}`, 60)
+    scriptShell(`head -c 2000m /dev/zero | tail # ${uniqueMarker()}`, 60)
     const result = await runCli(['send', '--agent', 'a1', 'eat memory', '--json'], {home: home.home})
     expect(JSON.parse(result.stdout).error).toMatchObject({code: 'E_OOM'})
   })

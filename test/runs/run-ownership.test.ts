@@ -7,6 +7,7 @@ import type {FakeLlm} from '../fakes/llm-server.js'
 import {fakeLlmForTests} from '../helpers/fake-llm-for-tests.js'
 import {freePort} from '../helpers/free-port.js'
 import {BIN, fakeLlmConfig, makeHome, runCli, type TestHome} from '../helpers/home.js'
+import {processesWith, uniqueMarker} from '../helpers/processes.js'
 import {requireLandlockOrSkip} from '../sandbox/landlock-support.js'
 import {openGatewayDb} from '../../src/runtime/state/gateway-db.js'
 import {processStartTime} from '../../src/runtime/state/run-processes.js'
@@ -32,20 +33,6 @@ afterEach(async () => {
 })
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
-
-/** Live processes whose command line holds `marker` (only the run's shell command and its children do). */
-function processesWith(marker: string): number[] {
-  return fs.readdirSync('/proc').filter((pid) => {
-    if (!/^\d+$/.test(pid)) return false
-    try {
-      const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8')
-      if (stat.slice(stat.lastIndexOf(')') + 2).startsWith('Z')) return false
-      return fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes(marker)
-    } catch {
-      return false
-    }
-  }).map(Number)
-}
 
 async function waitFor(what: string, check: () => boolean, timeoutMs = 20_000): Promise<void> {
   const deadline = Date.now() + timeoutMs
@@ -76,10 +63,6 @@ async function killOwnerMidRun(owner: ResultPromise, marker: string, signal: Nod
   return Date.now() - killedAt
 }
 
-function uniqueMarker(): string {
-  return String(Math.floor(Math.random() * 900_000) + 100_000)
-}
-
 const levels = [
   {level: 'unrestricted', agent: {id: 'a1', file_access: {unrestricted: true}}},
   ...(requireLandlockOrSkip('run ownership at the host-sandbox level') ? [{level: 'host-sandbox', agent: {id: 'a1'}}] : []),
@@ -101,21 +84,24 @@ async function startServe(home: TestHome): Promise<{url: string; serve: ResultPr
   return {url, serve, output: () => output}
 }
 
-async function apiKey(home: TestHome): Promise<string> {
-  return JSON.parse((await runCli(['api-key', 'create', 'tests', '--json'], {home: home.home})).stdout).key
+/** A gateway on a fresh home with `agent` (id a1), and a web chat message to it that runs `scriptLongRun`. */
+async function serveLongRun(agent: Record<string, unknown>, extra: Record<string, unknown> = {}): Promise<{home: TestHome; serve: ResultPromise; marker: string}> {
+  const port = await freePort()
+  const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [agent], {captain: {enabled: true, bind: '127.0.0.1', port}, ...extra}))
+  homes.push(home)
+  const key = JSON.parse((await runCli(['api-key', 'create', 'tests', '--json'], {home: home.home})).stdout).key
+  const {url, serve} = await startServe(home)
+  const marker = uniqueMarker()
+  scriptLongRun(marker)
+  const headers = {authorization: `Bearer ${key}`, 'content-type': 'application/json'}
+  void fetch(`${url}/api/chat`, {method: 'POST', headers, body: JSON.stringify({agent: 'a1', message: 'go'})}).catch(() => {})
+  return {home, serve, marker}
 }
 
 describe.runIf(process.platform === 'linux')('no run outlives its owner', {timeout: 120_000}, () => {
   for (const {level, agent} of levels) {
     it(`SIGKILL of serve mid-run (${level}): every process of the run is gone within 2 s and nothing writes later`, async () => {
-      const port = await freePort()
-      const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [agent], {captain: {enabled: true, bind: '127.0.0.1', port}}))
-      homes.push(home)
-      const key = await apiKey(home)
-      const {url, serve} = await startServe(home)
-      const marker = uniqueMarker()
-      scriptLongRun(marker)
-      void fetch(`${url}/api/chat`, {method: 'POST', headers: {authorization: `Bearer ${key}`, 'content-type': 'application/json'}, body: JSON.stringify({agent: 'a1', message: 'go'})}).catch(() => {})
+      const {home, serve, marker} = await serveLongRun(agent)
       const goneMs = await killOwnerMidRun(serve, marker, 'SIGKILL')
       expect(goneMs).toBeLessThan(2000)
       await sleep(2500) // past the moment the late writers would have written
@@ -218,15 +204,8 @@ describe.runIf(process.platform === 'linux')('no run outlives its owner', {timeo
 
 describeWithDocker('no container run outlives its owner (real engine)', () => {
   it('SIGKILL of serve mid-run (container): the keeper removes the container, its processes are gone and nothing writes later', {timeout: 400_000}, async () => {
-    const port = await freePort()
     const agent = {id: 'a1', container_mode: {enabled: true, network: 'host', timeout_seconds: 120, standby: false}}
-    const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [agent], {captain: {enabled: true, bind: '127.0.0.1', port}, image_config: {inject_credentials_env: false}}))
-    homes.push(home)
-    const key = await apiKey(home)
-    const {url, serve} = await startServe(home)
-    const marker = uniqueMarker()
-    scriptLongRun(marker)
-    void fetch(`${url}/api/chat`, {method: 'POST', headers: {authorization: `Bearer ${key}`, 'content-type': 'application/json'}, body: JSON.stringify({agent: 'a1', message: 'go'})}).catch(() => {})
+    const {home, serve, marker} = await serveLongRun(agent, {image_config: {inject_credentials_env: false}})
     const containers = async () =>
       (await execa('docker', ['ps', '-a', '-q', '--filter', `label=meepagateway.home=${homeLabel(home.home)}`])).stdout.split('\n').filter(Boolean)
     await waitFor(`the run's command (${marker})`, () => processesWith(marker).length >= 2, 300_000)
