@@ -786,6 +786,13 @@ static void run_orphan_command(char **args)
 		return;
 	pid_t pid = fork();
 	if (pid == 0) {
+		/* the owner's stderr may be a pipe nobody reads any more */
+		int devnull = open("/dev/null", O_RDWR);
+		if (devnull >= 0) {
+			dup2(devnull, STDOUT_FILENO);
+			dup2(devnull, STDERR_FILENO);
+		}
+		signal(SIGPIPE, SIG_DFL);
 		execvp(args[0], args);
 		_exit(127);
 	}
@@ -846,6 +853,8 @@ static void become_keeper(int owner_fd, char **orphan_args, long long max_file_s
 		enter_run(max_file_size);
 		return;
 	}
+	/* a dead owner's stderr must not kill the keeper (SIGPIPE) before it has killed the run */
+	signal(SIGPIPE, SIG_IGN);
 	/* stdin and stdout are the run's: holding them would only delay the owner's end of file */
 	int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
 	if (devnull >= 0) {

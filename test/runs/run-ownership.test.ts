@@ -122,30 +122,31 @@ describe.runIf(process.platform === 'linux')('no run outlives its owner', {timeo
     })
   }
 
-  it.each([
-    ['SIGTERM', 143],
-    ['SIGINT', 130],
-  ] as const)('%s to send is forwarded to the run: send exits %i, and nothing of the run is left or writes later', async (signal, exitCode) => {
-    const {agent} = levels.at(-1)!
-    const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [agent]))
-    homes.push(home)
-    const marker = uniqueMarker()
-    scriptLongRun(marker)
-    const send = execa(process.execPath, [BIN, 'send', '--agent', 'a1', 'go'], {
-      env: {MEEPAGATEWAY_HOME: home.home, FAKE_LLM_KEY: 'sk-fake-test-key-123456'},
-      reject: false,
-      timeout: 60_000,
+  for (const {level, agent} of levels) {
+    it.each([
+      ['SIGTERM', 143],
+      ['SIGINT', 130],
+    ] as const)(`%s to send (${level}) is forwarded to the run: send exits %i, and nothing of the run is left or writes later`, async (signal, exitCode) => {
+      const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [agent]))
+      homes.push(home)
+      const marker = uniqueMarker()
+      scriptLongRun(marker)
+      const send = execa(process.execPath, [BIN, 'send', '--agent', 'a1', 'go'], {
+        env: {MEEPAGATEWAY_HOME: home.home, FAKE_LLM_KEY: 'sk-fake-test-key-123456'},
+        reject: false,
+        timeout: 60_000,
+      })
+      owners.push(send)
+      const goneMs = await killOwnerMidRun(send, marker, signal)
+      const result = await send
+      expect(result.exitCode).toBe(exitCode)
+      expect(result.stderr).toContain(`the run was cancelled (${signal})`)
+      expect(goneMs).toBeLessThan(2000)
+      await sleep(2500)
+      expect(fs.existsSync(path.join(home.workspace('a1'), 'LATE'))).toBe(false)
+      expect(fs.existsSync(path.join(home.workspace('a1'), 'LATE2'))).toBe(false)
     })
-    owners.push(send)
-    const goneMs = await killOwnerMidRun(send, marker, signal)
-    const result = await send
-    expect(result.exitCode).toBe(exitCode)
-    expect(result.stderr).toContain(`the run was cancelled (${signal})`)
-    expect(goneMs).toBeLessThan(2000)
-    await sleep(2500)
-    expect(fs.existsSync(path.join(home.workspace('a1'), 'LATE'))).toBe(false)
-    expect(fs.existsSync(path.join(home.workspace('a1'), 'LATE2'))).toBe(false)
-  })
+  }
 
   it('SIGKILL of send mid-run: the keeper kills the run', async () => {
     const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [levels.at(-1)!.agent]))
@@ -220,5 +221,27 @@ describeWithDocker('no container run outlives its owner (real engine)', () => {
     expect(await containers()).toEqual([])
     await sleep(2500)
     expect(fs.existsSync(path.join(home.workspace('a1'), 'LATE'))).toBe(false)
+  })
+
+  it('SIGTERM to send (container): the container is killed, send exits 143, nothing writes later', {timeout: 400_000}, async () => {
+    const agent = {id: 'a1', container_mode: {enabled: true, network: 'host', timeout_seconds: 120}}
+    const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [agent], {image_config: {inject_credentials_env: false}}))
+    homes.push(home)
+    const marker = uniqueMarker()
+    scriptLongRun(marker)
+    const send = execa(process.execPath, [BIN, 'send', '--agent', 'a1', 'go'], {env: {MEEPAGATEWAY_HOME: home.home, FAKE_LLM_KEY: 'sk-fake-test-key-123456'}, reject: false, timeout: 300_000})
+    owners.push(send)
+    await waitFor(`the run's command (${marker})`, () => processesWith(marker).length >= 2, 300_000)
+    await sleep(200)
+    send.kill('SIGTERM')
+    const killedAt = Date.now()
+    await waitFor('every process of the run to be gone', () => processesWith(marker).length === 0, 10_000)
+    expect(Date.now() - killedAt).toBeLessThan(2000)
+    const result = await send
+    expect(result.exitCode).toBe(143)
+    expect(result.stderr).toContain('cancelled')
+    await sleep(2500)
+    expect(fs.existsSync(path.join(home.workspace('a1'), 'LATE'))).toBe(false)
+    expect((await execa('docker', ['ps', '-a', '-q', '--filter', `label=meepagateway.home=${homeLabel(home.home)}`])).stdout).toBe('')
   })
 })
