@@ -13,12 +13,13 @@ export interface LimitReport {
 /** What limits an agent's runs get at its level on this host (`sandbox explain`). */
 export function limitsReport(agent: AgentConfig, level: IsolationLevel): LimitReport[] {
   const {limits} = agent
+  const keeper = keeperHelper() !== undefined
   const disk: LimitReport = {
     limit: 'disk',
     value: limits.disk,
     enforced: true,
     how:
-      (level === 'container' ? '' : 'each file a run writes is capped at this size (RLIMIT_FSIZE, set by the keeper); ') +
+      (level !== 'container' && keeper ? 'each file a run writes is capped at this size (RLIMIT_FSIZE, set by the keeper); ' : '') +
       'the workspace' + (level === 'container' ? '' : ' and the run\'s TMPDIR') +
       ' are measured during and after the run, which is stopped with E_DISK when over (and the next run refused until files are removed); ' +
       'not a filesystem quota: the disk can fill by up to a few seconds of writes before the stop',
@@ -29,11 +30,10 @@ export function limitsReport(agent: AgentConfig, level: IsolationLevel): LimitRe
       {limit: 'pids', value: String(agent.container_mode.pids_limit), enforced: true, how: 'docker run --pids-limit (container_mode.pids_limit, default limits.pids)'},
       {limit: 'cpus', value: String(limits.cpus), enforced: false, how: 'not applied by this build to containers (container_mode.cpus is separate)'},
       disk,
-      {limit: 'owner', value: 'keeper', enforced: keeperHelper() !== undefined, how: keeperHelper() ? 'the docker client runs under the keeper, which removes the container when the gateway dies; the next start-up removes what is left' : 'no keeper (helper not built): the next start-up removes containers of a dead gateway'},
+      {limit: 'owner', value: 'keeper', enforced: keeper, how: keeper ? 'the docker client runs under the keeper, which removes the container when the gateway dies; the next start-up removes what is left' : 'no keeper (helper not built): the next start-up removes containers of a dead gateway'},
     ]
   }
   const support = cgroupSupport()
-  const keeper = keeperHelper() !== undefined
   const cgroupLine = (limit: 'memory' | 'pids' | 'cpus', value: string, controller: 'memory' | 'pids' | 'cpu', what: string): LimitReport => ({
     limit,
     value,
