@@ -131,7 +131,7 @@ async function runUnderKeeper(
     const fd3 = child.stdio[3] as NodeJS.WritableStream
     fd3.end(options.fd3)
   }
-  if (options.ownership && child.pid) {
+  if (options.ownership && keeperFd !== undefined && child.pid) {
     recordRunProcess(options.ownership.home, {runId: options.ownership.runId, keeperPid: child.pid, cgroups: cgroup?.dirs ?? [], tmpDir: options.ownership.tmpDir})
   }
   // The keeper's lifeline: it never carries data; closing our end tells the keeper to kill the run.
