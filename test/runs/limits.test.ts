@@ -5,7 +5,7 @@ import path from 'node:path'
 import {afterEach, describe, expect, it} from 'vitest'
 import type {FakeLlm} from '../fakes/llm-server.js'
 import {fakeLlmForTests} from '../helpers/fake-llm-for-tests.js'
-import {fakeLlmConfig, makeHome, runCli, type TestHome} from '../helpers/home.js'
+import {BIN, fakeLlmConfig, makeHome, runCli, type TestHome} from '../helpers/home.js'
 import {processesWith, uniqueMarker} from '../helpers/processes.js'
 import {requireLandlockOrSkip} from '../sandbox/landlock-support.js'
 import {cgroupSupport} from '../../src/sandbox/run-cgroup.js'
@@ -158,5 +158,33 @@ describe.runIf(landlock && process.getuid?.() === 0)('limits.disk (a small tmpfs
     expect(result.stdout).toContain('tool said:')
     expect(result.stdout).toMatch(/No space left on device/)
     expect(result.stderr).toContain('could not save this conversation to memory.db (the reply is delivered anyway)')
+  })
+})
+
+describe.runIf(process.getuid?.() === 0 && fs.existsSync('/usr/bin/setpriv'))('limits where the gateway cannot create cgroups (not root)', {timeout: 60_000}, () => {
+  /** The built CLI as the unprivileged user nobody, on a home nobody owns. */
+  const asNobody = async (home: TestHome, args: string[]) => {
+    await execa('chown', ['-R', '65534:65534', home.home])
+    const result = await execa(
+      'setpriv',
+      ['--reuid=65534', '--regid=65534', '--clear-groups', 'env', `MEEPAGATEWAY_HOME=${home.home}`, `HOME=${home.home}`, 'FAKE_LLM_KEY=sk-fake-test-key-123456', process.execPath, BIN, ...args],
+      {reject: false, timeout: 60_000},
+    )
+    return {stdout: String(result.stdout), stderr: String(result.stderr), exitCode: result.exitCode}
+  }
+
+  it('sandbox explain and the run itself say honestly that memory, pids and CPU are not enforced', async () => {
+    const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1', file_access: {unrestricted: true}}]))
+    fs.chmodSync(home.home, 0o755)
+    homes.push(home)
+    const explain = await asNobody(home, ['sandbox', 'explain', '--agent', 'a1', '--json'])
+    const limits = JSON.parse(explain.stdout).limits as Array<{limit: string; enforced: boolean; how: string}>
+    for (const name of ['memory', 'pids', 'cpus']) {
+      expect(limits.find((limit) => limit.limit === name)).toMatchObject({enforced: false, how: expect.stringContaining('NOT enforced')})
+    }
+    llm.enqueue({text: 'answered without cgroups'})
+    const sent = await asNobody(home, ['send', '--agent', 'a1', 'hi'])
+    expect(sent.stdout.trim()).toBe('answered without cgroups')
+    expect(sent.stderr).toContain('limits.memory, limits.pids and limits.cpus are NOT enforced on this host')
   })
 })
