@@ -779,6 +779,14 @@ static void kill_run(pid_t child, int *child_status, int *child_done)
 	}
 }
 
+/* The owner is gone, so nobody else will remove the run's (now empty) cgroups: the keeper does. */
+static void remove_cgroups(void)
+{
+	for (int i = 0; i < n_cgroups; i++)
+		for (int attempt = 0; attempt < 100 && rmdir(cgroups[i]) != 0 && errno == EBUSY; attempt++)
+			sleep_ms(10);
+}
+
 /* The owner is gone: run the --on-orphan command (bounded to 10 s), e.g. to remove a container. */
 static void run_orphan_command(char **args)
 {
@@ -895,8 +903,10 @@ static void become_keeper(int owner_fd, char **orphan_args, long long max_file_s
 		}
 	}
 	kill_run(child, &status, &done);
-	if (owner_gone)
+	if (owner_gone) {
+		remove_cgroups();
 		run_orphan_command(orphan_args);
+	}
 	if (!done && waitpid(child, &status, 0) == child)
 		done = 1;
 	if (owner_gone)

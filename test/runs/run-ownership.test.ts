@@ -107,10 +107,13 @@ describe.runIf(process.platform === 'linux')('no run outlives its owner', {timeo
       await sleep(2500) // past the moment the late writers would have written
       expect(fs.existsSync(path.join(home.workspace('a1'), 'LATE'))).toBe(false)
       expect(fs.existsSync(path.join(home.workspace('a1'), 'LATE2'))).toBe(false)
-      // the next start-up finds nothing of the run left to reclaim, and its record is interrupted
+      // the keeper removed the run's cgroups too; the owner could not forget the run's record
       const db = openGatewayDb(home.home)
-      expect(db.prepare('SELECT run_id FROM run_processes').all()).toHaveLength(1) // the owner could not forget it
+      const rows = db.prepare('SELECT cgroups FROM run_processes').all() as Array<{cgroups: string}>
       db.close()
+      expect(rows).toHaveLength(1)
+      for (const dir of JSON.parse(rows[0]!.cgroups) as string[]) expect(fs.existsSync(dir)).toBe(false)
+      // the next start-up finds nothing of the run left to reclaim, and its record is interrupted
       const restarted = await startServe(home)
       const [record] = JSON.parse((await runCli(['runs', '--json'], {home: home.home})).stdout)
       expect(record).toMatchObject({status: 'interrupted'})
