@@ -4,14 +4,15 @@
  *   meepa-sandbox --rules-fd N -- CMD [ARGS...]   apply the rules read from fd N, then exec CMD
  *   meepa-sandbox --deny-network -- CMD [ARGS...] add a network-off layer (keeps the environment)
  *   meepa-sandbox --probe                         print what this kernel can enforce, as JSON
- *   meepa-sandbox --keeper-fd K [--cgroup DIR]... [--max-file-size BYTES] [--on-orphan ARG]...
- *                 [--rules-fd N] -- CMD [ARGS...]
+ *   meepa-sandbox --keeper-fd K [--cgroup DIR]... [--max-file-size BYTES] [--remove-dir DIR]
+ *                 [--on-orphan ARG]... [--rules-fd N] -- CMD [ARGS...]
  *       the keeper: forks; the child joins the run's cgroups, opens a new session and execs CMD
  *       (after applying the rules when --rules-fd is given); this process stays as a small keeper
  *       that relays signals, and kills every process of the run (its cgroups, its session, every
  *       descendant: the keeper is their subreaper) when CMD exits or when fd K reports a hang-up,
  *       which is how it learns that its owner died (nothing else is ever read from K). With the
- *       owner gone it also runs the --on-orphan command (e.g. `docker rm -f NAME`). stdin, stdout
+ *       owner gone it also removes the run's cgroups and --remove-dir (its private TMPDIR) and
+ *       runs the --on-orphan command (e.g. `docker rm -f NAME`). stdin, stdout
  *       and stderr belong to CMD: the keeper never reads or writes them.
  *
  * The policy is computed in TypeScript (src/sandbox/policy.ts); this program only applies explicit
@@ -45,6 +46,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dirent.h>
+#include <ftw.h>
 #include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
@@ -740,12 +742,13 @@ static int cgroups_empty(void)
 }
 
 /* Kills every process of the run: cgroup.kill (v2), or freeze + kill + thaw (v1), then rounds of
- * SIGKILL over cgroup members, the run's session and the keeper's descendants until none is left. */
-static void kill_run(pid_t child, int *child_status, int *child_done)
+ * SIGKILL over cgroup members, the run's session and the keeper's descendants until none is left.
+ * Returns whether none is left. */
+static int kill_run(pid_t child, int *child_status, int *child_done)
 {
 	/* the common end of a run: agent-run exited and left nothing behind (no /proc scan needed) */
 	if (*child_done && !reap_all(child, child_status, child_done) && cgroups_empty())
-		return;
+		return 1;
 	kill(-child, SIGKILL);
 	const char *freezer = NULL;
 	for (int i = 0; i < n_cgroups; i++) {
@@ -773,8 +776,10 @@ static void kill_run(pid_t child, int *child_status, int *child_done)
 		for (int i = 0; i < n_cgroups; i++)
 			left += kill_cgroup_members(cgroups[i]);
 		int children = reap_all(child, child_status, child_done);
-		if ((left == 0 && !children && cgroups_empty()) || now_ms() > deadline)
-			break;
+		if (left == 0 && !children && cgroups_empty())
+			return 1;
+		if (now_ms() > deadline)
+			return 0;
 		sleep_ms(5);
 	}
 }
@@ -785,6 +790,23 @@ static void remove_cgroups(void)
 	for (int i = 0; i < n_cgroups; i++)
 		for (int attempt = 0; attempt < 100 && rmdir(cgroups[i]) != 0 && errno == EBUSY; attempt++)
 			sleep_ms(10);
+}
+
+static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+	(void)st;
+	(void)type;
+	(void)ftw;
+	remove(path);
+	return 0;
+}
+
+/* The run's private TMPDIR, once everything in the run is dead: depth first, never following a
+ * symlink and never leaving its filesystem. */
+static void remove_tree(const char *dir)
+{
+	if (dir)
+		nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
 }
 
 /* The owner is gone: run the --on-orphan command (bounded to 10 s), e.g. to remove a container. */
@@ -833,7 +855,7 @@ static void enter_run(long long max_file_size)
 }
 
 /* Returns in the child (to go on with the sandbox set-up and exec); never returns in the keeper. */
-static void become_keeper(int owner_fd, char **orphan_args, long long max_file_size)
+static void become_keeper(int owner_fd, char **orphan_args, long long max_file_size, const char *orphan_dir)
 {
 	sigset_t watched, previous;
 	sigemptyset(&watched);
@@ -902,9 +924,12 @@ static void become_keeper(int owner_fd, char **orphan_args, long long max_file_s
 			}
 		}
 	}
-	kill_run(child, &status, &done);
+	int all_dead = kill_run(child, &status, &done);
 	if (owner_gone) {
 		remove_cgroups();
+		/* a survivor could swap a directory for a symlink while it is walked: then leave it to start-up */
+		if (all_dead)
+			remove_tree(orphan_dir);
 		run_orphan_command(orphan_args);
 	}
 	if (!done && waitpid(child, &status, 0) == child)
@@ -918,7 +943,7 @@ static int usage(void)
 {
 	fputs("usage: meepa-sandbox --rules-fd N -- CMD [ARGS...]\n"
 	      "       meepa-sandbox [--new-group] [--deny-network] -- CMD [ARGS...]\n"
-	      "       meepa-sandbox --keeper-fd K [--cgroup DIR]... [--max-file-size BYTES] [--on-orphan ARG]... [--rules-fd N] -- CMD [ARGS...]\n"
+	      "       meepa-sandbox --keeper-fd K [--cgroup DIR]... [--max-file-size BYTES] [--remove-dir DIR] [--on-orphan ARG]... [--rules-fd N] -- CMD [ARGS...]\n"
 	      "       meepa-sandbox --probe\n",
 	      stderr);
 	return 2;
@@ -930,6 +955,7 @@ int main(int argc, char **argv)
 		return probe();
 	int rules_fd = -1, network_layer = 0, new_group = 0, command = 0, keeper_fd = -1, n_orphan = 0;
 	long long max_file_size = 0;
+	const char *orphan_dir = NULL;
 	char *orphan_args[MAX_ORPHAN_ARGS + 1] = {NULL};
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--") == 0) {
@@ -956,6 +982,8 @@ int main(int argc, char **argv)
 			max_file_size = strtoll(argv[++i], &end, 10);
 			if (*end || max_file_size <= 0)
 				return usage();
+		} else if (strcmp(argv[i], "--remove-dir") == 0 && i + 1 < argc && argv[i + 1][0] == '/') {
+			orphan_dir = argv[++i];
 		} else if (strcmp(argv[i], "--on-orphan") == 0 && i + 1 < argc) {
 			if (n_orphan == MAX_ORPHAN_ARGS)
 				return usage();
@@ -970,13 +998,13 @@ int main(int argc, char **argv)
 	}
 	if (!command || command >= argc || (rules_fd >= 0 && (network_layer || new_group)) ||
 	    (rules_fd < 0 && keeper_fd < 0 && !network_layer && !new_group) || (keeper_fd >= 0 && (network_layer || new_group)) ||
-	    ((n_cgroups || max_file_size || n_orphan) && keeper_fd < 0) || (keeper_fd >= 0 && keeper_fd == rules_fd))
+	    ((n_cgroups || max_file_size || n_orphan || orphan_dir) && keeper_fd < 0) || (keeper_fd >= 0 && keeper_fd == rules_fd))
 		return usage();
 
 	if (keeper_fd >= 0) {
 		if (fcntl(keeper_fd, F_GETFD) < 0)
 			die("--keeper-fd %d is not open", keeper_fd);
-		become_keeper(keeper_fd, orphan_args, max_file_size);
+		become_keeper(keeper_fd, orphan_args, max_file_size, orphan_dir);
 		/* the child: without rules, only the keeper was asked for; every fd stays (bwrap may need them) */
 		if (rules_fd < 0) {
 			execvp(argv[command], argv + command);

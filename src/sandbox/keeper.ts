@@ -24,6 +24,8 @@ export interface KeeperOptions {
   cgroups?: string[]
   /** RLIMIT_FSIZE of the run: no file it writes grows past this. */
   maxFileSize?: number
+  /** Removed by the keeper when the owner died (the run's private TMPDIR). */
+  removeDir?: string
   /** argv the keeper runs when the owner died (after killing the run), e.g. `docker rm --force NAME`. */
   onOrphan?: string[]
 }
@@ -37,6 +39,7 @@ export function keeperArgv(helper: string, keeperFd: number, options: KeeperOpti
   const flags = ['--keeper-fd', String(keeperFd)]
   for (const dir of options.cgroups ?? []) flags.push('--cgroup', dir)
   if (options.maxFileSize) flags.push('--max-file-size', String(options.maxFileSize))
+  if (options.removeDir) flags.push('--remove-dir', options.removeDir)
   for (const arg of options.onOrphan ?? []) flags.push('--on-orphan', arg)
   if (argv[0] === helper && argv[1] === '--rules-fd') return [helper, ...flags, ...argv.slice(1)]
   return [helper, ...flags, '--', ...argv]

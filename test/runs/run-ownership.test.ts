@@ -158,9 +158,12 @@ describe.runIf(process.platform === 'linux')('no run outlives its owner', {timeo
     scriptLongRun(marker)
     const send = execa(process.execPath, [BIN, 'send', '--agent', 'a1', 'go'], {env: {MEEPAGATEWAY_HOME: home.home, FAKE_LLM_KEY: 'sk-fake-test-key-123456'}, reject: false})
     owners.push(send)
+    const runDirs = () => fs.readdirSync(os.tmpdir()).filter((name) => name.startsWith(`meepa-run-${send.pid}-`))
+    await waitFor('the run directory', () => runDirs().length === 1)
     expect(await killOwnerMidRun(send, marker, 'SIGKILL')).toBeLessThan(2000)
     await sleep(2500)
     expect(fs.existsSync(path.join(home.workspace('a1'), 'LATE'))).toBe(false)
+    expect(runDirs()).toEqual([]) // the keeper removed the run's TMPDIR too
   })
 
   it('start-up kills what a dead owner left (keeper gone too) and removes stale run directories', async () => {

@@ -83,7 +83,7 @@ export async function runAgentProcess(options: AgentProcessOptions): Promise<Age
       toldLimitsUnenforced = true
       options.onStderr?.(`limits.memory, limits.pids and limits.cpus are NOT enforced on this host: ${cgroupSupport().how}`)
     }
-    argv = keeperArgv(helper, keeperFd, {cgroups: cgroup?.dirs ?? [], maxFileSize: disk?.bytes}, argv)
+    argv = keeperArgv(helper, keeperFd, {cgroups: cgroup?.dirs ?? [], maxFileSize: disk?.bytes, removeDir: ownership.tmpDir}, argv)
     recordRunProcess(ownership.home, {runId: ownership.runId, cgroups: cgroup?.dirs ?? [], tmpDir: ownership.tmpDir}, options.onStderr)
   }
   try {
