@@ -21,6 +21,14 @@ const alive = (pid: number) => {
   }
 }
 
+function readCmdline(pid: string): string {
+  try {
+    return fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8')
+  } catch {
+    return ''
+  }
+}
+
 /** Runs the keeper with a lifeline on fd 3 held by this process (as the runners do). */
 function keeper(argv: string[], input?: string) {
   return execa(HELPER, ['--keeper-fd', '3', '--', ...argv], {stdio: ['pipe', 'pipe', 'pipe', 'pipe'], input, reject: false, detached: true})
@@ -67,6 +75,22 @@ describe.runIf(process.platform === 'linux' && fs.existsSync(HELPER))('the keepe
     expect(fs.existsSync(path.join(dir, 'late'))).toBe(false)
     owner.kill('SIGKILL')
     await owner
+  })
+
+  it.runIf(fs.existsSync('/usr/bin/bwrap'))('stays the outermost owner with bubblewrap in front of the run (pid namespace, new session)', async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'keeper-'))
+    const run = `(setsid sh -c 'echo $$ > ${dir}/pid; sleep 1; touch ${dir}/late' &) ; sleep 30`
+    const child = keeper(['bwrap', '--unshare-pid', '--die-with-parent', '--new-session', '--bind', '/', '/', '--proc', '/proc', '--dev', '/dev', '--', 'sh', '-c', run])
+    const deadline = Date.now() + 5000
+    while (!fs.existsSync(path.join(dir, 'pid')) && Date.now() < deadline) await sleep(20)
+    const inside = fs.readdirSync('/proc').filter((pid) => /^\d+$/.test(pid) && alive(Number(pid)) && readCmdline(pid).includes(dir))
+    expect(inside.length).toBeGreaterThan(0)
+    ;(child.stdio[3] as NodeJS.ReadableStream & {destroy(): void}).destroy() // the owner's end of the lifeline goes away
+    await child
+    await sleep(100)
+    expect(inside.filter((pid) => alive(Number(pid)))).toEqual([])
+    await sleep(1200)
+    expect(fs.existsSync(path.join(dir, 'late'))).toBe(false)
   })
 
   it('refuses keeper flags without --keeper-fd and a lifeline that is not open', async () => {
