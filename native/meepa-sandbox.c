@@ -5,6 +5,16 @@
  *   meepa-sandbox --deny-network -- CMD [ARGS...] add a network-off layer (keeps the environment)
  *   meepa-sandbox --deny-listen -- CMD [ARGS...]  add a no-listening layer (keeps the environment)
  *   meepa-sandbox --probe                         print what this kernel can enforce, as JSON
+ *   meepa-sandbox --keeper-fd K [--cgroup DIR]... [--max-file-size BYTES] [--remove-dir DIR]
+ *                 [--on-orphan ARG]... [--rules-fd N] -- CMD [ARGS...]
+ *       the keeper: forks; the child joins the run's cgroups, opens a new session and execs CMD
+ *       (after applying the rules when --rules-fd is given); this process stays as a small keeper
+ *       that relays signals, and kills every process of the run (its cgroups, its session, every
+ *       descendant: the keeper is their subreaper) when CMD exits or when fd K reports a hang-up,
+ *       which is how it learns that its owner died (nothing else is ever read from K). With the
+ *       owner gone it also removes the run's cgroups and --remove-dir (its private TMPDIR) and
+ *       runs the --on-orphan command (e.g. `docker rm -f NAME`). stdin, stdout
+ *       and stderr belong to CMD: the keeper never reads or writes them.
  *
  * The policy is computed in TypeScript (src/sandbox/policy.ts); this program only applies explicit
  * (path, rights) rules. Landlock restricts the calling thread only, so it is applied here, in a
@@ -38,7 +48,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <ftw.h>
+#include <poll.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <time.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -615,10 +631,362 @@ static void check_gaps(int abi, int landlock_err, int have_seccomp)
 		die("refusing to run: the kernel cannot enforce the policy (set file_access.best_effort: true to run with these gaps)");
 }
 
+/* ---- the keeper: owns the run's processes on behalf of the process that started it ---- */
+
+#define MAX_CGROUPS 8
+#define MAX_ORPHAN_ARGS 32
+#define MAX_SCAN 65536
+
+static const char *cgroups[MAX_CGROUPS];
+static int n_cgroups;
+
+static int write_file(const char *dir, const char *name, const char *value)
+{
+	char path[4096];
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	ssize_t n = write(fd, value, strlen(value));
+	int err = errno;
+	close(fd);
+	errno = err;
+	return n == (ssize_t)strlen(value) ? 0 : -1;
+}
+
+static int read_file(const char *dir, const char *name, char *buffer, size_t size)
+{
+	char path[4096];
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	ssize_t n = read(fd, buffer, size - 1);
+	close(fd);
+	if (n < 0)
+		return -1;
+	buffer[n] = '\0';
+	return (int)n;
+}
+
+static void sleep_ms(long ms)
+{
+	struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+	while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+		;
+}
+
+static long now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1000L + ts.tv_nsec / 1000000L;
+}
+
+/* Sends SIGKILL to every pid listed in DIR/cgroup.procs; returns how many were listed. */
+static int kill_cgroup_members(const char *dir)
+{
+	char path[4096];
+	snprintf(path, sizeof(path), "%s/cgroup.procs", dir);
+	FILE *file = fopen(path, "re");
+	if (!file)
+		return 0;
+	int found = 0;
+	long pid;
+	while (fscanf(file, "%ld", &pid) == 1) {
+		if (pid > 1 && pid != getpid()) {
+			kill((pid_t)pid, SIGKILL);
+			found++;
+		}
+	}
+	fclose(file);
+	return found;
+}
+
+struct proc_entry {
+	pid_t pid, ppid, session;
+};
+static struct proc_entry scan[MAX_SCAN];
+
+/* Every live descendant of this process and every member of SESSION: SIGKILLed; returns how many. */
+static int kill_tree_and_session(pid_t session)
+{
+	DIR *proc = opendir("/proc");
+	if (!proc)
+		return 0;
+	size_t n = 0;
+	struct dirent *entry;
+	while ((entry = readdir(proc)) && n < MAX_SCAN) {
+		char *end;
+		long pid = strtol(entry->d_name, &end, 10);
+		if (*end || pid <= 1)
+			continue;
+		char path[64], stat[1024];
+		snprintf(path, sizeof(path), "/proc/%ld", pid);
+		if (read_file(path, "stat", stat, sizeof(stat)) <= 0)
+			continue;
+		/* the command name may hold spaces and parentheses: the fields start after the last ')' */
+		char *fields = strrchr(stat, ')');
+		char state;
+		int ppid, pgrp, sid;
+		if (!fields || sscanf(fields + 2, "%c %d %d %d", &state, &ppid, &pgrp, &sid) != 4 || state == 'Z')
+			continue;
+		scan[n++] = (struct proc_entry){.pid = (pid_t)pid, .ppid = ppid, .session = sid};
+	}
+	closedir(proc);
+	/* descendants: parents first is not guaranteed, so mark until nothing changes */
+	static unsigned char marked[MAX_SCAN];
+	memset(marked, 0, n);
+	int changed = 1, killed = 0;
+	while (changed) {
+		changed = 0;
+		for (size_t i = 0; i < n; i++) {
+			if (marked[i])
+				continue;
+			int mark = scan[i].ppid == getpid() || (session > 1 && scan[i].session == session);
+			for (size_t j = 0; !mark && j < n; j++)
+				mark = marked[j] && scan[j].pid == scan[i].ppid;
+			if (mark) {
+				marked[i] = 1;
+				changed = 1;
+			}
+		}
+	}
+	for (size_t i = 0; i < n; i++)
+		if (marked[i] && scan[i].pid != getpid()) {
+			kill(scan[i].pid, SIGKILL);
+			killed++;
+		}
+	return killed;
+}
+
+/* Reaps every exited child; returns whether any child is left. The keeper is the subreaper of the
+ * run, so with no child left the run has no process left at all (every orphan becomes its child). */
+static int reap_all(pid_t child, int *child_status, int *child_done)
+{
+	int status;
+	pid_t pid;
+	while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
+		if (pid == child) {
+			*child_status = status;
+			*child_done = 1;
+		}
+	return !(pid < 0 && errno == ECHILD);
+}
+
+static int cgroups_empty(void)
+{
+	for (int i = 0; i < n_cgroups; i++) {
+		char procs[16];
+		if (read_file(cgroups[i], "cgroup.procs", procs, sizeof(procs)) > 0)
+			return 0;
+	}
+	return 1;
+}
+
+/* Kills every process of the run: cgroup.kill (v2), or freeze + kill + thaw (v1), then rounds of
+ * SIGKILL over cgroup members, the run's session and the keeper's descendants until none is left.
+ * Returns whether none is left. */
+static int kill_run(pid_t child, int *child_status, int *child_done)
+{
+	/* the common end of a run: agent-run exited and left nothing behind (no /proc scan needed) */
+	if (*child_done && !reap_all(child, child_status, child_done) && cgroups_empty())
+		return 1;
+	kill(-child, SIGKILL);
+	const char *freezer = NULL;
+	for (int i = 0; i < n_cgroups; i++) {
+		char probe[64];
+		if (write_file(cgroups[i], "cgroup.kill", "1") == 0)
+			continue;
+		if (!freezer && read_file(cgroups[i], "freezer.state", probe, sizeof(probe)) > 0)
+			freezer = cgroups[i];
+	}
+	if (freezer && write_file(freezer, "freezer.state", "FROZEN") == 0) {
+		/* a frozen fork bomb cannot fork between our reading its pids and killing them */
+		for (int round = 0; round < 100; round++) {
+			char state[64];
+			if (read_file(freezer, "freezer.state", state, sizeof(state)) > 0 && strncmp(state, "FROZEN", 6) == 0)
+				break;
+			sleep_ms(2);
+		}
+		for (int i = 0; i < n_cgroups; i++)
+			kill_cgroup_members(cgroups[i]);
+		write_file(freezer, "freezer.state", "THAWED");
+	}
+	long deadline = now_ms() + 1500;
+	for (;;) {
+		int left = kill_tree_and_session(child);
+		for (int i = 0; i < n_cgroups; i++)
+			left += kill_cgroup_members(cgroups[i]);
+		int children = reap_all(child, child_status, child_done);
+		if (left == 0 && !children && cgroups_empty())
+			return 1;
+		if (now_ms() > deadline)
+			return 0;
+		sleep_ms(5);
+	}
+}
+
+/* The owner is gone, so nobody else will remove the run's (now empty) cgroups: the keeper does. */
+static void remove_cgroups(void)
+{
+	for (int i = 0; i < n_cgroups; i++)
+		for (int attempt = 0; attempt < 100 && rmdir(cgroups[i]) != 0 && errno == EBUSY; attempt++)
+			sleep_ms(10);
+}
+
+static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+	(void)st;
+	(void)type;
+	(void)ftw;
+	remove(path);
+	return 0;
+}
+
+/* The run's private TMPDIR, once everything in the run is dead: depth first, never following a
+ * symlink and never leaving its filesystem. */
+static void remove_tree(const char *dir)
+{
+	if (dir)
+		nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+}
+
+/* The owner is gone: run the --on-orphan command (bounded to 10 s), e.g. to remove a container. */
+static void run_orphan_command(char **args)
+{
+	if (!args[0])
+		return;
+	pid_t pid = fork();
+	if (pid == 0) {
+		/* the owner's stderr may be a pipe nobody reads any more */
+		int devnull = open("/dev/null", O_RDWR);
+		if (devnull >= 0) {
+			dup2(devnull, STDOUT_FILENO);
+			dup2(devnull, STDERR_FILENO);
+		}
+		signal(SIGPIPE, SIG_DFL);
+		execvp(args[0], args);
+		_exit(127);
+	}
+	if (pid < 0)
+		return;
+	long deadline = now_ms() + 10000;
+	while (now_ms() < deadline) {
+		pid_t done = waitpid(pid, NULL, WNOHANG);
+		if (done == pid || (done < 0 && errno == ECHILD))
+			return;
+		sleep_ms(20);
+	}
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+}
+
+/* Called in the child after fork: join the run's cgroups and cap file sizes before anything runs. */
+static void enter_run(long long max_file_size)
+{
+	char pid[32];
+	snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
+	for (int i = 0; i < n_cgroups; i++)
+		if (write_file(cgroups[i], "cgroup.procs", pid) != 0)
+			die("cannot join the run's cgroup %s: %s", cgroups[i], strerror(errno));
+	if (max_file_size > 0) {
+		struct rlimit limit = {.rlim_cur = (rlim_t)max_file_size, .rlim_max = (rlim_t)max_file_size};
+		if (setrlimit(RLIMIT_FSIZE, &limit) != 0)
+			die("cannot set the file size limit: %s", strerror(errno));
+	}
+}
+
+/* Returns in the child (to go on with the sandbox set-up and exec); never returns in the keeper. */
+static void become_keeper(int owner_fd, char **orphan_args, long long max_file_size, const char *orphan_dir)
+{
+	sigset_t watched, previous;
+	sigemptyset(&watched);
+	const int relayed[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+	for (size_t i = 0; i < sizeof(relayed) / sizeof(relayed[0]); i++)
+		sigaddset(&watched, relayed[i]);
+	sigaddset(&watched, SIGCHLD);
+	if (sigprocmask(SIG_BLOCK, &watched, &previous) != 0)
+		die("sigprocmask failed: %s", strerror(errno));
+	if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0)
+		die("cannot become the run's subreaper: %s", strerror(errno));
+	pid_t keeper = getpid();
+	pid_t child = fork();
+	if (child < 0)
+		die("fork failed: %s", strerror(errno));
+	if (child == 0) {
+		close(owner_fd);
+		sigprocmask(SIG_SETMASK, &previous, NULL);
+		/* the keeper is single-threaded, so this fires exactly when it dies */
+		prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+		if (getppid() != keeper)
+			_exit(EXIT_SETUP);
+		if (setsid() < 0)
+			die("setsid failed: %s", strerror(errno));
+		enter_run(max_file_size);
+		return;
+	}
+	/* a dead owner's stderr must not kill the keeper (SIGPIPE) before it has killed the run */
+	signal(SIGPIPE, SIG_IGN);
+	/* stdin and stdout are the run's: holding them would only delay the owner's end of file */
+	int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+	if (devnull >= 0) {
+		dup2(devnull, STDIN_FILENO);
+		dup2(devnull, STDOUT_FILENO);
+		close(devnull);
+	}
+	int sigfd = signalfd(-1, &watched, SFD_CLOEXEC);
+	if (sigfd < 0) {
+		kill(child, SIGKILL);
+		die("signalfd failed: %s", strerror(errno));
+	}
+	int status = 0, done = 0, owner_gone = 0;
+	struct pollfd fds[2] = {{.fd = owner_fd, .events = POLLIN}, {.fd = sigfd, .events = POLLIN}};
+	while (!done && !owner_gone) {
+		if (poll(fds, 2, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			break;
+		}
+		if (fds[0].revents & (POLLHUP | POLLERR | POLLNVAL)) {
+			owner_gone = 1;
+		} else if (fds[0].revents & POLLIN) {
+			char buffer[256];
+			ssize_t n = read(owner_fd, buffer, sizeof(buffer));
+			/* end of file without a hang-up: the owner only closed its writing side */
+			if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN))
+				fds[0].events = 0;
+		}
+		if (fds[1].revents & POLLIN) {
+			struct signalfd_siginfo info;
+			if (read(sigfd, &info, sizeof(info)) == (ssize_t)sizeof(info)) {
+				if ((int)info.ssi_signo == SIGCHLD)
+					reap_all(child, &status, &done);
+				else
+					kill(-child, (int)info.ssi_signo);
+			}
+		}
+	}
+	int all_dead = kill_run(child, &status, &done);
+	if (owner_gone) {
+		remove_cgroups();
+		/* a survivor could swap a directory for a symlink while it is walked: then leave it to start-up */
+		if (all_dead)
+			remove_tree(orphan_dir);
+		run_orphan_command(orphan_args);
+	}
+	if (!done && waitpid(child, &status, 0) == child)
+		done = 1;
+	if (owner_gone)
+		exit(128 + SIGKILL);
+	exit(!done ? 128 + SIGKILL : WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+}
+
 static int usage(void)
 {
 	fputs("usage: meepa-sandbox --rules-fd N -- CMD [ARGS...]\n"
 	      "       meepa-sandbox [--new-group] [--deny-network] [--deny-listen] -- CMD [ARGS...]\n"
+	      "       meepa-sandbox --keeper-fd K [--cgroup DIR]... [--max-file-size BYTES] [--remove-dir DIR] [--on-orphan ARG]... [--rules-fd N] -- CMD [ARGS...]\n"
 	      "       meepa-sandbox --probe\n",
 	      stderr);
 	return 2;
@@ -628,7 +996,10 @@ int main(int argc, char **argv)
 {
 	if (argc == 2 && strcmp(argv[1], "--probe") == 0)
 		return probe();
-	int rules_fd = -1, network_layer = 0, listen_layer = 0, new_group = 0, command = 0;
+	int rules_fd = -1, network_layer = 0, listen_layer = 0, new_group = 0, command = 0, keeper_fd = -1, n_orphan = 0;
+	long long max_file_size = 0;
+	const char *orphan_dir = NULL;
+	char *orphan_args[MAX_ORPHAN_ARGS + 1] = {NULL};
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--") == 0) {
 			command = i + 1;
@@ -639,6 +1010,27 @@ int main(int argc, char **argv)
 			if (*end || fd < 3 || fd > 1024)
 				return usage();
 			rules_fd = (int)fd;
+		} else if (strcmp(argv[i], "--keeper-fd") == 0 && i + 1 < argc) {
+			char *end;
+			long fd = strtol(argv[++i], &end, 10);
+			if (*end || fd < 3 || fd > 1024)
+				return usage();
+			keeper_fd = (int)fd;
+		} else if (strcmp(argv[i], "--cgroup") == 0 && i + 1 < argc && argv[i + 1][0] == '/') {
+			if (n_cgroups == MAX_CGROUPS)
+				return usage();
+			cgroups[n_cgroups++] = argv[++i];
+		} else if (strcmp(argv[i], "--max-file-size") == 0 && i + 1 < argc) {
+			char *end;
+			max_file_size = strtoll(argv[++i], &end, 10);
+			if (*end || max_file_size <= 0)
+				return usage();
+		} else if (strcmp(argv[i], "--remove-dir") == 0 && i + 1 < argc && argv[i + 1][0] == '/') {
+			orphan_dir = argv[++i];
+		} else if (strcmp(argv[i], "--on-orphan") == 0 && i + 1 < argc) {
+			if (n_orphan == MAX_ORPHAN_ARGS)
+				return usage();
+			orphan_args[n_orphan++] = argv[++i];
 		} else if (strcmp(argv[i], "--deny-network") == 0) {
 			network_layer = 1;
 		} else if (strcmp(argv[i], "--deny-listen") == 0) {
@@ -650,8 +1042,22 @@ int main(int argc, char **argv)
 		}
 	}
 	if (!command || command >= argc || (rules_fd >= 0 && (network_layer || listen_layer || new_group)) ||
-	    (rules_fd < 0 && !network_layer && !listen_layer && !new_group))
+	    (rules_fd < 0 && keeper_fd < 0 && !network_layer && !listen_layer && !new_group) ||
+	    (keeper_fd >= 0 && (network_layer || listen_layer || new_group)) ||
+	    ((n_cgroups || max_file_size || n_orphan || orphan_dir) && keeper_fd < 0) || (keeper_fd >= 0 && keeper_fd == rules_fd))
 		return usage();
+
+	if (keeper_fd >= 0) {
+		if (fcntl(keeper_fd, F_GETFD) < 0)
+			die("--keeper-fd %d is not open", keeper_fd);
+		become_keeper(keeper_fd, orphan_args, max_file_size, orphan_dir);
+		/* the child: without rules, only the keeper was asked for; every fd stays (bwrap may need them) */
+		if (rules_fd < 0) {
+			execvp(argv[command], argv + command);
+			fprintf(stderr, "meepa-sandbox: cannot execute %s: %s\n", argv[command], strerror(errno));
+			return errno == ENOENT ? 127 : 126;
+		}
+	}
 
 	/* Inside the sandbox: a command of its own process group, so agent-run's shell tool can kill
 	 * exactly that command and what it started (setsid is denied, setpgid is not). */

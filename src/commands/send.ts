@@ -2,10 +2,11 @@ import {Args, Flags} from '@oclif/core'
 import {BaseCommand} from './base-command.js'
 import type {AgentRunOutput} from '../runtime/agent-run/contract.js'
 import {GatewayError} from '../runtime/errors.js'
-import {readMessageArgument, sendMessage} from '../runtime/send.js'
+import {FORWARDED_SIGNALS, readMessageArgument, sendMessage, signalExitCode} from '../runtime/send.js'
 
 export default class Send extends BaseCommand<typeof Send> {
   static summary = "send one message to an agent and print its reply (runs the agent's whole loop in its isolation level)"
+  static description = 'SIGINT (Ctrl-C) and SIGTERM are forwarded to the run, which is stopped with everything it started; send then exits with the run\'s status (130, 143).'
   static args = {message: Args.string({description: 'the message; "-" reads it from stdin', required: true})}
   static flags = {
     agent: Flags.string({char: 'a', description: 'agent id', required: true}),
@@ -19,23 +20,34 @@ export default class Send extends BaseCommand<typeof Send> {
 
   async run(): Promise<AgentRunOutput> {
     const content = await readMessageArgument(this.args.message, process.stdin)
-    const {output} = await sendMessage({
-      loaded: this.loadConfig(),
-      agentId: this.flags.agent,
-      channel: this.flags.channel,
-      content,
-      unrestricted: this.flags.unrestricted,
-      onLog: (line) => this.logToStderr(line),
-    })
-    if (!output.ok) {
-      const {suggestions, ...details} = output.error.details ?? {}
-      throw new GatewayError(output.error.code, output.error.message, {
-        retryable: output.error.retryable,
-        suggestions: Array.isArray(suggestions) ? suggestions.map(String) : [],
-        details: {...details, run_id: output.run_id},
+    const stop = new AbortController()
+    const forward = (signal: NodeJS.Signals) => stop.abort(signal)
+    for (const signal of FORWARDED_SIGNALS) process.on(signal, forward)
+    try {
+      const {output} = await sendMessage({
+        loaded: this.loadConfig(),
+        agentId: this.flags.agent,
+        channel: this.flags.channel,
+        content,
+        unrestricted: this.flags.unrestricted,
+        onLog: (line) => this.logToStderr(line),
+        signal: stop.signal,
       })
+      if (!output.ok) {
+        const {suggestions, ...details} = output.error.details ?? {}
+        const signal = stop.signal.aborted ? String(stop.signal.reason) : undefined
+        const exitCode = typeof details.exit_code === 'number' && details.exit_code > 128 ? details.exit_code : signal ? signalExitCode(signal) : undefined
+        throw new GatewayError(output.error.code, output.error.message, {
+          retryable: output.error.retryable,
+          suggestions: Array.isArray(suggestions) ? suggestions.map(String) : [],
+          details: {...details, run_id: output.run_id},
+          ...(signal ? {exitCode} : {}),
+        })
+      }
+      this.log(output.reply.content)
+      return output
+    } finally {
+      for (const signal of FORWARDED_SIGNALS) process.off(signal, forward)
     }
-    this.log(output.reply.content)
-    return output
   }
 }

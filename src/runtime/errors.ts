@@ -11,6 +11,8 @@ export type ErrorCode =
   | 'E_PROVIDER'
   | 'E_TIMEOUT'
   | 'E_OOM'
+  | 'E_LIMIT'
+  | 'E_DISK'
   | 'E_RUN'
   | 'E_ISOLATION_UNAVAILABLE'
   | 'E_SANDBOX'
@@ -37,6 +39,8 @@ export const EXIT_CODES: Record<ErrorCode, number> = {
   E_PROVIDER: 6,
   E_TIMEOUT: 7,
   E_OOM: 7,
+  E_LIMIT: 7,
+  E_DISK: 7,
   E_RUN: 8,
   E_BUSY: 8,
   E_ISOLATION_UNAVAILABLE: 9,
@@ -56,6 +60,8 @@ export interface GatewayErrorOptions {
   retryable?: boolean
   /** Extra machine-readable facts (e.g. the providers that failed, the stderr tail of a run). */
   details?: Record<string, unknown>
+  /** Overrides the code's exit status (a `send` stopped by a signal exits with its run's: 130, 143). */
+  exitCode?: number
 }
 
 export class GatewayError extends Error {
@@ -69,7 +75,7 @@ export class GatewayError extends Error {
     super(message, options.cause === undefined ? undefined : {cause: options.cause})
     this.name = 'GatewayError'
     this.code = code
-    this.exitCode = EXIT_CODES[code]
+    this.exitCode = options.exitCode ?? EXIT_CODES[code]
     this.suggestions = options.suggestions ?? []
     this.retryable = options.retryable ?? false
     this.details = options.details ?? {}

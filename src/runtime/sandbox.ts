@@ -14,6 +14,7 @@ import {findAgent} from './config/load.js'
 import type {AgentConfig, LoadedConfig} from './config/types.js'
 import {GatewayError} from './errors.js'
 import {agentEnvironment} from './runners/private-tmp.js'
+import {limitsReport, type LimitReport} from './runners/limits-report.js'
 import {isolationLevelFor} from './runners/index.js'
 import {ensureWorkspace, workspacePath} from './workspace.js'
 
@@ -163,6 +164,8 @@ export interface SandboxExplanation {
   platform: NodeJS.Platform
   report?: EnforcementReport
   seatbelt?: SeatbeltInvocation
+  /** Resource limits of the agent's runs at its level here (limits section), and how each is enforced. */
+  limits: LimitReport[]
 }
 
 /** `sandbox explain`: the enforcement manifest of an agent's policy on this machine. */
@@ -174,14 +177,20 @@ export async function sandboxExplain(loaded: LoadedConfig, agentId: string): Pro
     try {
       const policy = agentPolicy({agent, config: loaded.config, home: loaded.home, workspace, tmpDir, configPath: loaded.path})
       const seatbelt = seatbeltInvocation(policy, ['CMD'])
-      return {agent: agent.id, workspace, platform: process.platform, seatbelt}
+      return {agent: agent.id, workspace, platform: process.platform, seatbelt, limits: limitsReport(agent, isolationLevelFor(agent))}
     } finally {
       fs.rmSync(tmpDir, {recursive: true, force: true})
     }
   }
   const sandbox = await openAgentSandbox(loaded, agentId, {allowGaps: true})
   try {
-    return {agent: sandbox.agent.id, workspace: sandbox.workspace, platform: process.platform, report: enforcementReport(sandbox.policy, sandbox.probe, sandbox.namespaces)}
+    return {
+      agent: sandbox.agent.id,
+      workspace: sandbox.workspace,
+      platform: process.platform,
+      report: enforcementReport(sandbox.policy, sandbox.probe, sandbox.namespaces),
+      limits: limitsReport(sandbox.agent, isolationLevelFor(sandbox.agent)),
+    }
   } finally {
     sandbox.dispose()
   }

@@ -2,6 +2,13 @@ import os from 'node:os'
 import {GatewayError} from './errors.js'
 import type {LoadedConfig} from './config/types.js'
 import {newRunId, runMessage, type RunMessageResult} from './run-message.js'
+import {reclaimAbandonedRuns} from './reclaim-runs.js'
+
+/** The signals `send` forwards to its run (Ctrl-C, kill), and the exit status of a run they end. */
+export const FORWARDED_SIGNALS = ['SIGINT', 'SIGTERM'] as const
+export function signalExitCode(signal: string): number {
+  return signal === 'SIGINT' ? 130 : 143
+}
 
 export interface SendOptions {
   loaded: LoadedConfig
@@ -10,6 +17,8 @@ export interface SendOptions {
   content: string
   unrestricted?: boolean
   onLog?: (line: string) => void
+  /** Aborted with 'SIGINT' / 'SIGTERM' when `send` receives it: forwarded to the run. */
+  signal?: AbortSignal
 }
 
 /** `MESSAGE` or `-` for stdin; an empty message is a usage error, not a wasted LLM call. */
@@ -25,6 +34,7 @@ export async function readMessageArgument(argument: string, stdin: NodeJS.Readab
 }
 
 export async function sendMessage(options: SendOptions): Promise<RunMessageResult> {
+  await reclaimAbandonedRuns(options.loaded.home, options.onLog)
   const runId = newRunId()
   const user = os.userInfo().username
   return runMessage({
@@ -33,6 +43,7 @@ export async function sendMessage(options: SendOptions): Promise<RunMessageResul
     runId,
     unrestricted: options.unrestricted,
     onLog: options.onLog,
+    signal: options.signal,
     message: {id: runId, connector: 'cli', channel_id: options.channel, user: {id: user, name: user}, content: options.content},
   })
 }

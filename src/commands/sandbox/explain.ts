@@ -13,6 +13,9 @@ export default class SandboxExplain extends BaseCommand<typeof SandboxExplain> {
     const explanation = await sandboxExplain(this.loadConfig(), this.flags.agent)
     const {report, seatbelt} = explanation
     this.log(`agent ${explanation.agent}, workspace ${explanation.workspace}`)
+    this.log('resource limits (limits section):')
+    for (const limit of explanation.limits) this.log(`  ${limit.limit} ${limit.value}: ${limit.enforced ? 'enforced' : 'NOT ENFORCED'}\n      ${limit.how}`)
+    this.log('')
     if (seatbelt) {
       this.log('macOS Seatbelt profile (sandbox-exec -p PROFILE with these -D parameters):')
       for (const [name, value] of Object.entries(seatbelt.params)) this.log(`  -D ${name}=${value}`)

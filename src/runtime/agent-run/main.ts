@@ -51,7 +51,11 @@ export async function executeAgentRun(input: AgentRunInput, log: (line: string) 
     const output = killedForMemory(input, oomKillsBefore) ?? failureFromError(input.run_id, error)
     return JSON.parse(redact(JSON.stringify(output))) as AgentRunOutput
   } finally {
-    memory?.close()
+    try {
+      memory?.close()
+    } catch (error) {
+      log(`could not close memory.db: ${(error as Error).message}`)
+    }
   }
 }
 

@@ -65,7 +65,12 @@ export async function runAgentLoop(input: AgentRunInput, deps: AgentLoopDeps): P
       (lastText ? ` Where I got to: ${lastText}` : '')
     turn.push({role: 'assistant', content: reply})
   }
-  deps.memory.appendHistory(channel, turn)
+  try {
+    deps.memory.appendHistory(channel, turn)
+  } catch (error) {
+    // the reply is computed: a full disk or a broken memory.db costs the history, not the answer
+    deps.log(`could not save this conversation to memory.db (the reply is delivered anyway): ${(error as Error).message}`)
+  }
   return {
     version: 1,
     ok: true,

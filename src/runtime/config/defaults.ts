@@ -30,6 +30,7 @@ export const DEFAULT_AGENT: Omit<AgentConfig, 'id' | 'name'> = {
     allow_listen: false,
     best_effort: false,
   },
+  limits: {memory: '512m', pids: 256, cpus: 1, disk: '1g'},
   connectors: [],
   secrets: [],
 }
@@ -77,6 +78,7 @@ agent_defaults:
   max_iterations: 20
   # container_mode: {enabled: true, memory_limit: 512m, cpus: 1, timeout_seconds: 300, network: bridge}
   # file_access: {allow_read: [], allow_read_write: [], deny: [], allow_network: true, allow_listen: false}
+  # limits: {memory: 512m, pids: 256, cpus: 1, disk: 1g}   # every level; meepagateway sandbox explain shows what is enforced
 
 agents:
   - id: meepa

@@ -192,12 +192,15 @@ function resolveConfig(raw: RawConfig): GatewayConfig {
 /** agent field > agent_defaults > built-in default; nested sections merge field by field. */
 export function resolveAgent(agent: RawAgent, defaults: Partial<AgentConfig>): AgentConfig {
   const pick = <K extends keyof AgentConfig>(key: K): AgentConfig[K] | undefined => (agent[key] ?? defaults[key]) as AgentConfig[K] | undefined
+  const limits = {...DEFAULT_AGENT.limits, ...defaults.limits, ...agent.limits}
   const resolved: AgentConfig = {
     id: agent.id,
     name: agent.name ?? agent.id,
     max_iterations: pick('max_iterations') ?? DEFAULT_AGENT.max_iterations,
     timeout_seconds: pick('timeout_seconds') ?? DEFAULT_AGENT.timeout_seconds,
-    container_mode: {...DEFAULT_AGENT.container_mode, ...defaults.container_mode, ...agent.container_mode},
+    // one `limits` section for every level; container_mode's own limits, when set, still win there
+    container_mode: {...DEFAULT_AGENT.container_mode, memory_limit: limits.memory, pids_limit: limits.pids, ...defaults.container_mode, ...agent.container_mode},
+    limits,
     file_access: {...DEFAULT_AGENT.file_access, ...defaults.file_access, ...agent.file_access},
     connectors: (pick('connectors') ?? DEFAULT_AGENT.connectors).map((connector) =>
       connector.type === 'discord' ? {...connector, guild_ids: connector.guild_ids ?? []} : connector,

@@ -35,6 +35,17 @@ const containerModeSchema = {
   },
 }
 
+const limitsSchema = {
+  type: 'object',
+  additionalProperties: false,
+  properties: {
+    memory: {type: 'string', pattern: '^[0-9]+[kmg]$'},
+    pids: {type: 'integer', minimum: 16},
+    cpus: {type: 'number', exclusiveMinimum: 0, maximum: 1024},
+    disk: {type: 'string', pattern: '^[0-9]+[kmg]$'},
+  },
+}
+
 const fileAccessSchema = {
   type: 'object',
   additionalProperties: false,
@@ -95,6 +106,7 @@ const agentFields = {
   timeout_seconds: {type: 'number', exclusiveMinimum: 0},
   container_mode: containerModeSchema,
   file_access: fileAccessSchema,
+  limits: limitsSchema,
   connectors: {type: 'array', items: connectorSchema},
   secrets: {type: 'array', items: {type: 'string', pattern: '^[A-Za-z_][A-Za-z0-9_]*$'}},
 }

@@ -54,6 +54,18 @@ export interface ContainerModeConfig {
   standby: boolean
 }
 
+/**
+ * Resource limits of one run at every level (the host levels through a cgroup per run where the
+ * host allows one, containers through the engine). Sizes look like 512m or 2g.
+ */
+export interface LimitsConfig {
+  memory: string
+  pids: number
+  cpus: number
+  /** The workspace's size limit (see src/runtime/runners/disk-limit.ts). */
+  disk: string
+}
+
 export interface FileAccessConfig {
   unrestricted: boolean
   allow_read: string[]
@@ -82,6 +94,8 @@ export interface AgentConfig {
   timeout_seconds: number
   container_mode: ContainerModeConfig
   file_access: FileAccessConfig
+  /** Limits of every level; container_mode.memory_limit / pids_limit, when set, win for containers. */
+  limits: LimitsConfig
   connectors: ConnectorConfig[]
   /** Secret names (environment variables) this agent may receive besides provider keys. */
   secrets: string[]

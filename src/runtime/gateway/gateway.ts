@@ -6,6 +6,7 @@ import {sendJson} from '../http/json.js'
 import {Router} from '../http/router.js'
 import {startHttpListener, type HttpListener} from '../http/server.js'
 import {newRunId, runMessage} from '../run-message.js'
+import {reclaimAbandonedRuns} from '../reclaim-runs.js'
 import {abandonEngineWork, isolationLevelFor, stopStandbyContainers} from '../runners/index.js'
 import {ApiKeys, takeLegacyKeysNotice} from '../state/api-keys.js'
 import {isSqliteDamage} from '../sqlite-damage.js'
@@ -68,6 +69,8 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     const records = new RunRecords(db)
     const stale = records.markStaleInterrupted()
     if (stale > 0) log(`gateway: marked ${stale} run(s) left running by a previous gateway as interrupted`)
+    // processes are killed before this returns; removing their containers goes on in the background
+    void reclaimAbandonedRuns(loaded.home, (line) => log(`gateway: ${line}`))
     // In the background: a slow or hung Docker engine must not delay the connectors, and a live
     // run's containers are never taken for orphans, so nothing races with the runs starting now.
     const orphanCheck = new AbortController()

@@ -16,6 +16,10 @@ export function failureReply(failure: AgentRunFailure): string {
       return `Sorry, that took too long and was stopped before I could answer.${reference}`
     case 'E_OOM':
       return `Sorry, that ran out of memory and was stopped before I could answer.${reference}`
+    case 'E_LIMIT':
+      return `Sorry, that started more processes than I am allowed and was stopped.${reference}`
+    case 'E_DISK':
+      return `Sorry, my workspace is full, so that was stopped. The operator has the details.${reference}`
     case 'E_PROVIDER':
       return `Sorry, I can't reach my language model right now. Please try again in a few minutes.${reference}`
     case 'E_SANDBOX':

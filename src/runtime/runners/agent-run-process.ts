@@ -1,14 +1,30 @@
 import {execa} from 'execa'
 import path from 'node:path'
+import type {Readable} from 'node:stream'
 import type {AgentRunInput, AgentRunOutput} from '../agent-run/contract.js'
 import {failure, parseAgentRunOutput} from '../agent-run/output.js'
 import {APP_ROOT} from '../app-root.js'
+import type {LimitsConfig} from '../config/types.js'
+import {sizeBytes} from '../config/size.js'
+import {diskFull, diskUsage, watchDiskUsage} from './disk-limit.js'
+import {forgetRunProcess, recordRunProcess} from '../state/run-processes.js'
 import {killProcessTree} from '../../sandbox/kill-session.js'
+import {keeperArgv, keeperHelper} from '../../sandbox/keeper.js'
+import {cgroupSupport, createRunCgroup, killRunCgroups, removeRunCgroups, type RunCgroup} from '../../sandbox/run-cgroup.js'
 
 
 /** argv that starts `meepagateway agent-run` with this Node; always the built app (tests build it first). */
 export function agentRunArgv(): string[] {
   return [process.execPath, path.join(APP_ROOT, 'bin', 'run.js'), 'agent-run']
+}
+
+/** Who owns the run on the host: its record in gateway.db, its limits, its workspace and private TMPDIR. */
+export interface RunOwnership {
+  home: string
+  runId: string
+  limits: LimitsConfig
+  workspace: string
+  tmpDir: string
 }
 
 export interface AgentProcessOptions {
@@ -19,38 +35,109 @@ export interface AgentProcessOptions {
   cwd: string
   input: AgentRunInput
   timeoutMs: number
+  /** Aborting ends the run; a reason such as 'SIGINT' or 'SIGTERM' is first forwarded to it. */
   signal?: AbortSignal
   /** Extra data written to fd 3 (the sandbox helper reads its rules there). */
   fd3?: string
   onStderr?: (line: string) => void
+  /** With it (Linux, helper built), the run gets a keeper, a cgroup and a record in gateway.db. */
+  ownership?: RunOwnership
 }
 
 const STDERR_TAIL_BYTES = 4096
+/** The operator hears once per process that this host cannot enforce the cgroup limits. */
+let toldLimitsUnenforced = false
+/** A run told to stop (SIGINT/SIGTERM forwarded) gets this long before it is killed. */
+const FORWARDED_SIGNAL_GRACE_MS = 1000
+/** The keeper gets this long to kill the run and exit before it is killed itself. */
+const KEEPER_GRACE_MS = 2000
 
 /**
- * Starts agent-run (directly or under a sandbox helper) in its own process group and kills the
- * whole group at the deadline and after exit, so nothing it started outlives the run.
+ * Starts agent-run (directly or under a sandbox helper) under its keeper, which kills every
+ * process of the run when agent-run exits, at the deadline, and when this process dies; without
+ * a keeper (no helper built, macOS) the child leads its own session and the group is killed.
  */
 export async function runAgentProcess(options: AgentProcessOptions): Promise<AgentRunOutput> {
+  const {input, ownership} = options
+  const helper = ownership ? keeperHelper() : undefined
+  let cgroup: RunCgroup | undefined
+  let argv = options.argv
+  const keeperFd = options.fd3 === undefined ? 3 : 4
+  let disk: DiskLimit | undefined
+  if (ownership) {
+    disk = {limit: ownership.limits.disk, bytes: sizeBytes(ownership.limits.disk, 'limits.disk'), roots: [ownership.workspace, ownership.tmpDir], workspace: ownership.workspace}
+    const usage = await diskUsage(disk.roots)
+    if (usage > disk.bytes) return diskFull(input.run_id, disk.limit, usage, disk.workspace, 'before')
+  }
+  if (ownership && helper) {
+    try {
+      cgroup = createRunCgroup(ownership.runId, {
+        memoryBytes: sizeBytes(ownership.limits.memory, 'limits.memory'),
+        pids: ownership.limits.pids,
+        cpus: ownership.limits.cpus,
+      })
+    } catch (error) {
+      return failure(input.run_id, 'E_SANDBOX', (error as Error).message, false)
+    }
+    if (!cgroup && !toldLimitsUnenforced) {
+      toldLimitsUnenforced = true
+      options.onStderr?.(`limits.memory, limits.pids and limits.cpus are NOT enforced on this host: ${cgroupSupport().how}`)
+    }
+    argv = keeperArgv(helper, keeperFd, {cgroups: cgroup?.dirs ?? [], maxFileSize: disk?.bytes, removeDir: ownership.tmpDir}, argv)
+    recordRunProcess(ownership.home, {runId: ownership.runId, cgroups: cgroup?.dirs ?? [], tmpDir: ownership.tmpDir}, options.onStderr)
+  }
+  try {
+    return await runUnderKeeper(options, argv, helper ? keeperFd : undefined, cgroup, disk)
+  } finally {
+    if (cgroup) {
+      killRunCgroups(cgroup.dirs)
+      removeRunCgroups(cgroup.dirs)
+    }
+    if (ownership && helper) forgetRunProcess(ownership.home, ownership.runId)
+  }
+}
+
+interface DiskLimit {
+  limit: string
+  bytes: number
+  roots: string[]
+  workspace: string
+}
+
+async function runUnderKeeper(
+  options: AgentProcessOptions,
+  argv: string[],
+  keeperFd: number | undefined,
+  cgroup: RunCgroup | undefined,
+  disk: DiskLimit | undefined,
+): Promise<AgentRunOutput> {
   const {input} = options
-  const [file, ...args] = options.argv
+  const [file, ...args] = argv
   if (!file) throw new Error('runAgentProcess: empty argv')
+  const extraFds = (options.fd3 === undefined ? 0 : 1) + (keeperFd === undefined ? 0 : 1)
+  const stdio = ['pipe', 'pipe', 'pipe', ...Array<'pipe'>(extraFds).fill('pipe')] as ['pipe', 'pipe', 'pipe', ...'pipe'[]]
   const child = execa(file, args, {
     cwd: options.cwd,
     env: options.env,
     extendEnv: false,
     detached: true,
     input: JSON.stringify(input),
-    stdio: options.fd3 === undefined ? ['pipe', 'pipe', 'pipe'] : ['pipe', 'pipe', 'pipe', 'pipe'],
+    stdio,
     reject: false,
     stripFinalNewline: true,
     maxBuffer: 64 * 1024 * 1024,
-    cancelSignal: options.signal,
   })
   if (options.fd3 !== undefined) {
     const fd3 = child.stdio[3] as NodeJS.WritableStream
     fd3.end(options.fd3)
   }
+  if (options.ownership && keeperFd !== undefined && child.pid) {
+    recordRunProcess(options.ownership.home, {runId: options.ownership.runId, keeperPid: child.pid, cgroups: cgroup?.dirs ?? [], tmpDir: options.ownership.tmpDir})
+  }
+  // The keeper's lifeline: it never carries data; closing our end tells the keeper to kill the run.
+  const lifeline = keeperFd === undefined ? undefined : (child.stdio[keeperFd] as Readable)
+  lifeline?.on('error', () => {})
+  const oomBefore = cgroup?.oomKills() ?? 0
 
   let stderrTail = ''
   child.stderr?.on('data', (chunk: Buffer) => {
@@ -59,22 +146,78 @@ export async function runAgentProcess(options: AgentProcessOptions): Promise<Age
     if (options.onStderr) for (const line of text.split('\n')) if (line.trim()) options.onStderr(line)
   })
 
-  // `detached` made the child a session leader: members that moved to another process group
-  // (the host sandbox lets them setpgid, never setsid) are still in its session
-  const killGroup = () => killProcessTree(child.pid)
+  // Without a keeper, `detached` made the child a session leader: members that moved to another
+  // process group (the host sandbox lets them setpgid, never setsid) are still in its session.
+  let fallback: NodeJS.Timeout | undefined
+  const killRun = () => {
+    if (!lifeline) return killProcessTree(child.pid)
+    lifeline.destroy()
+    fallback ??= setTimeout(() => {
+      child.kill('SIGKILL')
+      if (cgroup) killRunCgroups(cgroup.dirs)
+    }, KEEPER_GRACE_MS)
+  }
 
   let timedOut = false
+  let cancelled: string | undefined
   const timer = setTimeout(() => {
     timedOut = true
-    killGroup()
+    killRun()
   }, options.timeoutMs)
+  let grace: NodeJS.Timeout | undefined
+  const onAbort = () => {
+    const reason: unknown = options.signal?.reason
+    cancelled = typeof reason === 'string' && /^SIG[A-Z]+$/.test(reason) ? reason : 'abort'
+    if (cancelled === 'abort' || grace) return killRun()
+    // The run hears the signal first (as if it had been sent to it), and is killed if it lingers.
+    child.kill(cancelled as NodeJS.Signals)
+    grace = setTimeout(killRun, FORWARDED_SIGNAL_GRACE_MS)
+  }
+  options.signal?.addEventListener('abort', onAbort)
+  if (options.signal?.aborted) onAbort()
+  let diskOver = false
+  const diskWatch = disk
+    ? watchDiskUsage(disk.roots, disk.bytes, () => {
+        diskOver = true
+        killRun()
+      })
+    : undefined
   const result = await child
+  const diskAtEnd = await diskWatch?.stop()
   clearTimeout(timer)
-  killGroup() // background processes the agent left running die with the run
+  clearTimeout(grace)
+  clearTimeout(fallback)
+  options.signal?.removeEventListener('abort', onAbort)
+  // background processes the agent left running die with the run (the keeper did it already)
+  if (!lifeline) killProcessTree(child.pid)
 
   if (timedOut) {
     return failure(input.run_id, 'E_TIMEOUT', `the run took longer than ${Math.round(options.timeoutMs / 1000)} s and was stopped`, false, {stderr_tail: stderrTail})
   }
-  if (result.isCanceled) return failure(input.run_id, 'E_RUN', 'the run was cancelled', true)
+  if (cancelled) {
+    return failure(input.run_id, 'E_RUN', `the run was cancelled${cancelled === 'abort' ? '' : ` (${cancelled})`}`, true, {
+      ...(result.exitCode === undefined ? {} : {exit_code: result.exitCode}),
+      ...(cancelled === 'abort' ? {} : {signal: cancelled}),
+    })
+  }
+  if (disk && diskAtEnd && (diskOver || diskAtEnd.over)) return diskFull(input.run_id, disk.limit, diskAtEnd.usage, disk.workspace, 'during')
+  const limits = options.ownership?.limits
+  if (cgroup && limits) {
+    const oomKills = cgroup.oomKills() - oomBefore
+    if (oomKills > 0) {
+      return failure(input.run_id, 'E_OOM', `the run ran out of memory: it reached limits.memory (${limits.memory}) and the kernel killed ${oomKills} of its processes`, false, {
+        oom_kills: oomKills,
+        stderr_tail: stderrTail,
+        suggestions: ['raise limits.memory for this agent', 'or ask for a task that needs less memory'],
+      })
+    }
+    const pidsHits = cgroup.pidsLimitHits()
+    if (pidsHits > 0) {
+      return failure(input.run_id, 'E_LIMIT', `the run reached limits.pids (${limits.pids} processes and threads): ${pidsHits} fork(s) were refused, and every process of the run was stopped`, false, {
+        pids_limit_hits: pidsHits,
+        suggestions: ['raise limits.pids for this agent if its work needs that many processes'],
+      })
+    }
+  }
   return parseAgentRunOutput(input.run_id, String(result.stdout ?? ''), result.exitCode, stderrTail)
 }

@@ -21,6 +21,9 @@ import {failure, failureFromError, outOfMemory, parseAgentRunOutput} from '../ag
 import {helperPath} from '../../sandbox/landlock/helper.js'
 import {APP_ROOT} from '../app-root.js'
 import {dockerEngineProblem, reportEngineAnswered, reportEngineProblem} from './engine-health.js'
+import {forgetRunProcess, recordRunProcess} from '../state/run-processes.js'
+import {sizeBytes} from '../config/size.js'
+import {diskFull, diskUsage, watchDiskUsage} from './disk-limit.js'
 import type {RunRequest, Runner} from './types.js'
 
 /**
@@ -111,6 +114,9 @@ export async function readyIsolationImage(config: GatewayConfig, agent: AgentCon
 async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) => void): Promise<AgentRunOutput> {
   const {input, agent} = request
   const runId = input.run_id
+  const diskLimit = sizeBytes(agent.limits.disk, 'limits.disk')
+  const usageBefore = await diskUsage([request.workspace])
+  if (usageBefore > diskLimit) return diskFull(runId, agent.limits.disk, usageBefore, request.workspace, 'before')
   const deadline = Date.now() + request.timeoutMs
   const image = await readyBeforeDeadline(cli, deadline, request.signal, (signal) => readyIsolationImage(request.config, agent, containerImageContext(request.home, {cli, signal, onLog: log})))
   const shape = runShape(request, image)
@@ -119,10 +125,33 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
   const container = standby ?? startAgentContainer(cli, shape, {name: containerNameFor(runId), run: runId, clientTimeoutMs: request.timeoutMs + CLIENT_GRACE_MS})
   container.log = log
   const {name, child} = container
+  // the keeper removes the container if this process dies; the record covers the keeper dying too
+  recordRunProcess(request.home, {runId, keeperPid: child.pid, cgroups: [], container: name}, log)
+  // limits.disk: the workspace is a bind mount, measured from here (see disk-limit.ts)
+  let diskOver = false
+  const diskWatch = watchDiskUsage([request.workspace], diskLimit, () => {
+    diskOver = true
+    void cli.exec(['kill', name], {timeoutMs: KILL_TIMEOUT_MS}).catch(() => {})
+  })
+  try {
+    const output = await runInStartedContainer(request, cli, container, shape.spec.forwardEnv)
+    const atEnd = await diskWatch.stop()
+    return diskOver || atEnd.over ? diskFull(runId, agent.limits.disk, atEnd.usage, request.workspace, 'during') : output
+  } finally {
+    void diskWatch.stop()
+    forgetRunProcess(request.home, runId)
+  }
+}
+
+async function runInStartedContainer(request: RunRequest, cli: DockerCli, container: AgentContainer, forwardEnv: string[]): Promise<AgentRunOutput> {
+  const {input, agent} = request
+  const runId = input.run_id
+  const log = container.log
+  const {name, child} = container
   // Everything the run needs, secrets included, goes in on stdin; forwarded secrets reach the
   // engine through the docker CLI's own environment (`-e NAME` without a value), never argv.
   child.stdin?.on('error', () => {}) // a client that died first is reported from its exit below
-  child.stdin?.end(JSON.stringify({...input, workspace: CONTAINER_WORKSPACE, env_secrets: shape.spec.forwardEnv}))
+  child.stdin?.end(JSON.stringify({...input, workspace: CONTAINER_WORKSPACE, env_secrets: forwardEnv}))
 
   // The deadline kills the container itself: killing only the docker client would leave the
   // agent's processes running inside (and writing to the workspace) after the user was told it stopped.
@@ -259,7 +288,7 @@ function startAgentContainer(
   options: {name: string; run: string; clientTimeoutMs: number; standby?: boolean},
 ): AgentContainer {
   const args = buildDockerRunArgs({...shape.spec, name: options.name, labels: {...shape.spec.labels, [LABEL.run]: options.run}, standby: options.standby})
-  const child = cli.spawn(args, {openStdin: true, env: shape.cliEnv, timeoutMs: options.clientTimeoutMs})
+  const child = cli.spawn(args, {openStdin: true, env: shape.cliEnv, timeoutMs: options.clientTimeoutMs, removeIfOwnerDies: options.name})
   const container: AgentContainer = {name: options.name, key: shape.key, child, stderrTail: '', log: () => {}}
   const secretValues = Object.values(shape.cliEnv)
   child.stderr?.on('data', (chunk: Buffer) => {

@@ -65,6 +65,7 @@ export const hostSandboxRunner: Runner = {
         timeoutMs: request.timeoutMs,
         signal: request.signal,
         onStderr: request.onLog,
+        ownership: {home: request.home, runId, limits: request.agent.limits, workspace: request.workspace, tmpDir: tmp},
       })
       return helperRefusal(output) ?? output
     }),

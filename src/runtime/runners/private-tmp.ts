@@ -1,10 +1,14 @@
 import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
+import {RUN_TMP_PREFIX} from '../state/run-processes.js'
 
-/** A per-run TMPDIR, removed when the run ends whatever happened. */
+/**
+ * A per-run TMPDIR, removed when the run ends whatever happened. Its name carries this process's
+ * pid, so a later start-up knows it is stale once this process is gone (reapAbandonedRuns).
+ */
 export async function withPrivateTmp<T>(runId: string, use: (dir: string) => Promise<T>): Promise<T> {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), `meepa-run-${runId.slice(0, 12)}-`))
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), `${RUN_TMP_PREFIX}${process.pid}-${runId.slice(0, 12)}-`))
   try {
     return await use(dir)
   } finally {

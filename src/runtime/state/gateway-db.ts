@@ -101,6 +101,21 @@ export const MIGRATIONS: ReadonlyArray<{name: string; sql: string}> = [
       CREATE INDEX runs_by_restart_reply ON runs (restart_reply) WHERE restart_reply IS NOT NULL;
     `,
   },
+  {
+    name: 'run processes (what a crashed owner left to kill)',
+    sql: `
+      CREATE TABLE run_processes (
+        run_id TEXT PRIMARY KEY,
+        owner_pid INTEGER NOT NULL,      -- the serve or send process that started the run
+        owner_start TEXT,                -- its start time (/proc/PID/stat), so a reused pid is not taken for it
+        keeper_pid INTEGER,              -- meepa-sandbox --keeper-fd, which kills the run when the owner dies
+        cgroups TEXT NOT NULL,           -- JSON array of the run's cgroup directories
+        container TEXT,                  -- container name (container level)
+        tmp_dir TEXT,                    -- the run's private TMPDIR
+        started_at INTEGER NOT NULL
+      );
+    `,
+  },
 ]
 
 /**

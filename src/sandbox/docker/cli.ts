@@ -1,4 +1,7 @@
 import {execa, type ResultPromise} from 'execa'
+import fs from 'node:fs'
+import path from 'node:path'
+import {keeperArgv, keeperHelper} from '../keeper.js'
 import {GatewayError} from '../../runtime/errors.js'
 
 /**
@@ -45,6 +48,11 @@ export interface DockerCallOptions {
   onLine?: (line: string, stream: 'stdout' | 'stderr') => void
   /** Working directory of the CLI process. */
   cwd?: string
+  /**
+   * `docker run` of this container name: the client runs under the keeper, which removes the
+   * container when this process dies (a gateway killed mid-run must not leave it running).
+   */
+  removeIfOwnerDies?: string
 }
 
 export interface DockerResult {
@@ -94,12 +102,19 @@ export class DockerCli {
    * whose deadline the runner enforces on the container, not just on the client).
    */
   spawn(args: string[], options: DockerCallOptions & {timeoutMs: number}): ResultPromise<{reject: false}> {
-    const child = execa(this.bin, args, {
+    // a missing docker must still fail as ENOENT (E_DOCKER_MISSING), not as the keeper's exit 127
+    const helper = options.removeIfOwnerDies && this.found() ? keeperHelper() : undefined
+    const [file, ...argv] = helper
+      ? keeperArgv(helper, 3, {onOrphan: [this.bin, 'rm', '--force', options.removeIfOwnerDies as string]}, [this.bin, ...args])
+      : [this.bin, ...args]
+    const stdin = options.input === undefined && !options.openStdin ? 'ignore' : 'pipe'
+    const child = execa(file as string, argv, {
       env: this.env(options.env),
       extendEnv: false,
       cwd: options.cwd,
       input: options.input,
-      stdin: options.input === undefined && !options.openStdin ? 'ignore' : undefined,
+      // fd 3: the keeper's lifeline, held open by this process until the client exits
+      stdio: helper ? [stdin, 'pipe', 'pipe', 'pipe'] : [stdin, 'pipe', 'pipe'],
       reject: false,
       timeout: options.timeoutMs,
       cancelSignal: options.signal,
@@ -109,6 +124,19 @@ export class DockerCli {
     } as const) as unknown as ResultPromise<{reject: false}>
     if (options.onLine) forwardLines(child, options.onLine)
     return child
+  }
+
+  /** Whether the docker executable exists (an absolute path, or a name on the CLI's PATH). */
+  private found(): boolean {
+    const candidates = this.bin.includes('/') ? [this.bin] : (this.env().PATH ?? '').split(':').filter(Boolean).map((dir) => path.join(dir, this.bin))
+    return candidates.some((candidate) => {
+      try {
+        fs.accessSync(candidate, fs.constants.X_OK)
+        return true
+      } catch {
+        return false
+      }
+    })
   }
 
   /** Runs one docker call; never throws for a non-zero exit (use `check` for that). */

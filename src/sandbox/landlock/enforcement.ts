@@ -117,9 +117,9 @@ export function enforcementReport(policy: SandboxPolicy, probe: KernelProbe, nam
     {
       what: 'process tree',
       mechanism: inNamespaces
-        ? 'a PID namespace whose init is bubblewrap: the runner kills bubblewrap at the deadline (and it dies with the gateway: --die-with-parent), and the kernel then kills every process left in the namespace; setsid is denied too'
+        ? 'a PID namespace whose init is bubblewrap, under the keeper: the keeper kills the run (its session, its cgroup, every descendant) when agent-run exits, at the deadline and when the gateway dies, and the kernel then kills every process left in the namespace; setsid is denied too'
         : probe.seccomp
-        ? 'new session; setsid denied by seccomp, so every descendant stays in it and the runner kills the whole session at the deadline (setpgid stays allowed: each shell command gets its own group for the tool timeout)'
+        ? 'new session under the keeper; setsid denied by seccomp, so every descendant stays in it, and the keeper kills the session, the run cgroup and every descendant when agent-run exits, at the deadline and when the gateway dies (setpgid stays allowed: each shell command gets its own group for the tool timeout)'
         : 'new session; descendants CAN leave it (no seccomp)',
     },
     {what: 'signals and abstract unix sockets', mechanism: abi >= 6 ? 'Landlock scoping (ABI 6): nothing outside the sandbox can be signalled or reached' : 'NOT scoped (Landlock ABI < 6)'},

@@ -1,0 +1,176 @@
+import fs from 'node:fs'
+import os from 'node:os'
+import path from 'node:path'
+import {processAlive} from '../process-alive.js'
+import {killRunCgroups, removeRunCgroups} from '../../sandbox/run-cgroup.js'
+import {openGatewayDb, type GatewayDb} from './gateway-db.js'
+
+/**
+ * What a live run holds on the host, recorded in gateway.db while it runs so that the next
+ * start-up (serve or send) can kill what a crashed owner left: its keeper, cgroups, container and
+ * private TMPDIR. The keeper normally does this itself the moment its owner dies; the record
+ * covers the keeper dying too (OOM killer, a kill of everything).
+ */
+export interface RunProcessRecord {
+  runId: string
+  keeperPid?: number
+  cgroups: string[]
+  container?: string
+  tmpDir?: string
+}
+
+interface Row {
+  run_id: string
+  owner_pid: number
+  owner_start: string | null
+  keeper_pid: number | null
+  cgroups: string
+  container: string | null
+  tmp_dir: string | null
+}
+
+const connections = new Map<string, GatewayDb>()
+
+/** One connection per home for the life of the process: runs are recorded often. */
+function db(home: string): GatewayDb {
+  let connection = connections.get(home)
+  if (!connection) {
+    connection = openGatewayDb(home)
+    connections.set(home, connection)
+  }
+  return connection
+}
+
+/** Field 22 of /proc/PID/stat (start time in clock ticks); undefined off Linux or when gone. */
+export function processStartTime(pid: number): string | undefined {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8')
+    return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19]
+  } catch {
+    return undefined
+  }
+}
+
+/** Records (or updates) what a run holds; a failure is reported, never fatal to the run. */
+export function recordRunProcess(home: string, record: RunProcessRecord, log?: (line: string) => void): void {
+  try {
+    db(home)
+      .prepare(
+        `INSERT INTO run_processes (run_id, owner_pid, owner_start, keeper_pid, cgroups, container, tmp_dir, started_at)
+         VALUES (@runId, @ownerPid, @ownerStart, @keeperPid, @cgroups, @container, @tmpDir, @startedAt)
+         ON CONFLICT (run_id) DO UPDATE SET keeper_pid = excluded.keeper_pid, cgroups = excluded.cgroups,
+           container = excluded.container, tmp_dir = excluded.tmp_dir`,
+      )
+      .run({
+        runId: record.runId,
+        ownerPid: process.pid,
+        ownerStart: processStartTime(process.pid) ?? null,
+        keeperPid: record.keeperPid ?? null,
+        cgroups: JSON.stringify(record.cgroups),
+        container: record.container ?? null,
+        tmpDir: record.tmpDir ?? null,
+        startedAt: Date.now(),
+      })
+  } catch (error) {
+    log?.(`could not record the run's processes in gateway.db (a crash now would leave them to the keeper alone): ${(error as Error).message}`)
+  }
+}
+
+export function forgetRunProcess(home: string, runId: string): void {
+  try {
+    db(home).prepare('DELETE FROM run_processes WHERE run_id = ?').run(runId)
+  } catch {
+    // the record only matters after a crash; a stale one is reaped harmlessly at the next start
+  }
+}
+
+function ownerAlive(row: Row): boolean {
+  if (row.owner_pid === process.pid) return processStartTime(process.pid) === row.owner_start
+  if (!processAlive(row.owner_pid)) return false
+  const start = processStartTime(row.owner_pid)
+  return start === undefined || row.owner_start === null || start === row.owner_start
+}
+
+function isKeeper(pid: number): boolean {
+  try {
+    return fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').includes('--keeper-fd')
+  } catch {
+    return false
+  }
+}
+
+export interface ReapResult {
+  /** Runs whose owner had died: their processes were killed. */
+  runs: string[]
+  /** Containers of those runs, for the caller to remove (needs the engine). */
+  containers: string[]
+  /** Private TMPDIRs removed (of those runs, or left by owners that are gone). */
+  tmpDirs: string[]
+}
+
+/**
+ * Start-up: kills every process of runs whose owner died (keeper, cgroups) and removes their
+ * TMPDIRs and records; also removes /tmp/meepa-run-* directories whose owner is gone.
+ */
+export function reapAbandonedRuns(home: string): ReapResult {
+  const result: ReapResult = {runs: [], containers: [], tmpDirs: []}
+  let rows: Row[] = []
+  try {
+    rows = db(home).prepare('SELECT * FROM run_processes').all() as Row[]
+  } catch {
+    rows = []
+  }
+  for (const row of rows) {
+    if (ownerAlive(row)) continue
+    if (row.keeper_pid && isKeeper(row.keeper_pid)) {
+      try {
+        process.kill(row.keeper_pid, 'SIGKILL')
+      } catch {
+        // gone meanwhile
+      }
+    }
+    const cgroups = JSON.parse(row.cgroups) as string[]
+    killRunCgroups(cgroups)
+    removeRunCgroups(cgroups)
+    if (row.container) result.containers.push(row.container)
+    if (row.tmp_dir && fs.existsSync(row.tmp_dir)) {
+      fs.rmSync(row.tmp_dir, {recursive: true, force: true})
+      result.tmpDirs.push(row.tmp_dir)
+    }
+    forgetRunProcess(home, row.run_id)
+    result.runs.push(row.run_id)
+  }
+  result.tmpDirs.push(...removeStaleTmpDirs())
+  return result
+}
+
+/** `meepa-run-<owner pid>-...`: see withPrivateTmp. */
+export const RUN_TMP_PREFIX = 'meepa-run-'
+/** Directories of the older naming (no owner pid) are removed once this old. */
+const UNOWNED_TMP_MAX_AGE_MS = 24 * 3600_000
+
+function removeStaleTmpDirs(): string[] {
+  const removed: string[] = []
+  const root = os.tmpdir()
+  let entries: string[]
+  try {
+    entries = fs.readdirSync(root).filter((name) => name.startsWith(RUN_TMP_PREFIX))
+  } catch {
+    return removed
+  }
+  for (const name of entries) {
+    const dir = path.join(root, name)
+    const owner = /^meepa-run-(\d+)-/.exec(name)?.[1]
+    try {
+      const stat = fs.lstatSync(dir)
+      if (!stat.isDirectory() || stat.uid !== process.getuid?.()) continue
+      const stale = owner ? Number(owner) !== process.pid && !processAlive(Number(owner)) : Date.now() - stat.mtimeMs > UNOWNED_TMP_MAX_AGE_MS
+      if (!stale) continue
+      fs.rmSync(dir, {recursive: true, force: true})
+      removed.push(dir)
+    } catch {
+      // another start-up removed it first
+    }
+  }
+  return removed
+}

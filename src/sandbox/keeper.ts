@@ -1,0 +1,46 @@
+import fs from 'node:fs'
+import {helperPath} from './landlock/helper.js'
+
+/**
+ * The keeper (native/meepa-sandbox.c, --keeper-fd): the process a run's owner starts. It forks the
+ * run, stays small, and kills every process of the run (its cgroups, its session, every descendant)
+ * when the run's main process exits or when the owner dies, which it learns from a hang-up on an
+ * fd the owner holds open. It never touches stdin/stdout: they go straight to the run.
+ */
+
+/** The keeper, when this host has it: meepa-sandbox, Linux only. */
+export function keeperHelper(): string | undefined {
+  if (process.platform !== 'linux') return undefined
+  try {
+    fs.accessSync(helperPath(), fs.constants.X_OK)
+    return helperPath()
+  } catch {
+    return undefined
+  }
+}
+
+export interface KeeperOptions {
+  /** The run's cgroup directories: its processes join them before anything runs. */
+  cgroups?: string[]
+  /** RLIMIT_FSIZE of the run: no file it writes grows past this. */
+  maxFileSize?: number
+  /** Removed by the keeper when the owner died (the run's private TMPDIR). */
+  removeDir?: string
+  /** argv the keeper runs when the owner died (after killing the run), e.g. `docker rm --force NAME`. */
+  onOrphan?: string[]
+}
+
+/**
+ * `meepa-sandbox --keeper-fd K ... -- ARGV`, or, when ARGV is itself the helper applying rules,
+ * one helper doing both (no second exec). The keeper is the owner-facing process whatever runs
+ * under it (the helper, bwrap, agent-run, docker).
+ */
+export function keeperArgv(helper: string, keeperFd: number, options: KeeperOptions, argv: string[]): string[] {
+  const flags = ['--keeper-fd', String(keeperFd)]
+  for (const dir of options.cgroups ?? []) flags.push('--cgroup', dir)
+  if (options.maxFileSize) flags.push('--max-file-size', String(options.maxFileSize))
+  if (options.removeDir) flags.push('--remove-dir', options.removeDir)
+  for (const arg of options.onOrphan ?? []) flags.push('--on-orphan', arg)
+  if (argv[0] === helper && argv[1] === '--rules-fd') return [helper, ...flags, ...argv.slice(1)]
+  return [helper, ...flags, '--', ...argv]
+}

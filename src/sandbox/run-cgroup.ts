@@ -1,0 +1,317 @@
+import fs from 'node:fs'
+import path from 'node:path'
+
+/**
+ * A cgroup per run (DESIGN.md 4.1, limits): memory, pids and CPU limits for everything a run
+ * starts, at the host levels. The sandbox helper's child joins the run's cgroups before anything
+ * of the run executes; its keeper kills them when the run ends or its owner dies.
+ *
+ * - cgroup v2 (unified): where this process may create cgroups with the memory, pids and cpu
+ *   controllers (root, or a delegated systemd user slice). The run cgroups live under this
+ *   process's own cgroup, in `meepa-runs/`; when that cgroup has processes (v2 forbids
+ *   controllers there), the gateway first moves itself into a `meepa-gateway/` leaf beside it.
+ * - cgroup v1 (hybrid hosts): one directory per controller hierarchy (memory, pids, cpu, and
+ *   freezer to stop a fork bomb while it is killed), under this process's own cgroup of each.
+ * - otherwise: no cgroup; `sandbox explain` says the limits are not enforced.
+ * Limits are nested under the gateway's own cgroup, so they can only tighten what it has.
+ */
+
+export interface RunLimits {
+  memoryBytes: number
+  pids: number
+  cpus: number
+}
+
+export type LimitName = 'memory' | 'pids' | 'cpu'
+
+export interface CgroupSupport {
+  mode: 'v2' | 'v1' | 'none'
+  /** Limits a run cgroup enforces here. */
+  enforced: Record<LimitName, boolean>
+  /** How (or why not), for `sandbox explain`. */
+  how: string
+}
+
+const CGROUP_ROOT = '/sys/fs/cgroup'
+const RUNS_DIR = 'meepa-runs'
+const V1_CONTROLLERS = ['memory', 'pids', 'cpu', 'freezer'] as const
+type V1Controller = (typeof V1_CONTROLLERS)[number]
+
+interface Layout {
+  support: CgroupSupport
+  /** Parent directories of run cgroups: one (v2) or one per v1 controller. */
+  parents: Array<{controller: V1Controller | 'unified'; dir: string}>
+}
+
+let cached: Layout | undefined
+
+/** This process's cgroup path per hierarchy, from /proc/self/cgroup ('' key: the unified one). */
+function ownCgroups(): Map<string, string> {
+  const paths = new Map<string, string>()
+  let text = ''
+  try {
+    text = fs.readFileSync('/proc/self/cgroup', 'utf8')
+  } catch {
+    return paths
+  }
+  for (const line of text.split('\n')) {
+    const match = /^\d+:([^:]*):(.*)$/.exec(line)
+    if (!match) continue
+    const [, controllers, cgroupPath] = match as unknown as [string, string, string]
+    if (controllers === '') paths.set('', cgroupPath)
+    for (const controller of controllers.split(',')) if (controller) paths.set(controller, cgroupPath)
+  }
+  return paths
+}
+
+function readText(file: string): string | undefined {
+  try {
+    return fs.readFileSync(file, 'utf8')
+  } catch {
+    return undefined
+  }
+}
+
+/** Can this process make a child cgroup in `dir`? (Tried for real: permissions do not tell.) */
+function canCreateIn(dir: string): boolean {
+  const probe = path.join(dir, `probe-${process.pid}-${Date.now()}`)
+  try {
+    fs.mkdirSync(dir, {recursive: true})
+    fs.mkdirSync(probe)
+    fs.rmdirSync(probe)
+    return true
+  } catch {
+    return false
+  }
+}
+
+function detectV2(own: Map<string, string>): Layout | undefined {
+  const controllers = readText(path.join(CGROUP_ROOT, 'cgroup.controllers'))
+  if (controllers === undefined) return undefined
+  const ownPath = own.get('')
+  if (ownPath === undefined) return undefined
+  const base = path.join(CGROUP_ROOT, ownPath)
+  const wanted = ['memory', 'pids', 'cpu'].filter((name) => (readText(path.join(base, 'cgroup.controllers')) ?? '').split(/\s+/).includes(name))
+  if (wanted.length === 0) return {support: {mode: 'none', enforced: none(), how: `cgroup v2 is mounted but ${base} offers no memory, pids or cpu controller to this process`}, parents: []}
+  const runs = path.join(base, RUNS_DIR)
+  try {
+    enableControllers(base, wanted, ownPath === '/')
+    fs.mkdirSync(runs, {recursive: true})
+    fs.writeFileSync(path.join(runs, 'cgroup.subtree_control'), wanted.map((name) => `+${name}`).join(' '))
+  } catch (error) {
+    return {
+      support: {
+        mode: 'none',
+        enforced: none(),
+        how: `cgroup v2: cannot create run cgroups under ${base} (${(error as Error).message}); run the gateway as root in a unit of its own, or under a delegated one (systemd-run --user -p Delegate=yes meepagateway serve)`,
+      },
+      parents: [],
+    }
+  }
+  const enforced = {memory: wanted.includes('memory'), pids: wanted.includes('pids'), cpu: wanted.includes('cpu')}
+  return {support: {mode: 'v2', enforced, how: `cgroup v2: one cgroup per run under ${runs}`}, parents: [{controller: 'unified', dir: runs}]}
+}
+
+/**
+ * v2 allows controllers below a cgroup only when it has no processes of its own: the gateway moves
+ * itself (never another process) into a leaf first. With other processes in its cgroup (a login
+ * session) the write fails with EBUSY, and the caller reports how to give the gateway its own unit.
+ */
+function enableControllers(base: string, wanted: string[], isRoot: boolean): void {
+  const control = path.join(base, 'cgroup.subtree_control')
+  const enabled = (readText(control) ?? '').split(/\s+/)
+  const missing = wanted.filter((name) => !enabled.includes(name))
+  if (missing.length === 0) return
+  if (!isRoot) {
+    const leaf = path.join(base, 'meepa-gateway')
+    fs.mkdirSync(leaf, {recursive: true})
+    fs.writeFileSync(path.join(leaf, 'cgroup.procs'), String(process.pid))
+  }
+  fs.writeFileSync(control, missing.map((name) => `+${name}`).join(' '))
+}
+
+function detectV1(own: Map<string, string>): Layout | undefined {
+  const parents: Layout['parents'] = []
+  for (const controller of V1_CONTROLLERS) {
+    const mount = path.join(CGROUP_ROOT, controller)
+    const ownPath = own.get(controller)
+    if (ownPath === undefined || !fs.existsSync(path.join(mount, 'cgroup.procs'))) continue
+    const dir = path.join(mount, ownPath, 'meepagateway')
+    if (canCreateIn(dir)) parents.push({controller, dir})
+  }
+  if (parents.length === 0) return undefined
+  const has = (name: V1Controller) => parents.some((parent) => parent.controller === name)
+  const enforced = {memory: has('memory'), pids: has('pids'), cpu: has('cpu')}
+  return {support: {mode: 'v1', enforced, how: `cgroup v1: one cgroup per run in the ${parents.map((parent) => parent.controller).join(', ')} hierarchies (${parents[0]?.dir} ...)`}, parents}
+}
+
+function none(): Record<LimitName, boolean> {
+  return {memory: false, pids: false, cpu: false}
+}
+
+function detect(): Layout {
+  if (process.platform !== 'linux') return {support: {mode: 'none', enforced: none(), how: `no cgroups on ${process.platform}`}, parents: []}
+  const own = ownCgroups()
+  const v2 = detectV2(own)
+  if (v2?.support.mode === 'v2') return v2
+  const v1 = detectV1(own)
+  if (v1) return v1
+  return v2 ?? {support: {mode: 'none', enforced: none(), how: 'this process cannot create cgroups (not root, and no delegated cgroup v2 slice)'}, parents: []}
+}
+
+/** How run limits are enforced on this host (detected once per process). */
+export function cgroupSupport(): CgroupSupport {
+  cached ??= detect()
+  return cached.support
+}
+
+export interface RunCgroup {
+  /** Every directory the run's processes join (the helper's --cgroup arguments). */
+  dirs: string[]
+  /** Processes the kernel OOM-killed in the run so far. */
+  oomKills(): number
+  /** Times a fork was refused because the run reached its pids limit. */
+  pidsLimitHits(): number
+}
+
+/** Creates the cgroup(s) of one run with its limits; undefined when this host cannot. */
+export function createRunCgroup(runId: string, limits: RunLimits): RunCgroup | undefined {
+  cached ??= detect()
+  const {parents} = cached
+  if (parents.length === 0) return undefined
+  const dirs: string[] = []
+  const name = runId.replace(/[^A-Za-z0-9_-]/g, '_')
+  try {
+    for (const parent of parents) {
+      const dir = path.join(parent.dir, name)
+      fs.mkdirSync(dir)
+      dirs.push(dir)
+      writeLimits(parent.controller, dir, limits)
+    }
+  } catch (error) {
+    removeRunCgroups(dirs)
+    throw new Error(`cannot create the run's cgroup: ${(error as Error).message}`)
+  }
+  const memoryDir = dirs.find((dir) => parents.some((parent) => dir.startsWith(`${parent.dir}/`) && (parent.controller === 'memory' || parent.controller === 'unified')))
+  const pidsDir = dirs.find((dir) => parents.some((parent) => dir.startsWith(`${parent.dir}/`) && (parent.controller === 'pids' || parent.controller === 'unified')))
+  return {
+    dirs,
+    oomKills: () => counter(memoryDir, ['memory.events', 'memory.oom_control'], 'oom_kill'),
+    pidsLimitHits: () => counter(pidsDir, ['pids.events'], 'max'),
+  }
+}
+
+function counter(dir: string | undefined, files: string[], key: string): number {
+  if (!dir) return 0
+  for (const file of files) {
+    const text = readText(path.join(dir, file))
+    const value = text === undefined ? undefined : new RegExp(`^${key} (\\d+)$`, 'm').exec(text)?.[1]
+    if (value !== undefined) return Number(value)
+  }
+  return 0
+}
+
+const CPU_PERIOD_US = 100_000
+
+function writeLimits(controller: V1Controller | 'unified', dir: string, limits: RunLimits): void {
+  const write = (file: string, value: string | number, optional = false) => {
+    try {
+      fs.writeFileSync(path.join(dir, file), String(value))
+    } catch (error) {
+      if (!optional) throw error
+    }
+  }
+  const quota = Math.max(1000, Math.round(limits.cpus * CPU_PERIOD_US))
+  switch (controller) {
+    case 'unified':
+      if (fs.existsSync(path.join(dir, 'memory.max'))) {
+        write('memory.max', limits.memoryBytes)
+        write('memory.swap.max', 0, true) // swap would let a hog run past the limit, slowly
+        write('memory.oom.group', 1, true)
+      }
+      if (fs.existsSync(path.join(dir, 'pids.max'))) write('pids.max', limits.pids)
+      if (fs.existsSync(path.join(dir, 'cpu.max'))) write('cpu.max', `${quota} ${CPU_PERIOD_US}`)
+      break
+    case 'memory':
+      write('memory.limit_in_bytes', limits.memoryBytes)
+      write('memory.memsw.limit_in_bytes', limits.memoryBytes, true) // no swap beyond the limit, where accounted
+      break
+    case 'pids':
+      write('pids.max', limits.pids)
+      break
+    case 'cpu':
+      write('cpu.cfs_period_us', CPU_PERIOD_US)
+      write('cpu.cfs_quota_us', quota)
+      break
+    case 'freezer':
+      break
+  }
+}
+
+/**
+ * Kills every process in these cgroups (the keeper normally does it; this is for a keeper that
+ * died): cgroup.kill on v2, freeze + kill + thaw on v1, then rounds until they are empty.
+ */
+export function killRunCgroups(dirs: string[]): void {
+  const procs = (dir: string) =>
+    (readText(path.join(dir, 'cgroup.procs')) ?? '')
+      .split('\n')
+      .filter(Boolean)
+      .map(Number)
+  const killAll = () => {
+    let found = 0
+    for (const dir of dirs) {
+      for (const pid of procs(dir)) {
+        found++
+        try {
+          process.kill(pid, 'SIGKILL')
+        } catch {
+          // exited meanwhile
+        }
+      }
+    }
+    return found
+  }
+  if (dirs.every((dir) => procs(dir).length === 0)) return // the keeper left nothing (the usual case)
+  for (const dir of dirs) {
+    try {
+      fs.writeFileSync(path.join(dir, 'cgroup.kill'), '1')
+    } catch {
+      // v1, or gone
+    }
+  }
+  const freezer = dirs.find((dir) => fs.existsSync(path.join(dir, 'freezer.state')))
+  if (freezer) {
+    try {
+      fs.writeFileSync(path.join(freezer, 'freezer.state'), 'FROZEN')
+      killAll()
+      fs.writeFileSync(path.join(freezer, 'freezer.state'), 'THAWED')
+    } catch {
+      // gone
+    }
+  }
+  const deadline = Date.now() + 2000
+  while (killAll() > 0 && Date.now() < deadline) Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 5)
+}
+
+/** Removes the run's (empty) cgroup directories; retried briefly while the last processes exit. */
+export function removeRunCgroups(dirs: string[]): void {
+  for (const dir of dirs) {
+    for (let attempt = 0; attempt < 50; attempt++) {
+      try {
+        fs.rmdirSync(dir)
+        break
+      } catch (error) {
+        const code = (error as NodeJS.ErrnoException).code
+        if (code === 'ENOENT') break
+        if (code !== 'EBUSY') break
+        Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 10)
+      }
+    }
+  }
+}
+
+/** For tests: forget the detected layout. */
+export function resetCgroupSupportForTests(): void {
+  cached = undefined
+}

@@ -1,0 +1,102 @@
+import {execa} from 'execa'
+import fs from 'node:fs'
+import os from 'node:os'
+import path from 'node:path'
+import {describe, expect, it} from 'vitest'
+import {HELPER} from './landlock-support.js'
+
+/*
+ * The keeper (meepa-sandbox --keeper-fd) on its own, without cgroups: transparent to the run's
+ * stdin/stdout and exit status, relays signals, and when its owner dies kills every descendant,
+ * even one that left the run's session (setsid is allowed at the unrestricted level).
+ */
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
+const alive = (pid: number) => {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8')
+    return !stat.slice(stat.lastIndexOf(')') + 2).startsWith('Z')
+  } catch {
+    return false
+  }
+}
+
+function readCmdline(pid: string): string {
+  try {
+    return fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8')
+  } catch {
+    return ''
+  }
+}
+
+/** Runs the keeper with a lifeline on fd 3 held by this process (as the runners do). */
+function keeper(argv: string[], input?: string) {
+  return execa(HELPER, ['--keeper-fd', '3', '--', ...argv], {stdio: ['pipe', 'pipe', 'pipe', 'pipe'], input, reject: false, detached: true})
+}
+
+describe.runIf(process.platform === 'linux' && fs.existsSync(HELPER))('the keeper', {timeout: 30_000}, () => {
+  it('passes stdin, stdout and the exit status through untouched', async () => {
+    const result = await keeper(['sh', '-c', 'cat; echo " and more"; exit 7'], '{"line":1}\n{"line":2}\n')
+    expect(result.stdout).toBe('{"line":1}\n{"line":2}\n and more')
+    expect(result.exitCode).toBe(7)
+  })
+
+  it('relays SIGTERM to the run and exits with its status (143)', async () => {
+    const child = keeper(['sh', '-c', 'echo ready; exec sleep 20'])
+    await new Promise<void>((resolve) => child.stdout?.once('data', () => resolve()))
+    child.kill('SIGTERM')
+    expect((await child).exitCode).toBe(143)
+  })
+
+  it('kills what the run left in the background when it exits, even in a session of its own', async () => {
+    const pidFile = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'keeper-')), 'pid')
+    const result = await keeper(['sh', '-c', `setsid sh -c 'echo $$ > ${pidFile}; exec sleep 30' & sleep 0.3`])
+    expect(result.exitCode).toBe(0)
+    const pid = Number(fs.readFileSync(pidFile, 'utf8'))
+    await sleep(100)
+    expect(alive(pid)).toBe(false)
+  })
+
+  it('kills the whole run, double-forked and setsid descendants included, when its owner dies', async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'keeper-'))
+    // the owner: a shell holding the lifeline, killed with SIGKILL mid-run
+    const owner = execa('sh', ['-c', `exec ${HELPER} --keeper-fd 3 -- sh -c "(setsid sh -c 'echo \\$\\$ > ${dir}/pid; sleep 1; touch ${dir}/late' &) ; sleep 30" 3<&0`], {
+      stdin: 'pipe',
+      reject: false,
+    })
+    const deadline = Date.now() + 5000
+    while (!fs.existsSync(path.join(dir, 'pid')) && Date.now() < deadline) await sleep(20)
+    const pid = Number(fs.readFileSync(path.join(dir, 'pid'), 'utf8'))
+    // the owner here is the process holding the other end of fd 3: this test, through the pipe
+    owner.stdin?.destroy()
+    await sleep(300)
+    expect(alive(pid)).toBe(false)
+    await sleep(1200)
+    expect(fs.existsSync(path.join(dir, 'late'))).toBe(false)
+    owner.kill('SIGKILL')
+    await owner
+  })
+
+  it.runIf(fs.existsSync('/usr/bin/bwrap'))('stays the outermost owner with bubblewrap in front of the run (pid namespace, new session)', async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'keeper-'))
+    const run = `(setsid sh -c 'echo $$ > ${dir}/pid; sleep 1; touch ${dir}/late' &) ; sleep 30`
+    const child = keeper(['bwrap', '--unshare-pid', '--die-with-parent', '--new-session', '--bind', '/', '/', '--proc', '/proc', '--dev', '/dev', '--', 'sh', '-c', run])
+    const deadline = Date.now() + 5000
+    while (!fs.existsSync(path.join(dir, 'pid')) && Date.now() < deadline) await sleep(20)
+    const inside = fs.readdirSync('/proc').filter((pid) => /^\d+$/.test(pid) && alive(Number(pid)) && readCmdline(pid).includes(dir))
+    expect(inside.length).toBeGreaterThan(0)
+    ;(child.stdio[3] as NodeJS.ReadableStream & {destroy(): void}).destroy() // the owner's end of the lifeline goes away
+    await child
+    await sleep(100)
+    expect(inside.filter((pid) => alive(Number(pid)))).toEqual([])
+    await sleep(1200)
+    expect(fs.existsSync(path.join(dir, 'late'))).toBe(false)
+  })
+
+  it('refuses keeper flags without --keeper-fd and a lifeline that is not open', async () => {
+    expect((await execa(HELPER, ['--cgroup', '/sys/fs/cgroup/x', '--', 'true'], {reject: false})).exitCode).toBe(2)
+    const closed = await execa(HELPER, ['--keeper-fd', '9', '--', 'true'], {reject: false})
+    expect(closed.exitCode).toBe(125)
+    expect(closed.stderr).toContain('--keeper-fd 9 is not open')
+  })
+})
