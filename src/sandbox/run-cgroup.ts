@@ -2,7 +2,7 @@ import fs from 'node:fs'
 import path from 'node:path'
 
 /**
- * A cgroup per run (DESIGN.md 4.1, limits): memory, pids and CPU limits for everything a run
+ * A cgroup per run (docs/isolation.md, limits): memory, pids and CPU limits for everything a run
  * starts, at the host levels. The sandbox helper's child joins the run's cgroups before anything
  * of the run executes; its keeper kills them when the run ends or its owner dies.
  *
