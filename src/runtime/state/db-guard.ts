@@ -1,6 +1,6 @@
 import fs from 'node:fs'
 import {gatewayDbPath} from '../paths.js'
-import {openGatewayDb, type GatewayDb} from './gateway-db.js'
+import {openGatewayDb, shareGatewayDb, type GatewayDb} from './gateway-db.js'
 
 /** How often the file at gateway.db's path is compared with the one the gateway has open. */
 const IDENTITY_CHECK_MS = 1_000
@@ -41,6 +41,7 @@ export class GuardedGatewayDb {
       },
     })
     this.timer = setInterval(() => this.check(), IDENTITY_CHECK_MS).unref()
+    shareGatewayDb(home, this.db)
   }
 
   /** A write failed as if the file were damaged: checked (and repaired) now rather than at the next tick. */
@@ -94,6 +95,7 @@ export class GuardedGatewayDb {
 
   close(): void {
     clearInterval(this.timer)
+    shareGatewayDb(this.home, undefined)
     this.current?.close()
     this.current = undefined
   }

@@ -191,3 +191,27 @@ export function withGatewayDb<T>(home: string, fn: (db: GatewayDb) => T): T {
     db.close()
   }
 }
+
+const sharedConnections = new Map<string, GatewayDb>()
+
+/**
+ * The process's one connection per home for frequent small writes (run ownership records). A
+ * running gateway registers its guarded connection, so those writes follow the database when it is
+ * repaired or replaced instead of keeping a second handle on the old file.
+ */
+export function sharedGatewayDb(home: string): GatewayDb {
+  let db = sharedConnections.get(home)
+  if (!db) {
+    db = openGatewayDb(home)
+    sharedConnections.set(home, db)
+  }
+  return db
+}
+
+/** A running gateway's connection becomes the shared one for its home (undefined: unregister). */
+export function shareGatewayDb(home: string, db: GatewayDb | undefined): void {
+  const previous = sharedConnections.get(home)
+  if (db) sharedConnections.set(home, db)
+  else sharedConnections.delete(home)
+  if (previous && previous !== db && previous.open) previous.close()
+}

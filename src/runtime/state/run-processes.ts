@@ -3,7 +3,7 @@ import os from 'node:os'
 import path from 'node:path'
 import {processAlive} from '../process-alive.js'
 import {killRunCgroups, removeRunCgroups} from '../../sandbox/run-cgroup.js'
-import {openGatewayDb, type GatewayDb} from './gateway-db.js'
+import {sharedGatewayDb} from './gateway-db.js'
 
 /**
  * What a live run holds on the host, recorded in gateway.db while it runs so that the next
@@ -29,17 +29,7 @@ interface Row {
   tmp_dir: string | null
 }
 
-const connections = new Map<string, GatewayDb>()
-
-/** One connection per home for the life of the process: runs are recorded often. */
-function db(home: string): GatewayDb {
-  let connection = connections.get(home)
-  if (!connection) {
-    connection = openGatewayDb(home)
-    connections.set(home, connection)
-  }
-  return connection
-}
+const db = sharedGatewayDb
 
 /** Field 22 of /proc/PID/stat (start time in clock ticks); undefined off Linux or when gone. */
 export function processStartTime(pid: number): string | undefined {
