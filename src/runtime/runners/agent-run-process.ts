@@ -4,6 +4,7 @@ import type {AgentRunInput, AgentRunOutput} from '../agent-run/contract.js'
 import {failure, parseAgentRunOutput} from '../agent-run/output.js'
 import {APP_ROOT} from '../app-root.js'
 import {killProcessTree} from '../../sandbox/kill-session.js'
+import {AgentRunChannel, type HostLlm} from './llm-channel.js'
 
 
 /** argv that starts `meepagateway agent-run` with this Node; always the built app (tests build it first). */
@@ -18,6 +19,8 @@ export interface AgentProcessOptions {
   env: Record<string, string>
   cwd: string
   input: AgentRunInput
+  /** Answers agent-run's LLM requests (the channel on its stdin/stdout). */
+  llm: HostLlm
   timeoutMs: number
   signal?: AbortSignal
   /** Extra data written to fd 3 (the sandbox helper reads its rules there). */
@@ -40,8 +43,9 @@ export async function runAgentProcess(options: AgentProcessOptions): Promise<Age
     env: options.env,
     extendEnv: false,
     detached: true,
-    input: JSON.stringify(input),
     stdio: options.fd3 === undefined ? ['pipe', 'pipe', 'pipe'] : ['pipe', 'pipe', 'pipe', 'pipe'],
+    // stdout is the LLM channel, read as it comes (AgentRunChannel), never buffered whole
+    buffer: {stdout: false},
     reject: false,
     stripFinalNewline: true,
     maxBuffer: 64 * 1024 * 1024,
@@ -52,16 +56,17 @@ export async function runAgentProcess(options: AgentProcessOptions): Promise<Age
     fd3.end(options.fd3)
   }
 
+  // `detached` made the child a session leader: members that moved to another process group
+  // (the host sandbox lets them setpgid, never setsid) are still in its session
+  const killGroup = () => killProcessTree(child.pid)
+  const channel = new AgentRunChannel(child.stdin!, child.stdout!, input, options.llm, killGroup)
+
   let stderrTail = ''
   child.stderr?.on('data', (chunk: Buffer) => {
     const text = chunk.toString('utf8')
     stderrTail = (stderrTail + text).slice(-STDERR_TAIL_BYTES)
     if (options.onStderr) for (const line of text.split('\n')) if (line.trim()) options.onStderr(line)
   })
-
-  // `detached` made the child a session leader: members that moved to another process group
-  // (the host sandbox lets them setpgid, never setsid) are still in its session
-  const killGroup = () => killProcessTree(child.pid)
 
   let timedOut = false
   const timer = setTimeout(() => {
@@ -70,11 +75,12 @@ export async function runAgentProcess(options: AgentProcessOptions): Promise<Age
   }, options.timeoutMs)
   const result = await child
   clearTimeout(timer)
+  channel.close()
   killGroup() // background processes the agent left running die with the run
 
   if (timedOut) {
     return failure(input.run_id, 'E_TIMEOUT', `the run took longer than ${Math.round(options.timeoutMs / 1000)} s and was stopped`, false, {stderr_tail: stderrTail})
   }
   if (result.isCanceled) return failure(input.run_id, 'E_RUN', 'the run was cancelled', true)
-  return parseAgentRunOutput(input.run_id, String(result.stdout ?? ''), result.exitCode, stderrTail)
+  return channel.outcome() ?? parseAgentRunOutput(input.run_id, '', result.exitCode, stderrTail)
 }

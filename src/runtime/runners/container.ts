@@ -20,6 +20,7 @@ import {failure, failureFromError, outOfMemory, parseAgentRunOutput} from '../ag
 import {helperPath} from '../../sandbox/landlock/helper.js'
 import {APP_ROOT} from '../app-root.js'
 import type {RunRequest, Runner} from './types.js'
+import {AgentRunChannel} from './llm-channel.js'
 
 /**
  * Container level: one fresh, hardened container per message (DESIGN.md section 4.2), running the
@@ -98,16 +99,19 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
   const container = standby ?? startAgentContainer(cli, shape, {name: containerNameFor(runId), run: runId, clientTimeoutMs: request.timeoutMs + CLIENT_GRACE_MS})
   container.log = log
   const {name, child} = container
-  // Everything the run needs, secrets included, goes in on stdin; forwarded secrets reach the
-  // engine through the docker CLI's own environment (`-e NAME` without a value), never argv.
-  child.stdin?.on('error', () => {}) // a client that died first is reported from its exit below
-  child.stdin?.end(JSON.stringify({...input, workspace: CONTAINER_WORKSPACE, env_secrets: shape.spec.forwardEnv}))
+  // The input goes in on stdin, then the LLM channel runs over the same pipe; forwarded secrets
+  // reach the engine through the docker CLI's own environment (`-e NAME` without a value), never argv.
+  let channelBroken = false
+  const channel = new AgentRunChannel(child.stdin!, child.stdout!, {...input, workspace: CONTAINER_WORKSPACE, env_secrets: shape.spec.forwardEnv}, request.llm, () => {
+    channelBroken = true
+    stop('violation')
+  })
 
   // The deadline kills the container itself: killing only the docker client would leave the
   // agent's processes running inside (and writing to the workspace) after the user was told it stopped.
-  let stopped: 'timeout' | 'cancelled' | undefined
+  let stopped: 'timeout' | 'cancelled' | 'violation' | undefined
   let stopping: Promise<unknown> = Promise.resolve()
-  const stop = (reason: 'timeout' | 'cancelled') => {
+  function stop(reason: 'timeout' | 'cancelled' | 'violation') {
     if (stopped) return
     stopped = reason
     stopping = cli.exec(['kill', name], {timeoutMs: KILL_TIMEOUT_MS}).catch((error: unknown) => log(`could not kill container ${name}: ${toGatewayError(error).message}`))
@@ -123,6 +127,7 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
   } finally {
     clearTimeout(timer)
     request.signal?.removeEventListener('abort', onAbort)
+    channel.close()
   }
   await stopping
   const stderrTail = container.stderrTail
@@ -131,7 +136,11 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
     // agent-run answered, and itself reported any command the kernel killed for memory: the
     // container only needs removing, which the reply does not wait for.
     scheduleRemoval(cli, name, log)
-    return parseAgentRunOutput(runId, String(result.stdout ?? ''), 0, stderrTail)
+    return channel.outcome() ?? parseAgentRunOutput(runId, '', 0, stderrTail)
+  }
+  if (channelBroken) {
+    scheduleRemoval(cli, name, log)
+    return channel.outcome()!
   }
   const state = await collectContainer(cli, name, log)
   if (state?.oomKilled) return outOfMemory(runId, agent.container_mode.memory_limit, {stderr_tail: stderrTail, exit_code: state.exitCode})
@@ -148,7 +157,7 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
       details: {stderr_tail: stderrTail},
     })
   }
-  return parseAgentRunOutput(runId, String(result.stdout ?? ''), state.exitCode, stderrTail)
+  return channel.outcome() ?? parseAgentRunOutput(runId, '', state.exitCode, stderrTail)
 }
 
 /** Everything that decides an agent's `docker run` except its name and run label. */
@@ -200,7 +209,7 @@ function startAgentContainer(
   options: {name: string; run: string; clientTimeoutMs: number; standby?: boolean},
 ): AgentContainer {
   const args = buildDockerRunArgs({...shape.spec, name: options.name, labels: {...shape.spec.labels, [LABEL.run]: options.run}, standby: options.standby})
-  const child = cli.spawn(args, {openStdin: true, env: shape.cliEnv, timeoutMs: options.clientTimeoutMs})
+  const child = cli.spawn(args, {openStdin: true, streamStdout: true, env: shape.cliEnv, timeoutMs: options.clientTimeoutMs})
   const container: AgentContainer = {name: options.name, key: shape.key, child, stderrTail: '', log: () => {}}
   const secretValues = Object.values(shape.cliEnv)
   child.stderr?.on('data', (chunk: Buffer) => {

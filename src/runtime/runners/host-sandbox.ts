@@ -3,7 +3,7 @@ import {agentPolicy, sandboxPath} from '../../sandbox/agent-policy.js'
 import {kernelGaps} from '../../sandbox/landlock/enforcement.js'
 import {HELPER_SETUP_EXIT, probeKernel, requireHelper} from '../../sandbox/landlock/helper.js'
 import {serializeRules} from '../../sandbox/landlock/rules-file.js'
-import {SANDBOX_HELPER_ENV, SANDBOX_NETWORK_ENV} from '../../sandbox/network-layer.js'
+import {SANDBOX_HELPER_ENV} from '../../sandbox/network-layer.js'
 import type {SandboxPolicy} from '../../sandbox/policy.js'
 import {seatbeltInvocation} from '../../sandbox/seatbelt/profile.js'
 import {prepareWorkspaceForPolicy} from '../../sandbox/workspace-prep.js'
@@ -56,6 +56,7 @@ export const hostSandboxRunner: Runner = {
         ...launch,
         cwd: request.workspace,
         input: request.input,
+        llm: request.llm,
         timeoutMs: request.timeoutMs,
         signal: request.signal,
         onStderr: request.onLog,
@@ -75,10 +76,10 @@ async function linuxLaunch(policy: SandboxPolicy, env: Record<string, string>): 
       fix: 'upgrade the kernel, use container mode, or set file_access.best_effort: true to run with these gaps',
     }
   }
-  // agent-run talks to its LLM provider, so its own layer keeps the network; with
-  // allow_network: false every shell command it starts gets the network-off layer.
-  const inner = {...env, [SANDBOX_HELPER_ENV]: helper, [SANDBOX_NETWORK_ENV]: policy.network}
-  return {argv: [helper, '--rules-fd', '3', '--', ...agentRunArgv()], env: {}, fd3: serializeRules({...policy, network: 'allow'}, inner)}
+  // agent-run reaches its LLM through the runner (stdin/stdout), so with allow_network: false
+  // the whole tree, agent-run included, is off the network.
+  const inner = {...env, [SANDBOX_HELPER_ENV]: helper}
+  return {argv: [helper, '--rules-fd', '3', '--', ...agentRunArgv()], env: {}, fd3: serializeRules(policy, inner)}
 }
 
 /** The helper's own refusal (exit 125, nothing ran) reads better as E_SANDBOX than as a crashed run. */

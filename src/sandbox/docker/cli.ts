@@ -39,6 +39,8 @@ export interface DockerCallOptions {
   input?: string
   /** Leaves stdin a pipe for the caller to write (a `docker run -i` whose input comes later). */
   openStdin?: boolean
+  /** stdout is read by the caller as it comes (agent-run's LLM channel) and not buffered in the result. */
+  streamStdout?: boolean
   /** Extra variables for the CLI process (e.g. values forwarded with `-e NAME`, which never appear in argv). */
   env?: Record<string, string>
   /** Called with each line of stdout and stderr as it arrives (build progress). */
@@ -100,6 +102,7 @@ export class DockerCli {
       cwd: options.cwd,
       input: options.input,
       stdin: options.input === undefined && !options.openStdin ? 'ignore' : undefined,
+      buffer: options.streamStdout ? {stdout: false} : true,
       reject: false,
       timeout: options.timeoutMs,
       cancelSignal: options.signal,
