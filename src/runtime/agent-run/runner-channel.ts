@@ -15,10 +15,9 @@ export class StdinReader {
   private resolveInput!: (text: string) => void
   private rejectInput!: (error: Error) => void
   readonly input: Promise<string>
-  /** Set once the input is read: where the lines after it go, and what EOF means. */
-  onFrame: (line: string) => void = () => {}
-  onEnd: () => void = () => {}
-  onBrokenFrame: (error: FrameError) => void = () => {}
+  /** What arrives after the input before a channel is attached waits here, in order. */
+  private queued: Array<() => void> = []
+  private handlers: {frame(line: string): void; end(): void; broken(error: FrameError): void} | undefined
 
   constructor(private readonly stream: NodeJS.ReadableStream) {
     this.input = new Promise((resolve, reject) => {
@@ -44,7 +43,7 @@ export class StdinReader {
       }
       this.inputDone = true
       this.inputChunks.length = 0
-      this.frames = new LineSplitter(MAX_FRAME_BYTES, (line) => this.onFrame(line))
+      this.frames = new LineSplitter(MAX_FRAME_BYTES, (line) => this.deliver((handlers) => handlers.frame(line)))
       this.resolveInput(head)
       this.pushFrames(chunk.subarray(newline + 1))
       return
@@ -64,8 +63,19 @@ export class StdinReader {
       this.frames!.push(chunk)
     } catch (error) {
       this.stream.removeAllListeners('data')
-      this.onBrokenFrame(error as FrameError)
+      this.deliver((handlers) => handlers.broken(error as FrameError))
     }
+  }
+
+  /** Where the lines after the input go, and what EOF means (channel mode); queued events are delivered now. */
+  attach(handlers: {frame(line: string): void; end(): void; broken(error: FrameError): void}): void {
+    this.handlers = handlers
+    for (const event of this.queued.splice(0)) event()
+  }
+
+  private deliver(event: (handlers: NonNullable<StdinReader['handlers']>) => void): void {
+    if (this.handlers) event(this.handlers)
+    else this.queued.push(() => event(this.handlers!))
   }
 
   private end(): void {
@@ -74,8 +84,9 @@ export class StdinReader {
       this.resolveInput(Buffer.concat(this.inputChunks).toString('utf8'))
       return
     }
-    if (this.frames?.rest().trim()) this.onFrame(this.frames.rest())
-    this.onEnd()
+    const rest = this.frames?.rest() ?? ''
+    if (rest.trim()) this.deliver((handlers) => handlers.frame(rest))
+    this.deliver((handlers) => handlers.end())
   }
 }
 
@@ -96,9 +107,11 @@ export class RunnerChannel {
     reader: StdinReader,
     private readonly write: (frame: AgentRunFrame) => void,
   ) {
-    reader.onFrame = (line) => this.receive(line)
-    reader.onBrokenFrame = (error) => this.close(new GatewayError('E_INPUT', `the runner sent ${error.message} on stdin`))
-    reader.onEnd = () => this.close(new GatewayError('E_RUN', 'the runner closed stdin before the run finished (the gateway stopped or gave up on this run)'))
+    reader.attach({
+      frame: (line) => this.receive(line),
+      broken: (error) => this.close(new GatewayError('E_INPUT', `the runner sent ${error.message} on stdin`)),
+      end: () => this.close(new GatewayError('E_RUN', 'the runner closed stdin before the run finished (the gateway stopped or gave up on this run)')),
+    })
   }
 
   chat(request: ChatRequest): Promise<ChatResponse> {

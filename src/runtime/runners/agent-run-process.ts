@@ -29,6 +29,7 @@ export interface AgentProcessOptions {
 }
 
 const STDERR_TAIL_BYTES = 4096
+const RESULT_EXIT_GRACE_MS = 1000
 
 /**
  * Starts agent-run (directly or under a sandbox helper) in its own process group and kills the
@@ -59,7 +60,8 @@ export async function runAgentProcess(options: AgentProcessOptions): Promise<Age
   // `detached` made the child a session leader: members that moved to another process group
   // (the host sandbox lets them setpgid, never setsid) are still in its session
   const killGroup = () => killProcessTree(child.pid)
-  const channel = new AgentRunChannel(child.stdin!, child.stdout!, input, options.llm, killGroup)
+  // An agent-run that lingers after its result (it should exit at once) is not waited for.
+  const channel = new AgentRunChannel(child.stdin!, child.stdout!, input, options.llm, killGroup, () => setTimeout(killGroup, RESULT_EXIT_GRACE_MS).unref())
 
   let stderrTail = ''
   child.stderr?.on('data', (chunk: Buffer) => {

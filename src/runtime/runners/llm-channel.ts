@@ -51,6 +51,8 @@ export class AgentRunChannel {
     private readonly input: AgentRunInput,
     private readonly llm: HostLlm,
     private readonly onViolation: () => void,
+    /** The result arrived: agent-run has nothing left to say and should exit now. */
+    private readonly onResult: () => void = () => {},
   ) {
     this.lines = new LineSplitter(MAX_FRAME_BYTES, (line) => this.receive(line))
     stdin.on('error', () => {}) // agent-run gone: its exit is reported by the runner
@@ -89,6 +91,8 @@ export class AgentRunChannel {
       if (this.result) throw new FrameError(`a ${frame.type} frame after its result`)
       if (frame.type === 'result') {
         this.result = frame.output
+        this.stdin.end()
+        this.onResult()
         return
       }
       if (this.inFlight) throw new FrameError('a second llm_request while one was still unanswered')
