@@ -174,7 +174,9 @@ function runShape(request: RunRequest, image: ReadyImage): RunShape {
   const forwardEnv = injectedSecretNames(request.config, input.secrets)
   const cliEnv = Object.fromEntries(forwardEnv.map((secretName) => [secretName, input.secrets[secretName] ?? '']))
   const spec: RunShape['spec'] = {
-    image: image.tag,
+    // By id: the agent-run verified for this gateway's build, even if another build retags the image meanwhile
+    // (an agent-run of another build may not speak this runner's LLM channel).
+    image: image.id,
     workspace: canonicalWorkspace(request.workspace),
     uid: process.getuid?.() ?? 1000,
     gid: process.getgid?.() ?? 1000,
