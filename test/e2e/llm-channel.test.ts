@@ -10,6 +10,10 @@ import type {AgentRunInput} from '../../src/runtime/agent-run/contract.js'
 import {resolveAgent} from '../../src/runtime/config/load.js'
 import {runAgentProcess} from '../../src/runtime/runners/agent-run-process.js'
 import {hostLlmFor} from '../../src/runtime/runners/llm-channel.js'
+import {linuxLaunch} from '../../src/runtime/runners/host-sandbox.js'
+import {agentEnvironment} from '../../src/runtime/runners/private-tmp.js'
+import {agentPolicy} from '../../src/sandbox/agent-policy.js'
+import {landlockUnavailable} from '../sandbox/landlock-support.js'
 import type {GatewayConfig} from '../../src/runtime/config/types.js'
 
 /*
@@ -51,7 +55,7 @@ const input = (maxIterations = 3): AgentRunInput => ({
 const REQUEST = {system: 's', messages: [{role: 'user', content: 'hi'}], tools: []}
 
 /** Runs `script` (Node, given the input's first line on stdin) in agent-run's place, against the real runner. */
-async function hostile(script: string, options: {maxIterations?: number; timeoutMs?: number} = {}) {
+async function hostile(script: string, options: {maxIterations?: number; timeoutMs?: number; allowNetwork?: boolean} = {}) {
   const file = path.join(dir, `hostile-${Math.random().toString(36).slice(2)}.cjs`)
   fs.writeFileSync(file, `
 const rl = require('readline').createInterface({input: process.stdin})
@@ -62,10 +66,19 @@ const send = (frame) => process.stdout.write(typeof frame === 'string' ? frame :
 const REQUEST = ${JSON.stringify(REQUEST)}
 ;(async () => { const input = JSON.parse(await next()); ${script} })()
 `)
+  let launch: {argv: string[]; env: Record<string, string>; fd3?: string} = {argv: [process.execPath, file], env: {PATH: process.env.PATH ?? '/usr/bin:/bin'}}
+  if (options.allowNetwork !== undefined) {
+    // exactly how the host-sandbox runner starts agent-run, with this script in its place
+    const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-channel-tmp-'))
+    const sandboxed = resolveAgent({id: 'hostile', file_access: {allow_network: options.allowNetwork, allow_read: [dir]}} as never, {})
+    const policy = agentPolicy({agent: sandboxed, config: {...config(), agents: [sandboxed]} as GatewayConfig, home: path.join(dir, 'home'), workspace: dir, tmpDir: tmp})
+    const linux = await linuxLaunch(policy, agentEnvironment(dir, tmp), [process.execPath, file])
+    if ('error' in linux) throw new Error(linux.error)
+    launch = linux
+  }
   const started = Date.now()
   const output = await runAgentProcess({
-    argv: [process.execPath, file],
-    env: {PATH: process.env.PATH ?? '/usr/bin:/bin'},
+    ...launch,
     cwd: dir,
     input: input(options.maxIterations),
     llm: hostLlmFor(agent(options.maxIterations), config(), {FAKE_LLM_KEY: KEY}),
@@ -131,6 +144,32 @@ describe('a hostile agent-run against the real runner', () => {
   it('says nothing at all: the run deadline ends it', async () => {
     const {output} = await hostile(`await new Promise(() => {})`, {timeoutMs: 1500})
     expect(output).toMatchObject({ok: false, error: {code: 'E_TIMEOUT'}})
+  })
+})
+
+describe.skipIf(landlockUnavailable() !== undefined)('agent-run itself under the host sandbox', () => {
+  // What a taken-over agent-run would try: reach the LLM (or anything) itself. The TCP connect goes to the fake LLM on 127.0.0.1.
+  const PROBE = `
+    const net = require('net'), dgram = require('dgram')
+    const tcp = await new Promise((resolve) => { try { const s = net.connect(${'${'}PORT}, '127.0.0.1'); s.on('connect', () => { s.destroy(); resolve('CONNECTED') }); s.on('error', (e) => resolve('tcp ' + e.code)) } catch (e) { resolve('tcp ' + e.code) } })
+    let udp; try { const u = dgram.createSocket('udp4'); await new Promise((resolve, reject) => { u.once('error', reject); u.bind(0, '127.0.0.1', resolve) }); udp = 'UDP BOUND'; u.close() } catch (e) { udp = 'udp ' + e.code }
+    send({type: 'result', output: {version: 1, ok: true, run_id: input.run_id, reply: {content: tcp + ' / ' + udp}, stop_reason: 'final', iterations: 0, tool_calls: [], usage: {input_tokens: 0, output_tokens: 0}, ms: 1}})
+    process.exit(0)`
+
+  it('with allow_network: false it has no network at all (TCP to the LLM, UDP), and its LLM calls still work through the channel', async () => {
+    llm.reset()
+    llm.enqueue({text: 'via the runner'})
+    const {output} = await hostile(`
+      send({type: 'llm_request', id: 1, request: REQUEST}); const answer = JSON.parse(await next()).response.content
+      ${PROBE.replace('${PORT}', String(llm.port)).replace("reply: {content: tcp + ' / ' + udp}", "reply: {content: answer + ' / ' + tcp + ' / ' + udp}")}`, {allowNetwork: false})
+    expect(output, JSON.stringify(output)).toMatchObject({ok: true, reply: {content: expect.stringMatching(/^via the runner \/ tcp E(PERM|ACCES) /)}})
+    expect(output.ok && output.reply.content).toMatch(/udp E(PERM|ACCES)$/)
+    expect(llm.requests).toHaveLength(1) // the runner's call, nothing from inside
+  })
+
+  it('control: with allow_network: true the same program connects', async () => {
+    const {output} = await hostile(PROBE.replace('${PORT}', String(llm.port)), {allowNetwork: true})
+    expect(output, JSON.stringify(output)).toMatchObject({ok: true, reply: {content: 'CONNECTED / UDP BOUND'}})
   })
 })
 

@@ -12,7 +12,7 @@ import {agentRunArgv, runAgentProcess} from './agent-run-process.js'
 import {agentEnvironment, withPrivateTmp} from './private-tmp.js'
 import type {RunRequest, Runner} from './types.js'
 
-interface Launch {
+export interface Launch {
   argv: string[]
   env: Record<string, string>
   fd3?: string
@@ -65,7 +65,8 @@ export const hostSandboxRunner: Runner = {
     }),
 }
 
-async function linuxLaunch(policy: SandboxPolicy, env: Record<string, string>): Promise<Launch | {error: string; gaps: string[]; fix: string}> {
+/** How the runner starts `command` (agent-run) under the helper; exported so tests can put a hostile program in agent-run's place. */
+export async function linuxLaunch(policy: SandboxPolicy, env: Record<string, string>, command = agentRunArgv()): Promise<Launch | {error: string; gaps: string[]; fix: string}> {
   const helper = requireHelper()
   const probe = await probeKernel(helper)
   const gaps = kernelGaps(probe, policy.network)
@@ -79,7 +80,7 @@ async function linuxLaunch(policy: SandboxPolicy, env: Record<string, string>): 
   // agent-run reaches its LLM through the runner (stdin/stdout), so with allow_network: false
   // the whole tree, agent-run included, is off the network.
   const inner = {...env, [SANDBOX_HELPER_ENV]: helper}
-  return {argv: [helper, '--rules-fd', '3', '--', ...agentRunArgv()], env: {}, fd3: serializeRules(policy, inner)}
+  return {argv: [helper, '--rules-fd', '3', '--', ...command], env: {}, fd3: serializeRules(policy, inner)}
 }
 
 /** The helper's own refusal (exit 125, nothing ran) reads better as E_SANDBOX than as a crashed run. */
