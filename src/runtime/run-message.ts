@@ -6,6 +6,7 @@ import {failureFromError} from './agent-run/output.js'
 import {isolationLevelFor, runnerFor} from './runners/index.js'
 import {hostLlmFor, providerKeysFor} from './runners/llm-channel.js'
 import {ensureWorkspace} from './workspace.js'
+import {redactSecrets} from './redact.js'
 
 export interface RunMessageOptions {
   loaded: LoadedConfig
@@ -62,6 +63,24 @@ export function buildAgentRunInput(
   }
 }
 
+/** Every secret value an agent's run involves: its own secrets and its providers' keys. */
+function agentSecretValues(agent: AgentConfig, loaded: LoadedConfig): string[] {
+  const own = agent.secrets.flatMap((name) => (loaded.secrets[name] === undefined ? [] : [loaded.secrets[name]]))
+  return [...own, ...Object.values(providerKeysFor(agent, loaded.config, loaded.secrets))]
+}
+
+/** With redact_secrets, no secret value of the agent (its own, its provider keys) leaves a run: reply, error message and details. */
+function redactOutput(output: AgentRunOutput, secrets: string[]): AgentRunOutput {
+  if (secrets.length === 0) return output
+  const scrub = (value: unknown): unknown => {
+    if (typeof value === 'string') return redactSecrets(value, secrets)
+    if (Array.isArray(value)) return value.map(scrub)
+    if (value && typeof value === 'object') return Object.fromEntries(Object.entries(value).map(([key, item]) => [key, scrub(item)]))
+    return value
+  }
+  return scrub(output) as AgentRunOutput
+}
+
 /** Runs one message through the agent's isolation level. Run failures come back as `ok: false`, never thrown. */
 export async function runMessage(options: RunMessageOptions): Promise<RunMessageResult> {
   const started = Date.now()
@@ -89,5 +108,6 @@ export async function runMessage(options: RunMessageOptions): Promise<RunMessage
   } catch (error) {
     output = failureFromError(runId, error)
   }
+  if (options.loaded.config.image_config.redact_secrets !== false) output = redactOutput(output, agentSecretValues(agent, options.loaded))
   return {runId, level, output, ms: Date.now() - started}
 }

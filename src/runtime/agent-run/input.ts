@@ -6,7 +6,7 @@ export const MAX_INPUT_BYTES = 8 * 1024 * 1024
 
 function inputError(message: string): GatewayError {
   return new GatewayError('E_INPUT', message, {
-    suggestions: ['agent-run reads one JSON object on stdin: {version: 1, run_id, agent, providers, secrets, message, workspace} (DESIGN.md section 5)'],
+    suggestions: ['agent-run reads one JSON object on stdin: {version: 1, run_id, agent, providers, secrets, message, workspace} (docs/agent-run.md)'],
   })
 }
 

@@ -56,9 +56,9 @@ export async function runInContainer(request: RunRequest, options: {cli?: Docker
     if (request.standby && request.agent.container_mode.standby) {
       void track(preparingStandbys, prepareStandby(request, cli).catch((error: unknown) => log(`could not start a standby container: ${toGatewayError(error).message}`)))
     }
-    return redactOutput(output, request)
+    return output
   } catch (error) {
-    return redactOutput(failureFromError(runId, error), request)
+    return failureFromError(runId, error)
   }
 }
 
@@ -360,18 +360,6 @@ function canonicalWorkspace(workspace: string): string {
   } catch {
     throw new GatewayError('E_WORKSPACE', `the workspace ${workspace} does not exist`, {suggestions: ['run meepagateway agent create, or send a message (it creates the workspace)']})
   }
-}
-
-/** With redact_secrets, no secret value leaves the runner: reply, error message and details. */
-function redactOutput(output: AgentRunOutput, request: RunRequest): AgentRunOutput {
-  if (request.input.redact_secrets === false || Object.keys(request.input.secrets).length === 0) return output
-  const scrub = (value: unknown): unknown => {
-    if (typeof value === 'string') return redactSecrets(value, request.input.secrets)
-    if (Array.isArray(value)) return value.map(scrub)
-    if (value && typeof value === 'object') return Object.fromEntries(Object.entries(value).map(([key, item]) => [key, scrub(item)]))
-    return value
-  }
-  return scrub(output) as AgentRunOutput
 }
 
 /** The helper's path inside the isolation image, which bundles dist/ (and so the helper, built on Linux). */

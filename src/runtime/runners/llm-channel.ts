@@ -4,6 +4,7 @@ import type {AgentRunInput, AgentRunOutput} from '../agent-run/contract.js'
 import {failure} from '../agent-run/output.js'
 import type {AgentConfig, GatewayConfig} from '../config/types.js'
 import {toGatewayError} from '../errors.js'
+import {redactSecrets} from '../redact.js'
 import {createProviderChain} from '../providers/index.js'
 import type {ChatRequest, ChatResponse} from '../providers/types.js'
 
@@ -23,10 +24,24 @@ export function providerKeysFor(agent: AgentConfig, config: GatewayConfig, avail
   return Object.fromEntries(names)
 }
 
-/** The agent's provider chain with its keys, host-side. Unknown provider names throw E_CONFIG here. */
+/**
+ * The agent's provider chain with its keys, host-side. Unknown provider names throw E_CONFIG here.
+ * With redact_secrets, a key that turns up in the conversation (a tool printed it) is masked before
+ * it reaches a provider.
+ */
 export function hostLlmFor(agent: AgentConfig, config: GatewayConfig, available: Record<string, string>): HostLlm {
-  const chain = createProviderChain(config.providers, providerKeysFor(agent, config, available), {provider: agent.provider, model: agent.model})
-  return {chat: (request) => chain.chat(request), maxCalls: agent.max_iterations}
+  const keys = providerKeysFor(agent, config, available)
+  const chain = createProviderChain(config.providers, keys, {provider: agent.provider, model: agent.model})
+  const values = Object.values(keys)
+  const scrub = config.image_config?.redact_secrets === false || values.length === 0 ? (request: ChatRequest) => request : (request: ChatRequest) => redactRequest(request, values)
+  return {chat: (request) => chain.chat(scrub(request)), maxCalls: agent.max_iterations}
+}
+
+function redactRequest(request: ChatRequest, secrets: string[]): ChatRequest {
+  const {signal, ...rest} = request
+  const text = JSON.stringify(rest)
+  const redacted = redactSecrets(text, secrets)
+  return redacted === text ? request : {...(JSON.parse(redacted) as Omit<ChatRequest, 'signal'>), signal}
 }
 
 /**
