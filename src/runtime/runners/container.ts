@@ -45,14 +45,20 @@ export async function runInContainer(request: RunRequest, options: {cli?: Docker
   const log = request.onLog ?? ((line: string) => process.stderr.write(`${line}\n`))
   try {
     runQueue.setConcurrency(request.config.gateway.max_concurrent_runs)
-    const output = await runQueue.run(
+    // The reply goes out when agent-run sends its result; the run keeps its slot and the agent's
+    // lock until its container has exited (its teardown, ~100 ms, is not the user's wait).
+    let answer!: (output: AgentRunOutput) => void
+    const answered = new Promise<AgentRunOutput>((resolve) => (answer = resolve))
+    const whole = runQueue.run(
       request.agent.id,
-      () => withAgentLock(request.home, request.agent.id, () => runOnce(request, cli, log), {
+      () => withAgentLock(request.home, request.agent.id, () => runOnce(request, cli, log, answer), {
         signal: request.signal,
         onWait: (pid) => log(`agent ${request.agent.id} is busy with another run (process ${pid}); waiting for it to finish`),
       }),
       {signal: request.signal},
     )
+    void track(pendingRemovals, whole.then(() => {}, () => {}))
+    const output = await Promise.race([answered, whole])
     if (request.standby && request.agent.container_mode.standby) {
       void track(preparingStandbys, prepareStandby(request, cli).catch((error: unknown) => log(`could not start a standby container: ${toGatewayError(error).message}`)))
     }
@@ -89,7 +95,7 @@ export async function readyIsolationImage(config: GatewayConfig, agent: AgentCon
   return image
 }
 
-async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) => void): Promise<AgentRunOutput> {
+async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) => void, onAnswer: (output: AgentRunOutput) => void = () => {}): Promise<AgentRunOutput> {
   const {input, agent} = request
   const runId = input.run_id
   const image = await readyIsolationImage(request.config, agent, containerImageContext(request.home, {cli, signal: request.signal, onLog: log}))
@@ -102,10 +108,19 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
   // The input goes in on stdin, then the LLM channel runs over the same pipe; forwarded secrets
   // reach the engine through the docker CLI's own environment (`-e NAME` without a value), never argv.
   let channelBroken = false
-  const channel = new AgentRunChannel(child.stdin!, child.stdout!, {...input, workspace: CONTAINER_WORKSPACE, env_secrets: shape.spec.forwardEnv}, request.llm, () => {
-    channelBroken = true
-    stop('violation')
-  })
+  const channel = new AgentRunChannel(
+    child.stdin!,
+    child.stdout!,
+    {...input, workspace: CONTAINER_WORKSPACE, env_secrets: shape.spec.forwardEnv},
+    request.llm,
+    () => {
+      channelBroken = true
+      stop('violation')
+    },
+    () => {
+      if (!stopped) onAnswer(channel.outcome()!)
+    },
+  )
 
   // The deadline kills the container itself: killing only the docker client would leave the
   // agent's processes running inside (and writing to the workspace) after the user was told it stopped.
@@ -335,7 +350,7 @@ function track(pending: Set<Promise<void>>, work: Promise<void>): Promise<void> 
   return work
 }
 
-/** Resolves when every container this process started has been removed (for shutdown and tests). */
+/** Resolves when every container this process started has exited and been removed (for `send`, shutdown and tests). */
 export async function containerRemovalsSettled(): Promise<void> {
   await Promise.all([...pendingRemovals])
 }

@@ -29,3 +29,8 @@ export async function runnerFor(level: IsolationLevel): Promise<Runner> {
 export async function stopStandbyContainers(): Promise<void> {
   await (await import('./container.js')).stopStandbyContainers()
 }
+
+/** Waits until the containers this process ran are gone (a run's reply can come before its container has exited). */
+export async function containerWorkSettled(): Promise<void> {
+  await (await import('./container.js')).containerRemovalsSettled()
+}
