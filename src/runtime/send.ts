@@ -2,7 +2,6 @@ import os from 'node:os'
 import {GatewayError} from './errors.js'
 import type {LoadedConfig} from './config/types.js'
 import {newRunId, runMessage, type RunMessageResult} from './run-message.js'
-import {containerWorkSettled} from './runners/index.js'
 
 export interface SendOptions {
   loaded: LoadedConfig
@@ -28,7 +27,7 @@ export async function readMessageArgument(argument: string, stdin: NodeJS.Readab
 export async function sendMessage(options: SendOptions): Promise<RunMessageResult> {
   const runId = newRunId()
   const user = os.userInfo().username
-  const result = await runMessage({
+  return runMessage({
     loaded: options.loaded,
     agentId: options.agentId,
     runId,
@@ -36,7 +35,4 @@ export async function sendMessage(options: SendOptions): Promise<RunMessageResul
     onLog: options.onLog,
     message: {id: runId, connector: 'cli', channel_id: options.channel, user: {id: user, name: user}, content: options.content},
   })
-  // The CLI may exit right after: its container must be gone first.
-  if (result.level === 'container') await containerWorkSettled()
-  return result
 }

@@ -45,10 +45,13 @@ export async function runInContainer(request: RunRequest, options: {cli?: Docker
   const log = request.onLog ?? ((line: string) => process.stderr.write(`${line}\n`))
   try {
     runQueue.setConcurrency(request.config.gateway.max_concurrent_runs)
-    // The reply goes out when agent-run sends its result; the run keeps its slot and the agent's
-    // lock until its container has exited (its teardown, ~100 ms, is not the user's wait).
-    let answer!: (output: AgentRunOutput) => void
-    const answered = new Promise<AgentRunOutput>((resolve) => (answer = resolve))
+    // In a running gateway the reply goes out when agent-run sends its result; the run keeps its
+    // slot and the agent's lock until its container has exited (its teardown, ~100 ms, is not the
+    // user's wait). `send` waits for the exit: the process ends after the reply.
+    let answer: (output: AgentRunOutput) => void = () => {}
+    const answered = new Promise<AgentRunOutput>((resolve) => {
+      if (request.standby) answer = resolve
+    })
     const whole = runQueue.run(
       request.agent.id,
       () => withAgentLock(request.home, request.agent.id, () => runOnce(request, cli, log, answer), {

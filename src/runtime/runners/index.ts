@@ -30,7 +30,3 @@ export async function stopStandbyContainers(): Promise<void> {
   await (await import('./container.js')).stopStandbyContainers()
 }
 
-/** Waits until the containers this process ran are gone (a run's reply can come before its container has exited). */
-export async function containerWorkSettled(): Promise<void> {
-  await (await import('./container.js')).containerRemovalsSettled()
-}
