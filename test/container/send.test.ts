@@ -299,7 +299,7 @@ describeWithDocker('container mode: a fresh hardened container per message (real
     it('two messages to one agent run one after the other', async () => {
       const home = newHome([containerAgent('solo')])
       const results = await Promise.all([send(home, 'solo', 'first'), send(home, 'solo', 'second')])
-      expect(results.map((result) => result.exitCode)).toEqual([0, 0])
+      expect(results.map((result) => result.exitCode), JSON.stringify(results.map((result) => result.stderr.slice(-600)))).toEqual([0, 0])
       const [first, second] = spans(home, 'solo')
       expect(first && second).toBeTruthy()
       expect(overlap(first!, second!)).toBe(false)

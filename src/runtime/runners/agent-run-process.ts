@@ -77,6 +77,7 @@ export async function runAgentProcess(options: AgentProcessOptions): Promise<Age
   }, options.timeoutMs)
   const result = await child
   clearTimeout(timer)
+  await channel.settled()
   channel.close()
   killGroup() // background processes the agent left running die with the run
 

@@ -142,6 +142,7 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
   let result: Awaited<typeof child>
   try {
     result = await child
+    await channel.settled()
   } finally {
     clearTimeout(timer)
     request.signal?.removeEventListener('abort', onAbort)

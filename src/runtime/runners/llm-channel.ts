@@ -59,6 +59,8 @@ export class AgentRunChannel {
   private inFlight = false
   private result: AgentRunOutput | undefined
   private violation: string | undefined
+  /** Resolves once agent-run's stdout is at its end: its last line may arrive after the process has exited. */
+  private readonly drained: Promise<void>
 
   constructor(
     private readonly stdin: Writable,
@@ -71,6 +73,11 @@ export class AgentRunChannel {
   ) {
     this.lines = new LineSplitter(MAX_FRAME_BYTES, (line) => this.receive(line))
     stdin.on('error', () => {}) // agent-run gone: its exit is reported by the runner
+    this.drained = new Promise((resolve) => {
+      stdout.once('end', resolve)
+      stdout.once('close', resolve)
+      stdout.once('error', resolve)
+    })
     stdout.on('data', (chunk: Buffer) => {
       if (this.violation) return
       try {
@@ -86,6 +93,14 @@ export class AgentRunChannel {
   close(): void {
     this.controller.abort()
     this.stdin.end()
+  }
+
+  /** Waits (at most `ms`) until everything agent-run wrote has been read: call after it exited, before outcome(). */
+  async settled(ms = 2_000): Promise<void> {
+    if (this.result || this.violation) return
+    let timer: NodeJS.Timeout | undefined
+    await Promise.race([this.drained, new Promise((resolve) => (timer = setTimeout(resolve, ms)))])
+    clearTimeout(timer)
   }
 
   /** The result agent-run sent, or the failure it earned; undefined when it sent neither. */
