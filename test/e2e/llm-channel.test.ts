@@ -135,6 +135,13 @@ describe('a hostile agent-run against the real runner', () => {
     expect(llm.requests).toHaveLength(2)
   })
 
+  it('a result written just before exiting is never lost (20 runs)', async () => {
+    for (let i = 0; i < 20; i++) {
+      const {output} = await hostile(`process.stdout.write(JSON.stringify({type: 'result', output: {version: 1, ok: true, run_id: input.run_id, reply: {content: 'x'.repeat(200000)}, stop_reason: 'final', iterations: 0, tool_calls: [], usage: {input_tokens: 0, output_tokens: 0}, ms: 1}}) + '\\n', () => process.exit(0))`)
+      expect(output.ok, JSON.stringify(output).slice(0, 300)).toBe(true)
+    }
+  })
+
   it('exits without a result: E_RUN, not a hang', async () => {
     const {output, ms} = await hostile(`send({type: 'llm_request', id: 1, request: REQUEST}); process.exit(0)`)
     expect(output).toMatchObject({ok: false, error: {code: 'E_RUN', message: expect.stringMatching(/exited with code 0 without a result/)}})
