@@ -6,7 +6,8 @@
 // agent-run, reply; removal is not waited for):
 // - `gateway_standby`: a running gateway, where the previous message left a standby container
 //   (started at once, agent-run loaded and waiting for its input); the target is about this path;
-// - `in_process`: a cold container per message, as the first message of a gateway gets;
+// - `in_process`: a cold container per message, waiting for its exit as `send` does (a gateway
+//   answers at agent-run's result line instead: bench/container-cold-network.ts);
 // - `cli`: `meepagateway send`, which adds its own process start-up and always starts cold.
 //
 // The agent uses `network: host`, as it had to before the gateway made the LLM calls (issue 11);
