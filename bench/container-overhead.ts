@@ -6,11 +6,13 @@
 // agent-run, reply; removal is not waited for):
 // - `gateway_standby`: a running gateway, where the previous message left a standby container
 //   (started at once, agent-run loaded and waiting for its input); the target is about this path;
-// - `in_process`: a cold container per message, as the first message of a gateway gets;
+// - `in_process`: a cold container per message, waiting for its exit as `send` does (a gateway
+//   answers at agent-run's result line instead: bench/container-cold-network.ts);
 // - `cli`: `meepagateway send`, which adds its own process start-up and always starts cold.
 //
-// The agent uses `network: host` because the fake LLM listens on the host's 127.0.0.1 (the
-// bench engine has no bridge, and benchmarks, like tests, only talk to loopback).
+// The agent uses `network: host`, as it had to before the gateway made the LLM calls (issue 11);
+// `in_process_network_none` is the cold path of an agent with `network: none`, which now works:
+// agent-run asks the gateway for its LLM calls over the container's stdin/stdout.
 import {execa} from 'execa'
 import fs from 'node:fs'
 import os from 'node:os'
@@ -33,7 +35,7 @@ const home = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-bench-container-'))
 const configPath = path.join(home, 'config.yaml')
 fs.writeFileSync(configPath, YAML.stringify({
   providers: {primary: 'fake', providers: {fake: {kind: 'openai', api_key_env: 'FAKE_LLM_KEY', model: 'm', base_url: llm.openaiBaseUrl}}},
-  agents: [{id: 'bench', container_mode: {enabled: true, network: 'host'}}],
+  agents: [{id: 'bench', container_mode: {enabled: true, network: 'host'}}, {id: 'bench-none', container_mode: {enabled: true, network: 'none'}}],
 }))
 process.env.FAKE_LLM_KEY = 'sk-bench-key-123456'
 const loaded = loadConfig({configPath, home})
@@ -41,11 +43,11 @@ const {tag: image} = await readyIsolationImage(loaded.config, findAgent(loaded, 
 
 const bare = stats(await sample(N, async () => void (await execa('docker', ['run', '--rm', image, 'node', '-e', '0']))))
 
-const sendToReply = async (standby: boolean) => {
+const sendToReply = async (standby: boolean, agentId = 'bench') => {
   const started = performance.now()
   const result = await runMessage({
     loaded,
-    agentId: 'bench',
+    agentId,
     message: {id: 'm', connector: 'cli', channel_id: 'bench', user: {id: 'u', name: 'u'}, content: 'hi'},
     standby,
     onLog: () => {},
@@ -53,7 +55,14 @@ const sendToReply = async (standby: boolean) => {
   if (!result.output.ok) throw new Error(`bench run failed: ${JSON.stringify(result.output.error)}`)
   return performance.now() - started
 }
-const inProcess = stats(await sample(N, () => sendToReply(false)))
+// Interleaved, so a busy moment on the shared engine lands on both networks.
+const cold = {host: [] as number[], none: [] as number[]}
+await sample(N, async () => {
+  cold.host.push(await sendToReply(false))
+  cold.none.push(await sendToReply(false, 'bench-none'))
+})
+const inProcess = stats(cold.host.slice(2))
+const inProcessNone = stats(cold.none.slice(2))
 // The gateway's path: the previous message left a standby container. Messages to one agent come
 // seconds apart in a chat; a pause (not timed) lets the standby finish starting, as it would there.
 await sendToReply(true)
@@ -84,10 +93,12 @@ report('container-overhead', {
   bare_docker_run_node_e_0: bare,
   send_to_reply_gateway_standby: gateway,
   send_to_reply_in_process: inProcess,
+  send_to_reply_in_process_network_none: inProcessNone,
   send_to_reply_cli: cli,
   ratio_gateway_to_bare: ratio(gateway.median),
   ratio_in_process_to_bare: ratio(inProcess.median),
+  ratio_in_process_network_none_to_bare: ratio(inProcessNone.median),
   ratio_cli_to_bare: ratio(cli.median),
   target_ratio: 1.3,
-  summary: `send to reply ${fmt(gateway.median)} in a gateway with a standby container (${ratio(gateway.median)}x), ${fmt(inProcess.median)} cold in process (${ratio(inProcess.median)}x), ${fmt(cli.median)} through the CLI (${ratio(cli.median)}x) vs bare docker run node -e 0 ${fmt(bare.median)}; isolation image ${Math.round(size / 1e6)} MB`,
+  summary: `send to reply ${fmt(gateway.median)} in a gateway with a standby container (${ratio(gateway.median)}x), ${fmt(inProcess.median)} cold in process (${ratio(inProcess.median)}x; network none ${fmt(inProcessNone.median)}, ${ratio(inProcessNone.median)}x), ${fmt(cli.median)} through the CLI (${ratio(cli.median)}x) vs bare docker run node -e 0 ${fmt(bare.median)}; isolation image ${Math.round(size / 1e6)} MB`,
 })

@@ -4,7 +4,9 @@ import {findAgent} from './config/load.js'
 import type {AgentConfig, GatewayConfig, IsolationLevel, LoadedConfig} from './config/types.js'
 import {failureFromError} from './agent-run/output.js'
 import {isolationLevelFor, runnerFor} from './runners/index.js'
+import {hostLlmFor, providerKeysFor} from './runners/llm-channel.js'
 import {ensureWorkspace} from './workspace.js'
+import {redactSecrets} from './redact.js'
 
 export interface RunMessageOptions {
   loaded: LoadedConfig
@@ -29,16 +31,15 @@ export function newRunId(): string {
   return `run_${crypto.randomBytes(8).toString('hex')}`
 }
 
-/** Secrets an agent may receive: its providers' keys and the names it lists, nothing else. */
-export function secretsFor(agent: AgentConfig, config: GatewayConfig, available: Record<string, string>): Record<string, string> {
-  const providerNames = [agent.provider ?? config.providers.primary, config.providers.primary, ...config.providers.fallback]
-  const names = new Set([
-    ...providerNames.flatMap((name) => {
-      const env = config.providers.providers[name]?.api_key_env
-      return env ? [env] : []
-    }),
-    ...agent.secrets,
-  ])
+/**
+ * Secrets that go into agent-run's input: the names the agent lists. Provider keys stay on the host
+ * (the runner makes the LLM calls) unless the operator asks for them in the container with
+ * image_config.inject_credentials_env, for the agent's own tools.
+ */
+export function secretsFor(agent: AgentConfig, config: GatewayConfig, available: Record<string, string>, level: IsolationLevel): Record<string, string> {
+  const providerKeys = new Set(Object.values(config.providers.providers).flatMap((provider) => (provider.api_key_env ? [provider.api_key_env] : [])))
+  const keysInside = level === 'container' && config.image_config.inject_credentials_env
+  const names = new Set([...agent.secrets.filter((name) => keysInside || !providerKeys.has(name)), ...(keysInside ? Object.keys(providerKeysFor(agent, config, available)) : [])])
   return Object.fromEntries([...names].flatMap((name) => (available[name] === undefined ? [] : [[name, available[name]]])))
 }
 
@@ -48,17 +49,36 @@ export function buildAgentRunInput(
   message: InboundMessage,
   runId: string,
   workspace: string,
+  level: IsolationLevel,
 ): AgentRunInput {
   return {
     version: 1,
     run_id: runId,
     agent,
     providers: loaded.config.providers,
-    secrets: secretsFor(agent, loaded.config, loaded.secrets),
+    secrets: secretsFor(agent, loaded.config, loaded.secrets, level),
     message,
     workspace,
     redact_secrets: loaded.config.image_config.redact_secrets,
   }
+}
+
+/** Every secret value an agent's run involves: its own secrets and its providers' keys. */
+function agentSecretValues(agent: AgentConfig, loaded: LoadedConfig): string[] {
+  const own = agent.secrets.flatMap((name) => (loaded.secrets[name] === undefined ? [] : [loaded.secrets[name]]))
+  return [...own, ...Object.values(providerKeysFor(agent, loaded.config, loaded.secrets))]
+}
+
+/** With redact_secrets, no secret value of the agent (its own, its provider keys) leaves a run: reply, error message and details. */
+function redactOutput(output: AgentRunOutput, secrets: string[]): AgentRunOutput {
+  if (secrets.length === 0) return output
+  const scrub = (value: unknown): unknown => {
+    if (typeof value === 'string') return redactSecrets(value, secrets)
+    if (Array.isArray(value)) return value.map(scrub)
+    if (value && typeof value === 'object') return Object.fromEntries(Object.entries(value).map(([key, item]) => [key, scrub(item)]))
+    return value
+  }
+  return scrub(output) as AgentRunOutput
 }
 
 /** Runs one message through the agent's isolation level. Run failures come back as `ok: false`, never thrown. */
@@ -73,7 +93,8 @@ export async function runMessage(options: RunMessageOptions): Promise<RunMessage
     const runner = await runnerFor(level)
     const timeoutSeconds = level === 'container' ? agent.container_mode.timeout_seconds : agent.timeout_seconds
     output = await runner.run({
-      input: buildAgentRunInput(options.loaded, agent, options.message, runId, workspace),
+      input: buildAgentRunInput(options.loaded, agent, options.message, runId, workspace, level),
+      llm: hostLlmFor(agent, options.loaded.config, options.loaded.secrets),
       agent,
       config: options.loaded.config,
       home: options.loaded.home,
@@ -87,5 +108,6 @@ export async function runMessage(options: RunMessageOptions): Promise<RunMessage
   } catch (error) {
     output = failureFromError(runId, error)
   }
+  if (options.loaded.config.image_config.redact_secrets !== false) output = redactOutput(output, agentSecretValues(agent, options.loaded))
   return {runId, level, output, ms: Date.now() - started}
 }

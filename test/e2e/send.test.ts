@@ -101,6 +101,19 @@ describe('send (unrestricted level) end to end', () => {
     expect(output.reply.content).not.toContain('[REDACTED]') // absent, not merely masked
   })
 
+  it('with no isolation a command can find the key in the gateway process; it is masked before the provider and in the reply', async () => {
+    // unrestricted gives no isolation: the operator's processes (send here) are readable by the agent's commands
+    // the shell's parent is agent-run, whose parent is `send`, which holds the key to make the LLM calls
+    const command = `tr "\\0" "\\n" < /proc/$(awk '{print $4}' /proc/$PPID/stat)/environ | grep '^FAKE_LLM_KEY='`
+    llm.enqueue({toolCalls: [{name: 'shell', arguments: {command}}]}, (request) => ({text: `found: ${request.body.messages.at(-1).content}`}))
+    const result = await send('find a key', '--json')
+    const output = JSON.parse(result.stdout)
+    expect(output.reply.content, result.stdout).toContain('FAKE_LLM_KEY=[REDACTED]')
+    expect(JSON.stringify(llm.requests[1]?.body.messages)).toContain('FAKE_LLM_KEY=[REDACTED]')
+    expect(JSON.stringify(llm.requests[1]?.body.messages)).not.toContain('sk-fake-test-key-123456')
+    expect(result.stdout).not.toContain('sk-fake-test-key-123456')
+  })
+
   const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
   const survivors = (marker: string) =>
     fs.readdirSync('/proc').filter((pid) => {

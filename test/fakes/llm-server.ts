@@ -58,6 +58,14 @@ interface TurnOptions {
    * event (Anthropic's overloaded_error, OpenAI's error chunk); a plain one gets HTTP 529 / 500.
    */
   streamError?: string
+  /**
+   * An answer that never completes: `truncate` stops before the API's terminal event (a streamed
+   * answer loses finish_reason/[DONE] or message_delta/message_stop; a plain one half its JSON body),
+   * `garbage` answers 200 with a body that is neither JSON nor SSE, `stall` sends the first part
+   * and then nothing for `stallMs` (default 60 s) before ending like `truncate`.
+   */
+  incomplete?: 'truncate' | 'garbage' | 'stall'
+  stallMs?: number
 }
 
 export type ScriptedTurn = TurnOptions &
@@ -167,6 +175,11 @@ export async function startFakeLlm(options: FakeLlmOptions = {}): Promise<FakeLl
       sendError(res, api, turn.status, turn.message ?? `fake LLM: scripted HTTP ${turn.status}`, turn.body, turn.headers)
       return
     }
+    if (turn.incomplete === 'garbage') {
+      res.writeHead(200, {'content-type': request.stream ? 'text/event-stream' : 'application/json'})
+      res.end('<html>502 upstream hiccup</html>\n}{ not json at all\n\n')
+      return
+    }
     if (turn.streamError && !request.stream) {
       sendError(res, api, api === 'anthropic' ? 529 : 500, turn.streamError)
       return
@@ -185,14 +198,24 @@ export async function startFakeLlm(options: FakeLlmOptions = {}): Promise<FakeLl
       },
       stopReason: turn.stopReason,
       streamError: turn.streamError,
+      incomplete: turn.incomplete,
+      stallMs: turn.stallMs ?? 60_000,
       id: counter,
       model: typeof body.model === 'string' ? body.model : 'fake-model',
     }
+    if (answer.incomplete && !request.stream) {
+      const full = JSON.stringify(api === 'openai' ? openAiCompletion(answer) : anthropicMessage(answer))
+      res.writeHead(200, {'content-type': 'application/json'})
+      res.write(full.slice(0, Math.floor(full.length / 2)))
+      if (answer.incomplete === 'stall' && (await waitOrClientGone(answer.stallMs, res))) return
+      res.end()
+      return
+    }
     if (api === 'openai') {
-      if (request.stream) streamOpenAi(res, answer, body.stream_options?.include_usage === true)
+      if (request.stream) await streamOpenAi(res, answer, body.stream_options?.include_usage === true)
       else sendJson(res, 200, openAiCompletion(answer), {'x-request-id': `req_${counter}`})
     } else if (request.stream) {
-      streamAnthropic(res, answer)
+      await streamAnthropic(res, answer)
     } else {
       sendJson(res, 200, anthropicMessage(answer), {'request-id': `req_${counter}`})
     }
@@ -228,6 +251,8 @@ interface Answer {
   usage: {input_tokens: number; output_tokens: number}
   stopReason?: string
   streamError?: string
+  incomplete?: 'truncate' | 'garbage' | 'stall'
+  stallMs: number
   id: number
   model: string
 }
@@ -268,7 +293,15 @@ function openAiUsage(answer: Answer): object {
 }
 
 /** Text and tool arguments are sent in several pieces so clients must really assemble them. */
-function streamOpenAi(res: ServerResponse, answer: Answer, includeUsage: boolean): void {
+/** For `incomplete`: after the first part, either stop (truncate) or wait, then stop (stall). Resolves true when the answer must end here. */
+async function cutShort(res: ServerResponse, answer: Answer): Promise<boolean> {
+  if (!answer.incomplete) return false
+  if (answer.incomplete === 'stall') await waitOrClientGone(answer.stallMs, res)
+  res.end()
+  return true
+}
+
+async function streamOpenAi(res: ServerResponse, answer: Answer, includeUsage: boolean): Promise<void> {
   startSse(res)
   const base = {id: `chatcmpl-${answer.id}`, object: 'chat.completion.chunk', created: Math.floor(Date.now() / 1000), model: answer.model, system_fingerprint: null}
   const chunk = (delta: object, finishReason: string | null = null, extra: object = {}) =>
@@ -281,6 +314,7 @@ function streamOpenAi(res: ServerResponse, answer: Answer, includeUsage: boolean
     return
   }
   for (const piece of pieces(answer.text)) chunk({content: piece})
+  if (await cutShort(res, answer)) return
   answer.toolCalls.forEach((call, index) => {
     chunk({tool_calls: [{index, id: call.id, type: 'function', function: {name: call.name, arguments: ''}}]})
     for (const piece of pieces(call.argumentsJson)) chunk({tool_calls: [{index, function: {arguments: piece}}]})
@@ -345,7 +379,7 @@ function anthropicMessage(answer: Answer): object {
   }
 }
 
-function streamAnthropic(res: ServerResponse, answer: Answer): void {
+async function streamAnthropic(res: ServerResponse, answer: Answer): Promise<void> {
   startSse(res)
   const event = (type: string, data: object) => writeSse(res, type, {type, ...data})
   event('message_start', {
@@ -367,6 +401,7 @@ function streamAnthropic(res: ServerResponse, answer: Answer): void {
     event('content_block_stop', {index})
     index++
   }
+  if (await cutShort(res, answer)) return
   for (const call of answer.toolCalls) {
     event('content_block_start', {index, content_block: {type: 'tool_use', id: call.id, name: call.name, input: {}}})
     for (const piece of pieces(call.argumentsJson)) event('content_block_delta', {index, delta: {type: 'input_json_delta', partial_json: piece}})

@@ -64,7 +64,8 @@ describe.skipIf(!enabled)('sandbox explain and sandbox check', () => {
     expect(report.denies).toContainEqual(expect.objectContaining({path: path.join(ws, 'private'), source: 'config'}))
     expect(report.denies).toContainEqual(expect.objectContaining({path: world.home, source: 'mandatory'}))
     expect(report.denies).toContainEqual(expect.objectContaining({path: path.join(world.operatorHome, '.ssh'), source: 'mandatory'}))
-    expect(report.network).toMatchObject({mode: 'deny', enforced_by: [expect.stringMatching(/Landlock: TCP/), expect.stringMatching(/seccomp: socket\(\) denied/)]})
+    expect(report.network).toMatchObject({mode: 'deny', enforced_by: [expect.stringMatching(/agent-run and everything it starts.*gateway calls the provider/), expect.stringMatching(/Landlock: TCP/), expect.stringMatching(/seccomp: socket\(\) denied/)]})
+    expect(report.process).toContainEqual(expect.objectContaining({what: 'provider API keys', mechanism: expect.stringMatching(/stay in the gateway/)}))
     expect(report.limits.join('\n')).toContain(`${ws}: listing only, because ${path.join(ws, 'private')} is denied beneath it`)
   })
 

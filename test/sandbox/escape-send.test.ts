@@ -135,7 +135,7 @@ describe.skipIf(!enabled)('send under the host sandbox', () => {
     expect(net.udpMessages()).toBe(0)
   })
 
-  it("keeps shell commands out of agent-run's memory (it holds the provider key) and its signals", async () => {
+  it("keeps shell commands out of agent-run's memory (it holds the agent's secrets) and its signals", async () => {
     const results = await sendTools('open', [
       shell('cat /proc/$PPID/maps'),
       shell(`/usr/bin/python3 -c "import re,sys; pid=int(sys.argv[1]); maps=open(f'/proc/{pid}/maps').read(); print('READ MEMORY')" $PPID`),

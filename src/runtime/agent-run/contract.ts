@@ -1,13 +1,22 @@
 import type {AgentConfig, ProvidersConfig} from '../config/types.js'
 import type {ErrorCode} from '../errors.js'
 
-/** docs/agent-run.md: the one JSON object agent-run reads on stdin. */
+/** The first JSON value agent-run reads on stdin (docs/agent-run.md). */
 export interface AgentRunInput {
   version: 1
   run_id: string
+  /**
+   * Set by every runner: agent-run asks its runner for each LLM call over stdin/stdout (this is the
+   * channel protocol version). Absent when run by hand: agent-run then calls the providers itself,
+   * with keys from its own environment.
+   */
+  llm_channel?: number
   agent: AgentConfig
   providers: ProvidersConfig
-  /** Secret values by name; the only way secrets reach agent-run (never argv, never env). */
+  /**
+   * The agent's own secrets by name, for its tools and for redaction (never argv, never env). Provider
+   * keys are not among them unless the operator set image_config.inject_credentials_env.
+   */
   secrets: Record<string, string>
   message: InboundMessage
   workspace: string

@@ -1,51 +1,62 @@
 import {GatewayError, toGatewayError} from '../errors.js'
 import {redactSecrets} from '../redact.js'
+import type {ChatRequest, ChatResponse} from '../providers/types.js'
+import type {AgentRunFrame} from './channel.js'
+import {LLM_CHANNEL_VERSION} from './channel.js'
 import {withoutSecrets} from './env.js'
 import {containerOomKills, STANDBY_ENV} from './in-container.js'
 import {failureFromError, outOfMemory} from './output.js'
 import type {AgentRunInput, AgentRunOutput} from './contract.js'
-import {MAX_INPUT_BYTES, parseAgentRunInput} from './input.js'
+import {parseAgentRunInput} from './input.js'
+import {RunnerChannel, StdinReader} from './runner-channel.js'
 
-async function readStdin(): Promise<string> {
-  const chunks: Buffer[] = []
-  let size = 0
-  for await (const chunk of process.stdin) {
-    size += (chunk as Buffer).length
-    if (size > MAX_INPUT_BYTES) throw new GatewayError('E_INPUT', `stdin is larger than ${MAX_INPUT_BYTES} bytes`)
-    chunks.push(chunk as Buffer)
-  }
-  return Buffer.concat(chunks).toString('utf8')
+/** Loaded lazily, so a malformed input is answered without loading SQLite (and, run by hand, the SDKs). */
+function loadRunModules() {
+  return Promise.all([import('../agent/loop.js'), import('../memory.js')])
 }
 
-/** Loaded lazily, so a malformed input is answered without loading SDKs and SQLite. */
-function loadRunModules() {
-  return Promise.all([import('../agent/loop.js'), import('../memory.js'), import('../providers/index.js')])
+/** A standby container waits for its message, maybe for minutes: it spends the wait loading what any run needs. */
+async function preloadForStandby(): Promise<void> {
+  await loadRunModules()
+}
+
+/** How agent-run reaches its LLM: through its runner (channel mode), or itself (run by hand). */
+export interface LlmAccess {
+  chat(request: ChatRequest): Promise<ChatResponse>
+  /** Provider keys agent-run holds itself (direct mode only): kept out of shell commands and scrubbed. */
+  keys: Record<string, string>
+  /** Fires when the run has nobody left to answer it (channel mode: the runner went away). */
+  aborted?: AbortSignal
 }
 
 /**
- * A standby container waits for its message, maybe for minutes: it spends the wait loading what
- * any run may need, every provider SDK included, so the message finds it all ready.
+ * Run by hand (`echo '<input>' | meepagateway agent-run`, no llm_channel in the input): agent-run
+ * calls the providers itself with the keys of the invoking shell's environment.
  */
-async function preloadForStandby(): Promise<void> {
-  const [, , {preloadProviders}] = await loadRunModules()
-  await preloadProviders()
-  // Both SDKs build every request's headers with it, and its first use loads Node's fetch classes (~20 ms).
-  void new Headers()
+async function directLlm(input: AgentRunInput, env: NodeJS.ProcessEnv = process.env): Promise<LlmAccess> {
+  const {createProviderChain} = await import('../providers/index.js')
+  const keys: Record<string, string> = {}
+  for (const provider of Object.values(input.providers.providers)) {
+    const name = provider.api_key_env
+    if (name && env[name]) keys[name] = env[name]
+  }
+  const chain = createProviderChain(input.providers, keys, {provider: input.agent.provider, model: input.agent.model})
+  return {chat: (request) => chain.chat(request), keys}
 }
 
 /** Runs one agent-run input; never throws: every failure becomes the contract's error object. */
-export async function executeAgentRun(input: AgentRunInput, log: (line: string) => void): Promise<AgentRunOutput> {
-  const secretValues = Object.values(input.secrets)
+export async function executeAgentRun(input: AgentRunInput, log: (line: string) => void, llm: LlmAccess): Promise<AgentRunOutput> {
+  const secretValues = [...Object.values(input.secrets), ...Object.values(llm.keys)]
   const redact = input.redact_secrets === false ? (text: string) => text : (text: string) => redactSecrets(text, secretValues)
-  const [{runAgentLoop}, {openMemory}, {createProviderChain}] = await loadRunModules()
+  const [{runAgentLoop}, {openMemory}] = await loadRunModules()
   const oomKillsBefore = containerOomKills()
   let memory
   try {
-    const chain = createProviderChain(input.providers, input.secrets, {provider: input.agent.provider, model: input.agent.model})
     memory = openMemory(input.workspace, {onRecovered: log})
     const injected = new Set(input.env_secrets ?? [])
-    const env = withoutSecrets(process.env, Object.fromEntries(Object.entries(input.secrets).filter(([name]) => !injected.has(name))))
-    const output = await runAgentLoop(input, {chat: (request) => chain.chat(request), memory, redact, log, env})
+    const hidden = {...llm.keys, ...Object.fromEntries(Object.entries(input.secrets).filter(([name]) => !injected.has(name)))}
+    const env = withoutSecrets(process.env, hidden)
+    const output = await runAgentLoop(input, {chat: (request) => llm.chat(request), memory, redact, log, env, signal: llm.aborted})
     return killedForMemory(input, oomKillsBefore) ?? output
   } catch (error) {
     const output = killedForMemory(input, oomKillsBefore) ?? failureFromError(input.run_id, error)
@@ -66,28 +77,54 @@ function killedForMemory(input: AgentRunInput, before: number | undefined): Agen
   return outOfMemory(input.run_id, input.agent.container_mode.memory_limit, {oom_kills: after - before})
 }
 
-/** `meepagateway agent-run`: one JSON object in on stdin, one out on stdout, logs on stderr. */
+/** Whether the input asks for channel mode; an llm_channel this build does not speak is an input error. */
+function channelMode(input: AgentRunInput): boolean {
+  if (input.llm_channel === undefined) return false
+  if (input.llm_channel === LLM_CHANNEL_VERSION) return true
+  throw new GatewayError('E_INPUT', `llm_channel ${JSON.stringify(input.llm_channel)} is not supported (this agent-run speaks ${LLM_CHANNEL_VERSION})`, {
+    suggestions: ['the gateway and the agent-run it starts come from different builds: rebuild the isolation image (meepagateway container build)'],
+  })
+}
+
+/**
+ * `meepagateway agent-run` (docs/agent-run.md): the input on stdin; logs on stderr. With
+ * `llm_channel` it asks its runner for every LLM call and ends with a result frame; without, it
+ * calls the providers itself and prints the bare output object.
+ */
 export async function main(): Promise<void> {
   const stdout = process.stdout
-  // Only the result may reach stdout: anything a library prints goes to stderr.
+  // Only frames may reach stdout: anything a library prints goes to stderr.
   console.log = console.error
   console.info = console.error
   let runId = 'unknown'
   let secrets: string[] = []
+  let channel = false
   const log = (line: string) => process.stderr.write(`[agent-run ${runId}] ${redactSecrets(line, secrets)}\n`)
+  const writeFrame = (frame: AgentRunFrame) => stdout.write(`${JSON.stringify(frame)}\n`)
   let output: AgentRunOutput
   if (process.env[STANDBY_ENV] === '1') preloadForStandby().catch((error: unknown) => log(`preloading failed: ${String(error)}`))
+  const reader = new StdinReader(process.stdin)
   try {
-    const input = parseAgentRunInput(await readStdin())
+    const input = parseAgentRunInput(await reader.input)
     runId = input.run_id
     secrets = Object.values(input.secrets)
-    output = await executeAgentRun(input, log)
+    channel = channelMode(input)
+    let llm: LlmAccess
+    if (channel) {
+      const runner = new RunnerChannel(reader, writeFrame)
+      llm = {chat: (request) => runner.chat(request), keys: {}, aborted: runner.aborted}
+    } else {
+      llm = await directLlm(input)
+      secrets.push(...Object.values(llm.keys))
+    }
+    output = await executeAgentRun(input, log, llm)
   } catch (error) {
     const gatewayError = toGatewayError(error, 'E_INTERNAL')
     if (gatewayError.code === 'E_INTERNAL') log(`internal error: ${gatewayError.stack ?? gatewayError.message}`)
     output = {version: 1, ok: false, run_id: runId, error: {code: gatewayError.code, message: gatewayError.message, retryable: false}}
   }
-  stdout.write(`${JSON.stringify(output)}\n`, () => {
+  const line = channel ? JSON.stringify({type: 'result', output} satisfies AgentRunFrame) : JSON.stringify(output)
+  stdout.write(`${line}\n`, () => {
     process.exit(output.ok ? 0 : output.error.code === 'E_INPUT' ? 2 : 1)
   })
 }

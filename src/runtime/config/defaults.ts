@@ -8,7 +8,7 @@ export const DEFAULT_IMAGE_CONFIG: ImageConfig = {
   base_image: 'debian:bookworm-slim',
   packages: [],
   env_vars: {},
-  inject_credentials_env: true,
+  inject_credentials_env: false,
   inject_secrets_env: true,
   redact_secrets: true,
 }
@@ -70,7 +70,7 @@ image_config:
   base_image: debian:bookworm-slim
   packages: []             # e.g. [git, python3]
   env_vars: {}
-  inject_credentials_env: true
+  inject_credentials_env: false   # provider keys stay on the host; true also sets them in containers, for the agent's own tools
   inject_secrets_env: true
   redact_secrets: true
 

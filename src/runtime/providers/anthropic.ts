@@ -3,7 +3,7 @@ import type {ContentBlockParam, Message, MessageCreateParamsNonStreaming, Messag
 
 import type {ProviderConfig} from '../config/types.js'
 import {repairToolPairs} from './conversation.js'
-import {failureFromSdkError} from './failure.js'
+import {failureFromSdkError, incompleteStream, ProviderFailure} from './failure.js'
 import {sdkClientOptions} from './retry.js'
 import type {ChatMessage, ChatProvider, ChatRequest, ChatResponse, ToolCall, ToolDefinition} from './types.js'
 
@@ -22,14 +22,29 @@ export function createAnthropicProvider(name: string, config: ProviderConfig, ap
     config,
     async chat(request: ChatRequest): Promise<ChatResponse> {
       const params = toMessagesParams(config, request)
-      try {
-        const message = config.stream
-          ? await client.messages.stream(params, {signal: request.signal}).finalMessage()
-          : await client.messages.create(params, {signal: request.signal})
-        return fromMessage(name, message)
-      } catch (error) {
-        throw failureFromSdkError(name, error)
+      if (!config.stream) {
+        try {
+          return fromMessage(name, await client.messages.create(params, {signal: request.signal}))
+        } catch (error) {
+          throw failureFromSdkError(name, error, Anthropic)
+        }
       }
+      // A reply is complete only once message_stop arrived: a stream cut short (our timeout, a
+      // dropped connection, a body that is not SSE) is a failed attempt, never a partial answer.
+      const stream = client.messages.stream(params, {signal: request.signal})
+      let stopped = false
+      stream.on('streamEvent', (event) => {
+        if (event.type === 'message_stop') stopped = true
+      })
+      let message: Message
+      try {
+        message = await stream.finalMessage()
+      } catch (error) {
+        const failure = failureFromSdkError(name, error, Anthropic)
+        throw failure.retryable || failure.status !== null || request.signal?.aborted ? failure : incompleteStream(name, 'message_stop', error)
+      }
+      if (!stopped) throw incompleteStream(name, 'message_stop')
+      return fromMessage(name, message)
     },
   }
 }
@@ -97,6 +112,9 @@ function toBlocks(message: ChatMessage): ContentBlockParam[] {
 }
 
 function fromMessage(provider: string, message: Message): ChatResponse {
+  if (!Array.isArray(message?.content) || !message.stop_reason) {
+    throw new ProviderFailure(provider, 'the response is not a complete message (no content or stop_reason)', {retryable: true})
+  }
   const texts: string[] = []
   const toolCalls: ToolCall[] = []
   for (const block of message.content) {

@@ -1,8 +1,4 @@
-/**
- * One failed attempt at one provider, in a shape the retry loop can decide on. Both official SDKs
- * are generated from the same template (APIError with `status` and `headers`, APIConnectionError,
- * APIUserAbortError), so one duck-typed translation serves both.
- */
+/** One failed attempt at one provider, in a shape the retry loop can decide on. */
 export class ProviderFailure extends Error {
   readonly provider: string
   /** HTTP status, or null when no response arrived (network error, timeout, missing key). */
@@ -41,8 +37,37 @@ interface SdkErrorLike {
   cause?: unknown
 }
 
-/** Translates whatever an SDK call threw into a ProviderFailure. */
-export function failureFromSdkError(provider: string, error: unknown): ProviderFailure {
+/**
+ * The error classes an official SDK exports. Both SDKs are generated from one template; each
+ * provider module passes its own, so classification uses instanceof and never a class name
+ * (a bundler renames classes: esbuild turned APIConnectionError into APIConnectionError3).
+ */
+export interface SdkErrorClasses {
+  APIError: abstract new (...args: never[]) => Error
+  APIConnectionError: abstract new (...args: never[]) => Error
+  APIConnectionTimeoutError: abstract new (...args: never[]) => Error
+  APIUserAbortError: abstract new (...args: never[]) => Error
+}
+
+/** Socket-level codes (Node's and undici's) of a connection that failed or broke: worth another attempt. */
+const NETWORK_CODES = new Set([
+  'ECONNREFUSED', 'ECONNRESET', 'ECONNABORTED', 'EPIPE', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENETUNREACH', 'ENETDOWN', 'EHOSTDOWN',
+  'ENOTFOUND', 'EAI_AGAIN', 'EADDRNOTAVAIL', 'ERR_STREAM_PREMATURE_CLOSE', 'UND_ERR_SOCKET', 'UND_ERR_CONNECT_TIMEOUT',
+  'UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT', 'UND_ERR_CLOSED',
+])
+
+/** The error and its causes, outermost first. */
+function causeChain(error: unknown): unknown[] {
+  const chain: unknown[] = []
+  for (let current = error, depth = 0; current && depth < 6; depth++, current = (current as {cause?: unknown}).cause) chain.push(current)
+  return chain
+}
+
+/**
+ * Translates whatever an SDK call threw into a ProviderFailure: by HTTP status, by the SDK's own
+ * classes (instanceof), then by structure (socket error codes, a body that did not parse).
+ */
+export function failureFromSdkError(provider: string, error: unknown, sdk?: SdkErrorClasses): ProviderFailure {
   if (error instanceof ProviderFailure) return error
   const sdkError = (error ?? {}) as SdkErrorLike
   const status = typeof sdkError.status === 'number' ? sdkError.status : null
@@ -54,18 +79,22 @@ export function failureFromSdkError(provider: string, error: unknown): ProviderF
       cause: error,
     })
   }
-  const classes = sdkClassNames(error)
-  if (classes.has('APIUserAbortError')) {
+  if (sdk && error instanceof sdk.APIUserAbortError) {
     // The retry loop tells our own timeout apart from the caller cancelling; here it is just an abort.
     return new ProviderFailure(provider, 'request aborted', {retryable: false, cause: error})
   }
-  if (classes.has('APIConnectionTimeoutError')) {
+  if (sdk && error instanceof sdk.APIConnectionTimeoutError) {
     return new ProviderFailure(provider, 'request timed out', {retryable: true, cause: error})
   }
-  if (classes.has('APIConnectionError')) {
+  const chain = causeChain(error)
+  if ((sdk && error instanceof sdk.APIConnectionError) || chain.some((link) => NETWORK_CODES.has(String((link as {code?: unknown}).code)))) {
     return new ProviderFailure(provider, `network error: ${networkReason(error)}`, {retryable: true, cause: error})
   }
-  if (classes.has('APIError')) {
+  if (chain.some((link) => link instanceof SyntaxError)) {
+    // A 200 whose body (or a stream event) is not what the API sends: a broken proxy or server, maybe transient.
+    return new ProviderFailure(provider, `the response did not parse: ${truncate((error as Error).message ?? String(error))}`, {retryable: true, cause: error})
+  }
+  if (sdk && error instanceof sdk.APIError) {
     // An error event in the middle of a stream (e.g. Anthropic's overloaded_error): server-side and transient.
     return new ProviderFailure(provider, `stream error: ${apiErrorMessage(sdkError)}`, {retryable: true, cause: error})
   }
@@ -74,18 +103,10 @@ export function failureFromSdkError(provider: string, error: unknown): ProviderF
   return new ProviderFailure(provider, truncate(message), {retryable: false, cause: error})
 }
 
-/**
- * Class names along the prototype chain. The openai SDK leaves `error.name` as plain "Error", and
- * instanceof would tie this module to both SDKs, which are loaded lazily (they cost 60-150 ms).
- */
-function sdkClassNames(error: unknown): Set<string> {
-  const names = new Set<string>()
-  let proto = error && typeof error === 'object' ? Object.getPrototypeOf(error) : null
-  while (proto && proto !== Error.prototype) {
-    names.add((proto as {constructor: {name: string}}).constructor.name)
-    proto = Object.getPrototypeOf(proto)
-  }
-  return names
+/** A streamed answer that stopped before the API's terminal event: never a reply, always worth another attempt. */
+export function incompleteStream(provider: string, terminal: string, cause?: unknown): ProviderFailure {
+  const why = cause instanceof Error ? `: ${truncate(cause.message)}` : ''
+  return new ProviderFailure(provider, `the streamed answer ended before ${terminal} (incomplete)${why}`, {retryable: true, cause})
 }
 
 /** The server's own words: both APIs put a human message inside their error body. */

@@ -17,17 +17,12 @@ export interface ProviderChain {
 type ProviderFactory = (name: string, config: ProviderConfig, apiKey: string) => ChatProvider
 
 /**
- * SDKs load on first use: importing @anthropic-ai/sdk costs ~150 ms and openai ~70 ms, and
- * agent-run's start-up time is a user-visible number. A run loads only the kinds it calls.
+ * SDKs load on first use: importing @anthropic-ai/sdk costs ~150 ms and openai ~70 ms, which a
+ * `send` (and agent-run run by hand) would pay for kinds it never calls.
  */
 const FACTORY_LOADERS: Record<ProviderKind, () => Promise<ProviderFactory>> = {
   anthropic: async () => (await import('./anthropic.js')).createAnthropicProvider,
   openai: async () => (await import('./openai.js')).createOpenAiProvider,
-}
-
-/** Loads every SDK now (a standby agent-run, which has time to spare before its message). */
-export async function preloadProviders(): Promise<void> {
-  await Promise.all(Object.values(FACTORY_LOADERS).map((load) => load()))
 }
 
 /** Sent when a provider has no api_key_env: local servers (Ollama...) ignore it, but the SDKs require one. */

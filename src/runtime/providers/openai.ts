@@ -9,7 +9,7 @@ import type {
 
 import type {ProviderConfig} from '../config/types.js'
 import {repairToolPairs} from './conversation.js'
-import {failureFromSdkError, ProviderFailure} from './failure.js'
+import {failureFromSdkError, incompleteStream, ProviderFailure} from './failure.js'
 import {sdkClientOptions} from './retry.js'
 import type {ChatMessage, ChatProvider, ChatRequest, ChatResponse, ToolCall, ToolDefinition} from './types.js'
 
@@ -32,6 +32,7 @@ export function createOpenAiProvider(name: string, config: ProviderConfig, apiKe
     config,
     async chat(request: ChatRequest): Promise<ChatResponse> {
       const params = toCompletionParams(config, request)
+      let assembler: StreamAssembler | undefined
       try {
         if (!config.stream) {
           const completion = await client.chat.completions.create(params, {signal: request.signal})
@@ -41,12 +42,16 @@ export function createOpenAiProvider(name: string, config: ProviderConfig, apiKe
           {...params, stream: true, stream_options: {include_usage: true}},
           {signal: request.signal},
         )
-        const assembler = new StreamAssembler()
+        assembler = new StreamAssembler()
+        // The SDK ends the iteration quietly when the signal aborts (our timeout): completeness is checked below.
         for await (const chunk of stream) assembler.add(chunk)
-        return assembler.response(name, config)
       } catch (error) {
-        throw failureFromSdkError(name, error)
+        const failure = failureFromSdkError(name, error, OpenAI)
+        throw !assembler || failure.retryable || failure.status !== null || request.signal?.aborted ? failure : incompleteStream(name, 'its finish_reason', error)
       }
+      // A reply is complete only once a finish_reason arrived: otherwise the stream was cut short.
+      if (!assembler.finished) throw incompleteStream(name, 'its finish_reason')
+      return assembler.response(name, config)
     },
   }
 }
@@ -98,8 +103,8 @@ export function toOpenAiMessages(system: string, messages: ChatMessage[]): ChatC
 }
 
 function fromCompletion(provider: string, config: ProviderConfig, completion: ChatCompletion): ChatResponse {
-  const choice = completion.choices?.[0]
-  if (!choice) {
+  const choice = completion?.choices?.[0]
+  if (!choice?.message) {
     throw new ProviderFailure(provider, 'the response has no choices', {retryable: true})
   }
   const toolCalls = (choice.message.tool_calls ?? []).flatMap((call, index) =>
@@ -155,6 +160,10 @@ class StreamAssembler {
       this.calls.set(delta.index, call)
     }
     if (choice.finish_reason) this.finishReason = choice.finish_reason
+  }
+
+  get finished(): boolean {
+    return this.finishReason !== undefined
   }
 
   response(provider: string, config: ProviderConfig): ChatResponse {

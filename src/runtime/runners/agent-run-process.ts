@@ -11,6 +11,7 @@ import {forgetRunProcess, recordRunProcess} from '../state/run-processes.js'
 import {killProcessTree} from '../../sandbox/kill-session.js'
 import {keeperArgv, keeperHelper} from '../../sandbox/keeper.js'
 import {cgroupSupport, createRunCgroup, killRunCgroups, removeRunCgroups, type RunCgroup} from '../../sandbox/run-cgroup.js'
+import {AgentRunChannel, type HostLlm} from './llm-channel.js'
 
 
 /** argv that starts `meepagateway agent-run` with this Node; always the built app (tests build it first). */
@@ -34,6 +35,8 @@ export interface AgentProcessOptions {
   env: Record<string, string>
   cwd: string
   input: AgentRunInput
+  /** Answers agent-run's LLM requests (the channel on its stdin/stdout). */
+  llm: HostLlm
   timeoutMs: number
   /** Aborting ends the run; a reason such as 'SIGINT' or 'SIGTERM' is first forwarded to it. */
   signal?: AbortSignal
@@ -51,6 +54,8 @@ let toldLimitsUnenforced = false
 const FORWARDED_SIGNAL_GRACE_MS = 1000
 /** The keeper gets this long to kill the run and exit before it is killed itself. */
 const KEEPER_GRACE_MS = 2000
+/** An agent-run that lingers after its result (it should exit at once) gets this long. */
+const RESULT_EXIT_GRACE_MS = 1000
 
 /**
  * Starts agent-run (directly or under a sandbox helper) under its keeper, which kills every
@@ -121,8 +126,9 @@ async function runUnderKeeper(
     env: options.env,
     extendEnv: false,
     detached: true,
-    input: JSON.stringify(input),
     stdio,
+    // stdout is the LLM channel, read as it comes (AgentRunChannel), never buffered whole
+    buffer: {stdout: false},
     reject: false,
     stripFinalNewline: true,
     maxBuffer: 64 * 1024 * 1024,
@@ -158,6 +164,9 @@ async function runUnderKeeper(
     }, KEEPER_GRACE_MS)
   }
 
+  // An agent-run that lingers after its result (it should exit at once) is not waited for.
+  const channel = new AgentRunChannel(child.stdin!, child.stdout!, input, options.llm, killRun, () => setTimeout(killRun, RESULT_EXIT_GRACE_MS).unref())
+
   let timedOut = false
   let cancelled: string | undefined
   const timer = setTimeout(() => {
@@ -188,6 +197,8 @@ async function runUnderKeeper(
   clearTimeout(grace)
   clearTimeout(fallback)
   options.signal?.removeEventListener('abort', onAbort)
+  await channel.settled()
+  channel.close()
   // background processes the agent left running die with the run (the keeper did it already)
   if (!lifeline) killProcessTree(child.pid)
 
@@ -219,5 +230,5 @@ async function runUnderKeeper(
       })
     }
   }
-  return parseAgentRunOutput(input.run_id, String(result.stdout ?? ''), result.exitCode, stderrTail)
+  return channel.outcome() ?? parseAgentRunOutput(input.run_id, '', result.exitCode, stderrTail)
 }

@@ -25,6 +25,7 @@ import {forgetRunProcess, recordRunProcess} from '../state/run-processes.js'
 import {sizeBytes} from '../config/size.js'
 import {diskFull, diskUsage, watchDiskUsage} from './disk-limit.js'
 import type {RunRequest, Runner} from './types.js'
+import {AgentRunChannel} from './llm-channel.js'
 
 /**
  * Container level: one fresh, hardened container per message (docs/isolation.md), running the
@@ -60,19 +61,28 @@ export async function runInContainer(request: RunRequest, options: {cli?: Docker
   const log = request.onLog ?? ((line: string) => process.stderr.write(`${line}\n`))
   try {
     runQueue.setConcurrency(request.config.gateway.max_concurrent_runs)
-    const output = await runQueue.run(
+    // In a running gateway the reply goes out when agent-run sends its result; the run keeps its
+    // slot and the agent's lock until its container has exited (its teardown, ~100 ms, is not the
+    // user's wait). `send` waits for the exit: the process ends after the reply.
+    let answer: (output: AgentRunOutput) => void = () => {}
+    const answered = new Promise<AgentRunOutput>((resolve) => {
+      if (request.standby) answer = resolve
+    })
+    const whole = runQueue.run(
       request.agent.id,
-      () => withAgentLock(request.home, request.agent.id, () => runOnce(request, cli, log), {
+      () => withAgentLock(request.home, request.agent.id, () => runOnce(request, cli, log, answer), {
         signal: request.signal,
         onWait: (pid) => log(`agent ${request.agent.id} is busy with another run (process ${pid}); waiting for it to finish`),
       }),
       {signal: request.signal},
     )
+    void track(pendingRemovals, whole.then(() => {}, () => {}))
+    const output = await Promise.race([answered, whole])
     // a hung engine would only leave one more docker client hanging
     if (request.standby && request.agent.container_mode.standby && !dockerEngineProblem()) {
       void track(preparingStandbys, prepareStandby(request, cli).catch((error: unknown) => log(`could not start a standby container: ${toGatewayError(error).message}`)))
     }
-    return redactOutput(output, request)
+    return output
   } catch (error) {
     const failed = toGatewayError(error)
     if (failed.code === 'E_DOCKER_DOWN' || failed.code === 'E_DOCKER_HUNG') {
@@ -80,7 +90,7 @@ export async function runInContainer(request: RunRequest, options: {cli?: Docker
       reportEngineProblem(failed.message.split('\n')[0] ?? failed.code)
       watchEngine(cli)
     }
-    return redactOutput(failureFromError(runId, error), request)
+    return failureFromError(runId, error)
   }
 }
 
@@ -111,7 +121,7 @@ export async function readyIsolationImage(config: GatewayConfig, agent: AgentCon
   return image
 }
 
-async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) => void): Promise<AgentRunOutput> {
+async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) => void, onAnswer: (output: AgentRunOutput) => void = () => {}): Promise<AgentRunOutput> {
   const {input, agent} = request
   const runId = input.run_id
   const diskLimit = sizeBytes(agent.limits.disk, 'limits.disk')
@@ -134,7 +144,7 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
     void cli.exec(['kill', name], {timeoutMs: KILL_TIMEOUT_MS}).catch(() => {})
   })
   try {
-    const output = await runInStartedContainer(request, cli, container, shape.spec.forwardEnv)
+    const output = await runInStartedContainer(request, cli, container, shape.spec.forwardEnv, onAnswer)
     const atEnd = await diskWatch.stop()
     return diskOver || atEnd.over ? diskFull(runId, agent.limits.disk, atEnd.usage, request.workspace, 'during') : output
   } finally {
@@ -143,24 +153,42 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
   }
 }
 
-async function runInStartedContainer(request: RunRequest, cli: DockerCli, container: AgentContainer, forwardEnv: string[]): Promise<AgentRunOutput> {
+async function runInStartedContainer(
+  request: RunRequest,
+  cli: DockerCli,
+  container: AgentContainer,
+  forwardEnv: string[],
+  onAnswer: (output: AgentRunOutput) => void,
+): Promise<AgentRunOutput> {
   const {input, agent} = request
   const runId = input.run_id
   const log = container.log
   const {name, child} = container
-  // Everything the run needs, secrets included, goes in on stdin; forwarded secrets reach the
-  // engine through the docker CLI's own environment (`-e NAME` without a value), never argv.
-  child.stdin?.on('error', () => {}) // a client that died first is reported from its exit below
-  child.stdin?.end(JSON.stringify({...input, workspace: CONTAINER_WORKSPACE, env_secrets: forwardEnv}))
+  // The input goes in on stdin, then the LLM channel runs over the same pipe; forwarded secrets
+  // reach the engine through the docker CLI's own environment (`-e NAME` without a value), never argv.
+  let channelBroken = false
+  const channel = new AgentRunChannel(
+    child.stdin!,
+    child.stdout!,
+    {...input, workspace: CONTAINER_WORKSPACE, env_secrets: forwardEnv},
+    request.llm,
+    () => {
+      channelBroken = true
+      stop('violation')
+    },
+    () => {
+      if (!stopped) onAnswer(channel.outcome()!)
+    },
+  )
 
   // The deadline kills the container itself: killing only the docker client would leave the
   // agent's processes running inside (and writing to the workspace) after the user was told it stopped.
   // When the engine does not answer the kill, the docker client is killed instead, so the run
   // still ends on time; the container is then removed once the engine answers again.
-  let stopped: 'timeout' | 'cancelled' | undefined
+  let stopped: 'timeout' | 'cancelled' | 'violation' | undefined
   let engineSilent = false
   let stopping: Promise<unknown> = Promise.resolve()
-  const stop = (reason: 'timeout' | 'cancelled') => {
+  function stop(reason: 'timeout' | 'cancelled' | 'violation') {
     if (stopped) return
     stopped = reason
     stopping = (async () => {
@@ -188,9 +216,11 @@ async function runInStartedContainer(request: RunRequest, cli: DockerCli, contai
   let result: Awaited<typeof child>
   try {
     result = await child
+    await channel.settled()
   } finally {
     clearTimeout(timer)
     request.signal?.removeEventListener('abort', onAbort)
+    channel.close()
   }
   await stopping
   const stderrTail = container.stderrTail
@@ -200,7 +230,11 @@ async function runInStartedContainer(request: RunRequest, cli: DockerCli, contai
     // container only needs removing, which the reply does not wait for.
     scheduleRemoval(cli, name, log)
     reportEngineAnswered()
-    return parseAgentRunOutput(runId, String(result.stdout ?? ''), 0, stderrTail)
+    return channel.outcome() ?? parseAgentRunOutput(runId, '', 0, stderrTail)
+  }
+  if (channelBroken) {
+    scheduleRemoval(cli, name, log)
+    return channel.outcome()!
   }
   if (engineSilent) {
     reportEngineProblem(`a run's container could not be stopped: ${ENGINE_HUNG_MESSAGE}`)
@@ -231,7 +265,7 @@ async function runInStartedContainer(request: RunRequest, cli: DockerCli, contai
       details: {stderr_tail: stderrTail},
     })
   }
-  return parseAgentRunOutput(runId, String(result.stdout ?? ''), state.exitCode, stderrTail)
+  return channel.outcome() ?? parseAgentRunOutput(runId, '', state.exitCode, stderrTail)
 }
 
 /** Everything that decides an agent's `docker run` except its name and run label. */
@@ -251,7 +285,9 @@ function runShape(request: RunRequest, image: ReadyImage): RunShape {
   const user = containerUser(agent.container_mode.user)
   ensureWorkspaceOwner(workspace, user)
   const spec: RunShape['spec'] = {
-    image: image.tag,
+    // By id: the agent-run verified for this gateway's build, even if another build retags the image meanwhile
+    // (an agent-run of another build may not speak this runner's LLM channel).
+    image: image.id,
     workspace,
     uid: user.uid,
     gid: user.gid,
@@ -288,7 +324,7 @@ function startAgentContainer(
   options: {name: string; run: string; clientTimeoutMs: number; standby?: boolean},
 ): AgentContainer {
   const args = buildDockerRunArgs({...shape.spec, name: options.name, labels: {...shape.spec.labels, [LABEL.run]: options.run}, standby: options.standby})
-  const child = cli.spawn(args, {openStdin: true, env: shape.cliEnv, timeoutMs: options.clientTimeoutMs, removeIfOwnerDies: options.name})
+  const child = cli.spawn(args, {openStdin: true, streamStdout: true, env: shape.cliEnv, timeoutMs: options.clientTimeoutMs, removeIfOwnerDies: options.name})
   const container: AgentContainer = {name: options.name, key: shape.key, child, stderrTail: '', log: () => {}}
   const secretValues = Object.values(shape.cliEnv)
   child.stderr?.on('data', (chunk: Buffer) => {
@@ -535,7 +571,7 @@ function track(pending: Set<Promise<void>>, work: Promise<void>): Promise<void> 
   return work
 }
 
-/** Resolves when every container this process started has been removed (for shutdown and tests). */
+/** Resolves when every container this process started has exited and been removed (for `send`, shutdown and tests). */
 export async function containerRemovalsSettled(): Promise<void> {
   await Promise.all([...pendingRemovals])
 }
@@ -588,18 +624,6 @@ function canonicalWorkspace(workspace: string): string {
   } catch {
     throw new GatewayError('E_WORKSPACE', `the workspace ${workspace} does not exist`, {suggestions: ['run meepagateway agent create, or send a message (it creates the workspace)']})
   }
-}
-
-/** With redact_secrets, no secret value leaves the runner: reply, error message and details. */
-function redactOutput(output: AgentRunOutput, request: RunRequest): AgentRunOutput {
-  if (request.input.redact_secrets === false || Object.keys(request.input.secrets).length === 0) return output
-  const scrub = (value: unknown): unknown => {
-    if (typeof value === 'string') return redactSecrets(value, request.input.secrets)
-    if (Array.isArray(value)) return value.map(scrub)
-    if (value && typeof value === 'object') return Object.fromEntries(Object.entries(value).map(([key, item]) => [key, scrub(item)]))
-    return value
-  }
-  return scrub(output) as AgentRunOutput
 }
 
 /** The helper's path inside the isolation image, which bundles dist/ (and so the helper, built on Linux). */

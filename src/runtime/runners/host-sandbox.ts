@@ -4,7 +4,7 @@ import {kernelGaps, loweringGaps} from '../../sandbox/landlock/enforcement.js'
 import {HELPER_SETUP_EXIT, probeKernel, requireHelper} from '../../sandbox/landlock/helper.js'
 import {serializeRules} from '../../sandbox/landlock/rules-file.js'
 import {bwrapArgv, probeNamespaces} from '../../sandbox/namespaces.js'
-import {SANDBOX_HELPER_ENV, SANDBOX_NETWORK_ENV} from '../../sandbox/network-layer.js'
+import {SANDBOX_HELPER_ENV} from '../../sandbox/network-layer.js'
 import type {SandboxPolicy} from '../../sandbox/policy.js'
 import {seatbeltInvocation} from '../../sandbox/seatbelt/profile.js'
 import {prepareWorkspaceForPolicy} from '../../sandbox/workspace-prep.js'
@@ -13,7 +13,7 @@ import {agentRunArgv, runAgentProcess} from './agent-run-process.js'
 import {agentEnvironment, withPrivateTmp} from './private-tmp.js'
 import type {RunRequest, Runner} from './types.js'
 
-interface Launch {
+export interface Launch {
   argv: string[]
   env: Record<string, string>
   fd3?: string
@@ -51,7 +51,7 @@ export const hostSandboxRunner: Runner = {
         else {
           const policyGaps = loweringGaps(policy, namespaces)
           if (policy.bestEffort) for (const gap of policyGaps) request.onLog?.(`sandbox: best effort, NOT enforced: ${gap}`)
-          const linux = await linuxLaunch(policy, env, namespaces?.available ? bwrapArgv(namespaces.bwrap!, policy, request.home) : [], policyGaps)
+          const linux = await linuxLaunch(policy, env, {bwrap: namespaces?.available ? bwrapArgv(namespaces.bwrap!, policy, request.home) : [], policyGaps})
           if ('error' in linux) return failure(runId, 'E_SANDBOX', linux.error, false, {gaps: linux.gaps, fix: linux.fix})
           launch = linux
         }
@@ -62,6 +62,7 @@ export const hostSandboxRunner: Runner = {
         ...launch,
         cwd: request.workspace,
         input: request.input,
+        llm: request.llm,
         timeoutMs: request.timeoutMs,
         signal: request.signal,
         onStderr: request.onLog,
@@ -71,12 +72,16 @@ export const hostSandboxRunner: Runner = {
     }),
 }
 
-async function linuxLaunch(
+/**
+ * How the runner starts `command` (agent-run) under the helper, behind bubblewrap's namespaces when
+ * given; exported so tests can put a hostile program in agent-run's place.
+ */
+export async function linuxLaunch(
   policy: SandboxPolicy,
   env: Record<string, string>,
-  bwrap: string[],
-  policyGaps: string[],
+  options: {bwrap?: string[]; policyGaps?: string[]; command?: string[]} = {},
 ): Promise<Launch | {error: string; gaps: string[]; fix: string}> {
+  const {bwrap = [], policyGaps = [], command = agentRunArgv()} = options
   const helper = requireHelper()
   const probe = await probeKernel(helper)
   const gaps = [...kernelGaps(probe, policy.network, policy.listen), ...policyGaps]
@@ -87,10 +92,10 @@ async function linuxLaunch(
       fix: `${policyGaps.length > 0 ? 'install bubblewrap and allow unprivileged user namespaces, move the deny out of the writable tree, ' : ''}upgrade the kernel, use container mode, or set file_access.best_effort: true to run with these gaps`,
     }
   }
-  // agent-run talks to its LLM provider, so its own layer keeps the network; with
-  // allow_network: false every shell command it starts gets the network-off layer.
-  const inner = {...env, [SANDBOX_HELPER_ENV]: helper, [SANDBOX_NETWORK_ENV]: policy.network}
-  return {argv: [...bwrap, helper, '--rules-fd', '3', '--', ...agentRunArgv()], env: {}, fd3: serializeRules({...policy, network: 'allow'}, inner)}
+  // agent-run reaches its LLM through the runner (stdin/stdout), so with allow_network: false
+  // the whole tree, agent-run included, is off the network.
+  const inner = {...env, [SANDBOX_HELPER_ENV]: helper}
+  return {argv: [...bwrap, helper, '--rules-fd', '3', '--', ...command], env: {}, fd3: serializeRules(policy, inner)}
 }
 
 /** The helper's own refusal (exit 125, nothing ran) reads better as E_SANDBOX than as a crashed run. */

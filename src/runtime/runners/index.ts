@@ -34,3 +34,4 @@ export async function stopStandbyContainers(): Promise<string[]> {
 export async function abandonEngineWork(): Promise<string[]> {
   return (await import('./container.js')).abandonEngineWork()
 }
+

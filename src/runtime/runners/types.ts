@@ -1,9 +1,13 @@
 import type {AgentRunInput, AgentRunOutput} from '../agent-run/contract.js'
 import type {AgentConfig, GatewayConfig, IsolationLevel} from '../config/types.js'
+import type {HostLlm} from './llm-channel.js'
 
 /** Everything a runner needs to run one message for one agent. */
 export interface RunRequest {
+  /** What agent-run gets on stdin: no provider key (they stay with `llm`). */
   input: AgentRunInput
+  /** The agent's providers, called on the host for each llm_request agent-run sends. */
+  llm: HostLlm
   agent: AgentConfig
   config: GatewayConfig
   /** MEEPAGATEWAY_HOME: the runner must keep it out of the agent's reach. */
@@ -26,7 +30,8 @@ export interface RunRequest {
 
 /**
  * One isolation level. Every level runs the same `meepagateway agent-run` with the same
- * stdin/stdout contract; a runner only decides where it runs and how it is killed.
+ * stdin/stdout contract (docs/agent-run.md), serving its LLM channel; a runner only decides where
+ * it runs and how it is killed.
  * A runner never throws for a failed run: it returns `{ok: false}` with a code
  * (E_TIMEOUT, E_OOM, E_SANDBOX, ...) so the gateway can reply to the user and record it.
  */

@@ -15,6 +15,7 @@ export const unrestrictedRunner: Runner = {
         env: agentEnvironment(request.workspace, tmp),
         cwd: request.workspace,
         input: request.input,
+        llm: request.llm,
         timeoutMs: request.timeoutMs,
         signal: request.signal,
         onStderr: request.onLog,

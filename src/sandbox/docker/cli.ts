@@ -42,6 +42,8 @@ export interface DockerCallOptions {
   input?: string
   /** Leaves stdin a pipe for the caller to write (a `docker run -i` whose input comes later). */
   openStdin?: boolean
+  /** stdout is read by the caller as it comes (agent-run's LLM channel) and not buffered in the result. */
+  streamStdout?: boolean
   /** Extra variables for the CLI process (e.g. values forwarded with `-e NAME`, which never appear in argv). */
   env?: Record<string, string>
   /** Called with each line of stdout and stderr as it arrives (build progress). */
@@ -115,6 +117,7 @@ export class DockerCli {
       input: options.input,
       // fd 3: the keeper's lifeline, held open by this process until the client exits
       stdio: helper ? [stdin, 'pipe', 'pipe', 'pipe'] : [stdin, 'pipe', 'pipe'],
+      buffer: options.streamStdout ? {stdout: false} : true,
       reject: false,
       timeout: options.timeoutMs,
       cancelSignal: options.signal,

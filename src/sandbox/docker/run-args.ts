@@ -29,7 +29,7 @@ export interface DockerRunSpec {
   /**
    * The sandbox helper inside the image, when it carries one: agent-run then starts every shell
    * command through it, in a Landlock domain of its own, so a command cannot read agent-run's
-   * memory (which holds the provider keys) through /proc/PID/mem, nor signal it.
+   * memory (which holds the agent's secrets) through /proc/PID/mem, nor signal it.
    */
   sandboxHelper?: string
   /** Started before its message (see the container runner's standby containers). */

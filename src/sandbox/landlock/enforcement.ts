@@ -100,7 +100,8 @@ export function enforcementReport(policy: SandboxPolicy, probe: KernelProbe, nam
     return {...deny, mechanism}
   })
 
-  const networkMechanisms: string[] = []
+  // agent-run's LLM calls go over stdin/stdout to the gateway, which makes them: the mode is the whole tree's.
+  const networkMechanisms: string[] = ['applies to agent-run and everything it starts; LLM calls go to the gateway over stdin/stdout and the gateway calls the provider']
   if (policy.network === 'deny') {
     if (abi >= 4) networkMechanisms.push('Landlock: TCP bind and connect handled, no port allowed')
     if (probe.seccomp) networkMechanisms.push('seccomp: socket() denied for every address family (UDP, raw, packet, netlink included); socketpair(AF_UNIX) allowed')
@@ -111,7 +112,8 @@ export function enforcementReport(policy: SandboxPolicy, probe: KernelProbe, nam
   } else if (policy.listen === 'allow') networkMechanisms.push('listening allowed (allow_listen: true): commands may bind ports on every interface the host has')
 
   const processRules = [
-    {what: 'environment', mechanism: 'replaced by an explicit allow-list (PATH, HOME=workspace, TMPDIR, LANG); secrets reach agent-run on stdin only'},
+    {what: 'environment', mechanism: 'replaced by an explicit allow-list (PATH, HOME=workspace, TMPDIR, LANG); the agent\'s own secrets reach agent-run on stdin only'},
+    {what: 'provider API keys', mechanism: 'never inside: they stay in the gateway, which makes every LLM call for agent-run (docs/agent-run.md)'},
     {what: 'privileges', mechanism: 'no_new_privs set; all capabilities and the bounding set dropped (root inside is an ordinary uid 0)'},
     {what: 'inherited file descriptors', mechanism: 'everything above 2 closed before exec'},
     {

@@ -1,0 +1,155 @@
+import {randomBytes} from 'node:crypto'
+import fs from 'node:fs'
+import {afterAll, beforeAll, describe, expect, it} from 'vitest'
+import {startFakeLlm, type FakeLlm} from '../fakes/llm-server.js'
+import {fakeLlmConfig, makeHome, runCli, type TestHome} from '../helpers/home.js'
+import {agentRunPids, whereHeld, type Holdings} from '../helpers/process-memory.js'
+import {describeWithDocker} from '../container/docker-env.js'
+import {loadConfig} from '../../src/runtime/config/load.js'
+import {runMessage} from '../../src/runtime/run-message.js'
+import {stopStandbyContainers} from '../../src/runtime/runners/container.js'
+
+/*
+ * Issue 11, criterion 1: at every level agent-run holds no provider key. While agent-run waits for
+ * its first LLM answer, the fake LLM (called by the runner on the host) looks into every live
+ * agent-run process: its environ, its cmdline and its writable memory (/proc/PID/mem, as root).
+ * The message carries a marker, found in the memory of the run's agent-run: proof that the scan
+ * looks at the right process and would see a string that is there. Agent-run run by hand, with the
+ * key in its own environment, is the control that the scan finds a key where there is one.
+ */
+
+interface Scan {
+  /** agent-run processes whose memory holds this run's marker. */
+  runs: number
+  /** Where the key was found in any agent-run process. */
+  key: Holdings
+}
+
+function scanAgentRuns(marker: string, key: string): Scan {
+  const scan: Scan = {runs: 0, key: {environ: false, cmdline: false, memory: false}}
+  for (const pid of agentRunPids()) {
+    try {
+      if (whereHeld(pid, marker).memory) scan.runs++
+      const held = whereHeld(pid, key)
+      scan.key = {environ: scan.key.environ || held.environ, cmdline: scan.key.cmdline || held.cmdline, memory: scan.key.memory || held.memory}
+    } catch {
+      // a process that ended during the scan (another suite's run)
+    }
+  }
+  return scan
+}
+
+const isRoot = process.getuid?.() === 0
+
+describe.runIf(isRoot)('no provider key in agent-run, at any level (scans /proc as root)', () => {
+  let llm: FakeLlm
+  const homes: TestHome[] = []
+  const key = `sk-only-on-the-host-${randomBytes(12).toString('hex')}`
+
+  beforeAll(async () => {
+    llm = await startFakeLlm()
+  })
+  afterAll(async () => {
+    await stopStandbyContainers()
+    await llm.close()
+    for (const home of homes) home.cleanup()
+  })
+
+  /** Scripts: the first LLM call scans agent-run, then a tool call, then the answer. */
+  const scriptScan = (marker: string): Promise<Scan> =>
+    new Promise((resolve) => {
+      llm.reset()
+      llm.enqueue(
+        () => {
+          resolve(scanAgentRuns(marker, key))
+          return {toolCalls: [{name: 'write_file', arguments: {path: 'scanned.txt', content: 'yes'}}]}
+        },
+        {text: 'scanned'},
+      )
+    })
+
+  const homeWith = (agent: Record<string, unknown>, extra: Record<string, unknown> = {}) => {
+    const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a', ...agent}], extra))
+    homes.push(home)
+    return home
+  }
+
+  const sendAndScan = async (agent: Record<string, unknown>): Promise<Scan> => {
+    const home = homeWith(agent)
+    const marker = `marker-${randomBytes(8).toString('hex')}`
+    const scanned = scriptScan(marker)
+    const result = await runCli(['send', '--agent', 'a', '--json', `hello ${marker}`], {home: home.home, env: {FAKE_LLM_KEY: key}, timeoutMs: 180_000})
+    expect(result.stderr).not.toContain(key)
+    expect(JSON.parse(result.stdout)).toMatchObject({ok: true, reply: {content: 'scanned'}})
+    expect(llm.requests[0]?.headers.authorization).toBe(`Bearer ${key}`) // the host did call with the key
+    return scanned
+  }
+
+  it('control: agent-run run by hand holds the key from its own environment, and the scan finds it', async () => {
+    const home = homeWith({file_access: {unrestricted: true}})
+    fs.mkdirSync(home.workspace('a'), {recursive: true})
+    const marker = `marker-${randomBytes(8).toString('hex')}`
+    const scanned = scriptScan(marker)
+    const input = {
+      version: 1, run_id: 'run_by_hand', workspace: home.workspace('a'), secrets: {},
+      agent: loadConfig({configPath: home.configPath, home: home.home, env: {FAKE_LLM_KEY: key}}).config.agents[0],
+      providers: loadConfig({configPath: home.configPath, home: home.home, env: {}}).config.providers,
+      message: {id: 'm', connector: 'cli', channel_id: 'c', user: {id: 'u', name: 'u'}, content: `hello ${marker}`},
+    }
+    const result = await runCli(['agent-run'], {home: home.home, env: {FAKE_LLM_KEY: key}, input: `${JSON.stringify(input, null, 2)}\n`})
+    expect(JSON.parse(result.stdout), result.stdout).toMatchObject({ok: true, reply: {content: 'scanned'}})
+    const scan = await scanned
+    expect(scan.runs).toBeGreaterThanOrEqual(1)
+    expect(scan.key.environ).toBe(true)
+    expect(scan.key.memory).toBe(true)
+  })
+
+  it('unrestricted: not in environ, cmdline or memory', async () => {
+    const scan = await sendAndScan({file_access: {unrestricted: true}})
+    expect(scan.runs).toBeGreaterThanOrEqual(1)
+    expect(scan.key).toEqual({environ: false, cmdline: false, memory: false})
+  })
+
+  it('host sandbox (network off): not in environ, cmdline or memory', async () => {
+    const scan = await sendAndScan({file_access: {allow_network: false}})
+    expect(scan.runs).toBeGreaterThanOrEqual(1)
+    expect(scan.key).toEqual({environ: false, cmdline: false, memory: false})
+  })
+
+  describeWithDocker('containers', () => {
+    it('container (network none): not in environ, cmdline or memory', async () => {
+      const scan = await sendAndScan({container_mode: {enabled: true, network: 'none', timeout_seconds: 120}})
+      expect(scan.runs).toBeGreaterThanOrEqual(1)
+      expect(scan.key).toEqual({environ: false, cmdline: false, memory: false})
+    }, 240_000)
+
+    it('standby container (waiting, then serving its message): not in environ, cmdline or memory', async () => {
+      const home = homeWith({container_mode: {enabled: true, network: 'none', timeout_seconds: 120}})
+      const run = (content: string) =>
+        runMessage({
+          loaded: loadConfig({configPath: home.configPath, home: home.home, env: {FAKE_LLM_KEY: key}}),
+          agentId: 'a',
+          message: {id: 'm', connector: 'cli', channel_id: 'c', user: {id: 'u', name: 'u'}, content},
+          standby: true,
+        })
+      llm.reset()
+      llm.setDefault({text: 'cold'})
+      const logs: string[] = []
+      expect((await run('first')).output.ok).toBe(true)
+      const marker = `marker-${randomBytes(8).toString('hex')}`
+      const scanned = scriptScan(marker)
+      const second = await runMessage({
+        loaded: loadConfig({configPath: home.configPath, home: home.home, env: {FAKE_LLM_KEY: key}}),
+        agentId: 'a',
+        message: {id: 'm2', connector: 'cli', channel_id: 'c', user: {id: 'u', name: 'u'}, content: `hello ${marker}`},
+        standby: true,
+        onLog: (line) => logs.push(line),
+      })
+      expect(second.output).toMatchObject({ok: true, reply: {content: 'scanned'}})
+      expect(logs.join('\n')).toMatch(/running in standby container/)
+      const scan = await scanned
+      expect(scan.runs).toBeGreaterThanOrEqual(1)
+      expect(scan.key).toEqual({environ: false, cmdline: false, memory: false})
+    }, 240_000)
+  })
+})
