@@ -1,6 +1,6 @@
 import fs from 'node:fs'
 import path from 'node:path'
-import {defaultConfigPath, gatewayHome} from '../runtime/paths.js'
+import {defaultConfigPath, gatewayHome} from '../runtime/util/paths.js'
 
 /**
  * Commands that start without oclif when their argv is plain: `sandbox exec` exists to run one
@@ -54,7 +54,7 @@ export async function sandboxExecWithoutOclif(argv: readonly string[]): Promise<
   // a first run writes the default config and says so: that is oclif's path
   const configPath = parsed.config ? path.resolve(parsed.config) : defaultConfigPath(gatewayHome())
   if (!fs.existsSync(configPath)) return undefined
-  const [{loadConfig}, {sandboxExec}] = await Promise.all([import('../runtime/config/load.js'), import('../runtime/sandbox.js')])
+  const [{loadConfig}, {sandboxExec}] = await Promise.all([import('../runtime/config/load.js'), import('../runtime/host-sandbox/exec.js')])
   let result: {exitCode: number; timedOut: boolean}
   try {
     // sandboxExec throws only before the command starts (bad config, unknown agent, a policy this

@@ -1,6 +1,6 @@
 import {Flags} from '@oclif/core'
 import {BaseCommand} from './base-command.js'
-import {gatewayHome} from '../runtime/paths.js'
+import {gatewayHome} from '../runtime/util/paths.js'
 import {listAudit, parseSince, type AuditRecord} from '../runtime/state/audit.js'
 
 export default class Audit extends BaseCommand<typeof Audit> {

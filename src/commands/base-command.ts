@@ -1,14 +1,14 @@
 import {Command, Errors, Flags, type Interfaces} from '@oclif/core'
 import {loadConfig} from '../runtime/config/load.js'
 import type {LoadedConfig} from '../runtime/config/types.js'
-import {GatewayError} from '../runtime/errors.js'
+import {GatewayError} from '../runtime/util/errors.js'
 
 export type BaseFlags<T extends typeof Command> = Interfaces.InferredFlags<(typeof BaseCommand)['baseFlags'] & T['flags']>
 export type BaseArgs<T extends typeof Command> = Interfaces.InferredArgs<T['args']>
 
 /**
  * Every command: `--json`, `--config`, and one mapping from runtime errors to a message,
- * "Try this:" suggestions and a stable exit code (0 ok, 2 usage, 3+ ours: see src/runtime/errors.ts).
+ * "Try this:" suggestions and a stable exit code (0 ok, 2 usage, 3+ ours: see src/runtime/util/errors.ts).
  */
 export abstract class BaseCommand<T extends typeof Command> extends Command {
   static baseFlags = {

@@ -1,6 +1,6 @@
 import {Flags} from '@oclif/core'
 import {BaseCommand} from './base-command.js'
-import {gatewayHome} from '../runtime/paths.js'
+import {gatewayHome} from '../runtime/util/paths.js'
 import {listRuns, type RunRecord} from '../runtime/state/run-records.js'
 
 export default class Runs extends BaseCommand<typeof Runs> {

@@ -1,8 +1,8 @@
 import {Args, Flags} from '@oclif/core'
 import {BaseCommand} from './base-command.js'
 import type {AgentRunOutput} from '../runtime/agent-run/contract.js'
-import {GatewayError} from '../runtime/errors.js'
-import {FORWARDED_SIGNALS, readMessageArgument, sendMessage, signalExitCode} from '../runtime/send.js'
+import {GatewayError} from '../runtime/util/errors.js'
+import {FORWARDED_SIGNALS, readMessageArgument, sendMessage, signalExitCode} from '../runtime/runners/send.js'
 
 export default class Send extends BaseCommand<typeof Send> {
   static summary = "send one message to an agent and print its reply (runs the agent's whole loop in its isolation level)"

@@ -1,7 +1,7 @@
 import fs from 'node:fs'
 import path from 'node:path'
 import type {FileAccessConfig} from '../runtime/config/types.js'
-import {GatewayError} from '../runtime/errors.js'
+import {GatewayError} from '../runtime/util/errors.js'
 import {
   ANCESTOR_RIGHTS,
   DEVICE_READ_RIGHTS,

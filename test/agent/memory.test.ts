@@ -3,7 +3,7 @@ import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
 import {afterEach, beforeEach, describe, expect, it} from 'vitest'
-import {HISTORY_LIMIT, openMemory} from '../../src/runtime/memory.js'
+import {HISTORY_LIMIT, openMemory} from '../../src/runtime/workspace/memory.js'
 import {ROOT} from '../helpers/home.js'
 
 describe('memory.db', () => {

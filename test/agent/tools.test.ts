@@ -3,8 +3,8 @@ import os from 'node:os'
 import path from 'node:path'
 import {afterEach, beforeEach, describe, expect, it} from 'vitest'
 import {runTool, TOOL_DEFINITIONS, TOOL_OUTPUT_LIMIT, type ToolContext} from '../../src/runtime/agent/tools.js'
-import {openMemory, type Memory} from '../../src/runtime/memory.js'
-import {redactSecrets} from '../../src/runtime/redact.js'
+import {openMemory, type Memory} from '../../src/runtime/workspace/memory.js'
+import {redactSecrets} from '../../src/runtime/util/redact.js'
 
 describe('agent tools', () => {
   let workspace: string

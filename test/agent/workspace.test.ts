@@ -2,7 +2,7 @@ import {runCommand} from '@oclif/test'
 import fs from 'node:fs'
 import path from 'node:path'
 import {afterEach, beforeEach, describe, expect, it} from 'vitest'
-import {ensureWorkspace} from '../../src/runtime/workspace.js'
+import {ensureWorkspace} from '../../src/runtime/workspace/workspace.js'
 import {makeHome, type TestHome} from '../helpers/home.js'
 
 describe('agent workspaces', () => {

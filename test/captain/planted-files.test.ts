@@ -3,8 +3,8 @@ import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
 import {afterEach, beforeEach, describe, expect, it} from 'vitest'
-import {ensureWorkspace} from '../../src/runtime/workspace.js'
-import {readWorkspaceFile, writeWorkspaceFile} from '../../src/runtime/workspace-files.js'
+import {ensureWorkspace} from '../../src/runtime/workspace/workspace.js'
+import {readWorkspaceFile, writeWorkspaceFile} from '../../src/runtime/workspace/files.js'
 import {PASSWORD, sessionHeaders, startCaptain, type CaptainHarness} from './helpers.js'
 
 const isRoot = process.getuid?.() === 0

@@ -2,7 +2,7 @@ import {runCommand} from '@oclif/test'
 import fs from 'node:fs'
 import {afterEach, beforeEach, describe, expect, it} from 'vitest'
 import {loadConfig, parseConfigText} from '../../src/runtime/config/load.js'
-import {GatewayError} from '../../src/runtime/errors.js'
+import {GatewayError} from '../../src/runtime/util/errors.js'
 import {makeHome, type TestHome} from '../helpers/home.js'
 
 const provider = {kind: 'openai', api_key_env: 'FAKE_LLM_KEY', model: 'm', base_url: 'http://127.0.0.1:1/v1'}

@@ -2,7 +2,7 @@ import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
 import {expect, it} from 'vitest'
-import {containerImageContext} from '../../src/runtime/container-context.js'
+import {containerImageContext} from '../../src/runtime/container/context.js'
 import {assembleAppBundle} from '../../src/sandbox/docker/app-bundle.js'
 
 // The isolation image holds what starts agent-run and nothing else of the app: a container runs

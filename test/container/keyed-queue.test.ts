@@ -2,8 +2,8 @@ import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
 import {describe, expect, it} from 'vitest'
-import {withAgentLock} from '../../src/runtime/agent-lock.js'
-import {KeyedQueue} from '../../src/runtime/keyed-queue.js'
+import {withAgentLock} from '../../src/runtime/workspace/agent-lock.js'
+import {KeyedQueue} from '../../src/runtime/util/keyed-queue.js'
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
 

@@ -12,7 +12,7 @@ import {runAgentProcess} from '../../src/runtime/runners/agent-run-process.js'
 import {hostLlmFor} from '../../src/runtime/runners/llm-channel.js'
 import {linuxLaunch} from '../../src/runtime/runners/host-sandbox.js'
 import {agentEnvironment} from '../../src/runtime/runners/private-tmp.js'
-import {agentPolicy} from '../../src/sandbox/agent-policy.js'
+import {agentPolicy} from '../../src/runtime/host-sandbox/agent-policy.js'
 import {landlockUnavailable} from '../sandbox/landlock-support.js'
 import type {GatewayConfig} from '../../src/runtime/config/types.js'
 

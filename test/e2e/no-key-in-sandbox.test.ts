@@ -6,7 +6,7 @@ import {fakeLlmConfig, makeHome, runCli, type TestHome} from '../helpers/home.js
 import {agentRunPids, whereHeld, type Holdings} from '../helpers/process-memory.js'
 import {describeWithDocker} from '../container/docker-env.js'
 import {loadConfig} from '../../src/runtime/config/load.js'
-import {runMessage} from '../../src/runtime/run-message.js'
+import {runMessage} from '../../src/runtime/runners/run-message.js'
 import {stopStandbyContainers} from '../../src/runtime/runners/container.js'
 
 /*

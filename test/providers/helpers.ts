@@ -1,5 +1,5 @@
 import type {ProviderConfig, ProvidersConfig} from '../../src/runtime/config/types.js'
-import {GatewayError} from '../../src/runtime/errors.js'
+import {GatewayError} from '../../src/runtime/util/errors.js'
 import type {ChatRequest, ToolDefinition} from '../../src/runtime/providers/types.js'
 import type {FakeApi, FakeLlm} from '../fakes/llm-server.js'
 

@@ -1,7 +1,7 @@
 import {Args} from '@oclif/core'
 import {BaseCommand} from '../base-command.js'
-import {ensureWorkspace, type WorkspaceCreation} from '../../runtime/workspace.js'
-import {gatewayHome} from '../../runtime/paths.js'
+import {ensureWorkspace, type WorkspaceCreation} from '../../runtime/workspace/workspace.js'
+import {gatewayHome} from '../../runtime/util/paths.js'
 
 export default class AgentCreate extends BaseCommand<typeof AgentCreate> {
   static summary = 'create an agent workspace (SOUL.md, MEMORY.md, memory.db, skills/); never overwrites existing files'

@@ -1,5 +1,5 @@
 import {BaseCommand} from '../base-command.js'
-import {listAgents, type AgentSummary} from '../../runtime/agents.js'
+import {listAgents, type AgentSummary} from '../../runtime/workspace/agents.js'
 
 export default class AgentList extends BaseCommand<typeof AgentList> {
   static summary = 'list the configured agents with their isolation level and workspace'

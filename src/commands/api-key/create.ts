@@ -1,6 +1,6 @@
 import {Args, Flags} from '@oclif/core'
 import {BaseCommand} from '../base-command.js'
-import {gatewayHome} from '../../runtime/paths.js'
+import {gatewayHome} from '../../runtime/util/paths.js'
 import {createApiKey, type CreatedApiKey} from '../../runtime/state/api-keys.js'
 
 export default class ApiKeyCreate extends BaseCommand<typeof ApiKeyCreate> {

@@ -1,5 +1,5 @@
 import {BaseCommand} from '../base-command.js'
-import {gatewayHome} from '../../runtime/paths.js'
+import {gatewayHome} from '../../runtime/util/paths.js'
 import {listApiKeys, type ApiKeyInfo} from '../../runtime/state/api-keys.js'
 
 export default class ApiKeyList extends BaseCommand<typeof ApiKeyList> {

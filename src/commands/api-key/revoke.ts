@@ -1,6 +1,6 @@
 import {Args} from '@oclif/core'
 import {BaseCommand} from '../base-command.js'
-import {gatewayHome} from '../../runtime/paths.js'
+import {gatewayHome} from '../../runtime/util/paths.js'
 import {revokeApiKey, type ApiKeyInfo} from '../../runtime/state/api-keys.js'
 
 export default class ApiKeyRevoke extends BaseCommand<typeof ApiKeyRevoke> {

@@ -1,6 +1,6 @@
 import {Flags} from '@oclif/core'
 import {BaseCommand} from '../base-command.js'
-import {buildContainerImages, type ContainerBuildResult} from '../../runtime/container-build.js'
+import {buildContainerImages, type ContainerBuildResult} from '../../runtime/container/build.js'
 
 export default class ContainerBuild extends BaseCommand<typeof ContainerBuild> {
   static summary = 'build the container and isolation images of container-mode agents (a no-op when they are up to date)'

@@ -1,6 +1,6 @@
 import {Flags} from '@oclif/core'
 import {BaseCommand} from '../base-command.js'
-import {cleanContainers, type ContainerCleanResult} from '../../runtime/container-clean.js'
+import {cleanContainers, type ContainerCleanResult} from '../../runtime/container/clean.js'
 
 export default class ContainerClean extends BaseCommand<typeof ContainerClean> {
   static summary = 'remove containers left behind and images no config refers to'

@@ -1,5 +1,5 @@
 import {BaseCommand} from '../base-command.js'
-import {listGatewayImages, type GatewayImage} from '../../runtime/container-status.js'
+import {listGatewayImages, type GatewayImage} from '../../runtime/container/status.js'
 
 export default class ContainerImages extends BaseCommand<typeof ContainerImages> {
   static summary = 'list every meepagateway image with its tag, size, age and whether it is in use'

@@ -1,5 +1,5 @@
 import {BaseCommand} from '../base-command.js'
-import {containerStatus, type ContainerStatus} from '../../runtime/container-status.js'
+import {containerStatus, type ContainerStatus} from '../../runtime/container/status.js'
 
 export default class ContainerStatusCommand extends BaseCommand<typeof ContainerStatusCommand> {
   static summary = "show the Docker engine, each container-mode agent's images and the gateway's running containers"

@@ -1,7 +1,7 @@
 import {Flags} from '@oclif/core'
 import {BaseCommand} from '../base-command.js'
-import {GatewayError} from '../../runtime/errors.js'
-import {sandboxCheck, type SandboxCheckResult} from '../../runtime/sandbox-check.js'
+import {GatewayError} from '../../runtime/util/errors.js'
+import {sandboxCheck, type SandboxCheckResult} from '../../runtime/host-sandbox/check.js'
 
 export default class SandboxCheck extends BaseCommand<typeof SandboxCheck> {
   static summary = 'self-test the host sandbox: attempt each forbidden and each allowed operation under the policy'

@@ -1,6 +1,6 @@
 import {Flags} from '@oclif/core'
 import {BaseCommand} from '../base-command.js'
-import {sandboxExec} from '../../runtime/sandbox.js'
+import {sandboxExec} from '../../runtime/host-sandbox/exec.js'
 
 export default class SandboxExec extends BaseCommand<typeof SandboxExec> {
   static summary = "run any command under an agent's host sandbox policy (exit status passed through)"

@@ -1,6 +1,6 @@
 import {Flags} from '@oclif/core'
 import {BaseCommand} from '../base-command.js'
-import {sandboxExplain, type SandboxExplanation} from '../../runtime/sandbox.js'
+import {sandboxExplain, type SandboxExplanation} from '../../runtime/host-sandbox/exec.js'
 
 export default class SandboxExplain extends BaseCommand<typeof SandboxExplain> {
   static summary = "print what an agent's host sandbox enforces, rule by rule, and by which kernel mechanism"

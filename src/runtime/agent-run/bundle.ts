@@ -2,7 +2,7 @@ import fs from 'node:fs'
 import Module, {createRequire} from 'node:module'
 import path from 'node:path'
 import vm from 'node:vm'
-import {APP_ROOT} from '../app-root.js'
+import {APP_ROOT} from '../util/app-root.js'
 
 /**
  * agent-run as one bundled file (scripts/bundle-agent-run.js) loaded with V8's code cache: it
@@ -21,7 +21,7 @@ export const AGENT_RUN_FILES = {
   packages: 'dist/agent-run.packages.json',
   loader: 'dist/runtime/agent-run/bundle.js',
   /** The loader's one import besides Node's own. */
-  appRoot: 'dist/runtime/app-root.js',
+  appRoot: 'dist/runtime/util/app-root.js',
   entry: 'bin/run.js',
   manifest: 'package.json',
 }

@@ -1,4 +1,4 @@
-import type {ErrorCode} from '../errors.js'
+import type {ErrorCode} from '../util/errors.js'
 import type {ChatMessage, ChatRequest, ChatResponse, ToolDefinition} from '../providers/types.js'
 import type {AgentRunOutput} from './contract.js'
 

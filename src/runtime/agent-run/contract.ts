@@ -1,5 +1,5 @@
 import type {AgentConfig, ProvidersConfig} from '../config/types.js'
-import type {ErrorCode} from '../errors.js'
+import type {ErrorCode} from '../util/errors.js'
 
 /** The first JSON value agent-run reads on stdin (docs/agent-run.md). */
 export interface AgentRunInput {

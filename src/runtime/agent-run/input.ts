@@ -1,4 +1,4 @@
-import {GatewayError} from '../errors.js'
+import {GatewayError} from '../util/errors.js'
 import type {AgentRunInput} from './contract.js'
 
 /** Largest stdin accepted: a message plus config is small; anything bigger is a mistake or an attack. */

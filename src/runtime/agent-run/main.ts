@@ -1,5 +1,5 @@
-import {GatewayError, toGatewayError} from '../errors.js'
-import {redactSecrets} from '../redact.js'
+import {GatewayError, toGatewayError} from '../util/errors.js'
+import {redactSecrets} from '../util/redact.js'
 import type {ChatRequest, ChatResponse} from '../providers/types.js'
 import type {AgentRunFrame} from './channel.js'
 import {LLM_CHANNEL_VERSION} from './channel.js'
@@ -12,7 +12,7 @@ import {RunnerChannel, StdinReader} from './runner-channel.js'
 
 /** Loaded lazily, so a malformed input is answered without loading SQLite (and, run by hand, the SDKs). */
 function loadRunModules() {
-  return Promise.all([import('../agent/loop.js'), import('../memory.js')])
+  return Promise.all([import('../agent/loop.js'), import('../workspace/memory.js')])
 }
 
 /** A standby container waits for its message, maybe for minutes: it spends the wait loading what any run needs. */

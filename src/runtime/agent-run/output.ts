@@ -1,4 +1,4 @@
-import {toGatewayError, type ErrorCode} from '../errors.js'
+import {toGatewayError, type ErrorCode} from '../util/errors.js'
 import type {AgentRunOutput} from './contract.js'
 
 // Kept apart from the runners so agent-run can use these without loading execa at start-up.

@@ -1,4 +1,4 @@
-import {GatewayError} from '../errors.js'
+import {GatewayError} from '../util/errors.js'
 import type {ChatRequest, ChatResponse} from '../providers/types.js'
 import {FrameError, LineSplitter, MAX_FRAME_BYTES, parseLlmResponseFrame, type AgentRunFrame} from './channel.js'
 import {MAX_INPUT_BYTES} from './input.js'

@@ -1,5 +1,5 @@
 import type {AgentRunInput, AgentRunSuccess, ToolCallRecord, Usage} from '../agent-run/contract.js'
-import type {Memory} from '../memory.js'
+import type {Memory} from '../workspace/memory.js'
 import type {ChatMessage, ChatResponse, ChatRequest} from '../providers/types.js'
 import {buildSystemPrompt} from './prompt.js'
 import {listSkills} from './skills.js'

@@ -1,9 +1,9 @@
 import fs from 'node:fs'
 import path from 'node:path'
-import type {Memory} from '../memory.js'
+import type {Memory} from '../workspace/memory.js'
 import type {ToolDefinition} from '../providers/types.js'
-import {killProcessTree, killSession, sessionOf} from '../../sandbox/kill-session.js'
-import {shellArgv} from '../../sandbox/network-layer.js'
+import {killProcessTree, killSession, sessionOf} from '../util/process-tree.js'
+import {shellArgv} from '../agent-run/tool-shell.js'
 import {listSkills} from './skills.js'
 
 /** Tool output beyond this is cut, and the result says so: models cope, prompts stay small. */

@@ -1,5 +1,5 @@
 import net from 'node:net'
-import {GatewayError} from '../errors.js'
+import {GatewayError} from '../util/errors.js'
 
 /** True for addresses only this machine can reach: 127.0.0.0/8, ::1, localhost. */
 export function isLoopbackBind(bind: string): boolean {

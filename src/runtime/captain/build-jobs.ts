@@ -1,8 +1,8 @@
 import crypto from 'node:crypto'
 import type {LoadedConfig} from '../config/types.js'
-import {buildContainerImages, containerAgents} from '../container-build.js'
-import {containerImageContext} from '../container-context.js'
-import {GatewayError, toGatewayError} from '../errors.js'
+import {buildContainerImages, containerAgents} from '../container/build.js'
+import {containerImageContext} from '../container/context.js'
+import {GatewayError, toGatewayError} from '../util/errors.js'
 import type {DockerCli} from '../../sandbox/docker/cli.js'
 import {ensureContainerImage, planImages, type EnsureResult} from '../../sandbox/docker/images.js'
 

@@ -1,5 +1,5 @@
 import type {GatewayConfig, ImageConfig} from '../config/types.js'
-import {GatewayError} from '../errors.js'
+import {GatewayError} from '../util/errors.js'
 import type {DockerCli} from '../../sandbox/docker/cli.js'
 import {CONTAINER_IMAGE_REPO, ISOLATION_IMAGE_REPO, generateContainerDockerfile, type PackageManager} from '../../sandbox/docker/dockerfile.js'
 import {detectPackageManager, inspectImage, type ImageContext} from '../../sandbox/docker/images.js'

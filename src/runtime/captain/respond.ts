@@ -1,6 +1,6 @@
 import type {ServerResponse} from 'node:http'
-import type {ErrorCode} from '../errors.js'
-import {GatewayError} from '../errors.js'
+import type {ErrorCode} from '../util/errors.js'
+import {GatewayError} from '../util/errors.js'
 import {sendJson} from '../http/json.js'
 import type {RequestContext, RouteHandler} from '../http/router.js'
 import type {CaptainAuth, Need, Principal} from './auth.js'

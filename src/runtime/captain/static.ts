@@ -1,6 +1,6 @@
 import fs from 'node:fs'
 import path from 'node:path'
-import {APP_ROOT} from '../app-root.js'
+import {APP_ROOT} from '../util/app-root.js'
 import {HttpError, type Router} from '../http/router.js'
 
 /** The dashboard's HTML, CSS and JS: plain files in the package's `ui/` folder, no build step. */

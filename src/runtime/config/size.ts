@@ -1,4 +1,4 @@
-import {GatewayError} from '../errors.js'
+import {GatewayError} from '../util/errors.js'
 
 const UNITS: Record<string, number> = {k: 1024, m: 1024 ** 2, g: 1024 ** 3}
 

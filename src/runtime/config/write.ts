@@ -1,7 +1,7 @@
 import fs from 'node:fs'
 import path from 'node:path'
 import YAML, {isMap, type Document} from 'yaml'
-import {GatewayError} from '../errors.js'
+import {GatewayError} from '../util/errors.js'
 import {parseConfigText} from './load.js'
 import type {GatewayConfig} from './types.js'
 

@@ -1,7 +1,7 @@
 import type {AgentRunOutput, InboundMessage} from '../agent-run/contract.js'
 import type {IsolationLevel} from '../config/types.js'
 import type {Delivery} from '../connectors/types.js'
-import type {RunMessageResult} from '../run-message.js'
+import type {RunMessageResult} from '../runners/run-message.js'
 import {failure} from '../agent-run/output.js'
 import type {RunRecords, RunStart} from '../state/run-records.js'
 import type {RunQueue} from './run-queue.js'

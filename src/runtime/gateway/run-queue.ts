@@ -1,4 +1,4 @@
-import {KeyedQueue} from '../keyed-queue.js'
+import {KeyedQueue} from '../util/keyed-queue.js'
 
 /** One accepted message waiting for its turn. */
 export interface QueuedJob {

@@ -1,6 +1,6 @@
-import {removeOrphanContainers} from '../container-clean.js'
+import {removeOrphanContainers} from '../container/clean.js'
 import type {LoadedConfig} from '../config/types.js'
-import {redactSecrets} from '../redact.js'
+import {redactSecrets} from '../util/redact.js'
 import {startGateway, type GatewayOptions} from './gateway.js'
 
 /** Bounded: a hung Docker engine must not keep the check running forever. */

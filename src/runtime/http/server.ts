@@ -2,7 +2,7 @@ import http from 'node:http'
 import type {AddressInfo} from 'node:net'
 import {isLoopbackBind} from '../captain/bind.js'
 import {capConnections, connectionCap} from './connection-cap.js'
-import {GatewayError} from '../errors.js'
+import {GatewayError} from '../util/errors.js'
 import {sendError} from './json.js'
 import {HttpError, type Router} from './router.js'
 

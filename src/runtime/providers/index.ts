@@ -1,5 +1,5 @@
 import type {ProviderConfig, ProviderKind, ProvidersConfig} from '../config/types.js'
-import {GatewayError} from '../errors.js'
+import {GatewayError} from '../util/errors.js'
 import {ProviderFailure} from './failure.js'
 import {type AttemptRecord, chatWithRetries, type RetryOptions, retryOptions} from './retry.js'
 import type {ChatProvider, ChatRequest, ChatResponse} from './types.js'

@@ -1,7 +1,7 @@
 import {setTimeout as delay} from 'node:timers/promises'
 
 import type {ProviderConfig} from '../config/types.js'
-import {GatewayError} from '../errors.js'
+import {GatewayError} from '../util/errors.js'
 import {failureFromSdkError, ProviderFailure} from './failure.js'
 import {httpFetch} from './http-fetch.js'
 import type {ChatProvider, ChatRequest, ChatResponse} from './types.js'

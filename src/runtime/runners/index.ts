@@ -1,5 +1,5 @@
 import type {AgentConfig, IsolationLevel} from '../config/types.js'
-import {GatewayError} from '../errors.js'
+import {GatewayError} from '../util/errors.js'
 import type {Runner} from './types.js'
 
 /** --unrestricted wins (an operator's explicit choice for this process), then container mode, then file_access. */

@@ -3,8 +3,8 @@ import {FrameError, LineSplitter, LLM_CHANNEL_VERSION, MAX_FRAME_BYTES, parseAge
 import type {AgentRunInput, AgentRunOutput} from '../agent-run/contract.js'
 import {failure} from '../agent-run/output.js'
 import type {AgentConfig, GatewayConfig} from '../config/types.js'
-import {toGatewayError} from '../errors.js'
-import {redactSecrets} from '../redact.js'
+import {toGatewayError} from '../util/errors.js'
+import {redactSecrets} from '../util/redact.js'
 import {createProviderChain} from '../providers/index.js'
 import type {ChatRequest, ChatResponse} from '../providers/types.js'
 

@@ -1,7 +1,7 @@
 import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
-import {RUN_TMP_PREFIX} from '../state/run-processes.js'
+import {RUN_TMP_PREFIX} from './run-processes.js'
 
 /**
  * A per-run TMPDIR, removed when the run ends whatever happened. Its name carries this process's

@@ -1,5 +1,5 @@
 import crypto from 'node:crypto'
-import {GatewayError} from '../errors.js'
+import {GatewayError} from '../util/errors.js'
 import {AuditLog} from './audit.js'
 import {withGatewayDb, type GatewayDb} from './gateway-db.js'
 import {hashRandomToken} from './token-hash.js'

@@ -1,4 +1,4 @@
-import {GatewayError} from '../errors.js'
+import {GatewayError} from '../util/errors.js'
 import {withGatewayDb, type GatewayDb} from './gateway-db.js'
 
 export type AuditLevel = 'info' | 'warning'

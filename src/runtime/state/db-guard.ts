@@ -1,5 +1,5 @@
 import fs from 'node:fs'
-import {gatewayDbPath} from '../paths.js'
+import {gatewayDbPath} from '../util/paths.js'
 import {openGatewayDb, shareGatewayDb, type GatewayDb} from './gateway-db.js'
 
 /** How often the file at gateway.db's path is compared with the one the gateway has open. */

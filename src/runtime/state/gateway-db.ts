@@ -1,8 +1,8 @@
 import Database from 'better-sqlite3'
 import fs from 'node:fs'
-import {GatewayError} from '../errors.js'
-import {isSqliteDamage} from '../sqlite-damage.js'
-import {gatewayDbPath} from '../paths.js'
+import {GatewayError} from '../util/errors.js'
+import {isSqliteDamage} from './sqlite-damage.js'
+import {gatewayDbPath} from '../util/paths.js'
 
 export type GatewayDb = Database.Database
 

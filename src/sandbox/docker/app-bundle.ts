@@ -4,7 +4,7 @@ import {copyFile, link, mkdir, mkdtemp, readFile, readdir, readlink, rm, stat, s
 import os from 'node:os'
 import path from 'node:path'
 import {AGENT_RUN_FILES} from '../../runtime/agent-run/bundle.js'
-import {GatewayError} from '../../runtime/errors.js'
+import {GatewayError} from '../../runtime/util/errors.js'
 import {helperPath} from '../landlock/helper.js'
 
 /**

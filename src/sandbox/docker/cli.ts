@@ -2,7 +2,7 @@ import {execa, type ResultPromise} from 'execa'
 import fs from 'node:fs'
 import path from 'node:path'
 import {keeperArgv, keeperHelper} from '../keeper.js'
-import {GatewayError} from '../../runtime/errors.js'
+import {GatewayError} from '../../runtime/util/errors.js'
 
 /**
  * The one way the gateway talks to Docker: the docker CLI through execa, every call bounded by a

@@ -1,7 +1,7 @@
 import {createHash} from 'node:crypto'
 import fs from 'node:fs'
 import path from 'node:path'
-import {processAlive} from '../../runtime/process-alive.js'
+import {processAlive} from '../../runtime/util/process-alive.js'
 import type {DockerCli} from './cli.js'
 import {LABEL} from './dockerfile.js'
 

@@ -1,5 +1,5 @@
 import {createHash} from 'node:crypto'
-import {GatewayError} from '../../runtime/errors.js'
+import {GatewayError} from '../../runtime/util/errors.js'
 
 /**
  * Pure generators for the two images of container mode (no Docker, no file system), so the

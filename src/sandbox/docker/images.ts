@@ -1,8 +1,8 @@
 import {mkdir, readFile, rename, writeFile} from 'node:fs/promises'
 import path from 'node:path'
 import type {AgentConfig, GatewayConfig} from '../../runtime/config/types.js'
-import {GatewayError} from '../../runtime/errors.js'
-import {KeyedQueue} from '../../runtime/keyed-queue.js'
+import {GatewayError} from '../../runtime/util/errors.js'
+import {KeyedQueue} from '../../runtime/util/keyed-queue.js'
 import {assembleAppBundle, computeAppHash, type AppBundleSource} from './app-bundle.js'
 import {DockerCli, DockerCommandError} from './cli.js'
 import {

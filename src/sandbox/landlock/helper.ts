@@ -1,8 +1,8 @@
 import {execa} from 'execa'
 import fs from 'node:fs'
 import path from 'node:path'
-import {APP_ROOT} from '../../runtime/app-root.js'
-import {GatewayError} from '../../runtime/errors.js'
+import {APP_ROOT} from '../../runtime/util/app-root.js'
+import {GatewayError} from '../../runtime/util/errors.js'
 
 /** The compiled helper; `npm run build` puts it there (scripts/build-native.js). */
 export function helperPath(appRoot: string = APP_ROOT): string {

@@ -1,4 +1,4 @@
-import {GatewayError} from '../../runtime/errors.js'
+import {GatewayError} from '../../runtime/util/errors.js'
 import type {SandboxPolicy} from '../policy.js'
 
 /**

@@ -1,9 +1,9 @@
 import fs from 'node:fs'
 import path from 'node:path'
-import {canonicalPath} from './paths.js'
-import type {SandboxPolicy} from './policy.js'
+import {canonicalPath} from '../../sandbox/paths.js'
+import type {SandboxPolicy} from '../../sandbox/policy.js'
 
-/** SQLite's WAL companions of the agent's memory.db (src/runtime/memory.ts opens it in WAL mode). */
+/** SQLite's WAL companions of the agent's memory.db (src/runtime/workspace/memory.ts opens it in WAL mode). */
 const SQLITE_COMPANIONS = ['memory.db-wal', 'memory.db-shm']
 
 /**

@@ -1,9 +1,9 @@
 import os from 'node:os'
 import path from 'node:path'
-import type {AgentConfig, GatewayConfig} from '../runtime/config/types.js'
-import {APP_ROOT} from '../runtime/app-root.js'
-import {listWorkspaceIds, workspacePath} from '../runtime/workspace.js'
-import {compilePolicy, type SandboxPolicy} from './policy.js'
+import type {AgentConfig, GatewayConfig} from '../config/types.js'
+import {APP_ROOT} from '../util/app-root.js'
+import {listWorkspaceIds, workspacePath} from '../workspace/workspace.js'
+import {compilePolicy, type SandboxPolicy} from '../../sandbox/policy.js'
 
 export interface AgentPolicyContext {
   agent: AgentConfig

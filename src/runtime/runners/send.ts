@@ -1,6 +1,6 @@
 import os from 'node:os'
-import {GatewayError} from './errors.js'
-import type {LoadedConfig} from './config/types.js'
+import {GatewayError} from '../util/errors.js'
+import type {LoadedConfig} from '../config/types.js'
 import {newRunId, runMessage, type RunMessageResult} from './run-message.js'
 import {reclaimAbandonedRuns} from './reclaim-runs.js'
 

@@ -1,8 +1,8 @@
 import fs from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
-import {GatewayError} from './errors.js'
-import {processAlive} from './process-alive.js'
+import {GatewayError} from '../util/errors.js'
+import {processAlive} from '../util/process-alive.js'
 
 const POLL_MS = 100
 

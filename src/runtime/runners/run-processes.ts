@@ -1,9 +1,9 @@
 import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
-import {processAlive} from '../process-alive.js'
+import {processAlive} from '../util/process-alive.js'
 import {killRunCgroups, removeRunCgroups} from '../../sandbox/run-cgroup.js'
-import {sharedGatewayDb} from './gateway-db.js'
+import {sharedGatewayDb} from '../state/gateway-db.js'
 
 /**
  * What a live run holds on the host, recorded in gateway.db while it runs so that the next

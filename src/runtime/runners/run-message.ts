@@ -1,12 +1,12 @@
 import crypto from 'node:crypto'
-import type {AgentRunInput, AgentRunOutput, InboundMessage} from './agent-run/contract.js'
-import {findAgent} from './config/load.js'
-import type {AgentConfig, GatewayConfig, IsolationLevel, LoadedConfig} from './config/types.js'
-import {failureFromError} from './agent-run/output.js'
-import {isolationLevelFor, runnerFor} from './runners/index.js'
-import {hostLlmFor, providerKeysFor} from './runners/llm-channel.js'
-import {ensureWorkspace} from './workspace.js'
-import {redactSecrets} from './redact.js'
+import type {AgentRunInput, AgentRunOutput, InboundMessage} from '../agent-run/contract.js'
+import {findAgent} from '../config/load.js'
+import type {AgentConfig, GatewayConfig, IsolationLevel, LoadedConfig} from '../config/types.js'
+import {failureFromError} from '../agent-run/output.js'
+import {isolationLevelFor, runnerFor} from './index.js'
+import {hostLlmFor, providerKeysFor} from './llm-channel.js'
+import {ensureWorkspace} from '../workspace/workspace.js'
+import {redactSecrets} from '../util/redact.js'
 
 export interface RunMessageOptions {
   loaded: LoadedConfig

@@ -1,8 +1,8 @@
-import type {DockerCli} from '../sandbox/docker/cli.js'
-import {ensureContainerImage, ensureIsolationImage, planImages, type EnsureResult, type ImageContext, type ImagePlan} from '../sandbox/docker/images.js'
-import {findAgent} from './config/load.js'
-import type {AgentConfig, LoadedConfig} from './config/types.js'
-import {containerImageContext} from './container-context.js'
+import type {DockerCli} from '../../sandbox/docker/cli.js'
+import {ensureContainerImage, ensureIsolationImage, planImages, type EnsureResult, type ImageContext, type ImagePlan} from '../../sandbox/docker/images.js'
+import {findAgent} from '../config/load.js'
+import type {AgentConfig, LoadedConfig} from '../config/types.js'
+import {containerImageContext} from './context.js'
 
 /**
  * `container build`: makes every image the container-mode agents need, and nothing else. Images

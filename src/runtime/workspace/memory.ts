@@ -1,9 +1,9 @@
 import Database from 'better-sqlite3'
 import fs from 'node:fs'
 import path from 'node:path'
-import {GatewayError} from './errors.js'
-import {isSqliteDamage} from './sqlite-damage.js'
-import type {ChatMessage} from './providers/types.js'
+import {GatewayError} from '../util/errors.js'
+import {isSqliteDamage} from '../state/sqlite-damage.js'
+import type {ChatMessage} from '../providers/types.js'
 
 /** Per-channel history is bounded so prompts stay small; oldest entries go first. */
 export const HISTORY_LIMIT = 40

@@ -1,9 +1,9 @@
 import fs from 'node:fs'
 import path from 'node:path'
-import {AGENT_ID_PATTERN} from './config/schema.js'
-import {GatewayError} from './errors.js'
-import {agentsDir} from './paths.js'
-import {workspaceEntry, writeWorkspaceFile} from './workspace-files.js'
+import {AGENT_ID_PATTERN} from '../config/schema.js'
+import {GatewayError} from '../util/errors.js'
+import {agentsDir} from '../util/paths.js'
+import {workspaceEntry, writeWorkspaceFile} from './files.js'
 
 const AGENT_ID = new RegExp(AGENT_ID_PATTERN)
 

@@ -1,7 +1,7 @@
 import crypto from 'node:crypto'
 import fs from 'node:fs'
 import path from 'node:path'
-import {GatewayError} from './errors.js'
+import {GatewayError} from '../util/errors.js'
 
 /**
  * Files the gateway process itself reads or writes inside an agent's workspace (SOUL.md,

@@ -1,8 +1,8 @@
 import fs from 'node:fs'
 import path from 'node:path'
-import {dockerCli, type DockerCli} from '../sandbox/docker/cli.js'
-import type {ImageContext} from '../sandbox/docker/images.js'
-import {APP_ROOT} from './app-root.js'
+import {dockerCli, type DockerCli} from '../../sandbox/docker/cli.js'
+import type {ImageContext} from '../../sandbox/docker/images.js'
+import {APP_ROOT} from '../util/app-root.js'
 
 let version: string | undefined
 

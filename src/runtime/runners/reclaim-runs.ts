@@ -1,7 +1,7 @@
-import {dockerCli} from '../sandbox/docker/cli.js'
-import {removeContainers} from '../sandbox/docker/containers.js'
-import {toGatewayError} from './errors.js'
-import {reapAbandonedRuns} from './state/run-processes.js'
+import {dockerCli} from '../../sandbox/docker/cli.js'
+import {removeContainers} from '../../sandbox/docker/containers.js'
+import {toGatewayError} from '../util/errors.js'
+import {reapAbandonedRuns} from './run-processes.js'
 
 /** Bounded: a hung engine must not hold up a start-up. */
 const CONTAINER_REMOVAL_TIMEOUT_MS = 10_000

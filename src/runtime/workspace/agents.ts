@@ -1,6 +1,6 @@
 import fs from 'node:fs'
-import type {IsolationLevel, LoadedConfig} from './config/types.js'
-import {isolationLevelFor} from './runners/index.js'
+import type {IsolationLevel, LoadedConfig} from '../config/types.js'
+import {isolationLevelFor} from '../runners/index.js'
 import {workspacePath} from './workspace.js'
 
 export interface AgentSummary {

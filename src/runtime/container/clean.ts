@@ -1,7 +1,7 @@
-import {dockerCli, type DockerCli} from '../sandbox/docker/cli.js'
-import {cleanOrphanContainers, type GatewayContainer} from '../sandbox/docker/containers.js'
-import type {LoadedConfig} from './config/types.js'
-import {listGatewayImages, type GatewayImage} from './container-status.js'
+import {dockerCli, type DockerCli} from '../../sandbox/docker/cli.js'
+import {cleanOrphanContainers, type GatewayContainer} from '../../sandbox/docker/containers.js'
+import type {LoadedConfig} from '../config/types.js'
+import {listGatewayImages, type GatewayImage} from './status.js'
 
 /**
  * Removes containers left behind by a crashed runner, for one gateway home (at start-up) or for

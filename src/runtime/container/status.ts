@@ -1,11 +1,11 @@
-import {dockerCli, type DockerCli} from '../sandbox/docker/cli.js'
-import {listGatewayContainers, type GatewayContainer} from '../sandbox/docker/containers.js'
-import {LABEL} from '../sandbox/docker/dockerfile.js'
-import {inspectImage, isolationImageState, planImages, type ImageContext, type ImagePlan} from '../sandbox/docker/images.js'
-import type {AgentConfig, LoadedConfig} from './config/types.js'
-import {containerAgents} from './container-build.js'
-import {containerImageContext} from './container-context.js'
-import {toGatewayError} from './errors.js'
+import {dockerCli, type DockerCli} from '../../sandbox/docker/cli.js'
+import {listGatewayContainers, type GatewayContainer} from '../../sandbox/docker/containers.js'
+import {LABEL} from '../../sandbox/docker/dockerfile.js'
+import {inspectImage, isolationImageState, planImages, type ImageContext, type ImagePlan} from '../../sandbox/docker/images.js'
+import type {AgentConfig, LoadedConfig} from '../config/types.js'
+import {containerAgents} from './build.js'
+import {containerImageContext} from './context.js'
+import {toGatewayError} from '../util/errors.js'
 
 /** `container status`, `container images` and the "which images does the config use" both need. */
 
