@@ -70,7 +70,7 @@ const REQUEST = ${JSON.stringify(REQUEST)}
   if (options.allowNetwork !== undefined) {
     // exactly how the host-sandbox runner starts agent-run, with this script in its place
     const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-channel-tmp-'))
-    const sandboxed = resolveAgent({id: 'hostile', file_access: {allow_network: options.allowNetwork, allow_read: [dir]}} as never, {})
+    const sandboxed = resolveAgent({id: 'hostile', file_access: {allow_network: options.allowNetwork, allow_listen: options.allowNetwork, allow_read: [dir]}} as never, {})
     const policy = agentPolicy({agent: sandboxed, config: {...config(), agents: [sandboxed]} as GatewayConfig, home: path.join(dir, 'home'), workspace: dir, tmpDir: tmp})
     const linux = await linuxLaunch(policy, agentEnvironment(dir, tmp), {command: [process.execPath, file]})
     if ('error' in linux) throw new Error(linux.error)
@@ -159,7 +159,7 @@ describe.skipIf(landlockUnavailable() !== undefined)('agent-run itself under the
   const PROBE = `
     const net = require('net'), dgram = require('dgram')
     const tcp = await new Promise((resolve) => { try { const s = net.connect(${'${'}PORT}, '127.0.0.1'); s.on('connect', () => { s.destroy(); resolve('CONNECTED') }); s.on('error', (e) => resolve('tcp ' + e.code)) } catch (e) { resolve('tcp ' + e.code) } })
-    let udp; try { const u = dgram.createSocket('udp4'); await new Promise((resolve, reject) => { u.once('error', reject); u.bind(0, '127.0.0.1', resolve) }); udp = 'UDP BOUND'; u.close() } catch (e) { udp = 'udp ' + e.code }
+    let udp; try { const u = dgram.createSocket('udp4'); await new Promise((resolve, reject) => { u.once('error', reject); u.send(Buffer.from('x'), ${'${'}PORT}, '127.0.0.1', (e) => (e ? reject(e) : resolve())) }); udp = 'UDP SENT'; u.close() } catch (e) { udp = 'udp ' + e.code }
     send({type: 'result', output: {version: 1, ok: true, run_id: input.run_id, reply: {content: tcp + ' / ' + udp}, stop_reason: 'final', iterations: 0, tool_calls: [], usage: {input_tokens: 0, output_tokens: 0}, ms: 1}})
     process.exit(0)`
 
@@ -168,15 +168,15 @@ describe.skipIf(landlockUnavailable() !== undefined)('agent-run itself under the
     llm.enqueue({text: 'via the runner'})
     const {output} = await hostile(`
       send({type: 'llm_request', id: 1, request: REQUEST}); const answer = JSON.parse(await next()).response.content
-      ${PROBE.replace('${PORT}', String(llm.port)).replace("reply: {content: tcp + ' / ' + udp}", "reply: {content: answer + ' / ' + tcp + ' / ' + udp}")}`, {allowNetwork: false})
+      ${PROBE.replaceAll('${PORT}', String(llm.port)).replace("reply: {content: tcp + ' / ' + udp}", "reply: {content: answer + ' / ' + tcp + ' / ' + udp}")}`, {allowNetwork: false})
     expect(output, JSON.stringify(output)).toMatchObject({ok: true, reply: {content: expect.stringMatching(/^via the runner \/ tcp E(PERM|ACCES) /)}})
     expect(output.ok && output.reply.content).toMatch(/udp E(PERM|ACCES)$/)
     expect(llm.requests).toHaveLength(1) // the runner's call, nothing from inside
   })
 
-  it('control: with allow_network: true the same program connects', async () => {
-    const {output} = await hostile(PROBE.replace('${PORT}', String(llm.port)), {allowNetwork: true})
-    expect(output, JSON.stringify(output)).toMatchObject({ok: true, reply: {content: 'CONNECTED / UDP BOUND'}})
+  it('control: with allow_network (and allow_listen, which Node\'s UDP sockets need) the same program connects', async () => {
+    const {output} = await hostile(PROBE.replaceAll('${PORT}', String(llm.port)), {allowNetwork: true})
+    expect(output, JSON.stringify(output)).toMatchObject({ok: true, reply: {content: 'CONNECTED / UDP SENT'}})
   })
 })
 

@@ -25,13 +25,15 @@ interface Scan {
   key: Holdings
 }
 
-function scanAgentRuns(marker: string, key: string): Scan {
+function scanAgentRuns(marker: string, secrets: string[]): Scan {
   const scan: Scan = {runs: 0, key: {environ: false, cmdline: false, memory: false}}
   for (const pid of agentRunPids()) {
     try {
       if (whereHeld(pid, marker).memory) scan.runs++
-      const held = whereHeld(pid, key)
-      scan.key = {environ: scan.key.environ || held.environ, cmdline: scan.key.cmdline || held.cmdline, memory: scan.key.memory || held.memory}
+      for (const secret of secrets) {
+        const held = whereHeld(pid, secret)
+        scan.key = {environ: scan.key.environ || held.environ, cmdline: scan.key.cmdline || held.cmdline, memory: scan.key.memory || held.memory}
+      }
     } catch {
       // a process that ended during the scan (another suite's run)
     }
@@ -45,6 +47,8 @@ describe.runIf(isRoot)('no provider key in agent-run, at any level (scans /proc 
   let llm: FakeLlm
   const homes: TestHome[] = []
   const key = `sk-only-on-the-host-${randomBytes(12).toString('hex')}`
+  // the agent's own chat connector token is the gateway's too: agent-run's input leaves connectors out
+  const chatToken = `chat-token-only-on-the-host-${randomBytes(12).toString('hex')}`
 
   beforeAll(async () => {
     llm = await startFakeLlm()
@@ -61,7 +65,7 @@ describe.runIf(isRoot)('no provider key in agent-run, at any level (scans /proc 
       llm.reset()
       llm.enqueue(
         () => {
-          resolve(scanAgentRuns(marker, key))
+          resolve(scanAgentRuns(marker, [key, chatToken]))
           return {toolCalls: [{name: 'write_file', arguments: {path: 'scanned.txt', content: 'yes'}}]}
         },
         {text: 'scanned'},
@@ -69,7 +73,7 @@ describe.runIf(isRoot)('no provider key in agent-run, at any level (scans /proc 
     })
 
   const homeWith = (agent: Record<string, unknown>, extra: Record<string, unknown> = {}) => {
-    const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a', ...agent}], extra))
+    const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a', connectors: [{type: 'discord', bot_token: '$CHAT_TOKEN'}], ...agent}], extra))
     homes.push(home)
     return home
   }
@@ -78,7 +82,7 @@ describe.runIf(isRoot)('no provider key in agent-run, at any level (scans /proc 
     const home = homeWith(agent)
     const marker = `marker-${randomBytes(8).toString('hex')}`
     const scanned = scriptScan(marker)
-    const result = await runCli(['send', '--agent', 'a', '--json', `hello ${marker}`], {home: home.home, env: {FAKE_LLM_KEY: key}, timeoutMs: 180_000})
+    const result = await runCli(['send', '--agent', 'a', '--json', `hello ${marker}`], {home: home.home, env: {FAKE_LLM_KEY: key, CHAT_TOKEN: chatToken}, timeoutMs: 180_000})
     expect(result.stderr).not.toContain(key)
     expect(JSON.parse(result.stdout)).toMatchObject({ok: true, reply: {content: 'scanned'}})
     expect(llm.requests[0]?.headers.authorization).toBe(`Bearer ${key}`) // the host did call with the key
@@ -92,11 +96,11 @@ describe.runIf(isRoot)('no provider key in agent-run, at any level (scans /proc 
     const scanned = scriptScan(marker)
     const input = {
       version: 1, run_id: 'run_by_hand', workspace: home.workspace('a'), secrets: {},
-      agent: loadConfig({configPath: home.configPath, home: home.home, env: {FAKE_LLM_KEY: key}}).config.agents[0],
-      providers: loadConfig({configPath: home.configPath, home: home.home, env: {}}).config.providers,
+      agent: loadConfig({configPath: home.configPath, home: home.home, env: {FAKE_LLM_KEY: key, CHAT_TOKEN: chatToken}}).config.agents[0],
+      providers: loadConfig({configPath: home.configPath, home: home.home, env: {CHAT_TOKEN: chatToken}}).config.providers,
       message: {id: 'm', connector: 'cli', channel_id: 'c', user: {id: 'u', name: 'u'}, content: `hello ${marker}`},
     }
-    const result = await runCli(['agent-run'], {home: home.home, env: {FAKE_LLM_KEY: key}, input: `${JSON.stringify(input, null, 2)}\n`})
+    const result = await runCli(['agent-run'], {home: home.home, env: {FAKE_LLM_KEY: key, CHAT_TOKEN: chatToken}, input: `${JSON.stringify(input, null, 2)}\n`})
     expect(JSON.parse(result.stdout), result.stdout).toMatchObject({ok: true, reply: {content: 'scanned'}})
     const scan = await scanned
     expect(scan.runs).toBeGreaterThanOrEqual(1)
@@ -127,7 +131,7 @@ describe.runIf(isRoot)('no provider key in agent-run, at any level (scans /proc 
       const home = homeWith({container_mode: {enabled: true, network: 'none', timeout_seconds: 120}})
       const run = (content: string) =>
         runMessage({
-          loaded: loadConfig({configPath: home.configPath, home: home.home, env: {FAKE_LLM_KEY: key}}),
+          loaded: loadConfig({configPath: home.configPath, home: home.home, env: {FAKE_LLM_KEY: key, CHAT_TOKEN: chatToken}}),
           agentId: 'a',
           message: {id: 'm', connector: 'cli', channel_id: 'c', user: {id: 'u', name: 'u'}, content},
           standby: true,
@@ -139,7 +143,7 @@ describe.runIf(isRoot)('no provider key in agent-run, at any level (scans /proc 
       const marker = `marker-${randomBytes(8).toString('hex')}`
       const scanned = scriptScan(marker)
       const second = await runMessage({
-        loaded: loadConfig({configPath: home.configPath, home: home.home, env: {FAKE_LLM_KEY: key}}),
+        loaded: loadConfig({configPath: home.configPath, home: home.home, env: {FAKE_LLM_KEY: key, CHAT_TOKEN: chatToken}}),
         agentId: 'a',
         message: {id: 'm2', connector: 'cli', channel_id: 'c', user: {id: 'u', name: 'u'}, content: `hello ${marker}`},
         standby: true,

@@ -103,8 +103,8 @@ describe('send (unrestricted level) end to end', () => {
 
   it('with no isolation a command can find the key in the gateway process; it is masked before the provider and in the reply', async () => {
     // unrestricted gives no isolation: the operator's processes (send here) are readable by the agent's commands
-    // the shell's parent is agent-run, whose parent is `send`, which holds the key to make the LLM calls
-    const command = `tr "\\0" "\\n" < /proc/$(awk '{print $4}' /proc/$PPID/stat)/environ | grep '^FAKE_LLM_KEY='`
+    // up from the shell: agent-run, its keeper, then `send`, which holds the key to make the LLM calls
+    const command = `p=$PPID; while [ "$p" -gt 1 ]; do tr "\\0" "\\n" < /proc/$p/environ 2>/dev/null | grep '^FAKE_LLM_KEY=' && break; p=$(awk '{print $4}' /proc/$p/stat); done`
     llm.enqueue({toolCalls: [{name: 'shell', arguments: {command}}]}, (request) => ({text: `found: ${request.body.messages.at(-1).content}`}))
     const result = await send('find a key', '--json')
     const output = JSON.parse(result.stdout)

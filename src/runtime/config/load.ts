@@ -199,7 +199,7 @@ export function resolveAgent(agent: RawAgent, defaults: Partial<AgentConfig>): A
     max_iterations: pick('max_iterations') ?? DEFAULT_AGENT.max_iterations,
     timeout_seconds: pick('timeout_seconds') ?? DEFAULT_AGENT.timeout_seconds,
     // one `limits` section for every level; container_mode's own limits, when set, still win there
-    container_mode: {...DEFAULT_AGENT.container_mode, memory_limit: limits.memory, pids_limit: limits.pids, ...defaults.container_mode, ...agent.container_mode},
+    container_mode: {...DEFAULT_AGENT.container_mode, memory_limit: limits.memory, pids_limit: limits.pids, cpus: limits.cpus, ...defaults.container_mode, ...agent.container_mode},
     limits,
     file_access: {...DEFAULT_AGENT.file_access, ...defaults.file_access, ...agent.file_access},
     connectors: (pick('connectors') ?? DEFAULT_AGENT.connectors).map((connector) =>

@@ -20,15 +20,15 @@ export function limitsReport(agent: AgentConfig, level: IsolationLevel): LimitRe
     enforced: true,
     how:
       (level !== 'container' && keeper ? 'each file a run writes is capped at this size (RLIMIT_FSIZE, set by the keeper); ' : '') +
-      'the workspace' + (level === 'container' ? '' : ' and the run\'s TMPDIR') +
-      ' are measured during and after the run, which is stopped with E_DISK when over (and the next run refused until files are removed); ' +
+      (level === 'container' ? 'the workspace is' : 'the workspace and the run\'s TMPDIR are') +
+      ' measured during and after the run, which is stopped with E_DISK when over (and the next run refused until files are removed); ' +
       'not a filesystem quota: the disk can fill by up to a few seconds of writes before the stop',
   }
   if (level === 'container') {
     return [
       {limit: 'memory', value: agent.container_mode.memory_limit, enforced: true, how: 'docker run --memory (container_mode.memory_limit, default limits.memory)'},
       {limit: 'pids', value: String(agent.container_mode.pids_limit), enforced: true, how: 'docker run --pids-limit (container_mode.pids_limit, default limits.pids)'},
-      {limit: 'cpus', value: String(limits.cpus), enforced: false, how: 'not applied by this build to containers (container_mode.cpus is separate)'},
+      {limit: 'cpus', value: String(agent.container_mode.cpus), enforced: true, how: 'docker run --cpus (container_mode.cpus, default limits.cpus)'},
       disk,
       {limit: 'owner', value: 'keeper', enforced: keeper, how: keeper ? 'the docker client runs under the keeper, which removes the container when the gateway dies; the next start-up removes what is left' : 'no keeper (helper not built): the next start-up removes containers of a dead gateway'},
     ]

@@ -54,7 +54,8 @@ export function buildAgentRunInput(
   return {
     version: 1,
     run_id: runId,
-    agent,
+    // connectors hold the chat platforms' tokens (resolved from the environment): the gateway's, never the sandbox's
+    agent: {...agent, connectors: []},
     providers: loaded.config.providers,
     secrets: secretsFor(agent, loaded.config, loaded.secrets, level),
     message,
