@@ -109,6 +109,24 @@ agents:
     expect(config.captain).toEqual({enabled: true, bind: '127.0.0.1', port: 63372, allowed_hosts: []})
   })
 
+  it('one limits section for every level: containers take memory, pids and CPUs from it unless container_mode says otherwise', () => {
+    const {config} = parseConfigText(
+      `providers: {primary: fake, providers: {fake: {kind: openai, model: m}}}
+agent_defaults:
+  limits: {memory: 1g, pids: 100, cpus: 3}
+agents:
+  - id: a
+  - id: b
+    container_mode: {memory_limit: 2g, pids_limit: 50, cpus: 2}`,
+      'c',
+      {},
+    )
+    const [a, b] = config.agents
+    expect(a?.container_mode).toMatchObject({memory_limit: '1g', pids_limit: 100, cpus: 3})
+    expect(b?.container_mode).toMatchObject({memory_limit: '2g', pids_limit: 50, cpus: 2})
+    expect(b?.limits).toMatchObject({memory: '1g', pids: 100, cpus: 3, disk: '1g'})
+  })
+
   it('reports YAML syntax errors with their line', () => {
     const [problem] = problemsOf('providers: {primary: fake\nagents: [')
     expect(problem).toMatch(/line \d+/)
