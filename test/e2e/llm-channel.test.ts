@@ -148,6 +148,19 @@ describe('a hostile agent-run against the real runner', () => {
     expect(ms).toBeLessThan(5_000)
   })
 
+  it.each([
+    ['an error message', {status: 401, message: `Incorrect API key provided: ${KEY}`}],
+    ['an answer', {text: `the proxy saw Authorization: Bearer ${KEY}`}],
+  ])('a provider (or proxy) that echoes the key in %s: agent-run never receives the key', async (_name, turn) => {
+    llm.reset()
+    llm.enqueue(turn as never)
+    const {output} = await hostile(`
+      send({type: 'llm_request', id: 1, request: REQUEST}); const line = await next()
+      send({type: 'result', output: {version: 1, ok: true, run_id: input.run_id, reply: {content: line.includes(${JSON.stringify(KEY)}) ? 'LEAKED ' + line : 'CLEAN ' + line}, stop_reason: 'final', iterations: 0, tool_calls: [], usage: {input_tokens: 0, output_tokens: 0}, ms: 1}})
+      process.exit(0)`)
+    expect(output, JSON.stringify(output)).toMatchObject({ok: true, reply: {content: expect.stringMatching(/^CLEAN .*\[REDACTED\]/)}})
+  })
+
   it('says nothing at all: the run deadline ends it', async () => {
     const {output} = await hostile(`await new Promise(() => {})`, {timeoutMs: 1500})
     expect(output).toMatchObject({ok: false, error: {code: 'E_TIMEOUT'}})

@@ -13,6 +13,8 @@ export interface HostLlm {
   chat(request: ChatRequest): Promise<ChatResponse>
   /** Most LLM calls one run may ask for: the agent loop makes one per iteration. */
   maxCalls: number
+  /** The keys in play: masked in every answer before it enters the sandbox (a provider or proxy may echo them). */
+  secrets?: string[]
 }
 
 /** Provider keys an agent's chain uses: its provider (or the primary) and the fallbacks, nothing else. */
@@ -34,7 +36,7 @@ export function hostLlmFor(agent: AgentConfig, config: GatewayConfig, available:
   const chain = createProviderChain(config.providers, keys, {provider: agent.provider, model: agent.model})
   const values = Object.values(keys)
   const scrub = config.image_config?.redact_secrets === false || values.length === 0 ? (request: ChatRequest) => request : (request: ChatRequest) => redactRequest(request, values)
-  return {chat: (request) => chain.chat(scrub(request)), maxCalls: agent.max_iterations}
+  return {chat: (request) => chain.chat(scrub(request)), maxCalls: agent.max_iterations, secrets: values}
 }
 
 function redactRequest(request: ChatRequest, secrets: string[]): ChatRequest {
@@ -146,7 +148,8 @@ export class AgentRunChannel {
     }
     this.inFlight = false
     if (this.controller.signal.aborted || this.violation) return
-    this.stdin.write(`${JSON.stringify(frame)}\n`)
+    // whatever redact_secrets says: a key echoed in an answer or an error must not reach agent-run
+    this.stdin.write(`${redactSecrets(JSON.stringify(frame), this.llm.secrets ?? [])}\n`)
   }
 
   private violate(error: unknown): void {
