@@ -147,6 +147,20 @@ describe.runIf(landlock && process.getuid?.() === 0)('limits.disk (a small tmpfs
     expect((await runCli(['send', '--agent', 'filler', 'again'], {home: home.home})).stdout.trim()).toBe('room again')
   })
 
+  // KNOWN GAP (red team): limits.disk caps each file (RLIMIT_FSIZE) and measures the total about once
+  // a second, so many files just under the cap, written between two measurements, stay on disk far
+  // past the limit (here the whole 64m home). E_DISK is reported, but the space stays used after the
+  // run until the operator removes files. Needs a real quota (project quota or a size-limited mount
+  // per workspace); the measurement cannot close it.
+  it.fails('many files each under the per-file cap do not take the workspace far past limits.disk', async () => {
+    const home = await homeOnTmpfs('64m', fakeLlmConfig(llm.openaiBaseUrl, [{id: 'filler', limits: {disk: '8m'}}, {id: 'other'}]))
+    scriptShell('for i in 1 2 3 4 5 6 7 8 9; do head -c 7m /dev/zero > f$i; done; echo "exit $?"', 30)
+    const filled = await runCli(['send', '--agent', 'filler', 'fill the disk', '--json'], {home: home.home})
+    expect(JSON.parse(filled.stdout).error).toMatchObject({code: 'E_DISK'})
+    const kept = fs.readdirSync(home.workspace('filler')).filter((name) => /^f\d$/.test(name)).reduce((sum, name) => sum + fs.statSync(path.join(home.workspace('filler'), name)).size, 0)
+    expect(kept).toBeLessThanOrEqual(2 * 8 * 1024 * 1024)
+  })
+
   it('a reply already computed is delivered when the disk is full and its history cannot be written', async () => {
     const home = await homeOnTmpfs('48m', fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1'}]))
     llm.enqueue({text: 'first'})
