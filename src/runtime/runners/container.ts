@@ -293,6 +293,7 @@ function runShape(request: RunRequest, image: ReadyImage): RunShape {
     gid: user.gid,
     memoryLimit: agent.container_mode.memory_limit,
     pidsLimit: agent.container_mode.pids_limit,
+    fileSizeLimit: sizeBytes(agent.limits.disk, 'limits.disk'),
     cpus: agent.container_mode.cpus,
     network: agent.container_mode.network,
     listen: agent.file_access.allow_listen ? 'allow' : 'deny',
