@@ -55,7 +55,7 @@ const input = (maxIterations = 3): AgentRunInput => ({
 const REQUEST = {system: 's', messages: [{role: 'user', content: 'hi'}], tools: []}
 
 /** Runs `script` (Node, given the input's first line on stdin) in agent-run's place, against the real runner. */
-async function hostile(script: string, options: {maxIterations?: number; timeoutMs?: number; allowNetwork?: boolean} = {}) {
+async function hostile(script: string, options: {maxIterations?: number; timeoutMs?: number; allowNetwork?: boolean; onStderr?: (line: string) => void} = {}) {
   const file = path.join(dir, `hostile-${Math.random().toString(36).slice(2)}.cjs`)
   fs.writeFileSync(file, `
 const rl = require('readline').createInterface({input: process.stdin})
@@ -83,6 +83,7 @@ const REQUEST = ${JSON.stringify(REQUEST)}
     input: input(options.maxIterations),
     llm: hostLlmFor(agent(options.maxIterations), config(), {FAKE_LLM_KEY: KEY}),
     timeoutMs: options.timeoutMs ?? 20_000,
+    onStderr: options.onStderr,
   })
   return {output, ms: Date.now() - started}
 }
@@ -159,6 +160,18 @@ describe('a hostile agent-run against the real runner', () => {
       send({type: 'result', output: {version: 1, ok: true, run_id: input.run_id, reply: {content: line.includes(${JSON.stringify(KEY)}) ? 'LEAKED ' + line : 'CLEAN ' + line}, stop_reason: 'final', iterations: 0, tool_calls: [], usage: {input_tokens: 0, output_tokens: 0}, ms: 1}})
       process.exit(0)`)
     expect(output, JSON.stringify(output)).toMatchObject({ok: true, reply: {content: expect.stringMatching(/^CLEAN .*\[REDACTED\]/)}})
+  })
+
+  it("a flood of stderr (64 MiB of lines) does not flood the gateway's log", async () => {
+    const logged: string[] = []
+    const {output} = await hostile(`
+      const chunk = ('x'.repeat(99) + '\\n').repeat(10_000)
+      for (let i = 0; i < 64; i++) await new Promise((resolve) => process.stderr.write(chunk, resolve))
+      send({type: 'result', output: {version: 1, ok: true, run_id: input.run_id, reply: {content: 'done'}, stop_reason: 'final', iterations: 0, tool_calls: [], usage: {input_tokens: 0, output_tokens: 0}, ms: 1}})
+      process.exit(0)`, {onStderr: (line) => logged.push(line)})
+    expect(output).toMatchObject({ok: true})
+    expect(logged.join('\n').length).toBeLessThan(1024 * 1024)
+    expect(logged.at(-1)).toMatch(/more than .* on stderr; the rest is not logged/)
   })
 
   it('says nothing at all: the run deadline ends it', async () => {

@@ -48,6 +48,18 @@ export interface AgentProcessOptions {
 }
 
 const STDERR_TAIL_BYTES = 4096
+/** What one run may put in the gateway's log from its stderr: a run flooding it must not fill the operator's disk. */
+const STDERR_LOG_MAX_BYTES = 256 * 1024
+
+/** `log`, until `maxBytes` of lines went through it; then one line saying the rest is dropped. */
+export function cappedLog(log: (line: string) => void, maxBytes = STDERR_LOG_MAX_BYTES): (line: string) => void {
+  let used = 0
+  return (line) => {
+    if (used > maxBytes) return
+    used += line.length + 1
+    log(used > maxBytes ? `agent-run wrote more than ${maxBytes} bytes on stderr; the rest is not logged` : line)
+  }
+}
 /** The operator hears once per process that this host cannot enforce the cgroup limits. */
 let toldLimitsUnenforced = false
 /** A run told to stop (SIGINT/SIGTERM forwarded) gets this long before it is killed. */
@@ -146,10 +158,11 @@ async function runUnderKeeper(
   const oomBefore = cgroup?.oomKills() ?? 0
 
   let stderrTail = ''
+  const logStderr = options.onStderr && cappedLog(options.onStderr)
   child.stderr?.on('data', (chunk: Buffer) => {
     const text = chunk.toString('utf8')
     stderrTail = (stderrTail + text).slice(-STDERR_TAIL_BYTES)
-    if (options.onStderr) for (const line of text.split('\n')) if (line.trim()) options.onStderr(line)
+    if (logStderr) for (const line of text.split('\n')) if (line.trim()) logStderr(line)
   })
 
   // Without a keeper, `detached` made the child a session leader: members that moved to another
