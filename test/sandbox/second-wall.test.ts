@@ -1,3 +1,4 @@
+import dgram from 'node:dgram'
 import {execa} from 'execa'
 import fs from 'node:fs'
 import net from 'node:net'
@@ -77,6 +78,30 @@ describe.skipIf(!enabled)('no listening unless file_access.allow_listen', () => 
     expect(await connects(port)).toBe(false)
     const [udp] = await attempt('open', [py('import socket; s=socket.socket(type=socket.SOCK_DGRAM); s.sendto(b"x", ("127.0.0.1", 9)); print("SENT")')])
     expect(udp).toEqual({rc: 0, out: 'SENT'})
+  })
+
+  // KNOWN GAP (red team): a UDP socket that only sends is bound by the kernel to 0.0.0.0:<ephemeral>
+  // (no bind() call for seccomp to refuse), and with the host network anyone who learns that port
+  // can send to it: an unsolicited datagram from a third party is received. Outgoing UDP (DNS) needs
+  // this socket; closing it needs a network namespace (allow_network: false) or a host firewall.
+  it.fails('a UDP socket that only sent does not receive datagrams from a third party (no UDP server without bind)', async () => {
+    const target = dgram.createSocket('udp4')
+    const stranger = dgram.createSocket('udp4')
+    await new Promise<void>((resolve) => target.bind(0, '127.0.0.1', resolve))
+    await new Promise<void>((resolve) => stranger.bind(0, '127.0.0.1', resolve))
+    // the first datagram tells us the sandboxed socket's port; a stranger then writes to it
+    target.on('message', (_message, from) => stranger.send('unsolicited', from.port, '127.0.0.1'))
+    try {
+      const [result] = await attempt('open', [
+        py(`import socket; s=socket.socket(type=socket.SOCK_DGRAM); s.sendto(b"x", ("127.0.0.1", ${target.address().port})); s.settimeout(3)
+try: print("RECEIVED", s.recvfrom(100))
+except Exception as e: print("NOTHING", e)`),
+      ])
+      expect(result!.out).toMatch(/^NOTHING/)
+    } finally {
+      target.close()
+      stranger.close()
+    }
   })
 
   it('with allow_listen: true, TCP and UDP servers start and are reachable', async () => {
