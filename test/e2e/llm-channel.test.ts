@@ -113,6 +113,10 @@ describe('a hostile agent-run against the real runner', () => {
     ['a request whose id is not a positive integer', `send({type: 'llm_request', id: 'x', request: REQUEST})`, /id is not a positive integer/],
     ['a second request while the first is unanswered', `send({type: 'llm_request', id: 1, request: REQUEST}); send({type: 'llm_request', id: 2, request: REQUEST}); await new Promise(() => {})`, /second llm_request while one was still unanswered/],
     ['a result whose output is not the contract', `send({type: 'result', output: {ok: 'yes'}})`, /result frame without a valid output/],
+    ['a success result without a reply (the gateway would read reply.content)', `send({type: 'result', output: {version: 1, ok: true, run_id: input.run_id}})`, /result frame without a valid output/],
+    ['a success result whose usage is not numbers', `send({type: 'result', output: {version: 1, ok: true, run_id: input.run_id, reply: {content: 'x'}, stop_reason: 'final', iterations: 0, tool_calls: [], usage: null, ms: 1}})`, /result frame without a valid output/],
+    ['a failure result without an error', `send({type: 'result', output: {version: 1, ok: false, run_id: input.run_id}})`, /result frame without a valid output/],
+    ['a failure result with an error code the gateway does not know', `send({type: 'result', output: {version: 1, ok: false, run_id: input.run_id, error: {code: {}, message: 7, retryable: false}}})`, /result frame without a valid output/],
   ])('%s: E_RUN naming it, the run stopped at once', async (_name, script, message) => {
     llm.reset()
     llm.setDefault({text: 'answer', delayMs: 300})
