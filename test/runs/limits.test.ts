@@ -161,6 +161,17 @@ describe.runIf(landlock && process.getuid?.() === 0)('limits.disk (a small tmpfs
     expect(kept).toBeLessThanOrEqual(2 * 8 * 1024 * 1024)
   })
 
+  it('one fallocate(FALLOC_FL_KEEP_SIZE) cannot reserve disk past limits.disk (it grows no file size, so RLIMIT_FSIZE never sees it)', async () => {
+    // on the real disk (ext4 here): tmpfs checks RLIMIT_FSIZE in fallocate even with KEEP_SIZE, ext4 does not
+    const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'filler', limits: {disk: '8m'}}]))
+    homes.push(home)
+    const reserve = `import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); fd = os.open("reserved", os.O_CREAT | os.O_WRONLY); r = libc.fallocate(fd, 1, ctypes.c_long(0), ctypes.c_long(56 << 20)); print("fallocate", r, os.strerror(ctypes.get_errno()) if r else "ok")`
+    scriptShell(`python3 -c '${reserve}'; echo "exit $?"`, 30)
+    const result = await runCli(['send', '--agent', 'filler', 'reserve the disk', '--json'], {home: home.home})
+    const blocks = fs.statSync(path.join(home.workspace('filler'), 'reserved')).blocks * 512
+    expect(blocks, result.stdout).toBeLessThanOrEqual(8 * 1024 * 1024)
+  })
+
   it('a reply already computed is delivered when the disk is full and its history cannot be written', async () => {
     const home = await homeOnTmpfs('48m', fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1'}]))
     llm.enqueue({text: 'first'})
