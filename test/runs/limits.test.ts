@@ -172,6 +172,21 @@ describe.runIf(landlock && process.getuid?.() === 0)('limits.disk (a small tmpfs
     expect(blocks, result.stdout).toBeLessThanOrEqual(8 * 1024 * 1024)
   })
 
+  // Red team: space held by files the run unlinked while keeping them open (or O_TMPFILE) is on no
+  // path; the measurement counts it through the open files of the run's cgroup members.
+  it('space held in unlinked open files past limits.disk ends the run with E_DISK', async () => {
+    const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'filler', limits: {disk: '8m'}}]))
+    homes.push(home)
+    const hide = `import os, time
+held = []
+for i in range(10):
+    f = open("hidden%d" % i, "wb"); f.write(bytes(7 << 20)); f.flush(); os.unlink("hidden%d" % i); held.append(f)
+time.sleep(4); print("held", len(held))`
+    scriptShell(`python3 -c '${hide}'; echo "exit $?"`, 30)
+    const result = await runCli(['send', '--agent', 'filler', 'hide files', '--json'], {home: home.home})
+    expect(JSON.parse(result.stdout).error, result.stdout).toMatchObject({code: 'E_DISK'})
+  })
+
   it('a reply already computed is delivered when the disk is full and its history cannot be written', async () => {
     const home = await homeOnTmpfs('48m', fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1'}]))
     llm.enqueue({text: 'first'})

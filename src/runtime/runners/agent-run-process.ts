@@ -6,11 +6,11 @@ import {failure, parseAgentRunOutput} from '../agent-run/output.js'
 import {APP_ROOT} from '../util/app-root.js'
 import type {LimitsConfig} from '../config/types.js'
 import {sizeBytes} from '../config/size.js'
-import {diskFull, diskUsage, watchDiskUsage} from './disk-limit.js'
+import {diskFull, diskUsage, heldByDeletedFiles, watchDiskUsage} from './disk-limit.js'
 import {forgetRunProcess, recordRunProcess} from './run-processes.js'
 import {killProcessTree} from '../util/process-tree.js'
 import {keeperArgv, keeperHelper} from '../../sandbox/keeper.js'
-import {cgroupSupport, createRunCgroup, killRunCgroups, removeRunCgroups, type RunCgroup} from '../../sandbox/run-cgroup.js'
+import {cgroupPids, cgroupSupport, createRunCgroup, killRunCgroups, removeRunCgroups, type RunCgroup} from '../../sandbox/run-cgroup.js'
 import {AgentRunChannel, type HostLlm} from './llm-channel.js'
 
 
@@ -198,11 +198,20 @@ async function runUnderKeeper(
   options.signal?.addEventListener('abort', onAbort)
   if (options.signal?.aborted) onAbort()
   let diskOver = false
+  let usageWhenOver = 0
+  // space in files the run unlinked but keeps open counts too: its processes are the cgroup's members
+  const runPids = () => (cgroup?.dirs ?? []).flatMap(cgroupPids)
   const diskWatch = disk
-    ? watchDiskUsage(disk.roots, disk.bytes, () => {
-        diskOver = true
-        killRun()
-      })
+    ? watchDiskUsage(
+        disk.roots,
+        disk.bytes,
+        (usage) => {
+          diskOver = true
+          usageWhenOver = usage
+          killRun()
+        },
+        cgroup ? () => heldByDeletedFiles([...new Set(runPids())]) : undefined,
+      )
     : undefined
   const result = await child
   const diskAtEnd = await diskWatch?.stop()
@@ -224,7 +233,7 @@ async function runUnderKeeper(
       ...(cancelled === 'abort' ? {} : {signal: cancelled}),
     })
   }
-  if (disk && diskAtEnd && (diskOver || diskAtEnd.over)) return diskFull(input.run_id, disk.limit, diskAtEnd.usage, disk.workspace, 'during')
+  if (disk && diskAtEnd && (diskOver || diskAtEnd.over)) return diskFull(input.run_id, disk.limit, Math.max(diskAtEnd.usage, usageWhenOver), disk.workspace, 'during')
   const limits = options.ownership?.limits
   if (cgroup && limits) {
     const oomKills = cgroup.oomKills() - oomBefore

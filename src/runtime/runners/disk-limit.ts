@@ -44,6 +44,37 @@ export async function diskUsage(roots: string[], signal?: AbortSignal): Promise<
   return total
 }
 
+/**
+ * Bytes held by files the processes `pids` keep open after unlinking them (or made with O_TMPFILE):
+ * on no path, so diskUsage never sees them, yet they take disk until closed.
+ */
+export async function heldByDeletedFiles(pids: number[]): Promise<number> {
+  let total = 0
+  const seen = new Set<string>()
+  for (const pid of pids) {
+    let fds: string[]
+    try {
+      fds = await fs.readdir(`/proc/${pid}/fd`)
+    } catch {
+      continue
+    }
+    for (const fd of fds) {
+      const link = `/proc/${pid}/fd/${fd}`
+      try {
+        if (!(await fs.readlink(link)).endsWith(' (deleted)')) continue
+        const stat = await fs.stat(link)
+        const key = `${stat.dev}:${stat.ino}`
+        if (!stat.isFile() || seen.has(key)) continue
+        seen.add(key)
+        total += stat.blocks * 512
+      } catch {
+        // closed meanwhile
+      }
+    }
+  }
+  return total
+}
+
 /** The shortest pause between two measurements; longer when measuring takes long (big workspaces). */
 const MIN_INTERVAL_MS = 1000
 const INTERVAL_PER_MEASURE_MS = 10
@@ -53,15 +84,15 @@ export interface DiskWatch {
   stop(): Promise<{usage: number; over: boolean}>
 }
 
-/** Measures `roots` until stopped and calls `onOver` (once) when they exceed `limitBytes`. */
-export function watchDiskUsage(roots: string[], limitBytes: number, onOver: (usage: number) => void): DiskWatch {
+/** Measures `roots` (plus what `hidden` counts) until stopped and calls `onOver` (once) when they exceed `limitBytes`. */
+export function watchDiskUsage(roots: string[], limitBytes: number, onOver: (usage: number) => void, hidden?: () => Promise<number>): DiskWatch {
   const stopped = new AbortController()
   let reported = false
   let timer: NodeJS.Timeout | undefined
   let final: Promise<{usage: number; over: boolean}> | undefined
   const tick = async () => {
     const started = Date.now()
-    const usage = await diskUsage(roots, stopped.signal)
+    const usage = (await diskUsage(roots, stopped.signal)) + ((await hidden?.().catch(() => 0)) ?? 0)
     if (stopped.signal.aborted) return
     if (usage > limitBytes && !reported) {
       reported = true
