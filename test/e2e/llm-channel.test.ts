@@ -178,6 +178,17 @@ describe('a hostile agent-run against the real runner', () => {
     expect(logged.at(-1)).toMatch(/more than .* on stderr; the rest is not logged/)
   })
 
+  it('reports the tokens the runner really spent, not what agent-run claims (it says 0 after two calls)', async () => {
+    llm.reset()
+    llm.setDefault({text: 'answer'})
+    const {output} = await hostile(`
+      for (let id = 1; id <= 2; id++) { send({type: 'llm_request', id, request: REQUEST}); await next() }
+      send({type: 'result', output: {version: 1, ok: true, run_id: input.run_id, reply: {content: 'x'}, stop_reason: 'final', iterations: 2, tool_calls: [], usage: {input_tokens: 0, output_tokens: 0}, ms: 1}})
+      process.exit(0)`)
+    expect(output.ok && output.usage.input_tokens, JSON.stringify(output)).toBeGreaterThan(0)
+    expect(output.ok && output.usage.output_tokens).toBeGreaterThan(0)
+  })
+
   it('says nothing at all: the run deadline ends it', async () => {
     const {output} = await hostile(`await new Promise(() => {})`, {timeoutMs: 1500})
     expect(output).toMatchObject({ok: false, error: {code: 'E_TIMEOUT'}})

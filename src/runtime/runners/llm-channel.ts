@@ -60,6 +60,8 @@ export class AgentRunChannel {
   private lastId = 0
   private inFlight = false
   private result: AgentRunOutput | undefined
+  /** Tokens the providers reported for this run's calls: what is recorded, whatever agent-run claims. */
+  private readonly spent = {input_tokens: 0, output_tokens: 0}
   private violation: string | undefined
   /** Resolves once agent-run's stdout is at its end: its last line may arrive after the process has exited. */
   private readonly drained: Promise<void>
@@ -112,8 +114,8 @@ export class AgentRunChannel {
         suggestions: ['this is a bug in agent-run or something inside the sandbox took it over; see docs/agent-run.md for the protocol'],
       })
     }
-    if (this.result && this.result.run_id !== this.input.run_id) return {...this.result, run_id: this.input.run_id}
-    return this.result
+    if (!this.result) return undefined
+    return {...this.result, run_id: this.input.run_id, ...(this.result.ok ? {usage: {...this.spent}} : {})}
   }
 
   private receive(line: string): void {
@@ -141,7 +143,10 @@ export class AgentRunChannel {
   private async answer(id: number, request: Omit<ChatRequest, 'signal'>): Promise<void> {
     let frame: LlmResponseFrame
     try {
-      frame = {type: 'llm_response', id, ok: true, response: await this.llm.chat({...request, signal: this.controller.signal})}
+      const response = await this.llm.chat({...request, signal: this.controller.signal})
+      this.spent.input_tokens += response.usage.input_tokens
+      this.spent.output_tokens += response.usage.output_tokens
+      frame = {type: 'llm_response', id, ok: true, response}
     } catch (error) {
       const {code, message, retryable, suggestions, details} = toGatewayError(error, 'E_PROVIDER')
       frame = {type: 'llm_response', id, ok: false, error: {code, message, retryable, suggestions, details}}
