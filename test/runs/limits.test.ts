@@ -187,6 +187,17 @@ time.sleep(4); print("held", len(held))`
     expect(JSON.parse(result.stdout).error, result.stdout).toMatchObject({code: 'E_DISK'})
   })
 
+  it('empty files are not free: each costs at least a block, so inodes cannot be exhausted under limits.disk', async () => {
+    const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'filler', limits: {disk: '8m'}}]))
+    homes.push(home)
+    scriptShell(`python3 -c 'import os
+os.mkdir("many")
+for i in range(20000): open("many/%d" % i, "w").close()
+print("created")'; echo "exit $?"`, 30)
+    const result = await runCli(['send', '--agent', 'filler', 'many empty files', '--json'], {home: home.home})
+    expect(JSON.parse(result.stdout).error, result.stdout).toMatchObject({code: 'E_DISK'})
+  })
+
   it('a reply already computed is delivered when the disk is full and its history cannot be written', async () => {
     const home = await homeOnTmpfs('48m', fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1'}]))
     llm.enqueue({text: 'first'})

@@ -11,7 +11,10 @@ import {failure} from '../agent-run/output.js'
  * it is over. A full disk therefore stays one agent's problem.
  */
 
-/** Bytes the files under `roots` occupy on disk (allocated blocks; symlinks not followed, hard links once). */
+/** What an entry costs at least: an empty file or symlink still takes an inode, and inodes run out too. */
+const MIN_ENTRY_BYTES = 4096
+
+/** Bytes the files under `roots` occupy on disk (allocated blocks, at least one block each; symlinks not followed, hard links once). */
 export async function diskUsage(roots: string[], signal?: AbortSignal): Promise<number> {
   let total = 0
   const seen = new Set<string>()
@@ -36,7 +39,7 @@ export async function diskUsage(roots: string[], signal?: AbortSignal): Promise<
         if (seen.has(key)) continue
         seen.add(key)
       }
-      total += stat.blocks * 512
+      total += Math.max(stat.blocks * 512, MIN_ENTRY_BYTES)
       if (stat.isDirectory()) await walk(file)
     }
   }
