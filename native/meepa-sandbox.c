@@ -456,6 +456,12 @@ static void install_seccomp(int network_deny, int listen_deny)
 	/* fallocate(FALLOC_FL_KEEP_SIZE) reserves blocks past the end of a file without growing it, so
 	 * RLIMIT_FSIZE (limits.disk's per-file cap) never sees it: one call could take the whole disk.
 	 * Punching holes (which needs KEEP_SIZE) only frees space and stays allowed. */
+#ifdef __NR_clone3
+	/* clone3's arguments are in memory, out of seccomp's sight, and CLONE_INTO_CGROUP would start a
+	 * child outside the run's cgroups (cgroup v2): ENOSYS makes libc fall back to clone(). */
+	EMIT(IF_EQ_NEXT_ELSE_SKIP1(__NR_clone3));
+	EMIT(DENY(ENOSYS));
+#endif
 	EMIT(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_fallocate, 0, 5));
 	EMIT(LOAD_ARG_LO(1));
 	EMIT(BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, 0x02 /* FALLOC_FL_PUNCH_HOLE */, 2, 0));

@@ -122,6 +122,24 @@ except Exception as e: print("NOTHING", e)`),
 
 const DENIED = /Permission denied|Operation not permitted|Read-only file system|Device or resource busy|Invalid cross-device link/
 
+describe.skipIf(!enabled)('the run stays in its cgroups', () => {
+  // clone3(CLONE_INTO_CGROUP) starts a child in any cgroup v2 directory the caller can name with an
+  // O_PATH fd (Landlock does not mediate it) and whose cgroup.procs its uid may write: on a cgroup v2
+  // host a sandbox running as root would start its fork bomb outside the run's limits. glibc falls
+  // back to clone() on ENOSYS, so programs still fork.
+  it('cannot start a child in another cgroup with clone3(CLONE_INTO_CGROUP); fork still works', async () => {
+    const root = fs.existsSync('/sys/fs/cgroup/unified') ? '/sys/fs/cgroup/unified' : '/sys/fs/cgroup'
+    const [moved, forked] = await attempt('open', [
+      py(`import ctypes, os, struct; libc = ctypes.CDLL(None, use_errno=True); fd = os.open("${root}", os.O_PATH | os.O_DIRECTORY); args = ctypes.create_string_buffer(struct.pack("11Q", 0x200000000, 0, 0, 0, 17, 0, 0, 0, 0, 0, fd)); pid = libc.syscall(435, args, 88)
+if pid == 0: os._exit(0)
+print("MOVED" if pid > 0 else "refused " + os.strerror(ctypes.get_errno()))`),
+      'sh -c "echo forked" && python3 -c "import os; pid = os.fork(); os._exit(0) if pid == 0 else print(os.waitpid(pid, 0)[1])"',
+    ])
+    expect(moved!.out).toMatch(/^refused Function not implemented/)
+    expect(forked).toEqual({rc: 0, out: 'forked 0'})
+  })
+})
+
 describe.skipIf(!enabled)('deny inside allow, with the namespace layer', () => {
   it('creates, renames and deletes beside denied directories, at the workspace root and in an allow_read_write tree', async () => {
     const ws = world.workspace('locked')
