@@ -424,7 +424,7 @@ static void drop_capabilities(void)
  */
 static void install_seccomp(int network_deny, int listen_deny)
 {
-	struct sock_filter filter[64];
+	struct sock_filter filter[96];
 	size_t n = 0;
 #define EMIT(...) (filter[n++] = (struct sock_filter)__VA_ARGS__)
 	EMIT(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)));
@@ -453,6 +453,21 @@ static void install_seccomp(int network_deny, int listen_deny)
 		EMIT(DENY(EPERM));
 		EMIT(ALLOW);
 	}
+	/* fallocate(FALLOC_FL_KEEP_SIZE) reserves blocks past the end of a file without growing it, so
+	 * RLIMIT_FSIZE (limits.disk's per-file cap) never sees it: one call could take the whole disk.
+	 * Punching holes (which needs KEEP_SIZE) only frees space and stays allowed. */
+#ifdef __NR_clone3
+	/* clone3's arguments are in memory, out of seccomp's sight, and CLONE_INTO_CGROUP would start a
+	 * child outside the run's cgroups (cgroup v2): ENOSYS makes libc fall back to clone(). */
+	EMIT(IF_EQ_NEXT_ELSE_SKIP1(__NR_clone3));
+	EMIT(DENY(ENOSYS));
+#endif
+	EMIT(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_fallocate, 0, 5));
+	EMIT(LOAD_ARG_LO(1));
+	EMIT(BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, 0x02 /* FALLOC_FL_PUNCH_HOLE */, 2, 0));
+	EMIT(BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, 0x01 /* FALLOC_FL_KEEP_SIZE */, 0, 1));
+	EMIT(DENY(EOPNOTSUPP));
+	EMIT(ALLOW);
 	EMIT(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_ioctl, 0, 5));
 	EMIT(LOAD_ARG_LO(1));
 	EMIT(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, TIOCSTI, 1, 0));

@@ -248,20 +248,23 @@ function writeLimits(controller: V1Controller | 'unified', dir: string, limits: 
   }
 }
 
+/** Pids listed in a run cgroup directory (none once it is gone). */
+export function cgroupPids(dir: string): number[] {
+  return (readText(path.join(dir, 'cgroup.procs')) ?? '')
+    .split('\n')
+    .filter(Boolean)
+    .map(Number)
+}
+
 /**
  * Kills every process in these cgroups (the keeper normally does it; this is for a keeper that
  * died): cgroup.kill on v2, freeze + kill + thaw on v1, then rounds until they are empty.
  */
 export function killRunCgroups(dirs: string[]): void {
-  const procs = (dir: string) =>
-    (readText(path.join(dir, 'cgroup.procs')) ?? '')
-      .split('\n')
-      .filter(Boolean)
-      .map(Number)
   const killAll = () => {
     let found = 0
     for (const dir of dirs) {
-      for (const pid of procs(dir)) {
+      for (const pid of cgroupPids(dir)) {
         found++
         try {
           process.kill(pid, 'SIGKILL')
@@ -272,7 +275,7 @@ export function killRunCgroups(dirs: string[]): void {
     }
     return found
   }
-  if (dirs.every((dir) => procs(dir).length === 0)) return // the keeper left nothing (the usual case)
+  if (dirs.every((dir) => cgroupPids(dir).length === 0)) return // the keeper left nothing (the usual case)
   for (const dir of dirs) {
     try {
       fs.writeFileSync(path.join(dir, 'cgroup.kill'), '1')

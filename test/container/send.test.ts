@@ -296,6 +296,15 @@ describeWithDocker('container mode: a fresh hardened container per message (real
     expect(fs.existsSync(path.join(home.workspace('slow'), 'SENTINEL'))).toBe(false)
   })
 
+  it('a file past limits.disk is cut at the limit by the kernel (--ulimit fsize), and the run ends with E_DISK', async () => {
+    llm.reset()
+    scriptShell(llm, 'head -c 40m /dev/zero > big; echo "exit $?"')
+    const home = newHome([containerAgent('filler', {}, {limits: {disk: '8m'}})])
+    const result = await send(home, 'filler', 'fill the disk', '--json')
+    expect(JSON.parse(result.stdout).error, result.stdout).toMatchObject({code: 'E_DISK'})
+    expect(fs.statSync(path.join(home.workspace('filler'), 'big')).size).toBeLessThanOrEqual(8 * 1024 * 1024)
+  })
+
   describe('out of memory', () => {
     const expectOutOfMemory = async (memoryLimit: string) => {
       const home = newHome([containerAgent('hungry', {memory_limit: memoryLimit})])

@@ -55,7 +55,7 @@ const input = (maxIterations = 3): AgentRunInput => ({
 const REQUEST = {system: 's', messages: [{role: 'user', content: 'hi'}], tools: []}
 
 /** Runs `script` (Node, given the input's first line on stdin) in agent-run's place, against the real runner. */
-async function hostile(script: string, options: {maxIterations?: number; timeoutMs?: number; allowNetwork?: boolean} = {}) {
+async function hostile(script: string, options: {maxIterations?: number; timeoutMs?: number; allowNetwork?: boolean; onStderr?: (line: string) => void} = {}) {
   const file = path.join(dir, `hostile-${Math.random().toString(36).slice(2)}.cjs`)
   fs.writeFileSync(file, `
 const rl = require('readline').createInterface({input: process.stdin})
@@ -83,6 +83,7 @@ const REQUEST = ${JSON.stringify(REQUEST)}
     input: input(options.maxIterations),
     llm: hostLlmFor(agent(options.maxIterations), config(), {FAKE_LLM_KEY: KEY}),
     timeoutMs: options.timeoutMs ?? 20_000,
+    onStderr: options.onStderr,
   })
   return {output, ms: Date.now() - started}
 }
@@ -112,6 +113,10 @@ describe('a hostile agent-run against the real runner', () => {
     ['a request whose id is not a positive integer', `send({type: 'llm_request', id: 'x', request: REQUEST})`, /id is not a positive integer/],
     ['a second request while the first is unanswered', `send({type: 'llm_request', id: 1, request: REQUEST}); send({type: 'llm_request', id: 2, request: REQUEST}); await new Promise(() => {})`, /second llm_request while one was still unanswered/],
     ['a result whose output is not the contract', `send({type: 'result', output: {ok: 'yes'}})`, /result frame without a valid output/],
+    ['a success result without a reply (the gateway would read reply.content)', `send({type: 'result', output: {version: 1, ok: true, run_id: input.run_id}})`, /result frame without a valid output/],
+    ['a success result whose usage is not numbers', `send({type: 'result', output: {version: 1, ok: true, run_id: input.run_id, reply: {content: 'x'}, stop_reason: 'final', iterations: 0, tool_calls: [], usage: null, ms: 1}})`, /result frame without a valid output/],
+    ['a failure result without an error', `send({type: 'result', output: {version: 1, ok: false, run_id: input.run_id}})`, /result frame without a valid output/],
+    ['a failure result with an error code the gateway does not know', `send({type: 'result', output: {version: 1, ok: false, run_id: input.run_id, error: {code: {}, message: 7, retryable: false}}})`, /result frame without a valid output/],
   ])('%s: E_RUN naming it, the run stopped at once', async (_name, script, message) => {
     llm.reset()
     llm.setDefault({text: 'answer', delayMs: 300})
@@ -146,6 +151,42 @@ describe('a hostile agent-run against the real runner', () => {
     const {output, ms} = await hostile(`send({type: 'llm_request', id: 1, request: REQUEST}); process.exit(0)`)
     expect(output).toMatchObject({ok: false, error: {code: 'E_RUN', message: expect.stringMatching(/exited with code 0 without a result/)}})
     expect(ms).toBeLessThan(5_000)
+  })
+
+  it.each([
+    ['an error message', {status: 401, message: `Incorrect API key provided: ${KEY}`}],
+    ['an answer', {text: `the proxy saw Authorization: Bearer ${KEY}`}],
+  ])('a provider (or proxy) that echoes the key in %s: agent-run never receives the key', async (_name, turn) => {
+    llm.reset()
+    llm.enqueue(turn as never)
+    const {output} = await hostile(`
+      send({type: 'llm_request', id: 1, request: REQUEST}); const line = await next()
+      send({type: 'result', output: {version: 1, ok: true, run_id: input.run_id, reply: {content: line.includes(${JSON.stringify(KEY)}) ? 'LEAKED ' + line : 'CLEAN ' + line}, stop_reason: 'final', iterations: 0, tool_calls: [], usage: {input_tokens: 0, output_tokens: 0}, ms: 1}})
+      process.exit(0)`)
+    expect(output, JSON.stringify(output)).toMatchObject({ok: true, reply: {content: expect.stringMatching(/^CLEAN .*\[REDACTED\]/)}})
+  })
+
+  it("a flood of stderr (64 MiB of lines) does not flood the gateway's log", async () => {
+    const logged: string[] = []
+    const {output} = await hostile(`
+      const chunk = ('x'.repeat(99) + '\\n').repeat(10_000)
+      for (let i = 0; i < 64; i++) await new Promise((resolve) => process.stderr.write(chunk, resolve))
+      send({type: 'result', output: {version: 1, ok: true, run_id: input.run_id, reply: {content: 'done'}, stop_reason: 'final', iterations: 0, tool_calls: [], usage: {input_tokens: 0, output_tokens: 0}, ms: 1}})
+      process.exit(0)`, {onStderr: (line) => logged.push(line)})
+    expect(output).toMatchObject({ok: true})
+    expect(logged.join('\n').length).toBeLessThan(1024 * 1024)
+    expect(logged.at(-1)).toMatch(/more than .* on stderr; the rest is not logged/)
+  })
+
+  it('reports the tokens the runner really spent, not what agent-run claims (it says 0 after two calls)', async () => {
+    llm.reset()
+    llm.setDefault({text: 'answer'})
+    const {output} = await hostile(`
+      for (let id = 1; id <= 2; id++) { send({type: 'llm_request', id, request: REQUEST}); await next() }
+      send({type: 'result', output: {version: 1, ok: true, run_id: input.run_id, reply: {content: 'x'}, stop_reason: 'final', iterations: 2, tool_calls: [], usage: {input_tokens: 0, output_tokens: 0}, ms: 1}})
+      process.exit(0)`)
+    expect(output.ok && output.usage.input_tokens, JSON.stringify(output)).toBeGreaterThan(0)
+    expect(output.ok && output.usage.output_tokens).toBeGreaterThan(0)
   })
 
   it('says nothing at all: the run deadline ends it', async () => {

@@ -147,6 +147,57 @@ describe.runIf(landlock && process.getuid?.() === 0)('limits.disk (a small tmpfs
     expect((await runCli(['send', '--agent', 'filler', 'again'], {home: home.home})).stdout.trim()).toBe('room again')
   })
 
+  // KNOWN GAP (red team): limits.disk caps each file (RLIMIT_FSIZE) and measures the total about once
+  // a second, so many files just under the cap, written between two measurements, stay on disk far
+  // past the limit (here the whole 64m home). E_DISK is reported, but the space stays used after the
+  // run until the operator removes files. Needs a real quota (project quota or a size-limited mount
+  // per workspace); the measurement cannot close it.
+  it.fails('many files each under the per-file cap do not take the workspace far past limits.disk', async () => {
+    const home = await homeOnTmpfs('64m', fakeLlmConfig(llm.openaiBaseUrl, [{id: 'filler', limits: {disk: '8m'}}, {id: 'other'}]))
+    scriptShell('for i in 1 2 3 4 5 6 7 8 9; do head -c 7m /dev/zero > f$i; done; echo "exit $?"', 30)
+    const filled = await runCli(['send', '--agent', 'filler', 'fill the disk', '--json'], {home: home.home})
+    expect(JSON.parse(filled.stdout).error).toMatchObject({code: 'E_DISK'})
+    const kept = fs.readdirSync(home.workspace('filler')).filter((name) => /^f\d$/.test(name)).reduce((sum, name) => sum + fs.statSync(path.join(home.workspace('filler'), name)).size, 0)
+    expect(kept).toBeLessThanOrEqual(2 * 8 * 1024 * 1024)
+  })
+
+  it('one fallocate(FALLOC_FL_KEEP_SIZE) cannot reserve disk past limits.disk (it grows no file size, so RLIMIT_FSIZE never sees it)', async () => {
+    // on the real disk (ext4 here): tmpfs checks RLIMIT_FSIZE in fallocate even with KEEP_SIZE, ext4 does not
+    const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'filler', limits: {disk: '8m'}}]))
+    homes.push(home)
+    const reserve = `import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); fd = os.open("reserved", os.O_CREAT | os.O_WRONLY); r = libc.fallocate(fd, 1, ctypes.c_long(0), ctypes.c_long(56 << 20)); print("fallocate", r, os.strerror(ctypes.get_errno()) if r else "ok")`
+    scriptShell(`python3 -c '${reserve}'; echo "exit $?"`, 30)
+    const result = await runCli(['send', '--agent', 'filler', 'reserve the disk', '--json'], {home: home.home})
+    const blocks = fs.statSync(path.join(home.workspace('filler'), 'reserved')).blocks * 512
+    expect(blocks, result.stdout).toBeLessThanOrEqual(8 * 1024 * 1024)
+  })
+
+  // Red team: space held by files the run unlinked while keeping them open (or O_TMPFILE) is on no
+  // path; the measurement counts it through the open files of the run's cgroup members.
+  it('space held in unlinked open files past limits.disk ends the run with E_DISK', async () => {
+    const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'filler', limits: {disk: '8m'}}]))
+    homes.push(home)
+    const hide = `import os, time
+held = []
+for i in range(10):
+    f = open("hidden%d" % i, "wb"); f.write(bytes(7 << 20)); f.flush(); os.unlink("hidden%d" % i); held.append(f)
+time.sleep(4); print("held", len(held))`
+    scriptShell(`python3 -c '${hide}'; echo "exit $?"`, 30)
+    const result = await runCli(['send', '--agent', 'filler', 'hide files', '--json'], {home: home.home})
+    expect(JSON.parse(result.stdout).error, result.stdout).toMatchObject({code: 'E_DISK'})
+  })
+
+  it('empty files are not free: each costs at least a block, so inodes cannot be exhausted under limits.disk', async () => {
+    const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'filler', limits: {disk: '8m'}}]))
+    homes.push(home)
+    scriptShell(`python3 -c 'import os
+os.mkdir("many")
+for i in range(20000): open("many/%d" % i, "w").close()
+print("created")'; echo "exit $?"`, 30)
+    const result = await runCli(['send', '--agent', 'filler', 'many empty files', '--json'], {home: home.home})
+    expect(JSON.parse(result.stdout).error, result.stdout).toMatchObject({code: 'E_DISK'})
+  })
+
   it('a reply already computed is delivered when the disk is full and its history cannot be written', async () => {
     const home = await homeOnTmpfs('48m', fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1'}]))
     llm.enqueue({text: 'first'})

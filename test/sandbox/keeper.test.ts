@@ -93,6 +93,27 @@ describe.runIf(process.platform === 'linux' && fs.existsSync(HELPER))('the keepe
     expect(fs.existsSync(path.join(dir, 'late'))).toBe(false)
   })
 
+  it('--remove-dir removes the run\'s directory, never what a planted or swapped symlink in it points at', async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'keeper-'))
+    const tmp = path.join(dir, 'run-tmp')
+    const victim = path.join(dir, 'victim')
+    fs.mkdirSync(path.join(tmp, 'sub'), {recursive: true})
+    fs.mkdirSync(victim)
+    fs.writeFileSync(path.join(victim, 'keep'), 'operator data')
+    fs.writeFileSync(path.join(tmp, 'sub', 'f'), 'x')
+    // the run plants a link to the victim and keeps swapping a subdirectory for one, in the background, until killed
+    const swap = `ln -s ${victim} ${tmp}/link; (while :; do mv ${tmp}/sub ${tmp}/sub2 2>/dev/null; ln -sfn ${victim} ${tmp}/sub; rm -f ${tmp}/sub; mv ${tmp}/sub2 ${tmp}/sub 2>/dev/null; done &) ; touch ${dir}/started; sleep 30`
+    const child = execa(HELPER, ['--keeper-fd', '3', '--remove-dir', tmp, '--', 'sh', '-c', swap], {stdio: ['pipe', 'pipe', 'pipe', 'pipe'], reject: false, detached: true})
+    const deadline = Date.now() + 5000
+    while (!fs.existsSync(path.join(dir, 'started')) && Date.now() < deadline) await sleep(20)
+    await sleep(200)
+    ;(child.stdio[3] as NodeJS.ReadableStream & {destroy(): void}).destroy()
+    await child
+    expect(fs.readFileSync(path.join(victim, 'keep'), 'utf8')).toBe('operator data')
+    expect(fs.existsSync(tmp)).toBe(false)
+    fs.rmSync(dir, {recursive: true, force: true})
+  })
+
   it('refuses keeper flags without --keeper-fd and a lifeline that is not open', async () => {
     expect((await execa(HELPER, ['--cgroup', '/sys/fs/cgroup/x', '--', 'true'], {reject: false})).exitCode).toBe(2)
     const closed = await execa(HELPER, ['--keeper-fd', '9', '--', 'true'], {reject: false})

@@ -1,3 +1,4 @@
+import dgram from 'node:dgram'
 import {execa} from 'execa'
 import fs from 'node:fs'
 import net from 'node:net'
@@ -79,6 +80,30 @@ describe.skipIf(!enabled)('no listening unless file_access.allow_listen', () => 
     expect(udp).toEqual({rc: 0, out: 'SENT'})
   })
 
+  // KNOWN GAP (red team): a UDP socket that only sends is bound by the kernel to 0.0.0.0:<ephemeral>
+  // (no bind() call for seccomp to refuse), and with the host network anyone who learns that port
+  // can send to it: an unsolicited datagram from a third party is received. Outgoing UDP (DNS) needs
+  // this socket; closing it needs a network namespace (allow_network: false) or a host firewall.
+  it.fails('a UDP socket that only sent does not receive datagrams from a third party (no UDP server without bind)', async () => {
+    const target = dgram.createSocket('udp4')
+    const stranger = dgram.createSocket('udp4')
+    await new Promise<void>((resolve) => target.bind(0, '127.0.0.1', resolve))
+    await new Promise<void>((resolve) => stranger.bind(0, '127.0.0.1', resolve))
+    // the first datagram tells us the sandboxed socket's port; a stranger then writes to it
+    target.on('message', (_message, from) => stranger.send('unsolicited', from.port, '127.0.0.1'))
+    try {
+      const [result] = await attempt('open', [
+        py(`import socket; s=socket.socket(type=socket.SOCK_DGRAM); s.sendto(b"x", ("127.0.0.1", ${target.address().port})); s.settimeout(3)
+try: print("RECEIVED", s.recvfrom(100))
+except Exception as e: print("NOTHING", e)`),
+      ])
+      expect(result!.out).toMatch(/^NOTHING/)
+    } finally {
+      target.close()
+      stranger.close()
+    }
+  })
+
   it('with allow_listen: true, TCP and UDP servers start and are reachable', async () => {
     const port = await freePort()
     const serve = `node -e "const s = require('net').createServer((c) => c.on('error', () => {}).end('hi')).listen(${port}, '127.0.0.1', () => console.log('LISTENING')); setTimeout(() => s.close(), 3000)"`
@@ -96,6 +121,24 @@ describe.skipIf(!enabled)('no listening unless file_access.allow_listen', () => 
 })
 
 const DENIED = /Permission denied|Operation not permitted|Read-only file system|Device or resource busy|Invalid cross-device link/
+
+describe.skipIf(!enabled)('the run stays in its cgroups', () => {
+  // clone3(CLONE_INTO_CGROUP) starts a child in any cgroup v2 directory the caller can name with an
+  // O_PATH fd (Landlock does not mediate it) and whose cgroup.procs its uid may write: on a cgroup v2
+  // host a sandbox running as root would start its fork bomb outside the run's limits. glibc falls
+  // back to clone() on ENOSYS, so programs still fork.
+  it('cannot start a child in another cgroup with clone3(CLONE_INTO_CGROUP); fork still works', async () => {
+    const root = fs.existsSync('/sys/fs/cgroup/unified') ? '/sys/fs/cgroup/unified' : '/sys/fs/cgroup'
+    const [moved, forked] = await attempt('open', [
+      py(`import ctypes, os, struct; libc = ctypes.CDLL(None, use_errno=True); fd = os.open("${root}", os.O_PATH | os.O_DIRECTORY); args = ctypes.create_string_buffer(struct.pack("11Q", 0x200000000, 0, 0, 0, 17, 0, 0, 0, 0, 0, fd)); pid = libc.syscall(435, args, 88)
+if pid == 0: os._exit(0)
+print("MOVED" if pid > 0 else "refused " + os.strerror(ctypes.get_errno()))`),
+      'sh -c "echo forked" && python3 -c "import os; pid = os.fork(); os._exit(0) if pid == 0 else print(os.waitpid(pid, 0)[1])"',
+    ])
+    expect(moved!.out).toMatch(/^refused Function not implemented/)
+    expect(forked).toEqual({rc: 0, out: 'forked 0'})
+  })
+})
 
 describe.skipIf(!enabled)('deny inside allow, with the namespace layer', () => {
   it('creates, renames and deletes beside denied directories, at the workspace root and in an allow_read_write tree', async () => {

@@ -107,7 +107,8 @@ export function parseAgentRunFrame(line: string): AgentRunFrame {
   const frame = parseFrame(line)
   if (frame.type === 'result') {
     const output = frame.output
-    if (!isObject(output) || output.version !== 1 || typeof output.ok !== 'boolean') throw new FrameError('a result frame without a valid output object')
+    const problem = outputProblem(output)
+    if (problem) throw new FrameError(`a result frame without a valid output object (${problem})`)
     return {type: 'result', output: output as unknown as AgentRunOutput}
   }
   if (frame.type !== 'llm_request') throw new FrameError(`a frame of unknown type ${JSON.stringify(frame.type)}`)
@@ -137,6 +138,22 @@ export function parseAgentRunFrame(line: string): AgentRunFrame {
       tools: (tools as ToolDefinition[]).map(({name, description, parameters}) => ({name, description, parameters})),
     },
   }
+}
+
+/** What the gateway reads of a result (reply, usage, error...) must be there with its type: a hostile agent-run must not crash it. */
+function outputProblem(output: unknown): string | undefined {
+  if (!isObject(output) || output.version !== 1 || typeof output.ok !== 'boolean') return 'not {version: 1, ok}'
+  if (typeof output.run_id !== 'string') return 'run_id is not a string'
+  const number = (value: unknown) => typeof value === 'number' && Number.isFinite(value)
+  if (output.ok === false) {
+    const error = output.error
+    const valid = isObject(error) && typeof error.code === 'string' && typeof error.message === 'string' && typeof error.retryable === 'boolean'
+    return valid && (error.details === undefined || isObject(error.details)) ? undefined : 'error is not {code, message, retryable}'
+  }
+  if (!isObject(output.reply) || typeof output.reply.content !== 'string') return 'reply is not {content}'
+  if (typeof output.stop_reason !== 'string' || !number(output.iterations) || !number(output.ms) || !Array.isArray(output.tool_calls)) return 'stop_reason, iterations, tool_calls or ms is missing'
+  const usage = output.usage
+  return isObject(usage) && number(usage.input_tokens) && number(usage.output_tokens) ? undefined : 'usage is not {input_tokens, output_tokens}'
 }
 
 function chatMessageProblem(message: unknown): string | undefined {

@@ -6,11 +6,11 @@ import {failure, parseAgentRunOutput} from '../agent-run/output.js'
 import {APP_ROOT} from '../util/app-root.js'
 import type {LimitsConfig} from '../config/types.js'
 import {sizeBytes} from '../config/size.js'
-import {diskFull, diskUsage, watchDiskUsage} from './disk-limit.js'
+import {diskFull, diskUsage, heldByDeletedFiles, watchDiskUsage} from './disk-limit.js'
 import {forgetRunProcess, recordRunProcess} from './run-processes.js'
 import {killProcessTree} from '../util/process-tree.js'
 import {keeperArgv, keeperHelper} from '../../sandbox/keeper.js'
-import {cgroupSupport, createRunCgroup, killRunCgroups, removeRunCgroups, type RunCgroup} from '../../sandbox/run-cgroup.js'
+import {cgroupPids, cgroupSupport, createRunCgroup, killRunCgroups, removeRunCgroups, type RunCgroup} from '../../sandbox/run-cgroup.js'
 import {AgentRunChannel, type HostLlm} from './llm-channel.js'
 
 
@@ -48,6 +48,18 @@ export interface AgentProcessOptions {
 }
 
 const STDERR_TAIL_BYTES = 4096
+/** What one run may put in the gateway's log from its stderr: a run flooding it must not fill the operator's disk. */
+const STDERR_LOG_MAX_BYTES = 256 * 1024
+
+/** `log`, until `maxBytes` of lines went through it; then one line saying the rest is dropped. */
+export function cappedLog(log: (line: string) => void, maxBytes = STDERR_LOG_MAX_BYTES): (line: string) => void {
+  let used = 0
+  return (line) => {
+    if (used > maxBytes) return
+    used += line.length + 1
+    log(used > maxBytes ? `agent-run wrote more than ${maxBytes} bytes on stderr; the rest is not logged` : line)
+  }
+}
 /** The operator hears once per process that this host cannot enforce the cgroup limits. */
 let toldLimitsUnenforced = false
 /** A run told to stop (SIGINT/SIGTERM forwarded) gets this long before it is killed. */
@@ -146,10 +158,11 @@ async function runUnderKeeper(
   const oomBefore = cgroup?.oomKills() ?? 0
 
   let stderrTail = ''
+  const logStderr = options.onStderr && cappedLog(options.onStderr)
   child.stderr?.on('data', (chunk: Buffer) => {
     const text = chunk.toString('utf8')
     stderrTail = (stderrTail + text).slice(-STDERR_TAIL_BYTES)
-    if (options.onStderr) for (const line of text.split('\n')) if (line.trim()) options.onStderr(line)
+    if (logStderr) for (const line of text.split('\n')) if (line.trim()) logStderr(line)
   })
 
   // Without a keeper, `detached` made the child a session leader: members that moved to another
@@ -185,11 +198,20 @@ async function runUnderKeeper(
   options.signal?.addEventListener('abort', onAbort)
   if (options.signal?.aborted) onAbort()
   let diskOver = false
+  let usageWhenOver = 0
+  // space in files the run unlinked but keeps open counts too: its processes are the cgroup's members
+  const runPids = () => (cgroup?.dirs ?? []).flatMap(cgroupPids)
   const diskWatch = disk
-    ? watchDiskUsage(disk.roots, disk.bytes, () => {
-        diskOver = true
-        killRun()
-      })
+    ? watchDiskUsage(
+        disk.roots,
+        disk.bytes,
+        (usage) => {
+          diskOver = true
+          usageWhenOver = usage
+          killRun()
+        },
+        cgroup ? () => heldByDeletedFiles([...new Set(runPids())]) : undefined,
+      )
     : undefined
   const result = await child
   const diskAtEnd = await diskWatch?.stop()
@@ -211,7 +233,7 @@ async function runUnderKeeper(
       ...(cancelled === 'abort' ? {} : {signal: cancelled}),
     })
   }
-  if (disk && diskAtEnd && (diskOver || diskAtEnd.over)) return diskFull(input.run_id, disk.limit, diskAtEnd.usage, disk.workspace, 'during')
+  if (disk && diskAtEnd && (diskOver || diskAtEnd.over)) return diskFull(input.run_id, disk.limit, Math.max(diskAtEnd.usage, usageWhenOver), disk.workspace, 'during')
   const limits = options.ownership?.limits
   if (cgroup && limits) {
     const oomKills = cgroup.oomKills() - oomBefore

@@ -24,6 +24,7 @@ import {dockerEngineProblem, reportEngineAnswered, reportEngineProblem} from './
 import {forgetRunProcess, recordRunProcess} from './run-processes.js'
 import {sizeBytes} from '../config/size.js'
 import {diskFull, diskUsage, watchDiskUsage} from './disk-limit.js'
+import {cappedLog} from './agent-run-process.js'
 import type {RunRequest, Runner} from './types.js'
 import {AgentRunChannel} from './llm-channel.js'
 
@@ -133,7 +134,7 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
   const standby = takeStandby(standbySlot(request), shape.key)
   if (standby) log(`running in standby container ${standby.name}, started before this message arrived`)
   const container = standby ?? startAgentContainer(cli, shape, {name: containerNameFor(runId), run: runId, clientTimeoutMs: request.timeoutMs + CLIENT_GRACE_MS})
-  container.log = log
+  container.log = cappedLog(log)
   const {name, child} = container
   // the keeper removes the container if this process dies; the record covers the keeper dying too
   recordRunProcess(request.home, {runId, keeperPid: child.pid, cgroups: [], container: name}, log)
@@ -293,6 +294,7 @@ function runShape(request: RunRequest, image: ReadyImage): RunShape {
     gid: user.gid,
     memoryLimit: agent.container_mode.memory_limit,
     pidsLimit: agent.container_mode.pids_limit,
+    fileSizeLimit: sizeBytes(agent.limits.disk, 'limits.disk'),
     cpus: agent.container_mode.cpus,
     network: agent.container_mode.network,
     listen: agent.file_access.allow_listen ? 'allow' : 'deny',

@@ -11,7 +11,10 @@ import {failure} from '../agent-run/output.js'
  * it is over. A full disk therefore stays one agent's problem.
  */
 
-/** Bytes the files under `roots` occupy on disk (allocated blocks; symlinks not followed, hard links once). */
+/** What an entry costs at least: an empty file or symlink still takes an inode, and inodes run out too. */
+const MIN_ENTRY_BYTES = 4096
+
+/** Bytes the files under `roots` occupy on disk (allocated blocks, at least one block each; symlinks not followed, hard links once). */
 export async function diskUsage(roots: string[], signal?: AbortSignal): Promise<number> {
   let total = 0
   const seen = new Set<string>()
@@ -36,11 +39,42 @@ export async function diskUsage(roots: string[], signal?: AbortSignal): Promise<
         if (seen.has(key)) continue
         seen.add(key)
       }
-      total += stat.blocks * 512
+      total += Math.max(stat.blocks * 512, MIN_ENTRY_BYTES)
       if (stat.isDirectory()) await walk(file)
     }
   }
   for (const root of roots) await walk(root)
+  return total
+}
+
+/**
+ * Bytes held by files the processes `pids` keep open after unlinking them (or made with O_TMPFILE):
+ * on no path, so diskUsage never sees them, yet they take disk until closed.
+ */
+export async function heldByDeletedFiles(pids: number[]): Promise<number> {
+  let total = 0
+  const seen = new Set<string>()
+  for (const pid of pids) {
+    let fds: string[]
+    try {
+      fds = await fs.readdir(`/proc/${pid}/fd`)
+    } catch {
+      continue
+    }
+    for (const fd of fds) {
+      const link = `/proc/${pid}/fd/${fd}`
+      try {
+        if (!(await fs.readlink(link)).endsWith(' (deleted)')) continue
+        const stat = await fs.stat(link)
+        const key = `${stat.dev}:${stat.ino}`
+        if (!stat.isFile() || seen.has(key)) continue
+        seen.add(key)
+        total += stat.blocks * 512
+      } catch {
+        // closed meanwhile
+      }
+    }
+  }
   return total
 }
 
@@ -53,15 +87,15 @@ export interface DiskWatch {
   stop(): Promise<{usage: number; over: boolean}>
 }
 
-/** Measures `roots` until stopped and calls `onOver` (once) when they exceed `limitBytes`. */
-export function watchDiskUsage(roots: string[], limitBytes: number, onOver: (usage: number) => void): DiskWatch {
+/** Measures `roots` (plus what `hidden` counts) until stopped and calls `onOver` (once) when they exceed `limitBytes`. */
+export function watchDiskUsage(roots: string[], limitBytes: number, onOver: (usage: number) => void, hidden?: () => Promise<number>): DiskWatch {
   const stopped = new AbortController()
   let reported = false
   let timer: NodeJS.Timeout | undefined
   let final: Promise<{usage: number; over: boolean}> | undefined
   const tick = async () => {
     const started = Date.now()
-    const usage = await diskUsage(roots, stopped.signal)
+    const usage = (await diskUsage(roots, stopped.signal)) + ((await hidden?.().catch(() => 0)) ?? 0)
     if (stopped.signal.aborted) return
     if (usage > limitBytes && !reported) {
       reported = true

@@ -13,6 +13,8 @@ export interface HostLlm {
   chat(request: ChatRequest): Promise<ChatResponse>
   /** Most LLM calls one run may ask for: the agent loop makes one per iteration. */
   maxCalls: number
+  /** The keys in play: masked in every answer before it enters the sandbox (a provider or proxy may echo them). */
+  secrets?: string[]
 }
 
 /** Provider keys an agent's chain uses: its provider (or the primary) and the fallbacks, nothing else. */
@@ -34,7 +36,7 @@ export function hostLlmFor(agent: AgentConfig, config: GatewayConfig, available:
   const chain = createProviderChain(config.providers, keys, {provider: agent.provider, model: agent.model})
   const values = Object.values(keys)
   const scrub = config.image_config?.redact_secrets === false || values.length === 0 ? (request: ChatRequest) => request : (request: ChatRequest) => redactRequest(request, values)
-  return {chat: (request) => chain.chat(scrub(request)), maxCalls: agent.max_iterations}
+  return {chat: (request) => chain.chat(scrub(request)), maxCalls: agent.max_iterations, secrets: values}
 }
 
 function redactRequest(request: ChatRequest, secrets: string[]): ChatRequest {
@@ -58,6 +60,8 @@ export class AgentRunChannel {
   private lastId = 0
   private inFlight = false
   private result: AgentRunOutput | undefined
+  /** Tokens the providers reported for this run's calls: what is recorded, whatever agent-run claims. */
+  private readonly spent = {input_tokens: 0, output_tokens: 0}
   private violation: string | undefined
   /** Resolves once agent-run's stdout is at its end: its last line may arrive after the process has exited. */
   private readonly drained: Promise<void>
@@ -110,8 +114,8 @@ export class AgentRunChannel {
         suggestions: ['this is a bug in agent-run or something inside the sandbox took it over; see docs/agent-run.md for the protocol'],
       })
     }
-    if (this.result && this.result.run_id !== this.input.run_id) return {...this.result, run_id: this.input.run_id}
-    return this.result
+    if (!this.result) return undefined
+    return {...this.result, run_id: this.input.run_id, ...(this.result.ok ? {usage: {...this.spent}} : {})}
   }
 
   private receive(line: string): void {
@@ -139,14 +143,18 @@ export class AgentRunChannel {
   private async answer(id: number, request: Omit<ChatRequest, 'signal'>): Promise<void> {
     let frame: LlmResponseFrame
     try {
-      frame = {type: 'llm_response', id, ok: true, response: await this.llm.chat({...request, signal: this.controller.signal})}
+      const response = await this.llm.chat({...request, signal: this.controller.signal})
+      this.spent.input_tokens += response.usage.input_tokens
+      this.spent.output_tokens += response.usage.output_tokens
+      frame = {type: 'llm_response', id, ok: true, response}
     } catch (error) {
       const {code, message, retryable, suggestions, details} = toGatewayError(error, 'E_PROVIDER')
       frame = {type: 'llm_response', id, ok: false, error: {code, message, retryable, suggestions, details}}
     }
     this.inFlight = false
     if (this.controller.signal.aborted || this.violation) return
-    this.stdin.write(`${JSON.stringify(frame)}\n`)
+    // whatever redact_secrets says: a key echoed in an answer or an error must not reach agent-run
+    this.stdin.write(`${redactSecrets(JSON.stringify(frame), this.llm.secrets ?? [])}\n`)
   }
 
   private violate(error: unknown): void {

@@ -15,6 +15,8 @@ export interface DockerRunSpec {
   /** Docker size, e.g. 512m; used for --memory and --memory-swap (no swap beyond the limit). */
   memoryLimit: string
   pidsLimit: number
+  /** limits.disk in bytes: no file the run writes grows past it (--ulimit fsize; the total is measured by the runner). */
+  fileSizeLimit?: number
   /** docker run --cpus */
   cpus: number
   network: ContainerNetwork
@@ -78,6 +80,7 @@ export function buildDockerRunArgs(spec: DockerRunSpec): string[] {
     '--memory-swap', spec.memoryLimit,
     '--pids-limit', String(spec.pidsLimit),
     '--cpus', String(spec.cpus),
+    ...(spec.fileSizeLimit ? ['--ulimit', `fsize=${spec.fileSizeLimit}`] : []),
     // its own cgroup at /sys/fs/cgroup whatever the engine's default, where agent-run reads OOM kills
     '--cgroupns', 'private',
     '--init',
