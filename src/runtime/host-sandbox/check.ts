@@ -11,6 +11,7 @@ import {GatewayError} from '../util/errors.js'
 import {APP_ROOT} from '../util/app-root.js'
 import {isolationLevelFor} from '../runners/index.js'
 import {openAgentSandbox, spawnInSandbox, type AgentSandbox} from './exec.js'
+import {reclaimWorkspace} from '../workspace/owner.js'
 
 /**
  * `sandbox check`: under an agent's real policy, attempt each forbidden operation (it must fail
@@ -60,6 +61,7 @@ export async function sandboxCheck(loaded: LoadedConfig, agentId?: string): Prom
   for (const id of ids) {
     const sandbox = await openAgentSandbox(loaded, id)
     try {
+      reclaimWorkspace(sandbox.workspace)
       results.push(await checkAgent(loaded, sandbox))
     } finally {
       sandbox.dispose()

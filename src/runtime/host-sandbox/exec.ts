@@ -17,6 +17,7 @@ import {agentEnvironment} from '../runners/private-tmp.js'
 import {limitsReport, type LimitReport} from '../runners/limits-report.js'
 import {isolationLevelFor} from '../runners/index.js'
 import {ensureWorkspace, workspacePath} from '../workspace/workspace.js'
+import {reclaimWorkspace} from '../workspace/owner.js'
 
 /** One agent's sandbox for a command run by the operator: policy, helper, kernel facts, temp dir. */
 export interface AgentSandbox {
@@ -109,6 +110,7 @@ export async function sandboxExec(options: SandboxExecOptions): Promise<{exitCod
   if (options.argv.length === 0) throw new GatewayError('E_USAGE', 'no command given after "--"', {suggestions: ['meepagateway sandbox exec --agent ID -- CMD [ARGS...]']})
   const sandbox = await openAgentSandbox(options.loaded, options.agentId)
   try {
+    reclaimWorkspace(sandbox.workspace)
     if (sandbox.policy.bestEffort) {
       const gaps = [...kernelGaps(sandbox.probe, sandbox.policy.network, sandbox.policy.listen), ...loweringGaps(sandbox.policy, sandbox.namespaces)]
       for (const gap of gaps) options.onLog?.(`sandbox: best effort, NOT enforced: ${gap}`)

@@ -1,4 +1,3 @@
-import {spawnSync} from 'node:child_process'
 import {randomBytes} from 'node:crypto'
 import fs from 'node:fs'
 import {setTimeout as sleep} from 'node:timers/promises'
@@ -11,6 +10,7 @@ import {ensureContainerImage, ensureIsolationImage, planImages, type ImageContex
 import {buildDockerRunArgs, CONTAINER_WORKSPACE, containerNameFor, type DockerRunSpec} from '../../sandbox/docker/run-args.js'
 import type {AgentRunOutput} from '../agent-run/contract.js'
 import {withAgentLock} from '../workspace/agent-lock.js'
+import {handWorkspaceTo} from '../workspace/owner.js'
 import type {AgentConfig, GatewayConfig} from '../config/types.js'
 import {DEFAULT_GATEWAY} from '../config/defaults.js'
 import {containerImageContext} from '../container/context.js'
@@ -284,7 +284,8 @@ function runShape(request: RunRequest, image: ReadyImage): RunShape {
   const cliEnv = Object.fromEntries(forwardEnv.map((secretName) => [secretName, input.secrets[secretName] ?? '']))
   const workspace = canonicalWorkspace(request.workspace)
   const user = containerUser(agent.container_mode.user)
-  ensureWorkspaceOwner(workspace, user)
+  // every run: the gateway and host-sandbox runs may have added files as root since the last one
+  if (user.uid !== 0) handWorkspaceTo(workspace, user, {purpose: 'the container'})
   const spec: RunShape['spec'] = {
     // By id: the agent-run verified for this gateway's build, even if another build retags the image meanwhile
     // (an agent-run of another build may not speak this runner's LLM channel).
@@ -603,21 +604,6 @@ export function containerUser(configured: string | undefined, own = {uid: proces
   }
   if (own.uid !== 0) return own
   return {uid: UNPRIVILEGED_CONTAINER_UID, gid: UNPRIVILEGED_CONTAINER_UID}
-}
-
-/**
- * A root gateway running the container as another uid hands it the workspace: every entry (files
- * the gateway or a host-sandbox run created as root included) is chowned to that uid. GNU chown -R
- * -P walks with openat and never follows a symlink the agent planted.
- */
-function ensureWorkspaceOwner(workspace: string, user: {uid: number; gid: number}): void {
-  if (process.getuid?.() !== 0 || user.uid === 0) return
-  const result = spawnSync('chown', ['-R', '-P', '-h', `${user.uid}:${user.gid}`, '--', workspace], {encoding: 'utf8', timeout: 60_000})
-  if (result.status !== 0) {
-    throw new GatewayError('E_WORKSPACE', `cannot hand the workspace ${workspace} to uid ${user.uid} for the container: ${(result.stderr || result.error?.message || '').trim()}`, {
-      suggestions: ['check that `chown` (coreutils) is installed', 'or set container_mode.user to the uid that owns the workspace'],
-    })
-  }
 }
 
 function canonicalWorkspace(workspace: string): string {

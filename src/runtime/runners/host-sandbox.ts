@@ -8,6 +8,7 @@ import {SANDBOX_HELPER_ENV} from '../agent-run/tool-shell.js'
 import type {SandboxPolicy} from '../../sandbox/policy.js'
 import {seatbeltInvocation} from '../../sandbox/seatbelt/profile.js'
 import {prepareWorkspaceForPolicy} from '../host-sandbox/workspace-prep.js'
+import {reclaimWorkspace} from '../workspace/owner.js'
 import {failure, failureFromError} from '../agent-run/output.js'
 import {agentRunArgv, runAgentProcess} from './agent-run-process.js'
 import {agentEnvironment, withPrivateTmp} from './private-tmp.js'
@@ -32,6 +33,7 @@ export const hostSandboxRunner: Runner = {
       const runId = request.input.run_id
       let launch: Launch
       try {
+        reclaimWorkspace(request.workspace)
         const namespaces = process.platform === 'linux' ? await probeNamespaces() : undefined
         const compile = () =>
           agentPolicy({
