@@ -1,4 +1,4 @@
-import {execa} from 'execa'
+import {execFile} from 'node:child_process'
 import fs from 'node:fs'
 import path from 'node:path'
 import type {SandboxPolicy} from './policy.js'
@@ -38,10 +38,16 @@ export async function probeNamespaces(): Promise<NamespaceProbe> {
 async function runProbe(): Promise<NamespaceProbe> {
   const bwrap = BWRAP_CANDIDATES.find((candidate) => isExecutable(candidate))
   if (!bwrap) return {available: false, reason: 'bubblewrap is not installed (apt-get install bubblewrap)'}
-  const result = await execa(bwrap, [...namespaceOptions(), '--', '/bin/true'], {reject: false, timeout: 10_000, extendEnv: false, env: {}})
-  if (result.exitCode === 0) return {available: true, bwrap}
-  const stderr = String(result.stderr ?? '').trim().split('\n')[0] ?? ''
-  return {available: false, bwrap, reason: `bubblewrap cannot create the namespaces: ${stderr || `exit ${result.exitCode}`} (unprivileged user namespaces disabled?)`}
+  // node's execFile, not execa: `config check` and `sandbox exec` run this at start, and execa's set-up costs more than bwrap
+  const result = await new Promise<{failure?: string; stderr: string}>((resolve) => {
+    execFile(bwrap, [...namespaceOptions(), '--', '/bin/true'], {timeout: 10_000, env: {}, encoding: 'utf8'}, (error, _stdout, stderr) => {
+      const failure = !error ? undefined : error.killed ? 'timed out after 10 s' : typeof error.code === 'number' ? `exit ${error.code}` : error.message
+      resolve({failure, stderr: String(stderr ?? '')})
+    })
+  })
+  if (result.failure === undefined) return {available: true, bwrap}
+  const stderr = result.stderr.trim().split('\n')[0] ?? ''
+  return {available: false, bwrap, reason: `bubblewrap cannot create the namespaces: ${stderr || result.failure} (unprivileged user namespaces disabled?)`}
 }
 
 function isExecutable(file: string): boolean {

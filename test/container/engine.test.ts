@@ -11,7 +11,7 @@ import {removeOrphanContainers} from '../../src/runtime/container/clean.js'
 import {DockerCli} from '../../src/sandbox/docker/cli.js'
 import {homeLabel} from '../../src/sandbox/docker/containers.js'
 import {computeAppHash} from '../../src/sandbox/docker/app-bundle.js'
-import {detectPackageManager, ensureIsolationImage, planImages, type ImageContext} from '../../src/sandbox/docker/images.js'
+import {detectPackageManager, ensureIsolationImage, inspectImages, planImages, type ImageContext} from '../../src/sandbox/docker/images.js'
 import {BASE_IMAGE, describeWithDocker, dockerRecorder, tempDir, type DockerRecorder} from './docker-env.js'
 
 /*
@@ -88,6 +88,8 @@ describeWithDocker('container images (real engine)', () => {
     expect(await ensureIsolationImage(plan, context, {appHash})).toMatchObject({built: false, reason: 'up to date'})
     expect(Date.now() - started).toBeLessThan(1000)
     expect(builds()).toEqual([])
+    // base and isolation image in one docker process (each docker start costs tens of ms)
+    expect(recorder.calls().filter((call) => call[0] === 'image' && call[1] === 'inspect')).toEqual([['image', 'inspect', '--format', '{{json .}}', base, plan.isolationTag]])
 
     expect(await ensureIsolationImage(plan, context, {appHash: 'changed-dist'})).toMatchObject({built: true, reason: 'meepagateway runtime changed'})
 
@@ -97,6 +99,16 @@ describeWithDocker('container images (real engine)', () => {
     const baseId = (await docker(['image', 'inspect', '--format', '{{.Id}}', base])).stdout.trim()
     expect(labels['meepagateway.base-id']).toBe(baseId)
   }, 600_000)
+
+  it('inspects several images in one call and still tells which one is missing', async () => {
+    const missing = `meepa-test-missing:${unique}`
+    const [found, absent] = await inspectImages(context.cli, [BASE_IMAGE, missing])
+    expect(found?.tags).toContain(BASE_IMAGE)
+    expect(absent).toBeUndefined()
+    const [absentFirst, foundSecond] = await inspectImages(context.cli, [missing, BASE_IMAGE])
+    expect(absentFirst).toBeUndefined()
+    expect(foundSecond?.id).toBe(found?.id)
+  }, 60_000)
 
   it('reports a base without glibc (Alpine-like) before building anything, with the fix', async () => {
     const base = `meepa-test-nolibc:${unique}`

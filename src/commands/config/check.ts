@@ -1,6 +1,6 @@
 import {BaseCommand} from '../base-command.js'
 import {describeConfig, type ConfigReport} from '../../runtime/config/report.js'
-import {sandboxConfigWarnings} from '../../runtime/host-sandbox/exec.js'
+import {sandboxConfigWarnings} from '../../runtime/host-sandbox/config-warnings.js'
 
 export default class ConfigCheck extends BaseCommand<typeof ConfigCheck> {
   static summary = 'validate config.yaml and print the resolved config with secrets masked'

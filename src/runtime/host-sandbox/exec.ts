@@ -4,7 +4,7 @@ import os from 'node:os'
 import path from 'node:path'
 import {agentPolicy, sandboxPath} from './agent-policy.js'
 import {killProcessTree} from '../util/process-tree.js'
-import {enforcementReport, kernelGaps, loweringGaps, loweringWarnings, type EnforcementReport} from '../../sandbox/landlock/enforcement.js'
+import {enforcementReport, kernelGaps, loweringGaps, type EnforcementReport} from '../../sandbox/landlock/enforcement.js'
 import {probeKernel, requireHelper, type KernelProbe} from '../../sandbox/landlock/helper.js'
 import {serializeRules} from '../../sandbox/landlock/rules-file.js'
 import {bwrapArgv, probeNamespaces, type NamespaceProbe} from '../../sandbox/namespaces.js'
@@ -16,7 +16,7 @@ import {GatewayError} from '../util/errors.js'
 import {agentEnvironment} from '../runners/private-tmp.js'
 import {limitsReport, type LimitReport} from '../runners/limits-report.js'
 import {isolationLevelFor} from '../runners/index.js'
-import {ensureWorkspace, workspacePath} from '../workspace/workspace.js'
+import {ensureWorkspace} from '../workspace/workspace.js'
 import {reclaimWorkspace} from '../workspace/owner.js'
 
 /** One agent's sandbox for a command run by the operator: policy, helper, kernel facts, temp dir. */
@@ -130,34 +130,6 @@ export async function sandboxExec(options: SandboxExecOptions): Promise<{exitCod
   } finally {
     sandbox.dispose()
   }
-}
-
-/**
- * `config check`: the writable directories each host-sandbox agent loses create rights in (a deny
- * beneath them that the namespace layer cannot cover, or no namespace layer at all). Agents whose
- * workspace does not exist yet are skipped: their policy cannot be compiled without it.
- */
-export async function sandboxConfigWarnings(loaded: LoadedConfig): Promise<Array<{agent: string; warning: string}>> {
-  if (process.platform !== 'linux') return []
-  const agents = loaded.config.agents.filter((agent) => isolationLevelFor(agent) === 'host-sandbox' && fs.existsSync(workspacePath(loaded.home, agent.id)))
-  if (agents.length === 0) return []
-  const namespaces = await probeNamespaces()
-  const warnings: Array<{agent: string; warning: string}> = []
-  for (const agent of agents) {
-    const tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), `meepa-sandbox-${agent.id}-`))
-    try {
-      const policy = agentPolicy({agent, config: loaded.config, home: loaded.home, workspace: workspacePath(loaded.home, agent.id), tmpDir, configPath: loaded.path, namespaces: namespaces.available})
-      const gaps = new Set(loweringGaps(policy, namespaces))
-      for (const warning of loweringWarnings(policy, namespaces)) {
-        warnings.push({agent: agent.id, warning: gaps.has(warning) ? `${warning} (${agent.file_access.best_effort ? 'accepted: best_effort is on' : 'runs are refused unless file_access.best_effort: true'})` : warning})
-      }
-    } catch (error) {
-      warnings.push({agent: agent.id, warning: `the sandbox policy cannot be compiled: ${(error as Error).message}`})
-    } finally {
-      fs.rmSync(tmpDir, {recursive: true, force: true})
-    }
-  }
-  return warnings
 }
 
 export interface SandboxExplanation {

@@ -1,0 +1,39 @@
+import fs from 'node:fs'
+import os from 'node:os'
+import path from 'node:path'
+import {agentPolicy} from './agent-policy.js'
+import {loweringGaps, loweringWarnings} from '../../sandbox/landlock/enforcement.js'
+import {probeNamespaces} from '../../sandbox/namespaces.js'
+import type {LoadedConfig} from '../config/types.js'
+import {isolationLevelFor} from '../runners/index.js'
+import {workspacePath} from '../workspace/workspace.js'
+
+// Apart from exec.ts on purpose: `config check` loads only this, not what running a command needs (execa, the run database).
+
+/**
+ * `config check`: the writable directories each host-sandbox agent loses create rights in (a deny
+ * beneath them that the namespace layer cannot cover, or no namespace layer at all). Agents whose
+ * workspace does not exist yet are skipped: their policy cannot be compiled without it.
+ */
+export async function sandboxConfigWarnings(loaded: LoadedConfig): Promise<Array<{agent: string; warning: string}>> {
+  if (process.platform !== 'linux') return []
+  const agents = loaded.config.agents.filter((agent) => isolationLevelFor(agent) === 'host-sandbox' && fs.existsSync(workspacePath(loaded.home, agent.id)))
+  if (agents.length === 0) return []
+  const namespaces = await probeNamespaces()
+  const warnings: Array<{agent: string; warning: string}> = []
+  for (const agent of agents) {
+    const tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), `meepa-sandbox-${agent.id}-`))
+    try {
+      const policy = agentPolicy({agent, config: loaded.config, home: loaded.home, workspace: workspacePath(loaded.home, agent.id), tmpDir, configPath: loaded.path, namespaces: namespaces.available})
+      const gaps = new Set(loweringGaps(policy, namespaces))
+      for (const warning of loweringWarnings(policy, namespaces)) {
+        warnings.push({agent: agent.id, warning: gaps.has(warning) ? `${warning} (${agent.file_access.best_effort ? 'accepted: best_effort is on' : 'runs are refused unless file_access.best_effort: true'})` : warning})
+      }
+    } catch (error) {
+      warnings.push({agent: agent.id, warning: `the sandbox policy cannot be compiled: ${(error as Error).message}`})
+    } finally {
+      fs.rmSync(tmpDir, {recursive: true, force: true})
+    }
+  }
+  return warnings
+}
