@@ -1,6 +1,8 @@
 import {runCommand} from '@oclif/test'
 import fs from 'node:fs'
 import path from 'node:path'
+import {execa} from 'execa'
+import {pathToFileURL} from 'node:url'
 import {afterEach, beforeEach, describe, expect, it} from 'vitest'
 import {ensureWorkspace} from '../../src/runtime/workspace/workspace.js'
 import {makeHome, type TestHome} from '../helpers/home.js'
@@ -52,5 +54,20 @@ describe('agent workspaces', () => {
       {id: 'two', isolation: 'container', workspace_exists: false},
       {id: 'three', isolation: 'unrestricted', workspace_exists: false},
     ])
+  })
+
+  it('two messages to a new agent at once: both processes create the workspace, neither fails on the other', async () => {
+    const built = pathToFileURL(path.resolve('dist/runtime/workspace/workspace.js')).href
+    // both processes spin until the same instant, so their checks and creates interleave
+    const script = `import {ensureWorkspace} from ${JSON.stringify(built)}; while (Date.now() < Number(process.argv[2])); ensureWorkspace(process.argv[1], 'racer')`
+    for (let round = 0; round < 10; round++) {
+      fs.rmSync(path.join(home.home, 'agents'), {recursive: true, force: true})
+      const at = String(Date.now() + 400)
+      const racers = await Promise.all(
+        Array.from({length: 2}, () => execa(process.execPath, ['--input-type=module', '-e', script, home.home, at], {reject: false})),
+      )
+      expect(racers.map((racer) => racer.exitCode), racers.map((racer) => racer.stderr).join('\n')).toEqual([0, 0])
+      expect(fs.readdirSync(home.workspace('racer')).sort()).toEqual(['MEMORY.md', 'SOUL.md', 'memory.db', 'skills'])
+    }
   })
 })

@@ -39,16 +39,24 @@ export interface WorkspaceCreation {
   kept: string[]
 }
 
+/** mkdir that another process may win (two messages to a new agent at once): false when it exists. */
+function makeDirectory(dir: string, mode?: number): boolean {
+  try {
+    fs.mkdirSync(dir, {mode})
+    return true
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === 'EEXIST') return false
+    throw error
+  }
+}
+
 /** Creates what is missing of a workspace; an operator's existing files are never touched. */
 export function ensureWorkspace(home: string, id: string): WorkspaceCreation {
   const root = workspacePath(home, id)
   const created: string[] = []
   const kept: string[] = []
   fs.mkdirSync(agentsDir(home), {recursive: true, mode: 0o700})
-  if (!fs.existsSync(root)) {
-    fs.mkdirSync(root, {mode: 0o700})
-    created.push('.')
-  }
+  if (makeDirectory(root, 0o700)) created.push('.')
   const files: Array<[string, string]> = [
     ['SOUL.md', DEFAULT_SOUL],
     ['MEMORY.md', DEFAULT_MEMORY],
@@ -61,17 +69,12 @@ export function ensureWorkspace(home: string, id: string): WorkspaceCreation {
       throw error instanceof GatewayError ? error : wrapFsError(error, root)
     }
   }
-  const skills = workspaceEntry(root, 'skills')
-  if (skills === 'missing') {
-    fs.mkdirSync(path.join(root, 'skills'))
-    created.push('skills/')
-  } else kept.push('skills/')
+  ;(workspaceEntry(root, 'skills') === 'missing' && makeDirectory(path.join(root, 'skills')) ? created : kept).push('skills/')
   if (workspaceEntry(root, 'memory.db') === 'missing') {
     // an empty file is an empty SQLite database; agent-run makes its tables (and moves a damaged one
     // aside). The gateway never opens it: SQLite opens by name and follows a link the agent could
     // swap in right after the create.
-    writeWorkspaceFile(root, 'memory.db', '', {exclusive: true, mode: 0o600})
-    created.push('memory.db')
+    ;(writeWorkspaceFile(root, 'memory.db', '', {exclusive: true, mode: 0o600}) ? created : kept).push('memory.db')
   } else kept.push('memory.db')
   return {id, path: root, created, kept}
 }
