@@ -29,8 +29,6 @@ interface Row {
   tmp_dir: string | null
 }
 
-const db = sharedGatewayDb
-
 /** Field 22 of /proc/PID/stat (start time in clock ticks); undefined off Linux or when gone. */
 export function processStartTime(pid: number): string | undefined {
   try {
@@ -44,7 +42,7 @@ export function processStartTime(pid: number): string | undefined {
 /** Records (or updates) what a run holds; a failure is reported, never fatal to the run. */
 export function recordRunProcess(home: string, record: RunProcessRecord, log?: (line: string) => void): void {
   try {
-    db(home)
+    sharedGatewayDb(home)
       .prepare(
         `INSERT INTO run_processes (run_id, owner_pid, owner_start, keeper_pid, cgroups, container, tmp_dir, started_at)
          VALUES (@runId, @ownerPid, @ownerStart, @keeperPid, @cgroups, @container, @tmpDir, @startedAt)
@@ -68,7 +66,7 @@ export function recordRunProcess(home: string, record: RunProcessRecord, log?: (
 
 export function forgetRunProcess(home: string, runId: string): void {
   try {
-    db(home).prepare('DELETE FROM run_processes WHERE run_id = ?').run(runId)
+    sharedGatewayDb(home).prepare('DELETE FROM run_processes WHERE run_id = ?').run(runId)
   } catch {
     // the record only matters after a crash; a stale one is reaped harmlessly at the next start
   }
@@ -106,7 +104,7 @@ export function reapAbandonedRuns(home: string): ReapResult {
   const result: ReapResult = {runs: [], containers: [], tmpDirs: []}
   let rows: Row[] = []
   try {
-    rows = db(home).prepare('SELECT * FROM run_processes').all() as Row[]
+    rows = sharedGatewayDb(home).prepare('SELECT * FROM run_processes').all() as Row[]
   } catch {
     rows = []
   }
