@@ -1,6 +1,6 @@
 'use strict'
-// Loads the CLI bundle (dist/cli.cjs, made by scripts/bundle-cli.js) with its V8 code cache and
-// registers it as a CommonJS module, so oclif's own require() of the bundle (the manifest's
+// Loads a CLI bundle (dist/cli.cjs or one of dist/lite/, made by scripts/bundle-cli.js) with its
+// V8 code cache and registers it as a CommonJS module, so oclif's own require() of the bundle (the manifest's
 // command target) finds this instance instead of compiling it again. Plain CommonJS with Node's
 // modules only: it runs before anything else at every start.
 const fs = require('node:fs')
@@ -15,6 +15,11 @@ const CLI_FILES = {
   /** The source files the bundle was built from (for the guard test against stale code). */
   sources: 'dist/cli.sources.json',
   manifest: 'oclif.manifest.json',
+  /** Bundles of the commands people and scripts run most, one each, without oclif (src/cli/lite/). */
+  liteDir: 'dist/lite',
+  /** The command ids with a lite bundle, and `help-pages`, the bundle that prints help pages. */
+  liteIndex: 'dist/lite/index.json',
+  helpPages: 'dist/lite/help-pages.json',
 }
 /**
  * Outside the bundle: oclif's TypeScript support (dev trees only; bin/run.js turns it off),
@@ -33,11 +38,11 @@ function commandIdOf(relativeFile) {
  * command target, so Node's loader for a real import() is a fallback, not the path.
  */
 function loadCliBundle(root, options = {}) {
-  const filename = path.join(root, CLI_FILES.bundle)
+  const filename = path.join(root, options.bundle ?? CLI_FILES.bundle)
   let cachedData
   if (options.codeCache !== false) {
     try {
-      cachedData = fs.readFileSync(path.join(root, CLI_FILES.codeCache))
+      cachedData = fs.readFileSync(`${filename}.v8cache`)
     } catch {
       // no cache (a build in progress): compiling costs time, not correctness
     }
@@ -59,4 +64,27 @@ function loadCliBundle(root, options = {}) {
   return {exports: module.exports, script}
 }
 
-module.exports = {CLI_EXTERNALS, CLI_FILES, commandIdOf, loadCliBundle}
+/** `agent:list` -> dist/lite/agent-list.cjs */
+const liteBundleFile = (id) => `${CLI_FILES.liteDir}/${id.replace(/:/g, '-')}.cjs`
+
+/**
+ * The lite bundle argv goes to first: the help pages' for `WORDS… --help`, else its command's
+ * (`[TOPIC] COMMAND …`), else the help pages' again when argv is only words (a topic); undefined
+ * when none is built (oclif's argv).
+ */
+function liteBundleFor(root, argv) {
+  let ids
+  try {
+    ids = JSON.parse(fs.readFileSync(path.join(root, CLI_FILES.liteIndex), 'utf8'))
+  } catch {
+    return undefined // not built yet
+  }
+  const asksHelp = argv.at(-1) === '--help'
+  const onlyWords = (asksHelp ? argv.slice(0, -1) : argv).every((word) => /^[a-z][a-z0-9-]*$/.test(word))
+  if (asksHelp && onlyWords) return liteBundleFile('help-pages')
+  const id = [argv.slice(0, 2).join(':'), argv.slice(0, 1).join(':')].find((candidate) => ids.includes(candidate))
+  if (id !== undefined) return liteBundleFile(id)
+  return onlyWords ? liteBundleFile('help-pages') : undefined
+}
+
+module.exports = {CLI_EXTERNALS, CLI_FILES, commandIdOf, liteBundleFile, liteBundleFor, loadCliBundle}

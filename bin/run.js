@@ -1,33 +1,45 @@
 #!/usr/bin/env node
+'use strict'
+// CommonJS (bin/package.json): an ES module entry costs Node ≈ 5 ms of loader set-up at every start.
 // Hot paths skip oclif's config and plugin loading: agent-run starts once per message, and
-// `--version` is what scripts and health checks call. Everything else runs the CLI bundle
-// (dist/cli.cjs, one file with a code cache) through oclif, reading oclif.manifest.json, but for
-// the few commands src/cli/fast-paths.ts runs without it.
-const [command, ...rest] = process.argv.slice(2)
-if (command === 'agent-run' && rest.length === 0) {
-  const {loadAgentRun} = await import('../dist/runtime/agent-run/bundle.js')
-  await loadAgentRun().main()
-} else if (command === '--version' && rest.length === 0) {
-  const {readFileSync} = await import('node:fs')
-  const {version} = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8'))
-  // the same line oclif prints
-  process.stdout.write(`meepagateway/${version} ${process.platform}-${process.arch} node-${process.version}\n`)
-} else {
-  const {fileURLToPath} = await import('node:url')
-  const {createRequire} = await import('node:module')
-  // require, not import(): importing CommonJS from ESM runs Node's export lexer (≈ 10 ms of WebAssembly set-up)
-  const {loadCliBundle} = createRequire(import.meta.url)('./cli-bundle.cjs')
-  const root = fileURLToPath(new URL('..', import.meta.url))
-  const cli = loadCliBundle(root).exports
-  // `sandbox exec -- CMD` with plain flags runs without oclif; undefined: oclif takes the argv
-  const exitCode = command === 'sandbox' && rest[0] === 'exec' ? await cli.fastPaths().sandboxExecWithoutOclif(rest.slice(1)) : undefined
-  if (exitCode === undefined) {
-    const oclif = cli.core()
-    // Always the built commands, also under NODE_ENV=test/development: bin/dev.js runs src/.
-    oclif.settings.enableAutoTranspile = false
-    // No plugins to look for (each lookup is a file read before the command starts).
-    await oclif.execute({loadOptions: {root, userPlugins: false, devPlugins: false}})
-  } else {
-    process.exitCode = exitCode
+// `--version` is what scripts and health checks call. The most used commands and help pages run
+// from small bundles without oclif (dist/lite/); everything else runs the CLI bundle (dist/cli.cjs,
+// one file with a code cache) through oclif, reading oclif.manifest.json.
+const path = require('node:path')
+
+const root = path.join(__dirname, '..')
+const argv = process.argv.slice(2)
+
+async function main() {
+  if (argv[0] === 'agent-run' && argv.length === 1) {
+    const {loadAgentRun} = await import('../dist/runtime/agent-run/bundle.js')
+    await loadAgentRun().main()
+    return
   }
+  if (argv[0] === '--version' && argv.length === 1) {
+    const {version} = require('../package.json')
+    // the same line oclif prints
+    process.stdout.write(`meepagateway/${version} ${process.platform}-${process.arch} node-${process.version}\n`)
+    return
+  }
+  const {liteBundleFor, loadCliBundle} = require('./cli-bundle.cjs')
+  // The most used commands and help pages run from small bundles without oclif (src/cli/lite/);
+  // undefined: this argv is oclif's
+  const lite = liteBundleFor(root, argv)
+  const exitCode = lite === undefined ? undefined : await loadCliBundle(root, {bundle: lite}).exports.run(argv, root)
+  if (exitCode !== undefined) {
+    process.exitCode = exitCode
+    return
+  }
+  const oclif = loadCliBundle(root).exports.core()
+  // Always the built commands, also under NODE_ENV=test/development: bin/dev.js runs src/.
+  oclif.settings.enableAutoTranspile = false
+  // No plugins to look for (each lookup is a file read before the command starts).
+  await oclif.execute({loadOptions: {root, userPlugins: false, devPlugins: false}})
 }
+
+main().catch((error) => {
+  // what an unhandled rejection of the ES module entry printed: the stack, exit 1
+  process.exitCode = 1
+  console.error(error)
+})

@@ -17,7 +17,7 @@ import {fileURLToPath} from 'node:url'
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..')
 const require = createRequire(import.meta.url)
-const {CLI_FILES, CLI_EXTERNALS, commandIdOf, loadCliBundle} = require('../bin/cli-bundle.cjs')
+const {CLI_FILES, CLI_EXTERNALS, commandIdOf, liteBundleFile, loadCliBundle} = require('../bin/cli-bundle.cjs')
 const dist = path.join(root, 'dist')
 const outfile = path.join(root, CLI_FILES.bundle)
 
@@ -37,7 +37,6 @@ if (process.argv.includes('--write-code-cache')) {
       // (one that fails here, say with no Landlock on the build machine, still warmed most of its path)
       const commands = [['config:check', []], ['agent:list', []], ['runs', []], ['sandbox:exec', ['--agent', 'meepa', '--', '/bin/true']]]
       for (const [id, argv] of commands) await config.runCommand(id, argv).catch(() => {})
-      await cli.fastPaths().sandboxExecWithoutOclif(['--agent', 'meepa', '--', '/bin/true'])
     } finally {
       ;[process.stdout.write, process.stderr.write] = write
       process.exitCode = 0
@@ -46,6 +45,28 @@ if (process.argv.includes('--write-code-cache')) {
     fs.rmSync(home, {recursive: true, force: true})
   }
   fs.writeFileSync(path.join(root, CLI_FILES.codeCache), script.createCachedData())
+  process.exit(0)
+}
+
+// A lite bundle's code cache: the bundle run once for each argv given (JSON) in a scratch home.
+if (process.argv[2] === '--write-lite-code-cache') {
+  const [bundleFile, argvs] = [process.argv[3], JSON.parse(process.argv[4])]
+  const {exports: lite, script} = loadCliBundle(root, {bundle: bundleFile, codeCache: false})
+  const home = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-warm-'))
+  const exit = process.exit
+  // an error ends the process the way oclif does (process.exit); here it ends only that run
+  process.exit = (code) => {
+    throw Object.assign(new Error('exit'), {exitCode: code})
+  }
+  process.env.MEEPAGATEWAY_HOME = home
+  try {
+    for (const argv of argvs) await lite.run(argv, root).catch(() => {})
+  } finally {
+    process.exit = exit
+    process.exitCode = 0
+    fs.rmSync(home, {recursive: true, force: true})
+  }
+  fs.writeFileSync(path.join(root, `${bundleFile}.v8cache`), script.createCachedData())
   process.exit(0)
 }
 
@@ -66,21 +87,20 @@ const entry = [
   'export const COMMANDS = {}',
   ...commands.map(({id, file}) => `Object.defineProperty(COMMANDS, ${JSON.stringify(id)}, {enumerable: true, get: () => require(${JSON.stringify(file)}).default})`),
   `Object.defineProperty(COMMANDS, 'help', {enumerable: true, get: () => require(${JSON.stringify(helpCommand)}).default})`,
-  // getters too: a start that takes a fast path (src/cli/fast-paths.ts) never evaluates oclif
+  // a getter too: loading the bundle (as the build does) does not evaluate oclif
   "export const core = () => require('@oclif/core')",
-  "export const fastPaths = () => require('./cli/fast-paths.js')",
 ].join('\n')
 
 /** app-root.js finds the app from its own location; inside the bundle that is dist/. */
-const appRootInBundle = {
+const appRootInBundle = (outfile) => ({
   name: 'app-root',
   setup(build) {
     build.onLoad({filter: /[\\/]runtime[\\/](?:.*[\\/])?app-root\.js$/}, () => ({
-      contents: "import path from 'node:path'\nexport const APP_ROOT = path.resolve(__dirname, '..')\n",
+      contents: `import path from 'node:path'\nexport const APP_ROOT = path.resolve(__dirname, ${JSON.stringify(path.relative(path.dirname(outfile), root))})\n`,
       loader: 'js',
     }))
   },
-}
+})
 
 /** oclif checks its own package.json's engines with semver at load; npm checks ours at install. */
 const noEngineCheck = {
@@ -94,47 +114,60 @@ const noEngineCheck = {
   },
 }
 
-const result = await esbuild.build({
-  stdin: {contents: entry, resolveDir: dist, sourcefile: 'cli-entry.js'},
-  bundle: true,
-  platform: 'node',
-  format: 'cjs',
-  target: 'node20',
-  outfile,
-  external: CLI_EXTERNALS,
-  plugins: [appRootInBundle, noEngineCheck],
-  // the precompiled config validator requires ajv's runtime helpers relative to itself
-  define: {'import.meta.url': '__bundleUrl'},
-  // The file is its own CommonJS wrapper function, the script's completion value: bin/run.js
-  // compiles it as is (no second 2 MB string for Module.wrap), and Node's require() (oclif
-  // without bin/run.js, as in tests) runs it through the footer.
-  banner: {js: "var __meepaCli = function (exports, require, module, __filename, __dirname) {\nvar __bundleUrl = require('node:url').pathToFileURL(__filename).href;"},
-  footer: {js: "};\nif (typeof module === 'object' && module && module.exports) __meepaCli(exports, require, module, __filename, __dirname);\n__meepaCli"},
-  metafile: true,
-  // a third less to read at every start; names are kept (stack traces stay readable)
-  minifyWhitespace: true,
-  minifySyntax: true,
-  legalComments: 'none',
-  logLevel: 'silent',
-})
-// A warning is a bundle that misbehaves at run time (import.meta is empty in CommonJS, an
-// unresolved require throws): fail the build instead of shipping it.
-const warnings = result.warnings.filter((warning) => !/node_modules[\\/]@oclif[\\/]core[\\/]/.test(warning.location?.file ?? ''))
-if (warnings.length > 0) {
-  const messages = await esbuild.formatMessages(warnings, {kind: 'warning'})
-  process.stderr.write(`bundle-cli: ${messages.join('\n')}\n  Try this: keep import.meta and dynamic require() out of the commands and the runtime\n`)
-  process.exit(1)
+/** esbuild's options for both bundles; a warning fails the build. */
+async function bundle({entry, sourcefile, outfile, plugins = []}) {
+  const result = await esbuild.build({
+    stdin: {contents: entry, resolveDir: dist, sourcefile},
+    bundle: true,
+    platform: 'node',
+    format: 'cjs',
+    target: 'node20',
+    outfile,
+    external: CLI_EXTERNALS,
+    plugins: [appRootInBundle(outfile), ...plugins],
+    // the precompiled config validator requires ajv's runtime helpers relative to itself
+    // (a getter: most starts never ask, and pathToFileURL loads Node's URL machinery)
+    define: {'import.meta.url': '__bundleMeta.url'},
+    // The file is its own CommonJS wrapper function, the script's completion value: bin/run.js
+    // compiles it as is (no second 2 MB string for Module.wrap), and Node's require() (oclif
+    // without bin/run.js, as in tests) runs it through the footer.
+    banner: {js: "var __meepaCli = function (exports, require, module, __filename, __dirname) {\nvar __bundleMeta = {get url() { return require('node:url').pathToFileURL(__filename).href }};"},
+    footer: {js: "};\nif (typeof module === 'object' && module && module.exports) __meepaCli(exports, require, module, __filename, __dirname);\n__meepaCli"},
+    metafile: true,
+    // a third less to read at every start; names are kept (stack traces stay readable)
+    minifyWhitespace: true,
+    minifySyntax: true,
+    legalComments: 'none',
+    logLevel: 'silent',
+  })
+  // A warning is a bundle that misbehaves at run time (import.meta is empty in CommonJS, an
+  // unresolved require throws): fail the build instead of shipping it.
+  const warnings = result.warnings.filter((warning) => !/node_modules[\\/]@oclif[\\/]core[\\/]/.test(warning.location?.file ?? ''))
+  if (warnings.length > 0) {
+    const messages = await esbuild.formatMessages(warnings, {kind: 'warning'})
+    process.stderr.write(`bundle-cli: ${messages.join('\n')}\n  Try this: keep import.meta and dynamic require() out of the commands and the runtime\n`)
+    process.exit(1)
+  }
+  return result
 }
-// The TypeScript sources it was built from, with their hashes: the guard test
-// (test/cli/fresh-build.test.ts) finds a bundle older than src/ with it.
+
+/** The TypeScript sources a bundle was built from, with their hashes, into `sources`. */
+function addSources(sources, result) {
+  for (const input of Object.keys(result.metafile.inputs)) {
+    const compiled = path.resolve(root, input)
+    if (!compiled.startsWith(dist + path.sep)) continue
+    const source = path.join(root, 'src', path.relative(dist, compiled)).replace(/\.js$/, '.ts')
+    if (fs.existsSync(source)) sources[path.relative(root, source)] = createHash('sha256').update(fs.readFileSync(source)).digest('hex')
+  }
+}
+
+// a lite bundle from an earlier build would answer the help runs below instead of oclif
+fs.rmSync(path.join(root, CLI_FILES.liteDir), {recursive: true, force: true})
+const result = await bundle({entry, sourcefile: 'cli-entry.js', outfile, plugins: [noEngineCheck]})
+// The TypeScript sources both bundles were built from, with their hashes: the guard test
+// (test/cli/fresh-build.test.ts) finds a bundle older than src/ with it (written with the lite bundle, below).
 const sources = {}
-for (const input of Object.keys(result.metafile.inputs)) {
-  const compiled = path.resolve(root, input)
-  if (!compiled.startsWith(dist + path.sep)) continue
-  const source = path.join(root, 'src', path.relative(dist, compiled)).replace(/\.js$/, '.ts')
-  if (fs.existsSync(source)) sources[path.relative(root, source)] = createHash('sha256').update(fs.readFileSync(source)).digest('hex')
-}
-fs.writeFileSync(path.join(root, CLI_FILES.sources), `${JSON.stringify(Object.fromEntries(Object.entries(sources).sort()), null, 2)}\n`)
+addSources(sources, result)
 
 // The manifest: command ids, flags, summaries and examples, so `--help` and lookups read one file.
 const manifestFile = path.join(root, CLI_FILES.manifest)
@@ -152,3 +185,75 @@ fs.writeFileSync(manifestFile, `${JSON.stringify(plugin.manifest, null, 2)}\n`)
 // everything costs more to load than it saves. Needs the sandbox helper built first.
 const warm = spawnSync(process.execPath, [fileURLToPath(import.meta.url), '--write-code-cache'], {stdio: 'inherit'})
 if (warm.status !== 0) process.exit(warm.status ?? 1)
+
+// Help pages as oclif prints them when the output is not a terminal (80 columns, no colour), for
+// the lite bundle to print without oclif (src/cli/lite/help.ts). Each is bin/run.js itself: the
+// lite bundle does not exist yet, so oclif renders every one.
+const {helpArgvForms} = await import('../dist/cli/lite/help.js')
+const commandIds = Object.keys(JSON.parse(fs.readFileSync(manifestFile, 'utf8')).commands)
+const topics = [...new Set(commandIds.flatMap((id) => id.split(':').slice(0, -1).map((_, index, parts) => parts.slice(0, index + 1).join(':'))))]
+const helpEnv = Object.fromEntries(Object.entries(process.env).filter(([name]) => !['OCLIF_COLUMNS', 'FORCE_COLOR', 'DEBUG', 'MEEPAGATEWAY_DEBUG', 'NODE_OPTIONS'].includes(name)))
+const {version} = JSON.parse(fs.readFileSync(path.join(root, 'package.json'), 'utf8'))
+const userAgent = `meepagateway/${version} ${process.platform}-${process.arch} node-${process.version}`
+const pages = {}
+for (const argv of helpArgvForms({commands: commandIds, topics})) {
+  const shown = spawnSync(process.execPath, [path.join(root, 'bin', 'run.js'), ...argv], {env: helpEnv, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe']})
+  if (shown.status !== 0 || shown.stderr !== '') throw new Error(`bundle-cli: \`${argv.join(' ')}\` printed no help page (exit ${shown.status}): ${shown.stderr}`)
+  pages[argv.join(' ')] = shown.stdout
+}
+fs.mkdirSync(path.join(root, CLI_FILES.liteDir), {recursive: true})
+fs.writeFileSync(path.join(root, CLI_FILES.helpPages), `${JSON.stringify({userAgent, pages}, null, 1)}\n`)
+
+// The lite bundles, one per command in src/cli/lite/commands.ts (with src/cli/lite/core.ts as its
+// @oclif/core) and one for the help pages: bin/run.js tries the one argv names first. One each:
+// a start reads and deserialises only its own command's code.
+const {LITE_COMMANDS} = await import('../dist/cli/lite/commands.js')
+const oclifLib = path.dirname(require.resolve('@oclif/core'))
+/** src/cli/lite/oclif-internals.ts reads oclif's files at run time; in the bundle they are inside it. */
+const oclifInternalsInBundle = {
+  name: 'oclif-internals',
+  setup(build) {
+    build.onLoad({filter: /[\\/]cli[\\/]lite[\\/]oclif-internals\.js$/}, () => ({
+      contents: [
+        'let loaded',
+        'export function oclifInternals() {',
+        `  loaded ??= {CLIError: require(${JSON.stringify(path.join(oclifLib, 'errors/errors/cli.js'))}).CLIError, prettyPrint: require(${JSON.stringify(path.join(oclifLib, 'errors/errors/pretty-print.js'))}).default, colorizeJson: require(${JSON.stringify(path.join(oclifLib, 'ux/colorize-json.js'))}).default}`,
+        '  return loaded',
+        '}',
+      ].join('\n'),
+      loader: 'js',
+      resolveDir: path.join(dist, 'cli', 'lite'),
+    }))
+  },
+}
+/** The commands' `@oclif/core` is src/cli/lite/core.ts. */
+const liteCore = {
+  name: 'lite-core',
+  setup(build) {
+    build.onResolve({filter: /^@oclif\/core$/}, () => ({path: path.join(dist, 'cli', 'lite', 'core.js')}))
+  },
+}
+const liteBundles = [
+  ...LITE_COMMANDS.map((id) => {
+    const file = commands.find((command) => command.id === id)?.file
+    if (!file) throw new Error(`bundle-cli: src/cli/lite/commands.ts names ${id}, which is not a command`)
+    const run = id === 'sandbox:exec'
+      ? "import {sandboxExecWithoutOclif} from './cli/fast-paths.js'\nexport const run = (argv) => argv[0] === 'sandbox' && argv[1] === 'exec' ? sandboxExecWithoutOclif(argv.slice(2)) : Promise.resolve(undefined)"
+      : `import {runCommandWithoutOclif} from './cli/lite/run.js'\nimport Command from ${JSON.stringify(file)}\nexport const run = (argv) => runCommandWithoutOclif(argv, ${JSON.stringify(id)}, Command, ${JSON.stringify(version)})`
+    return {id, entry: run, warm: [id.split(':'), [...id.split(':'), '--json']]}
+  }),
+  {id: 'help-pages', entry: `import {printHelpPageWithoutOclif} from './cli/lite/run.js'\nexport const run = async (argv, root) => printHelpPageWithoutOclif(argv, root, ${JSON.stringify(version)})`, warm: [['--help'], ['runs', '--help']]},
+]
+for (const {id, entry, warm} of liteBundles) {
+  const bundleFile = liteBundleFile(id)
+  const built = await bundle({entry, sourcefile: `lite-${id}.js`, outfile: path.join(root, bundleFile), plugins: [liteCore, oclifInternalsInBundle]})
+  if (Object.keys(built.metafile.inputs).some((input) => /node_modules[\\/]@oclif[\\/]core[\\/]lib[\\/](index|command|config[\\/])/.test(input))) {
+    throw new Error(`bundle-cli: the lite bundle of ${id} reached oclif itself; keep its command to what src/cli/lite/core.ts provides`)
+  }
+  addSources(sources, built)
+  // the commands write to the descriptors themselves (src/cli/lite/write.ts): their output goes nowhere
+  const warmed = spawnSync(process.execPath, [fileURLToPath(import.meta.url), '--write-lite-code-cache', bundleFile, JSON.stringify(warm)], {stdio: ['ignore', 'ignore', 'pipe'], encoding: 'utf8'})
+  if (warmed.status !== 0) throw new Error(`bundle-cli: warming ${bundleFile} failed (exit ${warmed.status}): ${warmed.stderr}`)
+}
+fs.writeFileSync(path.join(root, CLI_FILES.liteIndex), `${JSON.stringify(liteBundles.map(({id}) => id))}\n`)
+fs.writeFileSync(path.join(root, CLI_FILES.sources), `${JSON.stringify(Object.fromEntries(Object.entries(sources).sort()), null, 2)}\n`)

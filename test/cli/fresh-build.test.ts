@@ -54,22 +54,25 @@ describe('the CLI that runs is built from the current sources', () => {
     expect(loaded).toBe(bundled)
   })
 
-  it('bin/run.js runs the bundle, not src/ through a TypeScript loader, also under NODE_ENV=test', () => {
+  it('bin/run.js runs the bundles, not src/ through a TypeScript loader, also under NODE_ENV=test', () => {
     const home = makeHome()
     try {
       const probe = path.join(home.home, 'probe.cjs')
-      // prints every CommonJS module the process loaded (the bundle registers itself there)
+      // prints every CommonJS module the process loaded (the bundles register themselves there)
       fs.writeFileSync(probe, "process.on('exit', () => process.stderr.write('LOADED ' + JSON.stringify(Object.keys(require.cache)) + '\\n'))\n")
-      const result = spawnSync(process.execPath, ['--require', probe, BIN, 'agent', 'list', '--json'], {
-        env: {...process.env, NODE_ENV: 'test', MEEPAGATEWAY_HOME: home.home},
-        encoding: 'utf8',
-      })
-      expect(result.status, result.stderr).toBe(0)
-      expect(JSON.parse(result.stdout)).toMatchObject([{id: 'meepa'}])
-      const loaded = JSON.parse(/^LOADED (.*)$/m.exec(result.stderr)?.[1] ?? '[]') as string[]
-      expect(loaded).toContain(path.join(ROOT, CLI_FILES.bundle))
-      expect(loaded.filter((file) => file.startsWith(path.join(ROOT, 'src')) || /[\\/](tsx|typescript)[\\/]/.test(file))).toEqual([])
-      expect(result.stderr).not.toMatch(/warn/i)
+      // agent list runs from its lite bundle, api-key list through oclif and the full bundle
+      for (const [argv, bundle] of [[['agent', 'list', '--json'], 'dist/lite/agent-list.cjs'], [['api-key', 'list', '--json'], CLI_FILES.bundle]] as const) {
+        const result = spawnSync(process.execPath, ['--require', probe, BIN, ...argv], {
+          env: {...process.env, NODE_ENV: 'test', MEEPAGATEWAY_HOME: home.home},
+          encoding: 'utf8',
+        })
+        expect(result.status, result.stderr).toBe(0)
+        expect(JSON.parse(result.stdout)).toBeInstanceOf(Array)
+        const loaded = JSON.parse(/^LOADED (.*)$/m.exec(result.stderr)?.[1] ?? '[]') as string[]
+        expect(loaded).toContain(path.join(ROOT, bundle))
+        expect(loaded.filter((file) => file.startsWith(path.join(ROOT, 'src')) || /[\\/](tsx|typescript)[\\/]/.test(file))).toEqual([])
+        expect(result.stderr).not.toMatch(/warn/i)
+      }
     } finally {
       home.cleanup()
     }

@@ -1,0 +1,201 @@
+import {execa} from 'execa'
+import fs from 'node:fs'
+import path from 'node:path'
+import {afterAll, beforeAll, describe, expect, it} from 'vitest'
+import {LITE_COMMANDS} from '../../src/cli/lite/commands.js'
+import {parseArgv} from '../../src/cli/lite/parse.js'
+import {Flags, Args} from '../../src/cli/lite/core.js'
+import {RunRecords} from '../../src/runtime/state/run-records.js'
+import {withGatewayDb} from '../../src/runtime/state/gateway-db.js'
+import {BIN, makeHome, ROOT, type TestHome} from '../helpers/home.js'
+
+// The lite bundles (src/cli/lite/, dist/lite/) run the most used commands without oclif. Each
+// case runs the same argv through bin/run.js and through oclif over the full bundle, and the
+// two must print the same bytes and exit alike; a probe says which path ran.
+
+const PROBE = "process.on('exit', () => require('node:fs').writeSync(2, '\\nFULL_CLI ' + Object.keys(require('node:module')._cache).some((file) => file.endsWith('/dist/cli.cjs')) + '\\n'))\n"
+// a file, not -e: oclif reads the command line from process.argv.slice(2) when it shows help for an error
+const VIA_OCLIF = `const {loadCliBundle} = require(${JSON.stringify(path.join(ROOT, 'bin', 'cli-bundle.cjs'))}); const core = loadCliBundle(${JSON.stringify(ROOT)}).exports.core(); core.settings.enableAutoTranspile = false; core.execute({loadOptions: {root: ${JSON.stringify(ROOT)}, userPlugins: false, devPlugins: false}})`
+
+interface Ran {
+  exitCode: number
+  stdout: string
+  stderr: string
+  fullCli: boolean
+}
+
+let home: TestHome
+let probe: string
+let viaOclifScript: string
+
+async function run(prefix: string[], argv: string[], env: Record<string, string> = {}): Promise<Ran> {
+  const result = await execa(process.execPath, ['--require', probe, ...prefix, ...argv], {
+    env: {PATH: process.env.PATH ?? '', MEEPAGATEWAY_HOME: home.home, ...env},
+    extendEnv: false,
+    reject: false,
+    stdin: 'ignore',
+  })
+  const stderr = String(result.stderr)
+  return {exitCode: result.exitCode ?? -1, stdout: String(result.stdout), stderr: stderr.replace(/\n?FULL_CLI \w+\n?$/, ''), fullCli: /FULL_CLI true/.test(stderr)}
+}
+const viaBin = (argv: string[], env?: Record<string, string>) => run([BIN], argv, env)
+const viaOclif = (argv: string[], env?: Record<string, string>) => run([viaOclifScript], argv, env)
+
+/** Both ways; the lite path must not have loaded the full CLI when `lite` is expected. */
+async function expectSame(argv: string[], options: {lite: boolean; env?: Record<string, string>}): Promise<Ran> {
+  const [bin, oclif] = [await viaBin(argv, options.env), await viaOclif(argv, options.env)]
+  expect(oclif.fullCli).toBe(true)
+  expect(bin.fullCli, `${argv.join(' ')}: full CLI loaded`).toBe(!options.lite)
+  expect({exitCode: bin.exitCode, stdout: bin.stdout, stderr: bin.stderr}, argv.join(' ')).toEqual({exitCode: oclif.exitCode, stdout: oclif.stdout, stderr: oclif.stderr})
+  return bin
+}
+
+beforeAll(() => {
+  home = makeHome({
+    providers: {primary: 'p', providers: {p: {kind: 'openai', api_key_env: 'LITE_TEST_KEY', model: 'm'}}},
+    agents: [{id: 'boxed'}, {id: 'free', file_access: {unrestricted: true}}, {id: 'contained', container_mode: {enabled: true, network: 'none'}}],
+  })
+  probe = path.join(home.home, 'probe.cjs')
+  fs.writeFileSync(probe, PROBE)
+  viaOclifScript = path.join(home.home, 'via-oclif.cjs')
+  fs.writeFileSync(viaOclifScript, VIA_OCLIF)
+  fs.mkdirSync(home.workspace('boxed'), {recursive: true})
+  withGatewayDb(home.home, (db) => {
+    const records = new RunRecords(db)
+    records.start({id: 'run-1', agentId: 'boxed', connector: 'cli', channelId: 'cli', isolation: 'host-sandbox', startedAt: Date.UTC(2026, 0, 2, 3, 4, 5)})
+    records.finish('run-1', {version: 1, ok: true, run_id: 'run-1', reply: {content: 'hi'}, usage: {input_tokens: 12, output_tokens: 34}, iterations: 1, tool_calls: []} as never, {durationMs: 1234})
+    records.reject({id: 'run-2', agentId: 'free', connector: 'api', channelId: 'api-1/x', isolation: 'unrestricted', startedAt: Date.UTC(2026, 0, 2, 3, 4, 6)}, 'E_QUEUE_FULL', 'the queue is full\nsecond line')
+  })
+})
+afterAll(() => home.cleanup())
+
+describe('commands without oclif print what oclif prints (bin/run.js against oclif over dist/cli.cjs)', () => {
+  it('agent list, plain and --json, and with --config', async () => {
+    await expectSame(['agent', 'list'], {lite: true})
+    await expectSame(['agent', 'list', '--json'], {lite: true})
+    await expectSame(['agent', 'list', `--config=${home.configPath}`], {lite: true})
+    await expectSame(['agent', 'list', '--json'], {lite: true, env: {MEEPAGATEWAY_CONTENT_TYPE: 'json'}})
+  })
+
+  it('runs: the table, --json, -n and --agent', async () => {
+    const table = await expectSame(['runs'], {lite: true})
+    expect(table.stdout).toContain('E_QUEUE_FULL: the queue is full')
+    await expectSame(['runs', '--json'], {lite: true})
+    await expectSame(['runs', '-n', '1', '--agent', 'free'], {lite: true})
+    await expectSame(['runs', '--agent=nobody'], {lite: true})
+  })
+
+  it('config check, and its errors with their codes and suggestions', async () => {
+    await expectSame(['config', 'check'], {lite: true})
+    await expectSame(['config', 'check', '--json'], {lite: true})
+    const missing = await expectSame(['config', 'check', '--config', path.join(home.home, 'nope.yaml')], {lite: true})
+    expect(missing.exitCode).not.toBe(0)
+    expect(missing.stderr).toContain('config file not found')
+    const broken = path.join(home.home, 'broken.yaml')
+    fs.writeFileSync(broken, 'agents:\n  - id: 7\n    max_iterations: -1\nproviders: [\n')
+    await expectSame(['config', 'check', '--config', broken], {lite: true})
+    fs.writeFileSync(broken, 'agents:\n  - id: "bad id"\n    max_iterations: -1\n')
+    const invalid = await expectSame(['config', 'check', '--config', broken, '--json'], {lite: true})
+    expect(JSON.parse(invalid.stdout).error.code).toBe('E_CONFIG')
+  })
+
+  it('container status against an engine that is not there: exit 10 the same way', async () => {
+    const missingSocket = `unix://${path.join(home.home, 'no-engine.sock')}`
+    const down = await expectSame(['container', 'status'], {lite: true, env: {DOCKER_HOST: missingSocket}})
+    expect(down.exitCode).toBe(10)
+    await expectSame(['container', 'status', '--json'], {lite: true, env: {DOCKER_HOST: missingSocket}})
+  })
+
+  it('a first run writes the default config and says so, the same way', async () => {
+    const fresh = makeHome()
+    try {
+      const bin = await run([BIN], ['agent', 'list'], {MEEPAGATEWAY_HOME: fresh.home})
+      fs.rmSync(fresh.configPath)
+      const again = await run([viaOclifScript], ['agent', 'list'], {MEEPAGATEWAY_HOME: fresh.home})
+      expect(bin.fullCli).toBe(false)
+      expect(bin.stderr).toContain('Created a default config')
+      expect({exitCode: bin.exitCode, stdout: bin.stdout, stderr: bin.stderr}).toEqual({exitCode: again.exitCode, stdout: again.stdout, stderr: again.stderr})
+    } finally {
+      fresh.cleanup()
+    }
+  })
+
+  it('leaves what it is not sure of to oclif: unknown, repeated or malformed flags, extra args, help, debug', async () => {
+    for (const argv of [
+      ['agent', 'list', '--bogus'],
+      ['agent', 'list', 'extra'],
+      ['runs', '--limit', '0'],
+      ['runs', '--limit', 'x'],
+      ['runs', '-n', '5', '-n', '6'],
+      ['runs', '--agent'],
+      ['runs', '-n5'],
+      ['runs', '--json=yes'],
+      ['config', 'check', '--'],
+      ['agent:list'],
+      ['help', 'runs'],
+    ]) {
+      await expectSame(argv, {lite: false})
+    }
+    await expectSame(['agent', 'list'], {lite: false, env: {MEEPAGATEWAY_DEBUG: '1'}})
+  })
+})
+
+describe('help pages without oclif', () => {
+  const pages = () => JSON.parse(fs.readFileSync(path.join(ROOT, 'dist', 'lite', 'help-pages.json'), 'utf8')) as {pages: Record<string, string>}
+
+  it('has a page for the root, every topic and every command, each what oclif prints', async () => {
+    const manifest = JSON.parse(fs.readFileSync(path.join(ROOT, 'oclif.manifest.json'), 'utf8')) as {commands: Record<string, unknown>}
+    const forms = Object.keys(pages().pages)
+    for (const id of Object.keys(manifest.commands)) expect(forms).toContain(`${id.split(':').join(' ')} --help`)
+    expect(forms).toEqual(expect.arrayContaining(['', '--help', 'agent', 'agent --help', 'container --help']))
+    for (const form of ['', '--help', 'agent', 'runs --help', 'send --help', 'container status --help', 'sandbox exec --help']) {
+      const argv = form === '' ? [] : form.split(' ')
+      const shown = await expectSame(argv, {lite: true})
+      expect(shown.stdout).toContain('USAGE')
+    }
+  })
+
+  it('leaves colour and other widths to oclif', async () => {
+    await expectSame(['--help'], {lite: false, env: {OCLIF_COLUMNS: '120'}})
+    await expectSame(['runs', '--help'], {lite: false, env: {FORCE_COLOR: '1'}})
+  })
+
+  it('prints the running Node version, not the one of the build', async () => {
+    const shown = await viaBin(['--help'])
+    expect(shown.stdout).toContain(`node-${process.version}`)
+  })
+})
+
+describe('the lite parser (src/cli/lite/parse.ts)', () => {
+  const input = {
+    flags: {json: Flags.boolean(), agent: Flags.string({char: 'a'}), limit: Flags.integer({char: 'n', default: 20, min: 1, max: 100}), channel: Flags.string({default: 'cli'})},
+    args: {message: Args.string({required: true})},
+    strict: true,
+  }
+
+  it('gives what oclif gives for plain argv: values, defaults, chars, --name=value, a lone "-" as an argument', () => {
+    expect(parseArgv(['-a', 'x', 'hello'], input)).toEqual({flags: {agent: 'x', limit: 20, channel: 'cli'}, args: {message: 'hello'}})
+    expect(parseArgv(['--limit=5', '--json', '-', '--agent', 'y'], input)).toEqual({flags: {limit: 5, json: true, agent: 'y', channel: 'cli'}, args: {message: '-'}})
+  })
+
+  it('defers everything else', () => {
+    for (const argv of [[], ['m', 'extra'], ['--limit', '0', 'm'], ['--limit', '101', 'm'], ['--limit', '1.5', 'm'], ['-a', '-b', 'm'], ['--agent=', 'm'], ['--json=true', 'm'], ['-ax', 'm'], ['--', 'm'], ['--help'], ['m', '--agent', 'a', '--agent', 'b']]) {
+      expect(() => parseArgv(argv, input), argv.join(' ')).toThrow(/left to oclif/)
+    }
+    expect(() => parseArgv(['m'], {...input, strict: false})).toThrow(/left to oclif/)
+    expect(() => parseArgv(['m'], {...input, flags: {...input.flags, tags: {...Flags.string(), multiple: true} as never}})).toThrow(/left to oclif/)
+  })
+
+  it('names only commands that exist', () => {
+    const manifest = JSON.parse(fs.readFileSync(path.join(ROOT, 'oclif.manifest.json'), 'utf8')) as {commands: Record<string, unknown>}
+    for (const id of LITE_COMMANDS) expect(Object.keys(manifest.commands)).toContain(id)
+  })
+})
+
+describe('output to a reader that goes away', () => {
+  it('ends quietly when the pipe closes early (| head)', async () => {
+    const result = await execa('sh', ['-c', `"${process.execPath}" "${BIN}" runs --json | head -c 1`], {env: {PATH: process.env.PATH ?? '', MEEPAGATEWAY_HOME: home.home}, extendEnv: false, reject: false})
+    expect(result.stdout).toBe('[')
+    expect(String(result.stderr)).toBe('')
+  })
+})
