@@ -23,7 +23,9 @@ const CLI_FILES = {
 }
 /**
  * Outside the bundle: oclif's TypeScript support (dev trees only; bin/run.js turns it off),
- * native addons, and the connectors' clients, which only `serve` loads (lazily).
+ * native addons, and the connectors' clients, which only `serve` loads (lazily). The lite
+ * bundles hold better-sqlite3's JavaScript too (their gateway.db opens load its addon by path,
+ * src/runtime/util/sqlite.ts).
  */
 const CLI_EXTERNALS = ['typescript', 'tsx', 'ts-node', 'better-sqlite3', 'discord.js', '@slack/socket-mode', '@slack/web-api', 'ws']
 

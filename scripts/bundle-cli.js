@@ -115,7 +115,7 @@ const noEngineCheck = {
 }
 
 /** esbuild's options for both bundles; a warning fails the build. */
-async function bundle({entry, sourcefile, outfile, plugins = []}) {
+async function bundle({entry, sourcefile, outfile, plugins = [], external = CLI_EXTERNALS}) {
   const result = await esbuild.build({
     stdin: {contents: entry, resolveDir: dist, sourcefile},
     bundle: true,
@@ -123,7 +123,7 @@ async function bundle({entry, sourcefile, outfile, plugins = []}) {
     format: 'cjs',
     target: 'node20',
     outfile,
-    external: CLI_EXTERNALS,
+    external,
     plugins: [appRootInBundle(outfile), ...plugins],
     // the precompiled config validator requires ajv's runtime helpers relative to itself
     // (a getter: most starts never ask, and pathToFileURL loads Node's URL machinery)
@@ -240,13 +240,19 @@ const liteBundles = [
     const run = id === 'sandbox:exec'
       ? "import {sandboxExecWithoutOclif} from './cli/fast-paths.js'\nexport const run = (argv) => argv[0] === 'sandbox' && argv[1] === 'exec' ? sandboxExecWithoutOclif(argv.slice(2)) : Promise.resolve(undefined)"
       : `import {runCommandWithoutOclif} from './cli/lite/run.js'\nimport Command from ${JSON.stringify(file)}\nexport const run = (argv) => runCommandWithoutOclif(argv, ${JSON.stringify(id)}, Command, ${JSON.stringify(version)})`
-    return {id, entry: run, warm: [id.split(':'), [...id.split(':'), '--json']]}
+    // send, with no provider key in the scratch home, runs its whole path up to the provider call
+    const warm = id === 'send' ? [['send', '--agent', 'meepa', 'hi']] : [id.split(':'), [...id.split(':'), '--json']]
+    return {id, entry: run, warm}
   }),
   {id: 'help-pages', entry: `import {printHelpPageWithoutOclif} from './cli/lite/run.js'\nexport const run = async (argv, root) => printHelpPageWithoutOclif(argv, root, ${JSON.stringify(version)})`, warm: [['--help'], ['runs', '--help']]},
 ]
 for (const {id, entry, warm} of liteBundles) {
   const bundleFile = liteBundleFile(id)
-  const built = await bundle({entry, sourcefile: `lite-${id}.js`, outfile: path.join(root, bundleFile), plugins: [liteCore, oclifInternalsInBundle]})
+  const built = await bundle({entry, sourcefile: `lite-${id}.js`, outfile: path.join(root, bundleFile), plugins: [liteCore, oclifInternalsInBundle], external: CLI_EXTERNALS.filter((name) => name !== 'better-sqlite3')})
+  // better-sqlite3's own addon lookup fails from inside a bundle: only openSqlite may open files here
+  if (Object.keys(built.metafile.inputs).some((input) => input.endsWith('runtime/workspace/memory.js'))) {
+    throw new Error(`bundle-cli: the lite bundle of ${id} holds memory.js, which opens SQLite without src/runtime/util/sqlite.ts`)
+  }
   if (Object.keys(built.metafile.inputs).some((input) => /node_modules[\\/]@oclif[\\/]core[\\/]lib[\\/](index|command|config[\\/])/.test(input))) {
     throw new Error(`bundle-cli: the lite bundle of ${id} reached oclif itself; keep its command to what src/cli/lite/core.ts provides`)
   }

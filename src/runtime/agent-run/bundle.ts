@@ -23,6 +23,8 @@ export const AGENT_RUN_FILES = {
   /** The loader's one import besides Node's own. */
   appRoot: 'dist/runtime/util/app-root.js',
   entry: 'bin/run.js',
+  /** Makes bin/run.js CommonJS (the app's package.json says ES modules). */
+  entryType: 'bin/package.json',
   manifest: 'package.json',
 }
 /** Left out of the bundle: a native addon is found next to its package. */

@@ -1,8 +1,9 @@
-import Database from 'better-sqlite3'
+import type Database from 'better-sqlite3'
 import fs from 'node:fs'
 import {GatewayError} from '../util/errors.js'
 import {isSqliteDamage} from './sqlite-damage.js'
 import {gatewayDbPath} from '../util/paths.js'
+import {openSqlite} from '../util/sqlite.js'
 
 export type GatewayDb = Database.Database
 
@@ -128,7 +129,7 @@ export function openGatewayDb(home: string, options: {check?: boolean} = {}): Ga
   let db: GatewayDb
   try {
     fs.mkdirSync(home, {recursive: true, mode: 0o700})
-    db = new Database(file)
+    db = openSqlite(file)
     db.pragma('journal_mode = WAL')
     db.pragma('busy_timeout = 5000')
     db.pragma('synchronous = NORMAL')
