@@ -5,7 +5,7 @@ import os from 'node:os'
 import path from 'node:path'
 import {AGENT_RUN_FILES} from '../../runtime/agent-run/bundle.js'
 import {GatewayError} from '../../runtime/util/errors.js'
-import {helperPath} from '../landlock/helper.js'
+import {helperPath} from '../landlock/helper-path.js'
 
 /**
  * The meepagateway runtime that goes into an isolation image: the host's Node binary and what
