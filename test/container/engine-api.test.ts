@@ -17,6 +17,7 @@ import {BASE_IMAGE, describeWithDocker, realDockerPath, tempDir} from './docker-
  */
 
 const unique = `${process.pid}-${Date.now().toString(36)}`
+const LARGE_ENV = Array.from({length: 20_000}, (_, i) => `VARIABLE_${i}=${'é'.repeat(20)}`) // ≈ 1 MB, multi-byte
 const docker = (args: string[]) => execa('docker', args, {reject: false, timeout: 60_000})
 
 /** A unix socket server for the duration of a test file. */
@@ -69,6 +70,7 @@ describe('Engine API client: deadlines, cancellation and errors', () => {
       if (req.url === '/_ping') return res.writeHead(200, {'API-Version': '1.40'}).end('OK')
       if (req.url === '/v1.40/version') return res.writeHead(200, {'Content-Type': 'application/json'}).end(JSON.stringify({Version: '19.03.0', ApiVersion: '1.40'}))
       if (req.url === '/v1.40/images/known:1/json') return res.writeHead(200).end(JSON.stringify({Id: 'sha256:abc', RepoTags: ['known:1']}))
+      if (req.url === '/v1.40/images/large:1/json') return res.writeHead(200).end(JSON.stringify({Id: 'sha256:large', Config: {Env: LARGE_ENV}}))
       if (req.url?.startsWith('/v1.40/containers/json')) return res.writeHead(500).end(JSON.stringify({message: 'the list is broken'}))
       res.writeHead(404).end(JSON.stringify({message: 'no such image'}))
     })
@@ -87,6 +89,7 @@ describe('Engine API client: deadlines, cancellation and errors', () => {
     expect(await engine.ping()).toEqual({server: '19.03.0', api: '1.40'})
     expect(await engine.inspectImage('known:1')).toMatchObject({Id: 'sha256:abc'})
     expect(await engine.inspectImage('absent:1')).toBeUndefined()
+    expect((await engine.inspectImage('large:1'))?.Config?.Env).toEqual(LARGE_ENV) // an answer of many reads, whole
     expect(paths.filter((url) => url === '/_ping')).toHaveLength(1) // negotiated once
     expect(paths.filter((url) => url !== '/_ping').every((url) => url.startsWith('/v1.40/'))).toBe(true)
     // DOCKER_API_VERSION pins the version, as it does for the CLI
