@@ -56,6 +56,7 @@ describe('Engine API client: deadlines, cancellation and errors', () => {
   let fakeServer: http.Server
   let fakeSocket: string
   const paths: string[] = []
+  let serverHeader: Record<string, string> = {}
 
   beforeAll(async () => {
     dir = tempDir('meepa-engine-api-')
@@ -67,7 +68,7 @@ describe('Engine API client: deadlines, cancellation and errors', () => {
     fakeSocket = path.join(dir, 'fake.sock')
     fakeServer = http.createServer((req, res) => {
       paths.push(req.url ?? '')
-      if (req.url === '/_ping') return res.writeHead(200, {'API-Version': '1.40'}).end('OK')
+      if (req.url === '/_ping') return res.writeHead(200, {'API-Version': '1.40', ...serverHeader}).end('OK')
       if (req.url === '/v1.40/version') return res.writeHead(200, {'Content-Type': 'application/json'}).end(JSON.stringify({Version: '19.03.0', ApiVersion: '1.40'}))
       if (req.url === '/v1.40/images/known:1/json') return res.writeHead(200).end(JSON.stringify({Id: 'sha256:abc', RepoTags: ['known:1']}))
       if (req.url === '/v1.40/images/large:1/json') return res.writeHead(200).end(JSON.stringify({Id: 'sha256:large', Config: {Env: LARGE_ENV}}))
@@ -86,16 +87,22 @@ describe('Engine API client: deadlines, cancellation and errors', () => {
 
   it('speaks the API version the engine gave at /_ping, and reads 404 as "no such image"', async () => {
     const engine = new EngineApi(fakeSocket)
-    expect(await engine.ping()).toEqual({server: '19.03.0', api: '1.40'})
+    expect(await engine.ping()).toEqual({server: '19.03.0', api: '1.40'}) // no Server header (not Docker's): from /version
     expect(await engine.inspectImage('known:1')).toMatchObject({Id: 'sha256:abc'})
     expect(await engine.inspectImage('absent:1')).toBeUndefined()
     expect((await engine.inspectImage('large:1'))?.Config?.Env).toEqual(LARGE_ENV) // an answer of many reads, whole
     expect(paths.filter((url) => url === '/_ping')).toHaveLength(1) // negotiated once
     expect(paths.filter((url) => url !== '/_ping').every((url) => url.startsWith('/v1.40/'))).toBe(true)
+    // Docker's /_ping names its release: no /version (it costs the engine ≈ 7 ms)
+    paths.length = 0
+    serverHeader = {Server: 'Docker/19.03.1 (linux)'}
+    expect(await new EngineApi(fakeSocket).ping()).toEqual({server: '19.03.1', api: '1.40'})
+    expect(paths).toEqual(['/_ping'])
     // DOCKER_API_VERSION pins the version, as it does for the CLI
     paths.length = 0
-    await new EngineApi(fakeSocket, {apiVersion: '1.40'}).ping()
-    expect(paths).toEqual(['/v1.40/version'])
+    await new EngineApi(fakeSocket, {apiVersion: '1.39'}).inspectImage('known:1')
+    expect(paths).toEqual(['/v1.39/images/known:1/json'])
+    serverHeader = {}
   })
 
   it('an error the engine answers with is E_DOCKER with its message', async () => {
@@ -133,10 +140,27 @@ describe('Engine API client: deadlines, cancellation and errors', () => {
 
 describe('`container status` without the engine', () => {
   let home: TestHome
-  beforeAll(() => {
+  let hungServer: net.Server
+  const held: net.Socket[] = []
+  beforeAll(async () => {
     home = makeHome(fakeLlmConfig('http://127.0.0.1:9/v1', [{id: 'boxed', container_mode: {enabled: true, network: 'host'}}]))
+    hungServer = net.createServer((socket) => held.push(socket))
+    await listen(hungServer, path.join(home.home, 'hung.sock'))
   })
-  afterAll(() => home.cleanup())
+  afterAll(async () => {
+    for (const socket of held) socket.destroy()
+    await new Promise((resolve) => hungServer.close(resolve))
+    home.cleanup()
+  })
+
+  it('an engine that accepts and never answers: exit 10 with E_DOCKER_HUNG at the ping deadline (10 s), not a hang', async () => {
+    const started = Date.now()
+    const result = await runCli(['container', 'status', '--json'], {home: home.home, env: {DOCKER_HOST: `unix://${home.home}/hung.sock`}, timeoutMs: 30_000})
+    expect(Date.now() - started).toBeLessThan(20_000)
+    expect(result.exitCode).toBe(10)
+    expect(JSON.parse(result.stdout).error).toMatchObject({code: 'E_DOCKER_HUNG', message: expect.stringContaining('did not answer')})
+    expect(held.length).toBeGreaterThan(0)
+  }, 30_000)
 
   it('a missing socket exits 10 with E_DOCKER_DOWN and the fix', async () => {
     const result = await runCli(['container', 'status', '--json'], {home: home.home, env: {DOCKER_HOST: `unix://${home.home}/absent.sock`}})
