@@ -86,12 +86,7 @@ export async function recordAppDigest(appRoot: string): Promise<void> {
 }
 
 async function runtimeFileStamps(appRoot: string): Promise<FileStamp[]> {
-  const files: string[] = []
-  for (const entry of runtimeEntries(appRoot)) files.push(...(await listFiles(path.join(appRoot, entry), entry)))
-  return Promise.all(files.map(async (file) => {
-    const info = await stat(path.join(appRoot, file))
-    return {file, size: info.size, mtimeMs: info.mtimeMs}
-  }))
+  return (await Promise.all(runtimeEntries(appRoot).map((entry) => stampFiles(path.join(appRoot, entry), entry)))).flat()
 }
 
 async function digestFiles(appRoot: string, stamps: FileStamp[]): Promise<string> {
@@ -197,20 +192,15 @@ async function placeFile(from: string, to: string, counter: {files: number; byte
   counter.bytes += (await stat(from)).size
 }
 
-/** Relative paths of the files under `dir` (sorted, so the hash is stable). */
-async function listFiles(dir: string, relative: string): Promise<string[]> {
+/** The files at or under `dir` (relative paths, sorted so the hash is stable), each stamped as it is now. */
+async function stampFiles(dir: string, relative: string): Promise<FileStamp[]> {
   const info = await stat(dir).catch(() => undefined)
   if (!info) return []
-  if (!info.isDirectory()) return [relative]
-  const out: string[] = []
-  const entries = (await readdir(dir, {withFileTypes: true})).sort((a, b) => (a.name < b.name ? -1 : 1))
-  for (const entry of entries) {
-    if (SKIP_NAMES.has(entry.name)) continue
-    const rel = `${relative}/${entry.name}`
-    if (entry.isDirectory()) out.push(...(await listFiles(path.join(dir, entry.name), rel)))
-    else if (entry.isFile()) out.push(rel)
-  }
-  return out
+  if (!info.isDirectory()) return [{file: relative, size: info.size, mtimeMs: info.mtimeMs}]
+  const entries = (await readdir(dir, {withFileTypes: true}))
+    .filter((entry) => !SKIP_NAMES.has(entry.name) && (entry.isDirectory() || entry.isFile()))
+    .sort((a, b) => (a.name < b.name ? -1 : 1))
+  return (await Promise.all(entries.map((entry) => stampFiles(path.join(dir, entry.name), `${relative}/${entry.name}`)))).flat()
 }
 
 async function exists(file: string): Promise<boolean> {
