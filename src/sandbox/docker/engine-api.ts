@@ -60,14 +60,11 @@ interface EngineAnswer {
 }
 
 export class EngineApi {
-  /** The engine's answer to /_ping, asked once (again after a failure: the engine may have started since). */
-  private pinged: Promise<EngineAnswer> | undefined
-
   constructor(readonly socketPath: string, private readonly options: {apiVersion?: string; defaultTimeoutMs?: number} = {}) {}
 
   /** Engine version, or E_DOCKER_DOWN / E_DOCKER_HUNG with the fix (same contract as DockerCli.ping). */
   async ping(options: EngineRequestOptions = {}): Promise<EngineVersion> {
-    const pinged = await this.withDeadline('GET /_ping', {timeoutMs: PING_TIMEOUT_MS, ...options}, (signal) => untilAborted(this.pingOnce(), signal))
+    const pinged = await this.call('/_ping', {timeoutMs: PING_TIMEOUT_MS, ...options})
     // Docker names its release in every answer's Server header: /version would cost the engine ≈ 7 ms (it asks containerd)
     const server = /^Docker\/(\S+)/.exec(pinged.headers.server ?? '')?.[1]
     const api = pinged.headers['api-version']
@@ -96,51 +93,25 @@ export class EngineApi {
     return answer.status === 404 ? undefined : parseJson<T>(answer, endpoint)
   }
 
-  /** One GET at the negotiated API version; errors as a docker CLI call gives them. */
-  private call(endpoint: string, options: EngineRequestOptions): Promise<EngineAnswer> {
-    const request = `GET ${endpoint.split('?')[0]}`
-    return this.withDeadline(request, options, async (signal) => {
-      const prefix = await untilAborted(this.versionPrefix(), signal)
-      const answer = await this.get(prefix + endpoint, signal)
-      if (answer.status >= 400 && answer.status !== 404) throw engineRefused(request, answer)
-      return answer
-    })
-  }
-
-  /** `work` under one deadline and the caller's signal (negotiation included), failing as the docker CLI would. */
-  private async withDeadline<T>(request: string, options: EngineRequestOptions, work: (signal: AbortSignal) => Promise<T>): Promise<T> {
+  /**
+   * One GET under one deadline and the caller's signal, failing as a docker CLI call would.
+   * Unversioned paths are the engine's own (newest) API version, the one its /_ping names, so no
+   * round trip is spent negotiating; DOCKER_API_VERSION pins a version, as it does for the CLI.
+   */
+  private async call(endpoint: string, options: EngineRequestOptions): Promise<EngineAnswer> {
     const timeoutMs = options.timeoutMs ?? this.options.defaultTimeoutMs ?? DEFAULT_DOCKER_TIMEOUT_MS
     const deadline = AbortSignal.timeout(timeoutMs)
     const signal = options.signal ? AbortSignal.any([options.signal, deadline]) : deadline
+    const request = `GET ${endpoint.split('?')[0]}`
     try {
-      return await work(signal)
+      const answer = await this.get(`${this.options.apiVersion ? `/v${this.options.apiVersion}` : ''}${endpoint}`, signal)
+      if (answer.status >= 400 && answer.status !== 404) throw engineRefused(request, answer)
+      return answer
     } catch (error) {
       if (deadline.aborted) throw dockerHung(request, timeoutMs)
       if (signal.aborted) throw dockerCancelled(request)
       throw error instanceof GatewayError ? error : this.transportError(error, request)
     }
-  }
-
-  /** `/vX.Y` of the newest API version the engine speaks (its /_ping says), or DOCKER_API_VERSION as the CLI does. */
-  private async versionPrefix(): Promise<string> {
-    if (this.options.apiVersion) return `/v${this.options.apiVersion}`
-    const version = (await this.pingOnce()).headers['api-version']
-    return version && /^\d+\.\d+$/.test(version) ? `/v${version}` : '' // none: unversioned paths, the engine's own version
-  }
-
-  /** /_ping under its own deadline, shared by every request of this client (each still bounded by its own). */
-  private pingOnce(): Promise<EngineAnswer> {
-    const deadline = AbortSignal.timeout(PING_TIMEOUT_MS)
-    this.pinged ??= this.get('/_ping', deadline).then(
-      (answer) => {
-        if (answer.status >= 400) throw engineRefused('GET /_ping', answer)
-        return answer
-      },
-    ).catch((error: unknown) => {
-      this.pinged = undefined
-      throw deadline.aborted ? dockerHung('GET /_ping', PING_TIMEOUT_MS) : error
-    })
-    return this.pinged
   }
 
   /**
@@ -186,16 +157,6 @@ export function localEngineApi(env: NodeJS.ProcessEnv = process.env): EngineApi 
   if (!socket) return undefined
   if (localEngine?.socketPath !== socket) localEngine = new EngineApi(socket, {apiVersion: env.DOCKER_API_VERSION || undefined})
   return localEngine
-}
-
-/** Settles with `promise`, or rejects as soon as `signal` aborts (the shared negotiation is not stopped). */
-function untilAborted<T>(promise: Promise<T>, signal: AbortSignal): Promise<T> {
-  if (signal.aborted) return Promise.reject(signal.reason)
-  return new Promise((resolve, reject) => {
-    const onAbort = () => reject(signal.reason)
-    signal.addEventListener('abort', onAbort, {once: true})
-    promise.then(resolve, reject).finally(() => signal.removeEventListener('abort', onAbort))
-  })
 }
 
 /** Status, headers and body of an HTTP/1.x answer read to the connection's close. */
