@@ -45,15 +45,21 @@ const SKIP_DEPENDENCY_FILE = /(\.d\.[cm]?ts|\.map|\.[ao]|\.md|\.markdown)$/i
  */
 export async function computeAppHash(source: AppBundleSource): Promise<string> {
   await assertBuilt(source.appRoot)
+  // all read at once: `container status` waits for this as much as for the engine
+  const [node, filesDigest, manifests] = await Promise.all([stat(source.nodePath), runtimeFilesDigest(source.appRoot), runtimePackageManifests(source.appRoot)])
   const hash = createHash('sha256')
-  const node = await stat(source.nodePath)
   hash.update(`node ${process.version} ${process.arch} ${node.size} ${node.mtimeMs}\n`)
-  hash.update(`app ${await runtimeFilesDigest(source.appRoot)}\n`)
-  for (const pkg of await runtimePackages(source.appRoot)) {
+  hash.update(`app ${filesDigest}\n`)
+  for (const {pkg, manifest} of manifests) {
     hash.update(`${pkg}\n`)
-    hash.update(await readFile(path.join(source.appRoot, pkg, 'package.json')))
+    hash.update(manifest)
   }
   return hash.digest('hex').slice(0, 16)
+}
+
+/** Each runtime package with its package.json, in the recorded order. */
+async function runtimePackageManifests(appRoot: string): Promise<Array<{pkg: string; manifest: Buffer}>> {
+  return Promise.all((await runtimePackages(appRoot)).map(async (pkg) => ({pkg, manifest: await readFile(path.join(appRoot, pkg, 'package.json'))})))
 }
 
 /** Written by the build (scripts/record-app-digest.js): the app files' digest with the size and mtime of each file it read. */
