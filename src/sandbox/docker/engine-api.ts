@@ -48,7 +48,7 @@ function usesDefaultContext(env: NodeJS.ProcessEnv): boolean {
 
 export interface EngineRequestOptions {
   signal?: AbortSignal
-  /** Deadline of the whole call (version negotiation included); default DEFAULT_DOCKER_TIMEOUT_MS. */
+  /** Deadline of the call, connecting included; default DEFAULT_DOCKER_TIMEOUT_MS. */
   timeoutMs?: number
 }
 
