@@ -1,5 +1,5 @@
 import fs from 'node:fs'
-import {helperPath} from './landlock/helper.js'
+import {helperPath} from './landlock/helper-path.js'
 
 /**
  * The keeper (native/meepa-sandbox.c, --keeper-fd): the process a run's owner starts. It forks the

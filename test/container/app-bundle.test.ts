@@ -3,7 +3,8 @@ import os from 'node:os'
 import path from 'node:path'
 import {expect, it} from 'vitest'
 import {containerImageContext} from '../../src/runtime/container/context.js'
-import {assembleAppBundle} from '../../src/sandbox/docker/app-bundle.js'
+import {AGENT_RUN_FILES} from '../../src/runtime/agent-run/bundle.js'
+import {APP_DIGEST_RECORD, assembleAppBundle, computeAppHash, recordAppDigest} from '../../src/sandbox/docker/app-bundle.js'
 
 // The isolation image holds what starts agent-run and nothing else of the app: a container runs
 // only agent-run, and the gateway's own code and dependencies (connectors, dashboard, CLI) have
@@ -28,5 +29,48 @@ it('the isolation image gets agent-run, the packages it loads and the sandbox he
   } finally {
     await bundle.remove()
     fs.rmSync(home, {recursive: true, force: true})
+  }
+})
+
+// `container status` and every cold container run check the isolation image against this hash:
+// the build's record spares reading the bundle, but only while every file is as the build left it.
+it("the app hash uses the build's record of the files' digest only while every file matches it", async () => {
+  const appRoot = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-app-digest-'))
+  const write = (file: string, content: string) => {
+    fs.mkdirSync(path.dirname(path.join(appRoot, file)), {recursive: true})
+    fs.writeFileSync(path.join(appRoot, file), content)
+  }
+  try {
+    for (const file of Object.values(AGENT_RUN_FILES)) write(file, `content of ${file}`)
+    write(AGENT_RUN_FILES.packages, '[]')
+    write('dist/native/meepa-sandbox', 'helper')
+    const source = {appRoot, nodePath: process.execPath}
+    const fresh = await computeAppHash(source)
+    await recordAppDigest(appRoot)
+    expect(await computeAppHash(source)).toBe(fresh)
+
+    // the record is what is used while the files match it (a forged digest shows through)...
+    const record = JSON.parse(fs.readFileSync(path.join(appRoot, APP_DIGEST_RECORD), 'utf8'))
+    fs.writeFileSync(path.join(appRoot, APP_DIGEST_RECORD), JSON.stringify({...record, digest: 'forged'}))
+    const forged = await computeAppHash(source)
+    expect(forged).not.toBe(fresh)
+    // ...a rewritten code cache (its content is not part of the hash) does not stop that
+    write(AGENT_RUN_FILES.codeCache, 'another cache')
+    expect(await computeAppHash(source)).toBe(forged)
+
+    // a changed file or an added one: the files are read again and the record is ignored
+    write(AGENT_RUN_FILES.bundle, 'a new bundle')
+    const changed = await computeAppHash(source)
+    fs.rmSync(path.join(appRoot, APP_DIGEST_RECORD))
+    expect(await computeAppHash(source)).toBe(changed)
+    expect(changed).not.toBe(fresh)
+    await recordAppDigest(appRoot)
+    write('dist/native/extra', 'x')
+    const added = await computeAppHash(source)
+    fs.rmSync(path.join(appRoot, APP_DIGEST_RECORD))
+    expect(await computeAppHash(source)).toBe(added)
+    expect(added).not.toBe(changed)
+  } finally {
+    fs.rmSync(appRoot, {recursive: true, force: true})
   }
 })

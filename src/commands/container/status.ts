@@ -8,7 +8,7 @@ export default class ContainerStatusCommand extends BaseCommand<typeof Container
 
   async run(): Promise<ContainerStatus> {
     const status = await containerStatus(this.loadConfig())
-    this.log(`engine: Docker ${status.engine.server_version} (client ${status.engine.client_version})`)
+    this.log(`engine: Docker ${status.engine.server_version} (API ${status.engine.api_version})`)
     for (const agent of status.agents) {
       if (agent.error) {
         this.log(`agent ${agent.agent}: ${agent.error}`)

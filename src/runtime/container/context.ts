@@ -1,6 +1,7 @@
 import fs from 'node:fs'
 import path from 'node:path'
-import {dockerCli, type DockerCli} from '../../sandbox/docker/cli.js'
+import type {DockerCli, DockerExec} from '../../sandbox/docker/cli.js'
+import type {EngineApi} from '../../sandbox/docker/engine-api.js'
 import type {ImageContext} from '../../sandbox/docker/images.js'
 import {APP_ROOT} from '../util/app-root.js'
 
@@ -12,14 +13,26 @@ export function appVersion(): string {
   return version
 }
 
+/** The process-wide docker CLI, loaded when first needed: a status asked over the Engine API never loads execa. */
+export async function loadDockerCli(): Promise<DockerCli> {
+  return (await import('../../sandbox/docker/cli.js')).dockerCli()
+}
+
+const dockerCliOnFirstUse: DockerExec = {exec: async (args, options) => (await loadDockerCli()).exec(args, options)}
+
 /**
- * What the image pipeline needs from this installation: the docker CLI, this Node and this app as
- * the runtime to bundle, and a cache dir in the gateway home. One place, so the runner and the
- * `container` commands always agree on which images an agent uses.
+ * What the image pipeline needs from this installation: the docker CLI (and the Engine API, when
+ * given, for reads), this Node and this app as the runtime to bundle, and a cache dir in the
+ * gateway home. One place, so the runner and the `container` commands always agree on which
+ * images an agent uses.
  */
-export function containerImageContext(home: string, options: {cli?: DockerCli; signal?: AbortSignal; onLog?: (line: string) => void} = {}): ImageContext {
+export function containerImageContext(
+  home: string,
+  options: {cli?: DockerCli; engine?: EngineApi; signal?: AbortSignal; onLog?: (line: string) => void} = {},
+): ImageContext {
   return {
-    cli: options.cli ?? dockerCli(),
+    cli: options.cli ?? dockerCliOnFirstUse,
+    engine: options.engine,
     app: {appRoot: APP_ROOT, nodePath: process.execPath},
     version: appVersion(),
     cacheDir: path.join(home, 'cache'),

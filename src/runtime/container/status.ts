@@ -1,10 +1,11 @@
-import {dockerCli, type DockerCli} from '../../sandbox/docker/cli.js'
+import type {DockerCli} from '../../sandbox/docker/cli.js'
 import {listGatewayContainers, type GatewayContainer} from '../../sandbox/docker/containers.js'
 import {LABEL} from '../../sandbox/docker/dockerfile.js'
+import {localEngineApi} from '../../sandbox/docker/engine-api.js'
 import {inspectImage, isolationImageState, planImages, type ImageContext, type ImagePlan} from '../../sandbox/docker/images.js'
 import type {AgentConfig, LoadedConfig} from '../config/types.js'
 import {containerAgents} from './build.js'
-import {containerImageContext} from './context.js'
+import {containerImageContext, loadDockerCli} from './context.js'
 import {toGatewayError} from '../util/errors.js'
 
 /** `container status`, `container images` and the "which images does the config use" both need. */
@@ -20,22 +21,27 @@ export interface AgentImageStatus {
 }
 
 export interface ContainerStatus {
-  engine: {reachable: true; client_version: string; server_version: string}
+  engine: {reachable: true; server_version: string; api_version: string}
   agents: AgentImageStatus[]
   containers: Array<Pick<GatewayContainer, 'name' | 'agent' | 'run' | 'state' | 'created' | 'image'>>
 }
 
-/** Engine, images per agent, and the gateway's containers. An unreachable engine throws (exit 10). */
+/**
+ * Engine, images per agent, and the gateway's containers. An unreachable engine throws (exit 10).
+ * An engine on a local socket is asked over its API (no docker process at all); otherwise, or
+ * when a CLI is given, through the docker CLI.
+ */
 export async function containerStatus(loaded: LoadedConfig, options: {cli?: DockerCli; signal?: AbortSignal} = {}): Promise<ContainerStatus> {
-  const cli = options.cli ?? dockerCli()
-  // Each docker call is a process start: ask everything at once, then let the ping's clear
-  // "engine down" error win over whatever the other calls report.
+  const engine = options.cli ? undefined : localEngineApi()
+  const docker = engine ?? options.cli ?? (await loadDockerCli())
+  // Ask everything at once, then let the ping's clear "engine down" error win over whatever the
+  // other calls report.
   const others = new AbortController() // a failed ping stops the rest (a hung engine must not hold us)
   const signal = options.signal ? AbortSignal.any([options.signal, others.signal]) : others.signal
-  const pinging = cli.ping({signal: options.signal})
-  const context = containerImageContext(loaded.home, {cli, signal})
+  const pinging = docker.ping({signal: options.signal})
+  const context = containerImageContext(loaded.home, {cli: options.cli, engine, signal})
   const statuses = Promise.all(containerAgents(loaded).map((agent) => agentImageStatus(loaded, agent, context)))
-  const listing = listGatewayContainers(cli, {home: loaded.home, signal})
+  const listing = listGatewayContainers(docker, {home: loaded.home, signal})
   listing.catch(() => {}) // awaited below, after the ping
   const version = await pinging.catch((error: unknown) => {
     others.abort()
@@ -43,7 +49,7 @@ export async function containerStatus(loaded: LoadedConfig, options: {cli?: Dock
   })
   const [agents, listed] = await Promise.all([statuses, listing])
   const containers = listed.map(({name, agent, run, state, created, image}) => ({name, agent, run, state, created, image}))
-  return {engine: {reachable: true, client_version: version.client, server_version: version.server}, agents, containers}
+  return {engine: {reachable: true, server_version: version.server, api_version: version.api}, agents, containers}
 }
 
 async function agentImageStatus(loaded: LoadedConfig, agent: AgentConfig, context: ImageContext): Promise<AgentImageStatus> {
@@ -82,7 +88,7 @@ export async function listGatewayImages(
   loaded: LoadedConfig,
   options: {cli?: DockerCli; signal?: AbortSignal; ignoreContainers?: Set<string>} = {},
 ): Promise<GatewayImage[]> {
-  const cli = options.cli ?? dockerCli()
+  const cli = options.cli ?? (await loadDockerCli())
   const ids = [...new Set((await cli.check(['image', 'ls', '--quiet', '--no-trunc', '--filter', `label=${LABEL.gateway}=1`], {signal: options.signal})).stdout.split('\n').filter(Boolean))]
   if (ids.length === 0) return []
   const [references, containers] = await Promise.all([referencedImages(loaded, cli, options.signal), listGatewayContainers(cli, {signal: options.signal})])

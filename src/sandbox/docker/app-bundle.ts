@@ -5,7 +5,7 @@ import os from 'node:os'
 import path from 'node:path'
 import {AGENT_RUN_FILES} from '../../runtime/agent-run/bundle.js'
 import {GatewayError} from '../../runtime/util/errors.js'
-import {helperPath} from '../landlock/helper.js'
+import {helperPath} from '../landlock/helper-path.js'
 
 /**
  * The meepagateway runtime that goes into an isolation image: the host's Node binary and what
@@ -39,27 +39,86 @@ const SKIP_DEPENDENCY_FILE = /(\.d\.[cm]?ts|\.map|\.[ao]|\.md|\.markdown)$/i
 
 /**
  * A hash of everything the bundle would contain, cheap enough to compute for every `send` and
- * `container build`: the Node binary by version, size and mtime, the app's files by content, and
- * each package by its package.json (name and version; an installed package does not change
- * without a new version).
+ * `container build`: the Node binary by version, size and mtime, the app's files by content (the
+ * build's record of that digest while every file is as the build left it), and each package by
+ * its package.json (name and version; an installed package does not change without a new version).
  */
 export async function computeAppHash(source: AppBundleSource): Promise<string> {
   await assertBuilt(source.appRoot)
+  // all read at once: `container status` waits for this as much as for the engine
+  const [node, filesDigest, manifests] = await Promise.all([stat(source.nodePath), runtimeFilesDigest(source.appRoot), runtimePackageManifests(source.appRoot)])
   const hash = createHash('sha256')
-  const node = await stat(source.nodePath)
   hash.update(`node ${process.version} ${process.arch} ${node.size} ${node.mtimeMs}\n`)
-  for (const entry of runtimeEntries(source.appRoot)) {
-    for (const file of await listFiles(path.join(source.appRoot, entry), entry)) {
-      hash.update(`${file}\n`)
-      // V8 writes a different cache on every build; it follows from the bundle and Node, both hashed.
-      if (file !== AGENT_RUN_FILES.codeCache) hash.update(await readFile(path.join(source.appRoot, file)))
-    }
-  }
-  for (const pkg of await runtimePackages(source.appRoot)) {
+  hash.update(`app ${filesDigest}\n`)
+  for (const {pkg, manifest} of manifests) {
     hash.update(`${pkg}\n`)
-    hash.update(await readFile(path.join(source.appRoot, pkg, 'package.json')))
+    hash.update(manifest)
   }
   return hash.digest('hex').slice(0, 16)
+}
+
+/** Each runtime package with its package.json, in the recorded order. */
+async function runtimePackageManifests(appRoot: string): Promise<Array<{pkg: string; manifest: Buffer}>> {
+  return Promise.all((await runtimePackages(appRoot)).map(async (pkg) => ({pkg, manifest: await readFile(path.join(appRoot, pkg, 'package.json'))})))
+}
+
+/** Written by the build (scripts/record-app-digest.js): the app files' digest with the size and mtime of each file it read. */
+export const APP_DIGEST_RECORD = 'dist/app-digest.json'
+
+interface AppDigestRecord {
+  digest: string
+  files: FileStamp[]
+}
+
+/** A file as the digest saw it; any rewrite (a build, an edit) changes its mtime. */
+interface FileStamp {
+  file: string
+  size: number
+  mtimeMs: number
+}
+
+/** The digest of the app's runtime files: the build's record while every file matches it, else read and hashed (≈ 5–15 ms). */
+async function runtimeFilesDigest(appRoot: string): Promise<string> {
+  const [stamps, record] = await Promise.all([runtimeFileStamps(appRoot), readAppDigestRecord(appRoot)])
+  if (record && sameStamps(record.files, stamps)) return record.digest
+  return digestFiles(appRoot, stamps)
+}
+
+/** Records the digest for runtimeFilesDigest; stamps are taken before reading, so a file changed meanwhile never matches. */
+export async function recordAppDigest(appRoot: string): Promise<void> {
+  const files = await runtimeFileStamps(appRoot)
+  const record: AppDigestRecord = {digest: await digestFiles(appRoot, files), files}
+  await writeFile(path.join(appRoot, APP_DIGEST_RECORD), `${JSON.stringify(record, null, 2)}\n`)
+}
+
+async function runtimeFileStamps(appRoot: string): Promise<FileStamp[]> {
+  return (await Promise.all(runtimeEntries(appRoot).map((entry) => stampFiles(path.join(appRoot, entry), entry)))).flat()
+}
+
+async function digestFiles(appRoot: string, stamps: FileStamp[]): Promise<string> {
+  const hash = createHash('sha256')
+  for (const {file} of stamps) {
+    hash.update(`${file}\n`)
+    // V8 writes a different cache on every build; it follows from the bundle and Node, both hashed.
+    if (file !== AGENT_RUN_FILES.codeCache) hash.update(await readFile(path.join(appRoot, file)))
+  }
+  return hash.digest('hex')
+}
+
+async function readAppDigestRecord(appRoot: string): Promise<AppDigestRecord | undefined> {
+  try {
+    return JSON.parse(await readFile(path.join(appRoot, APP_DIGEST_RECORD), 'utf8')) as AppDigestRecord
+  } catch {
+    return undefined // not built with the record, or unreadable: the files are hashed
+  }
+}
+
+/** Same files in the same order, each of the same size and mtime (the code cache's content is not hashed, so its stamp does not count). */
+function sameStamps(recorded: FileStamp[], current: FileStamp[]): boolean {
+  return recorded.length === current.length && recorded.every((stamp, i) => {
+    const now = current[i]!
+    return stamp.file === now.file && (stamp.file === AGENT_RUN_FILES.codeCache || (stamp.size === now.size && stamp.mtimeMs === now.mtimeMs))
+  })
 }
 
 /**
@@ -139,20 +198,15 @@ async function placeFile(from: string, to: string, counter: {files: number; byte
   counter.bytes += (await stat(from)).size
 }
 
-/** Relative paths of the files under `dir` (sorted, so the hash is stable). */
-async function listFiles(dir: string, relative: string): Promise<string[]> {
+/** The files at or under `dir` (relative paths, sorted so the hash is stable), each stamped as it is now. */
+async function stampFiles(dir: string, relative: string): Promise<FileStamp[]> {
   const info = await stat(dir).catch(() => undefined)
   if (!info) return []
-  if (!info.isDirectory()) return [relative]
-  const out: string[] = []
-  const entries = (await readdir(dir, {withFileTypes: true})).sort((a, b) => (a.name < b.name ? -1 : 1))
-  for (const entry of entries) {
-    if (SKIP_NAMES.has(entry.name)) continue
-    const rel = `${relative}/${entry.name}`
-    if (entry.isDirectory()) out.push(...(await listFiles(path.join(dir, entry.name), rel)))
-    else if (entry.isFile()) out.push(rel)
-  }
-  return out
+  if (!info.isDirectory()) return [{file: relative, size: info.size, mtimeMs: info.mtimeMs}]
+  const entries = (await readdir(dir, {withFileTypes: true}))
+    .filter((entry) => !SKIP_NAMES.has(entry.name) && (entry.isDirectory() || entry.isFile()))
+    .sort((a, b) => (a.name < b.name ? -1 : 1))
+  return (await Promise.all(entries.map((entry) => stampFiles(path.join(dir, entry.name), `${relative}/${entry.name}`)))).flat()
 }
 
 async function exists(file: string): Promise<boolean> {

@@ -2,19 +2,16 @@ import {execa, type ResultPromise} from 'execa'
 import fs from 'node:fs'
 import path from 'node:path'
 import {keeperArgv, keeperHelper} from '../keeper.js'
-import {GatewayError} from '../../runtime/util/errors.js'
+import {DEFAULT_DOCKER_TIMEOUT_MS, PING_TIMEOUT_MS, type EngineVersion} from './engine.js'
+import {DOCKER_BIN_ENV, DockerCommandError, dockerCancelled, dockerDown, dockerHung, dockerMissing, engineErrorOf} from './errors.js'
 
 /**
- * The one way the gateway talks to Docker: the docker CLI through execa, every call bounded by a
- * deadline and an AbortSignal. The CLI blocks forever when the engine hangs (it accepts the
+ * The docker CLI through execa, every call bounded by a deadline and an AbortSignal (read-only
+ * questions of `container status` go over the Engine API instead when the engine is a local
+ * socket: engine-api.ts). The CLI blocks forever when the engine hangs (it accepts the
  * connection and never answers), so a call without a deadline could wedge the whole gateway.
  */
 
-/** Overrides the docker CLI to use (an absolute path or a name looked up on PATH). */
-export const DOCKER_BIN_ENV = 'MEEPAGATEWAY_DOCKER_BIN'
-
-/** Deadline for calls that only talk to the engine (inspect, ps, rm, kill, version). */
-export const DEFAULT_DOCKER_TIMEOUT_MS = 30_000
 
 /**
  * Variables the docker CLI itself reads. Everything else is left out of its environment, so the
@@ -61,16 +58,6 @@ export interface DockerResult {
   stdout: string
   stderr: string
   exitCode: number
-}
-
-/** A docker call that exited non-zero for a reason other than the engine being unreachable. */
-export class DockerCommandError extends GatewayError {
-  constructor(readonly args: string[], readonly result: DockerResult) {
-    super('E_DOCKER', `docker ${args[0] ?? ''} failed (exit ${result.exitCode}): ${lastLines(result.stderr || result.stdout, 5)}`, {
-      details: {exit_code: result.exitCode, stderr_tail: result.stderr.slice(-4096)},
-    })
-    this.name = 'DockerCommandError'
-  }
 }
 
 export class DockerCli {
@@ -151,8 +138,8 @@ export class DockerCli {
     if (result.code === 'ENOENT' || (result.failed && result.exitCode === undefined && /ENOENT/.test(result.message ?? ''))) {
       throw dockerMissing(this.bin, this.binFromEnv)
     }
-    if (result.timedOut) throw dockerHung(args, timeoutMs)
-    if (result.isCanceled) throw new GatewayError('E_DOCKER', `docker ${args[0] ?? ''} was cancelled`, {retryable: true})
+    if (result.timedOut) throw dockerHung(`\`docker ${args[0] ?? ''}\``, timeoutMs)
+    if (result.isCanceled) throw dockerCancelled(`docker ${args[0] ?? ''}`)
     const exitCode = result.exitCode ?? 1
     if (exitCode !== 0) {
       const engineError = engineErrorOf(stderr)
@@ -169,13 +156,16 @@ export class DockerCli {
   }
 
   /** Engine version, or E_DOCKER_MISSING / E_DOCKER_DOWN / E_DOCKER_HUNG with the fix. */
-  async ping(options: DockerCallOptions = {}): Promise<{client: string; server: string}> {
-    const result = await this.check(['version', '--format', '{{json .}}'], {timeoutMs: 10_000, ...options})
-    const parsed = JSON.parse(result.stdout) as {Client?: {Version?: string}; Server?: {Version?: string} | null}
+  async ping(options: DockerCallOptions = {}): Promise<EngineVersion> {
+    const result = await this.check(['version', '--format', '{{json .}}'], {timeoutMs: PING_TIMEOUT_MS, ...options})
+    const parsed = JSON.parse(result.stdout) as {Server?: {Version?: string; ApiVersion?: string} | null}
     if (!parsed.Server?.Version) throw dockerDown(result.stderr)
-    return {client: parsed.Client?.Version ?? 'unknown', server: parsed.Server.Version}
+    return {server: parsed.Server.Version, api: parsed.Server.ApiVersion ?? 'unknown'}
   }
 }
+
+/** What the image pipeline needs of the CLI (its reads may go over the Engine API instead). */
+export type DockerExec = Pick<DockerCli, 'exec'>
 
 let defaultCli: DockerCli | undefined
 
@@ -201,57 +191,3 @@ function forwardLines(child: ResultPromise, onLine: (line: string, stream: 'stdo
   }
 }
 
-function lastLines(text: string, count: number): string {
-  return text.trim().split('\n').slice(-count).join(' | ') || '(no output)'
-}
-
-/**
- * The engine-level reason a docker call failed (engine down, no permission), read from the CLI's
- * stderr; undefined when the failure is the command's own (for callers that own the child).
- */
-export function engineErrorOf(stderr: string): GatewayError | undefined {
-  if (/permission denied while trying to connect/i.test(stderr)) return dockerPermission(stderr)
-  if (/Cannot connect to the Docker daemon|Is the docker daemon running|error during connect|connect: no such file or directory|connect: connection refused|dial unix .*: connect/i.test(stderr)) {
-    return dockerDown(stderr)
-  }
-  return undefined
-}
-
-export function dockerMissing(bin: string, fromEnv: boolean): GatewayError {
-  return new GatewayError('E_DOCKER_MISSING', fromEnv
-    ? `the docker CLI was not found at ${DOCKER_BIN_ENV}=${bin}`
-    : `the docker CLI (${bin}) was not found${bin.includes('/') ? '' : ' on PATH'}`, {
-    suggestions: [
-      'install Docker (Debian/Ubuntu: apt-get install docker.io; macOS: Docker Desktop or colima)',
-      `or point ${DOCKER_BIN_ENV} at the docker executable`,
-      'or turn container_mode off for the agent',
-    ],
-  })
-}
-
-function dockerDown(stderr: string): GatewayError {
-  const host = process.env.DOCKER_HOST
-  return new GatewayError('E_DOCKER_DOWN', `the Docker engine is not running or not reachable${host ? ` at DOCKER_HOST=${host}` : ''}: ${lastLines(stderr, 2)}`, {
-    retryable: true,
-    suggestions: [
-      'start the engine: sudo systemctl start docker (Docker Desktop: open the app)',
-      host ? `check DOCKER_HOST=${host}, or unset it to use the default socket` : 'check `docker info` works for this user',
-    ],
-  })
-}
-
-function dockerHung(args: string[], timeoutMs: number): GatewayError {
-  return new GatewayError('E_DOCKER_HUNG', `the Docker engine did not answer \`docker ${args[0] ?? ''}\` within ${Math.round(timeoutMs / 1000)} s; it seems hung`, {
-    retryable: true,
-    suggestions: [
-      'restart the engine: sudo systemctl restart docker (Docker Desktop: restart it)',
-      'check `timeout 10 docker info`, and the engine log (journalctl -u docker)',
-    ],
-  })
-}
-
-function dockerPermission(stderr: string): GatewayError {
-  return new GatewayError('E_DOCKER', `this user may not use the Docker engine: ${lastLines(stderr, 1)}`, {
-    suggestions: ['add the user to the docker group (sudo usermod -aG docker $USER, then log in again)', 'or run the gateway as a user that may use Docker'],
-  })
-}

@@ -4,6 +4,7 @@ import path from 'node:path'
 import {processAlive} from '../../runtime/util/process-alive.js'
 import type {DockerCli} from './cli.js'
 import {LABEL} from './dockerfile.js'
+import {EngineApi} from './engine-api.js'
 
 /**
  * The gateway's containers, found by label. A message's container is removed by the runner that
@@ -39,18 +40,24 @@ export function homeLabel(home: string): string {
   return createHash('sha256').update(canonical).digest('hex').slice(0, 16)
 }
 
-export async function listGatewayContainers(cli: DockerCli, options: {home?: string; signal?: AbortSignal} = {}): Promise<GatewayContainer[]> {
-  const filters = ['--filter', `label=${LABEL.gateway}=1`]
-  if (options.home) filters.push('--filter', `label=${LABEL.home}=${homeLabel(options.home)}`)
-  const ids = (await cli.check(['ps', '-a', '-q', '--no-trunc', ...filters], {signal: options.signal})).stdout.split('\n').filter(Boolean)
-  if (ids.length === 0) return []
-  // A container may disappear between ps and inspect (its runner removed it): inspect prints the rest.
-  const result = await cli.exec(['container', 'inspect', ...ids], {signal: options.signal})
-  const parsed = result.stdout.trim() ? (JSON.parse(result.stdout) as RawContainer[]) : []
-  return parsed.map(toGatewayContainer)
+/** The gateway's containers (of one home, when given), asked over the Engine API or through the docker CLI. */
+export async function listGatewayContainers(docker: DockerCli | EngineApi, options: {home?: string; signal?: AbortSignal} = {}): Promise<GatewayContainer[]> {
+  const labels = [`${LABEL.gateway}=1`, ...(options.home ? [`${LABEL.home}=${homeLabel(options.home)}`] : [])]
+  const raw = docker instanceof EngineApi ? await docker.containers(labels, {signal: options.signal}) : await inspectLabelledContainers(docker, labels, options.signal)
+  return raw.map(toGatewayContainer)
 }
 
-interface RawContainer {
+async function inspectLabelledContainers(cli: DockerCli, labels: string[], signal?: AbortSignal): Promise<RawContainer[]> {
+  const filters = labels.flatMap((label) => ['--filter', `label=${label}`])
+  const ids = (await cli.check(['ps', '-a', '-q', '--no-trunc', ...filters], {signal})).stdout.split('\n').filter(Boolean)
+  if (ids.length === 0) return []
+  // A container may disappear between ps and inspect (its runner removed it): inspect prints the rest.
+  const result = await cli.exec(['container', 'inspect', ...ids], {signal})
+  return result.stdout.trim() ? (JSON.parse(result.stdout) as RawContainer[]) : []
+}
+
+/** What `docker container inspect` (and the Engine API's /containers/{id}/json) says of a container, as far as it is read. */
+export interface RawContainer {
   Id: string
   Name: string
   Created: string

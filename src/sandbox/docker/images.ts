@@ -4,12 +4,14 @@ import type {AgentConfig, GatewayConfig} from '../../runtime/config/types.js'
 import {GatewayError} from '../../runtime/util/errors.js'
 import {KeyedQueue} from '../../runtime/util/keyed-queue.js'
 import {assembleAppBundle, computeAppHash, type AppBundleSource} from './app-bundle.js'
-import {DockerCli, DockerCommandError} from './cli.js'
+import type {DockerExec} from './cli.js'
 import {
   CONTAINER_APP, CONTAINER_NODE, LABEL, generateContainerDockerfile, generateIsolationDockerfile, isolationImageTag,
   validateImageRef, type ContainerImageSpec, type GeneratedDockerfile, type PackageManager,
 } from './dockerfile.js'
 import {dockerArchOf, readElfRuntime} from './elf.js'
+import type {EngineApi} from './engine-api.js'
+import {DockerCommandError} from './errors.js'
 
 /**
  * The image pipeline of container mode: which images an agent needs, whether they are up to
@@ -28,7 +30,9 @@ export interface ImageInfo {
 }
 
 export interface ImageContext {
-  cli: DockerCli
+  cli: DockerExec
+  /** The engine's API on its local socket: images are then inspected without a docker process. */
+  engine?: EngineApi
   /** The runtime that goes into isolation images. */
   app: AppBundleSource
   /** The app's version (package.json), part of the isolation tag. */
@@ -60,14 +64,14 @@ const PROBE_TIMEOUT_MS = 60_000
 /** One build per tag at a time in this process; builds of different tags may overlap. */
 const builds = new KeyedQueue({concurrency: 2})
 
-export async function inspectImage(cli: DockerCli, ref: string, signal?: AbortSignal): Promise<ImageInfo | undefined> {
+export async function inspectImage(cli: DockerExec, ref: string, signal?: AbortSignal): Promise<ImageInfo | undefined> {
   validateImageRef(ref, 'image') // before docker sees it: a reference is never a flag
   const result = await cli.exec(['image', 'inspect', '--format', '{{json .}}', ref], {signal})
   if (result.exitCode !== 0) {
     if (/no such image/i.test(result.stderr)) return undefined
     throw new DockerCommandError(['image', 'inspect', ref], result)
   }
-  return imageInfoOf(result.stdout)
+  return imageInfoOf(JSON.parse(result.stdout) as RawImage)
 }
 
 /**
@@ -75,21 +79,34 @@ export async function inspectImage(cli: DockerCli, ref: string, signal?: AbortSi
  * docker prints the images it found in argument order; when one is missing (or anything else
  * differs) the lines cannot be matched to refs, so each is asked alone.
  */
-export async function inspectImages(cli: DockerCli, refs: string[], signal?: AbortSignal): Promise<Array<ImageInfo | undefined>> {
+export async function inspectImages(cli: DockerExec, refs: string[], signal?: AbortSignal): Promise<Array<ImageInfo | undefined>> {
   for (const ref of refs) validateImageRef(ref, 'image')
   if (refs.length > 1 && new Set(refs).size === refs.length) {
     const result = await cli.exec(['image', 'inspect', '--format', '{{json .}}', ...refs], {signal})
     const lines = result.stdout.split('\n').filter((line) => line.trim() !== '')
-    if (result.exitCode === 0 && lines.length === refs.length) return lines.map(imageInfoOf)
+    if (result.exitCode === 0 && lines.length === refs.length) return lines.map((line) => imageInfoOf(JSON.parse(line) as RawImage))
   }
   return Promise.all(refs.map((ref) => inspectImage(cli, ref, signal)))
 }
 
-function imageInfoOf(json: string): ImageInfo {
-  const raw = JSON.parse(json) as {
-    Id: string; RepoTags?: string[]; Architecture?: string; Os?: string; Size?: number; Created?: string
-    Config?: {Env?: string[] | null; Labels?: Record<string, string> | null} | null
-  }
+/** Several images, over the Engine API when the context has it (no docker process), else through the CLI. */
+async function inspectImagesIn(context: ImageContext, refs: string[]): Promise<Array<ImageInfo | undefined>> {
+  const engine = context.engine
+  if (!engine) return inspectImages(context.cli, refs, context.signal)
+  for (const ref of refs) validateImageRef(ref, 'image') // a reference is part of the request path
+  return Promise.all(refs.map(async (ref) => {
+    const raw = await engine.inspectImage(ref, {signal: context.signal})
+    return raw && imageInfoOf(raw)
+  }))
+}
+
+/** What `docker image inspect` (and the Engine API's /images/{name}/json) says of an image, as far as it is read. */
+export interface RawImage {
+  Id: string; RepoTags?: string[]; Architecture?: string; Os?: string; Size?: number; Created?: string
+  Config?: {Env?: string[] | null; Labels?: Record<string, string> | null} | null
+}
+
+function imageInfoOf(raw: RawImage): ImageInfo {
   return {
     id: raw.Id,
     tags: raw.RepoTags ?? [],
@@ -189,7 +206,7 @@ export interface IsolationImageState {
 /** Whether the isolation image exists and was built from the current base and runtime. */
 export async function isolationImageState(plan: ImagePlan, context: ImageContext, appHash?: string): Promise<IsolationImageState> {
   const [[base, existing], hash] = await Promise.all([
-    inspectImages(context.cli, [plan.baseRef, plan.isolationTag], context.signal),
+    inspectImagesIn(context, [plan.baseRef, plan.isolationTag]),
     appHash ?? computeAppHash(context.app),
   ])
   const stale = !base ? 'base image missing'
@@ -279,7 +296,7 @@ function missingBase(plan: ImagePlan): GatewayError {
 }
 
 async function requireBase(context: ImageContext, ref: string, where: string): Promise<ImageInfo> {
-  const info = await inspectImage(context.cli, ref, context.signal)
+  const [info] = await inspectImagesIn(context, [ref])
   if (!info) {
     throw new GatewayError('E_IMAGE', `the base image ${ref} (${where}) is not on this machine, and images are never pulled implicitly`, {
       suggestions: [`docker pull ${ref}`, `or set ${where} to an image that exists (docker image ls)`],

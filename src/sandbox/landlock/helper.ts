@@ -1,13 +1,8 @@
 import {execa} from 'execa'
 import fs from 'node:fs'
-import path from 'node:path'
 import {APP_ROOT} from '../../runtime/util/app-root.js'
 import {GatewayError} from '../../runtime/util/errors.js'
-
-/** The compiled helper; `npm run build` puts it there (scripts/build-native.js). */
-export function helperPath(appRoot: string = APP_ROOT): string {
-  return path.join(appRoot, 'dist', 'native', 'meepa-sandbox')
-}
+import {helperPath} from './helper-path.js'
 
 /** Exit status of the helper when it refused or failed to set the sandbox up (nothing ran). */
 export const HELPER_SETUP_EXIT = 125

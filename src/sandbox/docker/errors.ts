@@ -1,0 +1,84 @@
+import {GatewayError} from '../../runtime/util/errors.js'
+import type {DockerResult} from './cli.js'
+
+/**
+ * What the gateway reports when Docker fails, whichever way it was asked (the docker CLI or the
+ * Engine API over its socket): the same codes, messages and fixes, so exit codes never depend on
+ * the transport. Loads no process library: the Engine API path must stay light.
+ */
+
+/** Overrides the docker CLI to use (an absolute path or a name looked up on PATH). */
+export const DOCKER_BIN_ENV = 'MEEPAGATEWAY_DOCKER_BIN'
+
+/** A docker call that exited non-zero for a reason other than the engine being unreachable. */
+export class DockerCommandError extends GatewayError {
+  constructor(readonly args: string[], readonly result: DockerResult) {
+    super('E_DOCKER', `docker ${args[0] ?? ''} failed (exit ${result.exitCode}): ${lastLines(result.stderr || result.stdout, 5)}`, {
+      details: {exit_code: result.exitCode, stderr_tail: result.stderr.slice(-4096)},
+    })
+    this.name = 'DockerCommandError'
+  }
+}
+
+export function lastLines(text: string, count: number): string {
+  return text.trim().split('\n').slice(-count).join(' | ') || '(no output)'
+}
+
+/**
+ * The engine-level reason a docker call failed (engine down, no permission), read from the CLI's
+ * stderr; undefined when the failure is the command's own (for callers that own the child).
+ */
+export function engineErrorOf(stderr: string): GatewayError | undefined {
+  if (/permission denied while trying to connect/i.test(stderr)) return dockerPermission(stderr)
+  if (/Cannot connect to the Docker daemon|Is the docker daemon running|error during connect|connect: no such file or directory|connect: connection refused|dial unix .*: connect/i.test(stderr)) {
+    return dockerDown(stderr)
+  }
+  return undefined
+}
+
+export function dockerMissing(bin: string, fromEnv: boolean): GatewayError {
+  return new GatewayError('E_DOCKER_MISSING', fromEnv
+    ? `the docker CLI was not found at ${DOCKER_BIN_ENV}=${bin}`
+    : `the docker CLI (${bin}) was not found${bin.includes('/') ? '' : ' on PATH'}`, {
+    suggestions: [
+      'install Docker (Debian/Ubuntu: apt-get install docker.io; macOS: Docker Desktop or colima)',
+      `or point ${DOCKER_BIN_ENV} at the docker executable`,
+      'or turn container_mode off for the agent',
+    ],
+  })
+}
+
+/** `reason`: the CLI's stderr, or what connecting to the socket said. */
+export function dockerDown(reason: string): GatewayError {
+  const host = process.env.DOCKER_HOST
+  return new GatewayError('E_DOCKER_DOWN', `the Docker engine is not running or not reachable${host ? ` at DOCKER_HOST=${host}` : ''}: ${lastLines(reason, 2)}`, {
+    retryable: true,
+    suggestions: [
+      'start the engine: sudo systemctl start docker (Docker Desktop: open the app)',
+      host ? `check DOCKER_HOST=${host}, or unset it to use the default socket` : 'check `docker info` works for this user',
+    ],
+  })
+}
+
+/** `request`: what went unanswered, e.g. "`docker ps`" or "GET /containers/json". */
+export function dockerHung(request: string, timeoutMs: number): GatewayError {
+  return new GatewayError('E_DOCKER_HUNG', `the Docker engine did not answer ${request} within ${Math.round(timeoutMs / 1000)} s; it seems hung`, {
+    retryable: true,
+    suggestions: [
+      'restart the engine: sudo systemctl restart docker (Docker Desktop: restart it)',
+      'check `timeout 10 docker info`, and the engine log (journalctl -u docker)',
+    ],
+  })
+}
+
+/** `reason`: the CLI's stderr, or what connecting to the socket said. */
+export function dockerPermission(reason: string): GatewayError {
+  return new GatewayError('E_DOCKER', `this user may not use the Docker engine: ${lastLines(reason, 1)}`, {
+    suggestions: ['add the user to the docker group (sudo usermod -aG docker $USER, then log in again)', 'or run the gateway as a user that may use Docker'],
+  })
+}
+
+/** A call stopped by its AbortSignal (the caller gave up; the engine may be fine). */
+export function dockerCancelled(request: string): GatewayError {
+  return new GatewayError('E_DOCKER', `${request} was cancelled`, {retryable: true})
+}
