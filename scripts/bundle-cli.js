@@ -208,6 +208,10 @@ fs.writeFileSync(path.join(root, CLI_FILES.helpPages), `${JSON.stringify({userAg
 // @oclif/core) and one for the help pages: bin/run.js tries the one argv names first. One each:
 // a start reads and deserialises only its own command's code.
 const {LITE_COMMANDS} = await import('../dist/cli/lite/commands.js')
+// the lite path runs no oclif hooks: one added to package.json would be skipped there without a word
+if (JSON.parse(fs.readFileSync(path.join(root, 'package.json'), 'utf8')).oclif?.hooks) {
+  throw new Error('bundle-cli: package.json declares oclif hooks, which the lite bundles (src/cli/lite/) do not run; run them there or drop the lite bundles')
+}
 const oclifLib = path.dirname(require.resolve('@oclif/core'))
 /** src/cli/lite/oclif-internals.ts reads oclif's files at run time; in the bundle they are inside it. */
 const oclifInternalsInBundle = {
