@@ -53,6 +53,8 @@ if (process.argv[2] === '--write-lite-code-cache') {
   const [bundleFile, argvs] = [process.argv[3], JSON.parse(process.argv[4])]
   const {exports: lite, script} = loadCliBundle(root, {bundle: bundleFile, codeCache: false})
   const home = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-warm-'))
+  // a config in the scratch home (its first-run default): sandbox exec leaves a first run to oclif
+  spawnSync(process.execPath, [path.join(root, 'bin', 'run.js'), 'agent', 'list'], {env: {...process.env, MEEPAGATEWAY_HOME: home}, stdio: 'ignore'})
   const exit = process.exit
   // an error ends the process the way oclif does (process.exit); here it ends only that run
   process.exit = (code) => {
@@ -244,8 +246,8 @@ const liteBundles = [
     const run = id === 'sandbox:exec'
       ? "import {sandboxExecWithoutOclif} from './cli/fast-paths.js'\nexport const run = (argv) => argv[0] === 'sandbox' && argv[1] === 'exec' ? sandboxExecWithoutOclif(argv.slice(2)) : Promise.resolve(undefined)"
       : `import {runCommandWithoutOclif} from './cli/lite/run.js'\nimport Command from ${JSON.stringify(file)}\nexport const run = (argv) => runCommandWithoutOclif(argv, ${JSON.stringify(id)}, Command, ${JSON.stringify(version)})`
-    // send, with no provider key in the scratch home, runs its whole path up to the provider call
-    const warm = id === 'send' ? [['send', '--agent', 'meepa', 'hi']] : [id.split(':'), [...id.split(':'), '--json']]
+    // what a start runs, once in the scratch home (send, with no provider key there, up to the provider call)
+    const warm = {send: [['send', '--agent', 'meepa', 'hi']], 'sandbox:exec': [['sandbox', 'exec', '--agent', 'meepa', '--', '/bin/true']]}[id] ?? [id.split(':'), [...id.split(':'), '--json']]
     return {id, entry: run, warm}
   }),
   {id: 'help-pages', entry: `import {printHelpPageWithoutOclif} from './cli/lite/run.js'\nexport const run = async (argv, root) => printHelpPageWithoutOclif(argv, root, ${JSON.stringify(version)})`, warm: [['--help'], ['runs', '--help']]},
