@@ -12,6 +12,16 @@ export function isStrictlyWithin(child: string, parent: string): boolean {
   return child !== parent && isWithin(child, parent)
 }
 
+/** Every `parent` with isStrictlyWithin(child, parent), as strings (so also for unnormalised ones): O(length), no scan of a list. */
+export function stringAncestors(child: string): string[] {
+  const ancestors: string[] = []
+  for (let i = child.indexOf(path.sep); i !== -1; i = child.indexOf(path.sep, i + 1)) {
+    ancestors.push(child.slice(0, i))
+    if (i + 1 < child.length) ancestors.push(child.slice(0, i + 1))
+  }
+  return ancestors
+}
+
 /**
  * Resolves every symlink of a path. A missing path resolves its longest existing ancestor and
  * keeps the missing tail as written, so a rule on it still lands where the kernel would look.

@@ -13,7 +13,7 @@ import {
   fileRightsOnly,
   sortRights,
 } from './landlock/rights.js'
-import {canonicalEntry, canonicalPath, entryKind, expandConfigPath, isStrictlyWithin, isWithin} from './paths.js'
+import {canonicalEntry, canonicalPath, entryKind, expandConfigPath, isStrictlyWithin, isWithin, stringAncestors} from './paths.js'
 
 /**
  * The host-sandbox policy compiler (docs/isolation.md). One policy, computed here in TypeScript, feeds
@@ -360,11 +360,13 @@ export function lowerToRules(grants: readonly PolicyGrant[], denies: readonly Po
     } catch {
       return // unreadable for the gateway itself: nothing beneath gets a rule
     }
+    const {prefix, denied, beneath} = deniesByChild(dir, inside)
     for (const name of names.sort()) {
       const child = path.join(dir, name)
-      if (inside.some((deny) => deny.path === child)) continue
-      const beneath = inside.filter((deny) => isStrictlyWithin(deny.path, child))
-      if (beneath.length > 0) lower(child, rights, reason, beneath)
+      if (denied.has(child)) continue
+      // an unnormalised `dir` joins to another spelling than the prefix: look at every deny then
+      const under = child === prefix + name ? beneath.get(child) : inside.filter((deny) => isStrictlyWithin(deny.path, child))
+      if (under && under.length > 0) lower(child, rights, reason, under)
       else emit(child, rights, reason)
     }
   }
@@ -381,11 +383,34 @@ export function lowerToRules(grants: readonly PolicyGrant[], denies: readonly Po
   }
 }
 
+/**
+ * The denies strictly within `dir` grouped by the child of `dir` they lie in (by string prefix, as
+ * isStrictlyWithin): one pass over the denies instead of one per directory entry.
+ */
+function deniesByChild(dir: string, inside: readonly PolicyDeny[]): {prefix: string; denied: Set<string>; beneath: Map<string, PolicyDeny[]>} {
+  const prefix = dir.endsWith(path.sep) ? dir : dir + path.sep
+  const denied = new Set<string>()
+  const beneath = new Map<string, PolicyDeny[]>()
+  for (const deny of inside) {
+    denied.add(deny.path)
+    if (!deny.path.startsWith(prefix)) continue
+    const end = deny.path.indexOf(path.sep, prefix.length)
+    if (end === -1) continue // the child itself
+    const child = deny.path.slice(0, end)
+    const group = beneath.get(child)
+    if (group) group.push(deny)
+    else beneath.set(child, [deny])
+  }
+  return {prefix, denied, beneath}
+}
+
 /** Drops a rule whose rights its ancestors' rules already give: same effective rights, shorter report. */
 function withoutRedundantRules(rules: PolicyRule[]): PolicyRule[] {
   const sorted = rules.sort((a, b) => a.path.localeCompare(b.path))
+  const byPath = new Map(sorted.map((rule) => [rule.path, rule]))
   return sorted.filter((rule) => {
-    const inherited = new Set(sorted.filter((other) => isStrictlyWithin(rule.path, other.path)).flatMap((other) => other.rights))
+    const inherited = new Set<FsRight>()
+    for (const ancestor of stringAncestors(rule.path)) for (const right of byPath.get(ancestor)?.rights ?? []) inherited.add(right)
     return !rule.rights.every((right) => inherited.has(right))
   })
 }
