@@ -5,8 +5,8 @@ import {agentPolicy} from './agent-policy.js'
 import {loweringGaps, loweringWarnings} from '../../sandbox/landlock/enforcement.js'
 import {probeNamespaces} from '../../sandbox/namespaces.js'
 import type {LoadedConfig} from '../config/types.js'
-import {isolationLevelFor} from '../runners/index.js'
-import {workspacePath} from '../workspace/workspace.js'
+import {isolationLevelFor} from '../runners/isolation-level.js'
+import {workspacePath} from '../workspace/location.js'
 
 // Apart from exec.ts on purpose: `config check` loads only this, not what running a command needs (execa, the run database).
 
