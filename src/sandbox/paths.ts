@@ -32,14 +32,25 @@ export function canonicalPath(input: string): string {
   const tail: string[] = []
   for (;;) {
     try {
-      const real = fs.realpathSync.native(existing)
-      return tail.length === 0 ? real : path.join(real, ...tail.reverse())
-    } catch {
-      const parent = path.dirname(existing)
-      if (parent === existing) return absolute
-      tail.push(path.basename(existing))
-      existing = parent
-    }
+      // what lstat finds missing realpath cannot resolve either: no exception to build for it
+      if (!lstatMissing(existing)) {
+        const real = fs.realpathSync.native(existing)
+        return tail.length === 0 ? real : path.join(real, ...tail.reverse())
+      }
+    } catch {}
+    const parent = path.dirname(existing)
+    if (parent === existing) return absolute
+    tail.push(path.basename(existing))
+    existing = parent
+  }
+}
+
+/** True only when lstat says the entry does not exist (any other error: not known to be missing). */
+function lstatMissing(file: string): boolean {
+  try {
+    return fs.lstatSync(file, {throwIfNoEntry: false}) === undefined
+  } catch {
+    return false
   }
 }
 
@@ -57,7 +68,8 @@ export type EntryKind = 'dir' | 'file' | 'symlink' | 'missing'
 
 export function entryKind(file: string): EntryKind {
   try {
-    const stat = fs.lstatSync(file)
+    const stat = fs.lstatSync(file, {throwIfNoEntry: false}) // most misses are ENOENT: no exception to build
+    if (!stat) return 'missing'
     if (stat.isSymbolicLink()) return 'symlink'
     return stat.isDirectory() ? 'dir' : 'file'
   } catch {

@@ -2,9 +2,9 @@ import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
 import {afterAll, beforeAll, describe, expect, it} from 'vitest'
-import {canonicalPath, entryKind} from '../../src/sandbox/paths.js'
+import {canonicalEntry, canonicalPath, entryKind} from '../../src/sandbox/paths.js'
 import {type AccessClass, compilePolicy, lowerToRules, type PolicyDeny, type PolicyGrant} from '../../src/sandbox/policy.js'
-import {oracleLowerToRules} from './lowering-oracle.js'
+import {oracleCanonicalPath, oracleEntryKind, oracleLowerToRules} from './lowering-oracle.js'
 
 // The security compiler's lowering was rewritten for speed: its output must stay exactly the old
 // one's, rule for rule and in the same order, over generated trees and the real machine's policies.
@@ -79,6 +79,22 @@ function generateCase(root: string, rand: () => number): {grants: PolicyGrant[];
   })
   return {grants, denies}
 }
+
+describe('canonicalPath and entryKind are exactly the old ones (which built an exception per missing entry)', () => {
+  it('on generated trees: missing tails, dangling links, link loops, paths through files', () => {
+    const root = path.join(base, 'paths')
+    const entries = generateTree(root, random(7))
+    fs.symlinkSync('loop-b', path.join(root, 'loop-a'))
+    fs.symlinkSync('loop-a', path.join(root, 'loop-b'))
+    fs.writeFileSync(path.join(root, 'plain'), '')
+    const probes = [root, '/', '/etc/shadow', '/proc/self/fd/0', 'relative/missing', path.join(root, 'loop-a', 'x'), path.join(root, 'plain', 'under', 'file')]
+    for (const entry of [...entries, root]) probes.push(entry, `${entry}/`, path.join(entry, 'missing'), path.join(entry, 'missing', 'deeper'), path.join(entry, '..', 'x'))
+    for (const probe of probes) {
+      expect({probe, canonical: canonicalPath(probe), kind: entryKind(probe)}).toEqual({probe, canonical: oracleCanonicalPath(probe), kind: oracleEntryKind(probe)})
+      expect({probe, entry: canonicalEntry(probe)}).toEqual({probe, entry: path.join(oracleCanonicalPath(path.dirname(path.resolve(probe))), path.basename(path.resolve(probe)))})
+    }
+  })
+})
 
 describe('lowerToRules is exactly the old (quadratic) lowering', () => {
   it('on 400 generated trees, grants and denies', () => {

@@ -4,7 +4,7 @@ import {ANCESTOR_RIGHTS, DEVICE_READ_RIGHTS, DEVICE_RW_RIGHTS, type FsRight, PTY
 import {entryKind, isStrictlyWithin} from '../../src/sandbox/paths.js'
 import type {AccessClass, LoweredDirectory, PolicyDeny, PolicyGrant, PolicyRule} from '../../src/sandbox/policy.js'
 
-// The oracle: lowerToRules as it was before it was made O(n log n) (commit dc0254b), kept verbatim
+// The oracles: lowerToRules, canonicalPath and entryKind as they were before they were made faster (commit dc0254b), kept verbatim
 // so every change to the fast one is compared with it (test/sandbox/lowering-equivalence.test.ts).
 
 const RIGHTS_BY_ACCESS: Record<AccessClass, readonly FsRight[]> = {
@@ -74,4 +74,32 @@ function withoutRedundantRules(rules: PolicyRule[]): PolicyRule[] {
     const inherited = new Set(sorted.filter((other) => isStrictlyWithin(rule.path, other.path)).flatMap((other) => other.rights))
     return !rule.rights.every((right) => inherited.has(right))
   })
+}
+
+/** canonicalPath and entryKind as they were before they avoided exceptions for missing entries. */
+export function oracleCanonicalPath(input: string): string {
+  const absolute = path.resolve(input)
+  let existing = absolute
+  const tail: string[] = []
+  for (;;) {
+    try {
+      const real = fs.realpathSync.native(existing)
+      return tail.length === 0 ? real : path.join(real, ...tail.reverse())
+    } catch {
+      const parent = path.dirname(existing)
+      if (parent === existing) return absolute
+      tail.push(path.basename(existing))
+      existing = parent
+    }
+  }
+}
+
+export function oracleEntryKind(file: string): string {
+  try {
+    const stat = fs.lstatSync(file)
+    if (stat.isSymbolicLink()) return 'symlink'
+    return stat.isDirectory() ? 'dir' : 'file'
+  } catch {
+    return 'missing'
+  }
 }
