@@ -4,11 +4,11 @@ import {afterAll, beforeAll, describe, expect, it} from 'vitest'
 import {loadConfig, resolveAgent} from '../../src/runtime/config/load.js'
 import type {LoadedConfig} from '../../src/runtime/config/types.js'
 import {sandboxConfigWarnings} from '../../src/runtime/host-sandbox/config-warnings.js'
-import {NO_NAMESPACES_ENV} from '../../src/sandbox/namespaces.js'
+import {NO_NAMESPACES_ENV, probeNamespaces, probeNamespacesSync} from '../../src/sandbox/namespaces.js'
 import {makeEscapeWorld, type EscapeWorld} from './landlock-support.js'
 
-// The policies compile while bubblewrap's probe runs, guessing the namespace layer works: the
-// warnings must be those of the layer the probe finds, for either answer.
+// config check probes bubblewrap synchronously (a one-shot command): the warnings must be those of
+// the layer the probe finds, for either answer, and the probe the one runs use.
 describe.skipIf(process.platform !== 'linux')('sandboxConfigWarnings', () => {
   let world: EscapeWorld
   let loaded: LoadedConfig
@@ -31,6 +31,11 @@ describe.skipIf(process.platform !== 'linux')('sandboxConfigWarnings', () => {
     }
   }
   const broken = {agent: 'broken', warning: expect.stringMatching(/^the sandbox policy cannot be compiled: file_access deny: \. covers the agent workspace/)}
+
+  it('the synchronous probe answers as the one runs use, with the layer and without', async () => {
+    expect(probeNamespacesSync()).toEqual(await probeNamespaces())
+    expect(await withoutNamespaces(async () => probeNamespacesSync())).toEqual(await withoutNamespaces(() => probeNamespaces()))
+  })
 
   it('with the namespace layer: only what cannot compile', async () => {
     expect(await sandboxConfigWarnings(loaded)).toEqual([broken])

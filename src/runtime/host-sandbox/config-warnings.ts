@@ -3,9 +3,8 @@ import os from 'node:os'
 import path from 'node:path'
 import {agentPolicy} from './agent-policy.js'
 import {loweringGaps, loweringWarnings} from '../../sandbox/landlock/enforcement.js'
-import {probeNamespaces} from '../../sandbox/namespaces.js'
-import type {AgentConfig, LoadedConfig} from '../config/types.js'
-import type {SandboxPolicy} from '../../sandbox/policy.js'
+import {probeNamespacesSync} from '../../sandbox/namespaces.js'
+import type {LoadedConfig} from '../config/types.js'
 import {isolationLevelFor} from '../runners/isolation-level.js'
 import {workspacePath} from '../workspace/location.js'
 
@@ -20,35 +19,24 @@ export async function sandboxConfigWarnings(loaded: LoadedConfig): Promise<Array
   if (process.platform !== 'linux') return []
   const agents = loaded.config.agents.filter((agent) => isolationLevelFor(agent) === 'host-sandbox' && fs.existsSync(workspacePath(loaded.home, agent.id)))
   if (agents.length === 0) return []
-  const probing = probeNamespaces() // bubblewrap runs while the policies compile
+  const namespaces = probeNamespacesSync()
   // one private temp dir stands for every agent's: only its existence and place (os.tmpdir()) matter to the policy
   const tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-sandbox-check-'))
+  const warnings: Array<{agent: string; warning: string}> = []
   try {
-    const compile = (agent: AgentConfig, namespaces: boolean): SandboxPolicy | Error => {
+    for (const agent of agents) {
       try {
-        return agentPolicy({agent, config: loaded.config, home: loaded.home, workspace: workspacePath(loaded.home, agent.id), tmpDir, configPath: loaded.path, namespaces})
+        const policy = agentPolicy({agent, config: loaded.config, home: loaded.home, workspace: workspacePath(loaded.home, agent.id), tmpDir, configPath: loaded.path, namespaces: namespaces.available})
+        const gaps = new Set(loweringGaps(policy, namespaces))
+        for (const warning of loweringWarnings(policy, namespaces)) {
+          warnings.push({agent: agent.id, warning: gaps.has(warning) ? `${warning} (${agent.file_access.best_effort ? 'accepted: best_effort is on' : 'runs are refused unless file_access.best_effort: true'})` : warning})
+        }
       } catch (error) {
-        return error as Error
+        warnings.push({agent: agent.id, warning: `the sandbox policy cannot be compiled: ${(error as Error).message}`})
       }
     }
-    // compiled for the layer that works wherever bubblewrap may run; again without it where it may not
-    const guessed = agents.map((agent) => compile(agent, true))
-    const namespaces = await probing
-    const policies = namespaces.available ? guessed : agents.map((agent) => compile(agent, false))
-    const warnings: Array<{agent: string; warning: string}> = []
-    for (const [index, agent] of agents.entries()) {
-      const policy = policies[index] as SandboxPolicy | Error
-      if (policy instanceof Error) {
-        warnings.push({agent: agent.id, warning: `the sandbox policy cannot be compiled: ${policy.message}`})
-        continue
-      }
-      const gaps = new Set(loweringGaps(policy, namespaces))
-      for (const warning of loweringWarnings(policy, namespaces)) {
-        warnings.push({agent: agent.id, warning: gaps.has(warning) ? `${warning} (${agent.file_access.best_effort ? 'accepted: best_effort is on' : 'runs are refused unless file_access.best_effort: true'})` : warning})
-      }
-    }
-    return warnings
   } finally {
     fs.rmSync(tmpDir, {recursive: true, force: true})
   }
+  return warnings
 }
