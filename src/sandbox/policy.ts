@@ -231,10 +231,11 @@ export function compilePolicy(input: PolicyInput): SandboxPolicy {
   for (const [index, raw] of fa.allow_read_write.entries()) addConfigGrant(raw, `allow_read_write[${index}]`, 'read-write')
 
   const denies: PolicyDeny[] = []
+  const deniedPaths = new Set<string>()
   const addDeny = (raw: string, reason: string, source: PolicyDeny['source']) => {
-    const targets = new Set([canonicalPath(raw), canonicalEntry(raw)])
-    for (const target of targets) {
-      if (denies.some((deny) => deny.path === target)) continue
+    for (const target of [canonicalPath(raw), canonicalEntry(raw)]) {
+      if (deniedPaths.has(target)) continue
+      deniedPaths.add(target)
       denies.push({path: target, reason, source, exists: entryKind(target) !== 'missing'})
     }
   }
@@ -252,9 +253,10 @@ export function compilePolicy(input: PolicyInput): SandboxPolicy {
 
   const kept = grants.filter((grant) => keepGrant(grant, denies, notes))
   const covered = input.namespaces ? coverableDenies(kept, denies) : []
+  const coveredPaths = new Set(covered.map((cover) => cover.path))
   const {rules, lowered} = lowerToRules(
     kept,
-    denies.filter((deny) => !covered.some((cover) => cover.path === deny.path)),
+    denies.filter((deny) => !coveredPaths.has(deny.path)),
   )
   if (rules.length > MAX_RULES) {
     throw new GatewayError('E_SANDBOX', `the sandbox policy needs ${rules.length} Landlock rules (limit ${MAX_RULES})`, {
