@@ -36,7 +36,16 @@ export async function sandboxConfigWarnings(loaded: LoadedConfig): Promise<Array
       }
     }
   } finally {
-    fs.rmSync(tmpDir, {recursive: true, force: true})
+    removeTempDir(tmpDir)
   }
   return warnings
+}
+
+/** Compiling writes nothing there: rmdir, and the recursive removal (a module of its own to load) only if something did. */
+function removeTempDir(dir: string): void {
+  try {
+    fs.rmdirSync(dir)
+  } catch {
+    fs.rmSync(dir, {recursive: true, force: true})
+  }
 }
