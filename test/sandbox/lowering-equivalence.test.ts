@@ -5,21 +5,10 @@ import {afterAll, beforeAll, describe, expect, it} from 'vitest'
 import {canonicalEntry, canonicalPath, entryKind} from '../../src/sandbox/paths.js'
 import {type AccessClass, compilePolicy, lowerToRules, type PolicyDeny, type PolicyGrant} from '../../src/sandbox/policy.js'
 import {oracleCanonicalPath, oracleEntryKind, oracleLowerToRules} from './lowering-oracle.js'
+import {seededRandom} from '../helpers/seeded-random.js'
 
 // The security compiler's lowering was rewritten for speed: its output must stay exactly the old
 // one's, rule for rule and in the same order, over generated trees and the real machine's policies.
-
-/** mulberry32: a seeded generator, so a failing case can be replayed. */
-function random(seed: number): () => number {
-  let state = seed >>> 0
-  return () => {
-    state = (state + 0x6d2b79f5) >>> 0
-    let t = state
-    t = Math.imul(t ^ (t >>> 15), t | 1)
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
-  }
-}
 
 // names whose byte order and localeCompare order differ, dotfiles, spaces, a name that is a prefix of another
 const NAMES = ['a', 'A', 'ab', 'a b', 'a-b', 'a.b', '.hidden', '_x', 'é', 'z', 'Z', '10', '9', 'b', 'ba']
@@ -83,7 +72,7 @@ function generateCase(root: string, rand: () => number): {grants: PolicyGrant[];
 describe('canonicalPath and entryKind are exactly the old ones (which built an exception per missing entry)', () => {
   it('on generated trees: missing tails, dangling links, link loops, paths through files', () => {
     const root = path.join(base, 'paths')
-    const entries = generateTree(root, random(7))
+    const entries = generateTree(root, seededRandom(7))
     fs.symlinkSync('loop-b', path.join(root, 'loop-a'))
     fs.symlinkSync('loop-a', path.join(root, 'loop-b'))
     fs.writeFileSync(path.join(root, 'plain'), '')
@@ -101,7 +90,7 @@ describe('lowerToRules is exactly the old (quadratic) lowering', () => {
     let lowered = 0
     let rules = 0
     for (let seed = 1; seed <= 400; seed++) {
-      const rand = random(seed)
+      const rand = seededRandom(seed)
       const {grants, denies} = generateCase(path.join(base, `case-${seed}`), rand)
       const expected = oracleLowerToRules(grants, denies)
       expect({seed, ...lowerToRules(grants, denies)}).toEqual({seed, ...expected})
