@@ -2,6 +2,7 @@ import fs from 'node:fs'
 import path from 'node:path'
 import type {FileAccessConfig} from '../runtime/config/types.js'
 import {GatewayError} from '../runtime/util/errors.js'
+import {localeOrder} from '../runtime/util/locale-order.js'
 import {
   ANCESTOR_RIGHTS,
   DEVICE_READ_RIGHTS,
@@ -292,7 +293,7 @@ function coverableDenies(grants: readonly PolicyGrant[], denies: readonly Policy
     if (grants.some((grant) => isWithin(grant.path, deny.path))) continue
     covered.push({path: deny.path, kind, reason: deny.reason})
   }
-  return covered.sort((a, b) => a.path.localeCompare(b.path))
+  return covered.sort((a, b) => localeOrder(a.path, b.path))
 }
 
 /** The rights a path gets from the rules: the union of every rule on it or an ancestor. */
@@ -381,7 +382,7 @@ export function lowerToRules(grants: readonly PolicyGrant[], denies: readonly Po
     rules: withoutRedundantRules([...rules.values()]),
     lowered: [...lowered.entries()]
       .map(([dir, record]) => ({path: dir, denied: [...record.denied].sort(), writable: record.writable}))
-      .sort((a, b) => a.path.localeCompare(b.path)),
+      .sort((a, b) => localeOrder(a.path, b.path)),
   }
 }
 
@@ -408,7 +409,7 @@ function deniesByChild(dir: string, inside: readonly PolicyDeny[]): {prefix: str
 
 /** Drops a rule whose rights its ancestors' rules already give: same effective rights, shorter report. */
 function withoutRedundantRules(rules: PolicyRule[]): PolicyRule[] {
-  const sorted = rules.sort((a, b) => a.path.localeCompare(b.path))
+  const sorted = rules.sort((a, b) => localeOrder(a.path, b.path))
   const byPath = new Map(sorted.map((rule) => [rule.path, rule]))
   return sorted.filter((rule) => {
     const inherited = new Set<FsRight>()
