@@ -77,6 +77,12 @@ export function entryKind(file: string): EntryKind {
   }
 }
 
+/** entryKind from a directory listing's entry, without an lstat of its own. */
+export function direntKind(entry: fs.Dirent): EntryKind {
+  if (entry.isSymbolicLink()) return 'symlink'
+  return entry.isDirectory() ? 'dir' : 'file'
+}
+
 /** Expands `~` (the operator's home) and resolves relative paths against `base`. */
 export function expandConfigPath(input: string, operatorHome: string, base: string): string {
   if (input === '~') return operatorHome

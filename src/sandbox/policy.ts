@@ -14,7 +14,7 @@ import {
   fileRightsOnly,
   sortRights,
 } from './landlock/rights.js'
-import {canonicalEntry, canonicalPath, entryKind, expandConfigPath, isStrictlyWithin, isWithin, stringAncestors} from './paths.js'
+import {canonicalEntry, canonicalPath, direntKind, entryKind, type EntryKind, expandConfigPath, isStrictlyWithin, isWithin, stringAncestors} from './paths.js'
 
 /**
  * The host-sandbox policy compiler (docs/isolation.md). One policy, computed here in TypeScript, feeds
@@ -334,8 +334,7 @@ function keepGrant(grant: PolicyGrant, denies: readonly PolicyDeny[], notes: str
 export function lowerToRules(grants: readonly PolicyGrant[], denies: readonly PolicyDeny[]): {rules: PolicyRule[]; lowered: LoweredDirectory[]} {
   const rules = new Map<string, PolicyRule>()
   const lowered = new Map<string, {denied: Set<string>; writable: boolean}>()
-  const emit = (target: string, rights: readonly FsRight[], reason: string) => {
-    const kind = entryKind(target)
+  const emit = (target: string, rights: readonly FsRight[], reason: string, kind: EntryKind = entryKind(target)) => {
     if (kind === 'missing' || kind === 'symlink') return
     const masked = kind === 'dir' ? [...rights] : fileRightsOnly(rights)
     if (masked.length === 0) return
@@ -346,31 +345,32 @@ export function lowerToRules(grants: readonly PolicyGrant[], denies: readonly Po
     } else rules.set(target, {path: target, rights: sortRights(masked), reason})
   }
 
-  const lower = (dir: string, rights: readonly FsRight[], reason: string, inside: readonly PolicyDeny[]) => {
+  const lower = (dir: string, rights: readonly FsRight[], reason: string, inside: readonly PolicyDeny[], kind: EntryKind = entryKind(dir)) => {
     if (inside.length === 0) {
-      emit(dir, rights, reason)
+      emit(dir, rights, reason, kind)
       return
     }
-    if (entryKind(dir) !== 'dir') return
-    emit(dir, rights.filter((right) => ANCESTOR_RIGHTS.includes(right)), `${reason} (listing only: a denied path lies beneath)`)
+    if (kind !== 'dir') return
+    emit(dir, rights.filter((right) => ANCESTOR_RIGHTS.includes(right)), `${reason} (listing only: a denied path lies beneath)`, kind)
     const record = lowered.get(dir) ?? {denied: new Set<string>(), writable: false}
     for (const deny of inside) record.denied.add(deny.path)
     record.writable ||= rights.includes('make_reg')
     lowered.set(dir, record)
-    let names: string[]
+    let entries: fs.Dirent[]
     try {
-      names = fs.readdirSync(dir)
+      entries = fs.readdirSync(dir, {withFileTypes: true})
     } catch {
       return // unreadable for the gateway itself: nothing beneath gets a rule
     }
     const {prefix, denied, beneath} = deniesByChild(dir, inside)
-    for (const name of names.sort()) {
-      const child = path.join(dir, name)
+    for (const entry of entries.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))) {
+      const child = path.join(dir, entry.name)
       if (denied.has(child)) continue
       // an unnormalised `dir` joins to another spelling than the prefix: look at every deny then
-      const under = child === prefix + name ? beneath.get(child) : inside.filter((deny) => isStrictlyWithin(deny.path, child))
-      if (under && under.length > 0) lower(child, rights, reason, under)
-      else emit(child, rights, reason)
+      const under = child === prefix + entry.name ? beneath.get(child) : inside.filter((deny) => isStrictlyWithin(deny.path, child))
+      // the listing's own entry types: no lstat per entry (Node lstats where the file system gives no type)
+      if (under && under.length > 0) lower(child, rights, reason, under, direntKind(entry))
+      else emit(child, rights, reason, direntKind(entry))
     }
   }
 

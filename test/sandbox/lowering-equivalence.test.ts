@@ -1,7 +1,9 @@
+import {spawnSync} from 'node:child_process'
 import fs from 'node:fs'
+import net from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
-import {afterAll, beforeAll, describe, expect, it} from 'vitest'
+import {afterAll, beforeAll, describe, expect, it, onTestFinished} from 'vitest'
 import {canonicalEntry, canonicalPath, entryKind} from '../../src/sandbox/paths.js'
 import {type AccessClass, compilePolicy, lowerToRules, type PolicyDeny, type PolicyGrant} from '../../src/sandbox/policy.js'
 import {oracleCanonicalPath, oracleEntryKind, oracleLowerToRules} from './lowering-oracle.js'
@@ -102,9 +104,14 @@ describe('lowerToRules is exactly the old (quadratic) lowering', () => {
     expect(rules).toBeGreaterThan(2000)
   })
 
-  it('on many denies in one directory (a home with hundreds of dotfiles)', () => {
+  it('on many denies in one directory (a home with hundreds of dotfiles), a FIFO and a socket among them', async () => {
     const home = path.join(base, 'dotfiles')
     fs.mkdirSync(home)
+    // entries that are neither file, directory nor link: typed by the listing, not by lstat
+    expect(spawnSync('mkfifo', [path.join(home, 'fifo')]).status).toBe(0)
+    const server = net.createServer()
+    await new Promise<void>((resolve) => server.listen(path.join(home, 'socket'), resolve))
+    onTestFinished(() => void server.close())
     const denies: PolicyDeny[] = []
     for (let i = 0; i < 600; i++) {
       const entry = path.join(home, `.dot${i}`)
