@@ -4,8 +4,9 @@ import path from 'node:path'
 /** True when `child` is `parent` or lies beneath it (both absolute, normalised). */
 export function isWithin(child: string, parent: string): boolean {
   if (child === parent) return true
-  const prefix = parent.endsWith(path.sep) ? parent : parent + path.sep
-  return child.startsWith(prefix)
+  if (parent.endsWith(path.sep)) return child.startsWith(parent)
+  // `parent + sep` as a prefix, without building that string (the policy compiler asks this thousands of times)
+  return child.length > parent.length && child[parent.length] === path.sep && child.startsWith(parent)
 }
 
 export function isStrictlyWithin(child: string, parent: string): boolean {

@@ -4,9 +4,9 @@ import net from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
 import {afterAll, beforeAll, describe, expect, it, onTestFinished} from 'vitest'
-import {canonicalEntry, canonicalPath, entryKind} from '../../src/sandbox/paths.js'
+import {canonicalEntry, canonicalPath, entryKind, isWithin} from '../../src/sandbox/paths.js'
 import {type AccessClass, compilePolicy, lowerToRules, type PolicyDeny, type PolicyGrant} from '../../src/sandbox/policy.js'
-import {oracleCanonicalPath, oracleEntryKind, oracleLowerToRules} from './lowering-oracle.js'
+import {oracleCanonicalPath, oracleEntryKind, oracleIsWithin, oracleLowerToRules} from './lowering-oracle.js'
 import {seededRandom} from '../helpers/seeded-random.js'
 
 // The security compiler's lowering was rewritten for speed: its output must stay exactly the old
@@ -84,6 +84,13 @@ describe('canonicalPath and entryKind are exactly the old ones (which built an e
       expect({probe, canonical: canonicalPath(probe), kind: entryKind(probe)}).toEqual({probe, canonical: oracleCanonicalPath(probe), kind: oracleEntryKind(probe)})
       expect({probe, entry: canonicalEntry(probe)}).toEqual({probe, entry: path.join(oracleCanonicalPath(path.dirname(path.resolve(probe))), path.basename(path.resolve(probe)))})
     }
+  })
+})
+
+describe('isWithin is exactly the old one (which built `parent/` for every call)', () => {
+  it('on every pair of generated paths, prefixes, trailing slashes and the root', () => {
+    const parts = ['', '/', 'a', 'ab', 'a/b', 'a/', '/a', '/a/', '/a/b', '/ab', '/a/bc', '//a', 'a//b', '/a/b/']
+    for (const child of parts) for (const parent of parts) expect([child, parent, isWithin(child, parent)]).toEqual([child, parent, oracleIsWithin(child, parent)])
   })
 })
 

@@ -1,10 +1,9 @@
 import fs from 'node:fs'
 import path from 'node:path'
 import {ANCESTOR_RIGHTS, DEVICE_READ_RIGHTS, DEVICE_RW_RIGHTS, type FsRight, PTY_RIGHTS, READ_RIGHTS, READ_WRITE_RIGHTS, fileRightsOnly, sortRights} from '../../src/sandbox/landlock/rights.js'
-import {entryKind, isStrictlyWithin} from '../../src/sandbox/paths.js'
 import type {AccessClass, LoweredDirectory, PolicyDeny, PolicyGrant, PolicyRule} from '../../src/sandbox/policy.js'
 
-// The oracles: lowerToRules, canonicalPath and entryKind as they were before they were made faster (commit dc0254b), kept verbatim
+// The oracles: lowerToRules, canonicalPath, entryKind and isWithin as they were before they were made faster (commit dc0254b), kept verbatim
 // so every change to the fast one is compared with it (test/sandbox/lowering-equivalence.test.ts).
 
 const RIGHTS_BY_ACCESS: Record<AccessClass, readonly FsRight[]> = {
@@ -14,6 +13,10 @@ const RIGHTS_BY_ACCESS: Record<AccessClass, readonly FsRight[]> = {
   'device-read': DEVICE_READ_RIGHTS,
   pty: PTY_RIGHTS,
 }
+
+// the oracle's own path helpers (below), not the fast ones it is compared with
+const entryKind = (file: string) => oracleEntryKind(file)
+const isStrictlyWithin = (child: string, parent: string) => child !== parent && oracleIsWithin(child, parent)
 
 export function oracleLowerToRules(grants: readonly PolicyGrant[], denies: readonly PolicyDeny[]): {rules: PolicyRule[]; lowered: LoweredDirectory[]} {
   const rules = new Map<string, PolicyRule>()
@@ -76,7 +79,7 @@ function withoutRedundantRules(rules: PolicyRule[]): PolicyRule[] {
   })
 }
 
-/** canonicalPath and entryKind as they were before they avoided exceptions for missing entries. */
+/** canonicalPath, entryKind and isWithin as they were before they avoided exceptions for missing entries. */
 export function oracleCanonicalPath(input: string): string {
   const absolute = path.resolve(input)
   let existing = absolute
@@ -102,4 +105,10 @@ export function oracleEntryKind(file: string): string {
   } catch {
     return 'missing'
   }
+}
+
+export function oracleIsWithin(child: string, parent: string): boolean {
+  if (child === parent) return true
+  const prefix = parent.endsWith(path.sep) ? parent : parent + path.sep
+  return child.startsWith(prefix)
 }
