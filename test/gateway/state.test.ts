@@ -47,6 +47,7 @@ describe('gateway.db read-only (runs)', () => {
     expect(() => readGatewayDb(home, (reader) => reader.prepare(`DELETE FROM runs`).run())).toThrow(/readonly/)
     db.exec('COMMIT')
     expect(listRuns({home}).map((run) => run.status)).toEqual(['ok'])
+    expect(readGatewayDb(home, (reader) => reader.pragma('busy_timeout', {simple: true}))).toBe(5000)
   })
 
   it('creates a missing database and migrates an older one, as a read-write open does', () => {

@@ -224,8 +224,8 @@ export function readGatewayDb<T>(home: string, fn: (db: GatewayDb) => T): T {
   const file = gatewayDbPath(home)
   let db: GatewayDb | undefined
   try {
-    db = new Database(file, {readonly: true, fileMustExist: true, nativeBinding: sqliteAddon()})
-    db.pragma('busy_timeout = 5000')
+    // the busy timeout set at open, as busy_timeout = 5000 (one statement less)
+    db = new Database(file, {readonly: true, fileMustExist: true, timeout: 5000, nativeBinding: sqliteAddon()})
     fs.chmodSync(file, 0o600) // as every open does: API key hashes and run metadata are the operator's business only
     if (db.pragma('user_version', {simple: true}) !== MIGRATIONS.length) throw new Error('not at this schema version')
   } catch {
