@@ -35,13 +35,22 @@ export async function probeNamespaces(): Promise<NamespaceProbe> {
   return cached.probe
 }
 
+let settled: {probe: NamespaceProbe; at: number} | undefined
+
 /**
  * The same probe for one-shot commands (`config check`), which have no event loop to keep free:
- * spawnSync costs a third of execFile's CPU (no ChildProcess, pipes or streams). Not cached.
+ * spawnSync costs a third of execFile's CPU (no ChildProcess, pipes or streams). Kept as the
+ * asynchronous one is: while it works, and a failure for RETRY_FAILED_PROBE_MS.
  */
 export function probeNamespacesSync(): NamespaceProbe {
   const refused = probeRefused()
   if (refused) return refused
+  if (settled && (settled.probe.available || Date.now() - settled.at <= RETRY_FAILED_PROBE_MS)) return settled.probe
+  settled = {probe: runProbeSync(), at: Date.now()}
+  return settled.probe
+}
+
+function runProbeSync(): NamespaceProbe {
   const bwrap = findBwrap()
   if (!bwrap) return NO_BWRAP
   const result = spawnSync(bwrap, [...namespaceOptions(), '--', '/bin/true'], {timeout: PROBE_TIMEOUT_MS, env: {}, encoding: 'utf8', stdio: ['ignore', 'ignore', 'pipe']})
