@@ -67,7 +67,7 @@ function allowed(zone: string, imp: Import): boolean {
     case 'runtime/state':
       return ['util', 'config'].includes(folder)
     case 'runtime/workspace':
-      return ['util', 'config', 'state'].includes(folder) || imp.to === path.join('runtime', 'runners', 'index.ts')
+      return ['util', 'config', 'state'].includes(folder) || imp.to === path.join('runtime', 'runners', 'isolation-level.ts')
     case 'runtime/providers':
       return ['util', 'config', 'agent-run'].includes(folder)
     case 'runtime/agent':

@@ -1,4 +1,4 @@
-import {execFile} from 'node:child_process'
+import {execFile, spawnSync} from 'node:child_process'
 import fs from 'node:fs'
 import path from 'node:path'
 import type {SandboxPolicy} from './policy.js'
@@ -28,26 +28,66 @@ const RETRY_FAILED_PROBE_MS = 60_000
 
 /** Whether bubblewrap can create the namespaces on this machine: tried with the real options, once per process while it works. */
 export async function probeNamespaces(): Promise<NamespaceProbe> {
-  if (process.platform !== 'linux') return {available: false, reason: `namespaces are Linux only (this is ${process.platform})`}
-  if (process.env[NO_NAMESPACES_ENV]) return {available: false, reason: `disabled by ${NO_NAMESPACES_ENV}`}
+  const refused = probeRefused()
+  if (refused) return refused
   if (cached && !(await cached.probe).available && Date.now() - cached.at > RETRY_FAILED_PROBE_MS) cached = undefined
   cached ??= {probe: runProbe(), at: Date.now()}
   return cached.probe
 }
 
+let settled: {probe: NamespaceProbe; at: number} | undefined
+
+/**
+ * The same probe for one-shot commands (`config check`), which have no event loop to keep free:
+ * spawnSync costs a third of execFile's CPU (no ChildProcess, pipes or streams). Kept as the
+ * asynchronous one is: while it works, and a failure for RETRY_FAILED_PROBE_MS.
+ */
+export function probeNamespacesSync(): NamespaceProbe {
+  const refused = probeRefused()
+  if (refused) return refused
+  if (settled && (settled.probe.available || Date.now() - settled.at <= RETRY_FAILED_PROBE_MS)) return settled.probe
+  settled = {probe: runProbeSync(), at: Date.now()}
+  return settled.probe
+}
+
+function runProbeSync(): NamespaceProbe {
+  const bwrap = findBwrap()
+  if (!bwrap) return NO_BWRAP
+  const result = spawnSync(bwrap, [...namespaceOptions(), '--', '/bin/true'], {timeout: PROBE_TIMEOUT_MS, env: {}, encoding: 'utf8', stdio: ['ignore', 'ignore', 'pipe']})
+  let failure: string | undefined
+  if (result.error) failure = (result.error as NodeJS.ErrnoException).code === 'ETIMEDOUT' ? 'timed out after 10 s' : result.error.message
+  else if (result.status !== 0) failure = result.status === null ? `killed by ${result.signal}` : `exit ${result.status}`
+  return probeResult(bwrap, failure, result.stderr ?? '')
+}
+
+const PROBE_TIMEOUT_MS = 10_000
+const NO_BWRAP: NamespaceProbe = {available: false, reason: 'bubblewrap is not installed (apt-get install bubblewrap)'}
+
+function probeRefused(): NamespaceProbe | undefined {
+  if (process.platform !== 'linux') return {available: false, reason: `namespaces are Linux only (this is ${process.platform})`}
+  if (process.env[NO_NAMESPACES_ENV]) return {available: false, reason: `disabled by ${NO_NAMESPACES_ENV}`}
+  return undefined
+}
+
+const findBwrap = () => BWRAP_CANDIDATES.find((candidate) => isExecutable(candidate))
+
 async function runProbe(): Promise<NamespaceProbe> {
-  const bwrap = BWRAP_CANDIDATES.find((candidate) => isExecutable(candidate))
-  if (!bwrap) return {available: false, reason: 'bubblewrap is not installed (apt-get install bubblewrap)'}
-  // node's execFile, not execa: `config check` and `sandbox exec` run this at start, and execa's set-up costs more than bwrap
+  const bwrap = findBwrap()
+  if (!bwrap) return NO_BWRAP
+  // node's execFile, not execa: `sandbox exec` runs this at start, and execa's set-up costs more than bwrap
   const result = await new Promise<{failure?: string; stderr: string}>((resolve) => {
-    execFile(bwrap, [...namespaceOptions(), '--', '/bin/true'], {timeout: 10_000, env: {}, encoding: 'utf8'}, (error, _stdout, stderr) => {
+    execFile(bwrap, [...namespaceOptions(), '--', '/bin/true'], {timeout: PROBE_TIMEOUT_MS, env: {}, encoding: 'utf8'}, (error, _stdout, stderr) => {
       const failure = !error ? undefined : error.killed ? 'timed out after 10 s' : typeof error.code === 'number' ? `exit ${error.code}` : error.message
       resolve({failure, stderr: String(stderr ?? '')})
     })
   })
-  if (result.failure === undefined) return {available: true, bwrap}
-  const stderr = result.stderr.trim().split('\n')[0] ?? ''
-  return {available: false, bwrap, reason: `bubblewrap cannot create the namespaces: ${stderr || result.failure} (unprivileged user namespaces disabled?)`}
+  return probeResult(bwrap, result.failure, result.stderr)
+}
+
+function probeResult(bwrap: string, failure: string | undefined, stderr: string): NamespaceProbe {
+  if (failure === undefined) return {available: true, bwrap}
+  const firstLine = stderr.trim().split('\n')[0] ?? ''
+  return {available: false, bwrap, reason: `bubblewrap cannot create the namespaces: ${firstLine || failure} (unprivileged user namespaces disabled?)`}
 }
 
 function isExecutable(file: string): boolean {

@@ -4,12 +4,23 @@ import path from 'node:path'
 /** True when `child` is `parent` or lies beneath it (both absolute, normalised). */
 export function isWithin(child: string, parent: string): boolean {
   if (child === parent) return true
-  const prefix = parent.endsWith(path.sep) ? parent : parent + path.sep
-  return child.startsWith(prefix)
+  if (parent.endsWith(path.sep)) return child.startsWith(parent)
+  // `parent + sep` as a prefix, without building that string (the policy compiler asks this thousands of times)
+  return child.length > parent.length && child[parent.length] === path.sep && child.startsWith(parent)
 }
 
 export function isStrictlyWithin(child: string, parent: string): boolean {
   return child !== parent && isWithin(child, parent)
+}
+
+/** Every `parent` with isStrictlyWithin(child, parent), as strings (so also for unnormalised ones): O(length), no scan of a list. */
+export function stringAncestors(child: string): string[] {
+  const ancestors: string[] = []
+  for (let i = child.indexOf(path.sep); i !== -1; i = child.indexOf(path.sep, i + 1)) {
+    ancestors.push(child.slice(0, i))
+    if (i + 1 < child.length) ancestors.push(child.slice(0, i + 1))
+  }
+  return ancestors
 }
 
 /**
@@ -22,14 +33,25 @@ export function canonicalPath(input: string): string {
   const tail: string[] = []
   for (;;) {
     try {
-      const real = fs.realpathSync.native(existing)
-      return tail.length === 0 ? real : path.join(real, ...tail.reverse())
-    } catch {
-      const parent = path.dirname(existing)
-      if (parent === existing) return absolute
-      tail.push(path.basename(existing))
-      existing = parent
-    }
+      // what lstat finds missing realpath cannot resolve either: no exception to build for it
+      if (!lstatMissing(existing)) {
+        const real = fs.realpathSync.native(existing)
+        return tail.length === 0 ? real : path.join(real, ...tail.reverse())
+      }
+    } catch {}
+    const parent = path.dirname(existing)
+    if (parent === existing) return absolute
+    tail.push(path.basename(existing))
+    existing = parent
+  }
+}
+
+/** True only when lstat says the entry does not exist (any other error: not known to be missing). */
+function lstatMissing(file: string): boolean {
+  try {
+    return fs.lstatSync(file, {throwIfNoEntry: false}) === undefined
+  } catch {
+    return false
   }
 }
 
@@ -47,12 +69,19 @@ export type EntryKind = 'dir' | 'file' | 'symlink' | 'missing'
 
 export function entryKind(file: string): EntryKind {
   try {
-    const stat = fs.lstatSync(file)
+    const stat = fs.lstatSync(file, {throwIfNoEntry: false}) // most misses are ENOENT: no exception to build
+    if (!stat) return 'missing'
     if (stat.isSymbolicLink()) return 'symlink'
     return stat.isDirectory() ? 'dir' : 'file'
   } catch {
     return 'missing'
   }
+}
+
+/** entryKind from a directory listing's entry, without an lstat of its own. */
+export function direntKind(entry: fs.Dirent): EntryKind {
+  if (entry.isSymbolicLink()) return 'symlink'
+  return entry.isDirectory() ? 'dir' : 'file'
 }
 
 /** Expands `~` (the operator's home) and resolves relative paths against `base`. */

@@ -2,6 +2,7 @@ import fs from 'node:fs'
 import path from 'node:path'
 import type {FileAccessConfig} from '../runtime/config/types.js'
 import {GatewayError} from '../runtime/util/errors.js'
+import {localeOrder} from '../runtime/util/locale-order.js'
 import {
   ANCESTOR_RIGHTS,
   DEVICE_READ_RIGHTS,
@@ -13,7 +14,7 @@ import {
   fileRightsOnly,
   sortRights,
 } from './landlock/rights.js'
-import {canonicalEntry, canonicalPath, entryKind, expandConfigPath, isStrictlyWithin, isWithin} from './paths.js'
+import {canonicalEntry, canonicalPath, direntKind, entryKind, type EntryKind, expandConfigPath, isStrictlyWithin, isWithin, stringAncestors} from './paths.js'
 
 /**
  * The host-sandbox policy compiler (docs/isolation.md). One policy, computed here in TypeScript, feeds
@@ -231,10 +232,11 @@ export function compilePolicy(input: PolicyInput): SandboxPolicy {
   for (const [index, raw] of fa.allow_read_write.entries()) addConfigGrant(raw, `allow_read_write[${index}]`, 'read-write')
 
   const denies: PolicyDeny[] = []
+  const deniedPaths = new Set<string>()
   const addDeny = (raw: string, reason: string, source: PolicyDeny['source']) => {
-    const targets = new Set([canonicalPath(raw), canonicalEntry(raw)])
-    for (const target of targets) {
-      if (denies.some((deny) => deny.path === target)) continue
+    for (const target of [canonicalPath(raw), canonicalEntry(raw)]) {
+      if (deniedPaths.has(target)) continue
+      deniedPaths.add(target)
       denies.push({path: target, reason, source, exists: entryKind(target) !== 'missing'})
     }
   }
@@ -252,9 +254,10 @@ export function compilePolicy(input: PolicyInput): SandboxPolicy {
 
   const kept = grants.filter((grant) => keepGrant(grant, denies, notes))
   const covered = input.namespaces ? coverableDenies(kept, denies) : []
+  const coveredPaths = new Set(covered.map((cover) => cover.path))
   const {rules, lowered} = lowerToRules(
     kept,
-    denies.filter((deny) => !covered.some((cover) => cover.path === deny.path)),
+    denies.filter((deny) => !coveredPaths.has(deny.path)),
   )
   if (rules.length > MAX_RULES) {
     throw new GatewayError('E_SANDBOX', `the sandbox policy needs ${rules.length} Landlock rules (limit ${MAX_RULES})`, {
@@ -290,7 +293,7 @@ function coverableDenies(grants: readonly PolicyGrant[], denies: readonly Policy
     if (grants.some((grant) => isWithin(grant.path, deny.path))) continue
     covered.push({path: deny.path, kind, reason: deny.reason})
   }
-  return covered.sort((a, b) => a.path.localeCompare(b.path))
+  return covered.sort((a, b) => localeOrder(a.path, b.path))
 }
 
 /** The rights a path gets from the rules: the union of every rule on it or an ancestor. */
@@ -331,8 +334,7 @@ function keepGrant(grant: PolicyGrant, denies: readonly PolicyDeny[], notes: str
 export function lowerToRules(grants: readonly PolicyGrant[], denies: readonly PolicyDeny[]): {rules: PolicyRule[]; lowered: LoweredDirectory[]} {
   const rules = new Map<string, PolicyRule>()
   const lowered = new Map<string, {denied: Set<string>; writable: boolean}>()
-  const emit = (target: string, rights: readonly FsRight[], reason: string) => {
-    const kind = entryKind(target)
+  const emit = (target: string, rights: readonly FsRight[], reason: string, kind: EntryKind = entryKind(target)) => {
     if (kind === 'missing' || kind === 'symlink') return
     const masked = kind === 'dir' ? [...rights] : fileRightsOnly(rights)
     if (masked.length === 0) return
@@ -343,29 +345,32 @@ export function lowerToRules(grants: readonly PolicyGrant[], denies: readonly Po
     } else rules.set(target, {path: target, rights: sortRights(masked), reason})
   }
 
-  const lower = (dir: string, rights: readonly FsRight[], reason: string, inside: readonly PolicyDeny[]) => {
+  const lower = (dir: string, rights: readonly FsRight[], reason: string, inside: readonly PolicyDeny[], kind: EntryKind = entryKind(dir)) => {
     if (inside.length === 0) {
-      emit(dir, rights, reason)
+      emit(dir, rights, reason, kind)
       return
     }
-    if (entryKind(dir) !== 'dir') return
-    emit(dir, rights.filter((right) => ANCESTOR_RIGHTS.includes(right)), `${reason} (listing only: a denied path lies beneath)`)
+    if (kind !== 'dir') return
+    emit(dir, rights.filter((right) => ANCESTOR_RIGHTS.includes(right)), `${reason} (listing only: a denied path lies beneath)`, kind)
     const record = lowered.get(dir) ?? {denied: new Set<string>(), writable: false}
     for (const deny of inside) record.denied.add(deny.path)
     record.writable ||= rights.includes('make_reg')
     lowered.set(dir, record)
-    let names: string[]
+    let entries: fs.Dirent[]
     try {
-      names = fs.readdirSync(dir)
+      entries = fs.readdirSync(dir, {withFileTypes: true})
     } catch {
       return // unreadable for the gateway itself: nothing beneath gets a rule
     }
-    for (const name of names.sort()) {
-      const child = path.join(dir, name)
-      if (inside.some((deny) => deny.path === child)) continue
-      const beneath = inside.filter((deny) => isStrictlyWithin(deny.path, child))
-      if (beneath.length > 0) lower(child, rights, reason, beneath)
-      else emit(child, rights, reason)
+    const {prefix, denied, beneath} = deniesByChild(dir, inside)
+    for (const entry of entries.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))) {
+      const child = path.join(dir, entry.name)
+      if (denied.has(child)) continue
+      // an unnormalised `dir` joins to another spelling than the prefix: look at every deny then
+      const under = child === prefix + entry.name ? beneath.get(child) : inside.filter((deny) => isStrictlyWithin(deny.path, child))
+      // the listing's own entry types: no lstat per entry (Node lstats where the file system gives no type)
+      if (under && under.length > 0) lower(child, rights, reason, under, direntKind(entry))
+      else emit(child, rights, reason, direntKind(entry))
     }
   }
 
@@ -377,15 +382,38 @@ export function lowerToRules(grants: readonly PolicyGrant[], denies: readonly Po
     rules: withoutRedundantRules([...rules.values()]),
     lowered: [...lowered.entries()]
       .map(([dir, record]) => ({path: dir, denied: [...record.denied].sort(), writable: record.writable}))
-      .sort((a, b) => a.path.localeCompare(b.path)),
+      .sort((a, b) => localeOrder(a.path, b.path)),
   }
+}
+
+/**
+ * The denies strictly within `dir` grouped by the child of `dir` they lie in (by string prefix, as
+ * isStrictlyWithin): one pass over the denies instead of one per directory entry.
+ */
+function deniesByChild(dir: string, inside: readonly PolicyDeny[]): {prefix: string; denied: Set<string>; beneath: Map<string, PolicyDeny[]>} {
+  const prefix = dir.endsWith(path.sep) ? dir : dir + path.sep
+  const denied = new Set<string>()
+  const beneath = new Map<string, PolicyDeny[]>()
+  for (const deny of inside) {
+    denied.add(deny.path)
+    if (!deny.path.startsWith(prefix)) continue
+    const end = deny.path.indexOf(path.sep, prefix.length)
+    if (end === -1) continue // the child itself
+    const child = deny.path.slice(0, end)
+    const group = beneath.get(child)
+    if (group) group.push(deny)
+    else beneath.set(child, [deny])
+  }
+  return {prefix, denied, beneath}
 }
 
 /** Drops a rule whose rights its ancestors' rules already give: same effective rights, shorter report. */
 function withoutRedundantRules(rules: PolicyRule[]): PolicyRule[] {
-  const sorted = rules.sort((a, b) => a.path.localeCompare(b.path))
+  const sorted = rules.sort((a, b) => localeOrder(a.path, b.path))
+  const byPath = new Map(sorted.map((rule) => [rule.path, rule]))
   return sorted.filter((rule) => {
-    const inherited = new Set(sorted.filter((other) => isStrictlyWithin(rule.path, other.path)).flatMap((other) => other.rights))
+    const inherited = new Set<FsRight>()
+    for (const ancestor of stringAncestors(rule.path)) for (const right of byPath.get(ancestor)?.rights ?? []) inherited.add(right)
     return !rule.rights.every((right) => inherited.has(right))
   })
 }

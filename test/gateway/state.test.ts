@@ -4,8 +4,8 @@ import os from 'node:os'
 import path from 'node:path'
 import {afterEach, beforeEach, describe, expect, it} from 'vitest'
 import {ApiKeys} from '../../src/runtime/state/api-keys.js'
-import {openGatewayDb, type GatewayDb} from '../../src/runtime/state/gateway-db.js'
-import {RunRecords} from '../../src/runtime/state/run-records.js'
+import {MIGRATIONS, openGatewayDb, readGatewayDb, type GatewayDb} from '../../src/runtime/state/gateway-db.js'
+import {listRuns, RunRecords} from '../../src/runtime/state/run-records.js'
 
 let home: string
 let db: GatewayDb
@@ -33,6 +33,50 @@ describe('gateway.db', () => {
     db.close()
     db = openGatewayDb(home)
     expect(new RunRecords(db).get('r1')?.status).toBe('running')
+  })
+})
+
+describe('gateway.db read-only (runs)', () => {
+  it('reads what a running gateway committed while it holds a write transaction, and cannot write', () => {
+    new RunRecords(db).start(start('r1'))
+    db.exec('BEGIN IMMEDIATE')
+    db.prepare(`UPDATE runs SET status = 'ok' WHERE id = 'r1'`).run()
+    const started = Date.now()
+    expect(listRuns({home}).map((run) => [run.id, run.status])).toEqual([['r1', 'running']])
+    expect(Date.now() - started).toBeLessThan(1000) // not the busy timeout
+    expect(() => readGatewayDb(home, (reader) => reader.prepare(`DELETE FROM runs`).run())).toThrow(/readonly/)
+    db.exec('COMMIT')
+    expect(listRuns({home}).map((run) => run.status)).toEqual(['ok'])
+    expect(readGatewayDb(home, (reader) => reader.pragma('busy_timeout', {simple: true}))).toBe(5000)
+  })
+
+  it('creates a missing database and migrates an older one, as a read-write open does', () => {
+    const fresh = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-state-'))
+    try {
+      expect(listRuns({home: fresh})).toEqual([])
+      const old = new Database(path.join(fresh, 'gateway.db'))
+      expect(old.pragma('user_version', {simple: true})).toBe(MIGRATIONS.length)
+      old.pragma('user_version = 0')
+      old.exec('DROP TABLE runs; DROP TABLE api_keys; DROP TABLE captain_settings; DROP TABLE captain_sessions; DROP TABLE audit; DROP TABLE captain_login_links; DROP TABLE run_processes')
+      old.exec(MIGRATIONS[0]!.sql)
+      old.pragma('user_version = 1')
+      old.prepare(`INSERT INTO runs (id, agent_id, connector, channel_id, isolation, status, started_at) VALUES ('r0', 'a', 'cli', 'c', 'unrestricted', 'ok', 1)`).run()
+      old.close()
+      expect(listRuns({home: fresh})).toEqual([expect.objectContaining({id: 'r0', restart_reply: null})])
+      expect(readGatewayDb(fresh, (reader) => reader.pragma('user_version', {simple: true}))).toBe(MIGRATIONS.length)
+    } finally {
+      fs.rmSync(fresh, {recursive: true, force: true})
+    }
+  })
+
+  it('reports a damaged database as a read-write open does', () => {
+    const damaged = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-state-'))
+    try {
+      fs.writeFileSync(path.join(damaged, 'gateway.db'), 'this is not a database, but it is long enough to have a header at all '.repeat(20))
+      expect(() => listRuns({home: damaged})).toThrow(/the gateway database .* is damaged/)
+    } finally {
+      fs.rmSync(damaged, {recursive: true, force: true})
+    }
   })
 })
 

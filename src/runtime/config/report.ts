@@ -1,4 +1,4 @@
-import YAML from 'yaml'
+import {printYaml} from './yaml-print.js'
 import type {GatewayConfig, LoadedConfig} from './types.js'
 
 export interface ConfigReport {
@@ -32,7 +32,7 @@ export function describeConfig(loaded: LoadedConfig): ConfigReport {
     path: loaded.path,
     home: loaded.home,
     config: masked,
-    yaml: YAML.stringify(masked),
+    yaml: printYaml(masked),
     secrets: names.map((name) => ({name, set: name in loaded.secrets})),
   }
 }

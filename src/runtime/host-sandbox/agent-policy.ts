@@ -2,7 +2,7 @@ import os from 'node:os'
 import path from 'node:path'
 import type {AgentConfig, GatewayConfig} from '../config/types.js'
 import {APP_ROOT} from '../util/app-root.js'
-import {listWorkspaceIds, workspacePath} from '../workspace/workspace.js'
+import {listWorkspaceIds, workspacePath} from '../workspace/location.js'
 import {compilePolicy, type SandboxPolicy} from '../../sandbox/policy.js'
 
 export interface AgentPolicyContext {

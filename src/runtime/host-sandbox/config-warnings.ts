@@ -3,10 +3,10 @@ import os from 'node:os'
 import path from 'node:path'
 import {agentPolicy} from './agent-policy.js'
 import {loweringGaps, loweringWarnings} from '../../sandbox/landlock/enforcement.js'
-import {probeNamespaces} from '../../sandbox/namespaces.js'
+import {probeNamespacesSync} from '../../sandbox/namespaces.js'
 import type {LoadedConfig} from '../config/types.js'
-import {isolationLevelFor} from '../runners/index.js'
-import {workspacePath} from '../workspace/workspace.js'
+import {isolationLevelFor} from '../runners/isolation-level.js'
+import {workspacePath} from '../workspace/location.js'
 
 // Apart from exec.ts on purpose: `config check` loads only this, not what running a command needs (execa, the run database).
 
@@ -19,21 +19,33 @@ export async function sandboxConfigWarnings(loaded: LoadedConfig): Promise<Array
   if (process.platform !== 'linux') return []
   const agents = loaded.config.agents.filter((agent) => isolationLevelFor(agent) === 'host-sandbox' && fs.existsSync(workspacePath(loaded.home, agent.id)))
   if (agents.length === 0) return []
-  const namespaces = await probeNamespaces()
+  const namespaces = probeNamespacesSync()
+  // one private temp dir stands for every agent's: only its existence and place (os.tmpdir()) matter to the policy
+  const tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-sandbox-check-'))
   const warnings: Array<{agent: string; warning: string}> = []
-  for (const agent of agents) {
-    const tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), `meepa-sandbox-${agent.id}-`))
-    try {
-      const policy = agentPolicy({agent, config: loaded.config, home: loaded.home, workspace: workspacePath(loaded.home, agent.id), tmpDir, configPath: loaded.path, namespaces: namespaces.available})
-      const gaps = new Set(loweringGaps(policy, namespaces))
-      for (const warning of loweringWarnings(policy, namespaces)) {
-        warnings.push({agent: agent.id, warning: gaps.has(warning) ? `${warning} (${agent.file_access.best_effort ? 'accepted: best_effort is on' : 'runs are refused unless file_access.best_effort: true'})` : warning})
+  try {
+    for (const agent of agents) {
+      try {
+        const policy = agentPolicy({agent, config: loaded.config, home: loaded.home, workspace: workspacePath(loaded.home, agent.id), tmpDir, configPath: loaded.path, namespaces: namespaces.available})
+        const gaps = new Set(loweringGaps(policy, namespaces))
+        for (const warning of loweringWarnings(policy, namespaces)) {
+          warnings.push({agent: agent.id, warning: gaps.has(warning) ? `${warning} (${agent.file_access.best_effort ? 'accepted: best_effort is on' : 'runs are refused unless file_access.best_effort: true'})` : warning})
+        }
+      } catch (error) {
+        warnings.push({agent: agent.id, warning: `the sandbox policy cannot be compiled: ${(error as Error).message}`})
       }
-    } catch (error) {
-      warnings.push({agent: agent.id, warning: `the sandbox policy cannot be compiled: ${(error as Error).message}`})
-    } finally {
-      fs.rmSync(tmpDir, {recursive: true, force: true})
     }
+  } finally {
+    removeTempDir(tmpDir)
   }
   return warnings
+}
+
+/** Compiling writes nothing there: rmdir, and the recursive removal (a module of its own to load) only if something did. */
+function removeTempDir(dir: string): void {
+  try {
+    fs.rmdirSync(dir)
+  } catch {
+    fs.rmSync(dir, {recursive: true, force: true})
+  }
 }

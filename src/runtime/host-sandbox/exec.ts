@@ -15,7 +15,7 @@ import type {AgentConfig, LoadedConfig} from '../config/types.js'
 import {GatewayError} from '../util/errors.js'
 import {agentEnvironment} from '../runners/private-tmp.js'
 import {limitsReport, type LimitReport} from '../runners/limits-report.js'
-import {isolationLevelFor} from '../runners/index.js'
+import {isolationLevelFor} from '../runners/isolation-level.js'
 import {ensureWorkspace} from '../workspace/workspace.js'
 import {reclaimWorkspace} from '../workspace/owner.js'
 

@@ -1,14 +1,6 @@
-import type {AgentConfig, IsolationLevel} from '../config/types.js'
+import type {IsolationLevel} from '../config/types.js'
 import {GatewayError} from '../util/errors.js'
 import type {Runner} from './types.js'
-
-/** --unrestricted wins (an operator's explicit choice for this process), then container mode, then file_access. */
-export function isolationLevelFor(agent: AgentConfig, unrestricted = false): IsolationLevel {
-  if (unrestricted) return 'unrestricted'
-  if (agent.container_mode.enabled) return 'container'
-  if (agent.file_access.unrestricted) return 'unrestricted'
-  return 'host-sandbox'
-}
 
 export async function runnerFor(level: IsolationLevel): Promise<Runner> {
   switch (level) {

@@ -193,6 +193,31 @@ export function withGatewayDb<T>(home: string, fn: (db: GatewayDb) => T): T {
   }
 }
 
+/**
+ * Runs `fn` on a read-only connection (listings such as `runs`): no WAL switch, migration or
+ * checkpoint at close, nothing a running gateway could wait on. A database that is missing, at
+ * another schema version or fails to open goes through withGatewayDb, which creates, migrates or
+ * reports it as before.
+ */
+export function readGatewayDb<T>(home: string, fn: (db: GatewayDb) => T): T {
+  const file = gatewayDbPath(home)
+  let db: GatewayDb | undefined
+  try {
+    // the busy timeout set at open, as busy_timeout = 5000 (one statement less)
+    db = openSqlite(file, {readonly: true, fileMustExist: true, timeout: 5000})
+    fs.chmodSync(file, 0o600) // as every open does: API key hashes and run metadata are the operator's business only
+    if (db.pragma('user_version', {simple: true}) !== MIGRATIONS.length) throw new Error('not at this schema version')
+  } catch {
+    db?.close()
+    return withGatewayDb(home, fn)
+  }
+  try {
+    return fn(db)
+  } finally {
+    db.close()
+  }
+}
+
 const sharedConnections = new Map<string, GatewayDb>()
 
 /**

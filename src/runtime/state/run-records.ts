@@ -1,6 +1,6 @@
 import type {IsolationLevel} from '../config/types.js'
 import type {AgentRunOutput} from '../agent-run/contract.js'
-import {withGatewayDb, type GatewayDb} from './gateway-db.js'
+import {readGatewayDb, type GatewayDb} from './gateway-db.js'
 
 export type RunStatus = 'running' | 'ok' | 'failed' | 'interrupted' | 'rejected'
 
@@ -148,5 +148,5 @@ export class RunRecords {
 
 /** `meepagateway runs`: the newest run records, optionally for one agent. */
 export function listRuns(options: {home: string; agentId?: string; limit?: number}): RunRecord[] {
-  return withGatewayDb(options.home, (db) => new RunRecords(db).list(options))
+  return readGatewayDb(options.home, (db) => new RunRecords(db).list(options))
 }

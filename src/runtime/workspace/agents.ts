@@ -1,7 +1,7 @@
 import fs from 'node:fs'
 import type {IsolationLevel, LoadedConfig} from '../config/types.js'
-import {isolationLevelFor} from '../runners/index.js'
-import {workspacePath} from './workspace.js'
+import {isolationLevelFor} from '../runners/isolation-level.js'
+import {workspacePath} from './location.js'
 
 export interface AgentSummary {
   id: string

@@ -1,0 +1,25 @@
+import {build} from 'esbuild'
+import {describe, expect, it} from 'vitest'
+
+// issue 13: `config check`, `agent list` and `runs` go into a small start-up bundle of their own;
+// everything they import, dynamic imports included (a bundle takes those in too), is in it.
+const HEAVY = ['execa', 'better-sqlite3', '@anthropic-ai/sdk', 'openai', 'discord.js', '@slack/web-api', '@slack/socket-mode', 'node:crypto']
+
+async function packagesImportedBy(entry: string): Promise<{packages: string[]; sources: string[]}> {
+  const result = await build({entryPoints: [entry], bundle: true, write: false, metafile: true, platform: 'node', format: 'esm', packages: 'external', logLevel: 'silent'})
+  const packages = new Set<string>()
+  for (const input of Object.values(result.metafile.inputs)) for (const imported of input.imports) if (imported.external) packages.add(imported.path)
+  return {packages: [...packages].sort(), sources: Object.keys(result.metafile.inputs)}
+}
+
+describe('the light commands import nothing heavy', () => {
+  it.each([
+    ['src/commands/config/check.ts', []],
+    ['src/commands/agent/list.ts', []],
+    ['src/commands/runs.ts', ['better-sqlite3']],
+  ])('%s', async (entry, allowed) => {
+    const {packages, sources} = await packagesImportedBy(entry)
+    expect(packages.filter((name) => HEAVY.includes(name) && !allowed.includes(name))).toEqual([])
+    expect(sources.filter((source) => source.includes('/runners/') && !source.endsWith('/isolation-level.ts'))).toEqual([])
+  })
+})
