@@ -12,8 +12,7 @@ const argv = process.argv.slice(2)
 
 async function main() {
   if (argv[0] === 'agent-run' && argv.length === 1) {
-    const {loadAgentRun} = await import('../dist/runtime/agent-run/bundle.js')
-    await loadAgentRun().main()
+    await require('./agent-run.cjs').loadAgentRun().main()
     return
   }
   if (argv[0] === '--version' && argv.length === 1) {

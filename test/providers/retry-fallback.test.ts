@@ -252,6 +252,18 @@ describe('configuration problems', () => {
     expect(error.message).toContain('spare: HTTP 400')
   })
 
+  it('warm() sends nothing and changes no answer, with or without the key', async () => {
+    const missing = createProviderChain(providersConfig('main', {main: fakeProvider(llm, 'openai', {api_key_env: 'MY_OPENAI_KEY'})}), {})
+    missing.warm()
+    expect((await gatewayErrorOf(missing.chat(userRequest('hi')))).code).toBe('E_CONFIG')
+    const chain = createProviderChain(providersConfig('main', {main: fakeProvider(llm, 'openai')}), SECRETS)
+    chain.warm()
+    await new Promise((resolve) => setTimeout(resolve, 50))
+    expect(llm.requests).toHaveLength(0)
+    llm.enqueue({text: 'warm answer'})
+    expect((await chain.chat(userRequest('hi'))).content).toBe('warm answer')
+  })
+
   it('a provider without api_key_env (Ollama-style) sends a placeholder key', async () => {
     const chain = createProviderChain(providersConfig('ollama', {ollama: fakeProvider(llm, 'openai', {api_key_env: undefined})}), {})
     llm.enqueue({text: 'local model here'})

@@ -1,13 +1,13 @@
 import fs from 'node:fs'
-import Module, {createRequire} from 'node:module'
+import {createRequire} from 'node:module'
 import path from 'node:path'
-import vm from 'node:vm'
+import type vm from 'node:vm'
 import {APP_ROOT} from '../util/app-root.js'
 
 /**
- * agent-run as one bundled file (scripts/bundle-agent-run.js) loaded with V8's code cache: it
- * starts once per message, and compiling ~2 MB of JavaScript from scratch costs it ~20 ms more
- * than reading the cached bytecode. A cache V8 rejects (another Node build) only costs that time.
+ * agent-run as one bundled file (scripts/bundle-agent-run.js), loaded with V8's code cache by
+ * bin/agent-run.cjs (plain CommonJS: what every agent-run start goes through). This module is the
+ * build's and the tests' side of it.
  */
 
 /**
@@ -19,9 +19,8 @@ export const AGENT_RUN_FILES = {
   codeCache: 'dist/agent-run.cjs.v8cache',
   /** The node_modules packages agent-run loads at run time (its externals and theirs), recorded at build time. */
   packages: 'dist/agent-run.packages.json',
-  loader: 'dist/runtime/agent-run/bundle.js',
-  /** The loader's one import besides Node's own. */
-  appRoot: 'dist/runtime/util/app-root.js',
+  /** Loads the bundle with its code cache; Node's modules only. */
+  loader: 'bin/agent-run.cjs',
   entry: 'bin/run.js',
   /** Makes bin/run.js CommonJS (the app's package.json says ES modules). */
   entryType: 'bin/package.json',
@@ -30,41 +29,21 @@ export const AGENT_RUN_FILES = {
 /** Left out of the bundle: a native addon is found next to its package. */
 export const AGENT_RUN_EXTERNALS = ['better-sqlite3']
 
+interface AgentRunLoader {
+  AGENT_RUN_CODE_CACHE: string
+  compileAgentRun(cachedData: Buffer | undefined): {script: vm.Script; run(): unknown}
+  readAgentRunCodeCache(): Buffer | undefined
+}
+/** Required on first use: the CLI bundle holds this module for AGENT_RUN_FILES alone. */
+const loader = (): AgentRunLoader => createRequire(path.join(APP_ROOT, 'package.json'))(path.join(APP_ROOT, AGENT_RUN_FILES.loader)) as AgentRunLoader
+
 export const AGENT_RUN_BUNDLE = path.join(APP_ROOT, AGENT_RUN_FILES.bundle)
-const AGENT_RUN_CODE_CACHE = path.join(APP_ROOT, AGENT_RUN_FILES.codeCache)
-
-interface AgentRunModule {
-  main(): Promise<void>
-}
-
-function compile(cachedData: Buffer | undefined): {script: vm.Script; run(): AgentRunModule} {
-  const script = new vm.Script(Module.wrap(fs.readFileSync(AGENT_RUN_BUNDLE, 'utf8')), {filename: AGENT_RUN_BUNDLE, cachedData})
-  const run = () => {
-    const module = {exports: {} as AgentRunModule}
-    const wrapper = script.runInThisContext() as (...args: unknown[]) => void
-    wrapper.call(module.exports, module.exports, createRequire(AGENT_RUN_BUNDLE), module, AGENT_RUN_BUNDLE, path.dirname(AGENT_RUN_BUNDLE))
-    return module.exports
-  }
-  return {script, run}
-}
-
-function readCodeCache(): Buffer | undefined {
-  try {
-    return fs.readFileSync(AGENT_RUN_CODE_CACHE)
-  } catch {
-    return undefined
-  }
-}
-
-export function loadAgentRun(): AgentRunModule {
-  return compile(readCodeCache()).run()
-}
 
 /** Whether this Node would start agent-run from the code cache (a check for tests and diagnostics). */
 export function agentRunCodeCacheStatus(): 'accepted' | 'rejected' | 'missing' {
-  const cachedData = readCodeCache()
+  const cachedData = loader().readAgentRunCodeCache()
   if (!cachedData) return 'missing'
-  return compile(cachedData).script.cachedDataRejected ? 'rejected' : 'accepted'
+  return loader().compileAgentRun(cachedData).script.cachedDataRejected ? 'rejected' : 'accepted'
 }
 
 /**
@@ -87,7 +66,7 @@ export function writeAgentRunPackages(): void {
 
 /** Written at build time, after the bundle's top level has run, so its eager functions are in it. */
 export function writeAgentRunCodeCache(): void {
-  const {script, run} = compile(undefined)
+  const {script, run} = loader().compileAgentRun(undefined)
   run()
-  fs.writeFileSync(AGENT_RUN_CODE_CACHE, script.createCachedData())
+  fs.writeFileSync(loader().AGENT_RUN_CODE_CACHE, script.createCachedData())
 }

@@ -41,6 +41,7 @@ async function directLlm(input: AgentRunInput, env: NodeJS.ProcessEnv = process.
     if (name && env[name]) keys[name] = env[name]
   }
   const chain = createProviderChain(input.providers, keys, {provider: input.agent.provider, model: input.agent.model})
+  chain.warm()
   return {chat: (request) => chain.chat(request), keys}
 }
 

@@ -12,6 +12,8 @@ export interface ProviderChain {
   /** Provider names in the order they are tried. */
   readonly order: string[]
   chat(request: ChatRequest): Promise<ChatResponse>
+  /** Loads what the first chat() needs, so it overlaps the caller's wait (a runner: agent-run starting). */
+  warm(): void
 }
 
 type ProviderFactory = (name: string, config: ProviderConfig, apiKey: string) => ChatProvider
@@ -64,11 +66,15 @@ export function createProviderChain(
     }
     return provider
   }
-  // Start loading the primary's SDK now, so it overlaps whatever the caller does before its first chat().
-  FACTORY_LOADERS[configs.get(primary)!.kind]().catch(() => {})
-
   return {
     order,
+    warm() {
+      const config = configs.get(primary)!
+      const apiKey = apiKeyFor(primary, config, secrets)
+      const client = apiKey instanceof MissingApiKey ? FACTORY_LOADERS[config.kind]() : instance(primary, config, apiKey)
+      // Node loads undici (≈ 15 ms) on the first use of the fetch classes, which the SDKs build every request with.
+      client.then(() => new Headers(), () => {})
+    },
     async chat(request: ChatRequest): Promise<ChatResponse> {
       const attempts: AttemptRecord[] = []
       const failures: ProviderFailure[] = []

@@ -15,6 +15,8 @@ export interface HostLlm {
   maxCalls: number
   /** The keys in play: masked in every answer before it enters the sandbox (a provider or proxy may echo them). */
   secrets?: string[]
+  /** Loads the provider's SDK and what its first request needs; called once agent-run is starting. */
+  warm?(): void
 }
 
 /** Provider keys an agent's chain uses: its provider (or the primary) and the fallbacks, nothing else. */
@@ -36,7 +38,7 @@ export function hostLlmFor(agent: AgentConfig, config: GatewayConfig, available:
   const chain = createProviderChain(config.providers, keys, {provider: agent.provider, model: agent.model})
   const values = Object.values(keys)
   const scrub = config.image_config?.redact_secrets === false || values.length === 0 ? (request: ChatRequest) => request : (request: ChatRequest) => redactRequest(request, values)
-  return {chat: (request) => chain.chat(scrub(request)), maxCalls: agent.max_iterations, secrets: values}
+  return {chat: (request) => chain.chat(scrub(request)), maxCalls: agent.max_iterations, secrets: values, warm: () => chain.warm()}
 }
 
 function redactRequest(request: ChatRequest, secrets: string[]): ChatRequest {
@@ -91,6 +93,7 @@ export class AgentRunChannel {
       }
     })
     stdin.write(`${JSON.stringify({...input, llm_channel: LLM_CHANNEL_VERSION})}\n`)
+    llm.warm?.()
   }
 
   /** The run is over (agent-run exited, or was killed): an LLM call still in flight is abandoned. */
