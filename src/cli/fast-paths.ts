@@ -56,18 +56,26 @@ export async function sandboxExecWithoutOclif(argv: readonly string[]): Promise<
   if (!fs.existsSync(configPath)) return undefined
   const [{loadConfig}, {sandboxExec}] = await Promise.all([import('../runtime/config/load.js'), import('../runtime/host-sandbox/exec.js')])
   let result: {exitCode: number; timedOut: boolean}
+  let started = false
   try {
-    // sandboxExec throws only before the command starts (bad config, unknown agent, a policy this
-    // kernel cannot enforce): oclif then reports it, and the command has not run
     result = await sandboxExec({
       loaded: loadConfig({configPath}),
       agentId: parsed.agent,
       argv: parsed.command,
       timeoutMs: parsed.timeoutSeconds * 1000,
       onLog: (line) => process.stderr.write(`${line}\n`),
+      onStart: () => {
+        started = true
+      },
     })
-  } catch {
-    return undefined
+  } catch (error) {
+    // an error before the command starts (bad config, unknown agent, a policy this kernel cannot
+    // enforce): oclif reports it, and the command has not run
+    if (!started) return undefined
+    // after it started (say its temporary directory cannot be removed): oclif would run it a second
+    // time, so report it here the way oclif does (BaseCommand.catch, then oclif's handle)
+    const [{toCliError}, {exitLikeOclif}] = await Promise.all([import('../commands/base-command.js'), import('./lite/run.js')])
+    return exitLikeOclif(toCliError(error as Error))
   }
   if (result.timedOut) process.stderr.write(`sandbox exec: the command ran longer than ${parsed.timeoutSeconds} s and was killed\n`)
   return result.exitCode

@@ -42,7 +42,7 @@ export function printHelpPageWithoutOclif(argv: string[], root: string, version:
 }
 
 /** oclif's handle(): the error as oclif prints it, then exit with its code. */
-function exitLikeOclif(error: Error & {oclif?: {exit?: number}; skipOclifErrorHandling?: boolean}): never {
+export function exitLikeOclif(error: Error & {oclif?: {exit?: number}; skipOclifErrorHandling?: boolean}): never {
   if (error.message === 'SIGINT') process.exit(1)
   if (!error.skipOclifErrorHandling) writeToFd(2, `${oclifInternals().prettyPrint(error) ?? error.stack}\n`)
   process.exit(error.oclif?.exit ?? 1)
