@@ -1,5 +1,6 @@
 import fs from 'node:fs'
 import path from 'node:path'
+import {exitLikeOclif, oclifPrintsOtherwise} from './lite/run.js'
 import {defaultConfigPath, gatewayHome} from '../runtime/util/paths.js'
 
 /**
@@ -50,7 +51,7 @@ export function parseSandboxExecArgv(argv: readonly string[]): SandboxExecArgv |
 /** Runs `sandbox exec` without oclif and returns the exit status, or undefined to hand the argv to oclif. */
 export async function sandboxExecWithoutOclif(argv: readonly string[]): Promise<number | undefined> {
   const parsed = parseSandboxExecArgv(argv)
-  if (!parsed) return undefined
+  if (!parsed || oclifPrintsOtherwise()) return undefined
   // a first run writes the default config and says so: that is oclif's path
   const configPath = parsed.config ? path.resolve(parsed.config) : defaultConfigPath(gatewayHome())
   if (!fs.existsSync(configPath)) return undefined
@@ -74,7 +75,7 @@ export async function sandboxExecWithoutOclif(argv: readonly string[]): Promise<
     if (!started) return undefined
     // after it started (say its temporary directory cannot be removed): oclif would run it a second
     // time, so report it here the way oclif does (BaseCommand.catch, then oclif's handle)
-    const [{toCliError}, {exitLikeOclif}] = await Promise.all([import('../commands/base-command.js'), import('./lite/run.js')])
+    const {toCliError} = await import('../commands/base-command.js')
     return exitLikeOclif(toCliError(error as Error))
   }
   if (result.timedOut) process.stderr.write(`sandbox exec: the command ran longer than ${parsed.timeoutSeconds} s and was killed\n`)

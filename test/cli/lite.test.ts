@@ -138,6 +138,35 @@ describe('commands without oclif print what oclif prints (bin/run.js against ocl
     }
     await expectSame(['agent', 'list'], {lite: false, env: {MEEPAGATEWAY_DEBUG: '1'}})
   })
+
+  it('leaves JSON output to oclif when a user theme colours it (CONFIG_DIR/theme.json)', async () => {
+    const configHome = path.join(home.home, 'xdg')
+    fs.mkdirSync(path.join(configHome, 'meepagateway'), {recursive: true})
+    fs.writeFileSync(path.join(configHome, 'meepagateway', 'theme.json'), JSON.stringify({json: {key: 'red', string: 'green', brace: 'blue'}}))
+    try {
+      const colored = await expectSame(['agent', 'list', '--json'], {lite: false, env: {XDG_CONFIG_HOME: configHome, FORCE_COLOR: '1'}})
+      expect(colored.stdout).toContain('\u001B[')
+      await expectSame(['runs', '--json'], {lite: false, env: {MEEPAGATEWAY_CONFIG_DIR: path.join(configHome, 'meepagateway'), FORCE_COLOR: '1'}})
+      await expectSame(['agent', 'list', '--json'], {lite: true, env: {XDG_CONFIG_HOME: configHome, FORCE_COLOR: '1', MEEPAGATEWAY_DISABLE_THEME: 'true'}})
+    } finally {
+      fs.rmSync(configHome, {recursive: true, force: true})
+    }
+  })
+
+  it('leaves a run from a directory that no longer exists to oclif (it warns as it loads)', async () => {
+    for (const argv of [['agent', 'list'], ['--help'], ['sandbox', 'exec', '--agent', 'boxed', '--', 'true']]) {
+      const ran = await Promise.all(
+        [[BIN], [viaOclifScript]].map(async (prefix) => {
+          const gone = fs.mkdtempSync(path.join(home.home, 'gone-'))
+          const quoted = ['--require', probe, ...prefix, ...argv].map((word) => `'${word}'`).join(' ')
+          const result = await execa('sh', ['-c', `cd '${gone}' && rmdir '${gone}' && exec '${process.execPath}' ${quoted}`], {env: {PATH: process.env.PATH ?? '', MEEPAGATEWAY_HOME: home.home}, extendEnv: false, reject: false, stdin: 'ignore'})
+          return {exitCode: result.exitCode, stdout: String(result.stdout), stderr: String(result.stderr).replace(/\n?FULL_CLI \w+\n?$/, '')}
+        }),
+      )
+      expect(ran[1]?.stderr, argv.join(' ')).toContain('WARNING: current directory does not exist')
+      expect(ran[0], argv.join(' ')).toEqual(ran[1])
+    }
+  })
 })
 
 describe('help pages without oclif', () => {
