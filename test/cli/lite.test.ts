@@ -130,6 +130,10 @@ describe('commands without oclif print what oclif prints (bin/run.js against ocl
       ['runs', '--agent'],
       ['runs', '-n5'],
       ['runs', '--json=yes'],
+      ['runs', '--agent=--json'],
+      ['runs', '--agent=-n5'],
+      ['agent', 'list', '--config=--json'],
+      ['runs', '--agent=-x'],
       ['config', 'check', '--'],
       ['agent:list'],
       ['help', 'runs'],
@@ -208,7 +212,7 @@ describe('the lite parser (src/cli/lite/parse.ts)', () => {
   })
 
   it('defers everything else', () => {
-    for (const argv of [[], ['m', 'extra'], ['--limit', '0', 'm'], ['--limit', '101', 'm'], ['--limit', '1.5', 'm'], ['-a', '-b', 'm'], ['--agent=', 'm'], ['--json=true', 'm'], ['-ax', 'm'], ['--', 'm'], ['--help'], ['m', '--agent', 'a', '--agent', 'b']]) {
+    for (const argv of [[], ['m', 'extra'], ['--limit', '0', 'm'], ['--limit', '101', 'm'], ['--limit', '1.5', 'm'], ['-a', '-b', 'm'], ['--agent=', 'm'], ['--agent=--json', 'm'], ['--agent=-n5', 'm'], ['--limit=-1', 'm'], ['--json=true', 'm'], ['-ax', 'm'], ['--', 'm'], ['--help'], ['m', '--agent', 'a', '--agent', 'b']]) {
       expect(() => parseArgv(argv, input), argv.join(' ')).toThrow(/left to oclif/)
     }
     expect(() => parseArgv(['m'], {...input, strict: false})).toThrow(/left to oclif/)
