@@ -193,6 +193,11 @@ describe('help pages without oclif', () => {
     await expectSame(['runs', '--help'], {lite: false, env: {FORCE_COLOR: '1'}})
   })
 
+  it('prints the platform as oclif names it: wsl under WSL (is-wsl, which __IS_WSL_TEST__ turns on)', async () => {
+    const shown = await expectSame(['--help'], {lite: true, env: {__IS_WSL_TEST__: '1'}})
+    expect(shown.stdout).toContain(' wsl-')
+  })
+
   it('prints the running Node version, not the one of the build', async () => {
     const shown = await viaBin(['--help'])
     expect(shown.stdout).toContain(`node-${process.version}`)

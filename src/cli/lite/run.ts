@@ -45,6 +45,16 @@ function userThemeExists(): boolean {
 
 const userAgent = (version: string) => `meepagateway/${version} ${process.platform}-${process.arch} node-${process.version}`
 
+/**
+ * oclif's Config.userAgent, the VERSION line of the root help page: its platform is `wsl` under
+ * WSL (oclif asks is-wsl) and its arch `x86` for ia32. A dynamic import: is-wsl reads /proc as it
+ * loads, which only a help page needs.
+ */
+export async function oclifUserAgent(version: string): Promise<string> {
+  const {default: isWsl} = await import('is-wsl')
+  return `meepagateway/${version} ${isWsl ? 'wsl' : process.platform}-${process.arch === 'ia32' ? 'x86' : process.arch} node-${process.version}`
+}
+
 /** `[TOPIC] COMMAND args…` for the one command of this bundle. */
 export async function runCommandWithoutOclif(argv: string[], id: string, CommandClass: CommandClass, version: string): Promise<number | undefined> {
   const words = id.split(':')
@@ -60,9 +70,9 @@ export async function runCommandWithoutOclif(argv: string[], id: string, Command
 }
 
 /** A help page as oclif prints it (see help.ts). */
-export function printHelpPageWithoutOclif(argv: string[], root: string, version: string): number | undefined {
+export async function printHelpPageWithoutOclif(argv: string[], root: string, version: string): Promise<number | undefined> {
   if (oclifPrintsOtherwise()) return undefined
-  const page = renderedHelpPage(root, argv, userAgent(version))
+  const page = renderedHelpPage(root, argv, await oclifUserAgent(version))
   if (page === undefined) return undefined
   writeToFd(1, page)
   return 0
