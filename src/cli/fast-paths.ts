@@ -1,6 +1,8 @@
 import fs from 'node:fs'
 import path from 'node:path'
+import {oclifInternals} from './lite/oclif-internals.js'
 import {exitLikeOclif, oclifPrintsOtherwise} from './lite/run.js'
+import {GatewayError} from '../runtime/util/errors.js'
 import {defaultConfigPath, gatewayHome} from '../runtime/util/paths.js'
 
 /**
@@ -75,9 +77,16 @@ export async function sandboxExecWithoutOclif(argv: readonly string[]): Promise<
     if (!started) return undefined
     // after it started (say its temporary directory cannot be removed): oclif would run it a second
     // time, so report it here the way oclif does (BaseCommand.catch, then oclif's handle)
-    const {toCliError} = await import('../commands/base-command.js')
-    return exitLikeOclif(toCliError(error as Error))
+    return exitLikeOclif(asCliError(error as Error))
   }
   if (result.timedOut) process.stderr.write(`sandbox exec: the command ran longer than ${parsed.timeoutSeconds} s and was killed\n`)
   return result.exitCode
+}
+
+/** The CLIError oclif prints for an error of `sandbox exec` (toCliError in src/commands/base-command.ts, which cli/ may not import). */
+function asCliError(error: Error): Error & {oclif?: {exit?: number}} {
+  const {CLIError} = oclifInternals()
+  if (error instanceof GatewayError) return new CLIError(error.message, {code: error.code, exit: error.exitCode, suggestions: error.suggestions})
+  if (error instanceof CLIError) return Object.assign(error, {code: error.code ?? 'E_USAGE'})
+  return new CLIError(error.message, {code: 'E_INTERNAL', exit: 1})
 }

@@ -66,8 +66,7 @@ export abstract class BaseCommand<T extends typeof Command> extends Command {
   }
 }
 
-/** A runtime error as the CLIError oclif prints: message, code, suggestions, exit code. */
-export function toCliError(error: Error): Errors.CLIError {
+function toCliError(error: Error): Errors.CLIError {
   if (error instanceof GatewayError) {
     return Object.assign(new Errors.CLIError(error.message, {code: error.code, exit: error.exitCode, suggestions: error.suggestions}), {
       details: Object.keys(error.details).length > 0 ? error.details : undefined,
