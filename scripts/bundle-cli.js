@@ -196,7 +196,8 @@ const commandIds = Object.keys(JSON.parse(fs.readFileSync(manifestFile, 'utf8'))
 const topics = [...new Set(commandIds.flatMap((id) => id.split(':').slice(0, -1).map((_, index, parts) => parts.slice(0, index + 1).join(':'))))]
 const helpEnv = Object.fromEntries(Object.entries(process.env).filter(([name]) => !['OCLIF_COLUMNS', 'FORCE_COLOR', 'DEBUG', 'MEEPAGATEWAY_DEBUG', 'NODE_OPTIONS'].includes(name)))
 const {version} = JSON.parse(fs.readFileSync(path.join(root, 'package.json'), 'utf8'))
-const userAgent = `meepagateway/${version} ${process.platform}-${process.arch} node-${process.version}`
+// what oclif prints in the pages (its platform is `wsl` under WSL), so help.ts can replace it
+const userAgent = await (await import('../dist/cli/lite/run.js')).oclifUserAgent(version)
 const pages = {}
 for (const argv of helpArgvForms({commands: commandIds, topics})) {
   const shown = spawnSync(process.execPath, [path.join(root, 'bin', 'run.js'), ...argv], {env: helpEnv, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe']})

@@ -1,5 +1,8 @@
 import fs from 'node:fs'
 import path from 'node:path'
+import {oclifInternals} from './lite/oclif-internals.js'
+import {exitLikeOclif, oclifPrintsOtherwise} from './lite/run.js'
+import {GatewayError} from '../runtime/util/errors.js'
 import {defaultConfigPath, gatewayHome} from '../runtime/util/paths.js'
 
 /**
@@ -50,25 +53,40 @@ export function parseSandboxExecArgv(argv: readonly string[]): SandboxExecArgv |
 /** Runs `sandbox exec` without oclif and returns the exit status, or undefined to hand the argv to oclif. */
 export async function sandboxExecWithoutOclif(argv: readonly string[]): Promise<number | undefined> {
   const parsed = parseSandboxExecArgv(argv)
-  if (!parsed) return undefined
+  if (!parsed || oclifPrintsOtherwise()) return undefined
   // a first run writes the default config and says so: that is oclif's path
   const configPath = parsed.config ? path.resolve(parsed.config) : defaultConfigPath(gatewayHome())
   if (!fs.existsSync(configPath)) return undefined
   const [{loadConfig}, {sandboxExec}] = await Promise.all([import('../runtime/config/load.js'), import('../runtime/host-sandbox/exec.js')])
   let result: {exitCode: number; timedOut: boolean}
+  let started = false
   try {
-    // sandboxExec throws only before the command starts (bad config, unknown agent, a policy this
-    // kernel cannot enforce): oclif then reports it, and the command has not run
     result = await sandboxExec({
       loaded: loadConfig({configPath}),
       agentId: parsed.agent,
       argv: parsed.command,
       timeoutMs: parsed.timeoutSeconds * 1000,
       onLog: (line) => process.stderr.write(`${line}\n`),
+      onStart: () => {
+        started = true
+      },
     })
-  } catch {
-    return undefined
+  } catch (error) {
+    // an error before the command starts (bad config, unknown agent, a policy this kernel cannot
+    // enforce): oclif reports it, and the command has not run
+    if (!started) return undefined
+    // after it started (say its temporary directory cannot be removed): oclif would run it a second
+    // time, so report it here the way oclif does (BaseCommand.catch, then oclif's handle)
+    return exitLikeOclif(asCliError(error as Error))
   }
   if (result.timedOut) process.stderr.write(`sandbox exec: the command ran longer than ${parsed.timeoutSeconds} s and was killed\n`)
   return result.exitCode
+}
+
+/** The CLIError oclif prints for an error of `sandbox exec` (toCliError in src/commands/base-command.ts, which cli/ may not import). */
+function asCliError(error: Error): Error & {oclif?: {exit?: number}} {
+  const {CLIError} = oclifInternals()
+  if (error instanceof GatewayError) return new CLIError(error.message, {code: error.code, exit: error.exitCode, suggestions: error.suggestions})
+  if (error instanceof CLIError) return Object.assign(error, {code: error.code ?? 'E_USAGE'})
+  return new CLIError(error.message, {code: 'E_INTERNAL', exit: 1})
 }

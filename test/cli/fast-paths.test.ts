@@ -101,6 +101,26 @@ describe.skipIf(!landlock)('sandbox exec through bin/run.js: the fast path and o
     expect(result.stderr).toContain('ran longer than 1 s and was killed')
   })
 
+  it('runs the command once when the clean-up after it fails (an error after the start is reported, not handed to oclif)', async () => {
+    // the command leaves a tree in its private TMPDIR deeper than PATH_MAX: removing it throws ENAMETOOLONG
+    const script = 'echo ran >> ./count; n=$(printf "x%.0s" $(seq 200)); cd "$TMPDIR" && for i in $(seq 22); do mkdir $n && cd $n; done'
+    const argv = ['--agent', 'meepa', '--', 'sh', '-c', script]
+    const fast = await exec(argv)
+    const count = path.join(home.workspace('meepa'), 'count')
+    expect(fs.readFileSync(count, 'utf8')).toBe('ran\n')
+    fs.rmSync(count)
+    const viaOclif = await execViaOclif(argv)
+    expect(fs.readFileSync(count, 'utf8')).toBe('ran\n')
+    // (the probe cannot tell here: printing the error loads oclif's printer, which sets globalThis.oclif)
+    expect({exitCode: fast.exitCode, stderr: fast.stderr.replace(/meepa-sandbox-meepa-\w+/, 'TMP')}).toEqual({exitCode: viaOclif.exitCode, stderr: viaOclif.stderr.replace(/meepa-sandbox-meepa-\w+/, 'TMP')})
+    expect(fast.stderr).toContain('ENAMETOOLONG')
+    // what each run left behind (rm walks a tree deeper than PATH_MAX, Node's rmSync does not)
+    for (const result of [fast, viaOclif]) {
+      const left = /\/\S*meepa-sandbox-meepa-\w+/.exec(result.stderr)?.[0]
+      if (left) await execa('rm', ['-rf', left])
+    }
+  })
+
   it('hands errors and help to oclif: an unknown agent is E_AGENT_UNKNOWN with exit 4, --help is oclif help', async () => {
     const unknown = await exec(['--agent', 'nope', '--', 'true'])
     expect(unknown).toMatchObject({exitCode: 4, oclif: true})

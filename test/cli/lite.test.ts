@@ -130,6 +130,10 @@ describe('commands without oclif print what oclif prints (bin/run.js against ocl
       ['runs', '--agent'],
       ['runs', '-n5'],
       ['runs', '--json=yes'],
+      ['runs', '--agent=--json'],
+      ['runs', '--agent=-n5'],
+      ['agent', 'list', '--config=--json'],
+      ['runs', '--agent=-x'],
       ['config', 'check', '--'],
       ['agent:list'],
       ['help', 'runs'],
@@ -137,6 +141,35 @@ describe('commands without oclif print what oclif prints (bin/run.js against ocl
       await expectSame(argv, {lite: false})
     }
     await expectSame(['agent', 'list'], {lite: false, env: {MEEPAGATEWAY_DEBUG: '1'}})
+  })
+
+  it('leaves JSON output to oclif when a user theme colours it (CONFIG_DIR/theme.json)', async () => {
+    const configHome = path.join(home.home, 'xdg')
+    fs.mkdirSync(path.join(configHome, 'meepagateway'), {recursive: true})
+    fs.writeFileSync(path.join(configHome, 'meepagateway', 'theme.json'), JSON.stringify({json: {key: 'red', string: 'green', brace: 'blue'}}))
+    try {
+      const colored = await expectSame(['agent', 'list', '--json'], {lite: false, env: {XDG_CONFIG_HOME: configHome, FORCE_COLOR: '1'}})
+      expect(colored.stdout).toContain('\u001B[')
+      await expectSame(['runs', '--json'], {lite: false, env: {MEEPAGATEWAY_CONFIG_DIR: path.join(configHome, 'meepagateway'), FORCE_COLOR: '1'}})
+      await expectSame(['agent', 'list', '--json'], {lite: true, env: {XDG_CONFIG_HOME: configHome, FORCE_COLOR: '1', MEEPAGATEWAY_DISABLE_THEME: 'true'}})
+    } finally {
+      fs.rmSync(configHome, {recursive: true, force: true})
+    }
+  })
+
+  it('leaves a run from a directory that no longer exists to oclif (it warns as it loads)', async () => {
+    for (const argv of [['agent', 'list'], ['--help'], ['sandbox', 'exec', '--agent', 'boxed', '--', 'true']]) {
+      const ran = await Promise.all(
+        [[BIN], [viaOclifScript]].map(async (prefix) => {
+          const gone = fs.mkdtempSync(path.join(home.home, 'gone-'))
+          const quoted = ['--require', probe, ...prefix, ...argv].map((word) => `'${word}'`).join(' ')
+          const result = await execa('sh', ['-c', `cd '${gone}' && rmdir '${gone}' && exec '${process.execPath}' ${quoted}`], {env: {PATH: process.env.PATH ?? '', MEEPAGATEWAY_HOME: home.home}, extendEnv: false, reject: false, stdin: 'ignore'})
+          return {exitCode: result.exitCode, stdout: String(result.stdout), stderr: String(result.stderr).replace(/\n?FULL_CLI \w+\n?$/, '')}
+        }),
+      )
+      expect(ran[1]?.stderr, argv.join(' ')).toContain('WARNING: current directory does not exist')
+      expect(ran[0], argv.join(' ')).toEqual(ran[1])
+    }
   })
 })
 
@@ -160,6 +193,11 @@ describe('help pages without oclif', () => {
     await expectSame(['runs', '--help'], {lite: false, env: {FORCE_COLOR: '1'}})
   })
 
+  it('prints the platform as oclif names it: wsl under WSL (is-wsl, which __IS_WSL_TEST__ turns on)', async () => {
+    const shown = await expectSame(['--help'], {lite: true, env: {__IS_WSL_TEST__: '1'}})
+    expect(shown.stdout).toContain(' wsl-')
+  })
+
   it('prints the running Node version, not the one of the build', async () => {
     const shown = await viaBin(['--help'])
     expect(shown.stdout).toContain(`node-${process.version}`)
@@ -179,7 +217,7 @@ describe('the lite parser (src/cli/lite/parse.ts)', () => {
   })
 
   it('defers everything else', () => {
-    for (const argv of [[], ['m', 'extra'], ['--limit', '0', 'm'], ['--limit', '101', 'm'], ['--limit', '1.5', 'm'], ['-a', '-b', 'm'], ['--agent=', 'm'], ['--json=true', 'm'], ['-ax', 'm'], ['--', 'm'], ['--help'], ['m', '--agent', 'a', '--agent', 'b']]) {
+    for (const argv of [[], ['m', 'extra'], ['--limit', '0', 'm'], ['--limit', '101', 'm'], ['--limit', '1.5', 'm'], ['-a', '-b', 'm'], ['--agent=', 'm'], ['--agent=--json', 'm'], ['--agent=-n5', 'm'], ['--limit=-1', 'm'], ['--json=true', 'm'], ['-ax', 'm'], ['--', 'm'], ['--help'], ['m', '--agent', 'a', '--agent', 'b']]) {
       expect(() => parseArgv(argv, input), argv.join(' ')).toThrow(/left to oclif/)
     }
     expect(() => parseArgv(['m'], {...input, strict: false})).toThrow(/left to oclif/)

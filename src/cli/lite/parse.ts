@@ -76,7 +76,9 @@ export function parseArgv(argv: readonly string[], input: LiteParseInput): {flag
       continue
     }
     const value = inline ?? argv[++i]
-    if (value === undefined || value === '' || (inline === undefined && value.startsWith('-'))) throw new DeferToOclif(`--${name} without a plain value`)
+    // oclif rejects a value that names one of the command's flags, given inline too (`--agent=--json`,
+    // `--agent=-n5`: "Flag --agent expects a value"); a value starting with '-' is oclif's either way
+    if (value === undefined || value === '' || value.startsWith('-')) throw new DeferToOclif(`--${name} without a plain value`)
     flags[name] = flagValue(name, flag, value)
   }
   for (const [name, flag] of Object.entries(input.flags)) {

@@ -85,6 +85,8 @@ export interface SandboxExecOptions {
   argv: string[]
   timeoutMs: number
   onLog?: (line: string) => void
+  /** Called just before the command starts: an error after it comes after the command ran (or while it runs). */
+  onStart?: () => void
 }
 
 /** Starts argv under an agent's policy: the helper reads its rules on fd 3 and opens a session the caller can kill whole. */
@@ -115,6 +117,7 @@ export async function sandboxExec(options: SandboxExecOptions): Promise<{exitCod
       const gaps = [...kernelGaps(sandbox.probe, sandbox.policy.network, sandbox.policy.listen), ...loweringGaps(sandbox.policy, sandbox.namespaces)]
       for (const gap of gaps) options.onLog?.(`sandbox: best effort, NOT enforced: ${gap}`)
     }
+    options.onStart?.()
     const child = spawnInSandbox(sandbox, options.argv, {stdio: 'inherit', timeoutMs: options.timeoutMs})
     const killGroup = () => killProcessTree(child.pid)
     const onSignal = () => killGroup()
