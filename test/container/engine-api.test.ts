@@ -6,7 +6,7 @@ import path from 'node:path'
 import {afterAll, beforeAll, describe, expect, it} from 'vitest'
 import {fakeLlmConfig, makeHome, runCli, type TestHome} from '../helpers/home.js'
 import {DockerCli} from '../../src/sandbox/docker/cli.js'
-import {homeLabel, listGatewayContainers} from '../../src/sandbox/docker/containers.js'
+import {homeLabel, listGatewayContainers, removeContainers} from '../../src/sandbox/docker/containers.js'
 import {DEFAULT_DOCKER_SOCKET, EngineApi, localEngineSocket} from '../../src/sandbox/docker/engine-api.js'
 import {BASE_IMAGE, describeWithDocker, realDockerPath, tempDir} from './docker-env.js'
 
@@ -209,6 +209,15 @@ describeWithDocker('Engine API client against the real engine', () => {
     expect(viaApi[0]).toMatchObject({agent: 'api', state: 'created', running: false, ownerPid: 999_999_999, image: BASE_IMAGE})
     expect(viaApi).toEqual(await listGatewayContainers(cli, {home: dir}))
     expect(await listGatewayContainers(engine, {home: path.join(dir, 'other')})).toEqual([])
+  })
+
+  it('removes a running container as `docker rm --force --volumes` does, and one already gone without an error', async () => {
+    const running = `meepa-test-api-rm-${unique}`
+    const started = await docker(['run', '-d', '--name', running, '--network', 'none', BASE_IMAGE, 'sleep', '60'])
+    expect(started.exitCode, started.stderr).toBe(0)
+    await removeContainers(engine, [running])
+    expect((await docker(['container', 'inspect', running])).exitCode).not.toBe(0)
+    await expect(removeContainers(engine, [running])).resolves.toBeUndefined()
   })
 })
 

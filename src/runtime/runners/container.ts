@@ -5,6 +5,7 @@ import path from 'node:path'
 import type {ResultPromise} from 'execa'
 import {dockerCli, type DockerCli} from '../../sandbox/docker/cli.js'
 import {dockerMissing, engineErrorOf} from '../../sandbox/docker/errors.js'
+import {localEngineApi} from '../../sandbox/docker/engine-api.js'
 import {homeLabel, removeContainers} from '../../sandbox/docker/containers.js'
 import {CONTAINER_APP, LABEL, sha256} from '../../sandbox/docker/dockerfile.js'
 import {ensureContainerImage, ensureIsolationImage, planImages, type ImageContext} from '../../sandbox/docker/images.js'
@@ -123,6 +124,14 @@ export async function readyIsolationImage(config: GatewayConfig, agent: AgentCon
   return image
 }
 
+/** The engine's API (no docker process) when the run uses the default docker CLI on a local engine; an injected CLI does everything. */
+const engineApiFor = (cli: DockerCli) => (cli === dockerCli() ? localEngineApi() : undefined)
+
+/** Image checks over the engine's API where there is one (see engineApiFor). */
+function imageContextFor(home: string, cli: DockerCli, options: {signal: AbortSignal; onLog?: (line: string) => void}): ImageContext {
+  return containerImageContext(home, {cli, ...options, engine: engineApiFor(cli)})
+}
+
 async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) => void, onAnswer: (output: AgentRunOutput) => void = () => {}): Promise<AgentRunOutput> {
   const {input, agent} = request
   const runId = input.run_id
@@ -130,7 +139,7 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
   const usageBefore = await diskUsage([request.workspace])
   if (usageBefore > diskLimit) return diskFull(runId, agent.limits.disk, usageBefore, request.workspace, 'before')
   const deadline = Date.now() + request.timeoutMs
-  const image = await readyBeforeDeadline(cli, deadline, request.signal, (signal) => readyIsolationImage(request.config, agent, containerImageContext(request.home, {cli, signal, onLog: log})))
+  const image = await readyBeforeDeadline(cli, deadline, request.signal, (signal) => readyIsolationImage(request.config, agent, imageContextFor(request.home, cli, {signal, onLog: log})))
   const shape = runShape(request, image)
   const standby = takeStandby(standbySlot(request), shape.key)
   if (standby) log(`running in standby container ${standby.name}, started before this message arrived`)
@@ -403,7 +412,7 @@ let giveUp = new AbortController()
 async function prepareStandby(request: RunRequest, cli: DockerCli): Promise<void> {
   const slot = standbySlot(request)
   if (standbys.has(slot)) return
-  const image = await readyIsolationImage(request.config, request.agent, containerImageContext(request.home, {cli, signal: standbyPreparation.signal}))
+  const image = await readyIsolationImage(request.config, request.agent, imageContextFor(request.home, cli, {signal: standbyPreparation.signal}))
   if (standbys.has(slot) || standbyPreparation.signal.aborted) return
   const shape = runShape(request, image)
   const name = containerNameFor(`standby_${randomBytes(8).toString('hex')}`)
@@ -478,7 +487,7 @@ const pendingRemovals = new Set<Promise<void>>()
 function scheduleRemoval(cli: DockerCli, name: string, log: (line: string) => void): Promise<void> {
   return track(
     pendingRemovals,
-    removeContainers(cli, [name], giveUp.signal).catch((error: unknown) => {
+    removeContainers(engineApiFor(cli) ?? cli, [name], giveUp.signal).catch((error: unknown) => {
       log(`could not remove container ${name} (retrying until the engine answers): ${toGatewayError(error).message}`)
       removeWhenEngineAnswers(cli, name, log)
     }),

@@ -94,9 +94,10 @@ export function isOrphan(container: GatewayContainer, isAlive: (pid: number) => 
 }
 
 /** `docker rm -f` for many containers in one call; a container already gone is not an error. */
-export async function removeContainers(cli: DockerCli, ids: string[], signal?: AbortSignal): Promise<void> {
+export async function removeContainers(docker: DockerCli | EngineApi, ids: string[], signal?: AbortSignal): Promise<void> {
   if (ids.length === 0) return
-  await cli.exec(['rm', '--force', '--volumes', ...ids], {signal})
+  if (docker instanceof EngineApi) await Promise.all(ids.map((id) => docker.removeContainer(id, {signal})))
+  else await docker.exec(['rm', '--force', '--volumes', ...ids], {signal})
 }
 
 export interface OrphanCleanup {

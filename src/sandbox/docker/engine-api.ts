@@ -9,7 +9,7 @@ import {DOCKER_BIN_ENV, dockerCancelled, dockerDown, dockerHung, dockerPermissio
 import type {RawImage} from './images.js'
 
 /**
- * Read-only questions to a Docker engine on a local unix socket, over its HTTP API: no docker CLI
+ * Questions to a Docker engine on a local unix socket, and container removal, over its HTTP API: no docker CLI
  * process (a Go binary that costs tens of ms of CPU per start). Every request has a deadline and
  * honours an AbortSignal, like every docker CLI call, and fails with the same errors. Only used
  * where the docker CLI would talk to that same socket (see localEngineSocket).
@@ -47,6 +47,8 @@ function usesDefaultContext(env: NodeJS.ProcessEnv): boolean {
 }
 
 export interface EngineRequestOptions {
+  /** GET unless said (DELETE removes a container). */
+  method?: 'GET' | 'DELETE'
   signal?: AbortSignal
   /** Deadline of the call, connecting included; default DEFAULT_DOCKER_TIMEOUT_MS. */
   timeoutMs?: number
@@ -87,6 +89,11 @@ export class EngineApi {
     return this.found<RawImage>(`/images/${ref}/json`, options)
   }
 
+  /** `docker rm --force --volumes` of one container: gone already (404) or being removed (409) is done too. */
+  async removeContainer(nameOrId: string, options: EngineRequestOptions = {}): Promise<void> {
+    await this.call(`/containers/${encodeURIComponent(nameOrId)}?force=1&v=1`, {...options, method: 'DELETE'})
+  }
+
   /** A GET whose 404 means "not there". */
   private async found<T>(endpoint: string, options: EngineRequestOptions): Promise<T | undefined> {
     const answer = await this.call(endpoint, options)
@@ -94,7 +101,7 @@ export class EngineApi {
   }
 
   /**
-   * One GET under one deadline and the caller's signal, failing as a docker CLI call would.
+   * One request under one deadline and the caller's signal, failing as a docker CLI call would.
    * Unversioned paths are the engine's own (newest) API version, the one its /_ping names, so no
    * round trip is spent negotiating; DOCKER_API_VERSION pins a version, as it does for the CLI.
    */
@@ -102,10 +109,11 @@ export class EngineApi {
     const timeoutMs = options.timeoutMs ?? this.options.defaultTimeoutMs ?? DEFAULT_DOCKER_TIMEOUT_MS
     const deadline = AbortSignal.timeout(timeoutMs)
     const signal = options.signal ? AbortSignal.any([options.signal, deadline]) : deadline
-    const request = `GET ${endpoint.split('?')[0]}`
+    const method = options.method ?? 'GET'
+    const request = `${method} ${endpoint.split('?')[0]}`
     try {
-      const answer = await this.get(`${this.options.apiVersion ? `/v${this.options.apiVersion}` : ''}${endpoint}`, signal)
-      if (answer.status >= 400 && answer.status !== 404) throw engineRefused(request, answer)
+      const answer = await this.send(method, `${this.options.apiVersion ? `/v${this.options.apiVersion}` : ''}${endpoint}`, signal)
+      if (answer.status >= 400 && answer.status !== 404 && !(method === 'DELETE' && answer.status === 409)) throw engineRefused(request, answer)
       return answer
     } catch (error) {
       if (deadline.aborted) throw dockerHung(request, timeoutMs)
@@ -115,11 +123,11 @@ export class EngineApi {
   }
 
   /**
-   * One GET on its own connection, in HTTP/1.0: the engine then answers without chunks and closes,
+   * One request on its own connection, in HTTP/1.0: the engine then answers without chunks and closes,
    * so the answer is what arrives before the close. node:http would do the same at ≈ 10 ms more
    * CPU (loading its client) per process, a quarter of what `container status` may take.
    */
-  private get(endpoint: string, signal: AbortSignal): Promise<EngineAnswer> {
+  private send(method: string, endpoint: string, signal: AbortSignal): Promise<EngineAnswer> {
     return new Promise((resolve, reject) => {
       const socket = net.connect({path: this.socketPath, signal})
       const chunks: Buffer[] = []
@@ -133,7 +141,7 @@ export class EngineApi {
       })
       socket.on('error', reject)
       // not end(): a half-closed connection reads to the engine as a client that went away
-      socket.write(`GET ${endpoint} HTTP/1.0\r\nHost: docker\r\nUser-Agent: meepagateway\r\n\r\n`)
+      socket.write(`${method} ${endpoint} HTTP/1.0\r\nHost: docker\r\nUser-Agent: meepagateway\r\n\r\n`)
     })
   }
 
