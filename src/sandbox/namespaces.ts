@@ -1,4 +1,4 @@
-import {execFile, spawnSync} from 'node:child_process'
+import {execFile, spawn} from 'node:child_process'
 import fs from 'node:fs'
 import path from 'node:path'
 import type {SandboxPolicy} from './policy.js'
@@ -35,31 +35,6 @@ export async function probeNamespaces(): Promise<NamespaceProbe> {
   return cached.probe
 }
 
-let settled: {probe: NamespaceProbe; at: number} | undefined
-
-/**
- * The same probe for one-shot commands (`config check`), which have no event loop to keep free:
- * spawnSync costs a third of execFile's CPU (no ChildProcess, pipes or streams). Kept as the
- * asynchronous one is: while it works, and a failure for RETRY_FAILED_PROBE_MS.
- */
-export function probeNamespacesSync(): NamespaceProbe {
-  const refused = probeRefused()
-  if (refused) return refused
-  if (settled && (settled.probe.available || Date.now() - settled.at <= RETRY_FAILED_PROBE_MS)) return settled.probe
-  settled = {probe: runProbeSync(), at: Date.now()}
-  return settled.probe
-}
-
-function runProbeSync(): NamespaceProbe {
-  const bwrap = findBwrap()
-  if (!bwrap) return NO_BWRAP
-  const result = spawnSync(bwrap, [...namespaceOptions(), '--', '/bin/true'], {timeout: PROBE_TIMEOUT_MS, env: {}, encoding: 'utf8', stdio: ['ignore', 'ignore', 'pipe']})
-  let failure: string | undefined
-  if (result.error) failure = (result.error as NodeJS.ErrnoException).code === 'ETIMEDOUT' ? 'timed out after 10 s' : result.error.message
-  else if (result.status !== 0) failure = result.status === null ? `killed by ${result.signal}` : `exit ${result.status}`
-  return probeResult(bwrap, failure, result.stderr ?? '')
-}
-
 const PROBE_TIMEOUT_MS = 10_000
 const NO_BWRAP: NamespaceProbe = {available: false, reason: 'bubblewrap is not installed (apt-get install bubblewrap)'}
 
@@ -74,14 +49,29 @@ const findBwrap = () => BWRAP_CANDIDATES.find((candidate) => isExecutable(candid
 async function runProbe(): Promise<NamespaceProbe> {
   const bwrap = findBwrap()
   if (!bwrap) return NO_BWRAP
-  // node's execFile, not execa: `sandbox exec` runs this at start, and execa's set-up costs more than bwrap
-  const result = await new Promise<{failure?: string; stderr: string}>((resolve) => {
-    execFile(bwrap, [...namespaceOptions(), '--', '/bin/true'], {timeout: PROBE_TIMEOUT_MS, env: {}, encoding: 'utf8'}, (error, _stdout, stderr) => {
-      const failure = !error ? undefined : error.killed ? 'timed out after 10 s' : typeof error.code === 'number' ? `exit ${error.code}` : error.message
-      resolve({failure, stderr: String(stderr ?? '')})
+  const argv = [...namespaceOptions(), '--', '/bin/true']
+  // no pipes (a third of the CPU of execFile's, whose streams a CLI start pays for): bwrap's own
+  // message is only needed when it fails, and is read by running it once more then
+  const failure = await new Promise<string | undefined>((resolve) => {
+    const child = spawn(bwrap, argv, {env: {}, stdio: 'ignore'})
+    const deadline = setTimeout(() => {
+      child.kill('SIGKILL')
+      resolve('timed out after 10 s')
+    }, PROBE_TIMEOUT_MS)
+    child.on('error', (error) => {
+      clearTimeout(deadline)
+      resolve(error.message)
+    })
+    child.on('exit', (code, signal) => {
+      clearTimeout(deadline)
+      resolve(code === 0 ? undefined : code === null ? `killed by ${signal}` : `exit ${code}`)
     })
   })
-  return probeResult(bwrap, result.failure, result.stderr)
+  if (failure === undefined) return probeResult(bwrap, undefined, '')
+  const again = await new Promise<string>((resolve) => {
+    execFile(bwrap, argv, {timeout: PROBE_TIMEOUT_MS, env: {}, encoding: 'utf8'}, (_error, _stdout, stderr) => resolve(String(stderr ?? '')))
+  })
+  return probeResult(bwrap, failure, again)
 }
 
 function probeResult(bwrap: string, failure: string | undefined, stderr: string): NamespaceProbe {

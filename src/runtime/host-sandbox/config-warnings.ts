@@ -3,7 +3,7 @@ import os from 'node:os'
 import path from 'node:path'
 import {agentPolicy} from './agent-policy.js'
 import {loweringGaps, loweringWarnings} from '../../sandbox/landlock/enforcement.js'
-import {probeNamespacesSync} from '../../sandbox/namespaces.js'
+import {probeNamespaces} from '../../sandbox/namespaces.js'
 import type {LoadedConfig} from '../config/types.js'
 import {isolationLevelFor} from '../runners/isolation-level.js'
 import {workspacePath} from '../workspace/location.js'
@@ -19,20 +19,31 @@ export async function sandboxConfigWarnings(loaded: LoadedConfig): Promise<Array
   if (process.platform !== 'linux') return []
   const agents = loaded.config.agents.filter((agent) => isolationLevelFor(agent) === 'host-sandbox' && fs.existsSync(workspacePath(loaded.home, agent.id)))
   if (agents.length === 0) return []
-  const namespaces = probeNamespacesSync()
+  // bwrap runs while the policies compile for the layer it nearly always finds; compiled again without it if not
+  const probing = probeNamespaces()
   // one private temp dir stands for every agent's: only its existence and place (os.tmpdir()) matter to the policy
   const tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-sandbox-check-'))
   const warnings: Array<{agent: string; warning: string}> = []
   try {
-    for (const agent of agents) {
-      try {
-        const policy = agentPolicy({agent, config: loaded.config, home: loaded.home, workspace: workspacePath(loaded.home, agent.id), tmpDir, configPath: loaded.path, namespaces: namespaces.available})
-        const gaps = new Set(loweringGaps(policy, namespaces))
-        for (const warning of loweringWarnings(policy, namespaces)) {
-          warnings.push({agent: agent.id, warning: gaps.has(warning) ? `${warning} (${agent.file_access.best_effort ? 'accepted: best_effort is on' : 'runs are refused unless file_access.best_effort: true'})` : warning})
+    const compileAll = (namespaces: boolean) =>
+      agents.map((agent) => {
+        try {
+          return {agent, policy: agentPolicy({agent, config: loaded.config, home: loaded.home, workspace: workspacePath(loaded.home, agent.id), tmpDir, configPath: loaded.path, namespaces})}
+        } catch (error) {
+          return {agent, error: error as Error}
         }
-      } catch (error) {
-        warnings.push({agent: agent.id, warning: `the sandbox policy cannot be compiled: ${(error as Error).message}`})
+      })
+    let compiled = compileAll(true)
+    const namespaces = await probing
+    if (!namespaces.available) compiled = compileAll(false)
+    for (const {agent, policy, error} of compiled) {
+      if (!policy) {
+        warnings.push({agent: agent.id, warning: `the sandbox policy cannot be compiled: ${error?.message}`})
+        continue
+      }
+      const gaps = new Set(loweringGaps(policy, namespaces))
+      for (const warning of loweringWarnings(policy, namespaces)) {
+        warnings.push({agent: agent.id, warning: gaps.has(warning) ? `${warning} (${agent.file_access.best_effort ? 'accepted: best_effort is on' : 'runs are refused unless file_access.best_effort: true'})` : warning})
       }
     }
   } finally {
