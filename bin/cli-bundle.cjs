@@ -19,7 +19,6 @@ const CLI_FILES = {
   liteDir: 'dist/lite',
   /** The command ids with a lite bundle, and `help-pages`, the bundle that prints help pages. */
   liteIndex: 'dist/lite/index.json',
-  helpPages: 'dist/lite/help-pages.json',
 }
 /**
  * Outside the bundle: oclif's TypeScript support (dev trees only; bin/run.js turns it off),

@@ -191,7 +191,7 @@ if (warm.status !== 0) process.exit(warm.status ?? 1)
 // Help pages as oclif prints them when the output is not a terminal (80 columns, no colour), for
 // the lite bundle to print without oclif (src/cli/lite/help.ts). Each is bin/run.js itself: the
 // lite bundle does not exist yet, so oclif renders every one.
-const {helpArgvForms} = await import('../dist/cli/lite/help.js')
+const {HELP_PAGES_FILE, helpArgvForms} = await import('../dist/cli/lite/help.js')
 const commandIds = Object.keys(JSON.parse(fs.readFileSync(manifestFile, 'utf8')).commands)
 const topics = [...new Set(commandIds.flatMap((id) => id.split(':').slice(0, -1).map((_, index, parts) => parts.slice(0, index + 1).join(':'))))]
 const helpEnv = Object.fromEntries(Object.entries(process.env).filter(([name]) => !['OCLIF_COLUMNS', 'FORCE_COLOR', 'DEBUG', 'MEEPAGATEWAY_DEBUG', 'NODE_OPTIONS'].includes(name)))
@@ -205,7 +205,7 @@ for (const argv of helpArgvForms({commands: commandIds, topics})) {
   pages[argv.join(' ')] = shown.stdout
 }
 fs.mkdirSync(path.join(root, CLI_FILES.liteDir), {recursive: true})
-fs.writeFileSync(path.join(root, CLI_FILES.helpPages), `${JSON.stringify({userAgent, pages}, null, 1)}\n`)
+fs.writeFileSync(path.join(root, HELP_PAGES_FILE), `${JSON.stringify({userAgent, pages}, null, 1)}\n`)
 
 // The lite bundles, one per command in src/cli/lite/commands.ts (with src/cli/lite/core.ts as its
 // @oclif/core) and one for the help pages: bin/run.js tries the one argv names first. One each:
@@ -246,7 +246,7 @@ const liteBundles = [
     if (!file) throw new Error(`bundle-cli: src/cli/lite/commands.ts names ${id}, which is not a command`)
     const run = id === 'sandbox:exec'
       ? "import {sandboxExecWithoutOclif} from './cli/fast-paths.js'\nexport const run = (argv) => argv[0] === 'sandbox' && argv[1] === 'exec' ? sandboxExecWithoutOclif(argv.slice(2)) : Promise.resolve(undefined)"
-      : `import {runCommandWithoutOclif} from './cli/lite/run.js'\nimport Command from ${JSON.stringify(file)}\nexport const run = (argv) => runCommandWithoutOclif(argv, ${JSON.stringify(id)}, Command, ${JSON.stringify(version)})`
+      : `import {runCommandWithoutOclif} from './cli/lite/run.js'\nimport Command from ${JSON.stringify(file)}\nexport const run = (argv) => runCommandWithoutOclif(argv, ${JSON.stringify(id)}, Command)`
     // what a start runs, once in the scratch home (send, with no provider key there, up to the provider call)
     const warm = {send: [['send', '--agent', 'meepa', 'hi']], 'sandbox:exec': [['sandbox', 'exec', '--agent', 'meepa', '--', '/bin/true']]}[id] ?? [id.split(':'), [...id.split(':'), '--json']]
     return {id, entry: run, warm}

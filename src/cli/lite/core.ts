@@ -18,7 +18,6 @@ const scopedEnv = (name: string) => process.env[`${BIN.toUpperCase()}_${name}`]
 
 export interface LiteConfig {
   bin: string
-  userAgent: string
 }
 
 type FlagOptions = Partial<Omit<LiteFlag, 'kind' | 'type'>>

@@ -43,8 +43,6 @@ function userThemeExists(): boolean {
   return fs.existsSync(path.resolve(configDir, 'theme.json'))
 }
 
-const userAgent = (version: string) => `meepagateway/${version} ${process.platform}-${process.arch} node-${process.version}`
-
 /**
  * oclif's Config.userAgent, the VERSION line of the root help page: its platform is `wsl` under
  * WSL (oclif asks is-wsl) and its arch `x86` for ia32. A dynamic import: is-wsl reads /proc as it
@@ -56,10 +54,10 @@ export async function oclifUserAgent(version: string): Promise<string> {
 }
 
 /** `[TOPIC] COMMAND args…` for the one command of this bundle. */
-export async function runCommandWithoutOclif(argv: string[], id: string, CommandClass: CommandClass, version: string): Promise<number | undefined> {
+export async function runCommandWithoutOclif(argv: string[], id: string, CommandClass: CommandClass): Promise<number | undefined> {
   const words = id.split(':')
   if (oclifPrintsOtherwise() || words.some((word, index) => argv[index] !== word) || userThemeExists()) return undefined
-  const command = new CommandClass(argv.slice(words.length), {bin: 'meepagateway', userAgent: userAgent(version)})
+  const command = new CommandClass(argv.slice(words.length), {bin: 'meepagateway'})
   try {
     await command._run()
   } catch (error) {
