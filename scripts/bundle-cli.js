@@ -182,7 +182,7 @@ fs.writeFileSync(manifestFile, `${JSON.stringify(plugin.manifest, null, 2)}\n`)
 
 // The code cache holds what most starts compile: the bundle's top level, oclif's core, the
 // manifest, help, and the most used commands run once in a scratch home (config load and
-// validation, SQLite, the sandbox helper through execa). It is made in a fresh process after
+// validation, SQLite, the sandbox helper). It is made in a fresh process after
 // that warm-up, not after the manifest build above, which evaluates every command: a cache of
 // everything costs more to load than it saves. Needs the sandbox helper built first.
 const warm = spawnSync(process.execPath, [fileURLToPath(import.meta.url), '--write-code-cache'], {stdio: 'inherit'})

@@ -1,4 +1,3 @@
-import {execFile, spawn} from 'node:child_process'
 import fs from 'node:fs'
 import path from 'node:path'
 import type {SandboxPolicy} from './policy.js'
@@ -26,13 +25,67 @@ let cached: {probe: Promise<NamespaceProbe>; at: number} | undefined
 /** A failed probe is tried again after this long: one slow start under load must not cost the layer for good. */
 const RETRY_FAILED_PROBE_MS = 60_000
 
-/** Whether bubblewrap can create the namespaces on this machine: tried with the real options, once per process while it works. */
-export async function probeNamespaces(): Promise<NamespaceProbe> {
+/**
+ * Whether bubblewrap can create the namespaces on this machine: tried with the real options, once
+ * per process while it works. With `cacheFile` (in MEEPAGATEWAY_HOME), a success is remembered
+ * across processes (a CLI start then neither runs bwrap nor loads node:child_process for it).
+ */
+export async function probeNamespaces(options: {cacheFile?: string} = {}): Promise<NamespaceProbe> {
   const refused = probeRefused()
   if (refused) return refused
   if (cached && !(await cached.probe).available && Date.now() - cached.at > RETRY_FAILED_PROBE_MS) cached = undefined
-  cached ??= {probe: runProbe(), at: Date.now()}
+  cached ??= {probe: probeOrRecall(options.cacheFile), at: Date.now()}
   return cached.probe
+}
+
+/**
+ * The remembered success is only trusted for the same boot, user, bwrap binary and user-namespace
+ * sysctls, and for an hour. Only a success is remembered, so a wrong record can only claim the layer:
+ * the run then fails in bwrap (closed), it never runs with less than the probe would have given.
+ */
+const PROBE_RECORD_TTL_MS = 60 * 60_000
+const USERNS_SYSCTLS = ['/proc/sys/kernel/random/boot_id', '/proc/sys/user/max_user_namespaces', '/proc/sys/kernel/unprivileged_userns_clone', '/proc/sys/kernel/apparmor_restrict_unprivileged_userns']
+
+async function probeOrRecall(cacheFile: string | undefined): Promise<NamespaceProbe> {
+  const bwrap = findBwrap()
+  if (!bwrap) return NO_BWRAP
+  const key = cacheFile ? probeKey(bwrap) : undefined
+  if (cacheFile && key) {
+    try {
+      const record = JSON.parse(fs.readFileSync(cacheFile, 'utf8')) as {key?: unknown; at?: unknown}
+      if (record.key === key && typeof record.at === 'number' && Math.abs(Date.now() - record.at) < PROBE_RECORD_TTL_MS) return {available: true, bwrap}
+    } catch {
+      // none yet, or unreadable: probe
+    }
+  }
+  const probe = await runProbe(bwrap)
+  if (probe.available && cacheFile && key) {
+    try {
+      fs.mkdirSync(path.dirname(cacheFile), {recursive: true, mode: 0o700})
+      const temp = `${cacheFile}.${process.pid}.tmp`
+      fs.writeFileSync(temp, `${JSON.stringify({key, at: Date.now()})}\n`, {mode: 0o600})
+      fs.renameSync(temp, cacheFile)
+    } catch {
+      // a read-only home: the next start probes again
+    }
+  }
+  return probe
+}
+
+function probeKey(bwrap: string): string | undefined {
+  try {
+    const stat = fs.statSync(bwrap)
+    const sysctls = USERNS_SYSCTLS.map((file) => {
+      try {
+        return fs.readFileSync(file, 'utf8').trim()
+      } catch {
+        return null
+      }
+    })
+    return JSON.stringify([process.getuid?.(), bwrap, stat.dev, stat.ino, stat.size, stat.mtimeMs, stat.mode, ...sysctls])
+  } catch {
+    return undefined
+  }
 }
 
 const PROBE_TIMEOUT_MS = 10_000
@@ -46,38 +99,11 @@ function probeRefused(): NamespaceProbe | undefined {
 
 const findBwrap = () => BWRAP_CANDIDATES.find((candidate) => isExecutable(candidate))
 
-async function runProbe(): Promise<NamespaceProbe> {
-  const bwrap = findBwrap()
-  if (!bwrap) return NO_BWRAP
-  const argv = [...namespaceOptions(), '--', '/bin/true']
-  // no pipes (a third of the CPU of execFile's, whose streams a CLI start pays for): bwrap's own
-  // message is only needed when it fails, and is read by running it once more then
-  const failure = await new Promise<string | undefined>((resolve) => {
-    const child = spawn(bwrap, argv, {env: {}, stdio: 'ignore'})
-    const deadline = setTimeout(() => {
-      child.kill('SIGKILL')
-      resolve('timed out after 10 s')
-    }, PROBE_TIMEOUT_MS)
-    child.on('error', (error) => {
-      clearTimeout(deadline)
-      resolve(error.message)
-    })
-    child.on('exit', (code, signal) => {
-      clearTimeout(deadline)
-      resolve(code === 0 ? undefined : code === null ? `killed by ${signal}` : `exit ${code}`)
-    })
-  })
-  if (failure === undefined) return probeResult(bwrap, undefined, '')
-  const again = await new Promise<string>((resolve) => {
-    execFile(bwrap, argv, {timeout: PROBE_TIMEOUT_MS, env: {}, encoding: 'utf8'}, (_error, _stdout, stderr) => resolve(String(stderr ?? '')))
-  })
-  return probeResult(bwrap, failure, again)
-}
-
-function probeResult(bwrap: string, failure: string | undefined, stderr: string): NamespaceProbe {
+async function runProbe(bwrap: string): Promise<NamespaceProbe> {
+  const {bwrapFailure} = await import('./bwrap-probe.js')
+  const failure = await bwrapFailure(bwrap, [...namespaceOptions(), '--', '/bin/true'], PROBE_TIMEOUT_MS)
   if (failure === undefined) return {available: true, bwrap}
-  const firstLine = stderr.trim().split('\n')[0] ?? ''
-  return {available: false, bwrap, reason: `bubblewrap cannot create the namespaces: ${firstLine || failure} (unprivileged user namespaces disabled?)`}
+  return {available: false, bwrap, reason: `bubblewrap cannot create the namespaces: ${failure} (unprivileged user namespaces disabled?)`}
 }
 
 function isExecutable(file: string): boolean {

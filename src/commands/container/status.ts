@@ -7,7 +7,7 @@ export default class ContainerStatusCommand extends BaseCommand<typeof Container
   static examples = ['<%= config.bin %> container status', '<%= config.bin %> container status --json']
 
   async run(): Promise<ContainerStatus> {
-    const status = await containerStatus(this.loadConfig())
+    const status = await containerStatus(() => this.loadConfig())
     this.log(`engine: Docker ${status.engine.server_version} (API ${status.engine.api_version})`)
     for (const agent of status.agents) {
       if (agent.error) {

@@ -3,6 +3,7 @@ import path from 'node:path'
 import type {Memory} from '../workspace/memory.js'
 import type {ToolDefinition} from '../providers/types.js'
 import {killProcessTree, killSession, sessionOf} from '../util/process-tree.js'
+import {startSubprocess} from '../util/subprocess.js'
 import {shellArgv} from '../agent-run/tool-shell.js'
 import {listSkills} from './skills.js'
 
@@ -151,8 +152,6 @@ async function dispatch(name: string, args: Record<string, unknown>, context: To
 }
 
 async function runShell(command: string, timeout: unknown, context: ToolContext): Promise<string> {
-  // execa costs ~80 ms to import: loaded on the first shell call, not at every agent-run start
-  const {execa} = await import('execa')
   const seconds = Math.min(typeof timeout === 'number' && timeout > 0 ? timeout : DEFAULT_SHELL_TIMEOUT_SECONDS, MAX_SHELL_TIMEOUT_SECONDS)
   // inside the host sandbox this goes back through the helper (own process group, network layer)
   const argv = shellArgv(command, context.env)
@@ -162,15 +161,13 @@ async function runShell(command: string, timeout: unknown, context: ToolContext)
   // other members. agent-run started by hand (a terminal's session) keeps a group of its own instead.
   const leadsSession = !throughHelper && sessionOf(process.pid) === process.pid
   const [file, ...args] = argv
-  const child = execa(file as string, args, {
+  const child = startSubprocess(file as string, args, {
     cwd: context.workspace,
     env: {...context.env, HOME: context.workspace},
-    extendEnv: false,
-    reject: false,
     all: true,
-    stdin: 'ignore',
     detached: !throughHelper && !leadsSession,
-    cancelSignal: context.signal,
+    signal: context.signal,
+    forceKillAfterMs: 5000,
     maxBuffer: 4 * 1024 * 1024,
   })
   let timedOut = false

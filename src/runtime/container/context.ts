@@ -13,7 +13,7 @@ export function appVersion(): string {
   return version
 }
 
-/** The process-wide docker CLI, loaded when first needed: a status asked over the Engine API never loads execa. */
+/** The process-wide docker CLI, loaded when first needed: a status asked over the Engine API never loads it. */
 export async function loadDockerCli(): Promise<DockerCli> {
   return (await import('../../sandbox/docker/cli.js')).dockerCli()
 }

@@ -7,6 +7,7 @@ import type {AgentConfig, LoadedConfig} from '../config/types.js'
 import {containerAgents} from './build.js'
 import {containerImageContext, loadDockerCli} from './context.js'
 import {toGatewayError} from '../util/errors.js'
+import {gatewayHome} from '../util/paths.js'
 
 /** `container status`, `container images` and the "which images does the config use" both need. */
 
@@ -29,20 +30,36 @@ export interface ContainerStatus {
 /**
  * Engine, images per agent, and the gateway's containers. An unreachable engine throws (exit 10).
  * An engine on a local socket is asked over its API (no docker process at all); otherwise, or
- * when a CLI is given, through the docker CLI.
+ * when a CLI is given, through the docker CLI. Given a function that loads the config, the
+ * questions that do not depend on it (the ping, the containers) are asked first, and the engine
+ * answers them while the config is read and validated.
  */
-export async function containerStatus(loaded: LoadedConfig, options: {cli?: DockerCli; signal?: AbortSignal} = {}): Promise<ContainerStatus> {
+export async function containerStatus(config: LoadedConfig | (() => LoadedConfig), options: {cli?: DockerCli; signal?: AbortSignal} = {}): Promise<ContainerStatus> {
   const engine = options.cli ? undefined : localEngineApi()
   const docker = engine ?? options.cli ?? (await loadDockerCli())
   // Ask everything at once, then let the ping's clear "engine down" error win over whatever the
   // other calls report.
   const others = new AbortController() // a failed ping stops the rest (a hung engine must not hold us)
-  const signal = options.signal ? AbortSignal.any([options.signal, others.signal]) : others.signal
-  const pinging = docker.ping({signal: options.signal})
+  const unread = new AbortController() // a config that cannot be read stops everything
+  const signal = AbortSignal.any([...(options.signal ? [options.signal] : []), others.signal, unread.signal])
+  const pinging = docker.ping({signal: AbortSignal.any([...(options.signal ? [options.signal] : []), unread.signal])})
+  pinging.catch(() => {}) // awaited below, after the config
+  const home = typeof config === 'function' ? gatewayHome() : config.home
+  const listing = listGatewayContainers(docker, {home, signal})
+  listing.catch(() => {}) // awaited below, after the ping
+  let loaded: LoadedConfig
+  if (typeof config === 'function') {
+    // one turn of the event loop puts the requests on their sockets before the config's synchronous read
+    await new Promise((resolve) => setImmediate(resolve))
+    try {
+      loaded = config()
+    } catch (error) {
+      unread.abort()
+      throw error
+    }
+  } else loaded = config
   const context = containerImageContext(loaded.home, {cli: options.cli, engine, signal})
   const statuses = Promise.all(containerAgents(loaded).map((agent) => agentImageStatus(loaded, agent, context)))
-  const listing = listGatewayContainers(docker, {home: loaded.home, signal})
-  listing.catch(() => {}) // awaited below, after the ping
   const version = await pinging.catch((error: unknown) => {
     others.abort()
     throw error

@@ -1,13 +1,14 @@
-import {execa} from 'execa'
 import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
 import {agentPolicy, sandboxPath} from './agent-policy.js'
 import {killProcessTree} from '../util/process-tree.js'
+import {startSubprocess} from '../util/subprocess.js'
 import {enforcementReport, kernelGaps, loweringGaps, type EnforcementReport} from '../../sandbox/landlock/enforcement.js'
 import {probeKernel, requireHelper, type KernelProbe} from '../../sandbox/landlock/helper.js'
 import {serializeRules} from '../../sandbox/landlock/rules-file.js'
 import {bwrapArgv, probeNamespaces, type NamespaceProbe} from '../../sandbox/namespaces.js'
+import {namespaceProbeRecord} from '../util/paths.js'
 import type {SandboxPolicy} from '../../sandbox/policy.js'
 import {seatbeltInvocation, type SeatbeltInvocation} from '../../sandbox/seatbelt/profile.js'
 import {findAgent} from '../config/load.js'
@@ -48,15 +49,18 @@ export async function openAgentSandbox(loaded: LoadedConfig, agentId: string, op
   requireLinux()
   const agent = findAgent(loaded, agentId)
   const helper = requireHelper()
-  // the probes are process starts: let them run while the policy is computed
-  const probing = Promise.all([probeKernel(helper), probeNamespaces()])
-  probing.catch(() => {}) // awaited below
+  // the kernel probe is a process start: it runs while the policy is computed (the namespace
+  // probe, which the policy depends on, is nearly always its remembered success)
+  const kernel = probeKernel(helper)
+  kernel.catch(() => {}) // awaited below
+  const probingNamespaces = probeNamespaces({cacheFile: namespaceProbeRecord(loaded.home)})
   const workspace = ensureWorkspace(loaded.home, agent.id).path
   const tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), `meepa-sandbox-${agent.id}-`))
   const dispose = () => fs.rmSync(tmpDir, {recursive: true, force: true})
   try {
-    const [probe, namespaces] = await probing
+    const namespaces = await probingNamespaces
     const policy = agentPolicy({agent, config: loaded.config, home: loaded.home, workspace, tmpDir, configPath: loaded.path, namespaces: namespaces.available})
+    const probe = await kernel
     const gaps = [...kernelGaps(probe, policy.network, policy.listen), ...loweringGaps(policy, namespaces)]
     if (gaps.length > 0 && !policy.bestEffort && !options.allowGaps) {
       throw new GatewayError('E_SANDBOX', `the host sandbox cannot be enforced on this machine: ${gaps.join('; ')}`, {
@@ -92,18 +96,15 @@ export interface SandboxExecOptions {
 /** Starts argv under an agent's policy: the helper reads its rules on fd 3 and opens a session the caller can kill whole. */
 export function spawnInSandbox(sandbox: AgentSandbox, argv: string[], options: {stdio: 'inherit' | 'pipe'; timeoutMs: number}) {
   const [file, ...args] = [...sandbox.prefix, sandbox.helper, '--rules-fd', '3', '--', ...argv]
-  const child = execa(file!, args, {
+  const child = startSubprocess(file!, args, {
     cwd: sandbox.workspace,
     env: {},
-    extendEnv: false,
     stdio: options.stdio === 'inherit' ? ['inherit', 'inherit', 'inherit', 'pipe'] : ['ignore', 'pipe', 'pipe', 'pipe'],
     detached: true,
-    reject: false,
-    timeout: options.timeoutMs,
+    timeoutMs: options.timeoutMs,
     killSignal: 'SIGKILL',
-    cancelSignal: AbortSignal.timeout(options.timeoutMs + 5000),
   })
-  ;(child.stdio[3] as unknown as NodeJS.WritableStream).end(serializeRules(sandbox.policy, sandbox.env))
+  ;(child.stdio[3] as NodeJS.WritableStream).end(serializeRules(sandbox.policy, sandbox.env))
   return child
 }
 
@@ -128,7 +129,7 @@ export async function sandboxExec(options: SandboxExecOptions): Promise<{exitCod
     process.off('SIGTERM', onSignal)
     killGroup() // whatever the command left running in the background
     if (result.timedOut) return {exitCode: 124, timedOut: true}
-    const signal = result.signal ? os.constants.signals[result.signal as keyof typeof os.constants.signals] : undefined
+    const signal = result.signal ? os.constants.signals[result.signal] : undefined
     return {exitCode: result.exitCode ?? (signal ? 128 + signal : 1), timedOut: false}
   } finally {
     sandbox.dispose()

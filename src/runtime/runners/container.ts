@@ -2,7 +2,6 @@ import {randomBytes} from 'node:crypto'
 import fs from 'node:fs'
 import {setTimeout as sleep} from 'node:timers/promises'
 import path from 'node:path'
-import type {ResultPromise} from 'execa'
 import {dockerCli, type DockerCli} from '../../sandbox/docker/cli.js'
 import {dockerMissing, engineErrorOf} from '../../sandbox/docker/errors.js'
 import {localEngineApi} from '../../sandbox/docker/engine-api.js'
@@ -19,6 +18,7 @@ import {containerImageContext} from '../container/context.js'
 import {GatewayError, toGatewayError} from '../util/errors.js'
 import {KeyedQueue} from '../util/keyed-queue.js'
 import {redactSecrets} from '../util/redact.js'
+import type {Subprocess} from '../util/subprocess.js'
 import {failure, failureFromError, outOfMemory, parseAgentRunOutput} from '../agent-run/output.js'
 import {helperPath} from '../../sandbox/landlock/helper-path.js'
 import {APP_ROOT} from '../util/app-root.js'
@@ -325,7 +325,7 @@ function runShape(request: RunRequest, image: ReadyImage): RunShape {
 interface AgentContainer {
   name: string
   key: string
-  child: ResultPromise<{reject: false}>
+  child: Subprocess
   stderrTail: string
   /** Where its stderr lines go: the run it serves (a standby container has none yet). */
   log: (line: string) => void

@@ -4,6 +4,7 @@ import {kernelGaps, loweringGaps} from '../../sandbox/landlock/enforcement.js'
 import {HELPER_SETUP_EXIT, probeKernel, requireHelper} from '../../sandbox/landlock/helper.js'
 import {serializeRules} from '../../sandbox/landlock/rules-file.js'
 import {bwrapArgv, probeNamespaces} from '../../sandbox/namespaces.js'
+import {namespaceProbeRecord} from '../util/paths.js'
 import {SANDBOX_HELPER_ENV} from '../agent-run/tool-shell.js'
 import type {SandboxPolicy} from '../../sandbox/policy.js'
 import {seatbeltInvocation} from '../../sandbox/seatbelt/profile.js'
@@ -34,7 +35,7 @@ export const hostSandboxRunner: Runner = {
       let launch: Launch
       try {
         reclaimWorkspace(request.workspace)
-        const namespaces = process.platform === 'linux' ? await probeNamespaces() : undefined
+        const namespaces = process.platform === 'linux' ? await probeNamespaces({cacheFile: namespaceProbeRecord(request.home)}) : undefined
         const compile = () =>
           agentPolicy({
             agent: request.agent,

@@ -18,3 +18,8 @@ export function agentsDir(home: string): string {
 export function gatewayDbPath(home: string): string {
   return path.join(home, 'gateway.db')
 }
+
+/** The namespace probe's remembered success (src/sandbox/namespaces.ts). */
+export function namespaceProbeRecord(home: string): string {
+  return path.join(home, 'cache', 'namespace-probe.json')
+}

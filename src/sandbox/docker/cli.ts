@@ -1,12 +1,12 @@
-import {execa, type ResultPromise} from 'execa'
 import fs from 'node:fs'
 import path from 'node:path'
+import {startSubprocess, type Subprocess} from '../../runtime/util/subprocess.js'
 import {keeperArgv, keeperHelper} from '../keeper.js'
 import {DEFAULT_DOCKER_TIMEOUT_MS, PING_TIMEOUT_MS, type EngineVersion} from './engine.js'
 import {DOCKER_BIN_ENV, DockerCommandError, dockerCancelled, dockerDown, dockerHung, dockerMissing, engineErrorOf} from './errors.js'
 
 /**
- * The docker CLI through execa, every call bounded by a deadline and an AbortSignal (read-only
+ * The docker CLI as a child process, every call bounded by a deadline and an AbortSignal (read-only
  * questions of `container status` go over the Engine API instead when the engine is a local
  * socket: engine-api.ts). The CLI blocks forever when the engine hangs (it accepts the
  * connection and never answers), so a call without a deadline could wedge the whole gateway.
@@ -90,28 +90,24 @@ export class DockerCli {
    * Starts a docker call without waiting for it; the caller owns the child (used by `docker run`,
    * whose deadline the runner enforces on the container, not just on the client).
    */
-  spawn(args: string[], options: DockerCallOptions & {timeoutMs: number}): ResultPromise<{reject: false}> {
+  spawn(args: string[], options: DockerCallOptions & {timeoutMs: number}): Subprocess {
     // a missing docker must still fail as ENOENT (E_DOCKER_MISSING), not as the keeper's exit 127
     const helper = options.removeIfOwnerDies && this.found() ? keeperHelper() : undefined
     const [file, ...argv] = helper
       ? keeperArgv(helper, 3, {onOrphan: [this.bin, 'rm', '--force', options.removeIfOwnerDies as string]}, [this.bin, ...args])
       : [this.bin, ...args]
     const stdin = options.input === undefined && !options.openStdin ? 'ignore' : 'pipe'
-    const child = execa(file as string, argv, {
+    const child = startSubprocess(file as string, argv, {
       env: this.env(options.env),
-      extendEnv: false,
       cwd: options.cwd,
       input: options.input,
       // fd 3: the keeper's lifeline, held open by this process until the client exits
       stdio: helper ? [stdin, 'pipe', 'pipe', 'pipe'] : [stdin, 'pipe', 'pipe'],
-      buffer: options.streamStdout ? {stdout: false} : true,
-      reject: false,
-      timeout: options.timeoutMs,
-      cancelSignal: options.signal,
-      forceKillAfterDelay: 2000,
-      stripFinalNewline: true,
-      maxBuffer: 64 * 1024 * 1024,
-    } as const) as unknown as ResultPromise<{reject: false}>
+      buffer: {stdout: !options.streamStdout},
+      timeoutMs: options.timeoutMs,
+      signal: options.signal,
+      forceKillAfterMs: 2000,
+    })
     if (options.onLine) forwardLines(child, options.onLine)
     return child
   }
@@ -133,9 +129,8 @@ export class DockerCli {
   async exec(args: string[], options: DockerCallOptions = {}): Promise<DockerResult> {
     const timeoutMs = options.timeoutMs ?? this.defaultTimeoutMs
     const result = await this.spawn(args, {...options, timeoutMs})
-    const stdout = String(result.stdout ?? '')
-    const stderr = String(result.stderr ?? '')
-    if (result.code === 'ENOENT' || (result.failed && result.exitCode === undefined && /ENOENT/.test(result.message ?? ''))) {
+    const {stdout, stderr} = result
+    if (result.code === 'ENOENT') {
       throw dockerMissing(this.bin, this.binFromEnv)
     }
     if (result.timedOut) throw dockerHung(`\`docker ${args[0] ?? ''}\``, timeoutMs)
@@ -175,7 +170,7 @@ export function dockerCli(): DockerCli {
   return defaultCli
 }
 
-function forwardLines(child: ResultPromise, onLine: (line: string, stream: 'stdout' | 'stderr') => void): void {
+function forwardLines(child: Subprocess, onLine: (line: string, stream: 'stdout' | 'stderr') => void): void {
   for (const stream of ['stdout', 'stderr'] as const) {
     let pending = ''
     child[stream]?.on('data', (chunk: Buffer) => {

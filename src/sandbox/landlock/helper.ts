@@ -1,7 +1,7 @@
-import {execa} from 'execa'
 import fs from 'node:fs'
 import {APP_ROOT} from '../../runtime/util/app-root.js'
 import {GatewayError} from '../../runtime/util/errors.js'
+import {startSubprocess} from '../../runtime/util/subprocess.js'
 import {helperPath} from './helper-path.js'
 
 /** Exit status of the helper when it refused or failed to set the sandbox up (nothing ran). */
@@ -29,8 +29,11 @@ let cached: Promise<KernelProbe> | undefined
 
 /** What the running kernel can enforce; asked once per process (the kernel does not change under us). */
 export function probeKernel(helper: string = requireHelper()): Promise<KernelProbe> {
-  cached ??= execa(helper, ['--probe'], {timeout: 10_000, cancelSignal: AbortSignal.timeout(15_000), extendEnv: false, env: {}})
-    .then((result) => JSON.parse(result.stdout) as KernelProbe)
+  cached ??= Promise.resolve(startSubprocess(helper, ['--probe'], {env: {}, timeoutMs: 10_000, forceKillAfterMs: 5_000}))
+    .then((result) => {
+      if (result.failed) throw new Error(`${result.message}${result.stderr ? `: ${result.stderr}` : ''}`)
+      return JSON.parse(result.stdout) as KernelProbe
+    })
     .catch((error: unknown) => {
       cached = undefined
       throw new GatewayError('E_SANDBOX', `the sandbox helper's kernel probe failed: ${(error as Error).message}`, {cause: error})
