@@ -1,8 +1,7 @@
 'use strict'
-// Loads a CLI bundle (dist/cli.cjs or one of dist/lite/, made by scripts/bundle-cli.js) with its
-// V8 code cache and registers it as a CommonJS module, so oclif's own require() of the bundle (the manifest's
-// command target) finds this instance instead of compiling it again. Plain CommonJS with Node's
-// modules only: it runs before anything else at every start.
+// Loads a bundle (dist/cli.cjs or one of dist/lite/, made by scripts/bundle-cli.js, and agent-run's,
+// dist/agent-run.cjs, through bin/agent-run.cjs) with its V8 code cache. Plain CommonJS with
+// Node's modules only: it runs before anything else at every start.
 const fs = require('node:fs')
 const Module = require('node:module')
 const path = require('node:path')
@@ -34,11 +33,12 @@ function commandIdOf(relativeFile) {
 }
 
 /**
- * The bundle runs as a vm.Script so it can use the code cache. esbuild inlines the bundle's own
- * import()s and turns the externals' into require(), and oclif require()s the bundle as its
- * command target, so Node's loader for a real import() is a fallback, not the path.
+ * A bundle (the format of scripts/bundle-format.js) as a vm.Script, with its code cache
+ * (`${file}.v8cache`) unless `codeCache: false`. esbuild inlines the bundle's own import()s and
+ * turns the externals' into require(), and oclif require()s the CLI bundle as its command target,
+ * so Node's loader for a real import() is a fallback, not the path.
  */
-function loadCliBundle(root, options = {}) {
+function compileBundle(root, options = {}) {
   const filename = path.join(root, options.bundle ?? CLI_FILES.bundle)
   let cachedData
   if (options.codeCache !== false) {
@@ -48,14 +48,22 @@ function loadCliBundle(root, options = {}) {
       // no cache (a build in progress): compiling costs time, not correctness
     }
   }
-  // latin1: the bundle is ASCII (esbuild escapes the rest), and Node keeps a large latin1 string
-  // outside the V8 heap; the file is its own wrapper function (see scripts/bundle-cli.js)
+  // latin1: the bundle is ASCII, and Node keeps a large latin1 string outside the V8 heap
   const script = new vm.Script(fs.readFileSync(filename, 'latin1'), {
     filename,
     cachedData,
     // a real import() (of a non-literal specifier) still works; Node warns that this is experimental only if one runs
     importModuleDynamically: vm.constants.USE_MAIN_CONTEXT_DEFAULT_LOADER,
   })
+  return {filename, script}
+}
+
+/**
+ * Compiles and runs a bundle, registered as a CommonJS module, so oclif's own require() of the
+ * CLI bundle finds this instance instead of compiling it again.
+ */
+function loadCliBundle(root, options = {}) {
+  const {filename, script} = compileBundle(root, options)
   const module = new Module(filename, null)
   module.filename = filename
   module.paths = Module._nodeModulePaths(path.dirname(filename))
@@ -88,4 +96,4 @@ function liteBundleFor(root, argv) {
   return onlyWords ? liteBundleFile('help-pages') : undefined
 }
 
-module.exports = {CLI_EXTERNALS, CLI_FILES, commandIdOf, liteBundleFile, liteBundleFor, loadCliBundle}
+module.exports = {CLI_EXTERNALS, CLI_FILES, commandIdOf, compileBundle, liteBundleFile, liteBundleFor, loadCliBundle}

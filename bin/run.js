@@ -12,7 +12,7 @@ const argv = process.argv.slice(2)
 
 async function main() {
   if (argv[0] === 'agent-run' && argv.length === 1) {
-    await require('./agent-run.cjs').loadAgentRun().main()
+    await require('./agent-run.cjs').loadAgentRun().exports.main()
     return
   }
   if (argv[0] === '--version' && argv.length === 1) {

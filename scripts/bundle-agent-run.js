@@ -8,6 +8,7 @@
 import esbuild from 'esbuild'
 import path from 'node:path'
 import {fileURLToPath} from 'node:url'
+import {makeAscii, selfWrapping} from './bundle-format.js'
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..')
 const {AGENT_RUN_BUNDLE: outfile, AGENT_RUN_EXTERNALS, writeAgentRunCodeCache, writeAgentRunPackages} = await import('../dist/runtime/agent-run/bundle.js')
@@ -24,6 +25,10 @@ const result = await esbuild.build({
   target: 'node20',
   outfile,
   external: AGENT_RUN_EXTERNALS,
+  // the format bin/cli-bundle.cjs loads (scripts/bundle-format.js); half the bytes to read at every run
+  ...selfWrapping(),
+  minifyWhitespace: true,
+  minifySyntax: true,
   legalComments: 'none',
   logLevel: 'silent',
 })
@@ -35,5 +40,6 @@ if (result.warnings.length > 0) {
   process.exit(1)
 }
 
+makeAscii(outfile)
 writeAgentRunCodeCache()
 writeAgentRunPackages()

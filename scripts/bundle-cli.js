@@ -14,6 +14,7 @@ import {createRequire} from 'node:module'
 import os from 'node:os'
 import path from 'node:path'
 import {fileURLToPath} from 'node:url'
+import {IMPORT_META_URL, makeAscii, selfWrapping} from './bundle-format.js'
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..')
 const require = createRequire(import.meta.url)
@@ -129,12 +130,9 @@ async function bundle({entry, sourcefile, outfile, plugins = [], external = CLI_
     plugins: [appRootInBundle(outfile), ...plugins],
     // the precompiled config validator requires ajv's runtime helpers relative to itself
     // (a getter: most starts never ask, and pathToFileURL loads Node's URL machinery)
-    define: {'import.meta.url': '__bundleMeta.url'},
-    // The file is its own CommonJS wrapper function, the script's completion value: bin/run.js
-    // compiles it as is (no second 2 MB string for Module.wrap), and Node's require() (oclif
-    // without bin/run.js, as in tests) runs it through the footer.
-    banner: {js: "var __meepaCli = function (exports, require, module, __filename, __dirname) {\nvar __bundleMeta = {get url() { return require('node:url').pathToFileURL(__filename).href }};"},
-    footer: {js: "};\nif (typeof module === 'object' && module && module.exports) __meepaCli(exports, require, module, __filename, __dirname);\n__meepaCli"},
+    define: IMPORT_META_URL,
+    // its own CommonJS wrapper (scripts/bundle-format.js)
+    ...selfWrapping(),
     metafile: true,
     // a third less to read at every start; names are kept (stack traces stay readable)
     minifyWhitespace: true,
@@ -150,6 +148,7 @@ async function bundle({entry, sourcefile, outfile, plugins = [], external = CLI_
     process.stderr.write(`bundle-cli: ${messages.join('\n')}\n  Try this: keep import.meta and dynamic require() out of the commands and the runtime\n`)
     process.exit(1)
   }
+  makeAscii(outfile)
   return result
 }
 

@@ -1,6 +1,8 @@
 import {execa} from 'execa'
 import fs from 'node:fs'
+import os from 'node:os'
 import path from 'node:path'
+import vm from 'node:vm'
 import {expect, it} from 'vitest'
 import {ROOT} from '../helpers/home.js'
 
@@ -19,4 +21,30 @@ it('agent-run is bundled from the current build of its sources', () => {
 it('this Node accepts the bundle\'s V8 code cache (agent-run starts without compiling it)', async () => {
   const check = "import('./dist/runtime/agent-run/bundle.js').then((bundle) => process.stdout.write(bundle.agentRunCodeCacheStatus()))"
   expect((await execa(process.execPath, ['--input-type=module', '-e', check], {cwd: ROOT})).stdout).toBe('accepted')
+})
+
+// bin/cli-bundle.cjs reads every bundle as latin1: a non-ASCII byte left in one would turn a
+// character of a string or a regular expression into two (scripts/bundle-format.js escapes them).
+it('every bundle the loader reads is pure ASCII, and an escaped regular expression still matches what it did', async () => {
+  const bundles = ['agent-run.cjs', 'cli.cjs', ...fs.readdirSync(path.join(dist, 'lite')).filter((file) => file.endsWith('.cjs')).map((file) => `lite/${file}`)]
+  expect(bundles.length).toBeGreaterThan(5)
+  for (const bundle of bundles) {
+    const bytes = fs.readFileSync(path.join(dist, bundle))
+    expect(bytes.findIndex((byte) => byte > 0x7f), bundle).toBe(-1)
+  }
+  // ansis's strip() was written with a raw U+009B in a character class: read as latin1 it became
+  // two characters, and the class also matched "Â"
+  const {makeAscii} = (await import(path.join(ROOT, 'scripts', 'bundle-format.js'))) as {makeAscii(file: string): void}
+  const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-ascii-')), 'strip.js')
+  const asTheLoaderReadsIt = () => vm.runInThisContext(fs.readFileSync(file, 'latin1')) as (text: string) => string
+  try {
+    // the raw characters, written as UTF-8, as in ansis's published file
+    fs.writeFileSync(file, '(text) => text.replace(/[\u001b\u009b][[()#;?]*[0-9;]*m/g, "")\n')
+    expect(asTheLoaderReadsIt()('\u009b31mred\u001b[0m Â1m')).toBe('red ') // the defect, as it was
+    makeAscii(file)
+    expect(fs.readFileSync(file).every((byte) => byte <= 0x7f)).toBe(true)
+    expect(asTheLoaderReadsIt()('\u009b31mred\u001b[0m Â1m')).toBe('red Â1m')
+  } finally {
+    fs.rmSync(path.dirname(file), {recursive: true, force: true})
+  }
 })

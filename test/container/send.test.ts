@@ -323,9 +323,10 @@ describeWithDocker('container mode: a fresh hardened container per message (real
     })
 
     // agent-run reports a command killed for memory; this is the case where nothing inside can
+    // (8m: since its bundle is minified and read as latin1, agent-run runs whole in 16m; Docker's floor is 6m)
     it('a memory_limit too small for agent-run itself is reported as out of memory, not as a crash', async () => {
       llm.reset()
-      await expectOutOfMemory('16m')
+      await expectOutOfMemory('8m')
     })
   })
 

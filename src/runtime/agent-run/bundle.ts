@@ -21,6 +21,8 @@ export const AGENT_RUN_FILES = {
   packages: 'dist/agent-run.packages.json',
   /** Loads the bundle with its code cache; Node's modules only. */
   loader: 'bin/agent-run.cjs',
+  /** The loader of every bundle, which bin/agent-run.cjs uses. */
+  bundleLoader: 'bin/cli-bundle.cjs',
   entry: 'bin/run.js',
   /** Makes bin/run.js CommonJS (the app's package.json says ES modules). */
   entryType: 'bin/package.json',
@@ -31,8 +33,8 @@ export const AGENT_RUN_EXTERNALS = ['better-sqlite3']
 
 interface AgentRunLoader {
   AGENT_RUN_CODE_CACHE: string
-  compileAgentRun(cachedData: Buffer | undefined): {script: vm.Script; run(): unknown}
-  readAgentRunCodeCache(): Buffer | undefined
+  loadAgentRun(options?: {codeCache?: boolean}): {exports: unknown; script: vm.Script}
+  compileAgentRun(): vm.Script
 }
 /** Required on first use: the CLI bundle holds this module for AGENT_RUN_FILES alone. */
 const loader = (): AgentRunLoader => createRequire(path.join(APP_ROOT, 'package.json'))(path.join(APP_ROOT, AGENT_RUN_FILES.loader)) as AgentRunLoader
@@ -41,9 +43,8 @@ export const AGENT_RUN_BUNDLE = path.join(APP_ROOT, AGENT_RUN_FILES.bundle)
 
 /** Whether this Node would start agent-run from the code cache (a check for tests and diagnostics). */
 export function agentRunCodeCacheStatus(): 'accepted' | 'rejected' | 'missing' {
-  const cachedData = loader().readAgentRunCodeCache()
-  if (!cachedData) return 'missing'
-  return loader().compileAgentRun(cachedData).script.cachedDataRejected ? 'rejected' : 'accepted'
+  if (!fs.existsSync(loader().AGENT_RUN_CODE_CACHE)) return 'missing'
+  return loader().compileAgentRun().cachedDataRejected ? 'rejected' : 'accepted'
 }
 
 /**
@@ -66,7 +67,6 @@ export function writeAgentRunPackages(): void {
 
 /** Written at build time, after the bundle's top level has run, so its eager functions are in it. */
 export function writeAgentRunCodeCache(): void {
-  const {script, run} = loader().compileAgentRun(undefined)
-  run()
+  const {script} = loader().loadAgentRun({codeCache: false})
   fs.writeFileSync(loader().AGENT_RUN_CODE_CACHE, script.createCachedData())
 }

@@ -2,6 +2,19 @@ import http from 'node:http'
 import https from 'node:https'
 import {Readable} from 'node:stream'
 import zlib from 'node:zlib'
+import type {ProviderConfig} from '../config/types.js'
+import {requestTimeoutMs} from './retry.js'
+
+/**
+ * What every SDK client gets: no retries of its own (retry.ts owns them, so backoff and fallback
+ * follow one policy for every provider), this fetch, and a timeout that is only a backstop (each
+ * attempt is aborted at timeout_seconds, with an error that says so). Here, not in retry.ts: only
+ * the SDKs' modules (loaded lazily) import this one, so a start loads node:http, node:https and
+ * node:zlib (≈ 4 ms) when a provider client is built, not before agent-run is started.
+ */
+export function sdkClientOptions(config: ProviderConfig): {maxRetries: 0; fetch: typeof httpFetch; timeout: number} {
+  return {maxRetries: 0, fetch: httpFetch, timeout: requestTimeoutMs(config) + 1_000}
+}
 
 /**
  * The `fetch` both provider SDKs are given: the fetch API over node:http. Node 20's global fetch

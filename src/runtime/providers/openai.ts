@@ -10,7 +10,7 @@ import type {
 import type {ProviderConfig} from '../config/types.js'
 import {repairToolPairs} from './conversation.js'
 import {failureFromSdkError, incompleteStream, ProviderFailure} from './failure.js'
-import {sdkClientOptions} from './retry.js'
+import {sdkClientOptions} from './http-fetch.js'
 import type {ChatMessage, ChatProvider, ChatRequest, ChatResponse, ToolCall, ToolDefinition} from './types.js'
 
 /**

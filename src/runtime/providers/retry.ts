@@ -3,7 +3,6 @@ import {setTimeout as delay} from 'node:timers/promises'
 import type {ProviderConfig} from '../config/types.js'
 import {GatewayError} from '../util/errors.js'
 import {failureFromSdkError, ProviderFailure} from './failure.js'
-import {httpFetch} from './http-fetch.js'
 import type {ChatProvider, ChatRequest, ChatResponse} from './types.js'
 
 export const DEFAULT_MAX_RETRIES = 2
@@ -42,17 +41,8 @@ export function retryOptions(overrides: Partial<RetryOptions> = {}, env: NodeJS.
   }
 }
 
-function requestTimeoutMs(config: ProviderConfig): number {
+export function requestTimeoutMs(config: ProviderConfig): number {
   return (config.timeout_seconds ?? DEFAULT_TIMEOUT_SECONDS) * 1000
-}
-
-/**
- * What every SDK client gets: no retries of its own (this module owns them, so backoff and
- * fallback follow one policy for every provider), our fetch, and a timeout that is only a
- * backstop (each attempt is aborted at timeout_seconds here, with an error that says so).
- */
-export function sdkClientOptions(config: ProviderConfig): {maxRetries: 0; fetch: typeof httpFetch; timeout: number} {
-  return {maxRetries: 0, fetch: httpFetch, timeout: requestTimeoutMs(config) + 1_000}
 }
 
 /**

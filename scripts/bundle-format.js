@@ -1,0 +1,33 @@
+// The file format both bundlers write (scripts/bundle-cli.js, scripts/bundle-agent-run.js) and
+// bin/cli-bundle.cjs loads with a V8 code cache:
+// - each file is its own CommonJS wrapper function, the script's completion value, so the loader
+//   compiles it as is (no second string of the whole bundle for Module.wrap); Node's require()
+//   (oclif requiring dist/cli.cjs, tests) still runs it, through the footer;
+// - pure ASCII, so the loader can read it as latin1, a string Node keeps outside the V8 heap.
+import fs from 'node:fs'
+
+/**
+ * esbuild's `define` for `import.meta.url`, which CommonJS does not have (the SQLite addon's lookup
+ * and the config validator's helpers resolve from it): a getter, as most starts never ask, and
+ * pathToFileURL loads Node's URL machinery.
+ */
+export const IMPORT_META_URL = {'import.meta.url': '__bundleMeta.url'}
+
+/** esbuild's banner and footer. */
+export function selfWrapping() {
+  return {
+    banner: {js: "var __meepaCli = function (exports, require, module, __filename, __dirname) {\nvar __bundleMeta = {get url() { return require('node:url').pathToFileURL(__filename).href }};"},
+    footer: {js: "};\nif (typeof module === 'object' && module && module.exports) __meepaCli(exports, require, module, __filename, __dirname);\n__meepaCli"},
+  }
+}
+
+/**
+ * Escapes what esbuild leaves non-ASCII (its `charset: ascii` skips regular expression literals,
+ * e.g. ansis's /[\x1b\u009b].../ written with the raw characters) as \uXXXX: the same value in a
+ * string, a template, a regular expression or an identifier, and read as latin1 it stays itself.
+ */
+export function makeAscii(file) {
+  const text = fs.readFileSync(file, 'utf8')
+  const ascii = text.replace(/[^\x00-\x7f]/g, (char) => `\\u${char.charCodeAt(0).toString(16).padStart(4, '0')}`)
+  if (ascii !== text) fs.writeFileSync(file, ascii)
+}
