@@ -1,6 +1,7 @@
 import fs from 'node:fs'
 import path from 'node:path'
 import type {SandboxPolicy} from './policy.js'
+import {bootId, fileIdentity, readSmallFile, recalled, remember} from './probe-record.js'
 
 /**
  * The namespace layer of the host sandbox: bubblewrap (the tool Flatpak, codex and Anthropic's
@@ -40,52 +41,21 @@ export async function probeNamespaces(options: {cacheFile?: string} = {}): Promi
 
 /**
  * The remembered success is only trusted for the same boot, user, bwrap binary and user-namespace
- * sysctls, and for an hour. Only a success is remembered, so a wrong record can only claim the layer:
- * the run then fails in bwrap (closed), it never runs with less than the probe would have given.
+ * sysctls (probe-record.ts: and for an hour). Only a success is remembered, so a wrong record can
+ * only claim the layer: the run then fails in bwrap (closed), it never runs with less than the
+ * probe would have given.
  */
-const PROBE_RECORD_TTL_MS = 60 * 60_000
-const USERNS_SYSCTLS = ['/proc/sys/kernel/random/boot_id', '/proc/sys/user/max_user_namespaces', '/proc/sys/kernel/unprivileged_userns_clone', '/proc/sys/kernel/apparmor_restrict_unprivileged_userns']
+const USERNS_SYSCTLS = ['/proc/sys/user/max_user_namespaces', '/proc/sys/kernel/unprivileged_userns_clone', '/proc/sys/kernel/apparmor_restrict_unprivileged_userns']
 
 async function probeOrRecall(cacheFile: string | undefined): Promise<NamespaceProbe> {
   const bwrap = findBwrap()
   if (!bwrap) return NO_BWRAP
-  const key = cacheFile ? probeKey(bwrap) : undefined
-  if (cacheFile && key) {
-    try {
-      const record = JSON.parse(fs.readFileSync(cacheFile, 'utf8')) as {key?: unknown; at?: unknown}
-      if (record.key === key && typeof record.at === 'number' && Math.abs(Date.now() - record.at) < PROBE_RECORD_TTL_MS) return {available: true, bwrap}
-    } catch {
-      // none yet, or unreadable: probe
-    }
-  }
+  const identity = cacheFile ? fileIdentity(bwrap) : undefined
+  const key = identity && JSON.stringify([process.getuid?.(), bwrap, ...identity, bootId(), ...USERNS_SYSCTLS.map(readSmallFile)])
+  if (cacheFile && key && recalled<boolean>(cacheFile, key) === true) return {available: true, bwrap}
   const probe = await runProbe(bwrap)
-  if (probe.available && cacheFile && key) {
-    try {
-      fs.mkdirSync(path.dirname(cacheFile), {recursive: true, mode: 0o700})
-      const temp = `${cacheFile}.${process.pid}.tmp`
-      fs.writeFileSync(temp, `${JSON.stringify({key, at: Date.now()})}\n`, {mode: 0o600})
-      fs.renameSync(temp, cacheFile)
-    } catch {
-      // a read-only home: the next start probes again
-    }
-  }
+  if (probe.available && cacheFile && key) remember(cacheFile, key, true)
   return probe
-}
-
-function probeKey(bwrap: string): string | undefined {
-  try {
-    const stat = fs.statSync(bwrap)
-    const sysctls = USERNS_SYSCTLS.map((file) => {
-      try {
-        return fs.readFileSync(file, 'utf8').trim()
-      } catch {
-        return null
-      }
-    })
-    return JSON.stringify([process.getuid?.(), bwrap, stat.dev, stat.ino, stat.size, stat.mtimeMs, stat.mode, ...sysctls])
-  } catch {
-    return undefined
-  }
 }
 
 const PROBE_TIMEOUT_MS = 10_000

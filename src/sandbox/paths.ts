@@ -24,6 +24,52 @@ export function stringAncestors(child: string): string[] {
 }
 
 /**
+ * One policy compile's view of the file system (compilePolicy runs inside): each path is lstat'ed
+ * and resolved once, where the compile asked for the same ones again and again (a deny and its
+ * entry, each grant's and deny's ancestors: ≈ 300 lstat and 150 realpath calls for a default
+ * policy). The compile is synchronous: the answers are one moment's, as they were before.
+ */
+let memo: {lstat: Map<string, fs.Stats | undefined | Error>; real: Map<string, string | Error>} | undefined
+
+export function withPathMemo<T>(compile: () => T): T {
+  if (memo) return compile()
+  memo = {lstat: new Map(), real: new Map()}
+  try {
+    return compile()
+  } finally {
+    memo = undefined
+  }
+}
+
+/** lstat, undefined when missing; an Error for any other failure. */
+function lstatOf(file: string): fs.Stats | undefined | Error {
+  const known = memo?.lstat.get(file)
+  if (known !== undefined || memo?.lstat.has(file)) return known
+  let result: fs.Stats | undefined | Error
+  try {
+    result = fs.lstatSync(file, {throwIfNoEntry: false}) // most misses are ENOENT: no exception to build
+  } catch (error) {
+    result = error as Error
+  }
+  memo?.lstat.set(file, result)
+  return result
+}
+
+function realpathOf(file: string): string {
+  let result = memo?.real.get(file)
+  if (result === undefined) {
+    try {
+      result = fs.realpathSync.native(file)
+    } catch (error) {
+      result = error as Error
+    }
+    memo?.real.set(file, result)
+  }
+  if (result instanceof Error) throw result
+  return result
+}
+
+/**
  * Resolves every symlink of a path. A missing path resolves its longest existing ancestor and
  * keeps the missing tail as written, so a rule on it still lands where the kernel would look.
  */
@@ -34,8 +80,8 @@ export function canonicalPath(input: string): string {
   for (;;) {
     try {
       // what lstat finds missing realpath cannot resolve either: no exception to build for it
-      if (!lstatMissing(existing)) {
-        const real = fs.realpathSync.native(existing)
+      if (lstatOf(existing) !== undefined) {
+        const real = realpathOf(existing)
         return tail.length === 0 ? real : path.join(real, ...tail.reverse())
       }
     } catch {}
@@ -43,15 +89,6 @@ export function canonicalPath(input: string): string {
     if (parent === existing) return absolute
     tail.push(path.basename(existing))
     existing = parent
-  }
-}
-
-/** True only when lstat says the entry does not exist (any other error: not known to be missing). */
-function lstatMissing(file: string): boolean {
-  try {
-    return fs.lstatSync(file, {throwIfNoEntry: false}) === undefined
-  } catch {
-    return false
   }
 }
 
@@ -68,14 +105,10 @@ export function canonicalEntry(input: string): string {
 export type EntryKind = 'dir' | 'file' | 'symlink' | 'missing'
 
 export function entryKind(file: string): EntryKind {
-  try {
-    const stat = fs.lstatSync(file, {throwIfNoEntry: false}) // most misses are ENOENT: no exception to build
-    if (!stat) return 'missing'
-    if (stat.isSymbolicLink()) return 'symlink'
-    return stat.isDirectory() ? 'dir' : 'file'
-  } catch {
-    return 'missing'
-  }
+  const stat = lstatOf(file)
+  if (!stat || stat instanceof Error) return 'missing'
+  if (stat.isSymbolicLink()) return 'symlink'
+  return stat.isDirectory() ? 'dir' : 'file'
 }
 
 /** entryKind from a directory listing's entry, without an lstat of its own. */

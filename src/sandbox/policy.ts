@@ -14,7 +14,7 @@ import {
   fileRightsOnly,
   sortRights,
 } from './landlock/rights.js'
-import {canonicalEntry, canonicalPath, direntKind, entryKind, type EntryKind, expandConfigPath, isStrictlyWithin, isWithin, stringAncestors} from './paths.js'
+import {canonicalEntry, canonicalPath, direntKind, entryKind, type EntryKind, expandConfigPath, isStrictlyWithin, isWithin, stringAncestors, withPathMemo} from './paths.js'
 
 /**
  * The host-sandbox policy compiler (docs/isolation.md). One policy, computed here in TypeScript, feeds
@@ -190,7 +190,12 @@ const RIGHTS_BY_ACCESS: Record<AccessClass, readonly FsRight[]> = {
   pty: PTY_RIGHTS,
 }
 
+/** The policy of one run: grants, denies, their lowering or covers, and the Landlock rules (one look at the file system: withPathMemo). */
 export function compilePolicy(input: PolicyInput): SandboxPolicy {
+  return withPathMemo(() => compile(input))
+}
+
+function compile(input: PolicyInput): SandboxPolicy {
   const notes: string[] = []
   const workspace = requireDirectory(input.workspace, 'the agent workspace')
   const tmpDir = requireDirectory(input.tmpDir, 'the private temp dir')

@@ -101,6 +101,27 @@ describe.skipIf(!landlock)('sandbox exec through bin/run.js: the fast path and o
     expect(result.stderr).toContain('ran longer than 1 s and was killed')
   })
 
+  it('leaves nothing of the command running when it returns: not what it put in the background, with or without the namespace layer', async () => {
+    const running = (token: string) =>
+      fs.readdirSync('/proc').filter((entry) => /^\d+$/.test(entry)).some((pid) => {
+        try {
+          return fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').includes(token)
+        } catch {
+          return false
+        }
+      })
+    for (const namespaces of [true, false]) {
+      // a sleep that no other process on the machine has, started in the background (nohup: not even SIGHUP reaches it)
+      const token = String(3_000_000 + Math.floor(Math.random() * 1_000_000))
+      const result = await execa(process.execPath, [BIN, 'sandbox', 'exec', '--agent', 'meepa', '--', 'sh', '-c', `nohup sleep ${token} >/dev/null 2>&1 & sleep 0.2; echo started`], {
+        env: {MEEPAGATEWAY_HOME: home.home, ...(namespaces ? {} : {MEEPA_SANDBOX_NO_NAMESPACES: '1'})},
+        reject: false,
+      })
+      expect(result, `namespaces: ${namespaces}`).toMatchObject({exitCode: 0, stdout: 'started'})
+      expect(running(token), `namespaces: ${namespaces}`).toBe(false)
+    }
+  })
+
   it('runs the command once when the clean-up after it fails (an error after the start is reported, not handed to oclif)', async () => {
     // the command leaves a tree in its private TMPDIR deeper than PATH_MAX: removing it throws ENAMETOOLONG
     const script = 'echo ran >> ./count; n=$(printf "x%.0s" $(seq 200)); cd "$TMPDIR" && for i in $(seq 22); do mkdir $n && cd $n; done'

@@ -80,3 +80,51 @@ describe.skipIf(process.platform !== 'linux' || !hasBwrap)('the namespace probe 
     expect(await probeInFreshProcess()).toMatchObject({probe: {available: false}, ranBwrap: false})
   })
 })
+
+// The kernel probe's record (kernel-probe.json): the helper's own answer, for this boot and this binary.
+const helperRuns = vi.hoisted(() => ({count: 0}))
+vi.mock('../../src/runtime/util/subprocess.js', async (importOriginal) => {
+  const real = await importOriginal<typeof import('../../src/runtime/util/subprocess.js')>()
+  return {
+    startSubprocess: (...args: Parameters<typeof real.startSubprocess>) => {
+      if (args[1].includes('--probe')) helperRuns.count++
+      return real.startSubprocess(...args)
+    },
+  }
+})
+
+describe.skipIf(process.platform !== 'linux')('the kernel probe record', () => {
+  let home: string
+  let record: string
+  beforeAll(() => {
+    home = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-kernel-record-'))
+    record = path.join(home, 'cache', 'kernel-probe.json')
+  })
+  afterAll(() => fs.rmSync(home, {recursive: true, force: true}))
+
+  async function probeInFreshProcess(helper?: string) {
+    vi.resetModules()
+    const {probeKernel, requireHelper} = await import('../../src/sandbox/landlock/helper.js')
+    const before = helperRuns.count
+    const probe = await probeKernel(helper ?? requireHelper(), {cacheFile: record})
+    return {probe, ranHelper: helperRuns.count > before}
+  }
+
+  it("remembers the helper's answer for this boot and binary, and asks again for another binary", async () => {
+    const first = await probeInFreshProcess()
+    expect(first.ranHelper).toBe(true)
+    expect(first.probe.landlock.abi).toBeGreaterThan(0)
+    expect(fs.statSync(record).mode & 0o777).toBe(0o600)
+    expect(await probeInFreshProcess()).toEqual({probe: first.probe, ranHelper: false})
+
+    // the same helper at another path (another build or install): its own answer
+    const {requireHelper} = await import('../../src/sandbox/landlock/helper.js')
+    const copy = path.join(home, 'meepa-sandbox')
+    fs.copyFileSync(requireHelper(), copy)
+    fs.chmodSync(copy, 0o755)
+    expect((await probeInFreshProcess(copy)).ranHelper).toBe(true)
+
+    fs.writeFileSync(record, '{"key": 1')
+    expect((await probeInFreshProcess()).ranHelper).toBe(true)
+  })
+})

@@ -153,6 +153,20 @@ describe('compilePolicy: config rules', () => {
     expect(canWrite(at('data/c/file'))).toBe(false)
   })
 
+  // one compile asks the file system about each path once (withPathMemo): the next compile must look again
+  it('sees what changed on disk since the last compile: a grant that appeared, a symlink swapped in', () => {
+    const input = layout({allow_read: [path.join(root, 'later')]})
+    const before = compilePolicy(input)
+    expect(before.grants.some((grant) => grant.path === path.join(root, 'later'))).toBe(false)
+    write('later/file')
+    const after = compilePolicy(input)
+    expect(after.grants.some((grant) => grant.path === path.join(root, 'later'))).toBe(true)
+    fs.rmSync(path.join(root, 'later'), {recursive: true})
+    mkdir('elsewhere')
+    fs.symlinkSync(path.join(root, 'elsewhere'), path.join(root, 'later'))
+    expect(compilePolicy(input).grants.find((grant) => grant.reason.startsWith('allow_read'))?.path).toBe(path.join(root, 'elsewhere'))
+  })
+
   it('expands ~ to the operator home and resolves relative paths against the workspace', () => {
     write('gw/agents/me/notes/n.md')
     const policy = compilePolicy(layout({allow_read: ['~/notes'], deny: ['notes']}))

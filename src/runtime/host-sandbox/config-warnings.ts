@@ -4,7 +4,7 @@ import path from 'node:path'
 import {agentPolicy} from './agent-policy.js'
 import {loweringGaps, loweringWarnings} from '../../sandbox/landlock/enforcement.js'
 import {probeNamespaces} from '../../sandbox/namespaces.js'
-import {namespaceProbeRecord} from '../util/paths.js'
+import {probeRecord} from '../util/paths.js'
 import type {LoadedConfig} from '../config/types.js'
 import {isolationLevelFor} from '../runners/isolation-level.js'
 import {workspacePath} from '../workspace/location.js'
@@ -21,7 +21,7 @@ export async function sandboxConfigWarnings(loaded: LoadedConfig): Promise<Array
   const agents = loaded.config.agents.filter((agent) => isolationLevelFor(agent) === 'host-sandbox' && fs.existsSync(workspacePath(loaded.home, agent.id)))
   if (agents.length === 0) return []
   // bwrap runs while the policies compile for the layer it nearly always finds; compiled again without it if not
-  const probing = probeNamespaces({cacheFile: namespaceProbeRecord(loaded.home)})
+  const probing = probeNamespaces({cacheFile: probeRecord(loaded.home, 'namespace')})
   // one private temp dir stands for every agent's: only its existence and place (os.tmpdir()) matter to the policy
   const tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-sandbox-check-'))
   const warnings: Array<{agent: string; warning: string}> = []

@@ -2,13 +2,13 @@ import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
 import {agentPolicy, sandboxPath} from './agent-policy.js'
-import {killProcessTree} from '../util/process-tree.js'
+import {killProcessGroup, killProcessTree} from '../util/process-tree.js'
 import {startSubprocess} from '../util/subprocess.js'
 import {enforcementReport, kernelGaps, loweringGaps, type EnforcementReport} from '../../sandbox/landlock/enforcement.js'
 import {probeKernel, requireHelper, type KernelProbe} from '../../sandbox/landlock/helper.js'
 import {serializeRules} from '../../sandbox/landlock/rules-file.js'
 import {bwrapArgv, probeNamespaces, type NamespaceProbe} from '../../sandbox/namespaces.js'
-import {namespaceProbeRecord} from '../util/paths.js'
+import {probeRecord} from '../util/paths.js'
 import type {SandboxPolicy} from '../../sandbox/policy.js'
 import {seatbeltInvocation, type SeatbeltInvocation} from '../../sandbox/seatbelt/profile.js'
 import {findAgent} from '../config/load.js'
@@ -51,9 +51,9 @@ export async function openAgentSandbox(loaded: LoadedConfig, agentId: string, op
   const helper = requireHelper()
   // the kernel probe is a process start: it runs while the policy is computed (the namespace
   // probe, which the policy depends on, is nearly always its remembered success)
-  const kernel = probeKernel(helper)
+  const kernel = probeKernel(helper, {cacheFile: probeRecord(loaded.home, 'kernel')})
   kernel.catch(() => {}) // awaited below
-  const probingNamespaces = probeNamespaces({cacheFile: namespaceProbeRecord(loaded.home)})
+  const probingNamespaces = probeNamespaces({cacheFile: probeRecord(loaded.home, 'namespace')})
   const workspace = ensureWorkspace(loaded.home, agent.id).path
   const tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), `meepa-sandbox-${agent.id}-`))
   const dispose = () => fs.rmSync(tmpDir, {recursive: true, force: true})
@@ -120,7 +120,10 @@ export async function sandboxExec(options: SandboxExecOptions): Promise<{exitCod
     }
     options.onStart?.()
     const child = spawnInSandbox(sandbox, options.argv, {stdio: 'inherit', timeoutMs: options.timeoutMs})
-    const killGroup = () => killProcessTree(child.pid)
+    // With the namespace layer the command lives in bwrap's PID namespace, which dies with bwrap
+    // (its init gets SIGKILL with its parent): killing bwrap's group ends everything, and a scan of
+    // /proc for bwrap's session (≈ 1 ms) would find nothing of it (the helper's session is inside).
+    const killGroup = () => (sandbox.prefix.length > 0 ? killProcessGroup(child.pid) : killProcessTree(child.pid))
     const onSignal = () => killGroup()
     process.once('SIGINT', onSignal)
     process.once('SIGTERM', onSignal)

@@ -4,7 +4,7 @@ import {kernelGaps, loweringGaps} from '../../sandbox/landlock/enforcement.js'
 import {HELPER_SETUP_EXIT, probeKernel, requireHelper} from '../../sandbox/landlock/helper.js'
 import {serializeRules} from '../../sandbox/landlock/rules-file.js'
 import {bwrapArgv, probeNamespaces} from '../../sandbox/namespaces.js'
-import {namespaceProbeRecord} from '../util/paths.js'
+import {probeRecord} from '../util/paths.js'
 import {SANDBOX_HELPER_ENV} from '../agent-run/tool-shell.js'
 import type {SandboxPolicy} from '../../sandbox/policy.js'
 import {seatbeltInvocation} from '../../sandbox/seatbelt/profile.js'
@@ -35,7 +35,7 @@ export const hostSandboxRunner: Runner = {
       let launch: Launch
       try {
         reclaimWorkspace(request.workspace)
-        const namespaces = process.platform === 'linux' ? await probeNamespaces({cacheFile: namespaceProbeRecord(request.home)}) : undefined
+        const namespaces = process.platform === 'linux' ? await probeNamespaces({cacheFile: probeRecord(request.home, 'namespace')}) : undefined
         const compile = () =>
           agentPolicy({
             agent: request.agent,
@@ -54,7 +54,7 @@ export const hostSandboxRunner: Runner = {
         else {
           const policyGaps = loweringGaps(policy, namespaces)
           if (policy.bestEffort) for (const gap of policyGaps) request.onLog?.(`sandbox: best effort, NOT enforced: ${gap}`)
-          const linux = await linuxLaunch(policy, env, {bwrap: namespaces?.available ? bwrapArgv(namespaces.bwrap!, policy, request.home) : [], policyGaps})
+          const linux = await linuxLaunch(policy, env, {bwrap: namespaces?.available ? bwrapArgv(namespaces.bwrap!, policy, request.home) : [], policyGaps, home: request.home})
           if ('error' in linux) return failure(runId, 'E_SANDBOX', linux.error, false, {gaps: linux.gaps, fix: linux.fix})
           launch = linux
         }
@@ -77,16 +77,17 @@ export const hostSandboxRunner: Runner = {
 
 /**
  * How the runner starts `command` (agent-run) under the helper, behind bubblewrap's namespaces when
- * given; exported so tests can put a hostile program in agent-run's place.
+ * given (with `home`, the kernel probe's record there is used); exported so tests can put a hostile
+ * program in agent-run's place.
  */
 export async function linuxLaunch(
   policy: SandboxPolicy,
   env: Record<string, string>,
-  options: {bwrap?: string[]; policyGaps?: string[]; command?: string[]} = {},
+  options: {bwrap?: string[]; policyGaps?: string[]; command?: string[]; home?: string} = {},
 ): Promise<Launch | {error: string; gaps: string[]; fix: string}> {
   const {bwrap = [], policyGaps = [], command = agentRunArgv()} = options
   const helper = requireHelper()
-  const probe = await probeKernel(helper)
+  const probe = await probeKernel(helper, {cacheFile: options.home === undefined ? undefined : probeRecord(options.home, 'kernel')})
   const gaps = [...kernelGaps(probe, policy.network, policy.listen), ...policyGaps]
   if (gaps.length > 0 && !policy.bestEffort) {
     return {

@@ -19,7 +19,7 @@ export function gatewayDbPath(home: string): string {
   return path.join(home, 'gateway.db')
 }
 
-/** The namespace probe's remembered success (src/sandbox/namespaces.ts). */
-export function namespaceProbeRecord(home: string): string {
-  return path.join(home, 'cache', 'namespace-probe.json')
+/** A host probe's remembered answer (src/sandbox/probe-record.ts): bubblewrap's namespaces, the kernel's Landlock and seccomp. */
+export function probeRecord(home: string, probe: 'namespace' | 'kernel'): string {
+  return path.join(home, 'cache', `${probe}-probe.json`)
 }

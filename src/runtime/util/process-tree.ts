@@ -66,10 +66,16 @@ export function sessionOf(pid: number): number | undefined {
  */
 export function killProcessTree(pid: number | undefined): void {
   if (pid === undefined) return
+  killProcessGroup(pid)
+  killSession(pid)
+}
+
+/** SIGKILL to the process group `pid` leads; nothing when it is gone. */
+export function killProcessGroup(pid: number | undefined): void {
+  if (pid === undefined) return
   try {
     process.kill(-pid, 'SIGKILL')
   } catch {
     // the group is already gone
   }
-  killSession(pid)
 }

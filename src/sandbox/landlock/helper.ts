@@ -3,6 +3,7 @@ import {APP_ROOT} from '../../runtime/util/app-root.js'
 import {GatewayError} from '../../runtime/util/errors.js'
 import {startSubprocess} from '../../runtime/util/subprocess.js'
 import {helperPath} from './helper-path.js'
+import {bootId, fileIdentity, recalled, remember} from '../probe-record.js'
 
 /** Exit status of the helper when it refused or failed to set the sandbox up (nothing ran). */
 export const HELPER_SETUP_EXIT = 125
@@ -27,16 +28,28 @@ export function requireHelper(appRoot: string = APP_ROOT): string {
 
 let cached: Promise<KernelProbe> | undefined
 
-/** What the running kernel can enforce; asked once per process (the kernel does not change under us). */
-export function probeKernel(helper: string = requireHelper()): Promise<KernelProbe> {
-  cached ??= Promise.resolve(startSubprocess(helper, ['--probe'], {env: {}, timeoutMs: 10_000, forceKillAfterMs: 5_000}))
-    .then((result) => {
-      if (result.failed) throw new Error(`${result.message}${result.stderr ? `: ${result.stderr}` : ''}`)
-      return JSON.parse(result.stdout) as KernelProbe
-    })
-    .catch((error: unknown) => {
-      cached = undefined
-      throw new GatewayError('E_SANDBOX', `the sandbox helper's kernel probe failed: ${(error as Error).message}`, {cause: error})
-    })
+/**
+ * What the running kernel can enforce; asked once per process (the kernel does not change under
+ * us), and with `cacheFile` (in MEEPAGATEWAY_HOME) remembered for this boot and this helper binary.
+ * A wrong record cannot weaken a run: the helper probes the kernel itself when it applies the
+ * rules and refuses to run with a gap the policy does not accept.
+ */
+export function probeKernel(helper: string = requireHelper(), options: {cacheFile?: string} = {}): Promise<KernelProbe> {
+  cached ??= probeOrRecall(helper, options.cacheFile).catch((error: unknown) => {
+    cached = undefined
+    throw new GatewayError('E_SANDBOX', `the sandbox helper's kernel probe failed: ${(error as Error).message}`, {cause: error})
+  })
   return cached
+}
+
+async function probeOrRecall(helper: string, cacheFile: string | undefined): Promise<KernelProbe> {
+  const identity = cacheFile ? fileIdentity(helper) : undefined
+  const key = identity && JSON.stringify([helper, ...identity, bootId()])
+  const known = cacheFile && key ? recalled<KernelProbe>(cacheFile, key) : undefined
+  if (known && typeof known.landlock?.abi === 'number' && typeof known.seccomp === 'boolean') return known
+  const result = await startSubprocess(helper, ['--probe'], {env: {}, timeoutMs: 10_000, forceKillAfterMs: 5_000})
+  if (result.failed) throw new Error(`${result.message}${result.stderr ? `: ${result.stderr}` : ''}`)
+  const probe = JSON.parse(result.stdout) as KernelProbe
+  if (cacheFile && key) remember(cacheFile, key, probe)
+  return probe
 }
