@@ -1,7 +1,7 @@
 import fs from 'node:fs'
 import path from 'node:path'
 import type {SandboxPolicy} from './policy.js'
-import {bootId, fileIdentity, readSmallFile, recalled, remember} from './probe-record.js'
+import {bootId, fileIdentity, forget, readSmallFile, recalled, remember} from './probe-record.js'
 
 /**
  * The namespace layer of the host sandbox: bubblewrap (the tool Flatpak, codex and Anthropic's
@@ -15,6 +15,8 @@ export interface NamespaceProbe {
   bwrap?: string
   /** Why the layer is off (missing bwrap, namespaces refused by the kernel, disabled). */
   reason?: string
+  /** The answer is a success remembered by an earlier process, not a probe of this one. */
+  recalled?: boolean
 }
 
 /** Test hook: makes the layer look unavailable (it can only weaken what the sandbox gets, and says so). */
@@ -52,10 +54,23 @@ async function probeOrRecall(cacheFile: string | undefined): Promise<NamespacePr
   if (!bwrap) return NO_BWRAP
   const identity = cacheFile ? fileIdentity(bwrap) : undefined
   const key = identity && JSON.stringify([process.getuid?.(), bwrap, ...identity, bootId(), ...USERNS_SYSCTLS.map(readSmallFile)])
-  if (cacheFile && key && recalled<boolean>(cacheFile, key) === true) return {available: true, bwrap}
+  if (cacheFile && key && recalled<boolean>(cacheFile, key) === true) return {available: true, bwrap, recalled: true}
   const probe = await runProbe(bwrap)
   if (probe.available && cacheFile && key) remember(cacheFile, key, true)
   return probe
+}
+
+/**
+ * After a start behind bwrap failed (exit 1, bwrap's own failure status): whether that was a
+ * remembered success gone out of date (bwrap stopped working with the key unchanged: a nested
+ * user-namespace limit, an AppArmor profile). Then the record is forgotten and the layer probed
+ * again, and the caller starts again with what the probe finds: nothing ran the first time.
+ */
+export async function rememberedLayerBroke(probe: NamespaceProbe, cacheFile: string): Promise<boolean> {
+  if (!probe.recalled) return false
+  forget(cacheFile)
+  cached = undefined
+  return !(await probeNamespaces({cacheFile})).available
 }
 
 const PROBE_TIMEOUT_MS = 10_000

@@ -42,6 +42,13 @@ describe('agent tools', () => {
     expect(fs.existsSync(sentinel)).toBe(false)
   })
 
+  it('returns at once when a process the command left in the background floods past the output cap (no timeout spent at full CPU)', async () => {
+    const started = Date.now()
+    const result = await runTool('shell', {command: 'yes x & exit 0', timeout_seconds: 10}, context)
+    expect(result.output).not.toMatch(/timed out/)
+    expect(Date.now() - started).toBeLessThan(5_000)
+  })
+
   it('caps large output and says so', async () => {
     const result = await runTool('shell', {command: 'head -c 100000 /dev/zero | tr "\\0" a'}, context)
     expect(result.output.length).toBeLessThan(TOOL_OUTPUT_LIMIT + 200)

@@ -162,6 +162,19 @@ describe('`container status` without the engine', () => {
     expect(held.length).toBeGreaterThan(0)
   }, 30_000)
 
+  // the engine is asked before the config is read (container status): a bad config still wins, at once
+  it('an invalid config is reported (exit 3, E_CONFIG) before a hung or missing engine, without waiting for it', async () => {
+    const config = path.join(home.home, 'bad.yaml')
+    fs.writeFileSync(config, 'agents: [{id: "Not An Id"}]\n')
+    for (const socket of ['hung.sock', 'absent.sock']) {
+      const started = Date.now()
+      const result = await runCli(['container', 'status', '--json', '--config', config], {home: home.home, env: {DOCKER_HOST: `unix://${home.home}/${socket}`}, timeoutMs: 30_000})
+      expect(Date.now() - started, socket).toBeLessThan(5_000)
+      expect(result.exitCode, socket).toBe(3)
+      expect(JSON.parse(result.stdout).error, socket).toMatchObject({code: 'E_CONFIG'})
+    }
+  })
+
   it('a missing socket exits 10 with E_DOCKER_DOWN and the fix', async () => {
     const result = await runCli(['container', 'status', '--json'], {home: home.home, env: {DOCKER_HOST: `unix://${home.home}/absent.sock`}})
     expect(result.exitCode).toBe(10)

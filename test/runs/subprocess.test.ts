@@ -60,6 +60,29 @@ describe('startSubprocess', () => {
     expect(result.stdout.startsWith('x\nx\n')).toBe(true)
   })
 
+  // the child is gone, but what it started holds the pipes: the limits still hold (found by an outside review)
+  describe('after the child itself exited', () => {
+    it('a flood past maxBuffer from what it left running ends the call as an overflow', async () => {
+      const child = startSubprocess('sh', ['-c', 'yes x & exit 0'], {env: {PATH}, maxBuffer: 64 * 1024, detached: true})
+      expect(await child).toMatchObject({failed: true, message: 'stdout exceeded 65536 bytes'})
+    })
+
+    it('output cut at maxBuffer is reported as failed, never as a clean exit', async () => {
+      const child = startSubprocess('sh', ['-c', '(sleep 0.2; head -c 300000 /dev/zero | tr "\\000" z) & exit 0'], {env: {PATH}, maxBuffer: 64 * 1024, detached: true})
+      const result = await child
+      expect(result.stdout.length).toBeLessThanOrEqual(64 * 1024)
+      expect(result).toMatchObject({exitCode: 0, failed: true})
+    })
+
+    it('the deadline holds: timedOut, not a clean exit 0 when the background process ends', async () => {
+      const started = Date.now()
+      const child = startSubprocess('sh', ['-c', 'sleep 30 & exit 0'], {env: {PATH}, timeoutMs: 300, detached: true})
+      expect(await child).toMatchObject({timedOut: true, failed: true})
+      expect(Date.now() - started).toBeLessThan(5_000)
+      process.kill(-child.pid!, 'SIGKILL')
+    })
+  })
+
   it('leaves an unbuffered stream to the caller and survives a child that exits without reading its stdin', async () => {
     const child = startSubprocess('sh', ['-c', 'echo streamed; exit 0'], {env: {PATH}, stdio: ['pipe', 'pipe', 'pipe'], buffer: {stdout: false}})
     const chunks: Buffer[] = []

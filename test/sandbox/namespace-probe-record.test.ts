@@ -1,3 +1,4 @@
+import {execFileSync} from 'node:child_process'
 import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
@@ -65,6 +66,19 @@ describe.skipIf(process.platform !== 'linux' || !hasBwrap)('the namespace probe 
     expect((await probeInFreshProcess()).ranBwrap).toBe(true)
 
     expect((await probeInFreshProcess({})).ranBwrap).toBe(true)
+  })
+
+  it('reads the record safely: a FIFO, a symlink to a device or a huge file there is no record, and nothing blocks', async () => {
+    const target = path.join(home, 'huge')
+    fs.writeFileSync(target, Buffer.alloc(1 << 20, 0x20))
+    for (const plant of [() => execFileSync('mkfifo', [record]), () => fs.symlinkSync('/dev/zero', record), () => fs.symlinkSync(target, record), () => fs.copyFileSync(target, record)]) {
+      fs.rmSync(record, {force: true})
+      plant()
+      expect(await probeInFreshProcess()).toMatchObject({probe: {available: true}, ranBwrap: true})
+      // the probe's success replaced what was planted with a record of its own
+      expect(fs.lstatSync(record).isFile()).toBe(true)
+      expect(JSON.parse(fs.readFileSync(record, 'utf8'))).toMatchObject({answer: true})
+    }
   })
 
   it('never remembers a failure, and the record cannot switch on a layer the operator switched off', async () => {

@@ -31,11 +31,14 @@ export interface ContainerStatus {
  * Engine, images per agent, and the gateway's containers. An unreachable engine throws (exit 10).
  * An engine on a local socket is asked over its API (no docker process at all); otherwise, or
  * when a CLI is given, through the docker CLI. Given a function that loads the config, the
- * questions that do not depend on it (the ping, the containers) are asked first, and the engine
- * answers them while the config is read and validated.
+ * Engine API questions that do not depend on it (the ping, the containers) are asked first, and
+ * the engine answers them while the config is read and validated.
  */
 export async function containerStatus(config: LoadedConfig | (() => LoadedConfig), options: {cli?: DockerCli; signal?: AbortSignal} = {}): Promise<ContainerStatus> {
   const engine = options.cli ? undefined : localEngineApi()
+  // only Engine API requests go out before the config: a docker CLI process started for a config
+  // that turns out invalid could outlive this one
+  if (!engine && typeof config === 'function') config = config()
   const docker = engine ?? options.cli ?? (await loadDockerCli())
   // Ask everything at once, then let the ping's clear "engine down" error win over whatever the
   // other calls report.

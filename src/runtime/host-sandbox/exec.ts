@@ -7,7 +7,7 @@ import {startSubprocess} from '../util/subprocess.js'
 import {enforcementReport, kernelGaps, loweringGaps, type EnforcementReport} from '../../sandbox/landlock/enforcement.js'
 import {probeKernel, requireHelper, type KernelProbe} from '../../sandbox/landlock/helper.js'
 import {serializeRules} from '../../sandbox/landlock/rules-file.js'
-import {bwrapArgv, probeNamespaces, type NamespaceProbe} from '../../sandbox/namespaces.js'
+import {bwrapArgv, probeNamespaces, rememberedLayerBroke, type NamespaceProbe} from '../../sandbox/namespaces.js'
 import {probeRecord} from '../util/paths.js'
 import type {SandboxPolicy} from '../../sandbox/policy.js'
 import {seatbeltInvocation, type SeatbeltInvocation} from '../../sandbox/seatbelt/profile.js'
@@ -132,6 +132,12 @@ export async function sandboxExec(options: SandboxExecOptions): Promise<{exitCod
     process.off('SIGTERM', onSignal)
     killGroup() // whatever the command left running in the background
     if (result.timedOut) return {exitCode: 124, timedOut: true}
+    // bwrap failed where a remembered probe said it works: the command never ran; once more, as the layer is now
+    if (result.exitCode === 1 && sandbox.prefix.length > 0 && (await rememberedLayerBroke(sandbox.namespaces, probeRecord(options.loaded.home, 'namespace')))) {
+      options.onLog?.('sandbox: bubblewrap no longer creates the namespaces here (its remembered probe was out of date); starting the command again without them')
+      sandbox.dispose()
+      return sandboxExec(options)
+    }
     const signal = result.signal ? os.constants.signals[result.signal] : undefined
     return {exitCode: result.exitCode ?? (signal ? 128 + signal : 1), timedOut: false}
   } finally {

@@ -3,7 +3,7 @@ import {agentPolicy, sandboxPath} from '../host-sandbox/agent-policy.js'
 import {kernelGaps, loweringGaps} from '../../sandbox/landlock/enforcement.js'
 import {HELPER_SETUP_EXIT, probeKernel, requireHelper} from '../../sandbox/landlock/helper.js'
 import {serializeRules} from '../../sandbox/landlock/rules-file.js'
-import {bwrapArgv, probeNamespaces} from '../../sandbox/namespaces.js'
+import {bwrapArgv, probeNamespaces, rememberedLayerBroke, type NamespaceProbe} from '../../sandbox/namespaces.js'
 import {probeRecord} from '../util/paths.js'
 import {SANDBOX_HELPER_ENV} from '../agent-run/tool-shell.js'
 import type {SandboxPolicy} from '../../sandbox/policy.js'
@@ -33,9 +33,10 @@ export const hostSandboxRunner: Runner = {
     withPrivateTmp(request.input.run_id, async (tmp): Promise<AgentRunOutput> => {
       const runId = request.input.run_id
       let launch: Launch
+      let namespaces: NamespaceProbe | undefined
       try {
         reclaimWorkspace(request.workspace)
-        const namespaces = process.platform === 'linux' ? await probeNamespaces({cacheFile: probeRecord(request.home, 'namespace')}) : undefined
+        namespaces = process.platform === 'linux' ? await probeNamespaces({cacheFile: probeRecord(request.home, 'namespace')}) : undefined
         const compile = () =>
           agentPolicy({
             agent: request.agent,
@@ -71,8 +72,18 @@ export const hostSandboxRunner: Runner = {
         onStderr: request.onLog,
         ownership: {home: request.home, runId, limits: request.agent.limits, workspace: request.workspace, tmpDir: tmp},
       })
+      // bwrap failed where a remembered probe said it works: agent-run never started; once more, as the layer is now
+      if (namespaces && bwrapFailed(output) && (await rememberedLayerBroke(namespaces, probeRecord(request.home, 'namespace')))) {
+        request.onLog?.('sandbox: bubblewrap no longer creates the namespaces here (its remembered probe was out of date); starting the run again without them')
+        return hostSandboxRunner.run(request)
+      }
       return helperRefusal(output) ?? output
     }),
+}
+
+/** agent-run's output when bwrap itself failed before starting anything (its messages start with "bwrap: "). */
+function bwrapFailed(output: AgentRunOutput): boolean {
+  return !output.ok && output.error.code === 'E_RUN' && /^bwrap: /m.test(String(output.error.details?.stderr_tail ?? ''))
 }
 
 /**

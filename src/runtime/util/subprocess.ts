@@ -68,12 +68,19 @@ export function startSubprocess(file: string, args: readonly string[], options: 
   let isCanceled = false
   let overflowed: string | undefined
   let forceKill: NodeJS.Timeout | undefined
+  let settled = false
+  const exited = () => child.exitCode !== null || child.signalCode !== null
+  // a process the child started may hold the pipes open after the child is gone: closing our ends
+  // brings the result (and SIGPIPE to a writer that goes on)
+  const closePipes = () => child.stdio.forEach((stream) => stream?.destroy())
+  /** Ends the call for a deadline, a cancel or a full buffer, whether or not the child itself is still there. */
   const end = (reason: () => void) => {
-    if (child.exitCode !== null || child.signalCode !== null) return
+    if (settled || timedOut || isCanceled || overflowed) return
     reason()
+    if (exited()) return closePipes()
     child.kill(killSignal)
     if (options.forceKillAfterMs !== undefined && killSignal !== 'SIGKILL') {
-      forceKill ??= setTimeout(() => child.exitCode === null && child.signalCode === null && child.kill('SIGKILL'), options.forceKillAfterMs)
+      forceKill ??= setTimeout(() => !exited() && child.kill('SIGKILL'), options.forceKillAfterMs)
     }
   }
 
@@ -98,9 +105,9 @@ export function startSubprocess(file: string, args: readonly string[], options: 
   for (const stream of [child.stdin, ...child.stdio.slice(3)]) stream?.on('error', () => {})
   if (options.input !== undefined) child.stdin?.end(options.input)
 
-  // killed, but a process it started may hold the pipes open: they are closed so the result comes
+  // killed, but what it started may hold the pipes: what they still carry is read for a second
   child.once('exit', () => {
-    if (timedOut || isCanceled || overflowed) setTimeout(() => child.stdio.forEach((stream) => stream?.destroy()), 1000).unref()
+    if (timedOut || isCanceled || overflowed) setTimeout(closePipes, 1000).unref()
   })
   const timer = options.timeoutMs === undefined ? undefined : setTimeout(() => end(() => (timedOut = true)), options.timeoutMs)
   const onAbort = () => end(() => (isCanceled = true))
@@ -109,6 +116,7 @@ export function startSubprocess(file: string, args: readonly string[], options: 
 
   const result = new Promise<SubprocessResult>((resolve) => {
     const finish = (exitCode: number | null, signal: NodeJS.Signals | null, startError?: NodeJS.ErrnoException) => {
+      settled = true
       clearTimeout(timer)
       clearTimeout(forceKill)
       options.signal?.removeEventListener('abort', onAbort)
