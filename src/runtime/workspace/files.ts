@@ -1,3 +1,4 @@
+import crypto from 'node:crypto'
 import fs from 'node:fs'
 import path from 'node:path'
 import {GatewayError} from '../util/errors.js'
@@ -151,9 +152,7 @@ export function writeWorkspaceFile(root: string, relative: string, content: stri
   const existing = lstatOrUndefined(file)
   if (existing && options.exclusive) return false
   if (existing?.isDirectory()) throw refuse(relative, 'is a directory')
-  // Web Crypto's global, loaded on first use: node:crypto imported here cost every start that only
-  // creates a workspace (sandbox exec) ≈ 1 ms
-  const temp = path.join(dir, `.${parts.at(-1)}.${Buffer.from(globalThis.crypto.getRandomValues(new Uint8Array(6))).toString('hex')}.tmp`)
+  const temp = path.join(dir, `.${parts.at(-1)}.${crypto.randomBytes(6).toString('hex')}.tmp`)
   const fd = fs.openSync(temp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, options.mode ?? 0o644)
   let placed = false
   try {
