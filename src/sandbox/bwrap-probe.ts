@@ -1,4 +1,5 @@
 import {execFile, spawn} from 'node:child_process'
+import {signalChild} from '../runtime/util/subprocess.js'
 
 /**
  * Runs bwrap once with the namespace layer's options: undefined when it worked, else why, with
@@ -11,7 +12,7 @@ export async function bwrapFailure(bwrap: string, argv: string[], timeoutMs: num
   const failure = await new Promise<string | undefined>((resolve) => {
     const child = spawn(bwrap, argv, {env: {}, stdio: 'ignore'})
     const deadline = setTimeout(() => {
-      child.kill('SIGKILL')
+      signalChild(child, 'SIGKILL')
       resolve(`timed out after ${timeoutMs / 1000} s`)
     }, timeoutMs)
     child.on('error', (error) => {

@@ -1,4 +1,7 @@
+import {spawn} from 'node:child_process'
+import path from 'node:path'
 import {describe, expect, it} from 'vitest'
+import {ROOT} from '../helpers/home.js'
 import {startSubprocess} from '../../src/runtime/util/subprocess.js'
 import {processAlive} from '../../src/runtime/util/process-alive.js'
 
@@ -24,6 +27,29 @@ describe('startSubprocess', () => {
     const result = await startSubprocess('/nonexistent/docker', ['version'], {env: {PATH}})
     expect(result).toMatchObject({code: 'ENOENT', exitCode: undefined, failed: true})
     expect(result.message).toMatch(/ENOENT/)
+  })
+
+  // Node 20's ChildProcess.kill() on a spawn that failed calls kill(0, signal): the caller's whole
+  // process group. Run where that group is the script's own (detached), next to a canary in it.
+  it('never signals its own process group when the child never started (cancel or deadline of a missing executable)', async () => {
+    const script = `
+      import {startSubprocess} from ${JSON.stringify(path.join(ROOT, 'dist', 'runtime', 'util', 'subprocess.js'))}
+      let received = 0
+      process.on('SIGTERM', () => received++)
+      const cancelled = await startSubprocess('/nonexistent/docker', ['ps'], {env: {}, signal: AbortSignal.abort()})
+      const controller = new AbortController()
+      const racing = startSubprocess('/nonexistent/docker', ['ps'], {env: {}, signal: controller.signal, timeoutMs: 0})
+      controller.abort()
+      const timed = await racing
+      await new Promise((resolve) => setTimeout(resolve, 200))
+      console.log(JSON.stringify({received, codes: [cancelled.code, timed.code]}))
+    `
+    const child = spawn(process.execPath, ['--input-type=module', '-e', script], {detached: true, stdio: ['ignore', 'pipe', 'inherit']})
+    let stdout = ''
+    child.stdout.on('data', (chunk: Buffer) => (stdout += chunk.toString()))
+    const code = await new Promise((resolve) => child.on('close', resolve))
+    expect(code).toBe(0)
+    expect(JSON.parse(stdout)).toEqual({received: 0, codes: ['ENOENT', 'ENOENT']})
   })
 
   it('kills at the deadline, even when a process it started holds the pipes open', async () => {

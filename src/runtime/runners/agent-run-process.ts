@@ -9,6 +9,7 @@ import {sizeBytes} from '../config/size.js'
 import {diskFull, diskUsage, heldByDeletedFiles, watchDiskUsage} from './disk-limit.js'
 import {forgetRunProcess, recordRunProcess} from './run-processes.js'
 import {killProcessTree} from '../util/process-tree.js'
+import {signalChild} from '../util/subprocess.js'
 import {keeperArgv, keeperHelper} from '../../sandbox/keeper.js'
 import {cgroupPids, cgroupSupport, createRunCgroup, killRunCgroups, removeRunCgroups, type RunCgroup} from '../../sandbox/run-cgroup.js'
 import {AgentRunChannel, type HostLlm} from './llm-channel.js'
@@ -164,7 +165,7 @@ async function runUnderKeeper(
     if (!lifeline) return killProcessTree(child.pid)
     lifeline.destroy()
     fallback ??= setTimeout(() => {
-      child.kill('SIGKILL')
+      signalChild(child, 'SIGKILL')
       if (cgroup) killRunCgroups(cgroup.dirs)
     }, KEEPER_GRACE_MS)
   }
@@ -184,7 +185,7 @@ async function runUnderKeeper(
     cancelled = typeof reason === 'string' && /^SIG[A-Z]+$/.test(reason) ? reason : 'abort'
     if (cancelled === 'abort' || grace) return killRun()
     // The run hears the signal first (as if it had been sent to it), and is killed if it lingers.
-    child.kill(cancelled as NodeJS.Signals)
+    signalChild(child, cancelled as NodeJS.Signals)
     grace = setTimeout(killRun, FORWARDED_SIGNAL_GRACE_MS)
   }
   options.signal?.addEventListener('abort', onAbort)

@@ -18,7 +18,7 @@ import {containerImageContext} from '../container/context.js'
 import {GatewayError, toGatewayError} from '../util/errors.js'
 import {KeyedQueue} from '../util/keyed-queue.js'
 import {redactSecrets} from '../util/redact.js'
-import type {Subprocess} from '../util/subprocess.js'
+import {signalChild, type Subprocess} from '../util/subprocess.js'
 import {failure, failureFromError, outOfMemory, parseAgentRunOutput} from '../agent-run/output.js'
 import {helperPath} from '../../sandbox/landlock/helper-path.js'
 import {APP_ROOT} from '../util/app-root.js'
@@ -213,7 +213,7 @@ async function runInStartedContainer(
       const exited = await Promise.race([child.then(() => true), sleep(answered ? CLIENT_EXIT_AFTER_KILL_MS : 0, false, {ref: false})])
       if (!exited) {
         engineSilent = true
-        child.kill('SIGKILL')
+        signalChild(child, 'SIGKILL')
       }
     })()
   }
@@ -394,7 +394,7 @@ function discard({container, cli}: {container: AgentContainer; cli: DockerCli}):
     (async () => {
       await scheduleRemoval(cli, container.name, () => {})
       const exited = await Promise.race([container.child.then(() => true), sleep(DISCARD_CLIENT_WAIT_MS, false, {ref: false})])
-      if (!exited) container.child.kill('SIGKILL')
+      if (!exited) signalChild(container.child, 'SIGKILL')
       if (!owedRemovals.has(container.name)) await scheduleRemoval(cli, container.name, () => {})
     })().finally(() => discarding.delete(container)),
   )
@@ -451,7 +451,7 @@ export async function stopStandbyContainers(options: {timeoutMs?: number} = {}):
   if (done) return []
   const left = [...discarding].map((container) => container.name)
   for (const container of discarding) {
-    container.child.kill('SIGKILL')
+    signalChild(container.child, 'SIGKILL')
     givenUp.add(container)
   }
   giveUp.abort()

@@ -77,10 +77,10 @@ export function startSubprocess(file: string, args: readonly string[], options: 
   const end = (reason: () => void) => {
     if (settled || timedOut || isCanceled || overflowed) return
     reason()
-    if (exited()) return closePipes()
-    child.kill(killSignal)
+    if (exited() || child.pid === undefined) return closePipes()
+    signalChild(child, killSignal)
     if (options.forceKillAfterMs !== undefined && killSignal !== 'SIGKILL') {
-      forceKill ??= setTimeout(() => !exited() && child.kill('SIGKILL'), options.forceKillAfterMs)
+      forceKill ??= setTimeout(() => !exited() && signalChild(child, 'SIGKILL'), options.forceKillAfterMs)
     }
   }
 
@@ -150,6 +150,16 @@ export function startSubprocess(file: string, args: readonly string[], options: 
     })
   })
   return Object.assign(child, {then: result.then.bind(result)}) as Subprocess
+}
+
+/**
+ * Signals a child only if it started: Node 20's ChildProcess.kill() on a spawn that failed (ENOENT),
+ * before its 'error' is emitted, calls kill(0, signal), which signals the caller's whole process
+ * group (a cancelled `docker` call that was never found took down the test runner, and would a
+ * gateway or the operator's shell job).
+ */
+export function signalChild(child: ChildProcess, signal: NodeJS.Signals): void {
+  if (child.pid !== undefined) child.kill(signal)
 }
 
 function stripFinalNewline(text: string): string {
