@@ -5,8 +5,8 @@
  *   meepa-sandbox --deny-network -- CMD [ARGS...] add a network-off layer (keeps the environment)
  *   meepa-sandbox --deny-listen -- CMD [ARGS...]  add a no-listening layer (keeps the environment)
  *   meepa-sandbox --probe                         print what this kernel can enforce, as JSON
- *   meepa-sandbox --keeper-fd K [--cgroup DIR]... [--max-file-size BYTES] [--remove-dir DIR]
- *                 [--on-orphan ARG]... [--rules-fd N] -- CMD [ARGS...]
+ *   meepa-sandbox --keeper-fd K [--cgroup DIR]... [--join-while-starting] [--max-file-size BYTES]
+ *                 [--remove-dir DIR] [--on-orphan ARG]... [--rules-fd N] -- CMD [ARGS...]
  *       the keeper: forks; the child joins the run's cgroups, opens a new session and execs CMD
  *       (after applying the rules when --rules-fd is given); this process stays as a small keeper
  *       that relays signals, and kills every process of the run (its cgroups, its session, every
@@ -15,6 +15,11 @@
  *       owner gone it also removes the run's cgroups and --remove-dir (its private TMPDIR) and
  *       runs the --on-orphan command (e.g. `docker rm -f NAME`). stdin, stdout
  *       and stderr belong to CMD: the keeper never reads or writes them.
+ *       With --join-while-starting the keeper moves the child into the cgroups itself while CMD
+ *       starts, and then writes one byte, 'J', on fd K: a cgroup v1 migration waits for an RCU
+ *       grace period (5-15 ms), which CMD's own start-up then hides. Only for a CMD that starts no
+ *       process before its owner gives it work, and the owner gives it none before the byte
+ *       (a child forked earlier would stay outside the cgroups). Without cgroups the byte comes at once.
  *
  * The policy is computed in TypeScript (src/sandbox/policy.ts); this program only applies explicit
  * (path, rights) rules. Landlock restricts the calling thread only, so it is applied here, in a
@@ -654,6 +659,7 @@ static void check_gaps(int abi, int landlock_err, int have_seccomp)
 
 static const char *cgroups[MAX_CGROUPS];
 static int n_cgroups;
+static int join_while_starting;
 
 static int write_file(const char *dir, const char *name, const char *value)
 {
@@ -897,14 +903,25 @@ static void run_orphan_command(char **args)
 	waitpid(pid, NULL, 0);
 }
 
-/* Called in the child after fork: join the run's cgroups and cap file sizes before anything runs. */
+/* Moves PID into every cgroup of the run; returns the index of the one it could not join, or -1.
+ * A PID already gone (ESRCH) is not an error: its exit is reported as it is. */
+static int join_cgroups(pid_t pid)
+{
+	char text[32];
+	snprintf(text, sizeof(text), "%d\n", (int)pid);
+	for (int i = 0; i < n_cgroups; i++)
+		if (write_file(cgroups[i], "cgroup.procs", text) != 0 && errno != ESRCH)
+			return i;
+	return -1;
+}
+
+/* Called in the child after fork: join the run's cgroups (unless the keeper does it while CMD
+ * starts) and cap file sizes before anything runs. */
 static void enter_run(long long max_file_size)
 {
-	char pid[32];
-	snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
-	for (int i = 0; i < n_cgroups; i++)
-		if (write_file(cgroups[i], "cgroup.procs", pid) != 0)
-			die("cannot join the run's cgroup %s: %s", cgroups[i], strerror(errno));
+	int failed = join_while_starting ? -1 : join_cgroups(getpid());
+	if (failed >= 0)
+		die("cannot join the run's cgroup %s: %s", cgroups[failed], strerror(errno));
 	if (max_file_size > 0) {
 		struct rlimit limit = {.rlim_cur = (rlim_t)max_file_size, .rlim_max = (rlim_t)max_file_size};
 		if (setrlimit(RLIMIT_FSIZE, &limit) != 0)
@@ -943,6 +960,18 @@ static void become_keeper(int owner_fd, char **orphan_args, long long max_file_s
 	}
 	/* a dead owner's stderr must not kill the keeper (SIGPIPE) before it has killed the run */
 	signal(SIGPIPE, SIG_IGN);
+	if (join_while_starting) {
+		int failed = join_cgroups(child);
+		if (failed >= 0) {
+			int err = errno;
+			kill(child, SIGKILL);
+			waitpid(child, NULL, 0);
+			die("cannot join the run's cgroup %s: %s", cgroups[failed], strerror(err));
+		}
+		/* the owner learns that the run is whole in its cgroups; a gone owner is found by the poll */
+		while (write(owner_fd, "J", 1) < 0 && errno == EINTR)
+			;
+	}
 	/* stdin and stdout are the run's: holding them would only delay the owner's end of file */
 	int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
 	if (devnull >= 0) {
@@ -1001,7 +1030,7 @@ static int usage(void)
 {
 	fputs("usage: meepa-sandbox --rules-fd N -- CMD [ARGS...]\n"
 	      "       meepa-sandbox [--new-group] [--deny-network] [--deny-listen] -- CMD [ARGS...]\n"
-	      "       meepa-sandbox --keeper-fd K [--cgroup DIR]... [--max-file-size BYTES] [--remove-dir DIR] [--on-orphan ARG]... [--rules-fd N] -- CMD [ARGS...]\n"
+	      "       meepa-sandbox --keeper-fd K [--cgroup DIR]... [--join-while-starting] [--max-file-size BYTES] [--remove-dir DIR] [--on-orphan ARG]... [--rules-fd N] -- CMD [ARGS...]\n"
 	      "       meepa-sandbox --probe\n",
 	      stderr);
 	return 2;
@@ -1035,6 +1064,8 @@ int main(int argc, char **argv)
 			if (n_cgroups == MAX_CGROUPS)
 				return usage();
 			cgroups[n_cgroups++] = argv[++i];
+		} else if (strcmp(argv[i], "--join-while-starting") == 0) {
+			join_while_starting = 1;
 		} else if (strcmp(argv[i], "--max-file-size") == 0 && i + 1 < argc) {
 			char *end;
 			max_file_size = strtoll(argv[++i], &end, 10);
@@ -1059,7 +1090,7 @@ int main(int argc, char **argv)
 	if (!command || command >= argc || (rules_fd >= 0 && (network_layer || listen_layer || new_group)) ||
 	    (rules_fd < 0 && keeper_fd < 0 && !network_layer && !listen_layer && !new_group) ||
 	    (keeper_fd >= 0 && (network_layer || listen_layer || new_group)) ||
-	    ((n_cgroups || max_file_size || n_orphan || orphan_dir) && keeper_fd < 0) || (keeper_fd >= 0 && keeper_fd == rules_fd))
+	    ((n_cgroups || max_file_size || n_orphan || orphan_dir || join_while_starting) && keeper_fd < 0) || (keeper_fd >= 0 && keeper_fd == rules_fd))
 		return usage();
 
 	if (keeper_fd >= 0) {

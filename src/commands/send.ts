@@ -19,7 +19,7 @@ export default class Send extends BaseCommand<typeof Send> {
   ]
 
   async run(): Promise<AgentRunOutput> {
-    const content = await readMessageArgument(this.args.message, process.stdin)
+    const content = await readMessageArgument(this.args.message, () => process.stdin)
     const stop = new AbortController()
     const forward = (signal: NodeJS.Signals) => stop.abort(signal)
     for (const signal of FORWARDED_SIGNALS) process.on(signal, forward)

@@ -1,4 +1,5 @@
 import fs from 'node:fs'
+import type {Readable} from 'node:stream'
 import {helperPath} from './landlock/helper-path.js'
 
 /**
@@ -22,6 +23,13 @@ export function keeperHelper(): string | undefined {
 export interface KeeperOptions {
   /** The run's cgroup directories: its processes join them before anything runs. */
   cgroups?: string[]
+  /**
+   * The keeper moves the run into its cgroups while the command starts, not before, and then
+   * writes 'J' on the keeper fd: a cgroup v1 migration waits 5-15 ms for an RCU grace period, which
+   * Node's own start-up then hides. Only for a command that starts no process before it gets work,
+   * and the owner gives it none before the 'J' (see waitForJoin).
+   */
+  joinWhileStarting?: boolean
   /** RLIMIT_FSIZE of the run: no file it writes grows past this. */
   maxFileSize?: number
   /** Removed by the keeper when the owner died (the run's private TMPDIR). */
@@ -38,9 +46,32 @@ export interface KeeperOptions {
 export function keeperArgv(helper: string, keeperFd: number, options: KeeperOptions, argv: string[]): string[] {
   const flags = ['--keeper-fd', String(keeperFd)]
   for (const dir of options.cgroups ?? []) flags.push('--cgroup', dir)
+  if (options.joinWhileStarting) flags.push('--join-while-starting')
   if (options.maxFileSize) flags.push('--max-file-size', String(options.maxFileSize))
   if (options.removeDir) flags.push('--remove-dir', options.removeDir)
   for (const arg of options.onOrphan ?? []) flags.push('--on-orphan', arg)
   if (argv[0] === helper && argv[1] === '--rules-fd') return [helper, ...flags, ...argv.slice(1)]
   return [helper, ...flags, '--', ...argv]
+}
+
+/**
+ * Resolves once the keeper (started with joinWhileStarting) wrote 'J' on its fd: the run is whole
+ * in its cgroups. false when the fd ended first: the keeper died or could not join (its stderr says why).
+ */
+export function keeperJoined(keeperFd: Readable): Promise<boolean> {
+  return new Promise((resolve) => {
+    const done = (joined: boolean) => {
+      keeperFd.off('data', onData)
+      keeperFd.off('end', onEnd)
+      keeperFd.off('close', onEnd)
+      resolve(joined)
+    }
+    const onData = (chunk: Buffer) => {
+      if (chunk.includes(0x4a)) done(true)
+    }
+    const onEnd = () => done(false)
+    keeperFd.on('data', onData)
+    keeperFd.once('end', onEnd)
+    keeperFd.once('close', onEnd)
+  })
 }

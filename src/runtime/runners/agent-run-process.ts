@@ -10,7 +10,7 @@ import {diskFull, diskUsage, heldByDeletedFiles, watchDiskUsage} from './disk-li
 import {forgetRunProcess, recordRunProcess} from './run-processes.js'
 import {killProcessTree} from '../util/process-tree.js'
 import {signalChild} from '../util/subprocess.js'
-import {keeperArgv, keeperHelper} from '../../sandbox/keeper.js'
+import {keeperArgv, keeperHelper, keeperJoined} from '../../sandbox/keeper.js'
 import {cgroupPids, cgroupSupport, createRunCgroup, killRunCgroups, removeRunCgroups, type RunCgroup} from '../../sandbox/run-cgroup.js'
 import {AgentRunChannel, type HostLlm} from './llm-channel.js'
 
@@ -46,6 +46,14 @@ export interface AgentProcessOptions {
   onStderr?: (line: string) => void
   /** With it (Linux, helper built), the run gets a keeper, a cgroup and a record in gateway.db. */
   ownership?: RunOwnership
+  /** Called once agent-run's process is started: work that must not hold up the run. */
+  onStarted?: () => void
+  /**
+   * The command starts no process before it has its input (agent-run itself, or under the Landlock
+   * helper; bwrap forks at once): the keeper may then move it into the run's cgroups while it
+   * starts, and the input waits until it has.
+   */
+  quietUntilInput?: boolean
 }
 
 const STDERR_TAIL_BYTES = 4096
@@ -81,11 +89,12 @@ export async function runAgentProcess(options: AgentProcessOptions): Promise<Age
   let cgroup: RunCgroup | undefined
   let argv = options.argv
   const keeperFd = options.fd3 === undefined ? 3 : 4
-  let disk: DiskLimit | undefined
-  if (ownership) {
-    disk = {limit: ownership.limits.disk, bytes: sizeBytes(ownership.limits.disk, 'limits.disk'), roots: [ownership.workspace, ownership.tmpDir], workspace: ownership.workspace}
-    const usage = await diskUsage(disk.roots)
-    if (usage > disk.bytes) return diskFull(input.run_id, disk.limit, usage, disk.workspace, 'before')
+  const joinWhileStarting = Boolean(helper && options.quietUntilInput)
+  const disk: DiskLimit | undefined = ownership && {
+    limit: ownership.limits.disk,
+    bytes: sizeBytes(ownership.limits.disk, 'limits.disk'),
+    roots: [ownership.workspace, ownership.tmpDir],
+    workspace: ownership.workspace,
   }
   if (ownership && helper) {
     try {
@@ -101,11 +110,10 @@ export async function runAgentProcess(options: AgentProcessOptions): Promise<Age
       toldLimitsUnenforced = true
       options.onStderr?.(`limits.memory, limits.pids and limits.cpus are NOT enforced on this host: ${cgroupSupport().how}`)
     }
-    argv = keeperArgv(helper, keeperFd, {cgroups: cgroup?.dirs ?? [], maxFileSize: disk?.bytes, removeDir: ownership.tmpDir}, argv)
-    recordRunProcess(ownership.home, {runId: ownership.runId, cgroups: cgroup?.dirs ?? [], tmpDir: ownership.tmpDir}, options.onStderr)
+    argv = keeperArgv(helper, keeperFd, {cgroups: cgroup?.dirs ?? [], joinWhileStarting, maxFileSize: disk?.bytes, removeDir: ownership.tmpDir}, argv)
   }
   try {
-    return await runUnderKeeper(options, argv, helper ? keeperFd : undefined, cgroup, disk)
+    return await runUnderKeeper(options, argv, helper ? keeperFd : undefined, cgroup, disk, joinWhileStarting)
   } finally {
     if (cgroup) {
       killRunCgroups(cgroup.dirs)
@@ -128,6 +136,7 @@ async function runUnderKeeper(
   keeperFd: number | undefined,
   cgroup: RunCgroup | undefined,
   disk: DiskLimit | undefined,
+  joinWhileStarting: boolean,
 ): Promise<AgentRunOutput> {
   const {input} = options
   const [file, ...args] = argv
@@ -141,10 +150,7 @@ async function runUnderKeeper(
     fd3.on('error', () => {}) // a helper that exits without reading its rules fails the run on its own
     fd3.end(options.fd3)
   }
-  if (options.ownership && keeperFd !== undefined && child.pid) {
-    recordRunProcess(options.ownership.home, {runId: options.ownership.runId, keeperPid: child.pid, cgroups: cgroup?.dirs ?? [], tmpDir: options.ownership.tmpDir})
-  }
-  // The keeper's lifeline: it never carries data; closing our end tells the keeper to kill the run.
+  // The keeper's lifeline: closing our end tells the keeper to kill the run; the keeper only ever writes 'J' on it.
   const lifeline = keeperFd === undefined ? undefined : (child.stdio[keeperFd] as Readable)
   lifeline?.on('error', () => {})
   const oomBefore = cgroup?.oomKills() ?? 0
@@ -170,8 +176,30 @@ async function runUnderKeeper(
     }, KEEPER_GRACE_MS)
   }
 
+  // While agent-run starts: limits.disk is checked (over it already, the run is stopped before
+  // it gets its input), and the keeper moves it into its cgroups (it starts nothing before its input).
+  let fullBefore: number | undefined
+  const diskChecked = disk
+    ? diskUsage(disk.roots).then((usage) => {
+        if (usage <= disk.bytes) return true
+        fullBefore = usage
+        killRun()
+        return false
+      })
+    : Promise.resolve(true)
+  const joined = joinWhileStarting && lifeline ? keeperJoined(lifeline) : Promise.resolve(true)
+  const inputAllowed = Promise.all([diskChecked, joined]).then(
+    (ready) => ready.every(Boolean),
+    () => (killRun(), false),
+  )
   // An agent-run that lingers after its result (it should exit at once) is not waited for.
-  const channel = new AgentRunChannel(child.stdin!, child.stdout!, input, options.llm, killRun, () => setTimeout(killRun, RESULT_EXIT_GRACE_MS).unref())
+  const channel = new AgentRunChannel(child.stdin!, child.stdout!, input, options.llm, killRun, () => setTimeout(killRun, RESULT_EXIT_GRACE_MS).unref(), inputAllowed)
+  // Recorded once the keeper runs (gateway.db is opened while agent-run starts): from here the
+  // keeper kills the run and removes its cgroups if this process dies; the record covers the keeper dying too.
+  if (options.ownership && keeperFd !== undefined && child.pid) {
+    recordRunProcess(options.ownership.home, {runId: options.ownership.runId, keeperPid: child.pid, cgroups: cgroup?.dirs ?? [], tmpDir: options.ownership.tmpDir}, options.onStderr)
+  }
+  options.onStarted?.()
 
   let timedOut = false
   let cancelled: string | undefined
@@ -217,6 +245,7 @@ async function runUnderKeeper(
   // background processes the agent left running die with the run (the keeper did it already)
   if (!lifeline) killProcessTree(child.pid)
 
+  if (disk && fullBefore !== undefined) return diskFull(input.run_id, disk.limit, fullBefore, disk.workspace, 'before')
   if (timedOut) {
     return failure(input.run_id, 'E_TIMEOUT', `the run took longer than ${Math.round(options.timeoutMs / 1000)} s and was stopped`, false, {stderr_tail: stderrTail})
   }

@@ -148,6 +148,7 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
   const {name, child} = container
   // the keeper removes the container if this process dies; the record covers the keeper dying too
   recordRunProcess(request.home, {runId, keeperPid: child.pid, cgroups: [], container: name}, log)
+  request.onStarted?.()
   // limits.disk: the workspace is a bind mount, measured from here (see disk-limit.ts)
   let diskOver = false
   const diskWatch = watchDiskUsage([request.workspace], diskLimit, () => {

@@ -19,6 +19,8 @@ export interface Launch {
   argv: string[]
   env: Record<string, string>
   fd3?: string
+  /** agent-run under the helper alone: nothing forks before its input (bwrap would, at once). */
+  quietUntilInput?: boolean
 }
 
 /**
@@ -70,6 +72,7 @@ export const hostSandboxRunner: Runner = {
         timeoutMs: request.timeoutMs,
         signal: request.signal,
         onStderr: request.onLog,
+        onStarted: request.onStarted,
         ownership: {home: request.home, runId, limits: request.agent.limits, workspace: request.workspace, tmpDir: tmp},
       })
       // bwrap failed where a remembered probe said it works: agent-run never started; once more, as the layer is now
@@ -110,7 +113,12 @@ export async function linuxLaunch(
   // agent-run reaches its LLM through the runner (stdin/stdout), so with allow_network: false
   // the whole tree, agent-run included, is off the network.
   const inner = {...env, [SANDBOX_HELPER_ENV]: helper}
-  return {argv: [...bwrap, helper, '--rules-fd', '3', '--', ...command], env: {}, fd3: serializeRules(policy, inner)}
+  return {
+    argv: [...bwrap, helper, '--rules-fd', '3', '--', ...command],
+    env: {},
+    fd3: serializeRules(policy, inner),
+    quietUntilInput: bwrap.length === 0 && options.command === undefined,
+  }
 }
 
 /** The helper's own refusal (exit 125, nothing ran) reads better as E_SANDBOX than as a crashed run. */

@@ -76,6 +76,8 @@ export class AgentRunChannel {
     private readonly onViolation: () => void,
     /** The result arrived: agent-run has nothing left to say and should exit now. */
     private readonly onResult: () => void = () => {},
+    /** The input is written once this resolves true (the keeper moved the run into its cgroups); never on false. */
+    inputAllowed: Promise<boolean> = Promise.resolve(true),
   ) {
     this.lines = new LineSplitter(MAX_FRAME_BYTES, (line) => this.receive(line))
     stdin.on('error', () => {}) // agent-run gone: its exit is reported by the runner
@@ -92,7 +94,10 @@ export class AgentRunChannel {
         this.violate(error)
       }
     })
-    stdin.write(`${JSON.stringify({...input, llm_channel: LLM_CHANNEL_VERSION})}\n`)
+    const line = `${JSON.stringify({...input, llm_channel: LLM_CHANNEL_VERSION})}\n`
+    void inputAllowed.then((allowed) => {
+      if (allowed && !this.controller.signal.aborted) stdin.write(line)
+    })
     llm.warm?.()
   }
 

@@ -19,6 +19,8 @@ export interface RunMessageOptions {
   runId?: string
   /** More messages will follow (a running gateway): the runner may prepare the next run ahead. */
   standby?: boolean
+  /** Called once the run's process (or container) is started: work that must not hold up the run. */
+  onStarted?: () => void
 }
 
 export interface RunMessageResult {
@@ -106,6 +108,7 @@ export async function runMessage(options: RunMessageOptions): Promise<RunMessage
       signal: options.signal,
       onLog: options.onLog,
       standby: options.standby,
+      onStarted: options.onStarted,
     })
   } catch (error) {
     output = failureFromError(runId, error)

@@ -21,12 +21,15 @@ export interface SendOptions {
   signal?: AbortSignal
 }
 
-/** `MESSAGE` or `-` for stdin; an empty message is a usage error, not a wasted LLM call. */
-export async function readMessageArgument(argument: string, stdin: NodeJS.ReadableStream): Promise<string> {
+/**
+ * `MESSAGE` or `-` for stdin; an empty message is a usage error, not a wasted LLM call. stdin is
+ * a getter: Node sets up process.stdin on first access (≈ 1.5 ms), which only `-` needs.
+ */
+export async function readMessageArgument(argument: string, stdin: () => NodeJS.ReadableStream): Promise<string> {
   let content = argument
   if (argument === '-') {
     const chunks: Buffer[] = []
-    for await (const chunk of stdin) chunks.push(Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk))
+    for await (const chunk of stdin()) chunks.push(Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk))
     content = Buffer.concat(chunks).toString('utf8')
   }
   if (!content.trim()) throw new GatewayError('E_USAGE', 'the message is empty', {suggestions: ['pass the message as an argument, or "-" to read it from stdin']})
@@ -34,16 +37,23 @@ export async function readMessageArgument(argument: string, stdin: NodeJS.Readab
 }
 
 export async function sendMessage(options: SendOptions): Promise<RunMessageResult> {
-  await reclaimAbandonedRuns(options.loaded.home, options.onLog)
+  // What runs of a crashed owner left is reclaimed while this run starts (or after it, when it never did)
+  let reclaimed: Promise<void> | undefined
+  const reclaim = () => (reclaimed ??= reclaimAbandonedRuns(options.loaded.home, options.onLog))
   const runId = newRunId()
   const user = os.userInfo().username
-  return runMessage({
-    loaded: options.loaded,
-    agentId: options.agentId,
-    runId,
-    unrestricted: options.unrestricted,
-    onLog: options.onLog,
-    signal: options.signal,
-    message: {id: runId, connector: 'cli', channel_id: options.channel, user: {id: user, name: user}, content: options.content},
-  })
+  try {
+    return await runMessage({
+      loaded: options.loaded,
+      agentId: options.agentId,
+      runId,
+      unrestricted: options.unrestricted,
+      onLog: options.onLog,
+      signal: options.signal,
+      onStarted: () => void reclaim(),
+      message: {id: runId, connector: 'cli', channel_id: options.channel, user: {id: user, name: user}, content: options.content},
+    })
+  } finally {
+    await reclaim()
+  }
 }

@@ -26,6 +26,8 @@ export interface RunRequest {
    * ahead of time (container mode starts a standby container).
    */
   standby?: boolean
+  /** Called once the run's process (or container) is started: work that must not hold up the run. */
+  onStarted?: () => void
 }
 
 /**

@@ -19,6 +19,8 @@ export const unrestrictedRunner: Runner = {
         timeoutMs: request.timeoutMs,
         signal: request.signal,
         onStderr: request.onLog,
+        onStarted: request.onStarted,
+        quietUntilInput: true,
         ownership: {home: request.home, runId: request.input.run_id, limits: request.agent.limits, workspace: request.workspace, tmpDir: tmp},
       }),
     ),
