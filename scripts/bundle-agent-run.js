@@ -3,15 +3,15 @@
 // included) into one CommonJS file, dist/agent-run.cjs, plus its V8 code cache and the list of
 // packages it loads from node_modules (what an isolation image needs); bin/run.js loads them for
 // `agent-run`. agent-run starts once per message: resolving and linking hundreds of small ESM
-// files costs more than the run's own work. better-sqlite3 stays outside: it is a native addon
-// found next to its package. Run by `npm run build` after tsc (and by the test setup).
+// files costs more than the run's own work. Of better-sqlite3 only the native addon stays outside,
+// loaded by path next to its package. Run by `npm run build` after tsc (and by the test setup).
 import esbuild from 'esbuild'
 import path from 'node:path'
 import {fileURLToPath} from 'node:url'
-import {makeAscii, selfWrapping} from './bundle-format.js'
+import {IMPORT_META_URL, makeAscii, selfWrapping} from './bundle-format.js'
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..')
-const {AGENT_RUN_BUNDLE: outfile, AGENT_RUN_EXTERNALS, writeAgentRunCodeCache, writeAgentRunPackages} = await import('../dist/runtime/agent-run/bundle.js')
+const {AGENT_RUN_BUNDLE: outfile, writeAgentRunCodeCache, writeAgentRunPackages} = await import('../dist/runtime/agent-run/bundle.js')
 
 const result = await esbuild.build({
   stdin: {
@@ -24,7 +24,8 @@ const result = await esbuild.build({
   format: 'cjs',
   target: 'node20',
   outfile,
-  external: AGENT_RUN_EXTERNALS,
+  // better-sqlite3's JavaScript too: its addon is loaded by path (src/runtime/util/sqlite.ts)
+  define: IMPORT_META_URL,
   // the format bin/cli-bundle.cjs loads (scripts/bundle-format.js); half the bytes to read at every run
   ...selfWrapping(),
   minifyWhitespace: true,

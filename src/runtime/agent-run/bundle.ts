@@ -3,6 +3,7 @@ import {createRequire} from 'node:module'
 import path from 'node:path'
 import type vm from 'node:vm'
 import {APP_ROOT} from '../util/app-root.js'
+import {sqlitePackageDir} from '../util/sqlite.js'
 
 /**
  * agent-run as one bundled file (scripts/bundle-agent-run.js), loaded with V8's code cache by
@@ -28,8 +29,6 @@ export const AGENT_RUN_FILES = {
   entryType: 'bin/package.json',
   manifest: 'package.json',
 }
-/** Left out of the bundle: a native addon is found next to its package. */
-export const AGENT_RUN_EXTERNALS = ['better-sqlite3']
 
 interface AgentRunLoader {
   AGENT_RUN_CODE_CACHE: string
@@ -48,21 +47,12 @@ export function agentRunCodeCacheStatus(): 'accepted' | 'rejected' | 'missing' {
 }
 
 /**
- * Loads the externals the way a run does (better-sqlite3 loads its addon on first open) and
- * records every package directory that took, relative to the app root.
+ * The node_modules packages a run loads files of: better-sqlite3, for its addon (its JavaScript is
+ * in the bundle, and openSqlite loads the addon by path). Recorded relative to the app root.
  */
 export function writeAgentRunPackages(): void {
-  const require = createRequire(AGENT_RUN_BUNDLE)
-  const before = new Set(Object.keys(require.cache))
-  const Database = require('better-sqlite3') as new (file: string) => {close(): void}
-  new Database(':memory:').close()
-  const packages = new Set<string>()
-  for (const file of Object.keys(require.cache)) {
-    if (before.has(file)) continue
-    const match = /^(.*\/node_modules\/(?:@[^/]+\/)?[^/]+)\//.exec(file)
-    if (match?.[1]) packages.add(path.relative(APP_ROOT, match[1]))
-  }
-  fs.writeFileSync(path.join(APP_ROOT, AGENT_RUN_FILES.packages), `${JSON.stringify([...packages].sort(), null, 2)}\n`)
+  const packages = [path.relative(APP_ROOT, sqlitePackageDir())]
+  fs.writeFileSync(path.join(APP_ROOT, AGENT_RUN_FILES.packages), `${JSON.stringify(packages, null, 2)}\n`)
 }
 
 /** Written at build time, after the bundle's top level has run, so its eager functions are in it. */

@@ -7,12 +7,6 @@ import fs from 'node:fs'
  */
 export const IN_CONTAINER_ENV = 'MEEPA_IN_CONTAINER'
 
-/**
- * Set on a standby container (started before its message): agent-run loads everything a run may
- * need while it waits for its input, instead of only what the input asks for.
- */
-export const STANDBY_ENV = 'MEEPA_STANDBY'
-
 // The container's own memory cgroup, as Docker mounts it: cgroup v2, then v1 (kernel 4.13+).
 const OOM_COUNTERS = ['/sys/fs/cgroup/memory.events', '/sys/fs/cgroup/memory/memory.oom_control']
 

@@ -4,20 +4,20 @@ import type {ChatRequest, ChatResponse} from '../providers/types.js'
 import type {AgentRunFrame} from './channel.js'
 import {LLM_CHANNEL_VERSION} from './channel.js'
 import {withoutSecrets} from './env.js'
-import {containerOomKills, STANDBY_ENV} from './in-container.js'
+import {containerOomKills} from './in-container.js'
 import {failureFromError, outOfMemory} from './output.js'
 import type {AgentRunInput, AgentRunOutput} from './contract.js'
 import {parseAgentRunInput} from './input.js'
 import {RunnerChannel, StdinReader} from './runner-channel.js'
 
-/** Loaded lazily, so a malformed input is answered without loading SQLite (and, run by hand, the SDKs). */
-function loadRunModules() {
-  return Promise.all([import('../agent/loop.js'), import('../workspace/memory.js')])
-}
+let runModules: Promise<[typeof import('../agent/loop.js'), typeof import('../workspace/memory.js')]> | undefined
 
-/** A standby container waits for its message, maybe for minutes: it spends the wait loading what any run needs. */
-async function preloadForStandby(): Promise<void> {
-  await loadRunModules()
+/**
+ * The loop and SQLite, loaded once; main() starts loading them while the input is on its way (a
+ * runner holds it back until the run is in its cgroups; a standby container waits for its message).
+ */
+function loadRunModules() {
+  return (runModules ??= Promise.all([import('../agent/loop.js'), import('../workspace/memory.js')]))
 }
 
 /** How agent-run reaches its LLM: through its runner (channel mode), or itself (run by hand). */
@@ -103,7 +103,7 @@ export async function main(): Promise<void> {
   const log = (line: string) => process.stderr.write(`[agent-run ${runId}] ${redactSecrets(line, secrets)}\n`)
   const writeFrame = (frame: AgentRunFrame) => stdout.write(`${JSON.stringify(frame)}\n`)
   let output: AgentRunOutput
-  if (process.env[STANDBY_ENV] === '1') preloadForStandby().catch((error: unknown) => log(`preloading failed: ${String(error)}`))
+  loadRunModules().catch(() => {}) // a failure is the run's, reported where it awaits them
   const reader = new StdinReader(process.stdin)
   try {
     const input = parseAgentRunInput(await reader.input)

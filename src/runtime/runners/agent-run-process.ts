@@ -46,7 +46,7 @@ export interface AgentProcessOptions {
   onStderr?: (line: string) => void
   /** With it (Linux, helper built), the run gets a keeper, a cgroup and a record in gateway.db. */
   ownership?: RunOwnership
-  /** Called once agent-run's process is started: work that must not hold up the run. */
+  /** Called once agent-run is started and has its input (or will get none): work that must not hold up the run. */
   onStarted?: () => void
   /**
    * The command starts no process before it has its input (agent-run itself, or under the Landlock
@@ -199,7 +199,7 @@ async function runUnderKeeper(
   if (options.ownership && keeperFd !== undefined && child.pid) {
     recordRunProcess(options.ownership.home, {runId: options.ownership.runId, keeperPid: child.pid, cgroups: cgroup?.dirs ?? [], tmpDir: options.ownership.tmpDir}, options.onStderr)
   }
-  options.onStarted?.()
+  void inputAllowed.then(() => options.onStarted?.())
 
   let timedOut = false
   let cancelled: string | undefined

@@ -335,9 +335,9 @@ interface AgentContainer {
 function startAgentContainer(
   cli: DockerCli,
   shape: RunShape,
-  options: {name: string; run: string; clientTimeoutMs: number; standby?: boolean},
+  options: {name: string; run: string; clientTimeoutMs: number},
 ): AgentContainer {
-  const args = buildDockerRunArgs({...shape.spec, name: options.name, labels: {...shape.spec.labels, [LABEL.run]: options.run}, standby: options.standby})
+  const args = buildDockerRunArgs({...shape.spec, name: options.name, labels: {...shape.spec.labels, [LABEL.run]: options.run}})
   const child = cli.spawn(args, {openStdin: true, streamStdout: true, env: shape.cliEnv, timeoutMs: options.clientTimeoutMs, removeIfOwnerDies: options.name})
   const container: AgentContainer = {name: options.name, key: shape.key, child, stderrTail: '', log: () => {}}
   const secretValues = Object.values(shape.cliEnv)
@@ -417,7 +417,7 @@ async function prepareStandby(request: RunRequest, cli: DockerCli): Promise<void
   if (standbys.has(slot) || standbyPreparation.signal.aborted) return
   const shape = runShape(request, image)
   const name = containerNameFor(`standby_${randomBytes(8).toString('hex')}`)
-  const container = startAgentContainer(cli, shape, {name, run: 'standby', standby: true, clientTimeoutMs: STANDBY_IDLE_MS + request.timeoutMs + CLIENT_GRACE_MS})
+  const container = startAgentContainer(cli, shape, {name, run: 'standby', clientTimeoutMs: STANDBY_IDLE_MS + request.timeoutMs + CLIENT_GRACE_MS})
   const discardIfWaiting = () => {
     if (standbys.get(slot)?.container === container) discard(removeStandby(slot)!)
   }

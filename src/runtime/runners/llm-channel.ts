@@ -95,10 +95,12 @@ export class AgentRunChannel {
       }
     })
     const line = `${JSON.stringify({...input, llm_channel: LLM_CHANNEL_VERSION})}\n`
+    // the provider's client is loaded (≈ 15 ms of this thread) once the input is on its way, not before it
     void inputAllowed.then((allowed) => {
-      if (allowed && !this.controller.signal.aborted) stdin.write(line)
+      if (!allowed || this.controller.signal.aborted) return
+      stdin.write(line)
+      llm.warm?.()
     })
-    llm.warm?.()
   }
 
   /** The run is over (agent-run exited, or was killed): an LLM call still in flight is abandoned. */

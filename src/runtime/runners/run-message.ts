@@ -19,7 +19,7 @@ export interface RunMessageOptions {
   runId?: string
   /** More messages will follow (a running gateway): the runner may prepare the next run ahead. */
   standby?: boolean
-  /** Called once the run's process (or container) is started: work that must not hold up the run. */
+  /** Called once the run is under way (its process started, its input given): work that must not hold up its start. */
   onStarted?: () => void
 }
 

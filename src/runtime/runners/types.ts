@@ -26,7 +26,7 @@ export interface RunRequest {
    * ahead of time (container mode starts a standby container).
    */
   standby?: boolean
-  /** Called once the run's process (or container) is started: work that must not hold up the run. */
+  /** Called once the run is under way (its process started, its input given): work that must not hold up its start. */
   onStarted?: () => void
 }
 

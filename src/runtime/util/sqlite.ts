@@ -16,8 +16,13 @@ export function openSqlite(file: string, options: Database.Options = {}): Databa
 
 let addon: object | undefined
 
+/** better-sqlite3's package directory: what an isolation image must carry of it (its addon). */
+export function sqlitePackageDir(): string {
+  return path.dirname(createRequire(import.meta.url).resolve('better-sqlite3/package.json'))
+}
+
 function loadAddon(): object {
-  const packageDir = path.dirname(createRequire(import.meta.url).resolve('better-sqlite3/package.json'))
+  const packageDir = sqlitePackageDir()
   const file = ['Release', 'Debug'].map((build) => path.join(packageDir, 'build', build, 'better_sqlite3.node')).find((candidate) => fs.existsSync(candidate))
   if (!file) throw new Error(`better-sqlite3's addon is not built in ${packageDir}/build: run \`npm rebuild better-sqlite3\``)
   const module = {exports: {}}

@@ -1,7 +1,8 @@
-import Database from 'better-sqlite3'
+import type Database from 'better-sqlite3'
 import fs from 'node:fs'
 import path from 'node:path'
 import {GatewayError} from '../util/errors.js'
+import {openSqlite} from '../util/sqlite.js'
 import {isSqliteDamage} from '../state/sqlite-damage.js'
 import type {ChatMessage} from '../providers/types.js'
 
@@ -122,7 +123,7 @@ export function openMemory(workspace: string, options: {onRecovered?: (message: 
 }
 
 function openChecked(file: string): Database.Database {
-  const db = new Database(file)
+  const db = openSqlite(file)
   try {
     db.pragma('journal_mode = WAL')
     db.pragma('busy_timeout = 5000')

@@ -271,7 +271,8 @@ async function smokeTestIsolationImage(plan: ImagePlan, context: ImageContext): 
   const probe = await context.cli.exec([
     'run', '--rm', '--pull', 'never', '--network', 'none', '--log-driver', 'none', '--read-only', '--cap-drop', 'ALL',
     '--label', `${LABEL.gateway}=1`, '-w', CONTAINER_APP, '--entrypoint', CONTAINER_NODE, plan.isolationTag,
-    '-e', "new (require('better-sqlite3'))(':memory:').close()",
+    // as agent-run loads it (by path, src/runtime/util/sqlite.ts): a libc or architecture mismatch fails here
+    '-e', "process.dlopen({exports: {}}, require('path').resolve('node_modules/better-sqlite3/build/Release/better_sqlite3.node'))",
   ], {timeoutMs: PROBE_TIMEOUT_MS, signal: context.signal})
   if (probe.exitCode === 0) return
   await context.cli.exec(['image', 'rm', '--force', plan.isolationTag], {signal: context.signal}).catch(() => undefined)

@@ -2,7 +2,7 @@ import type {ContainerNetwork} from '../../runtime/config/types.js'
 import {GatewayError} from '../../runtime/util/errors.js'
 import {CONTAINER_APP, CONTAINER_NODE} from './dockerfile.js'
 import {SANDBOX_HELPER_ENV, SANDBOX_LISTEN_ENV} from '../../runtime/agent-run/tool-shell.js'
-import {IN_CONTAINER_ENV, STANDBY_ENV} from '../../runtime/agent-run/in-container.js'
+import {IN_CONTAINER_ENV} from '../../runtime/agent-run/in-container.js'
 
 /** Everything that decides the `docker run` of one message (docs/isolation.md, container mode). */
 export interface DockerRunSpec {
@@ -34,8 +34,6 @@ export interface DockerRunSpec {
    * memory (which holds the agent's secrets) through /proc/PID/mem, nor signal it.
    */
   sandboxHelper?: string
-  /** Started before its message (see the container runner's standby containers). */
-  standby?: boolean
   /** The program inside the container; default the bundled Node. */
   entrypoint?: string
   /** Its arguments; default `agent-run` of the bundled app. */
@@ -92,7 +90,6 @@ export function buildDockerRunArgs(spec: DockerRunSpec): string[] {
     '-e', `HOME=${CONTAINER_WORKSPACE}`,
     '-e', 'TMPDIR=/tmp',
     '-e', `${IN_CONTAINER_ENV}=1`,
-    ...(spec.standby ? ['-e', `${STANDBY_ENV}=1`] : []),
     ...(spec.sandboxHelper ? ['-e', `${SANDBOX_HELPER_ENV}=${spec.sandboxHelper}`, '-e', `${SANDBOX_LISTEN_ENV}=${spec.listen}`] : []),
     ...spec.forwardEnv.flatMap((name) => ['-e', name]),
     '--network', spec.network,
