@@ -1,6 +1,8 @@
 import http from 'node:http'
 import https from 'node:https'
+import net from 'node:net'
 import {Readable} from 'node:stream'
+import tls from 'node:tls'
 import zlib from 'node:zlib'
 import type {ProviderConfig} from '../config/types.js'
 import {requestTimeoutMs} from './retry.js'
@@ -41,8 +43,13 @@ export async function httpFetch(input: string | URL | Request, init: RequestInit
   headers.forEach((value, name) => {
     requestHeaders[name] = value
   })
+  const early = takeEarlyConnection(url.origin)
   return new Promise<Response>((resolve, reject) => {
-    const request = (url.protocol === 'https:' ? https : http).request(url, {method: init.method ?? 'GET', headers: requestHeaders})
+    const request = (url.protocol === 'https:' ? https : http).request(url, {
+      method: init.method ?? 'GET',
+      headers: requestHeaders,
+      ...(early ? {createConnection: () => early} : {}),
+    })
     let response: http.IncomingMessage | undefined
     // The body stream must fail with the AbortError itself, or a reader sees a plain "aborted" reset.
     const onAbort = () => {
@@ -75,6 +82,47 @@ export async function httpFetch(input: string | URL | Request, init: RequestInit
     if (body instanceof Readable) body.pipe(request)
     else request.end(body)
   })
+}
+
+/** Connections opened ahead of a first request (preconnect), by origin; each serves one request. */
+const earlyConnections = new Map<string, net.Socket>()
+
+/**
+ * Opens the connection (TCP, and TLS for https, with the same certificate checks) that the first
+ * request to `url`'s origin will use, while the caller waits for something else: a runner while
+ * agent-run starts, which would otherwise pay the handshake after agent-run asked. Nothing is sent
+ * on it until that request; one that closes or fails first is dropped, and the request connects
+ * as usual.
+ */
+export function preconnect(url: string): void {
+  let target: URL
+  try {
+    target = new URL(url)
+  } catch {
+    return
+  }
+  if ((target.protocol !== 'http:' && target.protocol !== 'https:') || earlyConnections.has(target.origin)) return
+  const host = target.hostname.replace(/^\[(.*)\]$/, '$1')
+  const port = Number(target.port) || (target.protocol === 'https:' ? 443 : 80)
+  // a running gateway may still hold an idle keep-alive connection there, which the request takes
+  const servername = net.isIP(host) ? undefined : host
+  const pooled = target.protocol === 'https:' ? https.globalAgent.freeSockets[https.globalAgent.getName({host, port, servername})] : http.globalAgent.freeSockets[http.globalAgent.getName({host, port})]
+  if ((pooled?.length ?? 0) > 0) return
+  const socket = target.protocol === 'https:' ? tls.connect({host, port, servername}) : net.connect({host, port})
+  // an unused connection must not keep alive a process that never asked (a run that failed first)
+  socket.unref()
+  const drop = () => {
+    if (earlyConnections.get(target.origin) === socket) earlyConnections.delete(target.origin)
+  }
+  socket.on('error', drop)
+  socket.once('close', drop)
+  earlyConnections.set(target.origin, socket)
+}
+
+function takeEarlyConnection(origin: string): net.Socket | undefined {
+  const socket = earlyConnections.get(origin)
+  earlyConnections.delete(origin)
+  return socket && !socket.destroyed ? socket.ref() : undefined
 }
 
 async function requestBody(body: RequestInit['body']): Promise<string | Uint8Array | Readable | undefined> {

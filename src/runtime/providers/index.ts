@@ -71,7 +71,8 @@ export function createProviderChain(
     warm() {
       const config = configs.get(primary)!
       const apiKey = apiKeyFor(primary, config, secrets)
-      const client = apiKey instanceof MissingApiKey ? FACTORY_LOADERS[config.kind]() : instance(primary, config, apiKey)
+      // with a key, the client is built and its first connection opened (no request is sent)
+      const client = apiKey instanceof MissingApiKey ? FACTORY_LOADERS[config.kind]() : instance(primary, config, apiKey).then((provider) => provider.preconnect?.())
       // Node loads undici (≈ 15 ms) on the first use of the fetch classes, which the SDKs build every request with.
       client.then(() => new Headers(), () => {})
     },
