@@ -27,7 +27,7 @@ export interface KeeperOptions {
    * The keeper moves the run into its cgroups while the command starts, not before, and then
    * writes 'J' on the keeper fd: a cgroup v1 migration waits 5-15 ms for an RCU grace period, which
    * Node's own start-up then hides. Only for a command that starts no process before it gets work,
-   * and the owner gives it none before the 'J' (see waitForJoin).
+   * and the owner gives it none before the 'J' (see keeperJoined).
    */
   joinWhileStarting?: boolean
   /** RLIMIT_FSIZE of the run: no file it writes grows past this. */

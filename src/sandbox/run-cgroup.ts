@@ -275,6 +275,15 @@ export function killRunCgroups(dirs: string[]): void {
     }
     return found
   }
+  // a keeper killed between freezing and thawing leaves its run frozen with SIGKILL pending, and
+  // from another pid namespace cgroup.procs looks empty: thawing lets those kills land
+  for (const dir of dirs) {
+    try {
+      if (/^FREEZING|^FROZEN/.test(fs.readFileSync(path.join(dir, 'freezer.state'), 'utf8'))) fs.writeFileSync(path.join(dir, 'freezer.state'), 'THAWED')
+    } catch {
+      // not the freezer hierarchy, or gone
+    }
+  }
   if (dirs.every((dir) => cgroupPids(dir).length === 0)) return // the keeper left nothing (the usual case)
   for (const dir of dirs) {
     try {

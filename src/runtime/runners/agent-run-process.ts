@@ -111,6 +111,8 @@ export async function runAgentProcess(options: AgentProcessOptions): Promise<Age
       options.onStderr?.(`limits.memory, limits.pids and limits.cpus are NOT enforced on this host: ${cgroupSupport().how}`)
     }
     argv = keeperArgv(helper, keeperFd, {cgroups: cgroup?.dirs ?? [], joinWhileStarting, maxFileSize: disk?.bytes, removeDir: ownership.tmpDir}, argv)
+    // before the spawn: a crash from here on leaves cgroups only the record names (the keeper's pid follows)
+    recordRunProcess(ownership.home, {runId: ownership.runId, cgroups: cgroup?.dirs ?? [], tmpDir: ownership.tmpDir}, options.onStderr)
   }
   try {
     return await runUnderKeeper(options, argv, helper ? keeperFd : undefined, cgroup, disk, joinWhileStarting)
@@ -194,8 +196,7 @@ async function runUnderKeeper(
   )
   // An agent-run that lingers after its result (it should exit at once) is not waited for.
   const channel = new AgentRunChannel(child.stdin!, child.stdout!, input, options.llm, killRun, () => setTimeout(killRun, RESULT_EXIT_GRACE_MS).unref(), inputAllowed)
-  // Recorded once the keeper runs (gateway.db is opened while agent-run starts): from here the
-  // keeper kills the run and removes its cgroups if this process dies; the record covers the keeper dying too.
+  // from here the keeper kills the run and removes its cgroups if this process dies; the record covers the keeper dying too
   if (options.ownership && keeperFd !== undefined && child.pid) {
     recordRunProcess(options.ownership.home, {runId: options.ownership.runId, keeperPid: child.pid, cgroups: cgroup?.dirs ?? [], tmpDir: options.ownership.tmpDir}, options.onStderr)
   }

@@ -123,7 +123,7 @@ export function mebibytes(bytes: number): string {
 export function diskFull(runId: string, limit: string, usage: number, workspace: string, when: 'before' | 'during'): AgentRunOutput {
   const message =
     when === 'before'
-      ? `the agent's workspace already uses ${mebibytes(usage)}, more than its limits.disk (${limit}): the run was not started`
+      ? `the agent's workspace already uses ${mebibytes(usage)}, more than its limits.disk (${limit}): the agent was not run`
       : `the run went over the agent's limits.disk (${limit}): its workspace and temporary files use ${mebibytes(usage)}, so it was stopped`
   return failure(runId, 'E_DISK', message, false, {
     disk_usage_bytes: usage,

@@ -14,6 +14,7 @@ export async function reclaimAbandonedRuns(home: string, log?: (line: string) =>
   const reaped = reapAbandonedRuns(home)
   if (reaped.runs.length > 0) log?.(`killed what ${reaped.runs.length} run(s) of a process that is gone left running: ${reaped.runs.join(', ')}`)
   if (reaped.tmpDirs.length > 0) log?.(`removed ${reaped.tmpDirs.length} stale run directory(ies): ${reaped.tmpDirs.join(', ')}`)
+  for (const failure of reaped.failures) log?.(`could not remove what an abandoned run left (remove it by hand): ${failure}`)
   if (reaped.containers.length === 0) return
   try {
     await removeContainers(dockerCli(), reaped.containers, AbortSignal.timeout(CONTAINER_REMOVAL_TIMEOUT_MS))

@@ -24,6 +24,7 @@ interface Row {
   owner_pid: number
   owner_start: string | null
   keeper_pid: number | null
+  keeper_start: string | null
   cgroups: string
   container: string | null
   tmp_dir: string | null
@@ -44,16 +45,17 @@ export function recordRunProcess(home: string, record: RunProcessRecord, log?: (
   try {
     sharedGatewayDb(home)
       .prepare(
-        `INSERT INTO run_processes (run_id, owner_pid, owner_start, keeper_pid, cgroups, container, tmp_dir, started_at)
-         VALUES (@runId, @ownerPid, @ownerStart, @keeperPid, @cgroups, @container, @tmpDir, @startedAt)
-         ON CONFLICT (run_id) DO UPDATE SET keeper_pid = excluded.keeper_pid, cgroups = excluded.cgroups,
-           container = excluded.container, tmp_dir = excluded.tmp_dir`,
+        `INSERT INTO run_processes (run_id, owner_pid, owner_start, keeper_pid, keeper_start, cgroups, container, tmp_dir, started_at)
+         VALUES (@runId, @ownerPid, @ownerStart, @keeperPid, @keeperStart, @cgroups, @container, @tmpDir, @startedAt)
+         ON CONFLICT (run_id) DO UPDATE SET keeper_pid = excluded.keeper_pid, keeper_start = excluded.keeper_start,
+           cgroups = excluded.cgroups, container = excluded.container, tmp_dir = excluded.tmp_dir`,
       )
       .run({
         runId: record.runId,
         ownerPid: process.pid,
         ownerStart: processStartTime(process.pid) ?? null,
         keeperPid: record.keeperPid ?? null,
+        keeperStart: (record.keeperPid && processStartTime(record.keeperPid)) ?? null,
         cgroups: JSON.stringify(record.cgroups),
         container: record.container ?? null,
         tmpDir: record.tmpDir ?? null,
@@ -79,9 +81,12 @@ function ownerAlive(row: Row): boolean {
   return start === undefined || row.owner_start === null || start === row.owner_start
 }
 
-function isKeeper(pid: number): boolean {
+/** Whether the row's keeper still runs: the same process (start time), not a keeper that got its pid since. */
+function isKeeper(row: Row): boolean {
+  if (!row.keeper_pid) return false
+  if (row.keeper_start !== null && processStartTime(row.keeper_pid) !== row.keeper_start) return false
   try {
-    return fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').includes('--keeper-fd')
+    return fs.readFileSync(`/proc/${row.keeper_pid}/cmdline`, 'utf8').split('\0').includes('--keeper-fd')
   } catch {
     return false
   }
@@ -94,6 +99,8 @@ export interface ReapResult {
   containers: string[]
   /** Private TMPDIRs removed (of those runs, or left by owners that are gone). */
   tmpDirs: string[]
+  /** What could not be removed, and why (the operator is told; the run records are forgotten all the same). */
+  failures: string[]
 }
 
 /**
@@ -101,7 +108,7 @@ export interface ReapResult {
  * TMPDIRs and records; also removes /tmp/meepa-run-* directories whose owner is gone.
  */
 export function reapAbandonedRuns(home: string): ReapResult {
-  const result: ReapResult = {runs: [], containers: [], tmpDirs: []}
+  const result: ReapResult = {runs: [], containers: [], tmpDirs: [], failures: []}
   let rows: Row[] = []
   try {
     rows = sharedGatewayDb(home).prepare('SELECT * FROM run_processes').all() as Row[]
@@ -110,20 +117,27 @@ export function reapAbandonedRuns(home: string): ReapResult {
   }
   for (const row of rows) {
     if (ownerAlive(row)) continue
-    if (row.keeper_pid && isKeeper(row.keeper_pid)) {
-      try {
-        process.kill(row.keeper_pid, 'SIGKILL')
-      } catch {
-        // gone meanwhile
-      }
+    // one run's leftovers that cannot all be removed (a directory the agent made read-only) must not stop the others
+    try {
+      if (isKeeper(row)) process.kill(row.keeper_pid!, 'SIGKILL')
+    } catch {
+      // gone meanwhile
     }
-    const cgroups = JSON.parse(row.cgroups) as string[]
-    killRunCgroups(cgroups)
-    removeRunCgroups(cgroups)
+    try {
+      const cgroups = JSON.parse(row.cgroups) as string[]
+      killRunCgroups(cgroups)
+      removeRunCgroups(cgroups)
+    } catch {
+      // left to the next start-up
+    }
     if (row.container) result.containers.push(row.container)
     if (row.tmp_dir && fs.existsSync(row.tmp_dir)) {
-      fs.rmSync(row.tmp_dir, {recursive: true, force: true})
-      result.tmpDirs.push(row.tmp_dir)
+      try {
+        fs.rmSync(row.tmp_dir, {recursive: true, force: true})
+        result.tmpDirs.push(row.tmp_dir)
+      } catch (error) {
+        result.failures.push(`${row.tmp_dir}: ${(error as Error).message}`)
+      }
     }
     forgetRunProcess(home, row.run_id)
     result.runs.push(row.run_id)

@@ -39,7 +39,9 @@ export async function readMessageArgument(argument: string, stdin: () => NodeJS.
 export async function sendMessage(options: SendOptions): Promise<RunMessageResult> {
   // What runs of a crashed owner left is reclaimed while this run starts (or after it, when it never did)
   let reclaimed: Promise<void> | undefined
-  const reclaim = () => (reclaimed ??= reclaimAbandonedRuns(options.loaded.home, options.onLog))
+  // a reclaim that fails is reported, never the run's failure: it runs while the run does
+  const reclaim = () =>
+    (reclaimed ??= reclaimAbandonedRuns(options.loaded.home, options.onLog).catch((error: unknown) => options.onLog?.(`could not reclaim what abandoned runs left: ${(error as Error).message}`)))
   const runId = newRunId()
   const user = os.userInfo().username
   try {
