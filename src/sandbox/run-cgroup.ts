@@ -275,15 +275,7 @@ export function killRunCgroups(dirs: string[]): void {
     }
     return found
   }
-  // a keeper killed between freezing and thawing leaves its run frozen with SIGKILL pending, and
-  // from another pid namespace cgroup.procs looks empty: thawing lets those kills land
-  for (const dir of dirs) {
-    try {
-      if (/^FREEZING|^FROZEN/.test(fs.readFileSync(path.join(dir, 'freezer.state'), 'utf8'))) fs.writeFileSync(path.join(dir, 'freezer.state'), 'THAWED')
-    } catch {
-      // not the freezer hierarchy, or gone
-    }
-  }
+  for (const dir of dirs) thawUnseenFrozen(dir)
   if (dirs.every((dir) => cgroupPids(dir).length === 0)) return // the keeper left nothing (the usual case)
   for (const dir of dirs) {
     try {
@@ -306,8 +298,44 @@ export function killRunCgroups(dirs: string[]): void {
   while (killAll() > 0 && Date.now() < deadline) Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 5)
 }
 
-/** Removes the run's (empty) cgroup directories; retried briefly while the last processes exit. */
-export function removeRunCgroups(dirs: string[]): void {
+/**
+ * A keeper killed in the middle of its kill leaves the run frozen. Members this process can see
+ * are killed by the usual freeze, kill, thaw. Members it cannot see (another pid namespace: its
+ * cgroup.procs looks empty from here) usually have SIGKILL pending, their namespace having died
+ * with the keeper: thawed, they die and the cgroup empties. If it does not empty within 50 ms,
+ * they were frozen before any kill: they are frozen again and the cgroup is left, reported by
+ * removeRunCgroups, for a start-up that can see them.
+ */
+function thawUnseenFrozen(dir: string): void {
+  const state = path.join(dir, 'freezer.state')
+  try {
+    if (!/^(FROZEN|FREEZING)/.test(fs.readFileSync(state, 'utf8')) || cgroupPids(dir).length > 0) return
+    fs.writeFileSync(state, 'THAWED')
+  } catch {
+    return // not a freezer cgroup, or gone
+  }
+  for (let attempt = 0; attempt < 10; attempt++) {
+    try {
+      fs.rmdirSync(dir)
+      return
+    } catch {
+      Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 5)
+    }
+  }
+  try {
+    fs.writeFileSync(state, 'FROZEN')
+  } catch {
+    // emptied and removed meanwhile
+  }
+}
+
+/**
+ * Removes the run's (empty) cgroup directories, retried briefly while the last processes exit;
+ * returns those still there (processes this process cannot see or kill: another pid namespace,
+ * or frozen by a keeper that died before its kill).
+ */
+export function removeRunCgroups(dirs: string[]): string[] {
+  const left: string[] = []
   for (const dir of dirs) {
     for (let attempt = 0; attempt < 50; attempt++) {
       try {
@@ -316,11 +344,16 @@ export function removeRunCgroups(dirs: string[]): void {
       } catch (error) {
         const code = (error as NodeJS.ErrnoException).code
         if (code === 'ENOENT') break
-        if (code !== 'EBUSY') break
+        // members we can see are dying (waited for); none we can see: nothing here will change soon
+        if (code !== 'EBUSY' || attempt === 49 || (attempt >= 3 && cgroupPids(dir).length === 0)) {
+          left.push(dir)
+          break
+        }
         Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 10)
       }
     }
   }
+  return left
 }
 
 /** For tests: forget the detected layout. */

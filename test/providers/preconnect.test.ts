@@ -13,13 +13,16 @@ import {ROOT} from '../helpers/home.js'
 /*
  * A runner opens its provider's connection while agent-run starts (preconnect), so a `send` does
  * not pay the TCP and TLS handshakes after agent-run asked. Pinned here: the first request uses
- * that connection, nothing is sent on it before, a dead one is not used, it keeps no process
- * alive, an idle keep-alive connection is preferred, and TLS checks the certificate as a request does.
+ * that connection and is the same request as without it (Host, keep-alive: an outside review
+ * found both wrong when the socket bypassed the agent), nothing is sent on it before, a dead one
+ * is not used, it keeps no process alive (also when the request cannot be made), an idle
+ * keep-alive connection is preferred, and TLS checks the certificate as a request does.
  */
 
 interface Seen {
   connections: Array<{socket: Socket; firstData?: number; accepted: number}>
   requests: number
+  headers: http.IncomingHttpHeaders[]
 }
 
 const servers: Array<http.Server | https.Server> = []
@@ -30,8 +33,8 @@ afterEach(async () => {
   }
 })
 
-async function listen(server: http.Server | https.Server, onConnection?: (socket: Socket, index: number) => void): Promise<{origin: string; seen: Seen}> {
-  const seen: Seen = {connections: [], requests: 0}
+async function listen(server: http.Server | https.Server, onConnection?: (socket: Socket, index: number) => void, port = 0): Promise<{origin: string; seen: Seen}> {
+  const seen: Seen = {connections: [], requests: 0, headers: []}
   server.on(server instanceof https.Server ? 'secureConnection' : 'connection', (socket: Socket) => {
     const entry: Seen['connections'][number] = {socket, accepted: Date.now()}
     seen.connections.push(entry)
@@ -40,15 +43,29 @@ async function listen(server: http.Server | https.Server, onConnection?: (socket
   })
   server.on('request', (request: http.IncomingMessage, response: http.ServerResponse) => {
     seen.requests++
+    seen.headers.push(request.headers)
     request.resume()
     // each API's smallest answer where the SDKs ask, plain text elsewhere
     const answer = ANSWERS[request.url ?? '']
     request.on('end', () => (answer ? response.writeHead(200, {'content-type': 'application/json'}).end(JSON.stringify(answer)) : response.writeHead(200, {'content-type': 'text/plain'}).end('answer')))
   })
   servers.push(server)
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
-  const {port} = server.address() as AddressInfo
-  return {origin: `${server instanceof https.Server ? 'https' : 'http'}://127.0.0.1:${port}`, seen}
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject)
+    server.listen(port, '127.0.0.1', resolve)
+  })
+  const {port: bound} = server.address() as AddressInfo
+  const scheme = server instanceof https.Server ? 'https' : 'http'
+  // a default port is left out of the origin, as in a base_url such as https://api.openai.com/v1
+  return {origin: bound === (scheme === 'https' ? 443 : 80) ? `${scheme}://127.0.0.1` : `${scheme}://127.0.0.1:${bound}`, seen}
+}
+
+async function portFree(port: number): Promise<boolean> {
+  const probe = http.createServer()
+  return new Promise((resolve) => {
+    probe.once('error', () => resolve(false))
+    probe.listen(port, '127.0.0.1', () => probe.close(() => resolve(true)))
+  })
 }
 
 const ANSWERS: Record<string, unknown> = {
@@ -78,6 +95,59 @@ describe('preconnect', () => {
     expect(seen.connections).toHaveLength(1)
     expect(seen.connections[0]!.accepted).toBeLessThan(asked)
     expect(seen.requests).toBe(1)
+  })
+
+  it("the run's second call reuses the connection: the first request on it keeps it alive like any other", async () => {
+    const {origin, seen} = await listen(http.createServer({keepAliveTimeout: 10_000}))
+    preconnect(origin)
+    await until('the early connection', () => seen.connections.length === 1)
+    expect(await (await httpFetch(`${origin}/v1/first`, {method: 'POST', body: '{}'})).text()).toBe('answer')
+    expect(await (await httpFetch(`${origin}/v1/second`, {method: 'POST', body: '{}'})).text()).toBe('answer')
+    expect(seen.headers[0]?.connection).not.toBe('close')
+    // each connection is a TCP and TLS handshake with a real provider
+    expect(seen.connections).toHaveLength(1)
+  })
+
+  it.runIf(process.getuid?.() === 0)('a base_url without a port (http://host): the first request has the Host header it has without preconnect', async (context) => {
+    if (!(await portFree(80))) return context.skip()
+    const {origin, seen} = await listen(http.createServer(), undefined, 80)
+    expect(origin).toBe('http://127.0.0.1')
+    await (await httpFetch(`${origin}/plain`)).text()
+    for (const {socket} of seen.connections) socket.destroy() // the pooled connection expired, as between two messages of a gateway
+    await sleep(100)
+    preconnect(origin)
+    await until('the early connection', () => seen.connections.length === 2)
+    await (await httpFetch(`${origin}/early`)).text()
+    expect(seen.headers.map((headers) => headers.host)).toEqual(['127.0.0.1', '127.0.0.1'])
+  })
+
+  it('a request node:http refuses at once (a header value it rejects) leaves no open early connection behind to hold the process', async () => {
+    const {origin, seen} = await listen(http.createServer())
+    const module = path.join(ROOT, 'dist', 'runtime', 'providers', 'http-fetch.js')
+    // a key with a control character: WHATWG Headers takes it, node:http throws ERR_INVALID_CHAR synchronously
+    const script = `import {httpFetch, preconnect} from ${JSON.stringify(module)}
+      preconnect(${JSON.stringify(origin)}); await new Promise((resolve) => setTimeout(resolve, 200))
+      try { await httpFetch(${JSON.stringify(`${origin}/v1/echo`)}, {method: 'POST', body: '{}', headers: {authorization: 'Bearer sk-a\\x7fb'}}) }
+      catch (error) { console.log('failed', error.code) }`
+    const child = await execa(process.execPath, ['--input-type=module', '-e', script], {timeout: 8000, reject: false})
+    expect(child.stdout).toBe('failed ERR_INVALID_CHAR')
+    expect(seen.connections).toHaveLength(1)
+    expect(child.timedOut).toBe(false)
+    expect(child.exitCode).toBe(0)
+  })
+
+  it('an answer slower than the idle time (5 s of silence, as an LLM thinking) still arrives on the early connection', {timeout: 20_000}, async () => {
+    const server = http.createServer()
+    const {origin, seen} = await listen(server)
+    server.removeAllListeners('request')
+    server.on('request', (request: http.IncomingMessage, response: http.ServerResponse) => {
+      request.resume()
+      setTimeout(() => response.writeHead(200, {'content-type': 'text/plain'}).end('slow answer'), 6500)
+    })
+    preconnect(origin)
+    await until('the early connection', () => seen.connections.length === 1)
+    expect(await (await httpFetch(`${origin}/v1/slow`, {method: 'POST', body: '{}'})).text()).toBe('slow answer')
+    expect(seen.connections).toHaveLength(1)
   })
 
   it('a connection the server closed before the request is not used: the request connects again and succeeds', async () => {
@@ -149,6 +219,18 @@ describe.runIf(fs.existsSync('/usr/bin/openssl'))('preconnect over TLS', () => {
     const result = await execa(process.execPath, ['--input-type=module', '-e', client(origin, true)], {env: {NODE_EXTRA_CA_CERTS: cert}, timeout: 10_000})
     expect(result.stdout).toBe('status 200 answer')
     expect(seen.connections).toHaveLength(1)
+  })
+
+  it.runIf(process.getuid?.() === 0)('an https base_url without a port (https://api.openai.com/v1): the first request says Host: <host>, not <host>:80', async (context) => {
+    if (!(await portFree(443))) return context.skip()
+    const named = path.join(dir, 'localhost.pem')
+    const namedKey = path.join(dir, 'localhost-key.pem')
+    await execa('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-days', '1', '-subj', '/CN=localhost', '-addext', 'subjectAltName=DNS:localhost', '-keyout', namedKey, '-out', named])
+    const {seen} = await listen(https.createServer({cert: fs.readFileSync(named), key: fs.readFileSync(namedKey)}), undefined, 443)
+    const result = await execa(process.execPath, ['--input-type=module', '-e', client('https://localhost', true)], {env: {NODE_EXTRA_CA_CERTS: named}, timeout: 10_000})
+    expect(result.stdout).toBe('status 200 answer')
+    expect(seen.connections).toHaveLength(1)
+    expect(seen.headers[0]?.host).toBe('localhost')
   })
 
   it('an untrusted certificate fails the request exactly as without it: the early connection checks it too', async () => {

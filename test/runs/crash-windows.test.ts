@@ -181,25 +181,44 @@ describe.runIf(process.platform === 'linux' && root)('records and reclaim around
   })
 })
 
-describe.runIf(process.platform === 'linux' && root && fs.existsSync('/sys/fs/cgroup/freezer/cgroup.procs') && has('unshare'))('a keeper killed while it froze its run', {timeout: 60_000}, () => {
-  it('a reclaim thaws the frozen run cgroup so the SIGKILLs already sent land, even where cgroup.procs looks empty (another pid namespace)', async () => {
+describe.runIf(process.platform === 'linux' && root && fs.existsSync('/sys/fs/cgroup/freezer/cgroup.procs') && has('unshare'))('a keeper killed after it froze its run, before its SIGKILLs', {timeout: 60_000}, () => {
+  it('a reclaim from another pid namespace (cgroup.procs looks empty there) does not let the run go on: frozen again within 50 ms, the record kept, the operator told', async () => {
     const dir = path.join('/sys/fs/cgroup/freezer', `meepa-test-frozen-${process.pid}`)
     fs.mkdirSync(dir)
     leftovers.push(dir)
+    const home = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-frozen-'))
+    dirs.push(home)
     const marker = uniqueMarker()
-    const victim = execa('sh', ['-c', `exec sleep 60.${marker}`], {detached: true, reject: false})
+    // the agent's background process: it counts while it runs
+    const ticks = path.join(home, 'ticks')
+    const victim = execa('sh', ['-c', `while :; do echo x >> ${ticks}; sleep 0.05; done # ${marker}`], {detached: true, reject: false})
     await until(() => processesWith(marker).length === 1)
     const [pid] = processesWith(marker)
     fs.writeFileSync(path.join(dir, 'cgroup.procs'), String(pid))
-    // what kill_run in the keeper does before it dies: freeze, then SIGKILL every member
+    // kill_run froze the run, and its keeper died before it sent the kills (the other case, kills
+    // pending because the run's pid namespace died too, is the pid-namespace send above)
     fs.writeFileSync(path.join(dir, 'freezer.state'), 'FROZEN')
     await until(() => fs.readFileSync(path.join(dir, 'freezer.state'), 'utf8').startsWith('FROZEN'))
-    process.kill(pid!, 'SIGKILL')
-    await sleep(200)
-    expect(processesWith(marker)).toEqual([pid]) // frozen: the kill is pending
-    const runCgroup = path.join(ROOT, 'dist', 'sandbox', 'run-cgroup.js')
-    const reclaim = await execa('unshare', ['--pid', '--fork', '--mount-proc', process.execPath, '--input-type=module', '-e', `import {killRunCgroups} from ${JSON.stringify(runCgroup)}; killRunCgroups([${JSON.stringify(dir)}])`], {reject: false})
+    const db = openGatewayDb(home)
+    db.prepare(`INSERT INTO run_processes (run_id, owner_pid, owner_start, keeper_pid, cgroups, container, tmp_dir, started_at) VALUES ('run_frozen', 4000000, NULL, NULL, ?, NULL, NULL, ?)`).run(JSON.stringify([dir]), Date.now())
+    db.close()
+    // the next start-up's reclaim, in a pid namespace of its own
+    const module = path.join(ROOT, 'dist', 'runtime', 'runners', 'run-processes.js')
+    const reclaim = await execa('unshare', ['--pid', '--fork', '--mount-proc', process.execPath, '--input-type=module', '-e', `import {reapAbandonedRuns} from ${JSON.stringify(module)}; console.log(JSON.stringify(reapAbandonedRuns(${JSON.stringify(home)})))`], {reject: false})
     expect(reclaim.exitCode, reclaim.stderr).toBe(0)
+    const result = JSON.parse(reclaim.stdout) as {runs: string[]; failures: string[]}
+    // frozen again (FREEZING until every task stopped, a moment under load)
+    await until(() => fs.readFileSync(path.join(dir, 'freezer.state'), 'utf8').startsWith('FROZEN'))
+    const before = fs.existsSync(ticks) ? fs.readFileSync(ticks, 'utf8').length : 0
+    await sleep(500)
+    expect(fs.existsSync(ticks) ? fs.readFileSync(ticks, 'utf8').length : 0).toBe(before) // nothing runs
+    expect(result.runs).toEqual([])
+    expect(result.failures).toEqual([expect.stringContaining(`${dir}: processes of run run_frozen are still in it`)])
+    const rows = openGatewayDb(home).prepare('SELECT run_id FROM run_processes').all()
+    expect(rows).toEqual([{run_id: 'run_frozen'}])
+    // a start-up that can see them (this pid namespace) finishes the job
+    const {reapAbandonedRuns} = await import('../../src/runtime/runners/run-processes.js')
+    expect(reapAbandonedRuns(home)).toMatchObject({runs: ['run_frozen'], failures: []})
     await until(() => processesWith(marker).length === 0)
     await victim
   })

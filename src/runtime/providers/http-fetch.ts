@@ -43,13 +43,8 @@ export async function httpFetch(input: string | URL | Request, init: RequestInit
   headers.forEach((value, name) => {
     requestHeaders[name] = value
   })
-  const early = takeEarlyConnection(url.origin)
   return new Promise<Response>((resolve, reject) => {
-    const request = (url.protocol === 'https:' ? https : http).request(url, {
-      method: init.method ?? 'GET',
-      headers: requestHeaders,
-      ...(early ? {createConnection: () => early} : {}),
-    })
+    const request = (url.protocol === 'https:' ? https : http).request(url, {method: init.method ?? 'GET', headers: requestHeaders, agent: agents[url.protocol as 'http:' | 'https:']})
     let response: http.IncomingMessage | undefined
     // The body stream must fail with the AbortError itself, or a reader sees a plain "aborted" reset.
     const onAbort = () => {
@@ -84,15 +79,41 @@ export async function httpFetch(input: string | URL | Request, init: RequestInit
   })
 }
 
-/** Connections opened ahead of a first request (preconnect), by origin; each serves one request. */
-const earlyConnections = new Map<string, net.Socket>()
+/** Idle connections are closed after this, in the pool as before their first request (Node's global agents' value). */
+const IDLE_MS = 5000
+/** Connections opened ahead of a first request (preconnect), by `protocol//host:port`; each is handed out once. */
+const earlyConnections = new Map<string, {socket: net.Socket; closeIdle: () => void}>()
+const earlyKey = (protocol: string, host: string, port: number) => `${protocol}//${host}:${port}`
+
+/**
+ * Node's global agents' settings, and a connection opened ahead handed out by createConnection:
+ * the request on it is built as any other (Host, keep-alive), and the connection then goes back
+ * to the pool.
+ */
+function earlyFirst<A extends http.Agent>(agent: A, protocol: 'http:' | 'https:'): A {
+  const connect = agent.createConnection.bind(agent)
+  agent.createConnection = (options, callback) => {
+    const key = earlyKey(protocol, String(options.host), Number(options.port))
+    const early = earlyConnections.get(key)
+    if (!early || early.socket.destroyed) return connect(options, callback)
+    earlyConnections.delete(key)
+    // from here the agent's idle rule (free sockets only) and the request's own handling apply
+    early.socket.removeListener('timeout', early.closeIdle)
+    return early.socket.ref()
+  }
+  return agent
+}
+const agents = {
+  'http:': earlyFirst(new http.Agent({keepAlive: true, scheduling: 'lifo', timeout: IDLE_MS}), 'http:'),
+  'https:': earlyFirst(new https.Agent({keepAlive: true, scheduling: 'lifo', timeout: IDLE_MS}), 'https:'),
+}
 
 /**
  * Opens the connection (TCP, and TLS for https, with the same certificate checks) that the first
  * request to `url`'s origin will use, while the caller waits for something else: a runner while
  * agent-run starts, which would otherwise pay the handshake after agent-run asked. Nothing is sent
  * on it until that request; one that closes or fails first is dropped, and the request connects
- * as usual.
+ * as usual. Not when the pool already holds an idle connection there (a running gateway).
  */
 export function preconnect(url: string): void {
   let target: URL
@@ -101,28 +122,26 @@ export function preconnect(url: string): void {
   } catch {
     return
   }
-  if ((target.protocol !== 'http:' && target.protocol !== 'https:') || earlyConnections.has(target.origin)) return
+  if (target.protocol !== 'http:' && target.protocol !== 'https:') return
   const host = target.hostname.replace(/^\[(.*)\]$/, '$1')
   const port = Number(target.port) || (target.protocol === 'https:' ? 443 : 80)
-  // a running gateway may still hold an idle keep-alive connection there, which the request takes
+  const key = earlyKey(target.protocol, host, port)
   const servername = net.isIP(host) ? undefined : host
-  const pooled = target.protocol === 'https:' ? https.globalAgent.freeSockets[https.globalAgent.getName({host, port, servername})] : http.globalAgent.freeSockets[http.globalAgent.getName({host, port})]
-  if ((pooled?.length ?? 0) > 0) return
+  const agent = agents[target.protocol]
+  if (earlyConnections.has(key) || (agent.freeSockets[agent.getName({host, port, servername})]?.length ?? 0) > 0) return
   const socket = target.protocol === 'https:' ? tls.connect({host, port, servername}) : net.connect({host, port})
   // an unused connection must not keep alive a process that never asked (a run that failed first)
   socket.unref()
   const drop = () => {
-    if (earlyConnections.get(target.origin) === socket) earlyConnections.delete(target.origin)
+    if (earlyConnections.get(key)?.socket === socket) earlyConnections.delete(key)
   }
+  // stays: until the request adds its own listener, an error must not be unhandled
   socket.on('error', drop)
   socket.once('close', drop)
-  earlyConnections.set(target.origin, socket)
-}
-
-function takeEarlyConnection(origin: string): net.Socket | undefined {
-  const socket = earlyConnections.get(origin)
-  earlyConnections.delete(origin)
-  return socket && !socket.destroyed ? socket.ref() : undefined
+  // unused (a run that never asked), it is closed as an idle pooled one would be: a connection a NAT dropped must not hang a later call
+  const closeIdle = () => socket.destroy()
+  socket.setTimeout(IDLE_MS, closeIdle)
+  earlyConnections.set(key, {socket, closeIdle})
 }
 
 async function requestBody(body: RequestInit['body']): Promise<string | Uint8Array | Readable | undefined> {

@@ -123,13 +123,18 @@ export function reapAbandonedRuns(home: string): ReapResult {
     } catch {
       // gone meanwhile
     }
+    let cgroupsLeft: string[] = []
     try {
       const cgroups = JSON.parse(row.cgroups) as string[]
       killRunCgroups(cgroups)
-      removeRunCgroups(cgroups)
-    } catch {
-      // left to the next start-up
+      cgroupsLeft = removeRunCgroups(cgroups)
+    } catch (error) {
+      result.failures.push(`the cgroups of ${row.run_id}: ${(error as Error).message}`)
     }
+    // processes this start-up cannot see or kill (another pid namespace, frozen by a keeper that died
+    // mid-kill) stay where they are, frozen or not, and so does the record, for a start-up that can
+    for (const dir of cgroupsLeft) result.failures.push(`${dir}: processes of run ${row.run_id} are still in it, and this process cannot kill them`)
+    if (cgroupsLeft.length > 0) continue
     if (row.container) result.containers.push(row.container)
     if (row.tmp_dir && fs.existsSync(row.tmp_dir)) {
       try {

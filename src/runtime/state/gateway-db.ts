@@ -174,20 +174,26 @@ function damagedDatabase(file: string, problem: string): GatewayError {
 }
 
 function migrate(db: GatewayDb): void {
-  const current = db.pragma('user_version', {simple: true}) as number
-  if (current > MIGRATIONS.length) {
-    throw new GatewayError(
-      'E_STATE',
-      `the gateway database is at schema version ${current}, newer than this meepagateway understands (${MIGRATIONS.length})`,
-      {suggestions: ['upgrade meepagateway, or point MEEPAGATEWAY_HOME at another directory']},
-    )
+  const schemaVersion = () => {
+    const current = db.pragma('user_version', {simple: true}) as number
+    if (current > MIGRATIONS.length) {
+      throw new GatewayError(
+        'E_STATE',
+        `the gateway database is at schema version ${current}, newer than this meepagateway understands (${MIGRATIONS.length})`,
+        {suggestions: ['upgrade meepagateway, or point MEEPAGATEWAY_HOME at another directory']},
+      )
+    }
+    return current
   }
-  for (let version = current; version < MIGRATIONS.length; version++) {
-    db.transaction(() => {
+  if (schemaVersion() === MIGRATIONS.length) return
+  // Processes that open an older database at once (a gateway and sends after an upgrade): the
+  // version is read again under the write lock, so only the first applies what is missing.
+  db.transaction(() => {
+    for (let version = schemaVersion(); version < MIGRATIONS.length; version++) {
       db.exec(MIGRATIONS[version].sql)
       db.pragma(`user_version = ${version + 1}`)
-    }).immediate()
-  }
+    }
+  }).immediate()
 }
 
 /** Runs `fn` with the gateway database open, closing it afterwards (for one-shot commands). */
