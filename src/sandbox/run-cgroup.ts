@@ -275,7 +275,6 @@ export function killRunCgroups(dirs: string[]): void {
     }
     return found
   }
-  for (const dir of dirs) thawUnseenFrozen(dir)
   if (dirs.every((dir) => cgroupPids(dir).length === 0)) return // the keeper left nothing (the usual case)
   for (const dir of dirs) {
     try {
@@ -299,14 +298,19 @@ export function killRunCgroups(dirs: string[]): void {
 }
 
 /**
- * A keeper killed in the middle of its kill leaves the run frozen. Members this process can see
- * are killed by the usual freeze, kill, thaw. Members it cannot see (another pid namespace: its
- * cgroup.procs looks empty from here) usually have SIGKILL pending, their namespace having died
- * with the keeper: thawed, they die and the cgroup empties. If it does not empty within 50 ms,
- * they were frozen before any kill: they are frozen again and the cgroup is left, reported by
- * removeRunCgroups, for a start-up that can see them.
+ * For a start-up reclaiming a dead keeper's run (not at every run's end: a live owner's keeper is
+ * in its own pid namespace, where killRunCgroups sees and kills a frozen run). A keeper killed in
+ * the middle of its kill leaves the run frozen. Members this process cannot see (another pid
+ * namespace: cgroup.procs looks empty from here) usually have SIGKILL pending, their namespace
+ * having died with the keeper: thawed, they die and the cgroup empties. If it does not empty within
+ * 50 ms, they were frozen before any kill: they are frozen again and the cgroup is left, reported
+ * by removeRunCgroups, for a start-up that can see them.
  */
-function thawUnseenFrozen(dir: string): void {
+export function thawUnseenFrozen(dirs: string[]): void {
+  for (const dir of dirs) thawIfUnseen(dir)
+}
+
+function thawIfUnseen(dir: string): void {
   const state = path.join(dir, 'freezer.state')
   try {
     if (!/^(FROZEN|FREEZING)/.test(fs.readFileSync(state, 'utf8')) || cgroupPids(dir).length > 0) return

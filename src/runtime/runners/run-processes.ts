@@ -2,7 +2,7 @@ import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
 import {processAlive} from '../util/process-alive.js'
-import {killRunCgroups, removeRunCgroups} from '../../sandbox/run-cgroup.js'
+import {killRunCgroups, removeRunCgroups, thawUnseenFrozen} from '../../sandbox/run-cgroup.js'
 import {sharedGatewayDb} from '../state/gateway-db.js'
 
 /**
@@ -126,6 +126,7 @@ export function reapAbandonedRuns(home: string): ReapResult {
     let cgroupsLeft: string[] = []
     try {
       const cgroups = JSON.parse(row.cgroups) as string[]
+      thawUnseenFrozen(cgroups)
       killRunCgroups(cgroups)
       cgroupsLeft = removeRunCgroups(cgroups)
     } catch (error) {
