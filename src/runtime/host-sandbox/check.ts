@@ -1,4 +1,3 @@
-import crypto from 'node:crypto'
 import dgram from 'node:dgram'
 import fs from 'node:fs'
 import net from 'node:net'
@@ -8,6 +7,7 @@ import {HELPER_SETUP_EXIT} from '../../sandbox/landlock/helper.js'
 import {CONTAINER_SOCKETS} from '../../sandbox/policy.js'
 import type {LoadedConfig} from '../config/types.js'
 import {GatewayError} from '../util/errors.js'
+import {randomHex} from '../util/random.js'
 import {APP_ROOT} from '../util/app-root.js'
 import {isolationLevelFor} from '../runners/isolation-level.js'
 import {openAgentSandbox, spawnInSandbox, type AgentSandbox} from './exec.js'
@@ -85,7 +85,7 @@ async function checkAgent(loaded: LoadedConfig, sandbox: AgentSandbox): Promise<
 }
 
 function buildProbes(loaded: LoadedConfig, sandbox: AgentSandbox, tcpPort: number, udpPort: number): Probe[] {
-  const tag = `.meepa-sandbox-check-${crypto.randomBytes(4).toString('hex')}`
+  const tag = `.meepa-sandbox-check-${randomHex(4)}`
   const {policy, workspace, tmpDir} = sandbox
   const node = process.execPath
   const sh = (script: string) => ['/bin/sh', '-c', script]

@@ -10,7 +10,7 @@ import type {
 import type {ProviderConfig} from '../config/types.js'
 import {repairToolPairs} from './conversation.js'
 import {failureFromSdkError, incompleteStream, ProviderFailure} from './failure.js'
-import {preconnect, sdkClientOptions} from './http-fetch.js'
+import {preconnect, sdkClientOptions, warmReplyPath} from './http-fetch.js'
 import type {ChatMessage, ChatProvider, ChatRequest, ChatResponse, ToolCall, ToolDefinition} from './types.js'
 
 /**
@@ -30,7 +30,10 @@ export function createOpenAiProvider(name: string, config: ProviderConfig, apiKe
   return {
     name,
     config,
-    preconnect: () => preconnect(client.baseURL),
+    warm() {
+      preconnect(client.baseURL)
+      warmReplyPath()
+    },
     async chat(request: ChatRequest): Promise<ChatResponse> {
       const params = toCompletionParams(config, request)
       let assembler: StreamAssembler | undefined

@@ -1,4 +1,3 @@
-import {randomBytes} from 'node:crypto'
 import fs from 'node:fs'
 import {setTimeout as sleep} from 'node:timers/promises'
 import path from 'node:path'
@@ -14,6 +13,7 @@ import {withAgentLock} from '../workspace/agent-lock.js'
 import {handWorkspaceTo} from '../workspace/owner.js'
 import type {AgentConfig, GatewayConfig} from '../config/types.js'
 import {DEFAULT_GATEWAY} from '../config/defaults.js'
+import {randomHex} from '../util/random.js'
 import {containerImageContext} from '../container/context.js'
 import {GatewayError, toGatewayError} from '../util/errors.js'
 import {KeyedQueue} from '../util/keyed-queue.js'
@@ -416,7 +416,7 @@ async function prepareStandby(request: RunRequest, cli: DockerCli): Promise<void
   const image = await readyIsolationImage(request.config, request.agent, imageContextFor(request.home, cli, {signal: standbyPreparation.signal}))
   if (standbys.has(slot) || standbyPreparation.signal.aborted) return
   const shape = runShape(request, image)
-  const name = containerNameFor(`standby_${randomBytes(8).toString('hex')}`)
+  const name = containerNameFor(`standby_${randomHex(8)}`)
   const container = startAgentContainer(cli, shape, {name, run: 'standby', clientTimeoutMs: STANDBY_IDLE_MS + request.timeoutMs + CLIENT_GRACE_MS})
   const discardIfWaiting = () => {
     if (standbys.get(slot)?.container === container) discard(removeStandby(slot)!)

@@ -1,4 +1,3 @@
-import crypto from 'node:crypto'
 import type {AgentRunInput, AgentRunOutput, InboundMessage} from '../agent-run/contract.js'
 import {findAgent} from '../config/load.js'
 import type {AgentConfig, GatewayConfig, IsolationLevel, LoadedConfig} from '../config/types.js'
@@ -8,6 +7,7 @@ import {isolationLevelFor} from './isolation-level.js'
 import {hostLlmFor, providerKeysFor} from './llm-channel.js'
 import {ensureWorkspace} from '../workspace/workspace.js'
 import {redactSecrets} from '../util/redact.js'
+import {randomHex} from '../util/random.js'
 
 export interface RunMessageOptions {
   loaded: LoadedConfig
@@ -31,7 +31,7 @@ export interface RunMessageResult {
 }
 
 export function newRunId(): string {
-  return `run_${crypto.randomBytes(8).toString('hex')}`
+  return `run_${randomHex(8)}`
 }
 
 /**

@@ -1,7 +1,7 @@
-import crypto from 'node:crypto'
 import fs from 'node:fs'
 import path from 'node:path'
 import {GatewayError} from '../util/errors.js'
+import {randomHex} from '../util/random.js'
 
 /**
  * Files the gateway process itself reads or writes inside an agent's workspace (SOUL.md,
@@ -152,7 +152,7 @@ export function writeWorkspaceFile(root: string, relative: string, content: stri
   const existing = lstatOrUndefined(file)
   if (existing && options.exclusive) return false
   if (existing?.isDirectory()) throw refuse(relative, 'is a directory')
-  const temp = path.join(dir, `.${parts.at(-1)}.${crypto.randomBytes(6).toString('hex')}.tmp`)
+  const temp = path.join(dir, `.${parts.at(-1)}.${randomHex(6)}.tmp`)
   const fd = fs.openSync(temp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, options.mode ?? 0o644)
   let placed = false
   try {
