@@ -1,11 +1,10 @@
-import {createHash} from 'node:crypto'
-import {constants as fsConstants} from 'node:fs'
-import {copyFile, link, mkdir, mkdtemp, readFile, readdir, readlink, rm, stat, symlink, writeFile} from 'node:fs/promises'
+import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
 import {AGENT_RUN_FILES} from '../../runtime/agent-run/bundle.js'
 import {GatewayError} from '../../runtime/util/errors.js'
 import {helperPath} from '../landlock/helper-path.js'
+import {sha256Hash} from './dockerfile.js'
 
 /**
  * The meepagateway runtime that goes into an isolation image: the host's Node binary and what
@@ -44,10 +43,10 @@ const SKIP_DEPENDENCY_FILE = /(\.d\.[cm]?ts|\.map|\.[ao]|\.md|\.markdown)$/i
  * its package.json (name and version; an installed package does not change without a new version).
  */
 export async function computeAppHash(source: AppBundleSource): Promise<string> {
-  await assertBuilt(source.appRoot)
-  // all read at once: `container status` waits for this as much as for the engine
-  const [node, filesDigest, manifests] = await Promise.all([stat(source.nodePath), runtimeFilesDigest(source.appRoot), runtimePackageManifests(source.appRoot)])
-  const hash = createHash('sha256')
+  assertBuilt(source.appRoot)
+  // read synchronously: a few small files, which the thread pool would only make slower
+  const [node, filesDigest, manifests] = [fs.statSync(source.nodePath), await runtimeFilesDigest(source.appRoot), runtimePackageManifests(source.appRoot)]
+  const hash = sha256Hash()
   hash.update(`node ${process.version} ${process.arch} ${node.size} ${node.mtimeMs}\n`)
   hash.update(`app ${filesDigest}\n`)
   for (const {pkg, manifest} of manifests) {
@@ -58,8 +57,8 @@ export async function computeAppHash(source: AppBundleSource): Promise<string> {
 }
 
 /** Each runtime package with its package.json, in the recorded order. */
-async function runtimePackageManifests(appRoot: string): Promise<Array<{pkg: string; manifest: Buffer}>> {
-  return Promise.all((await runtimePackages(appRoot)).map(async (pkg) => ({pkg, manifest: await readFile(path.join(appRoot, pkg, 'package.json'))})))
+function runtimePackageManifests(appRoot: string): Array<{pkg: string; manifest: Buffer}> {
+  return runtimePackages(appRoot).map((pkg) => ({pkg, manifest: fs.readFileSync(path.join(appRoot, pkg, 'package.json'))}))
 }
 
 /** Written by the build (scripts/record-app-digest.js): the app files' digest with the size and mtime of each file it read. */
@@ -79,35 +78,35 @@ interface FileStamp {
 
 /** The digest of the app's runtime files: the build's record while every file matches it, else read and hashed (≈ 5–15 ms). */
 async function runtimeFilesDigest(appRoot: string): Promise<string> {
-  const [stamps, record] = await Promise.all([runtimeFileStamps(appRoot), readAppDigestRecord(appRoot)])
+  const [stamps, record] = [runtimeFileStamps(appRoot), readAppDigestRecord(appRoot)]
   if (record && sameStamps(record.files, stamps)) return record.digest
   return digestFiles(appRoot, stamps)
 }
 
 /** Records the digest for runtimeFilesDigest; stamps are taken before reading, so a file changed meanwhile never matches. */
 export async function recordAppDigest(appRoot: string): Promise<void> {
-  const files = await runtimeFileStamps(appRoot)
+  const files = runtimeFileStamps(appRoot)
   const record: AppDigestRecord = {digest: await digestFiles(appRoot, files), files}
-  await writeFile(path.join(appRoot, APP_DIGEST_RECORD), `${JSON.stringify(record, null, 2)}\n`)
+  await fs.promises.writeFile(path.join(appRoot, APP_DIGEST_RECORD), `${JSON.stringify(record, null, 2)}\n`)
 }
 
-async function runtimeFileStamps(appRoot: string): Promise<FileStamp[]> {
-  return (await Promise.all(runtimeEntries(appRoot).map((entry) => stampFiles(path.join(appRoot, entry), entry)))).flat()
+function runtimeFileStamps(appRoot: string): FileStamp[] {
+  return runtimeEntries(appRoot).flatMap((entry) => stampFiles(path.join(appRoot, entry), entry))
 }
 
 async function digestFiles(appRoot: string, stamps: FileStamp[]): Promise<string> {
-  const hash = createHash('sha256')
+  const hash = sha256Hash()
   for (const {file} of stamps) {
     hash.update(`${file}\n`)
     // V8 writes a different cache on every build; it follows from the bundle and Node, both hashed.
-    if (file !== AGENT_RUN_FILES.codeCache) hash.update(await readFile(path.join(appRoot, file)))
+    if (file !== AGENT_RUN_FILES.codeCache) hash.update(await fs.promises.readFile(path.join(appRoot, file)))
   }
   return hash.digest('hex')
 }
 
-async function readAppDigestRecord(appRoot: string): Promise<AppDigestRecord | undefined> {
+function readAppDigestRecord(appRoot: string): AppDigestRecord | undefined {
   try {
-    return JSON.parse(await readFile(path.join(appRoot, APP_DIGEST_RECORD), 'utf8')) as AppDigestRecord
+    return JSON.parse(fs.readFileSync(path.join(appRoot, APP_DIGEST_RECORD), 'utf8')) as AppDigestRecord
   } catch {
     return undefined // not built with the record, or unreadable: the files are hashed
   }
@@ -127,32 +126,32 @@ function sameStamps(recorded: FileStamp[], current: FileStamp[]): boolean {
  * assembling takes well under a second even for a large node_modules.
  */
 export async function assembleAppBundle(source: AppBundleSource, dockerfile: string): Promise<AppBundleContext> {
-  await assertBuilt(source.appRoot)
-  const dir = await mkdtemp(path.join(os.tmpdir(), 'meepa-isolation-'))
+  assertBuilt(source.appRoot)
+  const dir = await fs.promises.mkdtemp(path.join(os.tmpdir(), 'meepa-isolation-'))
   const counter = {files: 0, bytes: 0}
   try {
-    await mkdir(path.join(dir, 'node'))
+    await fs.promises.mkdir(path.join(dir, 'node'))
     await placeFile(source.nodePath, path.join(dir, 'node', 'node'), counter)
     for (const entry of runtimeEntries(source.appRoot)) await placeTree(path.join(source.appRoot, entry), path.join(dir, 'app', entry), counter)
-    for (const pkg of await runtimePackages(source.appRoot)) {
+    for (const pkg of runtimePackages(source.appRoot)) {
       await placeTree(path.join(source.appRoot, pkg), path.join(dir, 'deps', pkg), counter, {dependency: true})
     }
-    await mkdir(path.join(dir, 'deps'), {recursive: true})
-    await writeFile(path.join(dir, 'Dockerfile'), dockerfile)
+    await fs.promises.mkdir(path.join(dir, 'deps'), {recursive: true})
+    await fs.promises.writeFile(path.join(dir, 'Dockerfile'), dockerfile)
   } catch (error) {
-    await rm(dir, {recursive: true, force: true})
+    await fs.promises.rm(dir, {recursive: true, force: true})
     throw error
   }
-  return {dir, ...counter, remove: () => rm(dir, {recursive: true, force: true})}
+  return {dir, ...counter, remove: () => fs.promises.rm(dir, {recursive: true, force: true})}
 }
 
 /** node_modules paths (relative to the app root) of the packages agent-run loads, as the build recorded them. */
-async function runtimePackages(appRoot: string): Promise<string[]> {
-  return JSON.parse(await readFile(path.join(appRoot, AGENT_RUN_FILES.packages), 'utf8')) as string[]
+function runtimePackages(appRoot: string): string[] {
+  return JSON.parse(fs.readFileSync(path.join(appRoot, AGENT_RUN_FILES.packages), 'utf8')) as string[]
 }
 
-async function assertBuilt(appRoot: string): Promise<void> {
-  if (!(await exists(path.join(appRoot, AGENT_RUN_FILES.packages)))) {
+function assertBuilt(appRoot: string): void {
+  if (!fs.existsSync(path.join(appRoot, AGENT_RUN_FILES.packages))) {
     throw new GatewayError('E_IMAGE', `the app at ${appRoot} is not built (no ${AGENT_RUN_FILES.packages}), so it cannot be put into the isolation image`, {
       suggestions: [`run npm run build in ${appRoot}`],
     })
@@ -165,15 +164,15 @@ async function assertBuilt(appRoot: string): Promise<void> {
  * for a native addon (binding.gyp), the vendored C sources in deps/.
  */
 async function placeTree(from: string, to: string, counter: {files: number; bytes: number}, options: {dependency?: boolean; below?: boolean} = {}): Promise<void> {
-  const info = await stat(from).catch(() => undefined)
+  const info = await fs.promises.stat(from).catch(() => undefined)
   if (!info) return
   if (!info.isDirectory()) {
-    await mkdir(path.dirname(to), {recursive: true})
+    await fs.promises.mkdir(path.dirname(to), {recursive: true})
     await placeFile(from, to, counter)
     return
   }
-  await mkdir(to, {recursive: true})
-  const entries = await readdir(from, {withFileTypes: true})
+  await fs.promises.mkdir(to, {recursive: true})
+  const entries = await fs.promises.readdir(from, {withFileTypes: true})
   const nativeAddon = options.dependency === true && !options.below && entries.some((entry) => entry.name === 'binding.gyp')
   for (const entry of entries) {
     if (SKIP_NAMES.has(entry.name)) continue
@@ -183,32 +182,28 @@ async function placeTree(from: string, to: string, counter: {files: number; byte
     const source = path.join(from, entry.name)
     const target = path.join(to, entry.name)
     if (entry.isDirectory()) await placeTree(source, target, counter, {dependency: options.dependency, below: true})
-    else if (entry.isSymbolicLink()) await symlink(await readlink(source), target)
+    else if (entry.isSymbolicLink()) await fs.promises.symlink(await fs.promises.readlink(source), target)
     else if (entry.isFile()) await placeFile(source, target, counter)
   }
 }
 
 async function placeFile(from: string, to: string, counter: {files: number; bytes: number}): Promise<void> {
   try {
-    await link(from, to)
+    await fs.promises.link(from, to)
   } catch {
-    await copyFile(from, to, fsConstants.COPYFILE_FICLONE)
+    await fs.promises.copyFile(from, to, fs.constants.COPYFILE_FICLONE)
   }
   counter.files++
-  counter.bytes += (await stat(from)).size
+  counter.bytes += (await fs.promises.stat(from)).size
 }
 
 /** The files at or under `dir` (relative paths, sorted so the hash is stable), each stamped as it is now. */
-async function stampFiles(dir: string, relative: string): Promise<FileStamp[]> {
-  const info = await stat(dir).catch(() => undefined)
+function stampFiles(dir: string, relative: string): FileStamp[] {
+  const info = fs.statSync(dir, {throwIfNoEntry: false})
   if (!info) return []
   if (!info.isDirectory()) return [{file: relative, size: info.size, mtimeMs: info.mtimeMs}]
-  const entries = (await readdir(dir, {withFileTypes: true}))
+  const entries = fs.readdirSync(dir, {withFileTypes: true})
     .filter((entry) => !SKIP_NAMES.has(entry.name) && (entry.isDirectory() || entry.isFile()))
     .sort((a, b) => (a.name < b.name ? -1 : 1))
-  return (await Promise.all(entries.map((entry) => stampFiles(path.join(dir, entry.name), `${relative}/${entry.name}`)))).flat()
-}
-
-async function exists(file: string): Promise<boolean> {
-  return stat(file).then(() => true, () => false)
+  return entries.flatMap((entry) => stampFiles(path.join(dir, entry.name), `${relative}/${entry.name}`))
 }

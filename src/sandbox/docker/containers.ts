@@ -1,9 +1,8 @@
-import {createHash} from 'node:crypto'
 import fs from 'node:fs'
 import path from 'node:path'
 import {processAlive} from '../../runtime/util/process-alive.js'
 import type {DockerCli} from './cli.js'
-import {LABEL} from './dockerfile.js'
+import {LABEL, sha256} from './dockerfile.js'
 import {EngineApi} from './engine-api.js'
 
 /**
@@ -37,7 +36,7 @@ export function homeLabel(home: string): string {
   } catch {
     // a home that does not exist yet is labelled by its resolved path
   }
-  return createHash('sha256').update(canonical).digest('hex').slice(0, 16)
+  return sha256(canonical).slice(0, 16)
 }
 
 /** The gateway's containers (of one home, when given), asked over the Engine API or through the docker CLI. */

@@ -1,4 +1,4 @@
-import {open} from 'node:fs/promises'
+import fs from 'node:fs'
 
 /**
  * What an executable needs from the machine it runs on: its CPU architecture (in Docker's
@@ -49,7 +49,7 @@ export function parseElfRuntime(head: Buffer): ElfRuntime | null {
 
 /** Reads enough of an executable to find its architecture and interpreter. */
 export async function readElfRuntime(file: string): Promise<ElfRuntime | null> {
-  const handle = await open(file, 'r')
+  const handle = await fs.promises.open(file, 'r')
   try {
     const head = Buffer.alloc(64 * 1024)
     const {bytesRead} = await handle.read(head, 0, head.length, 0)

@@ -1,4 +1,4 @@
-import {mkdir, readFile, rename, writeFile} from 'node:fs/promises'
+import fs from 'node:fs'
 import path from 'node:path'
 import type {AgentConfig, GatewayConfig} from '../../runtime/config/types.js'
 import {GatewayError} from '../../runtime/util/errors.js'
@@ -334,7 +334,7 @@ const memoryFacts: FactsCache = {}
 async function readFactsCache(cacheDir: string | undefined): Promise<FactsCache> {
   if (!cacheDir) return memoryFacts
   try {
-    return {...(JSON.parse(await readFile(path.join(cacheDir, 'docker-base-images.json'), 'utf8')) as FactsCache), ...memoryFacts}
+    return {...(JSON.parse(await fs.promises.readFile(path.join(cacheDir, 'docker-base-images.json'), 'utf8')) as FactsCache), ...memoryFacts}
   } catch {
     return memoryFacts
   }
@@ -343,11 +343,11 @@ async function readFactsCache(cacheDir: string | undefined): Promise<FactsCache>
 async function writeFactsCache(cacheDir: string | undefined, cache: FactsCache): Promise<void> {
   Object.assign(memoryFacts, cache)
   if (!cacheDir) return
-  await mkdir(cacheDir, {recursive: true})
+  await fs.promises.mkdir(cacheDir, {recursive: true})
   const file = path.join(cacheDir, 'docker-base-images.json')
   const temp = `${file}.${process.pid}.tmp`
-  await writeFile(temp, JSON.stringify(cache, null, 2) + '\n')
-  await rename(temp, file)
+  await fs.promises.writeFile(temp, JSON.stringify(cache, null, 2) + '\n')
+  await fs.promises.rename(temp, file)
 }
 
 function tail(text: string, lines: number): string {
