@@ -62,46 +62,15 @@ if (process.argv[2] === '--write-lite-code-cache') {
     throw Object.assign(new Error('exit'), {exitCode: code})
   }
   process.env.MEEPAGATEWAY_HOME = home
-  const llm = process.argv[5] === '--answering-llm' ? await answerWithLlm(home) : undefined
   try {
     for (const argv of argvs) await lite.run(argv, root).catch(() => {})
   } finally {
     process.exit = exit
     process.exitCode = 0
-    llm?.close()
     fs.rmSync(home, {recursive: true, force: true})
   }
   fs.writeFileSync(path.join(root, `${bundleFile}.v8cache`), script.createCachedData())
   process.exit(0)
-}
-
-/**
- * The scratch home's agent answered at once, by each provider kind, from 127.0.0.1: `send`'s warm
- * run then goes through the SDK's request, the reply and agent-run's end, as every real send does
- * (V8 compiles a function on its first call; the code cache keeps what ran).
- */
-async function answerWithLlm(home) {
-  const http = await import('node:http')
-  const replies = {
-    '/v1/chat/completions': {id: 'warm', object: 'chat.completion', created: 0, model: 'warm', choices: [{index: 0, message: {role: 'assistant', content: 'ok'}, finish_reason: 'stop'}], usage: {prompt_tokens: 1, completion_tokens: 1, total_tokens: 2}},
-    '/v1/messages': {id: 'warm', type: 'message', role: 'assistant', model: 'warm', content: [{type: 'text', text: 'ok'}], stop_reason: 'end_turn', stop_sequence: null, usage: {input_tokens: 1, output_tokens: 1}},
-  }
-  const server = http.createServer((request, response) => {
-    request.resume().on('end', () => {
-      const reply = replies[new URL(request.url ?? '/', 'http://x').pathname]
-      response.writeHead(reply ? 200 : 404, {'content-type': 'application/json'}).end(JSON.stringify(reply ?? {error: {message: 'not here'}}))
-    })
-  })
-  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve))
-  const baseUrl = `http://127.0.0.1:${server.address().port}`
-  process.env.MEEPA_WARM_KEY = 'warm'
-  const provider = (kind, base_url) => ({kind, api_key_env: 'MEEPA_WARM_KEY', model: 'warm', base_url})
-  fs.writeFileSync(path.join(home, 'config.yaml'), JSON.stringify({
-    providers: {primary: 'openai', providers: {openai: provider('openai', `${baseUrl}/v1`), anthropic: provider('anthropic', baseUrl)}},
-    captain: {enabled: false},
-    agents: [{id: 'meepa', file_access: {unrestricted: true}}, {id: 'claude', file_access: {unrestricted: true}, provider: 'anthropic'}],
-  }))
-  return server
 }
 
 function commandFiles(dir) {
@@ -277,8 +246,8 @@ const liteBundles = [
     const run = id === 'sandbox:exec'
       ? "import {sandboxExecWithoutOclif} from './cli/fast-paths.js'\nexport const run = (argv) => argv[0] === 'sandbox' && argv[1] === 'exec' ? sandboxExecWithoutOclif(argv.slice(2)) : Promise.resolve(undefined)"
       : `import {runCommandWithoutOclif} from './cli/lite/run.js'\nimport Command from ${JSON.stringify(file)}\nexport const run = (argv) => runCommandWithoutOclif(argv, ${JSON.stringify(id)}, Command)`
-    // what a start runs, once in the scratch home (send to an agent of each provider kind, answered at once)
-    const warm = {send: [['send', '--agent', 'meepa', 'hi'], ['send', '--agent', 'claude', 'hi']], 'sandbox:exec': [['sandbox', 'exec', '--agent', 'meepa', '--', '/bin/true']]}[id] ?? [id.split(':'), [...id.split(':'), '--json']]
+    // what a start runs, once in the scratch home (send, with no provider key there, up to the provider call)
+    const warm = {send: [['send', '--agent', 'meepa', 'hi']], 'sandbox:exec': [['sandbox', 'exec', '--agent', 'meepa', '--', '/bin/true']]}[id] ?? [id.split(':'), [...id.split(':'), '--json']]
     return {id, entry: run, warm}
   }),
   {id: 'help-pages', entry: `import {printHelpPageWithoutOclif} from './cli/lite/run.js'\nexport const run = async (argv, root) => printHelpPageWithoutOclif(argv, root, ${JSON.stringify(version)})`, warm: [['--help'], ['runs', '--help']]},
@@ -295,7 +264,7 @@ for (const {id, entry, warm} of liteBundles) {
   }
   addSources(sources, built)
   // the commands write to the descriptors themselves (src/cli/lite/write.ts): their output goes nowhere
-  const warmed = spawnSync(process.execPath, [fileURLToPath(import.meta.url), '--write-lite-code-cache', bundleFile, JSON.stringify(warm), ...(id === 'send' ? ['--answering-llm'] : [])], {stdio: ['ignore', 'ignore', 'pipe'], encoding: 'utf8'})
+  const warmed = spawnSync(process.execPath, [fileURLToPath(import.meta.url), '--write-lite-code-cache', bundleFile, JSON.stringify(warm)], {stdio: ['ignore', 'ignore', 'pipe'], encoding: 'utf8'})
   if (warmed.status !== 0) throw new Error(`bundle-cli: warming ${bundleFile} failed (exit ${warmed.status}): ${warmed.stderr}`)
 }
 fs.writeFileSync(path.join(root, CLI_FILES.liteIndex), `${JSON.stringify(liteBundles.map(({id}) => id))}\n`)

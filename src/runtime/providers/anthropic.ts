@@ -4,7 +4,7 @@ import type {ContentBlockParam, Message, MessageCreateParamsNonStreaming, Messag
 import type {ProviderConfig} from '../config/types.js'
 import {repairToolPairs} from './conversation.js'
 import {failureFromSdkError, incompleteStream, ProviderFailure} from './failure.js'
-import {preconnect, sdkClientOptions, warmReplyPath} from './http-fetch.js'
+import {preconnect, sdkClientOptions} from './http-fetch.js'
 import type {ChatMessage, ChatProvider, ChatRequest, ChatResponse, ToolCall, ToolDefinition} from './types.js'
 
 export const ANTHROPIC_DEFAULT_MAX_TOKENS = 4096
@@ -20,10 +20,7 @@ export function createAnthropicProvider(name: string, config: ProviderConfig, ap
   return {
     name,
     config,
-    warm() {
-      preconnect(client.baseURL)
-      warmReplyPath()
-    },
+    preconnect: () => preconnect(client.baseURL),
     async chat(request: ChatRequest): Promise<ChatResponse> {
       const params = toMessagesParams(config, request)
       if (!config.stream) {

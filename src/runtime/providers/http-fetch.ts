@@ -61,33 +61,22 @@ export async function httpFetch(input: string | URL | Request, init: RequestInit
     request.on('response', (incoming) => {
       response = incoming
       response.on('close', done)
-      resolve(toResponse(response, response.statusCode ?? 0, response.statusMessage, response.rawHeaders, init.method, url))
+      const status = response.statusCode ?? 0
+      const responseHeaders = new Headers()
+      for (let i = 0; i + 1 < response.rawHeaders.length; i += 2) responseHeaders.append(response.rawHeaders[i]!, response.rawHeaders[i + 1]!)
+      const nullBody = init.method === 'HEAD' || status === 204 || status === 205 || status === 304
+      const decoded = nullBody ? null : decode(response, responseHeaders.get('content-encoding'))
+      const result = new Response(decoded ? (Readable.toWeb(decoded) as ReadableStream<Uint8Array>) : null, {
+        status,
+        statusText: response.statusMessage,
+        headers: responseHeaders,
+      })
+      Object.defineProperty(result, 'url', {value: url.href})
+      resolve(result)
     })
     if (body instanceof Readable) body.pipe(request)
     else request.end(body)
   })
-}
-
-/** The fetch API's Response over a node:http response, its body decoded. */
-function toResponse(incoming: Readable, status: number, statusText: string | undefined, rawHeaders: string[], method: string | undefined, url: URL): Response {
-  const headers = new Headers()
-  for (let i = 0; i + 1 < rawHeaders.length; i += 2) headers.append(rawHeaders[i]!, rawHeaders[i + 1]!)
-  const nullBody = method === 'HEAD' || status === 204 || status === 205 || status === 304
-  const decoded = nullBody ? null : decode(incoming, headers.get('content-encoding'))
-  const response = new Response(decoded ? (Readable.toWeb(decoded) as ReadableStream<Uint8Array>) : null, {status, statusText, headers})
-  Object.defineProperty(response, 'url', {value: url.href})
-  return response
-}
-
-/**
- * Runs the reply path once on an in-memory body, for a caller that waits anyway (a runner while
- * agent-run starts): Node loads undici's fetch classes (≈ 15 ms) and its web stream adapters on
- * first use, and each function runs slower its first time (≈ 3 ms of a `send`'s first reply).
- */
-export function warmReplyPath(): void {
-  toResponse(Readable.from([Buffer.from('{}')]), 200, 'OK', ['content-type', 'application/json'], 'POST', new URL('http://127.0.0.1/'))
-    .json()
-    .catch(() => {})
 }
 
 /** Idle connections are closed after this, in the pool as before their first request (Node's global agents' value). */
@@ -166,7 +155,7 @@ async function requestBody(body: RequestInit['body']): Promise<string | Uint8Arr
   throw new TypeError(`httpFetch cannot send a ${Object.prototype.toString.call(body)} body`)
 }
 
-function decode(response: Readable, encoding: string | null): Readable {
+function decode(response: http.IncomingMessage, encoding: string | null): Readable {
   const stream = {gzip: zlib.createGunzip, 'x-gzip': zlib.createGunzip, deflate: zlib.createInflate, br: zlib.createBrotliDecompress}[encoding?.trim().toLowerCase() ?? '']
   if (!stream) return response
   const decoder = stream()

@@ -71,10 +71,10 @@ export function createProviderChain(
     warm() {
       const config = configs.get(primary)!
       const apiKey = apiKeyFor(primary, config, secrets)
-      // with a key, the client is built, its first connection opened (no request is sent) and its reply path run once
-      if (!(apiKey instanceof MissingApiKey)) return void instance(primary, config, apiKey).then((provider) => provider.warm?.(), () => {})
-      // Node loads undici (≈ 15 ms) on the first use of the fetch classes, which the SDKs build every request with (a fallback's too).
-      FACTORY_LOADERS[config.kind]().then(() => new Headers(), () => {})
+      // with a key, the client is built and its first connection opened (no request is sent)
+      const client = apiKey instanceof MissingApiKey ? FACTORY_LOADERS[config.kind]() : instance(primary, config, apiKey).then((provider) => provider.preconnect?.())
+      // Node loads undici (≈ 15 ms) on the first use of the fetch classes, which the SDKs build every request with.
+      client.then(() => new Headers(), () => {})
     },
     async chat(request: ChatRequest): Promise<ChatResponse> {
       const attempts: AttemptRecord[] = []

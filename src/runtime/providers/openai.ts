@@ -10,7 +10,7 @@ import type {
 import type {ProviderConfig} from '../config/types.js'
 import {repairToolPairs} from './conversation.js'
 import {failureFromSdkError, incompleteStream, ProviderFailure} from './failure.js'
-import {preconnect, sdkClientOptions, warmReplyPath} from './http-fetch.js'
+import {preconnect, sdkClientOptions} from './http-fetch.js'
 import type {ChatMessage, ChatProvider, ChatRequest, ChatResponse, ToolCall, ToolDefinition} from './types.js'
 
 /**
@@ -30,10 +30,7 @@ export function createOpenAiProvider(name: string, config: ProviderConfig, apiKe
   return {
     name,
     config,
-    warm() {
-      preconnect(client.baseURL)
-      warmReplyPath()
-    },
+    preconnect: () => preconnect(client.baseURL),
     async chat(request: ChatRequest): Promise<ChatResponse> {
       const params = toCompletionParams(config, request)
       let assembler: StreamAssembler | undefined

@@ -44,6 +44,6 @@ export interface ChatProvider {
   readonly name: string
   readonly config: ProviderConfig
   chat(request: ChatRequest): Promise<ChatResponse>
-  /** Opens the connection its first request will use and runs its reply path once (http-fetch.ts). */
-  warm?(): void
+  /** Opens the connection its first request will use (http-fetch.ts, preconnect). */
+  preconnect?(): void
 }
