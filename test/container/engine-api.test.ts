@@ -8,6 +8,7 @@ import {fakeLlmConfig, makeHome, runCli, type TestHome} from '../helpers/home.js
 import {DockerCli} from '../../src/sandbox/docker/cli.js'
 import {homeLabel, listGatewayContainers, removeContainers} from '../../src/sandbox/docker/containers.js'
 import {DEFAULT_DOCKER_SOCKET, EngineApi, localEngineSocket} from '../../src/sandbox/docker/engine-api.js'
+import {labelledImages, removeImage} from '../../src/sandbox/docker/images.js'
 import {BASE_IMAGE, describeWithDocker, realDockerPath, tempDir} from './docker-env.js'
 
 /*
@@ -223,6 +224,36 @@ describeWithDocker('Engine API client against the real engine', () => {
     expect(viaApi).toEqual(await listGatewayContainers(cli, {home: dir}))
     expect(await listGatewayContainers(engine, {home: path.join(dir, 'other')})).toEqual([])
   })
+
+  it('lists labelled images as the CLI path does, and removes a tag as `docker image rm` does: gone, gone already, refused while a container uses it', async () => {
+    const label = `meepa-test-api-images=${unique}`
+    const tag = `meepa-test-api-rmi:${unique}`
+    const built = await execa('docker', ['build', '--network', 'none', '-t', tag, '-'], {input: `FROM ${BASE_IMAGE}\nLABEL ${label}\n`, reject: false, timeout: 120_000})
+    expect(built.exitCode, built.stderr).toBe(0)
+    const user = `meepa-test-api-rmi-user-${unique}`
+    try {
+      const viaApi = await labelledImages(engine, [label])
+      expect(viaApi.map((image) => image.tags)).toEqual([[tag]])
+      expect(viaApi).toEqual(await labelledImages(cli, [label]))
+
+      expect((await docker(['create', '--name', user, '--network', 'none', tag, 'true'])).exitCode).toBe(0)
+      for (const remover of [engine, cli]) expect(await removeImage(remover, tag)).toMatch(/container .*is using/)
+      expect((await docker(['image', 'inspect', tag])).exitCode).toBe(0)
+      await docker(['rm', '-f', user])
+
+      for (const remover of [engine, cli]) {
+        const extra = `${tag}-${remover === engine ? 'api' : 'cli'}`
+        expect((await docker(['tag', tag, extra])).exitCode).toBe(0)
+        expect(await removeImage(remover, extra)).toBeUndefined()
+        expect((await docker(['image', 'inspect', extra])).exitCode).not.toBe(0)
+        expect(await removeImage(remover, extra)).toBeUndefined() // gone already: done too
+      }
+      expect((await docker(['image', 'inspect', tag])).exitCode).toBe(0) // only the tags were removed
+    } finally {
+      await docker(['rm', '-f', user])
+      await docker(['image', 'rm', '--force', tag])
+    }
+  }, 120_000)
 
   it('removes a running container as `docker rm --force --volumes` does, and one already gone without an error', async () => {
     const running = `meepa-test-api-rm-${unique}`

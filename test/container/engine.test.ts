@@ -160,6 +160,8 @@ describeWithDocker('container commands (real engine)', () => {
   let home: TestHome
   let recorder: DockerRecorder
   const cli = (...args: string[]) => runCli(['container', ...args], {home: home.home, env: {MEEPAGATEWAY_DOCKER_BIN: recorder.bin}, timeoutMs: 600_000})
+  // as an operator runs it: no injected binary, so a local engine is asked over its API; a docker it starts is still recorded
+  const onLocalEngine = (...args: string[]) => runCli(['container', ...args], {home: home.home, env: {PATH: `${path.dirname(recorder.bin)}/path:${process.env.PATH}`}, timeoutMs: 600_000})
   // 'plain' refers to the isolation image of the bare base, which the send tests use meanwhile:
   // `container clean` below must keep it.
   const config = (packages: string[]) =>
@@ -173,6 +175,8 @@ describeWithDocker('container commands (real engine)', () => {
     home = makeHome()
     home.writeConfig(config([]))
     recorder = dockerRecorder(home.home)
+    fs.mkdirSync(path.join(home.home, 'path'))
+    fs.symlinkSync(recorder.bin, path.join(home.home, 'path', 'docker'))
   })
   afterAll(async () => {
     await llm.close()
@@ -317,8 +321,16 @@ describeWithDocker('container commands (real engine)', () => {
       const dry = JSON.parse((await cli('clean', '--dry-run', '--json')).stdout)
       expect((await docker(['image', 'inspect', danglingId])).exitCode).toBe(0)
       expect(dry.images.map((image: {ref: string}) => image.ref)).toEqual(expect.arrayContaining([danglingId, old]))
+      // over the Engine API: the same answer, and the same images listed, without one docker process
+      const listed = (result: Awaited<ReturnType<typeof cli>>) => (JSON.parse(result.stdout) as Array<Record<string, unknown>>).map(({age_seconds: _, ...image}) => image)
+      const imagesViaCli = listed(await cli('images', '--json'))
+      recorder.clear()
+      expect(JSON.parse((await onLocalEngine('clean', '--dry-run', '--json')).stdout)).toEqual(dry)
+      expect(listed(await onLocalEngine('images', '--json'))).toEqual(imagesViaCli)
+      expect(recorder.calls()).toEqual([])
 
-      const clean = await cli('clean', '--json')
+      const clean = await onLocalEngine('clean', '--json')
+      expect(recorder.calls()).toEqual([])
       expect(clean.exitCode).toBe(0)
       const result = JSON.parse(clean.stdout)
       expect(result.images.map((image: {ref: string}) => image.ref)).toEqual(expect.arrayContaining([danglingId, old]))

@@ -1,5 +1,7 @@
 import {dockerCli, type DockerCli} from '../../sandbox/docker/cli.js'
 import {cleanOrphanContainers, type GatewayContainer} from '../../sandbox/docker/containers.js'
+import {localEngineApi} from '../../sandbox/docker/engine-api.js'
+import {removeImage} from '../../sandbox/docker/images.js'
 import type {LoadedConfig} from '../config/types.js'
 import {listGatewayImages, type GatewayImage} from './status.js'
 
@@ -9,7 +11,7 @@ import {listGatewayImages, type GatewayImage} from './status.js'
  * Throws E_DOCKER_* when the engine cannot be reached; the caller decides whether that matters.
  */
 export async function removeOrphanContainers(options: {home?: string; dryRun?: boolean; cli?: DockerCli; signal?: AbortSignal} = {}): Promise<GatewayContainer[]> {
-  const {removed} = await cleanOrphanContainers(options.cli ?? dockerCli(), options)
+  const {removed} = await cleanOrphanContainers(options.cli ?? localEngineApi() ?? dockerCli(), options)
   return removed
 }
 
@@ -28,11 +30,12 @@ export interface ContainerCleanResult {
  * by a container. Idempotent: a second run finds nothing and succeeds.
  */
 export async function cleanContainers(loaded: LoadedConfig, options: {all?: boolean; dryRun?: boolean; cli?: DockerCli; signal?: AbortSignal} = {}): Promise<ContainerCleanResult> {
-  const cli = options.cli ?? dockerCli()
+  // a local engine is asked over its API (no docker process per container or image), another through the CLI
+  const docker = (options.cli ? undefined : localEngineApi()) ?? options.cli ?? dockerCli()
   const dryRun = options.dryRun === true
-  const containers = await removeOrphanContainers({cli, dryRun, signal: options.signal})
+  const containers = await removeOrphanContainers({cli: options.cli, dryRun, signal: options.signal})
   // In a dry run the orphans still exist; their images count as free, as they will be.
-  const images = await listGatewayImages(loaded, {cli, signal: options.signal, ignoreContainers: new Set(containers.map((container) => container.id))})
+  const images = await listGatewayImages(loaded, {cli: options.cli, signal: options.signal, ignoreContainers: new Set(containers.map((container) => container.id))})
   const result: ContainerCleanResult = {
     dry_run: dryRun,
     containers: containers.map(({name, agent, run, state}) => ({name, agent, run, state})),
@@ -47,12 +50,10 @@ export async function cleanContainers(loaded: LoadedConfig, options: {all?: bool
       result.kept.push({ref, reason})
       continue
     }
-    if (!dryRun) {
-      const removal = await cli.exec(['image', 'rm', ref], {signal: options.signal})
-      if (removal.exitCode !== 0 && !/no such image/i.test(removal.stderr)) {
-        result.kept.push({ref, reason: `docker refused: ${removal.stderr.trim().split('\n').at(-1) ?? ''}`})
-        continue
-      }
+    const refused = dryRun ? undefined : await removeImage(docker, ref, options.signal)
+    if (refused !== undefined) {
+      result.kept.push({ref, reason: `docker refused: ${refused}`})
+      continue
     }
     result.images.push({ref, id: image.id, size_bytes: image.size_bytes})
   }

@@ -1,8 +1,8 @@
 import type {DockerCli} from '../../sandbox/docker/cli.js'
 import {listGatewayContainers, type GatewayContainer} from '../../sandbox/docker/containers.js'
 import {LABEL} from '../../sandbox/docker/dockerfile.js'
-import {localEngineApi} from '../../sandbox/docker/engine-api.js'
-import {inspectImage, isolationImageState, planImages, type ImageContext, type ImagePlan} from '../../sandbox/docker/images.js'
+import {localEngineApi, type EngineApi} from '../../sandbox/docker/engine-api.js'
+import {isolationImageState, labelledImages, planImages, type ImageContext, type ImagePlan} from '../../sandbox/docker/images.js'
 import type {AgentConfig, LoadedConfig} from '../config/types.js'
 import {containerAgents} from './build.js'
 import {containerImageContext, loadDockerCli} from './context.js'
@@ -108,14 +108,14 @@ export async function listGatewayImages(
   loaded: LoadedConfig,
   options: {cli?: DockerCli; signal?: AbortSignal; ignoreContainers?: Set<string>} = {},
 ): Promise<GatewayImage[]> {
-  const cli = options.cli ?? (await loadDockerCli())
-  const ids = [...new Set((await cli.check(['image', 'ls', '--quiet', '--no-trunc', '--filter', `label=${LABEL.gateway}=1`], {signal: options.signal})).stdout.split('\n').filter(Boolean))]
-  if (ids.length === 0) return []
-  const [references, containers] = await Promise.all([referencedImages(loaded, cli, options.signal), listGatewayContainers(cli, {signal: options.signal})])
+  // a local engine is asked over its API, as by `container status`: no docker process per image
+  const engine = options.cli ? undefined : localEngineApi()
+  const docker = engine ?? options.cli ?? (await loadDockerCli())
+  const infos = await labelledImages(docker, [`${LABEL.gateway}=1`], options.signal)
+  if (infos.length === 0) return []
+  const [references, containers] = await Promise.all([referencedImages(loaded, {cli: options.cli, engine}, options.signal), listGatewayContainers(docker, {signal: options.signal})])
   const images: GatewayImage[] = []
-  for (const id of ids) {
-    const info = await inspectImage(cli, id, options.signal)
-    if (!info) continue
+  for (const info of infos) {
     const tags = info.tags.length > 0 ? info.tags : ['<none>:<none>']
     // A rebuilt tag leaves the old image dangling (untagged): it is listed as <none> so clean can remove it.
     for (const ref of tags) {
@@ -143,8 +143,8 @@ export async function listGatewayImages(
  * The gateway image tags the config refers to, per agent: what `container build` would produce.
  * Works out plans without building; an agent whose plan fails (base missing) refers to nothing.
  */
-export async function referencedImages(loaded: LoadedConfig, cli: DockerCli, signal?: AbortSignal): Promise<Array<{agent: string; tags: string[]}>> {
-  const context = containerImageContext(loaded.home, {cli, signal})
+export async function referencedImages(loaded: LoadedConfig, docker: {cli?: DockerCli; engine?: EngineApi}, signal?: AbortSignal): Promise<Array<{agent: string; tags: string[]}>> {
+  const context = containerImageContext(loaded.home, {...docker, signal})
   const references: Array<{agent: string; tags: string[]}> = []
   for (const agent of containerAgents(loaded)) {
     let plan: ImagePlan

@@ -199,8 +199,12 @@ async function placeFile(from: string, to: string, counter: {files: number; byte
 
 /** The files at or under `dir` (relative paths, sorted so the hash is stable), each stamped as it is now. */
 function stampFiles(dir: string, relative: string): FileStamp[] {
-  const info = fs.statSync(dir, {throwIfNoEntry: false})
-  if (!info) return []
+  let info: fs.Stats
+  try {
+    info = fs.statSync(dir)
+  } catch {
+    return [] // not there (or not readable): not in the image either
+  }
   if (!info.isDirectory()) return [{file: relative, size: info.size, mtimeMs: info.mtimeMs}]
   const entries = fs.readdirSync(dir, {withFileTypes: true})
     .filter((entry) => !SKIP_NAMES.has(entry.name) && (entry.isDirectory() || entry.isFile()))

@@ -105,10 +105,10 @@ export interface OrphanCleanup {
 }
 
 /** Finds and (unless dryRun) removes orphans of one home, or of every home when none is given. */
-export async function cleanOrphanContainers(cli: DockerCli, options: {home?: string; dryRun?: boolean; signal?: AbortSignal} = {}): Promise<OrphanCleanup> {
-  const containers = await listGatewayContainers(cli, options)
+export async function cleanOrphanContainers(docker: DockerCli | EngineApi, options: {home?: string; dryRun?: boolean; signal?: AbortSignal} = {}): Promise<OrphanCleanup> {
+  const containers = await listGatewayContainers(docker, options)
   const removed = containers.filter((container) => isOrphan(container))
   const kept = containers.filter((container) => !removed.includes(container))
-  if (!options.dryRun) await removeContainers(cli, removed.map((container) => container.id), options.signal)
+  if (!options.dryRun) await removeContainers(docker, removed.map((container) => container.id), options.signal)
   return {removed, kept}
 }

@@ -47,7 +47,7 @@ function usesDefaultContext(env: NodeJS.ProcessEnv): boolean {
 }
 
 export interface EngineRequestOptions {
-  /** GET unless said (DELETE removes a container). */
+  /** GET unless said (DELETE removes a container or an image). */
   method?: 'GET' | 'DELETE'
   signal?: AbortSignal
   /** Deadline of the call, connecting included; default DEFAULT_DOCKER_TIMEOUT_MS. */
@@ -89,9 +89,27 @@ export class EngineApi {
     return this.found<RawImage>(`/images/${ref}/json`, options)
   }
 
+  /** Every image carrying all of these labels (`name=value`), as `docker image inspect` gives them. */
+  async images(labels: string[], options: EngineRequestOptions = {}): Promise<RawImage[]> {
+    const filters = encodeURIComponent(JSON.stringify({label: labels}))
+    const listed = parseJson<Array<{Id: string}>>(await this.call(`/images/json?filters=${filters}`, options), '/images/json')
+    // An image may disappear between the list and its inspect (another `container clean`): skipped.
+    const inspected = await Promise.all(listed.map(({Id}) => this.found<RawImage>(`/images/${Id}/json`, options)))
+    return inspected.filter((image): image is RawImage => image !== undefined)
+  }
+
+  /**
+   * `docker image rm REF` (a tag is removed, and the image with its last one): undefined when done
+   * or already gone, else why the engine refused (a container uses it...). `ref` must be validated.
+   */
+  async removeImage(ref: string, options: EngineRequestOptions = {}): Promise<string | undefined> {
+    const answer = await this.call(`/images/${ref}`, {...options, method: 'DELETE'}, () => true)
+    return answer.status < 400 || answer.status === 404 ? undefined : refusalOf(answer)
+  }
+
   /** `docker rm --force --volumes` of one container: gone already (404) or being removed (409) is done too. */
   async removeContainer(nameOrId: string, options: EngineRequestOptions = {}): Promise<void> {
-    await this.call(`/containers/${encodeURIComponent(nameOrId)}?force=1&v=1`, {...options, method: 'DELETE'})
+    await this.call(`/containers/${encodeURIComponent(nameOrId)}?force=1&v=1`, {...options, method: 'DELETE'}, (status) => status === 404 || status === 409)
   }
 
   /** A GET whose 404 means "not there". */
@@ -105,7 +123,7 @@ export class EngineApi {
    * Unversioned paths are the engine's own (newest) API version, the one its /_ping names, so no
    * round trip is spent negotiating; DOCKER_API_VERSION pins a version, as it does for the CLI.
    */
-  private async call(endpoint: string, options: EngineRequestOptions): Promise<EngineAnswer> {
+  private async call(endpoint: string, options: EngineRequestOptions, answered: (status: number) => boolean = (status) => status === 404): Promise<EngineAnswer> {
     const timeoutMs = options.timeoutMs ?? this.options.defaultTimeoutMs ?? DEFAULT_DOCKER_TIMEOUT_MS
     const deadline = AbortSignal.timeout(timeoutMs)
     const signal = options.signal ? AbortSignal.any([options.signal, deadline]) : deadline
@@ -113,7 +131,7 @@ export class EngineApi {
     const request = `${method} ${endpoint.split('?')[0]}`
     try {
       const answer = await this.send(method, `${this.options.apiVersion ? `/v${this.options.apiVersion}` : ''}${endpoint}`, signal)
-      if (answer.status >= 400 && answer.status !== 404 && !(method === 'DELETE' && answer.status === 409)) throw engineRefused(request, answer)
+      if (answer.status >= 400 && !answered(answer.status)) throw engineRefused(request, answer)
       return answer
     } catch (error) {
       if (deadline.aborted) throw dockerHung(request, timeoutMs)
@@ -193,15 +211,20 @@ function parseJson<T>(answer: EngineAnswer, endpoint: string): T {
   }
 }
 
-/** The engine answered, and said no (its JSON `message` says why). */
+/** The engine answered, and said no. */
 function engineRefused(request: string, answer: EngineAnswer): GatewayError {
+  return new GatewayError('E_DOCKER', `the Docker engine refused ${request} (HTTP ${answer.status}): ${refusalOf(answer)}`, {
+    details: {http_status: answer.status},
+  })
+}
+
+/** Why the engine said no: its JSON `message`, or the plain text it sent. */
+function refusalOf(answer: EngineAnswer): string {
   let message = answer.body.trim()
   try {
     message = (JSON.parse(answer.body) as {message?: string}).message ?? message
   } catch {
     // plain text
   }
-  return new GatewayError('E_DOCKER', `the Docker engine refused ${request} (HTTP ${answer.status}): ${message.slice(0, 500)}`, {
-    details: {http_status: answer.status},
-  })
+  return message.slice(0, 500)
 }

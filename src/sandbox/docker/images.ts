@@ -10,7 +10,7 @@ import {
   validateImageRef, type ContainerImageSpec, type GeneratedDockerfile, type PackageManager,
 } from './dockerfile.js'
 import {dockerArchOf, readElfRuntime} from './elf.js'
-import type {EngineApi} from './engine-api.js'
+import {EngineApi} from './engine-api.js'
 import {DockerCommandError} from './errors.js'
 
 /**
@@ -98,6 +98,27 @@ async function inspectImagesIn(context: ImageContext, refs: string[]): Promise<A
     const raw = await engine.inspectImage(ref, {signal: context.signal})
     return raw && imageInfoOf(raw)
   }))
+}
+
+/** Every image carrying all of these labels: over the Engine API when given (no docker process per image), else through the CLI. */
+export async function labelledImages(docker: DockerExec | EngineApi, labels: string[], signal?: AbortSignal): Promise<ImageInfo[]> {
+  if (docker instanceof EngineApi) return (await docker.images(labels, {signal})).map(imageInfoOf)
+  const args = ['image', 'ls', '--quiet', '--no-trunc', ...labels.flatMap((label) => ['--filter', `label=${label}`])]
+  const listed = await docker.exec(args, {signal})
+  if (listed.exitCode !== 0) throw new DockerCommandError(args, listed)
+  const ids = [...new Set(listed.stdout.split('\n').filter(Boolean))]
+  // one removed between the list and its inspect is skipped, as over the API
+  const images = await Promise.all(ids.map((id) => inspectImage(docker, id, signal)))
+  return images.filter((image): image is ImageInfo => image !== undefined)
+}
+
+/** `docker image rm REF`: undefined when it is removed or was gone already, else why docker refused (a container uses it...). */
+export async function removeImage(docker: DockerExec | EngineApi, ref: string, signal?: AbortSignal): Promise<string | undefined> {
+  validateImageRef(ref, 'image') // a reference is never a flag, nor more than one segment of a request path
+  if (docker instanceof EngineApi) return docker.removeImage(ref, {signal})
+  const removal = await docker.exec(['image', 'rm', ref], {signal})
+  if (removal.exitCode === 0 || /no such image/i.test(removal.stderr)) return undefined
+  return removal.stderr.trim().split('\n').at(-1) ?? ''
 }
 
 /** What `docker image inspect` (and the Engine API's /images/{name}/json) says of an image, as far as it is read. */
