@@ -246,8 +246,13 @@ const liteBundles = [
     const run = id === 'sandbox:exec'
       ? "import {sandboxExecWithoutOclif} from './cli/fast-paths.js'\nexport const run = (argv) => argv[0] === 'sandbox' && argv[1] === 'exec' ? sandboxExecWithoutOclif(argv.slice(2)) : Promise.resolve(undefined)"
       : `import {runCommandWithoutOclif} from './cli/lite/run.js'\nimport Command from ${JSON.stringify(file)}\nexport const run = (argv) => runCommandWithoutOclif(argv, ${JSON.stringify(id)}, Command)`
-    // what a start runs, once in the scratch home (send, with no provider key there, up to the provider call)
-    const warm = {send: [['send', '--agent', 'meepa', 'hi']], 'sandbox:exec': [['sandbox', 'exec', '--agent', 'meepa', '--', '/bin/true']]}[id] ?? [id.split(':'), [...id.split(':'), '--json']]
+    // what a start runs, once in the scratch home (send, with no provider key there, up to the provider
+    // call; `container clean` only as a dry run: on the build machine's engine it would remove images)
+    const warm = {
+      send: [['send', '--agent', 'meepa', 'hi']],
+      'sandbox:exec': [['sandbox', 'exec', '--agent', 'meepa', '--', '/bin/true']],
+      'container:clean': [['container', 'clean', '--dry-run'], ['container', 'clean', '--dry-run', '--json']],
+    }[id] ?? [id.split(':'), [...id.split(':'), '--json']]
     return {id, entry: run, warm}
   }),
   {id: 'help-pages', entry: `import {printHelpPageWithoutOclif} from './cli/lite/run.js'\nexport const run = async (argv, root) => printHelpPageWithoutOclif(argv, root, ${JSON.stringify(version)})`, warm: [['--help'], ['runs', '--help']]},

@@ -99,11 +99,13 @@ describe('commands without oclif print what oclif prints (bin/run.js against ocl
     expect(JSON.parse(invalid.stdout).error.code).toBe('E_CONFIG')
   })
 
-  it('container status against an engine that is not there: exit 10 the same way', async () => {
+  it('container status, images and clean against an engine that is not there: exit 10 the same way', async () => {
     const missingSocket = `unix://${path.join(home.home, 'no-engine.sock')}`
-    const down = await expectSame(['container', 'status'], {lite: true, env: {DOCKER_HOST: missingSocket}})
-    expect(down.exitCode).toBe(10)
-    await expectSame(['container', 'status', '--json'], {lite: true, env: {DOCKER_HOST: missingSocket}})
+    for (const command of [['container', 'status'], ['container', 'images'], ['container', 'clean', '--dry-run'], ['container', 'clean', '--all']]) {
+      const down = await expectSame(command, {lite: true, env: {DOCKER_HOST: missingSocket}})
+      expect(down.exitCode, command.join(' ')).toBe(10)
+      await expectSame([...command, '--json'], {lite: true, env: {DOCKER_HOST: missingSocket}})
+    }
   })
 
   it('a first run writes the default config and says so, the same way', async () => {
