@@ -63,7 +63,8 @@ if (process.argv[2] === '--write-lite-code-cache') {
   }
   process.env.MEEPAGATEWAY_HOME = home
   try {
-    for (const argv of argvs) await lite.run(argv, root).catch(() => {})
+    // each run bounded: a build machine's hung Docker engine would hold each container command for its deadline (30 s)
+    for (const argv of argvs) await Promise.race([lite.run(argv, root).catch(() => {}), new Promise((resolve) => setTimeout(resolve, 5000).unref())])
   } finally {
     process.exit = exit
     process.exitCode = 0

@@ -1,5 +1,6 @@
 import {execa} from 'execa'
 import fs from 'node:fs'
+import http from 'node:http'
 import path from 'node:path'
 import {afterAll, beforeAll, describe, expect, it} from 'vitest'
 import {LITE_COMMANDS} from '../../src/cli/lite/commands.js'
@@ -105,6 +106,36 @@ describe('commands without oclif print what oclif prints (bin/run.js against ocl
       const down = await expectSame(command, {lite: true, env: {DOCKER_HOST: missingSocket}})
       expect(down.exitCode, command.join(' ')).toBe(10)
       await expectSame([...command, '--json'], {lite: true, env: {DOCKER_HOST: missingSocket}})
+    }
+  })
+
+  it('container clean --dry-run against an engine with a container and an image left behind: the same both ways', async () => {
+    // a fixed engine on a unix socket, so both runs see the same state
+    const engine = http.createServer((req, res) => {
+      const url = req.url ?? ''
+      if (url === '/_ping') return res.writeHead(200, {'API-Version': '1.41', Server: 'Docker/20.10.24 (linux)'}).end('OK')
+      if (url.startsWith('/containers/json')) return res.writeHead(200).end(JSON.stringify([{Id: 'left'}]))
+      if (url === '/containers/left/json') {
+        return res.writeHead(200).end(JSON.stringify({Id: 'left', Name: '/meepa-left', Created: '2026-01-01T00:00:00Z', Image: 'sha256:other', State: {Status: 'exited', Running: false},
+          Config: {Image: 'meepa-sandbox:0123456789abcdef', Labels: {meepagateway: '1', 'meepagateway.agent': 'contained', 'meepagateway.pid': '999999999'}}}))
+      }
+      if (url.startsWith('/images/json')) return res.writeHead(200).end(JSON.stringify([{Id: `sha256:${'a'.repeat(64)}`}]))
+      if (url === `/images/sha256:${'a'.repeat(64)}/json`) {
+        return res.writeHead(200).end(JSON.stringify({Id: `sha256:${'a'.repeat(64)}`, RepoTags: ['meepa-sandbox:0123456789abcdef'], Size: 5_000_000, Created: '2020-01-01T00:00:00Z', Config: {Labels: {meepagateway: '1', 'meepagateway.kind': 'container'}}}))
+      }
+      res.writeHead(404).end(JSON.stringify({message: 'not here'}))
+    })
+    const socket = path.join(home.home, 'engine.sock')
+    await new Promise<void>((resolve) => engine.listen(socket, resolve))
+    try {
+      const env = {DOCKER_HOST: `unix://${socket}`}
+      const text = await expectSame(['container', 'clean', '--dry-run'], {lite: true, env})
+      expect(text.stdout).toContain('would remove container meepa-left')
+      const dry = JSON.parse((await expectSame(['container', 'clean', '--dry-run', '--json'], {lite: true, env})).stdout)
+      expect(dry).toMatchObject({dry_run: true, containers: [{name: 'meepa-left'}], images: [{ref: 'meepa-sandbox:0123456789abcdef'}], kept_containers: []})
+    } finally {
+      engine.closeAllConnections()
+      await new Promise((resolve) => engine.close(resolve))
     }
   })
 

@@ -139,6 +139,46 @@ describe('Engine API client: deadlines, cancellation and errors', () => {
   })
 })
 
+describe('`container clean` when the engine refuses one removal', () => {
+  let home: TestHome
+  let server: http.Server
+  const deleted: string[] = []
+  // two containers left behind (their owner is gone); the engine will not remove the first
+  const left = (id: string) => ({Id: id, Name: `/meepa-${id}`, Created: '2026-01-01T00:00:00Z', Image: 'sha256:img', State: {Status: 'exited', Running: false}, Config: {Image: BASE_IMAGE, Labels: {meepagateway: '1', 'meepagateway.agent': 'box', 'meepagateway.pid': '999999999'}}})
+  beforeAll(async () => {
+    home = makeHome(fakeLlmConfig('http://127.0.0.1:9/v1', [{id: 'box', container_mode: {enabled: true, network: 'host'}}]))
+    server = http.createServer((req, res) => {
+      const url = req.url ?? ''
+      if (req.method === 'DELETE') {
+        deleted.push(url.split('?')[0]!)
+        return url.startsWith('/containers/stuck') ? res.writeHead(500).end(JSON.stringify({message: 'driver failed to remove root filesystem'})) : res.writeHead(204).end()
+      }
+      if (url === '/_ping') return res.writeHead(200, {'API-Version': '1.41', Server: 'Docker/20.10.24 (linux)'}).end('OK')
+      if (url.startsWith('/containers/json')) return res.writeHead(200).end(JSON.stringify([{Id: 'stuck'}, {Id: 'gone'}]))
+      if (url === '/containers/stuck/json' || url === '/containers/gone/json') return res.writeHead(200).end(JSON.stringify(left(url.split('/')[2]!)))
+      if (url.startsWith('/images/json')) return res.writeHead(200).end('[]')
+      res.writeHead(404).end(JSON.stringify({message: 'not here'}))
+    })
+    await listen(server, path.join(home.home, 'engine.sock'))
+  })
+  afterAll(async () => {
+    server.closeAllConnections()
+    await new Promise((resolve) => server.close(resolve))
+    home.cleanup()
+  })
+
+  it('removes the others, keeps that one with the engine\'s reason, and goes on to the images (exit 0)', async () => {
+    const result = await runCli(['container', 'clean', '--json'], {home: home.home, env: {DOCKER_HOST: `unix://${home.home}/engine.sock`}})
+    expect(result.exitCode, result.stderr).toBe(0)
+    const cleaned = JSON.parse(result.stdout)
+    expect(cleaned.containers.map((container: {name: string}) => container.name)).toEqual(['meepa-gone'])
+    expect(cleaned.kept_containers).toEqual([{name: 'meepa-stuck', reason: 'docker refused: driver failed to remove root filesystem'}])
+    expect(deleted.sort()).toEqual(['/containers/gone', '/containers/stuck'])
+    const text = await runCli(['container', 'clean'], {home: home.home, env: {DOCKER_HOST: `unix://${home.home}/engine.sock`}})
+    expect(text.stdout).toContain('kept container meepa-stuck: docker refused: driver failed to remove root filesystem')
+  })
+})
+
 describe('`container status` without the engine', () => {
   let home: TestHome
   let hungServer: net.Server
@@ -237,7 +277,10 @@ describeWithDocker('Engine API client against the real engine', () => {
       expect(viaApi).toEqual(await labelledImages(cli, [label]))
 
       expect((await docker(['create', '--name', user, '--network', 'none', tag, 'true'])).exitCode).toBe(0)
-      for (const remover of [engine, cli]) expect(await removeImage(remover, tag)).toMatch(/container .*is using/)
+      // in the engine's words on both paths (the CLI's "Error response from daemon: " left out)
+      const refusal = await removeImage(engine, tag)
+      expect(refusal).toMatch(/^conflict: .*container .*is using/)
+      expect(await removeImage(cli, tag)).toBe(refusal)
       expect((await docker(['image', 'inspect', tag])).exitCode).toBe(0)
       await docker(['rm', '-f', user])
 

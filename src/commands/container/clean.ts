@@ -14,6 +14,7 @@ export default class ContainerClean extends BaseCommand<typeof ContainerClean> {
     const result = await cleanContainers(this.loadConfig(), {all: this.flags.all, dryRun: this.flags['dry-run']})
     const verb = result.dry_run ? 'would remove' : 'removed'
     for (const container of result.containers) this.log(`${verb} container ${container.name} (${container.state}, agent ${container.agent ?? '-'})`)
+    for (const container of result.kept_containers) this.log(`kept container ${container.name}: ${container.reason}`)
     for (const image of result.images) this.log(`${verb} image ${image.ref}`)
     for (const image of result.kept) this.log(`kept image ${image.ref}: ${image.reason}`)
     this.log(`${verb} ${result.containers.length} container(s) and ${result.images.length} image(s), ${Math.round(result.reclaimed_bytes / 1e6)} MB`)

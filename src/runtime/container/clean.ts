@@ -18,6 +18,8 @@ export async function removeOrphanContainers(options: {home?: string; dryRun?: b
 export interface ContainerCleanResult {
   dry_run: boolean
   containers: Array<Pick<GatewayContainer, 'name' | 'agent' | 'run' | 'state'>>
+  /** Containers left behind that the engine would not remove, with why. */
+  kept_containers: Array<{name: string; reason: string}>
   images: Array<{ref: string; id: string; size_bytes: number}>
   /** Images that stay, with why (in use by a container, referred to by the config, removal refused). */
   kept: Array<{ref: string; reason: string}>
@@ -33,12 +35,13 @@ export async function cleanContainers(loaded: LoadedConfig, options: {all?: bool
   // a local engine is asked over its API (no docker process per container or image), another through the CLI
   const docker = (options.cli ? undefined : localEngineApi()) ?? options.cli ?? dockerCli()
   const dryRun = options.dryRun === true
-  const containers = await removeOrphanContainers({cli: options.cli, dryRun, signal: options.signal})
+  const {removed: containers, refused} = await cleanOrphanContainers(docker, {dryRun, signal: options.signal})
   // In a dry run the orphans still exist; their images count as free, as they will be.
   const images = await listGatewayImages(loaded, {cli: options.cli, signal: options.signal, ignoreContainers: new Set(containers.map((container) => container.id))})
   const result: ContainerCleanResult = {
     dry_run: dryRun,
     containers: containers.map(({name, agent, run, state}) => ({name, agent, run, state})),
+    kept_containers: refused.map(({container, reason}) => ({name: container.name, reason: `docker refused: ${reason}`})),
     images: [],
     kept: [],
     reclaimed_bytes: 0,

@@ -4,6 +4,7 @@ import {processAlive} from '../../runtime/util/process-alive.js'
 import type {DockerCli} from './cli.js'
 import {LABEL, sha256} from './dockerfile.js'
 import {EngineApi} from './engine-api.js'
+import {cliRefusal} from './errors.js'
 
 /**
  * The gateway's containers, found by label. A message's container is removed by the runner that
@@ -99,16 +100,45 @@ export async function removeContainers(docker: DockerCli | EngineApi, ids: strin
   else await docker.exec(['rm', '--force', '--volumes', ...ids], {signal})
 }
 
+/**
+ * `docker rm --force --volumes` of each container, one already gone included: why the engine
+ * refused each one it did not remove. One refusal does not stop the others; an engine that
+ * cannot be reached (or does not answer) throws.
+ */
+async function removeEachContainer(docker: DockerCli | EngineApi, ids: string[], signal?: AbortSignal): Promise<Map<string, string>> {
+  const refused = new Map<string, string>()
+  if (docker instanceof EngineApi) {
+    const results = await Promise.allSettled(ids.map((id) => docker.removeContainer(id, {signal})))
+    for (const [i, result] of results.entries()) {
+      if (result.status === 'fulfilled') continue
+      const reason = (result.reason as {details?: {reason?: unknown}}).details?.reason
+      if (typeof reason !== 'string') throw result.reason
+      refused.set(ids[i]!, reason)
+    }
+    return refused
+  }
+  if (ids.length === 0 || (await docker.exec(['rm', '--force', '--volumes', ...ids], {signal})).exitCode === 0) return refused
+  // which of them: each alone (the CLI's exit says only that one failed)
+  for (const id of ids) {
+    const alone = await docker.exec(['rm', '--force', '--volumes', id], {signal})
+    if (alone.exitCode !== 0 && !/no such container/i.test(alone.stderr)) refused.set(id, cliRefusal(alone.stderr))
+  }
+  return refused
+}
+
 export interface OrphanCleanup {
   removed: GatewayContainer[]
+  /** Orphans the engine would not remove, with why. */
+  refused: Array<{container: GatewayContainer; reason: string}>
   kept: GatewayContainer[]
 }
 
 /** Finds and (unless dryRun) removes orphans of one home, or of every home when none is given. */
 export async function cleanOrphanContainers(docker: DockerCli | EngineApi, options: {home?: string; dryRun?: boolean; signal?: AbortSignal} = {}): Promise<OrphanCleanup> {
   const containers = await listGatewayContainers(docker, options)
-  const removed = containers.filter((container) => isOrphan(container))
-  const kept = containers.filter((container) => !removed.includes(container))
-  if (!options.dryRun) await removeContainers(docker, removed.map((container) => container.id), options.signal)
-  return {removed, kept}
+  const orphans = containers.filter((container) => isOrphan(container))
+  const refusals = options.dryRun ? new Map<string, string>() : await removeEachContainer(docker, orphans.map((container) => container.id), options.signal)
+  const removed = orphans.filter((container) => !refusals.has(container.id))
+  const refused = orphans.flatMap((container) => (refusals.has(container.id) ? [{container, reason: refusals.get(container.id)!}] : []))
+  return {removed, refused, kept: containers.filter((container) => !orphans.includes(container))}
 }

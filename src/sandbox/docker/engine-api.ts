@@ -213,8 +213,9 @@ function parseJson<T>(answer: EngineAnswer, endpoint: string): T {
 
 /** The engine answered, and said no. */
 function engineRefused(request: string, answer: EngineAnswer): GatewayError {
-  return new GatewayError('E_DOCKER', `the Docker engine refused ${request} (HTTP ${answer.status}): ${refusalOf(answer)}`, {
-    details: {http_status: answer.status},
+  const reason = refusalOf(answer)
+  return new GatewayError('E_DOCKER', `the Docker engine refused ${request} (HTTP ${answer.status}): ${reason}`, {
+    details: {http_status: answer.status, reason},
   })
 }
 

@@ -20,6 +20,11 @@ export class DockerCommandError extends GatewayError {
   }
 }
 
+/** The engine's reason for a refusal in a docker CLI's stderr, in the words the Engine API gives. */
+export function cliRefusal(stderr: string): string {
+  return lastLines(stderr, 1).replace(/^Error response from daemon: /, '')
+}
+
 export function lastLines(text: string, count: number): string {
   return text.trim().split('\n').slice(-count).join(' | ') || '(no output)'
 }

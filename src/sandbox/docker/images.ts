@@ -11,7 +11,7 @@ import {
 } from './dockerfile.js'
 import {dockerArchOf, readElfRuntime} from './elf.js'
 import {EngineApi} from './engine-api.js'
-import {DockerCommandError} from './errors.js'
+import {cliRefusal, DockerCommandError} from './errors.js'
 
 /**
  * The image pipeline of container mode: which images an agent needs, whether they are up to
@@ -108,8 +108,7 @@ export async function labelledImages(docker: DockerExec | EngineApi, labels: str
   if (listed.exitCode !== 0) throw new DockerCommandError(args, listed)
   const ids = [...new Set(listed.stdout.split('\n').filter(Boolean))]
   // one removed between the list and its inspect is skipped, as over the API
-  const images = await Promise.all(ids.map((id) => inspectImage(docker, id, signal)))
-  return images.filter((image): image is ImageInfo => image !== undefined)
+  return (await inspectImages(docker, ids, signal)).filter((image): image is ImageInfo => image !== undefined)
 }
 
 /** `docker image rm REF`: undefined when it is removed or was gone already, else why docker refused (a container uses it...). */
@@ -118,7 +117,7 @@ export async function removeImage(docker: DockerExec | EngineApi, ref: string, s
   if (docker instanceof EngineApi) return docker.removeImage(ref, {signal})
   const removal = await docker.exec(['image', 'rm', ref], {signal})
   if (removal.exitCode === 0 || /no such image/i.test(removal.stderr)) return undefined
-  return removal.stderr.trim().split('\n').at(-1) ?? ''
+  return cliRefusal(removal.stderr)
 }
 
 /** What `docker image inspect` (and the Engine API's /images/{name}/json) says of an image, as far as it is read. */
