@@ -253,6 +253,8 @@ const liteBundles = [
       send: [['send', '--agent', 'meepa', 'hi']],
       'sandbox:exec': [['sandbox', 'exec', '--agent', 'meepa', '--', '/bin/true']],
       'container:clean': [['container', 'clean', '--dry-run'], ['container', 'clean', '--dry-run', '--json']],
+      'agent:create': [['agent', 'create', 'meepa'], ['agent', 'create', 'warm', '--json']],
+      'sandbox:explain': [['sandbox', 'explain', '--agent', 'meepa'], ['sandbox', 'explain', '--agent', 'meepa', '--json']],
     }[id] ?? [id.split(':'), [...id.split(':'), '--json']]
     return {id, entry: run, warm}
   }),

@@ -60,14 +60,14 @@ describe('the CLI that runs is built from the current sources', () => {
       const probe = path.join(home.home, 'probe.cjs')
       // prints every CommonJS module the process loaded (the bundles register themselves there)
       fs.writeFileSync(probe, "process.on('exit', () => process.stderr.write('LOADED ' + JSON.stringify(Object.keys(require.cache)) + '\\n'))\n")
-      // agent list runs from its lite bundle, api-key list through oclif and the full bundle
-      for (const [argv, bundle] of [[['agent', 'list', '--json'], 'dist/lite/agent-list.cjs'], [['api-key', 'list', '--json'], CLI_FILES.bundle]] as const) {
+      // agent list runs from its lite bundle, config schema through oclif and the full bundle
+      for (const [argv, bundle] of [[['agent', 'list', '--json'], 'dist/lite/agent-list.cjs'], [['config', 'schema'], CLI_FILES.bundle]] as const) {
         const result = spawnSync(process.execPath, ['--require', probe, BIN, ...argv], {
           env: {...process.env, NODE_ENV: 'test', MEEPAGATEWAY_HOME: home.home},
           encoding: 'utf8',
         })
         expect(result.status, result.stderr).toBe(0)
-        expect(JSON.parse(result.stdout)).toBeInstanceOf(Array)
+        expect(JSON.parse(result.stdout)).toBeInstanceOf(Object)
         const loaded = JSON.parse(/^LOADED (.*)$/m.exec(result.stderr)?.[1] ?? '[]') as string[]
         expect(loaded).toContain(path.join(ROOT, bundle))
         expect(loaded.filter((file) => file.startsWith(path.join(ROOT, 'src')) || /[\\/](tsx|typescript)[\\/]/.test(file))).toEqual([])

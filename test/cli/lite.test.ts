@@ -42,12 +42,13 @@ async function run(prefix: string[], argv: string[], env: Record<string, string>
 const viaBin = (argv: string[], env?: Record<string, string>) => run([BIN], argv, env)
 const viaOclif = (argv: string[], env?: Record<string, string>) => run([viaOclifScript], argv, env)
 
-/** Both ways; the lite path must not have loaded the full CLI when `lite` is expected. */
-async function expectSame(argv: string[], options: {lite: boolean; env?: Record<string, string>}): Promise<Ran> {
+/** Both ways; the lite path must not have loaded the full CLI when `lite` is expected. `normalize` evens out what differs per run (a temp dir's name). */
+async function expectSame(argv: string[], options: {lite: boolean; env?: Record<string, string>; normalize?: (text: string) => string}): Promise<Ran> {
   const [bin, oclif] = [await viaBin(argv, options.env), await viaOclif(argv, options.env)]
   expect(oclif.fullCli).toBe(true)
   expect(bin.fullCli, `${argv.join(' ')}: full CLI loaded`).toBe(!options.lite)
-  expect({exitCode: bin.exitCode, stdout: bin.stdout, stderr: bin.stderr}, argv.join(' ')).toEqual({exitCode: oclif.exitCode, stdout: oclif.stdout, stderr: oclif.stderr})
+  const seen = ({exitCode, stdout, stderr}: Ran) => ({exitCode, stdout: options.normalize?.(stdout) ?? stdout, stderr: options.normalize?.(stderr) ?? stderr})
+  expect(seen(bin), argv.join(' ')).toEqual(seen(oclif))
   return bin
 }
 
@@ -137,6 +138,25 @@ describe('commands without oclif print what oclif prints (bin/run.js against ocl
       engine.closeAllConnections()
       await new Promise((resolve) => engine.close(resolve))
     }
+  })
+
+  it('agent create, audit, api-key list and sandbox explain, plain and --json, and their errors', async () => {
+    await viaBin(['agent', 'create', 'boxed'])
+    await expectSame(['agent', 'create', 'boxed'], {lite: true}) // there now: both keep it
+    await expectSame(['agent', 'create', 'boxed', '--json'], {lite: true})
+    const invalid = await expectSame(['agent', 'create', 'Not_An_Id'], {lite: true})
+    expect(invalid.exitCode).not.toBe(0)
+    await expectSame(['audit'], {lite: true})
+    await expectSame(['audit', '--json', '-n', '1', '--since', '24h'], {lite: true})
+    await expectSame(['audit', '--since', 'yesterday-ish'], {lite: true})
+    await expectSame(['api-key', 'list'], {lite: true})
+    await expectSame(['api-key', 'list', '--json'], {lite: true})
+    // each explain names its own private TMPDIR
+    const tmpDir = (text: string) => text.replace(/meepa-sandbox-boxed-\w+/g, 'meepa-sandbox-boxed-X')
+    await expectSame(['sandbox', 'explain', '--agent', 'boxed'], {lite: true, normalize: tmpDir})
+    await expectSame(['sandbox', 'explain', '--agent', 'boxed', '--json'], {lite: true, normalize: tmpDir})
+    await expectSame(['sandbox', 'explain', '--agent', 'nobody', '--json'], {lite: true})
+    await expectSame(['sandbox', 'explain'], {lite: false}) // a required flag missing: oclif's message
   })
 
   it('a first run writes the default config and says so, the same way', async () => {

@@ -6,6 +6,8 @@ export default class ConfigSchema extends Command {
   static examples = ['<%= config.bin %> config schema > config.schema.json']
 
   async run(): Promise<void> {
+    // no flags or arguments, but parsing is what rejects stray ones (`config schema --bogus`)
+    await this.parse(ConfigSchema)
     this.log(JSON.stringify(CONFIG_SCHEMA, null, 2))
   }
 }
