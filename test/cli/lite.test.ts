@@ -194,6 +194,11 @@ describe('commands without oclif print what oclif prints (bin/run.js against ocl
       await expectSame(argv, {lite: false})
     }
     await expectSame(['agent', 'list'], {lite: false, env: {MEEPAGATEWAY_DEBUG: '1'}})
+    // Node's own warning that FORCE_COLOR overrides NO_COLOR comes with process.stdout, which only oclif creates
+    const pid = (text: string) => text.replace(/\(node:\d+\)/g, '(node:PID)')
+    await expectSame(['audit'], {lite: false, env: {FORCE_COLOR: '1', NO_COLOR: '1'}, normalize: pid})
+    await expectSame(['audit'], {lite: true, env: {FORCE_COLOR: '0', NO_COLOR: '1'}}) // colour off: no warning (vitest's own setting)
+    await expectSame(['api-key', 'list', '--json'], {lite: false, env: {FORCE_COLOR: '1', NODE_DISABLE_COLORS: '1'}, normalize: pid})
   })
 
   it('leaves JSON output to oclif when a user theme colours it (CONFIG_DIR/theme.json)', async () => {
