@@ -33,7 +33,7 @@ export interface ContainerCleanResult {
  */
 export async function cleanContainers(loaded: LoadedConfig, options: {all?: boolean; dryRun?: boolean; cli?: DockerCli; signal?: AbortSignal} = {}): Promise<ContainerCleanResult> {
   // a local engine is asked over its API (no docker process per container or image), another through the CLI
-  const docker = (options.cli ? undefined : localEngineApi()) ?? options.cli ?? dockerCli()
+  const docker = options.cli ?? localEngineApi() ?? dockerCli()
   const dryRun = options.dryRun === true
   const {removed: containers, refused} = await cleanOrphanContainers(docker, {dryRun, signal: options.signal})
   // In a dry run the orphans still exist; their images count as free, as they will be.

@@ -76,12 +76,8 @@ export class EngineApi {
   }
 
   /** Every container (any state) carrying all of these labels (`name=value`), as `docker container inspect` gives them. */
-  async containers(labels: string[], options: EngineRequestOptions = {}): Promise<RawContainer[]> {
-    const filters = encodeURIComponent(JSON.stringify({label: labels}))
-    const listed = parseJson<Array<{Id: string}>>(await this.call(`/containers/json?all=1&filters=${filters}`, options), '/containers/json')
-    // A container may disappear between the list and its inspect (its runner removed it): skipped.
-    const inspected = await Promise.all(listed.map(({Id}) => this.found<RawContainer>(`/containers/${Id}/json`, options)))
-    return inspected.filter((container): container is RawContainer => container !== undefined)
+  containers(labels: string[], options: EngineRequestOptions = {}): Promise<RawContainer[]> {
+    return this.labelled<RawContainer>('containers', labels, options)
   }
 
   /** What `docker image inspect` prints for one image; undefined when there is no such image. `ref` must be validated. */
@@ -90,12 +86,16 @@ export class EngineApi {
   }
 
   /** Every image carrying all of these labels (`name=value`), as `docker image inspect` gives them. */
-  async images(labels: string[], options: EngineRequestOptions = {}): Promise<RawImage[]> {
+  images(labels: string[], options: EngineRequestOptions = {}): Promise<RawImage[]> {
+    return this.labelled<RawImage>('images', labels, options)
+  }
+
+  /** Listed by label, then each inspected; one removed in between (its runner, another `container clean`) is skipped. */
+  private async labelled<T>(kind: 'containers' | 'images', labels: string[], options: EngineRequestOptions): Promise<T[]> {
     const filters = encodeURIComponent(JSON.stringify({label: labels}))
-    const listed = parseJson<Array<{Id: string}>>(await this.call(`/images/json?filters=${filters}`, options), '/images/json')
-    // An image may disappear between the list and its inspect (another `container clean`): skipped.
-    const inspected = await Promise.all(listed.map(({Id}) => this.found<RawImage>(`/images/${Id}/json`, options)))
-    return inspected.filter((image): image is RawImage => image !== undefined)
+    const listed = parseJson<Array<{Id: string}>>(await this.call(`/${kind}/json?${kind === 'containers' ? 'all=1&' : ''}filters=${filters}`, options), `/${kind}/json`)
+    const inspected = await Promise.all(listed.map(({Id}) => this.found<T>(`/${kind}/${Id}/json`, options)))
+    return inspected.filter((item): item is Awaited<T> => item !== undefined)
   }
 
   /**
