@@ -106,6 +106,14 @@ describe('Engine API client: deadlines, cancellation and errors', () => {
     serverHeader = {}
   })
 
+  it('an image reference that is not one never reaches the request path (no other endpoint, no query)', async () => {
+    paths.length = 0
+    for (const ref of ['../containers/x', 'x?force=1', 'x#y', 'x y', '-x']) {
+      await expect(removeImage(new EngineApi(fakeSocket), ref), ref).rejects.toMatchObject({code: 'E_CONFIG'})
+    }
+    expect(paths).toEqual([])
+  })
+
   it('an error the engine answers with is E_DOCKER with its message', async () => {
     await expect(new EngineApi(fakeSocket).containers(['meepagateway=1'])).rejects.toMatchObject({
       code: 'E_DOCKER', exitCode: 10, message: expect.stringContaining('the list is broken'),
