@@ -7,7 +7,12 @@
 //   (0.0.78, a dev dependency) on the same command; `send` to an unrestricted agent with a fake
 //   LLM answering at once ≤ 3× `node -e 0`; `send` to a container agent ≤ 2× a bare
 //   `docker run --rm <isolation image> node -e 0`; peak RSS of each ≤ 80 MB.
-// Also, with no target, as a ratio to `node -e 0`: `container clean --dry-run` and `container images`.
+// `send_unrestricted` is `send` with a gateway (`serve`) of its home running, which runs the message
+// in an agent-run it started ahead (src/runtime/connectors/local-send/); its home is a copy of the
+// others' so every other case runs without a gateway. Each such send is followed by a pause (not
+// timed) in which the gateway starts its next standby, so that start does not land on the next case.
+// Also, with no target, as a ratio to `node -e 0`: `container clean --dry-run`, `container images`,
+// and `send` to the unrestricted agent with no gateway (`send_unrestricted_one_shot`).
 // Container cases are skipped (and said so) when no Docker engine answers.
 //   npx tsx bench/startup.ts        (BENCH_N=10 rounds by default)
 // Every process gets this process's environment (BENCH_ENV=inherit, the default: what an
@@ -65,6 +70,16 @@ if (engineUp) {
   process.stderr.write('startup bench: no Docker engine answers; skipping the container cases\n')
 }
 
+// the home `send_unrestricted` runs in, with a gateway serving it
+const servedHome = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-bench-served-'))
+fs.copyFileSync(configPath, path.join(servedHome, 'config.yaml'))
+const servedEnv = {...env, MEEPAGATEWAY_HOME: servedHome}
+const gateway = execa(process.execPath, [bin, 'serve'], {env: servedEnv, extendEnv: false, reject: false, stdio: 'ignore'})
+for (const deadline = Date.now() + 20_000; !fs.existsSync(path.join(servedHome, 'run', 'send.token')); ) {
+  if (Date.now() > deadline || gateway.exitCode !== null) throw new Error('startup bench: the gateway for send_unrestricted did not start')
+  await new Promise((resolve) => setTimeout(resolve, 50))
+}
+
 // srt with the same intent as the agent's policy: write only the workspace, no network
 const srtSettings = path.join(home, 'srt-settings.json')
 fs.writeFileSync(srtSettings, JSON.stringify({network: {allowedDomains: [], deniedDomains: []}, filesystem: {denyRead: [path.join(os.homedir(), '.ssh')], allowWrite: [path.join(home, 'agents', 'boxed')], denyWrite: []}}))
@@ -79,6 +94,7 @@ const cases: Record<string, string[]> = {
   sandbox_exec: cli('sandbox', 'exec', '--agent', 'boxed', '--', '/bin/true'),
   srt: [srt, '-s', srtSettings, '/bin/true'],
   send_unrestricted: cli('send', '--agent', 'free', 'hi'),
+  send_unrestricted_one_shot: cli('send', '--agent', 'free', 'hi'),
   ...(isolationImage
     ? {
         container_status: cli('container', 'status'),
@@ -91,18 +107,22 @@ const cases: Record<string, string[]> = {
     : {}),
 }
 
-async function once(argv: string[]): Promise<number> {
+/** The environment of a case: the served home's for `send_unrestricted`. */
+const envOf = (name: string) => (name === 'send_unrestricted' ? servedEnv : env)
+
+async function once(name: string, argv: string[]): Promise<number> {
   const [file, ...args] = argv as [string, ...string[]]
   const started = performance.now()
-  const result = await execa(file, args, {env, extendEnv: false, reject: false, cwd: home})
+  const result = await execa(file, args, {env: envOf(name), extendEnv: false, reject: false, cwd: home})
   const ms = performance.now() - started
   if (result.exitCode !== 0) throw new Error(`${argv.join(' ')} exited ${result.exitCode}: ${String(result.stderr).slice(-500)}`)
+  if (name === 'send_unrestricted') await new Promise((resolve) => setTimeout(resolve, 300))
   return ms
 }
 
 /** Peak resident set of the process and the children it waited for (GNU time), in MB. */
-async function peakRssMb(argv: string[]): Promise<number> {
-  const result = await execa('/usr/bin/time', ['-f', '%M', ...argv], {env, extendEnv: false, reject: false, cwd: home})
+async function peakRssMb(name: string, argv: string[]): Promise<number> {
+  const result = await execa('/usr/bin/time', ['-f', '%M', ...argv], {env: envOf(name), extendEnv: false, reject: false, cwd: home})
   return Number(String(result.stderr).trim().split('\n').at(-1)) / 1024
 }
 
@@ -129,7 +149,7 @@ const agentRunToFirstRequest = async () => {
 const samples: Record<string, number[]> = Object.fromEntries([...Object.keys(cases), 'agent_run_to_first_request'].map((name) => [name, []]))
 for (let round = 0; round < N + 2; round++) {
   for (const [name, argv] of Object.entries(cases)) {
-    const ms = await once(argv)
+    const ms = await once(name, argv)
     if (round >= 2) samples[name]?.push(ms) // two warm-up rounds
   }
   const ms = await agentRunToFirstRequest()
@@ -137,9 +157,16 @@ for (let round = 0; round < N + 2; round++) {
 }
 const results: Record<string, Stats> = Object.fromEntries(Object.entries(samples).map(([name, list]) => [name, stats(list)]))
 const rss: Record<string, number> = {}
-for (const [name, argv] of Object.entries(cases)) if (!['node_e_0', 'srt', 'docker_run_bare'].includes(name)) rss[name] = +(await peakRssMb(argv)).toFixed(1)
+for (const [name, argv] of Object.entries(cases)) if (!['node_e_0', 'srt', 'docker_run_bare'].includes(name)) rss[name] = +(await peakRssMb(name, argv)).toFixed(1)
+// what the gateway holds for send_unrestricted: itself and the agent-run waiting for the next message
+const vmHwmMb = (pid: number) => Number(/VmHWM:\s+(\d+)/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1]) / 1024
+const standbys = fs.readdirSync('/proc').filter((pid) => /^\d+$/.test(pid) && fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').endsWith('\0agent-run\0') && fs.readlinkSync(`/proc/${pid}/cwd`).startsWith(servedHome))
+const gatewayRss = {gateway_mb: +vmHwmMb(gateway.pid!).toFixed(1), standby_agent_runs_mb: standbys.map((pid) => +vmHwmMb(Number(pid)).toFixed(1))}
+gateway.kill('SIGTERM')
+await gateway
 await llm.close()
 fs.rmSync(home, {recursive: true, force: true})
+fs.rmSync(servedHome, {recursive: true, force: true})
 
 const median = (name: string) => results[name]?.median ?? Number.NaN
 const node = median('node_e_0')
@@ -157,7 +184,7 @@ const ratios = targets
   })
 
 /** Commands without a target of their own, as a ratio to `node -e 0`. */
-const untargeted = ['container_clean', 'container_images'].filter((name) => results[name]).map((name) => ({case: name, median_ms: +median(name).toFixed(1), ratio: +(median(name) / node).toFixed(2), peak_rss_mb: rss[name]}))
+const untargeted = ['send_unrestricted_one_shot', 'container_clean', 'container_images'].filter((name) => results[name]).map((name) => ({case: name, median_ms: +median(name).toFixed(1), ratio: +(median(name) / node).toFixed(2), peak_rss_mb: rss[name]}))
 
 report(benchEnv === 'clean' ? 'startup-clean-env' : 'startup', {
   samples: N,
@@ -174,6 +201,8 @@ report(benchEnv === 'clean' ? 'startup-clean-env' : 'startup', {
     targets: {version_ms: 300, agent_run_ms: 200},
   },
   untargeted,
+  /** Peak RSS of the gateway `send_unrestricted` talks to, and of its standby agent-run(s). */
+  gateway_peak_rss: gatewayRss,
   summary: [
     ...ratios.map((r) => `${r.case} ${fmt(r.median_ms)} = ${r.ratio}x ${r.baseline} (${fmt(r.baseline_ms)}), target ≤ ${r.max_ratio}x: ${r.met ? 'met' : 'NOT met'}; peak RSS ${r.peak_rss_mb} MB`),
     ...untargeted.map((r) => `${r.case} ${fmt(r.median_ms)} = ${r.ratio}x node_e_0 (no target); peak RSS ${r.peak_rss_mb} MB`),

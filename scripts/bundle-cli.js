@@ -62,16 +62,33 @@ if (process.argv[2] === '--write-lite-code-cache') {
     throw Object.assign(new Error('exit'), {exitCode: code})
   }
   process.env.MEEPAGATEWAY_HOME = home
+  // `send` is warmed as most starts run it: handing its message to a gateway (this one answers at once)
+  const gateway = bundleFile === liteBundleFile('send') ? await fakeGatewayForSend(home) : undefined
   try {
     // each run bounded: a build machine's hung Docker engine would hold each container command for its deadline (30 s)
     for (const argv of argvs) await Promise.race([lite.run(argv, root).catch(() => {}), new Promise((resolve) => setTimeout(resolve, 5000).unref())])
   } finally {
     process.exit = exit
     process.exitCode = 0
+    gateway?.close()
     fs.rmSync(home, {recursive: true, force: true})
   }
   fs.writeFileSync(path.join(root, `${bundleFile}.v8cache`), script.createCachedData())
   process.exit(0)
+}
+
+/** A stand-in for `serve` on the local send socket of `home` (src/runtime/connectors/local-send/): it answers every message with a reply. */
+async function fakeGatewayForSend(home) {
+  const {localSendDir, localSendSocket, localSendToken} = await import('../dist/runtime/connectors/local-send/protocol.js')
+  const net = await import('node:net')
+  fs.mkdirSync(localSendDir(home), {recursive: true, mode: 0o700})
+  fs.writeFileSync(localSendToken(home), 'warm')
+  const output = {version: 1, ok: true, run_id: 'run_warm', reply: {content: 'warm'}, usage: {input_tokens: 1, output_tokens: 1}}
+  const server = net.createServer((socket) => {
+    socket.once('data', () => socket.end(`${JSON.stringify({type: 'log', line: 'warm'})}\n${JSON.stringify({type: 'result', output})}\n`))
+  })
+  await new Promise((resolve) => server.listen(localSendSocket(home), resolve))
+  return server
 }
 
 function commandFiles(dir) {
@@ -240,7 +257,38 @@ const liteCore = {
     build.onResolve({filter: /^@oclif\/core$/}, () => ({path: path.join(dist, 'cli', 'lite', 'core.js')}))
   },
 }
+/**
+ * `send`'s lite bundle holds what hands the message to a running gateway; the one-shot run (config,
+ * runners, SQLite: most of its code) is a bundle of its own, loaded only when no gateway takes it.
+ */
+const SEND_ONE_SHOT = 'send-one-shot'
+const sendOneShotApart = {
+  name: 'send-one-shot-apart',
+  setup(build) {
+    build.onResolve({filter: /[\\/]runtime[\\/]runners[\\/]send\.js$/}, (args) =>
+      args.kind === 'dynamic-import' && /[\\/]commands[\\/]send\.js$/.test(args.importer) ? {path: 'send-one-shot', namespace: SEND_ONE_SHOT} : undefined,
+    )
+    build.onResolve({filter: /^meepa-cli-bundle$/}, () => ({path: '../../bin/cli-bundle.cjs', external: true}))
+    build.onLoad({filter: /.*/, namespace: SEND_ONE_SHOT}, () => ({
+      contents: [
+        "import {loadCliBundle} from 'meepa-cli-bundle'",
+        "import {APP_ROOT} from './runtime/util/app-root.js'",
+        `export const sendMessage = (options) => loadCliBundle(APP_ROOT, {bundle: ${JSON.stringify(liteBundleFile(SEND_ONE_SHOT))}}).exports.sendMessage(options)`,
+      ].join('\n'),
+      loader: 'js',
+      resolveDir: dist,
+    }))
+  },
+}
+const sendCommandFile = commands.find((command) => command.id === 'send')?.file
 const liteBundles = [
+  // before `send`, whose warm-up loads it
+  {
+    id: SEND_ONE_SHOT,
+    entry: `import {runCommandWithoutOclif} from './cli/lite/run.js'\nimport Command from ${JSON.stringify(sendCommandFile)}\nexport {sendMessage} from './runtime/runners/send.js'\nexport const run = (argv) => runCommandWithoutOclif(argv, 'send', Command)`,
+    warm: [['send', '--agent', 'meepa', 'hi']],
+    notACommand: true,
+  },
   ...LITE_COMMANDS.map((id) => {
     const file = commands.find((command) => command.id === id)?.file
     if (!file) throw new Error(`bundle-cli: src/cli/lite/commands.ts names ${id}, which is not a command`)
@@ -256,13 +304,13 @@ const liteBundles = [
       'agent:create': [['agent', 'create', 'meepa'], ['agent', 'create', 'warm', '--json']],
       'sandbox:explain': [['sandbox', 'explain', '--agent', 'meepa'], ['sandbox', 'explain', '--agent', 'meepa', '--json']],
     }[id] ?? [id.split(':'), [...id.split(':'), '--json']]
-    return {id, entry: run, warm}
+    return {id, entry: run, warm, plugins: id === 'send' ? [sendOneShotApart] : []}
   }),
   {id: 'help-pages', entry: `import {printHelpPageWithoutOclif} from './cli/lite/run.js'\nexport const run = async (argv, root) => printHelpPageWithoutOclif(argv, root, ${JSON.stringify(version)})`, warm: [['--help'], ['runs', '--help']]},
 ]
-for (const {id, entry, warm} of liteBundles) {
+for (const {id, entry, warm, plugins = []} of liteBundles) {
   const bundleFile = liteBundleFile(id)
-  const built = await bundle({entry, sourcefile: `lite-${id}.js`, outfile: path.join(root, bundleFile), plugins: [liteCore, oclifInternalsInBundle], external: CLI_EXTERNALS.filter((name) => name !== 'better-sqlite3')})
+  const built = await bundle({entry, sourcefile: `lite-${id}.js`, outfile: path.join(root, bundleFile), plugins: [liteCore, oclifInternalsInBundle, ...plugins], external: CLI_EXTERNALS.filter((name) => name !== 'better-sqlite3')})
   // better-sqlite3's own addon lookup fails from inside a bundle: only openSqlite may open files here
   if (Object.keys(built.metafile.inputs).some((input) => input.endsWith('runtime/workspace/memory.js'))) {
     throw new Error(`bundle-cli: the lite bundle of ${id} holds memory.js, which opens SQLite without src/runtime/util/sqlite.ts`)
@@ -275,5 +323,5 @@ for (const {id, entry, warm} of liteBundles) {
   const warmed = spawnSync(process.execPath, [fileURLToPath(import.meta.url), '--write-lite-code-cache', bundleFile, JSON.stringify(warm)], {stdio: ['ignore', 'ignore', 'pipe'], encoding: 'utf8'})
   if (warmed.status !== 0) throw new Error(`bundle-cli: warming ${bundleFile} failed (exit ${warmed.status}): ${warmed.stderr}`)
 }
-fs.writeFileSync(path.join(root, CLI_FILES.liteIndex), `${JSON.stringify(liteBundles.map(({id}) => id))}\n`)
+fs.writeFileSync(path.join(root, CLI_FILES.liteIndex), `${JSON.stringify(liteBundles.filter((lite) => !lite.notACommand).map(({id}) => id))}\n`)
 fs.writeFileSync(path.join(root, CLI_FILES.sources), `${JSON.stringify(Object.fromEntries(Object.entries(sources).sort()), null, 2)}\n`)

@@ -2,11 +2,13 @@ import {Args, Flags} from '@oclif/core'
 import {BaseCommand} from './base-command.js'
 import type {AgentRunOutput} from '../runtime/agent-run/contract.js'
 import {GatewayError} from '../runtime/util/errors.js'
-import {FORWARDED_SIGNALS, readMessageArgument, sendMessage, signalExitCode} from '../runtime/runners/send.js'
+import {sendThroughGateway} from '../runtime/connectors/local-send/client.js'
+import {FORWARDED_SIGNALS, readMessageArgument, signalExitCode} from '../runtime/runners/send-input.js'
 
 export default class Send extends BaseCommand<typeof Send> {
   static summary = "send one message to an agent and print its reply (runs the agent's whole loop in its isolation level)"
-  static description = 'SIGINT (Ctrl-C) and SIGTERM are forwarded to the run, which is stopped with everything it started; send then exits with the run\'s status (130, 143).'
+  static description =
+    'With a gateway of the same MEEPAGATEWAY_HOME serving (meepagateway serve), the message runs there, in its queue, when that gateway has the same config and environment; otherwise send runs it itself. SIGINT (Ctrl-C) and SIGTERM are forwarded to the run, which is stopped with everything it started; send then exits with the run\'s status (130, 143).'
   static args = {message: Args.string({description: 'the message; "-" reads it from stdin', required: true})}
   static flags = {
     agent: Flags.string({char: 'a', description: 'agent id', required: true}),
@@ -24,15 +26,11 @@ export default class Send extends BaseCommand<typeof Send> {
     const forward = (signal: NodeJS.Signals) => stop.abort(signal)
     for (const signal of FORWARDED_SIGNALS) process.on(signal, forward)
     try {
-      const {output} = await sendMessage({
-        loaded: this.loadConfig(),
-        agentId: this.flags.agent,
-        channel: this.flags.channel,
-        content,
-        unrestricted: this.flags.unrestricted,
-        onLog: (line) => this.logToStderr(line),
-        signal: stop.signal,
-      })
+      const request = {agentId: this.flags.agent, channel: this.flags.channel, content, unrestricted: this.flags.unrestricted, onLog: (line: string) => this.logToStderr(line), signal: stop.signal}
+      const output =
+        (await sendThroughGateway({...request, configPath: this.flags.config})) ??
+        // no gateway took it: the whole run in this process (its code is loaded only then)
+        (await (await import('../runtime/runners/send.js')).sendMessage({...request, loaded: this.loadConfig()})).output
       if (!output.ok) {
         const {suggestions, ...details} = output.error.details ?? {}
         const signal = stop.signal.aborted ? String(stop.signal.reason) : undefined

@@ -1,4 +1,7 @@
 import {build} from 'esbuild'
+import fs from 'node:fs'
+import path from 'node:path'
+import {ROOT} from '../helpers/home.js'
 import {describe, expect, it} from 'vitest'
 
 // issue 13: `config check`, `agent list` and `runs` go into a small start-up bundle of their own;
@@ -21,5 +24,19 @@ describe('the light commands import nothing heavy', () => {
     const {packages, sources} = await packagesImportedBy(entry)
     expect(packages.filter((name) => HEAVY.includes(name) && !allowed.includes(name))).toEqual([])
     expect(sources.filter((source) => source.includes('/runners/') && !source.endsWith('/isolation-level.ts'))).toEqual([])
+  })
+})
+
+describe("send's start-up bundle", () => {
+  it('holds what hands the message to a running gateway, not the one-shot run (a bundle of its own, loaded only when no gateway takes it)', () => {
+    const read = (file: string) => fs.readFileSync(path.join(ROOT, 'dist', 'lite', file), 'latin1')
+    // (includes(), not toContain(): a failure would print the whole bundle)
+    for (const name of ['AgentRunChannel', 'createRunCgroup', 'createProviderChain', 'runMessage']) {
+      expect(read('send.cjs').includes(name), name).toBe(false)
+      expect(read('send-one-shot.cjs').includes(name), name).toBe(true)
+    }
+    expect(read('send.cjs').includes('sendThroughGateway')).toBe(true)
+    // not a command of its own
+    expect(JSON.parse(read('index.json'))).not.toContain('send-one-shot')
   })
 })

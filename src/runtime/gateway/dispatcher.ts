@@ -13,7 +13,14 @@ const ABORT_SETTLE_MS = 10_000
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms).unref())
 
 /** Runs one message for one agent: `runMessage` in production, a stub in queueing tests. */
-export type RunFunction = (request: {agentId: string; message: InboundMessage; runId: string; signal: AbortSignal}) => Promise<RunMessageResult>
+export type RunFunction = (request: {agentId: string; message: InboundMessage; runId: string; signal: AbortSignal; onLog?: (line: string) => void}) => Promise<RunMessageResult>
+
+/** What the sender of one message adds: a way to stop its run, and its progress lines (`send` over the local socket). */
+export interface DispatchExtras {
+  /** Aborting stops the run (a reason such as 'SIGINT' is forwarded to it first). */
+  signal?: AbortSignal
+  onLog?: (line: string) => void
+}
 
 export type DispatchStatus = 'ok' | 'failed' | 'interrupted' | 'rejected'
 
@@ -62,7 +69,7 @@ export class Dispatcher {
     return !this.stopping
   }
 
-  dispatch(agentId: string, message: InboundMessage, delivery: Delivery): DispatchTicket {
+  dispatch(agentId: string, message: InboundMessage, delivery: Delivery, extras: DispatchExtras = {}): DispatchTicket {
     const runId = this.options.newRunId()
     const start: RunStart = {
       id: runId,
@@ -79,7 +86,7 @@ export class Dispatcher {
     let settle!: (outcome: DispatchOutcome) => void
     const done = new Promise<DispatchOutcome>((resolve) => (settle = resolve))
     const accepted = this.options.queue.submit(agentId, {
-      run: async () => settle(await this.execute(start, message, delivery)),
+      run: async () => settle(await this.execute(start, message, delivery, extras)),
       cancel: () => void this.reject(start, delivery, 'stopping', 'the gateway shut down before the run started').done.then(settle),
     })
     if (!accepted) {
@@ -131,8 +138,11 @@ export class Dispatcher {
     return {runId: start.id, accepted: false, done}
   }
 
-  private async execute(start: RunStart, message: InboundMessage, delivery: Delivery): Promise<DispatchOutcome> {
+  private async execute(start: RunStart, message: InboundMessage, delivery: Delivery, extras: DispatchExtras): Promise<DispatchOutcome> {
     const controller = new AbortController()
+    const forward = () => controller.abort(extras.signal?.reason)
+    extras.signal?.addEventListener('abort', forward)
+    if (extras.signal?.aborted) forward()
     this.inFlight.add(controller)
     const started = Date.now()
     const stopTyping = delivery.startTyping()
@@ -141,13 +151,14 @@ export class Dispatcher {
     // a record that cannot be written (damaged or full disk) is logged; the message still runs
     this.writeRecord(start.id, () => this.options.records.start({...start, startedAt: started}))
     try {
-      const result = await this.options.run({agentId: start.agentId, message, runId: start.id, signal: controller.signal})
+      const result = await this.options.run({agentId: start.agentId, message, runId: start.id, signal: controller.signal, onLog: extras.onLog})
       output = result.output
       level = result.level
     } catch (error) {
       output = failure(start.id, 'E_INTERNAL', (error as Error).message)
     } finally {
       stopTyping()
+      extras.signal?.removeEventListener('abort', forward)
       this.inFlight.delete(controller)
     }
     const interrupted = controller.signal.aborted && !output.ok

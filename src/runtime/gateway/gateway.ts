@@ -1,3 +1,4 @@
+import fs from 'node:fs'
 import type {LoadedConfig} from '../config/types.js'
 import {createConnector, connectorNames, type ConnectorTimings} from '../connectors/index.js'
 import type {Connector} from '../connectors/types.js'
@@ -7,7 +8,7 @@ import {Router} from '../http/router.js'
 import {startHttpListener, type HttpListener} from '../http/server.js'
 import {newRunId, runMessage} from '../runners/run-message.js'
 import {reclaimAbandonedRuns} from '../runners/reclaim-runs.js'
-import {abandonEngineWork, stopStandbyContainers} from '../runners/index.js'
+import {abandonEngineWork, stopStandbyAgentRuns, stopStandbyContainers} from '../runners/index.js'
 import {isolationLevelFor} from '../runners/isolation-level.js'
 import {ApiKeys, takeLegacyKeysNotice} from '../state/api-keys.js'
 import {isSqliteDamage} from '../state/sqlite-damage.js'
@@ -18,6 +19,7 @@ import {Dispatcher, type RunFunction} from './dispatcher.js'
 import {GatewayHealth} from './health.js'
 import {answerInterruptedRuns} from './restart-replies.js'
 import {RunQueue} from './run-queue.js'
+import {listenForLocalSend, type LocalSendListener} from '../connectors/local-send/server.js'
 import {assertSafeBind, hasCaptainPassword, isLoopbackBind, mountCaptain, type Captain} from '../captain/index.js'
 
 export interface GatewayOptions {
@@ -95,8 +97,20 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     const queue = new RunQueue({maxConcurrent: config.gateway.max_concurrent_runs, queueLimit: config.gateway.queue_limit})
     const run: RunFunction =
       options.run ??
-      (({agentId, message, runId, signal}) =>
-        runMessage({loaded: live, agentId, message, runId, signal, unrestricted: options.unrestricted, standby: true, onLog: (line) => log(`run ${runId}: ${line}`)}))
+      (({agentId, message, runId, signal, onLog}) =>
+        runMessage({
+          loaded: live,
+          agentId,
+          message,
+          runId,
+          signal,
+          unrestricted: options.unrestricted,
+          standby: true,
+          onLog: (line) => {
+            log(`run ${runId}: ${line}`)
+            onLog?.(line)
+          },
+        }))
     const dispatcher = new Dispatcher({
       queue,
       records,
@@ -159,7 +173,6 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       })
     }
     mountWebChat({router, dispatcher, agentIds: () => [...agents.keys()], caller: captain?.chatCaller ?? apiKeyCaller(new ApiKeys(db)), runs: records})
-
     const http: HttpListener = await startHttpListener({
       bind: config.captain.bind,
       port: options.port ?? config.captain.port,
@@ -172,6 +185,19 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
         (options.unrestricted ? '; --unrestricted: every agent runs WITHOUT isolation' : ''),
     )
     captain?.announce(http.url.replace(/\/$/, ''))
+    // the config text runs are made from, for send to compare with its own (a dashboard edit writes the file)
+    let configText = fs.readFileSync(loaded.path, 'utf8')
+    captain?.onConfigChange(() => void (configText = fs.readFileSync(live.path, 'utf8')))
+    const localSend: LocalSendListener | undefined = await listenForLocalSend({
+      home: loaded.home,
+      config: () => ({path: live.path, text: configText}),
+      unrestricted: Boolean(options.unrestricted),
+      agentIds: () => [...agents.keys()],
+      dispatcher,
+      queue,
+      log,
+    })
+
     if (!isLoopbackBind(config.captain.bind) && config.captain.allowed_hosts.length === 0) {
       log(`gateway: captain.bind is ${config.captain.bind}, but only requests naming 127.0.0.1/localhost are answered; list the names clients use in captain.allowed_hosts`)
     }
@@ -185,17 +211,20 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     const stopped = new Promise<void>((resolve) => (markStopped = resolve))
     const stop = async (stopOptions: {graceMs?: number} = {}): Promise<void> => {
       orphanCheck.abort()
+      localSend?.close()
       const graceMs = stopOptions.graceMs ?? config.gateway.shutdown_grace_seconds * 1000
       if (queue.running > 0) log(`gateway: stopping; waiting up to ${Math.round(graceMs / 1000)} s for ${queue.running} running run(s)`)
       else log('gateway: stopping')
       // standbys go while runs drain: a hung engine must not add its wait to the grace period
       const standbysStopped = stopStandbyContainers()
+      const agentRunsStopped = stopStandbyAgentRuns()
       const {aborted} = await dispatcher.drain(graceMs)
       if (aborted > 0) log(`gateway: stopped ${aborted} run(s) still running after the grace period`)
       await restartReplies
       await Promise.all(connectors.map((connector) => connector.stop().catch(() => {})))
       // again: a run that ended during the drain may have prepared one
       const left = [...(await standbysStopped.catch(() => [])), ...(await stopStandbyContainers().catch(() => [])), ...(await abandonEngineWork())]
+      await Promise.all([agentRunsStopped, stopStandbyAgentRuns()])
       if (left.length > 0) log(`gateway: the Docker engine did not answer; left container(s) ${[...new Set(left)].join(', ')} for the next start-up (or container clean) to remove`)
       captain?.close() // ends running builds and so their event streams, which would hold the listener open
       await Promise.race([http.close(), new Promise((resolve) => setTimeout(resolve, 5000).unref())])

@@ -37,11 +37,16 @@ export class RunQueue {
     this.keyed = new KeyedQueue({concurrency: options.maxConcurrent})
   }
 
+  /** Whether `submit` would take a job for the agent now. */
+  hasRoom(agentId: string): boolean {
+    // one may run, queueLimit may wait behind it
+    return (this.accepted.get(agentId)?.size ?? 0) < this.options.queueLimit + 1
+  }
+
   /** False when the agent's queue is full: the caller tells the sender to try again. */
   submit(agentId: string, job: QueuedJob): boolean {
+    if (!this.hasRoom(agentId)) return false
     const mine = this.accepted.get(agentId) ?? new Set<Accepted>()
-    // one may run, queueLimit may wait behind it
-    if (mine.size >= this.options.queueLimit + 1) return false
     const entry: Accepted = {job, controller: new AbortController(), started: false}
     mine.add(entry)
     this.accepted.set(agentId, mine)

@@ -22,6 +22,11 @@ export async function stopStandbyContainers(): Promise<string[]> {
   return (await import('./container.js')).stopStandbyContainers()
 }
 
+/** Ends the standby agent-runs this process started (see standby-agent-runs.ts). */
+export async function stopStandbyAgentRuns(): Promise<void> {
+  return (await import('./standby-agent-runs.js')).stopStandbyAgentRuns()
+}
+
 /** Gives up on Docker work still pending at exit (see container.ts); returns the containers left behind. */
 export async function abandonEngineWork(): Promise<string[]> {
   return (await import('./container.js')).abandonEngineWork()

@@ -8,12 +8,21 @@ import {RUN_TMP_PREFIX} from './run-processes.js'
  * pid, so a later start-up knows it is stale once this process is gone (reapAbandonedRuns).
  */
 export async function withPrivateTmp<T>(runId: string, use: (dir: string) => Promise<T>): Promise<T> {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), `${RUN_TMP_PREFIX}${process.pid}-${runId.slice(0, 12)}-`))
+  const dir = makePrivateTmp(runId)
   try {
     return await use(dir)
   } finally {
-    fs.rmSync(dir, {recursive: true, force: true})
+    removePrivateTmp(dir)
   }
+}
+
+/** A private TMPDIR that outlives one call (a standby agent-run's, made before its run exists). */
+export function makePrivateTmp(runId: string): string {
+  return fs.mkdtempSync(path.join(os.tmpdir(), `${RUN_TMP_PREFIX}${process.pid}-${runId.slice(0, 12)}-`))
+}
+
+export function removePrivateTmp(dir: string): void {
+  fs.rmSync(dir, {recursive: true, force: true})
 }
 
 /** The environment every level gives agent-run: nothing from the operator's shell but PATH and locale. */

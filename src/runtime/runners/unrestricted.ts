@@ -1,27 +1,37 @@
-import {agentRunArgv, runAgentProcess} from './agent-run-process.js'
-import {agentEnvironment, withPrivateTmp} from './private-tmp.js'
+import {agentRunArgv, runAgentProcess, type AgentProcessLaunch} from './agent-run-process.js'
+import {agentEnvironment, removePrivateTmp, withPrivateTmp} from './private-tmp.js'
+import {prepareStandbyAgentRun, takeStandbyAgentRun} from './standby-agent-runs.js'
 import type {RunRequest, Runner} from './types.js'
 
 /**
  * No isolation: agent-run as a plain child process, still with a scrubbed env, its limits and a
  * keeper that kills everything it started when it ends, at the deadline or when its owner dies.
+ * In a running gateway (request.standby) the agent's next agent-run is started once a run ends.
  */
 export const unrestrictedRunner: Runner = {
   level: 'unrestricted',
-  run: (request: RunRequest) =>
-    withPrivateTmp(request.input.run_id, (tmp) =>
-      runAgentProcess({
-        argv: agentRunArgv(),
-        env: agentEnvironment(request.workspace, tmp),
-        cwd: request.workspace,
-        input: request.input,
-        llm: request.llm,
-        timeoutMs: request.timeoutMs,
-        signal: request.signal,
-        onStderr: request.onLog,
-        onStarted: request.onStarted,
-        quietUntilInput: true,
-        ownership: {home: request.home, runId: request.input.run_id, limits: request.agent.limits, workspace: request.workspace, tmpDir: tmp},
-      }),
-    ),
+  run: async (request: RunRequest) => {
+    const slot = `${request.home}\0${request.agent.id}`
+    // what a standby must have been started with to serve this request (the rest is this process's)
+    const key = JSON.stringify([request.workspace, request.agent.limits])
+    const launchFor = (tmpDir: string, processId: string): AgentProcessLaunch => ({
+      argv: agentRunArgv(),
+      env: agentEnvironment(request.workspace, tmpDir),
+      cwd: request.workspace,
+      quietUntilInput: true,
+      ownership: {home: request.home, runId: processId, limits: request.agent.limits, workspace: request.workspace, tmpDir},
+    })
+    const run = {input: request.input, llm: request.llm, timeoutMs: request.timeoutMs, signal: request.signal, onStderr: request.onLog, onStarted: request.onStarted}
+    const standby = request.standby ? takeStandbyAgentRun(slot, key) : undefined
+    try {
+      if (!standby) return await withPrivateTmp(request.input.run_id, (tmp) => runAgentProcess({...launchFor(tmp, request.input.run_id), ...run}))
+      try {
+        return await standby.process.run(run)
+      } finally {
+        removePrivateTmp(standby.tmpDir)
+      }
+    } finally {
+      if (request.standby) setImmediate(() => prepareStandbyAgentRun(slot, key, launchFor, (line) => request.onLog?.(line)))
+    }
+  },
 }

@@ -64,7 +64,18 @@ export interface GatewayErrorOptions {
   exitCode?: number
 }
 
+/** Marks a GatewayError of any bundle: `send`'s one-shot run is a bundle of its own, with its own copy of the class. */
+const GATEWAY_ERROR = Symbol.for('meepagateway.GatewayError')
+
 export class GatewayError extends Error {
+  /** `instanceof` holds for a GatewayError made by another bundle's copy of this class. */
+  static [Symbol.hasInstance](value: unknown): boolean {
+    // a subclass (DockerCommandError) keeps the prototype check
+    if (this !== GatewayError) return Function.prototype[Symbol.hasInstance].call(this, value)
+    return typeof value === 'object' && value !== null && (value as Record<symbol, unknown>)[GATEWAY_ERROR] === true
+  }
+
+  readonly [GATEWAY_ERROR] = true
   readonly code: ErrorCode
   readonly exitCode: number
   readonly suggestions: string[]

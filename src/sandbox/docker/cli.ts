@@ -17,7 +17,7 @@ import {DOCKER_BIN_ENV, DockerCommandError, dockerCancelled, dockerDown, dockerH
  * Variables the docker CLI itself reads. Everything else is left out of its environment, so the
  * CLI never holds a secret unless a run asks for one to be forwarded (see `DockerCallOptions.env`).
  */
-const DOCKER_CLI_ENV_NAMES = [
+export const DOCKER_CLI_ENV_NAMES = [
   'PATH', 'HOME', 'USER', 'XDG_RUNTIME_DIR', 'XDG_CONFIG_HOME',
   'DOCKER_HOST', 'DOCKER_CONTEXT', 'DOCKER_CONFIG', 'DOCKER_CERT_PATH', 'DOCKER_TLS_VERIFY',
   'DOCKER_API_VERSION', 'DOCKER_BUILDKIT', 'SSH_AUTH_SOCK',

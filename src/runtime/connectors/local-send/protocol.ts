@@ -1,0 +1,87 @@
+import path from 'node:path'
+import type {AgentRunOutput} from '../../agent-run/contract.js'
+
+/**
+ * `send` and a running gateway of the same MEEPAGATEWAY_HOME (docs/architecture.md, "send through
+ * a running gateway"): one JSON line each way over a unix socket in the home, which no sandbox can
+ * reach (the home is denied to every agent), opened only with the token the gateway writes next to it.
+ */
+export const LOCAL_SEND_VERSION = 1
+
+/** The directory of the socket and its token: the gateway's, mode 0700. */
+export function localSendDir(home: string): string {
+  return path.join(home, 'run')
+}
+export function localSendSocket(home: string): string {
+  return path.join(localSendDir(home), 'send.sock')
+}
+export function localSendToken(home: string): string {
+  return path.join(localSendDir(home), 'send.token')
+}
+
+/** What `send` asks for: exactly its one-shot run, or nothing (it then runs it itself). */
+export interface LocalSendRequest {
+  type: 'send'
+  version: number
+  token: string
+  agent: string
+  channel: string
+  content: string
+  user: {id: string; name: string}
+  unrestricted: boolean
+  /** The config file `send` would load (absolute). */
+  config_path: string
+  /** sameRunDigest of the config text and the environment as `send` has them. */
+  digest: string
+}
+
+/** After the request, `send` may forward a signal it received (Ctrl-C, kill). */
+export interface LocalSendSignal {
+  type: 'signal'
+  signal: 'SIGINT' | 'SIGTERM'
+}
+
+export type LocalSendAnswer =
+  | {type: 'log'; line: string}
+  | {type: 'result'; output: AgentRunOutput}
+  /** The gateway will not run it as `send` would (another config or environment, stopping, busy): `send` runs it. */
+  | {type: 'declined'; reason: string}
+  /** Not the gateway's token: nothing ran. */
+  | {type: 'refused'; message: string}
+
+/**
+ * Environment variables that change what a run does, besides those the config names: the agent's
+ * PATH, HOME and locale, the SDKs' and Node's TLS and proxy settings, the Docker client's, ours.
+ */
+const RUN_ENV = /^(?:PATH|HOME|USER|LANG|LANGUAGE|TZ|TMPDIR|LC_\w+|XDG_\w+|NODE_\w+|OPENAI_\w+|ANTHROPIC_\w+|DOCKER_\w+|MEEPA\w*|SSL_CERT_\w+|SSH_AUTH_SOCK|(?:HTTPS?|NO|ALL)_PROXY)$/i
+
+/** Whether a variable's value is part of sameRunDigest whatever the config says. */
+export function shapesRuns(name: string): boolean {
+  return RUN_ENV.test(name)
+}
+
+/**
+ * What must be equal for a gateway's run to be the run `send` would make: the config file's text
+ * and the value of every variable that shapes a run, including each one the config names (every
+ * `$NAME` and `api_key_env` is written in its text). Hashed, so no value crosses the socket. Not
+ * a cryptographic hash (node:crypto costs `send` 3 ms to load): this only tells two setups apart,
+ * and nobody gains by a collision (the token decides who may ask, and any run it asks for is the
+ * operator's).
+ */
+export function sameRunDigest(configText: string, env: NodeJS.ProcessEnv): string {
+  const words = new Set(configText.match(/[A-Za-z_][A-Za-z0-9_]*/g) ?? [])
+  const pairs = Object.entries(env)
+    .filter(([name, value]) => value !== undefined && (shapesRuns(name) || words.has(name)))
+    .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
+  return hash128(JSON.stringify([configText, pairs]))
+}
+
+/** Four 32-bit FNV-1a lanes, each with its own offset, prime and input mix: 128 bits in hex. */
+function hash128(text: string): string {
+  const lanes = [0x811c9dc5, 0x050c5d1f, 0x9747b28c, 0x2545f491]
+  for (let index = 0; index < text.length; index++) {
+    const code = text.charCodeAt(index)
+    for (let lane = 0; lane < 4; lane++) lanes[lane] = Math.imul((lanes[lane] as number) ^ (code + lane * 0x9e37), 0x01000193 + lane * 2)
+  }
+  return lanes.map((lane) => (lane >>> 0).toString(16).padStart(8, '0')).join('')
+}

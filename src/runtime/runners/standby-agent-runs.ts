@@ -1,0 +1,92 @@
+import {startAgentProcess, type AgentProcessLaunch, type StartedAgentProcess} from './agent-run-process.js'
+import {makePrivateTmp, removePrivateTmp} from './private-tmp.js'
+import {randomHex} from '../util/random.js'
+
+/**
+ * agent-run processes a running gateway starts ahead of an agent's next message: Node's start and
+ * agent-run's bundle (≈ 40 ms) are then behind it, not in front of the reply. Each is under its
+ * keeper and in its cgroups from the start, so a crashed gateway leaves none behind.
+ */
+
+/** An agent with no message for this long gives its standby back (an idle Node costs ≈ 40 MB). */
+const STANDBY_IDLE_MS = 10 * 60_000
+/** At most this many wait at once; the agent that ran longest ago loses its standby first. */
+const MAX_STANDBYS = 4
+
+interface Standby {
+  key: string
+  process: StartedAgentProcess
+  tmpDir: string
+  expiry: NodeJS.Timeout
+}
+
+/** One per slot (a gateway home's agent), in the order they were prepared. */
+const standbys = new Map<string, Standby>()
+
+/**
+ * The slot's standby when it was started for the same `key` (the agent's launch, limits and
+ * workspace) and is still waiting; undefined otherwise (one for another key, or that exited, is ended).
+ */
+export function takeStandbyAgentRun(slot: string, key: string): {process: StartedAgentProcess; tmpDir: string} | undefined {
+  const standby = standbys.get(slot)
+  if (!standby) return undefined
+  standbys.delete(slot)
+  clearTimeout(standby.expiry)
+  if (standby.key === key && standby.process.ready) return standby
+  void dispose(standby)
+  return undefined
+}
+
+/**
+ * Starts the slot's next agent-run unless one waits there. `launchFor` gets its private TMPDIR and
+ * the id its keeper, cgroups and record go by (the run's own id comes with its input).
+ */
+export function prepareStandbyAgentRun(slot: string, key: string, launchFor: (tmpDir: string, processId: string) => AgentProcessLaunch, log: (line: string) => void): void {
+  const waiting = standbys.get(slot)
+  if (waiting?.key === key && waiting.process.ready) return
+  if (waiting) {
+    standbys.delete(slot)
+    clearTimeout(waiting.expiry)
+    void dispose(waiting)
+  }
+  if (standbys.size >= MAX_STANDBYS) {
+    const [oldest, standby] = standbys.entries().next().value as [string, Standby]
+    standbys.delete(oldest)
+    clearTimeout(standby.expiry)
+    void dispose(standby)
+  }
+  const processId = `run_${randomHex(8)}`
+  const tmpDir = makePrivateTmp(processId)
+  let started: StartedAgentProcess
+  try {
+    started = startAgentProcess({...launchFor(tmpDir, processId), onStderr: log})
+  } catch (error) {
+    removePrivateTmp(tmpDir)
+    log(`could not start a standby agent-run: ${(error as Error).message}`)
+    return
+  }
+  const standby: Standby = {
+    key,
+    process: started,
+    tmpDir,
+    expiry: setTimeout(() => {
+      if (standbys.get(slot) !== standby) return
+      standbys.delete(slot)
+      void dispose(standby)
+    }, STANDBY_IDLE_MS).unref(),
+  }
+  standbys.set(slot, standby)
+}
+
+async function dispose(standby: {process: StartedAgentProcess; tmpDir: string}): Promise<void> {
+  await standby.process.discard()
+  removePrivateTmp(standby.tmpDir)
+}
+
+/** Ends every standby agent-run of this process (a gateway stopping). */
+export async function stopStandbyAgentRuns(): Promise<void> {
+  const all = [...standbys.values()]
+  standbys.clear()
+  for (const standby of all) clearTimeout(standby.expiry)
+  await Promise.all(all.map(dispose))
+}
