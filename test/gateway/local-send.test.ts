@@ -4,10 +4,12 @@ import fs from 'node:fs'
 import net from 'node:net'
 import path from 'node:path'
 import {afterEach, describe, expect, it} from 'vitest'
-import {localSendSocket, localSendToken} from '../../src/runtime/connectors/local-send/protocol.js'
+import {localSendDir, localSendSocket, localSendToken} from '../../src/runtime/connectors/local-send/protocol.js'
+import {loadConfig} from '../../src/runtime/config/load.js'
+import {startGateway} from '../../src/runtime/gateway/gateway.js'
 import type {FakeLlm} from '../fakes/llm-server.js'
 import {fakeLlmForTests} from '../helpers/fake-llm-for-tests.js'
-import {BIN, fakeLlmConfig, makeHome, runCli, type TestHome} from '../helpers/home.js'
+import {BIN, fakeLlmConfig, makeHome, ROOT as ROOT_DIR, runCli, type TestHome} from '../helpers/home.js'
 import {processesWith, uniqueMarker} from '../helpers/processes.js'
 import {startServeProcess, type ServeProcess} from '../helpers/serve-process.js'
 import {requireLandlockOrSkip} from '../sandbox/landlock-support.js'
@@ -45,8 +47,12 @@ async function startServe(env: Record<string, string> = SEND_ENV, args: string[]
   return serve
 }
 
-const send = (agent: string, message: string, options: {env?: Record<string, string>; flags?: string[]} = {}) =>
-  runCli(['send', '--agent', agent, ...(options.flags ?? []), message], {home: home!.home, env: options.env})
+const send = (agent: string, message: string, options: {env?: Record<string, string>; flags?: string[]; input?: string} = {}) =>
+  runCli(['send', '--agent', agent, ...(options.flags ?? []), message], {home: home!.home, env: options.env, input: options.input})
+
+/** `send` as a child the test can signal. */
+const sendProcess = (agent: string, message: string) =>
+  execa(process.execPath, [BIN, 'send', '--agent', agent, message], {env: {MEEPAGATEWAY_HOME: home!.home, FAKE_LLM_KEY: 'sk-fake-test-key-123456', ...SEND_ENV}, reject: false})
 
 /** The runs the gateway recorded (a one-shot `send` records none there). */
 function recordedRuns(): Array<{id: string; connector: string; status: string; agent_id: string}> {
@@ -169,7 +175,7 @@ describe('send through a running gateway', {timeout: 90_000}, () => {
       const marker = uniqueMarker()
       llm.reset() // the turn after the tool call never came
       llm.enqueue(shell(`sleep 3${marker}.5`), {text: 'not reached'})
-      const running = execa(process.execPath, [BIN, 'send', '--agent', 'free', 'sleep'], {env: {MEEPAGATEWAY_HOME: home.home, FAKE_LLM_KEY: 'sk-fake-test-key-123456', ...SEND_ENV}, reject: false})
+      const running = sendProcess('free', 'sleep')
       await waitFor('the tool command', () => processesWith(`3${marker}.5`).length > 0).catch(async (error) => {
         running.kill('SIGKILL')
         const result = await running
@@ -296,5 +302,146 @@ describe('who may hand the gateway a message', {timeout: 90_000}, () => {
     expect(byHand.stdout).toMatch(/no socket: (EACCES|ENOENT|EPERM|ECONNREFUSED)|ANSWER:\{"type":"refused"/)
     expect(llm.requests).toHaveLength(0)
     expect(recordedRuns()).toEqual([])
+  })
+})
+
+describe('what the gateway takes, and what it leaves to send', {timeout: 90_000}, () => {
+  it('a message waiting behind another run of its agent is dropped when send is interrupted: exit 130 at once, recorded as interrupted, the run ahead untouched', async () => {
+    home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'free', file_access: {unrestricted: true}}]))
+    await startServe()
+    const marker = uniqueMarker()
+    llm.enqueue(shell(`sleep 3; echo ahead-${marker}`), (request) => ({text: lastToolResult(request)}))
+    const ahead = send('free', 'the run ahead')
+    await waitFor('the run ahead', () => recordedRuns().length === 1)
+    const waiting = sendProcess('free', 'waits its turn')
+    await new Promise((resolve) => setTimeout(resolve, 700)) // time for send to start and hand it over
+    const interrupted = Date.now()
+    waiting.kill('SIGINT')
+    const result = await waiting
+    expect(Date.now() - interrupted).toBeLessThan(2000)
+    expect(result.exitCode, String(result.stderr)).toBe(130)
+    expect(String(result.stderr)).toMatch(/cancelled \(SIGINT\) before it started/)
+    expect((await ahead).stdout).toContain(`ahead-${marker}`)
+    await waitFor('both records', () => recordedRuns().length === 2 && recordedRuns().every((run) => run.status !== 'running'))
+    expect(recordedRuns().map((run) => run.status)).toEqual(['ok', 'interrupted'])
+    expect(llm.requests).toHaveLength(2) // the dropped message never reached the model
+  })
+
+  it("past its connections the gateway declines (send runs the message itself), and a message too long for it runs one-shot too, never failing as 'the gateway stopped'", async () => {
+    home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'free', file_access: {unrestricted: true}}]))
+    await startServe()
+    llm.setDefault({text: 'ok'})
+    // 32 connections that never say a word (any local process of this user can open them)
+    const idle = await Promise.all(Array.from({length: 32}, () => new Promise<net.Socket>((resolve) => {
+      const socket = net.connect(localSendSocket(home!.home), () => resolve(socket))
+      socket.on('error', () => resolve(socket))
+    })))
+    const crowded = await send('free', 'hi')
+    expect(crowded.exitCode, crowded.stderr).toBe(0)
+    expect(crowded.stdout.trim()).toBe('ok')
+    for (const socket of idle) socket.destroy()
+    // past the gateway's 8 MiB request line (stdin carries it; an argument could not): the
+    // one-shot run's own answer (agent-run's frames have the same limit), not "the gateway stopped"
+    const long = await send('free', '-', {input: 'x'.repeat(9 * 1024 * 1024)})
+    expect(long.stderr).toMatch(/agent-run broke the LLM channel protocol: it sent a frame of/)
+    expect(long.stderr).not.toMatch(/the gateway stopped/)
+    expect(recordedRuns()).toEqual([])
+    // a hello line past 4 KiB, without the token: closed before it is read whole
+    const socket = net.connect(localSendSocket(home.home))
+    socket.on('error', () => {})
+    socket.write('{"type":"hello","token":"' + 'a'.repeat(8192))
+    await new Promise((resolve) => socket.on('close', resolve))
+    // and the gateway still takes messages
+    expect((await send('free', 'hi')).exitCode).toBe(0)
+    expect(recordedRuns()).toHaveLength(1)
+  })
+
+  it('a gateway running another build (an upgrade since it started) declines', async () => {
+    home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'free', file_access: {unrestricted: true}}]))
+    const serve = await startServe()
+    llm.setDefault({text: 'ok'})
+    // what every build and install rewrites
+    const marker = path.join(ROOT_DIR, 'dist', 'cli.sources.json')
+    const {atime, mtime} = fs.statSync(marker)
+    fs.utimesSync(marker, atime, new Date(mtime.getTime() + 5000))
+    expect((await send('free', 'hi')).exitCode).toBe(0)
+    expect(recordedRuns()).toEqual([])
+    // restarted, it runs the new build: it takes messages again
+    serve.process.kill('SIGTERM')
+    await serve.process
+    await startServe()
+    expect((await send('free', 'hi')).exitCode).toBe(0)
+    expect(recordedRuns()).toHaveLength(1)
+  })
+
+  it("send talks only to a gateway whose socket, token and directory are this user's alone", async () => {
+    home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'free', file_access: {unrestricted: true}}]))
+    await startServe()
+    llm.setDefault({text: 'ok'})
+    for (const [file, mode] of [[localSendToken(home.home), 0o644], [localSendDir(home.home), 0o755], [localSendSocket(home.home), 0o666]] as const) {
+      const before = fs.statSync(file).mode & 0o777
+      fs.chmodSync(file, mode)
+      try {
+        expect((await send('free', 'hi')).exitCode).toBe(0)
+        expect(recordedRuns()).toEqual([])
+      } finally {
+        fs.chmodSync(file, before)
+      }
+    }
+    expect((await send('free', 'hi')).exitCode).toBe(0)
+    expect(recordedRuns()).toHaveLength(1)
+  })
+})
+
+describe('a gateway in this process', {timeout: 90_000}, () => {
+  const saved: Record<string, string | undefined> = {}
+  /** The gateway reads its environment as send does: this process's, made equal to what runCli gives send. */
+  function sendEnvironment(): void {
+    for (const [name, value] of Object.entries({MEEPAGATEWAY_HOME: home!.home, FAKE_LLM_KEY: 'sk-fake-test-key-123456', ...SEND_ENV})) {
+      saved[name] = process.env[name]
+      process.env[name] = value
+    }
+  }
+  afterEach(() => {
+    for (const [name, value] of Object.entries(saved)) {
+      if (value === undefined) delete process.env[name]
+      else process.env[name] = value
+    }
+  })
+  const log = () => {}
+
+  it('compares send with the config text it runs (parsed at its start), not with the file as it reads later', async () => {
+    const config = fakeLlmConfig(llm.openaiBaseUrl, [{id: 'free', file_access: {unrestricted: true}}])
+    home = makeHome(config)
+    sendEnvironment()
+    const loaded = loadConfig({configPath: home.configPath, home: home.home})
+    // the file changes before the gateway is up: the agent is sandboxed now, the gateway still runs what it parsed
+    home.writeConfig(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'free', max_iterations: 4, file_access: {unrestricted: true}}]))
+    const gateway = await startGateway({loaded, port: 0, log})
+    try {
+      llm.setDefault({text: 'ok'})
+      expect((await send('free', 'hi')).exitCode).toBe(0)
+      expect(recordedRuns()).toEqual([])
+      // the file as the gateway parsed it: taken
+      home.writeConfig(config)
+      expect((await send('free', 'hi')).exitCode).toBe(0)
+      expect(recordedRuns()).toHaveLength(1)
+    } finally {
+      await gateway.stop({graceMs: 5000})
+    }
+  })
+
+  it('starts no standby agent-run once it is stopping: none is left when stop() returns, even for a run that ended during the stop', async () => {
+    home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'free', file_access: {unrestricted: true}}]))
+    const workspace = home.workspace('free')
+    sendEnvironment()
+    const gateway = await startGateway({loaded: loadConfig({configPath: home.configPath, home: home.home}), port: 0, log})
+    llm.enqueue(shell('sleep 1'), {text: 'done during the stop'})
+    const running = send('free', 'sleep a second')
+    await waitFor('the run', () => recordedRuns().length === 1)
+    await gateway.stop({graceMs: 10_000})
+    expect((await running).stdout.trim()).toBe('done during the stop')
+    await new Promise((resolve) => setTimeout(resolve, 300))
+    expect(agentRunsIn(workspace)).toEqual([])
   })
 })

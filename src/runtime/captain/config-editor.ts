@@ -149,7 +149,7 @@ export class ConfigEditor {
   private write(edits: ConfigEdit[], change: ConfigChange, writtenBefore: Record<string, unknown>, readAfter: () => Record<string, unknown>): ConfigEditResult {
     const update = updateConfigFile(this.current.path, edits, {env: this.env})
     // Secret values were read from the environment at start-up; the file's references did not change
-    this.current = {...this.current, config: update.config, secrets: {...this.current.secrets, ...update.secrets}, created: false}
+    this.current = {...this.current, config: update.config, secrets: {...this.current.secrets, ...update.secrets}, created: false, text: update.text}
     const restartRequired: string[] = []
     for (const listener of this.listeners) {
       const outcome = listener(this.current, change)

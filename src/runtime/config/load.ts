@@ -39,7 +39,7 @@ export function loadConfig(options: LoadConfigOptions = {}): LoadedConfig {
   }
   const text = fs.readFileSync(configPath, 'utf8')
   const result = parseConfigText(text, configPath, env)
-  return {...result, path: configPath, home, created}
+  return {...result, path: configPath, home, created, text}
 }
 
 /** Writes the default config without ever replacing an operator's file. */

@@ -118,4 +118,6 @@ export interface LoadedConfig {
   secrets: Record<string, string>
   /** True when this load wrote the default config because none existed. */
   created: boolean
+  /** The file's text this was parsed from (`send` hands a gateway its message only when its file still reads the same). */
+  text?: string
 }

@@ -86,8 +86,12 @@ export class Dispatcher {
     let settle!: (outcome: DispatchOutcome) => void
     const done = new Promise<DispatchOutcome>((resolve) => (settle = resolve))
     const accepted = this.options.queue.submit(agentId, {
-      run: async () => settle(await this.execute(start, message, delivery, extras)),
-      cancel: () => void this.reject(start, delivery, 'stopping', 'the gateway shut down before the run started').done.then(settle),
+      run: async () => settle(extras.signal?.aborted ? this.withdrawn(start, extras.signal) : await this.execute(start, message, delivery, extras)),
+      cancel: (reason) =>
+        reason === 'withdrawn' && extras.signal
+          ? settle(this.withdrawn(start, extras.signal))
+          : void this.reject(start, delivery, 'stopping', 'the gateway shut down before the run started').done.then(settle),
+      withdrawn: extras.signal,
     })
     if (!accepted) {
       this.options.log(`agent ${agentId}: queue full, told ${message.connector} user ${message.user.id} to try again`)
@@ -172,6 +176,17 @@ export class Dispatcher {
     )
     await this.deliver(start, delivery, reply)
     return {runId: start.id, status, reply, output}
+  }
+
+  /** A message its sender gave up on (Ctrl-C, `send` gone) before its run started: recorded as interrupted, nothing ran. */
+  private withdrawn(start: RunStart, signal: AbortSignal): DispatchOutcome {
+    const reason: unknown = signal.reason
+    const signalName = typeof reason === 'string' && /^SIG[A-Z]+$/.test(reason) ? reason : undefined
+    const output = failure(start.id, 'E_RUN', `the run was cancelled${signalName ? ` (${signalName})` : ''} before it started`, true, signalName ? {signal: signalName} : {})
+    this.writeRecord(start.id, () => this.options.records.start({...start, startedAt: Date.now()}))
+    this.writeRecord(start.id, () => this.options.records.finish(start.id, output, {durationMs: 0, interrupted: true}))
+    this.options.log(`run ${start.id}: agent ${start.agentId} via ${start.connector} withdrawn by its sender before it started`)
+    return {runId: start.id, status: 'interrupted', reply: INTERRUPTED_REPLY, output}
   }
 
   /** `write` returns false when it wrote nothing (a finish whose start was lost): not a sign of health. */

@@ -1,4 +1,3 @@
-import fs from 'node:fs'
 import type {LoadedConfig} from '../config/types.js'
 import {createConnector, connectorNames, type ConnectorTimings} from '../connectors/index.js'
 import type {Connector} from '../connectors/types.js'
@@ -105,7 +104,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
           runId,
           signal,
           unrestricted: options.unrestricted,
-          standby: true,
+          standby: {wanted: () => dispatcher.accepting, log: (line) => log(`gateway: ${line}`)},
           onLog: (line) => {
             log(`run ${runId}: ${line}`)
             onLog?.(line)
@@ -169,6 +168,8 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       captain = await mountCaptain(router, {db, loaded, log, connectors: () => connectors, unrestricted: options.unrestricted})
       captain.onConfigChange((next) => {
         live = next
+        // an agent-run started for the old config could serve the next message of an agent whose level changed
+        void stopStandbyAgentRuns(loaded.home)
         for (const agent of next.config.agents) if (agents.has(agent.id)) agents.set(agent.id, agent)
       })
     }
@@ -185,12 +186,10 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
         (options.unrestricted ? '; --unrestricted: every agent runs WITHOUT isolation' : ''),
     )
     captain?.announce(http.url.replace(/\/$/, ''))
-    // the config text runs are made from, for send to compare with its own (a dashboard edit writes the file)
-    let configText = fs.readFileSync(loaded.path, 'utf8')
-    captain?.onConfigChange(() => void (configText = fs.readFileSync(live.path, 'utf8')))
     const localSend: LocalSendListener | undefined = await listenForLocalSend({
       home: loaded.home,
-      config: () => ({path: live.path, text: configText}),
+      // the text runs are made from (a dashboard edit replaces both), never the file read again
+      config: () => ({path: live.path, text: live.text}),
       unrestricted: Boolean(options.unrestricted),
       agentIds: () => [...agents.keys()],
       dispatcher,
@@ -217,14 +216,14 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       else log('gateway: stopping')
       // standbys go while runs drain: a hung engine must not add its wait to the grace period
       const standbysStopped = stopStandbyContainers()
-      const agentRunsStopped = stopStandbyAgentRuns()
+      const agentRunsStopped = stopStandbyAgentRuns(loaded.home)
       const {aborted} = await dispatcher.drain(graceMs)
       if (aborted > 0) log(`gateway: stopped ${aborted} run(s) still running after the grace period`)
       await restartReplies
       await Promise.all(connectors.map((connector) => connector.stop().catch(() => {})))
       // again: a run that ended during the drain may have prepared one
       const left = [...(await standbysStopped.catch(() => [])), ...(await stopStandbyContainers().catch(() => [])), ...(await abandonEngineWork())]
-      await Promise.all([agentRunsStopped, stopStandbyAgentRuns()])
+      await Promise.all([agentRunsStopped, stopStandbyAgentRuns(loaded.home)])
       if (left.length > 0) log(`gateway: the Docker engine did not answer; left container(s) ${[...new Set(left)].join(', ')} for the next start-up (or container clean) to remove`)
       captain?.close() // ends running builds and so their event streams, which would hold the listener open
       await Promise.race([http.close(), new Promise((resolve) => setTimeout(resolve, 5000).unref())])

@@ -4,8 +4,10 @@ import {KeyedQueue} from '../util/keyed-queue.js'
 export interface QueuedJob {
   /** Runs the job; the queue starts the agent's next one when the promise settles. */
   run(): Promise<void>
-  /** Called instead of `run` when the job is dropped before it started (gateway stopping). */
-  cancel(): void
+  /** Called instead of `run` when the job is dropped before it started: the gateway stopping, or its sender gave up. */
+  cancel(reason: 'stopping' | 'withdrawn'): void
+  /** Aborted when the sender gives up (`send` interrupted or gone): the job is dropped if it has not started. */
+  withdrawn?: AbortSignal
 }
 
 export interface RunQueueOptions {
@@ -70,6 +72,14 @@ export class RunQueue {
         this.notifyIfIdle()
       })
     this.jobs.add(done)
+    const withdraw = () => {
+      if (entry.started || entry.controller.signal.aborted) return
+      entry.controller.abort()
+      job.cancel('withdrawn')
+    }
+    job.withdrawn?.addEventListener('abort', withdraw, {once: true})
+    if (job.withdrawn?.aborted) withdraw()
+    void done.then(() => job.withdrawn?.removeEventListener('abort', withdraw))
     return true
   }
 
@@ -94,7 +104,7 @@ export class RunQueue {
     const dropped = [...this.accepted.values()].flatMap((entries) => [...entries].filter((entry) => !entry.started))
     for (const entry of dropped) {
       entry.controller.abort()
-      entry.job.cancel()
+      entry.job.cancel('stopping')
     }
     return dropped.length
   }

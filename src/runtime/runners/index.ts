@@ -22,9 +22,9 @@ export async function stopStandbyContainers(): Promise<string[]> {
   return (await import('./container.js')).stopStandbyContainers()
 }
 
-/** Ends the standby agent-runs this process started (see standby-agent-runs.ts). */
-export async function stopStandbyAgentRuns(): Promise<void> {
-  return (await import('./standby-agent-runs.js')).stopStandbyAgentRuns()
+/** Ends the standby agent-runs this process started for a gateway home (see standby-agent-runs.ts). */
+export async function stopStandbyAgentRuns(home: string): Promise<void> {
+  return (await import('./standby-agent-runs.js')).stopStandbyAgentRuns(home)
 }
 
 /** Gives up on Docker work still pending at exit (see container.ts); returns the containers left behind. */

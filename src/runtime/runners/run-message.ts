@@ -3,6 +3,7 @@ import {findAgent} from '../config/load.js'
 import type {AgentConfig, GatewayConfig, IsolationLevel, LoadedConfig} from '../config/types.js'
 import {failureFromError} from '../agent-run/output.js'
 import {runnerFor} from './index.js'
+import type {StandbyOptions} from './types.js'
 import {isolationLevelFor} from './isolation-level.js'
 import {hostLlmFor, providerKeysFor} from './llm-channel.js'
 import {ensureWorkspace} from '../workspace/workspace.js'
@@ -18,7 +19,7 @@ export interface RunMessageOptions {
   onLog?: (line: string) => void
   runId?: string
   /** More messages will follow (a running gateway): the runner may prepare the next run ahead. */
-  standby?: boolean
+  standby?: boolean | StandbyOptions
   /** Called once the run is under way (its process started, its input given): work that must not hold up its start. */
   onStarted?: () => void
 }

@@ -83,10 +83,12 @@ async function dispose(standby: {process: StartedAgentProcess; tmpDir: string}):
   removePrivateTmp(standby.tmpDir)
 }
 
-/** Ends every standby agent-run of this process (a gateway stopping). */
-export async function stopStandbyAgentRuns(): Promise<void> {
-  const all = [...standbys.values()]
-  standbys.clear()
-  for (const standby of all) clearTimeout(standby.expiry)
-  await Promise.all(all.map(dispose))
+/** Ends the standby agent-runs of this process: those of one gateway home (it stops, or its config changed), or all. */
+export async function stopStandbyAgentRuns(home?: string): Promise<void> {
+  const ending = [...standbys].filter(([slot]) => home === undefined || slot.startsWith(`${home}\0`))
+  for (const [slot, standby] of ending) {
+    standbys.delete(slot)
+    clearTimeout(standby.expiry)
+  }
+  await Promise.all(ending.map(([, standby]) => dispose(standby)))
 }

@@ -2,6 +2,14 @@ import type {AgentRunInput, AgentRunOutput} from '../agent-run/contract.js'
 import type {AgentConfig, GatewayConfig, IsolationLevel} from '../config/types.js'
 import type {HostLlm} from './llm-channel.js'
 
+/** What a running gateway says about the runs it prepares ahead. */
+export interface StandbyOptions {
+  /** False once the gateway is stopping: nothing is prepared after that. */
+  wanted(): boolean
+  /** The gateway's log, for a prepared run's lines before a message takes it. */
+  log(line: string): void
+}
+
 /** Everything a runner needs to run one message for one agent. */
 export interface RunRequest {
   /** What agent-run gets on stdin: no provider key (they stay with `llm`). */
@@ -23,9 +31,9 @@ export interface RunRequest {
   onLog?: (line: string) => void
   /**
    * More messages are expected (a running gateway): a runner may prepare the agent's next run
-   * ahead of time (container mode starts a standby container).
+   * ahead of time (container mode starts a standby container, unrestricted a standby agent-run).
    */
-  standby?: boolean
+  standby?: boolean | StandbyOptions
   /** Called once the run is under way (its process started, its input given): work that must not hold up its start. */
   onStarted?: () => void
 }

@@ -22,7 +22,8 @@ export const unrestrictedRunner: Runner = {
       ownership: {home: request.home, runId: processId, limits: request.agent.limits, workspace: request.workspace, tmpDir},
     })
     const run = {input: request.input, llm: request.llm, timeoutMs: request.timeoutMs, signal: request.signal, onStderr: request.onLog, onStarted: request.onStarted}
-    const standby = request.standby ? takeStandbyAgentRun(slot, key) : undefined
+    const ahead = typeof request.standby === 'object' ? request.standby : request.standby ? {wanted: () => true, log: (line: string) => request.onLog?.(line)} : undefined
+    const standby = ahead ? takeStandbyAgentRun(slot, key) : undefined
     try {
       if (!standby) return await withPrivateTmp(request.input.run_id, (tmp) => runAgentProcess({...launchFor(tmp, request.input.run_id), ...run}))
       try {
@@ -31,7 +32,8 @@ export const unrestrictedRunner: Runner = {
         removePrivateTmp(standby.tmpDir)
       }
     } finally {
-      if (request.standby) setImmediate(() => prepareStandbyAgentRun(slot, key, launchFor, (line) => request.onLog?.(line)))
+      // once the reply is on its way; never once the gateway is stopping
+      if (ahead) setImmediate(() => ahead.wanted() && prepareStandbyAgentRun(slot, key, launchFor, (line) => ahead.log(`standby agent-run of agent ${request.agent.id}: ${line}`)))
     }
   },
 }

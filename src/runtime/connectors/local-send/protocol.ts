@@ -1,4 +1,6 @@
+import fs from 'node:fs'
 import path from 'node:path'
+import {APP_ROOT} from '../../util/app-root.js'
 import type {AgentRunOutput} from '../../agent-run/contract.js'
 
 /**
@@ -19,11 +21,18 @@ export function localSendToken(home: string): string {
   return path.join(localSendDir(home), 'send.token')
 }
 
-/** What `send` asks for: exactly its one-shot run, or nothing (it then runs it itself). */
+/** `send`'s first line: the token, checked before anything else is read (and at most 4 KiB of it). */
+export interface LocalSendHello {
+  type: 'hello'
+  token: string
+}
+
+/** `send`'s second line: exactly its one-shot run, or nothing (it then runs it itself). */
 export interface LocalSendRequest {
   type: 'send'
   version: number
-  token: string
+  /** buildIdentity(): the code a one-shot `send` would run. */
+  build: string
   agent: string
   channel: string
   content: string
@@ -42,12 +51,28 @@ export interface LocalSendSignal {
 }
 
 export type LocalSendAnswer =
+  /** The gateway took the message: from here `send` never runs it itself, whatever happens. */
+  | {type: 'accepted'; run_id: string}
   | {type: 'log'; line: string}
   | {type: 'result'; output: AgentRunOutput}
-  /** The gateway will not run it as `send` would (another config or environment, stopping, busy): `send` runs it. */
+  /** The gateway will not run it as `send` would (another build, config or environment, stopping, busy): `send` runs it. */
   | {type: 'declined'; reason: string}
   /** Not the gateway's token: nothing ran. */
   | {type: 'refused'; message: string}
+
+/**
+ * The installed code, as a gateway loaded it and as a `send` would run it: the app's root and the
+ * build's marker file (rewritten by every build and install), so a gateway still running the code
+ * of before an upgrade declines.
+ */
+export function buildIdentity(): string {
+  try {
+    const marker = fs.statSync(path.join(APP_ROOT, 'dist', 'cli.sources.json'))
+    return `${APP_ROOT}:${marker.ino}:${marker.size}:${Math.floor(marker.mtimeMs)}`
+  } catch {
+    return `${APP_ROOT}:unbuilt`
+  }
+}
 
 /**
  * Environment variables that change what a run does, besides those the config names: the agent's

@@ -6,19 +6,23 @@ import {LineSplitter} from '../../agent-run/channel.js'
 import type {Dispatcher} from '../../gateway/dispatcher.js'
 import type {RunQueue} from '../../gateway/run-queue.js'
 import {randomHex} from '../../util/random.js'
-import {LOCAL_SEND_VERSION, localSendDir, localSendSocket, localSendToken, sameRunDigest, type LocalSendAnswer, type LocalSendRequest} from './protocol.js'
+import {buildIdentity, LOCAL_SEND_VERSION, localSendDir, localSendSocket, localSendToken, sameRunDigest, type LocalSendAnswer, type LocalSendHello, type LocalSendRequest} from './protocol.js'
 
-/** A request is one line: the message and a few fields (agent-run's own frames are capped the same). */
+/** Before the token is checked a line may be this long: an unauthenticated client holds next to nothing. */
+const MAX_HELLO_BYTES = 4096
+/** The request: the message and a few fields (agent-run's own frames are capped the same). */
 const MAX_REQUEST_BYTES = 8 * 1024 * 1024
 /** A connection that has not sent its whole request by then is closed (a client that never writes holds nothing). */
 const REQUEST_DEADLINE_MS = 10_000
-/** Connections at once: past it a new one is closed at once (`send` then runs the message itself). */
+/** Connections at once: past it a new one is told to run its message itself. */
 const MAX_CONNECTIONS = 32
+/** At most one log line per this long about refused requests (a local process can send many). */
+const REFUSAL_LOG_EVERY_MS = 10_000
 
 export interface LocalSendOptions {
   home: string
-  /** The config file the gateway runs with, and its text as it was loaded (both can change with a dashboard edit). */
-  config: () => {path: string; text: string}
+  /** The config file the gateway runs with, and the text its config was parsed from (both can change with a dashboard edit); no text, no message is taken. */
+  config: () => {path: string; text?: string}
   /** `serve --unrestricted`: a request must say the same. */
   unrestricted: boolean
   agentIds: () => string[]
@@ -52,9 +56,15 @@ export async function listenForLocalSend(options: LocalSendOptions): Promise<Loc
     return undefined
   }
   const token = randomHex(32)
-  const expected = Buffer.from(token)
-  const server = net.createServer({pauseOnConnect: false}, (socket) => serveConnection(socket, options, expected))
-  server.maxConnections = MAX_CONNECTIONS
+  const build = buildIdentity()
+  let connections = 0
+  const refusals = refusalLog(options)
+  const server = net.createServer((socket) => {
+    connections++
+    socket.once('close', () => connections--)
+    if (connections > MAX_CONNECTIONS) return void answerAndEnd(socket, {type: 'declined', reason: `the gateway is serving ${MAX_CONNECTIONS} connections already`})
+    serveConnection(socket, {...options, token: Buffer.from(token), build, refused: refusals})
+  })
   const listening = await new Promise<boolean>((resolve) => {
     server.once('error', (error) => {
       options.log(`gateway: send runs its messages itself (cannot listen on ${socketPath}: ${error.message})`)
@@ -103,33 +113,85 @@ function answers(socketPath: string): Promise<boolean> {
   })
 }
 
-function serveConnection(socket: net.Socket, options: LocalSendOptions, expected: Buffer): void {
+/** Logs the first refusal, then at most one line per REFUSAL_LOG_EVERY_MS with how many followed. */
+function refusalLog(options: LocalSendOptions): (reason: string) => void {
+  let last = 0
+  let unlogged = 0
+  return (reason) => {
+    const now = Date.now()
+    if (now - last < REFUSAL_LOG_EVERY_MS) return void unlogged++
+    options.log(`gateway: refused a send over ${localSendSocket(options.home)}: ${reason}${unlogged > 0 ? ` (and ${unlogged} more since the last such line)` : ''}`)
+    last = now
+    unlogged = 0
+  }
+}
+
+function answerAndEnd(socket: net.Socket, frame: LocalSendAnswer): void {
+  socket.on('error', () => {})
+  socket.end(`${JSON.stringify(frame)}\n`)
+}
+
+interface ConnectionContext extends LocalSendOptions {
+  token: Buffer
+  build: string
+  refused: (reason: string) => void
+}
+
+/**
+ * Two lines from the client: a hello with the token (small, checked first), then the request;
+ * after that only signal lines. Answers: `declined` or `refused` (nothing ran), or `accepted`
+ * followed by log lines and the `result`.
+ */
+function serveConnection(socket: net.Socket, context: ConnectionContext): void {
   socket.on('error', () => {})
   const answer = (frame: LocalSendAnswer) => {
     if (!socket.destroyed) socket.write(`${JSON.stringify(frame)}\n`)
   }
   const deadline = setTimeout(() => socket.destroy(), REQUEST_DEADLINE_MS)
-  let request: LocalSendRequest | undefined
-  let refused = false
   const run = new AbortController()
-  const lines = new LineSplitter(MAX_REQUEST_BYTES, (line) => {
-    if (refused) return
-    if (request) return void signalFrom(line, run)
-    clearTimeout(deadline)
-    const parsed = parseRequest(line, expected)
-    if (typeof parsed === 'string') {
-      refused = true
-      options.log(`gateway: refused a send over ${localSendSocket(options.home)}: ${parsed}`)
-      answer({type: 'refused', message: parsed})
-      return void socket.destroySoon()
+  let stage: 'hello' | 'request' | 'running' | 'done' = 'hello'
+  const onLine = (line: string) => {
+    if (stage === 'running') return void signalFrom(line, run)
+    if (stage === 'done') return
+    if (stage === 'hello') {
+      const refusal = checkHello(line, context.token)
+      if (refusal) {
+        stage = 'done'
+        context.refused(refusal)
+        clearTimeout(deadline)
+        return void answerAndEnd(socket, {type: 'refused', message: refusal})
+      }
+      stage = 'request'
+      lines = new LineSplitter(MAX_REQUEST_BYTES, onLine)
+      return
     }
-    request = parsed
-    void handle(parsed, options, answer, run.signal).finally(() => socket.end())
-  })
+    clearTimeout(deadline)
+    const request = parseRequest(line)
+    if (typeof request === 'string') {
+      stage = 'done'
+      return void answerAndEnd(socket, {type: 'declined', reason: request})
+    }
+    stage = 'running'
+    void handle(request, context, answer, run.signal).finally(() => {
+      stage = 'done'
+      socket.end()
+    })
+  }
+  let lines = new LineSplitter(MAX_HELLO_BYTES, onLine)
   socket.on('data', (chunk: Buffer) => {
     try {
-      lines.push(chunk)
+      // the rest of a chunk after the hello goes to the request's splitter
+      let rest = chunk
+      while (rest.length > 0) {
+        const splitter = lines
+        const newline = rest.indexOf(10)
+        const part = newline === -1 ? rest : rest.subarray(0, newline + 1)
+        splitter.push(part)
+        rest = rest.subarray(part.length)
+      }
     } catch {
+      // a line past its limit: nothing was taken yet (or it is a signal line), so the client runs it itself
+      if (stage === 'hello' || stage === 'request') stage = 'done'
       socket.destroy()
     }
   })
@@ -149,41 +211,58 @@ function signalFrom(line: string, run: AbortController): void {
   }
 }
 
-/** The request, or why it is refused (the token first: nothing else is looked at without it). */
-function parseRequest(line: string, expected: Buffer): LocalSendRequest | string {
+/** Why the hello is refused: the token is the only thing looked at before it matches. */
+function checkHello(line: string, expected: Buffer): string | undefined {
+  let value: Partial<LocalSendHello>
+  try {
+    value = JSON.parse(line) as Partial<LocalSendHello>
+  } catch {
+    return 'the request is not JSON'
+  }
+  const token = Buffer.from(typeof value?.token === 'string' ? value.token : '')
+  if (token.length !== expected.length || !crypto.timingSafeEqual(token, expected)) return "the request does not carry this gateway's token"
+  return undefined
+}
+
+/** The request, or why it cannot be taken as one. */
+function parseRequest(line: string): LocalSendRequest | string {
   let value: Partial<LocalSendRequest>
   try {
     value = JSON.parse(line) as Partial<LocalSendRequest>
   } catch {
     return 'the request is not JSON'
   }
-  const token = Buffer.from(typeof value?.token === 'string' ? value.token : '')
-  if (token.length !== expected.length || !crypto.timingSafeEqual(token, expected)) return "the request does not carry this gateway's token"
-  const strings = ['agent', 'channel', 'content', 'config_path', 'digest'] as const
-  if (value.type !== 'send' || strings.some((field) => typeof value[field] !== 'string') || typeof value.unrestricted !== 'boolean') return 'the request is malformed'
+  const strings = ['agent', 'channel', 'content', 'config_path', 'digest', 'build'] as const
+  if (value?.type !== 'send' || strings.some((field) => typeof value[field] !== 'string') || typeof value.unrestricted !== 'boolean') return 'the request is malformed'
   if (typeof value.user?.id !== 'string' || typeof value.user.name !== 'string') return 'the request is malformed'
   return value as LocalSendRequest
 }
 
-async function handle(request: LocalSendRequest, options: LocalSendOptions, answer: (frame: LocalSendAnswer) => void, signal: AbortSignal): Promise<void> {
-  const config = options.config()
-  const declined = await declineReason(request, options, config)
+async function handle(request: LocalSendRequest, context: ConnectionContext, answer: (frame: LocalSendAnswer) => void, signal: AbortSignal): Promise<void> {
+  const declined = declineReason(request, context)
   if (declined) return answer({type: 'declined', reason: declined})
   const message: InboundMessage = {id: `cli_${randomHex(6)}`, connector: 'cli', channel_id: request.channel, user: request.user, content: request.content}
   const quiet = {send: async () => {}, startTyping: () => () => {}}
-  const ticket = options.dispatcher.dispatch(request.agent, message, quiet, {signal, onLog: (line) => answer({type: 'log', line})})
+  const ticket = context.dispatcher.dispatch(request.agent, message, quiet, {signal, onLog: (line) => answer({type: 'log', line})})
+  if (!ticket.accepted) {
+    const outcome = await ticket.done
+    return answer({type: 'declined', reason: `the gateway did not take it (${outcome.rejectedBecause ?? outcome.status})`})
+  }
+  // from here the message is the gateway's: `send` never runs it itself
+  answer({type: 'accepted', run_id: ticket.runId})
   const outcome = await ticket.done
-  if (!outcome.output) return answer({type: 'declined', reason: `the gateway did not run it (${outcome.rejectedBecause ?? outcome.status})`})
-  answer({type: 'result', output: outcome.output});
+  if (outcome.output) answer({type: 'result', output: outcome.output})
 }
 
-async function declineReason(request: LocalSendRequest, options: LocalSendOptions, config: {path: string; text: string}): Promise<string | undefined> {
+function declineReason(request: LocalSendRequest, context: ConnectionContext): string | undefined {
+  const config = context.config()
   if (request.version !== LOCAL_SEND_VERSION) return `this gateway speaks version ${LOCAL_SEND_VERSION} of the send socket`
-  if (request.unrestricted !== options.unrestricted) return options.unrestricted ? 'the gateway runs every agent unrestricted' : '--unrestricted is for this invocation only'
+  if (request.build !== context.build) return 'the gateway runs another build of meepagateway (restart it after an upgrade)'
+  if (request.unrestricted !== context.unrestricted) return context.unrestricted ? 'the gateway runs every agent unrestricted' : '--unrestricted is for this invocation only'
   if (request.config_path !== config.path) return `the gateway runs with ${config.path}`
-  if (request.digest !== sameRunDigest(config.text, process.env)) return "the config file or the environment differs from the gateway's"
-  if (!options.agentIds().includes(request.agent)) return 'no such agent in the gateway'
-  if (!options.dispatcher.accepting) return 'the gateway is stopping'
-  if (!options.queue.hasRoom(request.agent)) return "the agent's queue is full"
+  if (config.text === undefined || request.digest !== sameRunDigest(config.text, process.env)) return "the config file or the environment differs from the gateway's"
+  if (!context.agentIds().includes(request.agent)) return 'no such agent in the gateway'
+  if (!context.dispatcher.accepting) return 'the gateway is stopping'
+  if (!context.queue.hasRoom(request.agent)) return "the agent's queue is full"
   return undefined
 }
