@@ -273,20 +273,20 @@ const sendOneShotApart = {
       contents: [
         "import {loadCliBundle} from 'meepa-cli-bundle'",
         "import {APP_ROOT} from './runtime/util/app-root.js'",
-        `export const sendMessage = (options) => loadCliBundle(APP_ROOT, {bundle: ${JSON.stringify(liteBundleFile(SEND_ONE_SHOT))}}).exports.sendMessage(options)`,
+        `export const sendOneShot = (options) => loadCliBundle(APP_ROOT, {bundle: ${JSON.stringify(liteBundleFile(SEND_ONE_SHOT))}}).exports.sendOneShot(options)`,
       ].join('\n'),
       loader: 'js',
       resolveDir: dist,
     }))
   },
 }
-const sendCommandFile = commands.find((command) => command.id === 'send')?.file
 const liteBundles = [
   // before `send`, whose warm-up loads it
   {
     id: SEND_ONE_SHOT,
-    entry: `import {runCommandWithoutOclif} from './cli/lite/run.js'\nimport Command from ${JSON.stringify(sendCommandFile)}\nexport {sendMessage} from './runtime/runners/send.js'\nexport const run = (argv) => runCommandWithoutOclif(argv, 'send', Command)`,
-    warm: [['send', '--agent', 'meepa', 'hi']],
+    // only the runtime's one-shot path; `run` is for its warm-up (the scratch home's agent, no provider key there)
+    entry: "import {sendOneShot} from './runtime/runners/send.js'\nexport {sendOneShot}\nexport const run = () => sendOneShot({agentId: 'meepa', channel: 'cli', content: 'hi', notice: () => {}})",
+    warm: [[]],
     notACommand: true,
   },
   ...LITE_COMMANDS.map((id) => {

@@ -1,5 +1,5 @@
 import {Command, Errors, Flags, type Interfaces} from '@oclif/core'
-import {loadConfig} from '../runtime/config/load.js'
+import {loadConfigForCommand} from '../runtime/config/load.js'
 import type {LoadedConfig} from '../runtime/config/types.js'
 import {GatewayError} from '../runtime/util/errors.js'
 
@@ -35,15 +35,7 @@ export abstract class BaseCommand<T extends typeof Command> extends Command {
 
   /** Loads the config, writing the commented default on first use and saying so on stderr. */
   protected loadConfig(): LoadedConfig {
-    const loaded = loadConfig({configPath: this.flags.config, createIfMissing: true})
-    if (loaded.created) {
-      const primary = loaded.config.providers.providers[loaded.config.providers.primary]
-      this.logToStderr(`Created a default config at ${loaded.path} with one agent, "meepa".`)
-      if (primary?.api_key_env && !(primary.api_key_env in loaded.secrets)) {
-        this.logToStderr(`Set ${primary.api_key_env} in your environment to use the ${loaded.config.providers.primary} provider.`)
-      }
-    }
-    return loaded
+    return loadConfigForCommand(this.flags.config, (line) => this.logToStderr(line))
   }
 
   protected async catch(error: Error & {exitCode?: number}): Promise<unknown> {

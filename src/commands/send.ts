@@ -29,8 +29,8 @@ export default class Send extends BaseCommand<typeof Send> {
       const request = {agentId: this.flags.agent, channel: this.flags.channel, content, unrestricted: this.flags.unrestricted, onLog: (line: string) => this.logToStderr(line), signal: stop.signal}
       const output =
         (await sendThroughGateway({...request, configPath: this.flags.config})) ??
-        // no gateway took it: the whole run in this process (its code is loaded only then)
-        (await (await import('../runtime/runners/send.js')).sendMessage({...request, loaded: this.loadConfig()})).output
+        // no gateway took it: the whole run in this process (its code, config loading included, is loaded only then)
+        (await (await import('../runtime/runners/send.js')).sendOneShot({...request, configPath: this.flags.config, notice: (line) => this.logToStderr(line)})).output
       if (!output.ok) {
         const {suggestions, ...details} = output.error.details ?? {}
         const signal = stop.signal.aborted ? String(stop.signal.reason) : undefined

@@ -18,6 +18,22 @@ export interface LoadConfigOptions {
 }
 
 
+/**
+ * What a command loads: the config, writing the commented default on first use and telling
+ * `notice` so (and which key to set).
+ */
+export function loadConfigForCommand(configPath: string | undefined, notice: (line: string) => void): LoadedConfig {
+  const loaded = loadConfig({configPath, createIfMissing: true})
+  if (loaded.created) {
+    const primary = loaded.config.providers.providers[loaded.config.providers.primary]
+    notice(`Created a default config at ${loaded.path} with one agent, "meepa".`)
+    if (primary?.api_key_env && !(primary.api_key_env in loaded.secrets)) {
+      notice(`Set ${primary.api_key_env} in your environment to use the ${loaded.config.providers.primary} provider.`)
+    }
+  }
+  return loaded
+}
+
 export function loadConfig(options: LoadConfigOptions = {}): LoadedConfig {
   const env = options.env ?? process.env
   const home = options.home ?? gatewayHome(env)

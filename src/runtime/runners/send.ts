@@ -1,5 +1,6 @@
 import os from 'node:os'
 import type {LoadedConfig} from '../config/types.js'
+import {loadConfigForCommand} from '../config/load.js'
 import {newRunId, runMessage, type RunMessageResult} from './run-message.js'
 import {reclaimAbandonedRuns} from './reclaim-runs.js'
 
@@ -12,6 +13,15 @@ export interface SendOptions {
   onLog?: (line: string) => void
   /** Aborted with 'SIGINT' / 'SIGTERM' when `send` receives it: forwarded to the run. */
   signal?: AbortSignal
+}
+
+/**
+ * `send` when no gateway took the message: the config loaded here (and written on first use,
+ * said on `notice`), then the whole run in this process.
+ */
+export async function sendOneShot(options: Omit<SendOptions, 'loaded'> & {configPath?: string; notice: (line: string) => void}): Promise<RunMessageResult> {
+  const {configPath, notice, ...rest} = options
+  return sendMessage({...rest, loaded: loadConfigForCommand(configPath, notice)})
 }
 
 export async function sendMessage(options: SendOptions): Promise<RunMessageResult> {
