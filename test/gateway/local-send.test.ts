@@ -445,3 +445,79 @@ describe('a gateway in this process', {timeout: 90_000}, () => {
     expect(agentRunsIn(workspace)).toEqual([])
   })
 })
+
+describe('send and a gateway that misbehaves or is run elsewhere', {timeout: 90_000}, () => {
+  it("a send in another process context (here a umask of its own) runs the message itself: the gateway's run would not inherit it", async () => {
+    home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'free', file_access: {unrestricted: true}}]))
+    await startServe()
+    llm.enqueue(shell('umask; touch made-here && stat -c %a made-here'), (request) => ({text: lastToolResult(request)}))
+    const env = {MEEPAGATEWAY_HOME: home.home, FAKE_LLM_KEY: 'sk-fake-test-key-123456', ...SEND_ENV}
+    const wrapped = await execa('sh', ['-c', `umask 077; exec "${process.execPath}" "${BIN}" send --agent free hi`], {env, reject: false})
+    expect(wrapped.exitCode, String(wrapped.stderr)).toBe(0)
+    expect(String(wrapped.stdout)).toMatch(/0077[\s\S]*600/)
+    expect(recordedRuns()).toEqual([])
+  })
+
+  it('a gateway that stops answering (SIGSTOP) does not hang send: it gives up after 10 s, or 5 s after Ctrl-C, and says so', async () => {
+    home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'free', file_access: {unrestricted: true}}]))
+    const serve = await startServe()
+    llm.setDefault({text: 'ok'})
+    serve.process.kill('SIGSTOP')
+    try {
+      const started = Date.now()
+      const interrupted = sendProcess('free', 'hi')
+      const left = send('free', 'hi')
+      await new Promise((resolve) => setTimeout(resolve, 1500))
+      interrupted.kill('SIGINT')
+      const [stopped, waited] = await Promise.all([interrupted, left])
+      expect(stopped.exitCode, String(stopped.stderr)).toBe(130)
+      expect(String(stopped.stderr)).toMatch(/the gateway did not end the run within 5 s of SIGINT/)
+      expect(waited.exitCode, waited.stderr).toBe(8)
+      expect(waited.stderr).toMatch(/the gateway did not answer within 10 s/)
+      expect(Date.now() - started).toBeLessThan(20_000)
+      expect(llm.requests).toHaveLength(0) // neither ran it here: the gateway may still have it
+    } finally {
+      serve.process.kill('SIGCONT')
+    }
+  })
+
+  it('a message still waiting when the gateway stops is handed back: send runs it itself', async () => {
+    home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'free', file_access: {unrestricted: true}}]))
+    const serve = await startServe()
+    // each message gets its own answers, whichever run asks first
+    llm.setDefault((request) => {
+      const messages = request.body.messages as Array<{role: string; content: unknown}>
+      if (messages.some((message) => message.role === 'user' && message.content === 'waits its turn')) return {text: 'run by send itself'}
+      return messages.at(-1)?.role === 'tool' ? {text: lastToolResult(request)} : shell('sleep 2; echo first-done')
+    })
+    const first = send('free', 'the run ahead')
+    await waitFor('the run ahead', () => recordedRuns().length === 1)
+    const second = send('free', 'waits its turn')
+    await new Promise((resolve) => setTimeout(resolve, 700)) // time for send to hand it over
+    serve.process.kill('SIGTERM')
+    const [a, b] = await Promise.all([first, second])
+    expect(a.stdout).toContain('first-done')
+    expect(b.exitCode, b.stderr).toBe(0)
+    expect(b.stdout.trim()).toBe('run by send itself')
+  })
+
+  it('a standby agent-run that cannot be started (its TMPDIR gone) is logged; the gateway goes on', async () => {
+    home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'free', file_access: {unrestricted: true}}]))
+    const tmp = path.join(home.home, 'tmp')
+    fs.mkdirSync(tmp)
+    const serve = await startServe({...SEND_ENV, TMPDIR: tmp})
+    const env = {TMPDIR: tmp}
+    llm.setDefault({text: 'ok'})
+    expect((await send('free', 'hi', {env})).exitCode).toBe(0)
+    await waitFor('a standby agent-run', () => agentRunsIn(home!.workspace('free')).length === 1)
+    fs.rmSync(tmp, {recursive: true, force: true})
+    // this run takes the standby; the next one cannot be started
+    expect((await send('free', 'hi', {env})).exitCode).toBe(0)
+    await waitFor('the log line', () => /could not start a standby agent-run: .*ENOENT/.test(serve.output()))
+    await new Promise((resolve) => setTimeout(resolve, 300))
+    expect(serve.process.exitCode).toBe(null)
+    fs.mkdirSync(tmp)
+    expect((await send('free', 'hi', {env})).exitCode).toBe(0)
+    expect(recordedRuns()).toHaveLength(3)
+  })
+})

@@ -20,6 +20,8 @@ export interface DispatchExtras {
   /** Aborting stops the run (a reason such as 'SIGINT' is forwarded to it first). */
   signal?: AbortSignal
   onLog?: (line: string) => void
+  /** Asked when the message's turn comes: a reason hands it back to its sender unrun (no record, no reply). */
+  notRunBecause?: () => string | undefined
 }
 
 export type DispatchStatus = 'ok' | 'failed' | 'interrupted' | 'rejected'
@@ -32,6 +34,8 @@ export interface DispatchOutcome {
   output?: AgentRunOutput
   /** Why a `rejected` message never ran. */
   rejectedBecause?: 'busy' | 'stopping'
+  /** Why a message was handed back unrun when its turn came (DispatchExtras.notRunBecause). */
+  notRunBecause?: string
 }
 
 export interface DispatchTicket {
@@ -86,7 +90,7 @@ export class Dispatcher {
     let settle!: (outcome: DispatchOutcome) => void
     const done = new Promise<DispatchOutcome>((resolve) => (settle = resolve))
     const accepted = this.options.queue.submit(agentId, {
-      run: async () => settle(extras.signal?.aborted ? this.withdrawn(start, extras.signal) : await this.execute(start, message, delivery, extras)),
+      run: async () => settle(extras.signal?.aborted ? this.withdrawn(start, extras.signal) : (this.handedBack(start, extras) ?? (await this.execute(start, message, delivery, extras)))),
       cancel: (reason) =>
         reason === 'withdrawn' && extras.signal
           ? settle(this.withdrawn(start, extras.signal))
@@ -176,6 +180,14 @@ export class Dispatcher {
     )
     await this.deliver(start, delivery, reply)
     return {runId: start.id, status, reply, output}
+  }
+
+  /** A message whose sender would now run it differently from this gateway: back to the sender unrun. */
+  private handedBack(start: RunStart, extras: DispatchExtras): DispatchOutcome | undefined {
+    const reason = extras.notRunBecause?.()
+    if (reason === undefined) return undefined
+    this.options.log(`run ${start.id}: agent ${start.agentId} via ${start.connector} handed back unrun: ${reason}`)
+    return {runId: start.id, status: 'rejected', reply: '', notRunBecause: reason}
   }
 
   /** A message its sender gave up on (Ctrl-C, `send` gone) before its run started: recorded as interrupted, nothing ran. */

@@ -56,12 +56,14 @@ export function prepareStandbyAgentRun(slot: string, key: string, launchFor: (tm
     void dispose(standby)
   }
   const processId = `run_${randomHex(8)}`
-  const tmpDir = makePrivateTmp(processId)
+  let tmpDir: string | undefined
   let started: StartedAgentProcess
+  // it runs after a reply, on its own: a full or missing TMPDIR is logged, never the gateway's end
   try {
+    tmpDir = makePrivateTmp(processId)
     started = startAgentProcess({...launchFor(tmpDir, processId), onStderr: log})
   } catch (error) {
-    removePrivateTmp(tmpDir)
+    if (tmpDir) removePrivateTmp(tmpDir)
     log(`could not start a standby agent-run: ${(error as Error).message}`)
     return
   }
@@ -80,7 +82,11 @@ export function prepareStandbyAgentRun(slot: string, key: string, launchFor: (tm
 
 async function dispose(standby: {process: StartedAgentProcess; tmpDir: string}): Promise<void> {
   await standby.process.discard()
-  removePrivateTmp(standby.tmpDir)
+  try {
+    removePrivateTmp(standby.tmpDir)
+  } catch {
+    // its keeper removes it too; a start-up reclaims what is left
+  }
 }
 
 /** Ends the standby agent-runs of this process: those of one gateway home (it stops, or its config changed), or all. */

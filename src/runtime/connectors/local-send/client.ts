@@ -5,7 +5,13 @@ import path from 'node:path'
 import type {AgentRunOutput} from '../../agent-run/contract.js'
 import {GatewayError} from '../../util/errors.js'
 import {defaultConfigPath, gatewayHome} from '../../util/paths.js'
-import {buildIdentity, LOCAL_SEND_VERSION, localSendDir, localSendSocket, localSendToken, sameRunDigest, type LocalSendAnswer, type LocalSendHello, type LocalSendRequest} from './protocol.js'
+import {signalExitCode} from '../../runners/send-input.js'
+import {buildIdentity, LOCAL_SEND_VERSION, localSendDir, sameRunDigest, type LocalSendAnswer, type LocalSendHello, type LocalSendRequest} from './protocol.js'
+
+/** The gateway answers `accepted` or `declined` at once; one that says nothing by then is stopped or hung. */
+const ANSWER_DEADLINE_MS = 10_000
+/** After a forwarded Ctrl-C / SIGTERM the run ends within its grace (1 s) and the keeper's (2 s): past this, `send` stops waiting. */
+const SIGNALLED_DEADLINE_MS = 5_000
 
 export interface SendThroughGatewayOptions {
   agentId: string
@@ -22,24 +28,33 @@ export interface SendThroughGatewayOptions {
 
 /**
  * The run's output when a gateway of this home ran the message (docs/architecture.md); undefined
- * when none is serving, or it did not take the message (another config or environment, busy, not
- * its token): `send` then runs it itself. Throws when the gateway took the message and went away
- * before its result: the message is never run twice.
+ * when none is serving, or it did not run the message (another build, config, environment or
+ * process context, busy, stopping, not its token): `send` then runs it itself. Throws when the
+ * gateway took the message and then stopped answering or went away: the message is never run twice.
  */
 export async function sendThroughGateway(options: SendThroughGatewayOptions): Promise<AgentRunOutput | undefined> {
   const env = options.env ?? process.env
   const home = gatewayHome(env)
   const configPath = path.resolve(options.configPath ?? defaultConfigPath(home))
-  let token: string
+  const debug = env.DEBUG !== undefined || env.MEEPAGATEWAY_DEBUG !== undefined ? (line: string) => process.stderr.write(`send: ${line}\n`) : () => {}
+  let gateway: OwnGateway
   let configText: string
   try {
-    token = ownToken(home)
+    gateway = ownGateway(home)
     configText = fs.readFileSync(configPath, 'utf8')
   } catch {
     return undefined // no gateway, or not one of ours (or no config yet: the one-shot run says what to do)
   }
+  try {
+    return await talk(gateway, configText, configPath, options, env, debug)
+  } finally {
+    fs.closeSync(gateway.dirFd)
+  }
+}
+
+async function talk(gateway: OwnGateway, configText: string, configPath: string, options: SendThroughGatewayOptions, env: NodeJS.ProcessEnv, debug: (line: string) => void): Promise<AgentRunOutput | undefined> {
   // node:net (and the stream modules under it) only once a gateway left its token: a one-shot send never loads it
-  const socket: Socket = process.getBuiltinModule('node:net').connect(localSendSocket(home))
+  const socket: Socket = process.getBuiltinModule('node:net').connect(gateway.socketPath)
   socket.on('error', () => {})
   const connected = await new Promise<boolean>((resolve) => {
     socket.once('connect', () => resolve(true))
@@ -47,7 +62,7 @@ export async function sendThroughGateway(options: SendThroughGatewayOptions): Pr
   })
   if (!connected) return undefined // a gateway that crashed left its token
   const user = os.userInfo().username
-  const hello: LocalSendHello = {type: 'hello', token}
+  const hello: LocalSendHello = {type: 'hello', token: gateway.token}
   const request: LocalSendRequest = {
     type: 'send',
     version: LOCAL_SEND_VERSION,
@@ -58,63 +73,98 @@ export async function sendThroughGateway(options: SendThroughGatewayOptions): Pr
     user: {id: user, name: user},
     unrestricted: Boolean(options.unrestricted),
     config_path: configPath,
-    digest: sameRunDigest(configText, env),
+    digest: sameRunDigest(gateway.token, configText, env),
   }
   socket.write(`${JSON.stringify(hello)}\n${JSON.stringify(request)}\n`)
-  const forward = () => socket.write(`${JSON.stringify({type: 'signal', signal: options.signal?.reason})}\n`)
+  let settle: (outcome: {output?: AgentRunOutput; error?: GatewayError}) => void
+  const settled = new Promise<{output?: AgentRunOutput; error?: GatewayError}>((resolve) => (settle = resolve))
+  let accepted = false
+  const stopped = (what: string) => {
+    const signal = options.signal?.aborted ? String(options.signal.reason) : undefined
+    return new GatewayError('E_RUN', `the gateway ${what}; its run is stopped as soon as it sees send gone, and may have done part of its work`, {
+      suggestions: ['see the gateway log (meepagateway serve) for why', 'send the message again'],
+      // interrupted by the operator: the status of an interrupted send (130, 143), as ever
+      ...(signal ? {exitCode: signalExitCode(signal)} : {}),
+    })
+  }
+  let deadline = setTimeout(() => settle({error: stopped(`did not answer within ${ANSWER_DEADLINE_MS / 1000} s`)}), ANSWER_DEADLINE_MS)
+  const forward = () => {
+    socket.write(`${JSON.stringify({type: 'signal', signal: options.signal?.reason})}\n`)
+    // the run's own answer (cancelled, with its exit status) normally comes well before this
+    clearTimeout(deadline)
+    deadline = setTimeout(() => settle({error: stopped(`did not end the run within ${SIGNALLED_DEADLINE_MS / 1000} s of ${String(options.signal?.reason)}`)}), SIGNALLED_DEADLINE_MS)
+  }
   options.signal?.addEventListener('abort', forward)
   // a Ctrl-C while connecting: the gateway stops the run as soon as it takes it
   if (options.signal?.aborted) forward()
+  let pending = ''
+  socket.setEncoding('utf8')
+  socket.on('data', (chunk: string) => {
+    pending += chunk
+    for (let newline = pending.indexOf('\n'); newline !== -1; newline = pending.indexOf('\n')) {
+      const line = pending.slice(0, newline)
+      pending = pending.slice(newline + 1)
+      let frame: LocalSendAnswer
+      try {
+        frame = JSON.parse(line) as LocalSendAnswer
+      } catch {
+        frame = {type: 'refused', message: 'an answer that is not JSON'}
+      }
+      if (frame.type === 'accepted') {
+        accepted = true
+        // a run takes as long as it takes; Ctrl-C is the way out
+        if (!options.signal?.aborted) clearTimeout(deadline)
+      } else if (frame.type === 'log') options.onLog?.(frame.line)
+      else if (frame.type === 'result') settle({output: frame.output})
+      else if (frame.type === 'declined' || !accepted) {
+        // nothing ran: send runs the message itself
+        debug(`the gateway did not run the message (${frame.type === 'declined' ? frame.reason : frame.type === 'refused' ? frame.message : 'no answer'}); running it here`)
+        settle({})
+      }
+    }
+  })
+  socket.once('close', () => settle(accepted ? {error: stopped('stopped before it sent the result')} : {}))
   try {
-    return await new Promise<AgentRunOutput | undefined>((resolve, reject) => {
-      let pending = ''
-      let accepted = false
-      socket.setEncoding('utf8')
-      socket.on('data', (chunk: string) => {
-        pending += chunk
-        for (let newline = pending.indexOf('\n'); newline !== -1; newline = pending.indexOf('\n')) {
-          const line = pending.slice(0, newline)
-          pending = pending.slice(newline + 1)
-          let frame: LocalSendAnswer
-          try {
-            frame = JSON.parse(line) as LocalSendAnswer
-          } catch {
-            frame = {type: 'declined', reason: 'not an answer'}
-          }
-          if (frame.type === 'accepted') accepted = true
-          else if (frame.type === 'log') options.onLog?.(frame.line)
-          else if (frame.type === 'result') resolve(frame.output)
-          // nothing ran: declined, refused (the token is another gateway's), or an answer that is not one before `accepted`
-          else if (!accepted) resolve(undefined)
-        }
-      })
-      socket.once('close', () => {
-        if (!accepted) return resolve(undefined)
-        reject(
-          new GatewayError('E_RUN', 'the gateway stopped before it sent the result; its run was stopped with everything it started, and may have done part of its work', {
-            suggestions: ['see the gateway log for why it stopped', 'send the message again'],
-          }),
-        )
-      })
-    })
+    const outcome = await settled
+    if (outcome.error) throw outcome.error
+    return outcome.output
   } finally {
+    clearTimeout(deadline)
     options.signal?.removeEventListener('abort', forward)
     socket.destroy()
   }
 }
 
+interface OwnGateway {
+  token: string
+  /** The directory, held open: what is checked is what is connected to. */
+  dirFd: number
+  socketPath: string
+}
+
 /**
- * The token, when the gateway's directory and files are this user's alone (as `serve` makes them):
- * a socket and token someone else could have put there would get the message and the digest.
+ * The gateway's token and socket, when its directory and files are this user's alone (as `serve`
+ * makes them): a socket and token someone else could have put there would get the message. The
+ * directory is opened once and both are reached through it (on Linux), so nothing can be swapped
+ * in between the checks and the connection.
  */
-function ownToken(home: string): string {
+function ownGateway(home: string): OwnGateway {
   const uid = process.getuid?.()
   const mine = (stats: fs.Stats) => (uid === undefined || stats.uid === uid) && (stats.mode & 0o077) === 0
-  const tokenFd = fs.openSync(localSendToken(home), fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW)
+  const dirFd = fs.openSync(localSendDir(home), fs.constants.O_RDONLY | fs.constants.O_DIRECTORY | fs.constants.O_NOFOLLOW)
   try {
-    if (!mine(fs.lstatSync(localSendDir(home))) || !mine(fs.fstatSync(tokenFd)) || !mine(fs.lstatSync(localSendSocket(home)))) throw new Error('not this user\'s gateway')
-    return fs.readFileSync(tokenFd, 'utf8')
-  } finally {
-    fs.closeSync(tokenFd)
+    const dir = process.platform === 'linux' ? `/proc/self/fd/${dirFd}` : localSendDir(home)
+    if (!mine(fs.fstatSync(dirFd))) throw new Error("not this user's gateway")
+    const tokenFd = fs.openSync(path.join(dir, 'send.token'), fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW)
+    try {
+      const socketPath = path.join(dir, 'send.sock')
+      if (!mine(fs.fstatSync(tokenFd)) || !mine(fs.lstatSync(socketPath))) throw new Error("not this user's gateway")
+      return {token: fs.readFileSync(tokenFd, 'utf8'), dirFd, socketPath}
+    } finally {
+      fs.closeSync(tokenFd)
+    }
+  } catch (error) {
+    fs.closeSync(dirFd)
+    throw error
   }
 }

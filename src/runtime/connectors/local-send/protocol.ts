@@ -76,29 +76,59 @@ export function buildIdentity(): string {
 
 /**
  * Environment variables that change what a run does, besides those the config names: the agent's
- * PATH, HOME and locale, the SDKs' and Node's TLS and proxy settings, the Docker client's, ours.
+ * PATH, HOME and locale, Node's, OpenSSL's and the SDKs' TLS and proxy settings, the Docker client's, ours.
  */
-const RUN_ENV = /^(?:PATH|HOME|USER|LANG|LANGUAGE|TZ|TMPDIR|LC_\w+|XDG_\w+|NODE_\w+|OPENAI_\w+|ANTHROPIC_\w+|DOCKER_\w+|MEEPA\w*|SSL_CERT_\w+|SSH_AUTH_SOCK|(?:HTTPS?|NO|ALL)_PROXY)$/i
+const RUN_ENV =
+  /^(?:PATH|HOME|USER|LANG|LANGUAGE|TZ|TMPDIR|LC_\w+|XDG_CONFIG_HOME|XDG_RUNTIME_DIR|NODE_\w+|OPENSSL_\w+|SSL_CERT_\w+|OPENAI_\w+|ANTHROPIC_\w+|DOCKER_\w+|MEEPAGATEWAY_HOME|MEEPAGATEWAY_DOCKER_\w+|MEEPA_RETRY_BASE_MS|MEEPA_SANDBOX_\w+|MEEPA_IN_CONTAINER|(?:HTTPS?|NO|ALL)_PROXY)$/i
 
-/** Whether a variable's value is part of sameRunDigest whatever the config says. */
-export function shapesRuns(name: string): boolean {
-  return RUN_ENV.test(name)
+/** Whether a variable's value is part of sameRunDigest whatever the config says (SSH_AUTH_SOCK only for a DOCKER_HOST over ssh). */
+export function shapesRuns(name: string, env: NodeJS.ProcessEnv = {}): boolean {
+  return RUN_ENV.test(name) || (name === 'SSH_AUTH_SOCK' && Boolean(env.DOCKER_HOST?.startsWith('ssh://')))
 }
 
 /**
- * What must be equal for a gateway's run to be the run `send` would make: the config file's text
- * and the value of every variable that shapes a run, including each one the config names (every
- * `$NAME` and `api_key_env` is written in its text). Hashed, so no value crosses the socket. Not
- * a cryptographic hash (node:crypto costs `send` 3 ms to load): this only tells two setups apart,
- * and nobody gains by a collision (the token decides who may ask, and any run it asks for is the
- * operator's).
+ * What a run inherits from the process that starts it besides its environment, which a wrapper
+ * around `send` may have set (`unshare -n`, `prlimit`, `systemd-run -p MemoryMax=…`, `sg`, a
+ * umask): namespaces, credentials and confinement, limits, cgroup. A gateway started elsewhere
+ * differs, and declines.
  */
-export function sameRunDigest(configText: string, env: NodeJS.ProcessEnv): string {
+export function processContext(): string {
+  if (process.platform !== 'linux') return JSON.stringify([process.getuid?.(), process.getgid?.(), process.getgroups?.(), process.umask()])
+  const read = (file: string) => {
+    try {
+      return fs.readFileSync(file, 'utf8')
+    } catch {
+      return ''
+    }
+  }
+  const status = read('/proc/self/status')
+    .split('\n')
+    .filter((line) => /^(Umask|Uid|Gid|Groups|CapEff|CapBnd|NoNewPrivs|Seccomp):/.test(line))
+  const namespaces = ['net', 'mnt', 'user', 'pid', 'ipc', 'uts', 'cgroup'].map((name) => {
+    try {
+      return fs.readlinkSync(`/proc/self/ns/${name}`)
+    } catch {
+      return name
+    }
+  })
+  return JSON.stringify([status, namespaces, read('/proc/self/limits'), read('/proc/self/cgroup')])
+}
+
+/**
+ * What must be equal for a gateway's run to be the run `send` would make: the config file's text,
+ * the value of every variable that shapes a run, including each one the config names (every
+ * `$NAME` and `api_key_env` is written in its text), and the process context. Hashed with the
+ * token, so no value crosses the socket and nothing can be guessed from the digest without the
+ * token. Not a cryptographic hash (node:crypto costs `send` 3 ms to load): it only tells two
+ * setups apart, and nobody gains by a collision (the token decides who may ask, and any run it
+ * asks for is the operator's).
+ */
+export function sameRunDigest(token: string, configText: string, env: NodeJS.ProcessEnv, context: string = processContext()): string {
   const words = new Set(configText.match(/[A-Za-z_][A-Za-z0-9_]*/g) ?? [])
   const pairs = Object.entries(env)
-    .filter(([name, value]) => value !== undefined && (shapesRuns(name) || words.has(name)))
+    .filter(([name, value]) => value !== undefined && (shapesRuns(name, env) || words.has(name)))
     .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
-  return hash128(JSON.stringify([configText, pairs]))
+  return hash128(JSON.stringify([token, configText, pairs, context]))
 }
 
 /** Four 32-bit FNV-1a lanes, each with its own offset, prime and input mix: 128 bits in hex. */

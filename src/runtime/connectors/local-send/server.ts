@@ -126,9 +126,11 @@ function refusalLog(options: LocalSendOptions): (reason: string) => void {
   }
 }
 
+/** The last answer, then the connection is gone (a client that keeps its side open holds no slot). */
 function answerAndEnd(socket: net.Socket, frame: LocalSendAnswer): void {
   socket.on('error', () => {})
-  socket.end(`${JSON.stringify(frame)}\n`)
+  socket.write(`${JSON.stringify(frame)}\n`)
+  socket.destroySoon()
 }
 
 interface ConnectionContext extends LocalSendOptions {
@@ -174,7 +176,7 @@ function serveConnection(socket: net.Socket, context: ConnectionContext): void {
     stage = 'running'
     void handle(request, context, answer, run.signal).finally(() => {
       stage = 'done'
-      socket.end()
+      socket.destroySoon()
     })
   }
   let lines = new LineSplitter(MAX_HELLO_BYTES, onLine)
@@ -243,26 +245,35 @@ async function handle(request: LocalSendRequest, context: ConnectionContext, ans
   if (declined) return answer({type: 'declined', reason: declined})
   const message: InboundMessage = {id: `cli_${randomHex(6)}`, connector: 'cli', channel_id: request.channel, user: request.user, content: request.content}
   const quiet = {send: async () => {}, startTyping: () => () => {}}
-  const ticket = context.dispatcher.dispatch(request.agent, message, quiet, {signal, onLog: (line) => answer({type: 'log', line})})
-  if (!ticket.accepted) {
-    const outcome = await ticket.done
-    return answer({type: 'declined', reason: `the gateway did not take it (${outcome.rejectedBecause ?? outcome.status})`})
-  }
-  // from here the message is the gateway's: `send` never runs it itself
-  answer({type: 'accepted', run_id: ticket.runId})
+  const ticket = context.dispatcher.dispatch(request.agent, message, quiet, {
+    signal,
+    onLog: (line) => answer({type: 'log', line}),
+    // checked again when its turn comes: a dashboard edit while it waited makes it another run
+    notRunBecause: () => notTheSameRun(request, context),
+  })
+  if (ticket.accepted) answer({type: 'accepted', run_id: ticket.runId})
   const outcome = await ticket.done
-  if (outcome.output) answer({type: 'result', output: outcome.output})
+  // nothing ran (not taken, the gateway stopped while it waited, or it would now be another run): `send` runs it
+  if (!outcome.output) return answer({type: 'declined', reason: `the gateway did not run it (${outcome.notRunBecause ?? outcome.rejectedBecause ?? outcome.status})`})
+  answer({type: 'result', output: outcome.output})
 }
 
 function declineReason(request: LocalSendRequest, context: ConnectionContext): string | undefined {
+  const otherRun = notTheSameRun(request, context)
+  if (otherRun) return otherRun
+  if (!context.dispatcher.accepting) return 'the gateway is stopping'
+  if (!context.queue.hasRoom(request.agent)) return "the agent's queue is full"
+  return undefined
+}
+
+/** Why the gateway's run of the request would not be the run `send` would make itself. */
+function notTheSameRun(request: LocalSendRequest, context: ConnectionContext): string | undefined {
   const config = context.config()
   if (request.version !== LOCAL_SEND_VERSION) return `this gateway speaks version ${LOCAL_SEND_VERSION} of the send socket`
   if (request.build !== context.build) return 'the gateway runs another build of meepagateway (restart it after an upgrade)'
   if (request.unrestricted !== context.unrestricted) return context.unrestricted ? 'the gateway runs every agent unrestricted' : '--unrestricted is for this invocation only'
   if (request.config_path !== config.path) return `the gateway runs with ${config.path}`
-  if (config.text === undefined || request.digest !== sameRunDigest(config.text, process.env)) return "the config file or the environment differs from the gateway's"
+  if (config.text === undefined || request.digest !== sameRunDigest(context.token.toString(), config.text, process.env)) return "the config file, the environment or the process context differs from the gateway's"
   if (!context.agentIds().includes(request.agent)) return 'no such agent in the gateway'
-  if (!context.dispatcher.accepting) return 'the gateway is stopping'
-  if (!context.queue.hasRoom(request.agent)) return "the agent's queue is full"
   return undefined
 }
