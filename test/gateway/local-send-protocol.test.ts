@@ -1,7 +1,7 @@
 import fs from 'node:fs'
 import path from 'node:path'
 import {describe, expect, it} from 'vitest'
-import {processContext, sameRunDigest, shapesRuns} from '../../src/runtime/connectors/local-send/protocol.js'
+import {processContext, runsCgroup, sameRunDigest, shapesRuns} from '../../src/runtime/connectors/local-send/protocol.js'
 import {RunQueue} from '../../src/runtime/gateway/run-queue.js'
 import {DOCKER_CLI_ENV_NAMES} from '../../src/sandbox/docker/cli.js'
 import {ROOT} from '../helpers/home.js'
@@ -42,6 +42,12 @@ describe("what must match for the gateway to run send's message", () => {
     expect((await child('')).stdout).toBe(mine)
     expect((await child('umask 077;')).stdout).not.toBe(mine)
     expect((await child('ulimit -n 200;')).stdout).not.toBe(mine)
+  })
+
+  it("the cgroup compared is where runs go: a gateway's own `meepa-gateway` leaf (cgroup v2) is its cgroup's", () => {
+    expect(runsCgroup('0::/user.slice/meepa.service/meepa-gateway\n')).toBe(runsCgroup('0::/user.slice/meepa.service\n'))
+    expect(runsCgroup('0::/user.slice/session-2.scope\n')).not.toBe(runsCgroup('0::/user.slice/meepa.service\n'))
+    expect(runsCgroup('12:pids:/a/meepa-gateway-not\n')).toBe('12:pids:/a/meepa-gateway-not\n')
   })
 
   it('every environment variable the gateway reads either shapes runs or does not change a run of send', () => {

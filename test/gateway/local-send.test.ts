@@ -305,6 +305,21 @@ describe('who may hand the gateway a message', {timeout: 90_000}, () => {
   })
 })
 
+describe('the client side', {timeout: 90_000}, () => {
+  it('finding a gateway but no config leaves nothing open (send then says what a one-shot run says)', async () => {
+    home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'free', file_access: {unrestricted: true}}]))
+    await startServe()
+    const {sendThroughGateway} = await import('../../src/runtime/connectors/local-send/client.js')
+    const env = {...process.env, MEEPAGATEWAY_HOME: home.home}
+    const open = () => fs.readdirSync('/proc/self/fd').length
+    const before = open()
+    for (let index = 0; index < 5; index++) {
+      expect(await sendThroughGateway({agentId: 'free', channel: 'cli', content: 'hi', configPath: path.join(home.home, 'missing.yaml'), env})).toBeUndefined()
+    }
+    expect(open()).toBe(before)
+  })
+})
+
 describe('what the gateway takes, and what it leaves to send', {timeout: 90_000}, () => {
   it('a message waiting behind another run of its agent is dropped when send is interrupted: exit 130 at once, recorded as interrupted, the run ahead untouched', async () => {
     home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'free', file_access: {unrestricted: true}}]))
@@ -458,7 +473,7 @@ describe('send and a gateway that misbehaves or is run elsewhere', {timeout: 90_
     expect(recordedRuns()).toEqual([])
   })
 
-  it('a gateway that stops answering (SIGSTOP) does not hang send: it gives up after 10 s, or 5 s after Ctrl-C, and says so', async () => {
+  it('a gateway that stops answering (SIGSTOP) does not hang send: it gives up after 10 s, or 15 s after Ctrl-C, and says so', async () => {
     home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'free', file_access: {unrestricted: true}}]))
     const serve = await startServe()
     llm.setDefault({text: 'ok'})
@@ -471,10 +486,10 @@ describe('send and a gateway that misbehaves or is run elsewhere', {timeout: 90_
       interrupted.kill('SIGINT')
       const [stopped, waited] = await Promise.all([interrupted, left])
       expect(stopped.exitCode, String(stopped.stderr)).toBe(130)
-      expect(String(stopped.stderr)).toMatch(/the gateway did not end the run within 5 s of SIGINT/)
+      expect(String(stopped.stderr)).toMatch(/the gateway did not end the run within 15 s of SIGINT/)
       expect(waited.exitCode, waited.stderr).toBe(8)
       expect(waited.stderr).toMatch(/the gateway did not answer within 10 s/)
-      expect(Date.now() - started).toBeLessThan(20_000)
+      expect(Date.now() - started).toBeLessThan(25_000)
       expect(llm.requests).toHaveLength(0) // neither ran it here: the gateway may still have it
     } finally {
       serve.process.kill('SIGCONT')

@@ -63,8 +63,12 @@ export function prepareStandbyAgentRun(slot: string, key: string, launchFor: (tm
     tmpDir = makePrivateTmp(processId)
     started = startAgentProcess({...launchFor(tmpDir, processId), onStderr: log})
   } catch (error) {
-    if (tmpDir) removePrivateTmp(tmpDir)
     log(`could not start a standby agent-run: ${(error as Error).message}`)
+    try {
+      if (tmpDir) removePrivateTmp(tmpDir)
+    } catch {
+      // a start-up reclaims it (its name carries this process's pid)
+    }
     return
   }
   const standby: Standby = {

@@ -10,8 +10,12 @@ import {buildIdentity, LOCAL_SEND_VERSION, localSendDir, sameRunDigest, type Loc
 
 /** The gateway answers `accepted` or `declined` at once; one that says nothing by then is stopped or hung. */
 const ANSWER_DEADLINE_MS = 10_000
-/** After a forwarded Ctrl-C / SIGTERM the run ends within its grace (1 s) and the keeper's (2 s): past this, `send` stops waiting. */
-const SIGNALLED_DEADLINE_MS = 5_000
+/**
+ * After a forwarded Ctrl-C / SIGTERM a run ends within its grace (1 s) and the keeper's (2 s), a
+ * container's within `docker kill`'s 2 s, the client's 3 s and its collection's 3 s: past this,
+ * `send` stops waiting.
+ */
+const SIGNALLED_DEADLINE_MS = 15_000
 
 export interface SendThroughGatewayOptions {
   agentId: string
@@ -38,12 +42,17 @@ export async function sendThroughGateway(options: SendThroughGatewayOptions): Pr
   const configPath = path.resolve(options.configPath ?? defaultConfigPath(home))
   const debug = env.DEBUG !== undefined || env.MEEPAGATEWAY_DEBUG !== undefined ? (line: string) => process.stderr.write(`send: ${line}\n`) : () => {}
   let gateway: OwnGateway
-  let configText: string
   try {
     gateway = ownGateway(home)
+  } catch {
+    return undefined // no gateway, or not one of ours
+  }
+  let configText: string
+  try {
     configText = fs.readFileSync(configPath, 'utf8')
   } catch {
-    return undefined // no gateway, or not one of ours (or no config yet: the one-shot run says what to do)
+    fs.closeSync(gateway.dirFd)
+    return undefined // no config yet: the one-shot run says what to do
   }
   try {
     return await talk(gateway, configText, configPath, options, env, debug)

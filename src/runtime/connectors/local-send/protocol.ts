@@ -111,7 +111,16 @@ export function processContext(): string {
       return name
     }
   })
-  return JSON.stringify([status, namespaces, read('/proc/self/limits'), read('/proc/self/cgroup')])
+  return JSON.stringify([status, namespaces, read('/proc/self/limits'), runsCgroup(read('/proc/self/cgroup'))])
+}
+
+/**
+ * /proc/self/cgroup as it decides where runs go: on cgroup v2 a gateway moves itself into a
+ * `meepa-gateway` leaf of its cgroup at its first run (src/sandbox/run-cgroup.ts), as a one-shot
+ * `send` from that cgroup would, and the runs of both go beside it.
+ */
+export function runsCgroup(procSelfCgroup: string): string {
+  return procSelfCgroup.replace(/\/meepa-gateway$/gm, '')
 }
 
 /**
