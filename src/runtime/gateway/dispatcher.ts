@@ -3,6 +3,7 @@ import type {IsolationLevel} from '../config/types.js'
 import type {Delivery} from '../connectors/types.js'
 import type {RunMessageResult} from '../runners/run-message.js'
 import {failure} from '../agent-run/output.js'
+import {abortSignalName} from '../util/subprocess.js'
 import type {RunRecords, RunStart} from '../state/run-records.js'
 import type {RunQueue} from './run-queue.js'
 import {BUSY_REPLY, EMPTY_REPLY, INTERRUPTED_REPLY, RESTARTING_REPLY, failureReply} from './user-replies.js'
@@ -192,8 +193,7 @@ export class Dispatcher {
 
   /** A message its sender gave up on (Ctrl-C, `send` gone) before its run started: recorded as interrupted, nothing ran. */
   private withdrawn(start: RunStart, signal: AbortSignal): DispatchOutcome {
-    const reason: unknown = signal.reason
-    const signalName = typeof reason === 'string' && /^SIG[A-Z]+$/.test(reason) ? reason : undefined
+    const signalName = abortSignalName(signal.reason)
     const output = failure(start.id, 'E_RUN', `the run was cancelled${signalName ? ` (${signalName})` : ''} before it started`, true, signalName ? {signal: signalName} : {})
     this.writeRecord(start.id, () => this.options.records.start({...start, startedAt: Date.now()}))
     this.writeRecord(start.id, () => this.options.records.finish(start.id, output, {durationMs: 0, interrupted: true}))

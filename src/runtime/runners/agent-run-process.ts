@@ -9,7 +9,7 @@ import {sizeBytes} from '../config/size.js'
 import {diskFull, diskUsage, heldByDeletedFiles, watchDiskUsage} from './disk-limit.js'
 import {forgetRunProcess, recordRunProcess} from './run-processes.js'
 import {killProcessTree} from '../util/process-tree.js'
-import {signalChild} from '../util/subprocess.js'
+import {abortSignalName, signalChild} from '../util/subprocess.js'
 import {keeperArgv, keeperHelper, keeperJoined} from '../../sandbox/keeper.js'
 import {cgroupPids, cgroupSupport, createRunCgroup, killRunCgroups, removeRunCgroups, type RunCgroup} from '../../sandbox/run-cgroup.js'
 import {AgentRunChannel, type HostLlm} from './llm-channel.js'
@@ -275,7 +275,7 @@ export class StartedAgentProcess {
     let grace: NodeJS.Timeout | undefined
     const onAbort = () => {
       const reason: unknown = options.signal?.reason
-      cancelled = typeof reason === 'string' && /^SIG[A-Z]+$/.test(reason) ? reason : 'abort'
+      cancelled = abortSignalName(reason) ?? 'abort'
       if (cancelled === 'abort' || grace) return killRun()
       // The run hears the signal first (as if it had been sent to it), and is killed if it lingers.
       signalChild(child, cancelled as NodeJS.Signals)

@@ -28,10 +28,8 @@ const standbys = new Map<string, Standby>()
  * workspace) and is still waiting; undefined otherwise (one for another key, or that exited, is ended).
  */
 export function takeStandbyAgentRun(slot: string, key: string): {process: StartedAgentProcess; tmpDir: string} | undefined {
-  const standby = standbys.get(slot)
+  const standby = unlist(slot)
   if (!standby) return undefined
-  standbys.delete(slot)
-  clearTimeout(standby.expiry)
   if (standby.key === key && standby.process.ready) return standby
   void dispose(standby)
   return undefined
@@ -44,17 +42,8 @@ export function takeStandbyAgentRun(slot: string, key: string): {process: Starte
 export function prepareStandbyAgentRun(slot: string, key: string, launchFor: (tmpDir: string, processId: string) => AgentProcessLaunch, log: (line: string) => void): void {
   const waiting = standbys.get(slot)
   if (waiting?.key === key && waiting.process.ready) return
-  if (waiting) {
-    standbys.delete(slot)
-    clearTimeout(waiting.expiry)
-    void dispose(waiting)
-  }
-  if (standbys.size >= MAX_STANDBYS) {
-    const [oldest, standby] = standbys.entries().next().value as [string, Standby]
-    standbys.delete(oldest)
-    clearTimeout(standby.expiry)
-    void dispose(standby)
-  }
+  if (waiting) void dispose(unlist(slot)!)
+  if (standbys.size >= MAX_STANDBYS) void dispose(unlist(standbys.keys().next().value as string)!)
   const processId = `run_${randomHex(8)}`
   let tmpDir: string | undefined
   let started: StartedAgentProcess
@@ -76,12 +65,19 @@ export function prepareStandbyAgentRun(slot: string, key: string, launchFor: (tm
     process: started,
     tmpDir,
     expiry: setTimeout(() => {
-      if (standbys.get(slot) !== standby) return
-      standbys.delete(slot)
-      void dispose(standby)
+      if (standbys.get(slot) === standby) void dispose(unlist(slot)!)
     }, STANDBY_IDLE_MS).unref(),
   }
   standbys.set(slot, standby)
+}
+
+/** Takes the slot's standby off the list (and its idle timer off): the caller uses or ends it. */
+function unlist(slot: string): Standby | undefined {
+  const standby = standbys.get(slot)
+  if (!standby) return undefined
+  standbys.delete(slot)
+  clearTimeout(standby.expiry)
+  return standby
 }
 
 async function dispose(standby: {process: StartedAgentProcess; tmpDir: string}): Promise<void> {
@@ -95,10 +91,6 @@ async function dispose(standby: {process: StartedAgentProcess; tmpDir: string}):
 
 /** Ends the standby agent-runs of this process: those of one gateway home (it stops, or its config changed), or all. */
 export async function stopStandbyAgentRuns(home?: string): Promise<void> {
-  const ending = [...standbys].filter(([slot]) => home === undefined || slot.startsWith(`${home}\0`))
-  for (const [slot, standby] of ending) {
-    standbys.delete(slot)
-    clearTimeout(standby.expiry)
-  }
-  await Promise.all(ending.map(([, standby]) => dispose(standby)))
+  const ending = [...standbys.keys()].filter((slot) => home === undefined || slot.startsWith(`${home}\0`)).map((slot) => unlist(slot)!)
+  await Promise.all(ending.map(dispose))
 }

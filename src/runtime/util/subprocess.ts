@@ -166,3 +166,8 @@ function stripFinalNewline(text: string): string {
   if (text.endsWith('\r\n')) return text.slice(0, -2)
   return text.endsWith('\n') ? text.slice(0, -1) : text
 }
+
+/** The signal an abort carries (`send` forwarding SIGINT / SIGTERM aborts with its name); undefined for any other reason. */
+export function abortSignalName(reason: unknown): NodeJS.Signals | undefined {
+  return typeof reason === 'string' && /^SIG[A-Z]+$/.test(reason) ? (reason as NodeJS.Signals) : undefined
+}

@@ -6,7 +6,7 @@ import type {AgentRunOutput} from '../../agent-run/contract.js'
 import {GatewayError} from '../../util/errors.js'
 import {defaultConfigPath, gatewayHome} from '../../util/paths.js'
 import {signalExitCode} from '../../runners/send-input.js'
-import {buildIdentity, LOCAL_SEND_VERSION, localSendDir, sameRunDigest, type LocalSendAnswer, type LocalSendHello, type LocalSendRequest} from './protocol.js'
+import {buildIdentity, LOCAL_SEND_VERSION, localSendDir, sameRunDigest, type LocalSendAnswer, type LocalSendHello, type LocalSendRequest, type LocalSendSignal} from './protocol.js'
 
 /** The gateway answers `accepted` or `declined` at once; one that says nothing by then is stopped or hung. */
 const ANSWER_DEADLINE_MS = 10_000
@@ -98,7 +98,8 @@ async function talk(gateway: OwnGateway, configText: string, configPath: string,
   }
   let deadline = setTimeout(() => settle({error: stopped(`did not answer within ${ANSWER_DEADLINE_MS / 1000} s`)}), ANSWER_DEADLINE_MS)
   const forward = () => {
-    socket.write(`${JSON.stringify({type: 'signal', signal: options.signal?.reason})}\n`)
+    const frame: LocalSendSignal = {type: 'signal', signal: options.signal?.reason as LocalSendSignal['signal']}
+    socket.write(`${JSON.stringify(frame)}\n`)
     // the run's own answer (cancelled, with its exit status) normally comes well before this
     clearTimeout(deadline)
     deadline = setTimeout(() => settle({error: stopped(`did not end the run within ${SIGNALLED_DEADLINE_MS / 1000} s of ${String(options.signal?.reason)}`)}), SIGNALLED_DEADLINE_MS)

@@ -56,14 +56,13 @@ export async function listenForLocalSend(options: LocalSendOptions): Promise<Loc
     return undefined
   }
   const token = randomHex(32)
-  const build = buildIdentity()
+  const context: ConnectionContext = {...options, token, tokenBytes: Buffer.from(token), build: buildIdentity(), refused: refusalLog(options)}
   let connections = 0
-  const refusals = refusalLog(options)
   const server = net.createServer((socket) => {
     connections++
     socket.once('close', () => connections--)
     if (connections > MAX_CONNECTIONS) return void answerAndEnd(socket, {type: 'declined', reason: `the gateway is serving ${MAX_CONNECTIONS} connections already`})
-    serveConnection(socket, {...options, token: Buffer.from(token), build, refused: refusals})
+    serveConnection(socket, context)
   })
   const listening = await new Promise<boolean>((resolve) => {
     server.once('error', (error) => {
@@ -134,7 +133,8 @@ function answerAndEnd(socket: net.Socket, frame: LocalSendAnswer): void {
 }
 
 interface ConnectionContext extends LocalSendOptions {
-  token: Buffer
+  token: string
+  tokenBytes: Buffer
   build: string
   refused: (reason: string) => void
 }
@@ -156,7 +156,7 @@ function serveConnection(socket: net.Socket, context: ConnectionContext): void {
     if (stage === 'running') return void signalFrom(line, run)
     if (stage === 'done') return
     if (stage === 'hello') {
-      const refusal = checkHello(line, context.token)
+      const refusal = checkHello(line, context.tokenBytes)
       if (refusal) {
         stage = 'done'
         context.refused(refusal)
@@ -273,7 +273,7 @@ function notTheSameRun(request: LocalSendRequest, context: ConnectionContext): s
   if (request.build !== context.build) return 'the gateway runs another build of meepagateway (restart it after an upgrade)'
   if (request.unrestricted !== context.unrestricted) return context.unrestricted ? 'the gateway runs every agent unrestricted' : '--unrestricted is for this invocation only'
   if (request.config_path !== config.path) return `the gateway runs with ${config.path}`
-  if (config.text === undefined || request.digest !== sameRunDigest(context.token.toString(), config.text, process.env)) return "the config file, the environment or the process context differs from the gateway's"
+  if (config.text === undefined || request.digest !== sameRunDigest(context.token, config.text, process.env)) return "the config file, the environment or the process context differs from the gateway's"
   if (!context.agentIds().includes(request.agent)) return 'no such agent in the gateway'
   return undefined
 }
