@@ -35,13 +35,16 @@ describe("what must match for the gateway to run send's message", () => {
     expect(same).toMatch(/^[0-9a-f]{32}$/)
   })
 
-  it("the process context: a child of this process has the same, one in another umask or with other limits does not", async () => {
+  it("the process context: a child of this process has the same, one in another umask, with other limits or in another network namespace does not", async () => {
     const {execa} = await import('execa')
-    const child = (prefix: string) => execa('sh', ['-c', `${prefix} exec node --input-type=module -e "import {processContext} from '${path.join(ROOT, 'dist/runtime/connectors/local-send/protocol.js')}'; process.stdout.write(processContext())"`])
+    const child = (prefix: string, wrapper = '') => execa('sh', ['-c', `${prefix} exec ${wrapper} node --input-type=module -e "import {processContext} from '${path.join(ROOT, 'dist/runtime/connectors/local-send/protocol.js')}'; process.stdout.write(processContext())"`])
     const mine = processContext()
     expect((await child('')).stdout).toBe(mine)
     expect((await child('umask 077;')).stdout).not.toBe(mine)
     expect((await child('ulimit -n 200;')).stdout).not.toBe(mine)
+    // a network namespace of its own (`unshare -n`, root here as in CI; skipped where it cannot be made)
+    const unshared = await execa('unshare', ['-n', 'true'], {reject: false})
+    if (unshared.exitCode === 0) expect((await child('', 'unshare -n')).stdout).not.toBe(mine)
   })
 
   it("the cgroup compared is where runs go: a gateway's own `meepa-gateway` leaf (cgroup v2) is its cgroup's", () => {
