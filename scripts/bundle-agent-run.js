@@ -8,7 +8,7 @@
 import esbuild from 'esbuild'
 import path from 'node:path'
 import {fileURLToPath} from 'node:url'
-import {IMPORT_META_URL, makeAscii, selfWrapping} from './bundle-format.js'
+import {IMPORT_META_URL, finishBundle, selfWrapping} from './bundle-format.js'
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..')
 const {AGENT_RUN_BUNDLE: outfile, writeAgentRunCodeCache, writeAgentRunPackages} = await import('../dist/runtime/agent-run/bundle.js')
@@ -41,6 +41,6 @@ if (result.warnings.length > 0) {
   process.exit(1)
 }
 
-makeAscii(outfile)
+finishBundle(outfile)
 writeAgentRunCodeCache()
 writeAgentRunPackages()

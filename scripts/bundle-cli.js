@@ -14,7 +14,7 @@ import {createRequire} from 'node:module'
 import os from 'node:os'
 import path from 'node:path'
 import {fileURLToPath} from 'node:url'
-import {IMPORT_META_URL, makeAscii, selfWrapping} from './bundle-format.js'
+import {IMPORT_META_URL, finishBundle, selfWrapping} from './bundle-format.js'
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..')
 const require = createRequire(import.meta.url)
@@ -166,7 +166,7 @@ async function bundle({entry, sourcefile, outfile, plugins = [], external = CLI_
     process.stderr.write(`bundle-cli: ${messages.join('\n')}\n  Try this: keep import.meta and dynamic require() out of the commands and the runtime\n`)
     process.exit(1)
   }
-  makeAscii(outfile)
+  finishBundle(outfile)
   return result
 }
 
