@@ -1,7 +1,8 @@
 import fs from 'node:fs'
 import path from 'node:path'
 import type {SandboxPolicy} from './policy.js'
-import {bootId, fileIdentity, forget, readSmallFile, recalled, remember} from './probe-record.js'
+import {forget, recalled, remember} from '../runtime/util/remembered.js'
+import {bootId, fileIdentity, PROBE_RECORD, readSmallFile} from './probe-record.js'
 
 /**
  * The namespace layer of the host sandbox: bubblewrap (the tool Flatpak, codex and Anthropic's
@@ -54,7 +55,7 @@ async function probeOrRecall(cacheFile: string | undefined): Promise<NamespacePr
   if (!bwrap) return NO_BWRAP
   const identity = cacheFile ? fileIdentity(bwrap) : undefined
   const key = identity && JSON.stringify([process.getuid?.(), bwrap, ...identity, bootId(), ...USERNS_SYSCTLS.map(readSmallFile)])
-  if (cacheFile && key && recalled<boolean>(cacheFile, key) === true) return {available: true, bwrap, recalled: true}
+  if (cacheFile && key && recalled<boolean>(cacheFile, key, PROBE_RECORD) === true) return {available: true, bwrap, recalled: true}
   const probe = await runProbe(bwrap)
   if (probe.available && cacheFile && key) remember(cacheFile, key, true)
   return probe

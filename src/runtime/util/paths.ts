@@ -19,7 +19,12 @@ export function gatewayDbPath(home: string): string {
   return path.join(home, 'gateway.db')
 }
 
-/** A host probe's remembered answer (src/sandbox/probe-record.ts): bubblewrap's namespaces, the kernel's Landlock and seccomp. */
+/** A host probe's remembered answer (util/remembered.ts): bubblewrap's namespaces, the kernel's Landlock and seccomp. */
 export function probeRecord(home: string, probe: 'namespace' | 'kernel'): string {
   return path.join(home, 'cache', `${probe}-probe.json`)
+}
+
+/** The config's parsed YAML, remembered for its text (config/load.ts). */
+export function configDocumentRecord(home: string): string {
+  return path.join(home, 'cache', 'config-document.json')
 }

@@ -3,7 +3,8 @@ import {APP_ROOT} from '../../runtime/util/app-root.js'
 import {GatewayError} from '../../runtime/util/errors.js'
 import {startSubprocess} from '../../runtime/util/subprocess.js'
 import {helperPath} from './helper-path.js'
-import {bootId, fileIdentity, recalled, remember} from '../probe-record.js'
+import {recalled, remember} from '../../runtime/util/remembered.js'
+import {bootId, fileIdentity, PROBE_RECORD} from '../probe-record.js'
 
 /** Exit status of the helper when it refused or failed to set the sandbox up (nothing ran). */
 export const HELPER_SETUP_EXIT = 125
@@ -45,7 +46,7 @@ export function probeKernel(helper: string = requireHelper(), options: {cacheFil
 async function probeOrRecall(helper: string, cacheFile: string | undefined): Promise<KernelProbe> {
   const identity = cacheFile ? fileIdentity(helper) : undefined
   const key = identity && JSON.stringify([helper, ...identity, bootId()])
-  const known = cacheFile && key ? recalled<KernelProbe>(cacheFile, key) : undefined
+  const known = cacheFile && key ? recalled<KernelProbe>(cacheFile, key, PROBE_RECORD) : undefined
   if (known && typeof known.landlock?.abi === 'number' && typeof known.seccomp === 'boolean') return known
   const result = await startSubprocess(helper, ['--probe'], {env: {}, timeoutMs: 10_000, forceKillAfterMs: 5_000})
   if (result.failed) throw new Error(`${result.message}${result.stderr ? `: ${result.stderr}` : ''}`)

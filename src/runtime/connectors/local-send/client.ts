@@ -6,7 +6,8 @@ import type {AgentRunOutput} from '../../agent-run/contract.js'
 import {GatewayError} from '../../util/errors.js'
 import {defaultConfigPath, gatewayHome} from '../../util/paths.js'
 import {signalExitCode} from '../../runners/send-input.js'
-import {buildIdentity, LOCAL_SEND_VERSION, localSendDir, sameRunDigest, type LocalSendAnswer, type LocalSendHello, type LocalSendRequest, type LocalSendSignal} from './protocol.js'
+import {buildIdentity} from '../../util/build-identity.js'
+import {LOCAL_SEND_VERSION, localSendDir, sameRunDigest, type LocalSendAnswer, type LocalSendHello, type LocalSendRequest, type LocalSendSignal} from './protocol.js'
 
 /** The gateway answers `accepted` or `declined` at once; one that says nothing by then is stopped or hung. */
 const ANSWER_DEADLINE_MS = 10_000

@@ -1,6 +1,6 @@
 import fs from 'node:fs'
 import path from 'node:path'
-import {APP_ROOT} from '../../util/app-root.js'
+import {buildIdentity} from '../../util/build-identity.js'
 import type {AgentRunOutput} from '../../agent-run/contract.js'
 
 /**
@@ -31,7 +31,7 @@ export interface LocalSendHello {
 export interface LocalSendRequest {
   type: 'send'
   version: number
-  /** buildIdentity(): the code a one-shot `send` would run. */
+  /** buildIdentity() (util/build-identity.ts): the code a one-shot `send` would run. */
   build: string
   agent: string
   channel: string
@@ -59,20 +59,6 @@ export type LocalSendAnswer =
   | {type: 'declined'; reason: string}
   /** Not the gateway's token: nothing ran. */
   | {type: 'refused'; message: string}
-
-/**
- * The installed code, as a gateway loaded it and as a `send` would run it: the app's root and the
- * build's marker file (rewritten by every build and install), so a gateway still running the code
- * of before an upgrade declines.
- */
-export function buildIdentity(): string {
-  try {
-    const marker = fs.statSync(path.join(APP_ROOT, 'dist', 'cli.sources.json'))
-    return `${APP_ROOT}:${marker.ino}:${marker.size}:${Math.floor(marker.mtimeMs)}`
-  } catch {
-    return `${APP_ROOT}:unbuilt`
-  }
-}
 
 /**
  * Environment variables that change what a run does, besides those the config names: the agent's

@@ -6,7 +6,8 @@ import {LineSplitter} from '../../agent-run/channel.js'
 import type {Dispatcher} from '../../gateway/dispatcher.js'
 import type {RunQueue} from '../../gateway/run-queue.js'
 import {randomHex} from '../../util/random.js'
-import {buildIdentity, LOCAL_SEND_VERSION, localSendDir, localSendSocket, localSendToken, sameRunDigest, type LocalSendAnswer, type LocalSendHello, type LocalSendRequest} from './protocol.js'
+import {buildIdentity} from '../../util/build-identity.js'
+import {LOCAL_SEND_VERSION, localSendDir, localSendSocket, localSendToken, sameRunDigest, type LocalSendAnswer, type LocalSendHello, type LocalSendRequest} from './protocol.js'
 
 /** Before the token is checked a line may be this long: an unauthenticated client holds next to nothing. */
 const MAX_HELLO_BYTES = 4096
