@@ -18,7 +18,9 @@
 //   npx tsx bench/startup.ts        (BENCH_N=10 rounds by default)
 // Every process gets this process's environment (BENCH_ENV=inherit, the default: what an
 // operator's shell gives) or only PATH and the bench's own variables (BENCH_ENV=clean).
-// NODE_EXTRA_CA_CERTS alone adds ≈ 35 ms of CPU to every Node start, the baseline's included.
+// NODE_EXTRA_CA_CERTS alone adds ≈ 35 ms of CPU to every Node start, the baseline's included
+// (bin/run.js starts the commands that open no TLS connection without it).
+// The CLI runs as an operator's shell runs `meepagateway`: bin/run.js through its #! line.
 import {execa} from 'execa'
 import fs from 'node:fs'
 import os from 'node:os'
@@ -56,9 +58,10 @@ const env: Record<string, string> = {
   ...(benchEnv === 'inherit' ? (Object.fromEntries(Object.entries(process.env).filter(([name]) => !name.startsWith('npm_'))) as Record<string, string>) : {}),
   MEEPAGATEWAY_HOME: home,
   FAKE_LLM_KEY: 'sk-bench-key-123456',
-  PATH: process.env.PATH ?? '',
+  // the `node` bin/run.js's #! line finds is this one
+  PATH: `${path.dirname(process.execPath)}:${process.env.PATH ?? ''}`,
 }
-const cli = (...args: string[]) => [process.execPath, bin, ...args]
+const cli = (...args: string[]) => [bin, ...args]
 for (const agent of ['boxed', 'free', 'contained']) await execa(process.execPath, [bin, 'agent', 'create', agent], {env, extendEnv: false})
 
 const engineUp = await execa('docker', ['info', '--format', '{{.ServerVersion}}'], {reject: false, timeout: 10_000}).then((result) => result.exitCode === 0)

@@ -1,5 +1,16 @@
-#!/usr/bin/env node
+#!/bin/sh
+':' //; case "$1" in sandbox|config|agent|runs|audit|api-key|container|help|--help|-h|--version) if [ -n "${NODE_EXTRA_CA_CERTS-}" ]; then export MEEPAGATEWAY_DEFERRED_EXTRA_CA_CERTS="$NODE_EXTRA_CA_CERTS"; unset NODE_EXTRA_CA_CERTS; fi ;; esac
+':' //; exec node "$0" "$@"
 'use strict'
+// The lines above are sh (this file runs through its #! line) and, to Node, string statements
+// and a comment. Node 20 parses every certificate NODE_EXTRA_CA_CERTS names as it starts (≈ 35 ms
+// for a system bundle), though only a TLS connection reads them. The commands named there open
+// none (SQLite, the sandbox, the local Docker socket or the docker CLI), so sh hands the variable
+// over under another name, and this puts it back for whatever the command starts.
+if (process.env.MEEPAGATEWAY_DEFERRED_EXTRA_CA_CERTS !== undefined) {
+  process.env.NODE_EXTRA_CA_CERTS ??= process.env.MEEPAGATEWAY_DEFERRED_EXTRA_CA_CERTS
+  delete process.env.MEEPAGATEWAY_DEFERRED_EXTRA_CA_CERTS
+}
 // CommonJS (bin/package.json): an ES module entry costs Node ≈ 5 ms of loader set-up at every start.
 // Hot paths skip oclif's config and plugin loading: agent-run starts once per message, and
 // `--version` is what scripts and health checks call. The most used commands and help pages run
