@@ -1,6 +1,6 @@
 #!/bin/sh
-':' //; case "$1" in sandbox|config|agent|runs|audit|api-key|container|help|--help|-h|--version) if [ -n "${NODE_EXTRA_CA_CERTS-}" ]; then export MEEPAGATEWAY_DEFERRED_EXTRA_CA_CERTS="$NODE_EXTRA_CA_CERTS"; unset NODE_EXTRA_CA_CERTS; fi ;; esac
-':' //; exec node "$0" "$@"
+':' //; unset MEEPAGATEWAY_DEFERRED_EXTRA_CA_CERTS; case "${1-}" in sandbox|config|agent|runs|audit|api-key|container|help|--help|-h|--version) if [ -n "${NODE_EXTRA_CA_CERTS-}" ]; then export MEEPAGATEWAY_DEFERRED_EXTRA_CA_CERTS="$NODE_EXTRA_CA_CERTS"; unset NODE_EXTRA_CA_CERTS; fi ;; esac
+':' //; exec node "$0" ${1+"$@"}
 'use strict'
 // The lines above are sh (this file runs through its #! line) and, to Node, string statements
 // and a comment. Node 20 parses every certificate NODE_EXTRA_CA_CERTS names as it starts (≈ 35 ms

@@ -117,7 +117,7 @@ const appRootInBundle = (outfile) => ({
   name: 'app-root',
   setup(build) {
     build.onLoad({filter: /[\\/]runtime[\\/](?:.*[\\/])?app-root\.js$/}, () => ({
-      contents: `import path from 'node:path'\nexport const APP_ROOT = path.resolve(__dirname, ${JSON.stringify(path.relative(path.dirname(outfile), root))})\n`,
+      contents: `import path from 'node:path'\nexport const APP_ROOT = path.resolve(__dirname, ${JSON.stringify(path.relative(path.dirname(outfile), root))})\nexport const FROM_SOURCE = false\n`,
       loader: 'js',
     }))
   },

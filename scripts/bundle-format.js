@@ -43,7 +43,7 @@ export function finishBundle(file) {
  * reads the same values.
  */
 export function shareBuiltinNamespaces(text) {
-  return text.replace(/__toESM\(require\(("node:[a-z_/]+")\),\s*1\)/g, '__builtinNamespace($1)')
+  return text.replace(/(?<![\w$])__toESM\(require\(("node:[a-z0-9_/]+")\),\s*1\)/g, '__builtinNamespace($1)')
 }
 
 /**

@@ -54,12 +54,39 @@ it('a command that may open one (send, serve) has Node read them as it starts', 
   }
 })
 
-it('the command gets the variable back, as it was given, for what it starts', async () => {
+/** The command's environment as its process sees it, once it has started. */
+async function environmentOf(argv: string[], extra: Record<string, string>, without: string[] = []) {
   const report = path.join(dir, 'env.json')
   const hook = path.join(dir, 'hook.cjs')
-  fs.writeFileSync(hook, `process.on('exit', () => require('node:fs').writeFileSync(${JSON.stringify(report)}, JSON.stringify({given: process.env.NODE_EXTRA_CA_CERTS, handedOver: process.env.MEEPAGATEWAY_DEFERRED_EXTRA_CA_CERTS ?? null})))\n`)
-  const given = path.join(dir, 'certificates with spaces.pem')
-  const result = await execa(BIN, ['config', 'check'], {env: env({NODE_EXTRA_CA_CERTS: given, NODE_OPTIONS: `--require ${hook}`}), extendEnv: false, reject: false})
+  fs.writeFileSync(hook, `process.on('exit', () => require('node:fs').writeFileSync(${JSON.stringify(report)}, JSON.stringify({given: process.env.NODE_EXTRA_CA_CERTS ?? null, handedOver: process.env.MEEPAGATEWAY_DEFERRED_EXTRA_CA_CERTS ?? null})))\n`)
+  const environment: Record<string, string> = env({...extra, NODE_OPTIONS: `--require ${hook}`})
+  for (const name of without) delete environment[name]
+  const result = await execa(BIN, argv, {env: environment, extendEnv: false, reject: false})
   expect(result.exitCode, result.stderr).toBe(0)
-  expect(JSON.parse(fs.readFileSync(report, 'utf8'))).toEqual({given, handedOver: null})
+  return JSON.parse(fs.readFileSync(report, 'utf8')) as {given: string | null; handedOver: string | null}
+}
+
+it('the command gets the variable back, as it was given, for what it starts', async () => {
+  const given = path.join(dir, 'certificates with spaces.pem')
+  expect(await environmentOf(['config', 'check'], {NODE_EXTRA_CA_CERTS: given})).toEqual({given, handedOver: null})
+})
+
+it('a value of the handover variable in the caller\'s environment is not taken for NODE_EXTRA_CA_CERTS', async () => {
+  const planted = path.join(dir, 'planted.pem')
+  for (const argv of [['config', 'check'], ['runs']]) {
+    expect(await environmentOf(argv, {MEEPAGATEWAY_DEFERRED_EXTRA_CA_CERTS: planted}, ['NODE_EXTRA_CA_CERTS'])).toEqual({given: null, handedOver: null})
+  }
+})
+
+it('starts under a /bin/sh that is bash with nounset inherited (SHELLOPTS), with and without arguments', async () => {
+  const bash = ['/bin/bash', '/usr/bin/bash'].find((file) => fs.existsSync(file))
+  expect(bash).toBeDefined()
+  // bash started as sh, as where /bin/sh is bash; it takes its options from an exported SHELLOPTS
+  const sh = path.join(dir, 'sh')
+  fs.symlinkSync(bash as string, sh)
+  for (const argv of [[], ['runs'], ['--version']]) {
+    const {NODE_EXTRA_CA_CERTS: _fifo, ...rest} = env({SHELLOPTS: 'nounset'})
+    const result = await execa(sh, [BIN, ...argv], {env: rest, extendEnv: false, reject: false, timeout: 30_000})
+    expect(result.exitCode, `${argv.join(' ')}: ${result.stderr}`).toBe(0)
+  }
 })

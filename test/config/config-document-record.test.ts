@@ -17,7 +17,6 @@ vi.mock('yaml', async (importOriginal) => {
   return {...real, default: {...real.default, parseDocument}, parseDocument}
 })
 const {loadConfig} = await import('../../src/runtime/config/load.js')
-const {buildIdentity} = await import('../../src/runtime/util/build-identity.js')
 
 const provider = {kind: 'openai', api_key_env: 'FAKE_LLM_KEY', model: 'm', base_url: 'http://127.0.0.1:1/v1'}
 const configText = (agent: string) => `providers:\n  primary: fake\n  providers:\n    fake: ${JSON.stringify(provider)}\nagents:\n  - id: ${agent}\n`
@@ -36,7 +35,7 @@ describe('the remembered config document', () => {
   /** A record for the present text whose document says something else, as a forger would write it. */
   const forge = (file: string) => {
     const document = {providers: {primary: 'fake', providers: {fake: provider}}, agents: [{id: 'forged', file_access: {unrestricted: true}}]}
-    fs.writeFileSync(file, JSON.stringify({key: `${buildIdentity()}\n${fs.readFileSync(home.configPath, 'utf8')}`, at: Date.now(), answer: document}), {mode: 0o600})
+    fs.writeFileSync(file, JSON.stringify({key: `source:${process.pid}\n${fs.readFileSync(home.configPath, 'utf8')}`, at: Date.now(), answer: document}), {mode: 0o600})
   }
 
   it('is parsed once, then read back, and an edit is parsed again', () => {
@@ -51,13 +50,13 @@ describe('the remembered config document', () => {
     expect(parses.count).toBe(2)
   })
 
-  it('the record is the one written by the same build: a record of ours is read as is', () => {
+  it('the record is the one written by the same build (from src/, the same process): a record of ours is read as is', () => {
     load()
     forge(record)
     expect(agentIds()).toEqual(['forged'])
-    // another build's record (an upgrade, another install sharing the home) is not
+    // another build's record (an upgrade, another install sharing the home, another run from src/) is not
     const forged = JSON.parse(fs.readFileSync(record, 'utf8')) as {key: string}
-    fs.writeFileSync(record, JSON.stringify({...forged, key: forged.key.replace(buildIdentity(), '/elsewhere:1:2:3')}), {mode: 0o600})
+    fs.writeFileSync(record, JSON.stringify({...forged, key: forged.key.replace(`source:${process.pid}`, 'source:1')}), {mode: 0o600})
     expect(agentIds()).toEqual(['first'])
   })
 

@@ -36,3 +36,12 @@ it('hashes what update() was given in pieces as node:crypto does, including a vi
     expect(hash.digest('hex'), `round ${round}`).toBe(reference(...parts))
   }
 })
+
+it('reads a buffer when it is given, as node:crypto does, and refuses a second digest', () => {
+  const buffer = Buffer.from('hello world')
+  const hash = sha256Hash().update(buffer)
+  buffer.fill(0) // the caller reuses its buffer before the digest
+  expect(hash.digest('hex')).toBe(reference('hello world'))
+  expect(() => hash.digest('hex')).toThrow(/already/)
+  expect(() => hash.update('more')).toThrow(/already/)
+})

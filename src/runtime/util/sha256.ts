@@ -21,14 +21,17 @@ export function sha256Hash(): Sha256 {
   let chunks: Buffer[] = []
   let length = 0
   let native: ReturnType<typeof import('node:crypto').createHash> | undefined
+  let digested = false
+  const finalized = () => new Error('sha256: digest() was already called') // as node:crypto refuses it
   const hash: Sha256 = {
     update(data) {
+      if (digested) throw finalized()
       if (native) {
         native.update(data)
         return hash
       }
-      // a string as node:crypto reads it: UTF-8
-      const bytes = typeof data === 'string' ? Buffer.from(data, 'utf8') : Buffer.from(data.buffer, data.byteOffset, data.byteLength)
+      // a copy, read now as node:crypto reads it (a string as UTF-8): the caller may reuse its buffer
+      const bytes = typeof data === 'string' ? Buffer.from(data, 'utf8') : Buffer.copyBytesFrom(data)
       chunks.push(bytes)
       length += bytes.length
       if (length > SMALL) {
@@ -39,6 +42,8 @@ export function sha256Hash(): Sha256 {
       return hash
     },
     digest() {
+      if (digested) throw finalized()
+      digested = true
       return native ? native.digest('hex') : sha256Small(Buffer.concat(chunks, length))
     },
   }
