@@ -5,6 +5,7 @@ import YAML from 'yaml'
 import {GatewayError} from '../util/errors.js'
 import {FROM_SOURCE} from '../util/app-root.js'
 import {buildIdentity} from '../util/build-identity.js'
+import {makeDirectories} from '../util/make-directories.js'
 import {configDocumentRecord, defaultConfigPath, gatewayHome} from '../util/paths.js'
 import {recalled, remember} from '../util/remembered.js'
 import {validateConfigSchema} from './config-validator.js'
@@ -88,7 +89,13 @@ function survivesJson(value: unknown): boolean {
 
 /** Writes the default config without ever replacing an operator's file. */
 export function writeDefaultConfig(configPath: string): void {
-  fs.mkdirSync(path.dirname(configPath), {recursive: true, mode: 0o700})
+  try {
+    makeDirectories(path.dirname(configPath), 0o700)
+  } catch (error) {
+    throw new GatewayError('E_CONFIG', `cannot create ${path.dirname(configPath)} for the default config: ${(error as Error).message}`, {
+      suggestions: ['set MEEPAGATEWAY_HOME to a directory you can write (default ~/.meepagateway)', 'or pass --config with an existing file'],
+    })
+  }
   try {
     fs.writeFileSync(configPath, DEFAULT_CONFIG_YAML, {flag: 'wx', mode: 0o600})
   } catch (error) {

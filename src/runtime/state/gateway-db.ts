@@ -4,6 +4,7 @@ import {GatewayError} from '../util/errors.js'
 import {isSqliteDamage} from './sqlite-damage.js'
 import {gatewayDbPath} from '../util/paths.js'
 import {openSqlite} from '../util/sqlite.js'
+import {makeDirectories} from '../util/make-directories.js'
 
 export type GatewayDb = Database.Database
 
@@ -135,7 +136,7 @@ export function openGatewayDb(home: string, options: {check?: boolean} = {}): Ga
   const file = gatewayDbPath(home)
   let db: GatewayDb
   try {
-    fs.mkdirSync(home, {recursive: true, mode: 0o700})
+    makeDirectories(home, 0o700)
     db = openSqlite(file)
     db.pragma('journal_mode = WAL')
     db.pragma('busy_timeout = 5000')

@@ -8,6 +8,7 @@ import type {RunQueue} from '../../gateway/run-queue.js'
 import {randomHex} from '../../util/random.js'
 import {buildIdentity} from '../../util/build-identity.js'
 import {LOCAL_SEND_VERSION, localSendDir, localSendSocket, localSendToken, sameRunDigest, type LocalSendAnswer, type LocalSendHello, type LocalSendRequest} from './protocol.js'
+import {makeDirectories} from '../../util/make-directories.js'
 
 /** Before the token is checked a line may be this long: an unauthenticated client holds next to nothing. */
 const MAX_HELLO_BYTES = 4096
@@ -45,7 +46,7 @@ export async function listenForLocalSend(options: LocalSendOptions): Promise<Loc
   const socketPath = localSendSocket(options.home)
   const tokenPath = localSendToken(options.home)
   try {
-    fs.mkdirSync(localSendDir(options.home), {recursive: true, mode: 0o700})
+    makeDirectories(localSendDir(options.home), 0o700)
     fs.chmodSync(localSendDir(options.home), 0o700)
     if (await answers(socketPath)) {
       options.log(`gateway: another gateway of this home answers on ${socketPath}; send goes to that one`)
