@@ -4,7 +4,7 @@ import path from 'node:path'
 import {AGENT_RUN_FILES} from '../../runtime/agent-run/bundle.js'
 import {GatewayError} from '../../runtime/util/errors.js'
 import {helperPath} from '../landlock/helper-path.js'
-import {sha256Hash} from '../../runtime/util/sha256.js'
+import {sha256Hash} from './dockerfile.js'
 
 /**
  * The meepagateway runtime that goes into an isolation image: the host's Node binary and what
