@@ -14,7 +14,8 @@ vi.mock('yaml', async (importOriginal) => {
     parses.count++
     return real.parseDocument(...args)
   }) as typeof real.parseDocument
-  return {...real, default: {...real.default, parseDocument}, parseDocument}
+  // load.ts imports the default export, an object of the same functions
+  return {...real, default: {...(real as unknown as {default: typeof real}).default, parseDocument}, parseDocument}
 })
 const {loadConfig} = await import('../../src/runtime/config/load.js')
 
