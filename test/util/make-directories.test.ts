@@ -16,6 +16,9 @@ it('makes each missing directory with its mode, and leaves existing ones as they
     makeDirectories(path.join(root, 'a', 'b'), 0o700) // already there
     fs.writeFileSync(path.join(root, 'file'), '')
     expect(() => makeDirectories(path.join(root, 'file', 'x'), 0o700)).toThrow(/ENOTDIR/)
+    expect(() => makeDirectories(path.join(root, 'file'), 0o700)).toThrow(/EEXIST/)
+    fs.symlinkSync(path.join(root, 'nowhere'), path.join(root, 'dangling'))
+    expect(() => makeDirectories(path.join(root, 'dangling', 'home'), 0o700)).toThrow(/EEXIST/)
   } finally {
     fs.rmSync(root, {recursive: true, force: true})
   }

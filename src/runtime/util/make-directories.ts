@@ -9,11 +9,15 @@ import path from 'node:path'
 export function makeDirectories(dir: string, mode: number): void {
   const missing: string[] = []
   for (let at = path.resolve(dir); !fs.existsSync(at) && path.dirname(at) !== at; at = path.dirname(at)) missing.push(at)
+  // there, but a file (or a symlink to one): mkdir's own EEXIST, as `mkdir -p` says
+  if (missing.length === 0 && !fs.statSync(dir).isDirectory()) fs.mkdirSync(dir)
   for (const each of missing.reverse()) {
     try {
       fs.mkdirSync(each, {mode})
     } catch (error) {
-      if ((error as NodeJS.ErrnoException).code !== 'EEXIST') throw error // made meanwhile by another process: fine
+      // made meanwhile by another process: fine; a file or a dangling symlink in the way: not
+      if ((error as NodeJS.ErrnoException).code === 'EEXIST' && fs.statSync(each, {throwIfNoEntry: false})?.isDirectory()) continue
+      throw error
     }
   }
 }
