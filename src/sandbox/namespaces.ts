@@ -3,7 +3,7 @@ import path from 'node:path'
 import type {SandboxPolicy} from './policy.js'
 import {forget, recalled, remember} from '../runtime/util/remembered.js'
 import {bootId, fileIdentity, PROBE_RECORD, readSmallFile} from './probe-record.js'
-import {makeDirectories} from '../runtime/util/make-directories.js'
+import {makeHomeDirectories} from '../runtime/util/make-directories.js'
 
 /**
  * The namespace layer of the host sandbox: bubblewrap (the tool Flatpak, codex and Anthropic's
@@ -128,7 +128,7 @@ export function emptyCoverFile(home: string): string {
   const file = path.join(home, 'sandbox-empty-file')
   if (isEmptyCover(file)) return file
   fs.rmSync(file, {force: true, recursive: true})
-  makeDirectories(home, 0o700)
+  makeHomeDirectories(home, home)
   try {
     fs.closeSync(fs.openSync(file, fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_WRONLY | fs.constants.O_NOFOLLOW, 0))
   } catch (error) {

@@ -5,7 +5,7 @@ import YAML from 'yaml'
 import {GatewayError} from '../util/errors.js'
 import {FROM_SOURCE} from '../util/app-root.js'
 import {buildIdentity} from '../util/build-identity.js'
-import {makeDirectories} from '../util/make-directories.js'
+import {homeUnusable, makeHomeDirectories} from '../util/make-directories.js'
 import {configDocumentRecord, defaultConfigPath, gatewayHome} from '../util/paths.js'
 import {recalled, remember} from '../util/remembered.js'
 import {validateConfigSchema} from './config-validator.js'
@@ -87,19 +87,28 @@ function survivesJson(value: unknown): boolean {
   return Object.values(value).every((item) => survivesJson(item))
 }
 
-/** Writes the default config without ever replacing an operator's file. */
+/**
+ * Writes the default config without ever replacing an operator's file, and without another
+ * process reading it half written (several first commands start at once: a cron minute, a CI
+ * matrix): the whole file under a name of its own, then linked into place, which fails when the
+ * name exists. Where the file system has no hard links, an exclusive create as before.
+ */
 export function writeDefaultConfig(configPath: string): void {
+  const home = path.dirname(configPath)
+  makeHomeDirectories(home, home)
+  const temp = `${configPath}.${process.pid}.${Math.random().toString(36).slice(2)}.tmp`
   try {
-    makeDirectories(path.dirname(configPath), 0o700)
+    fs.writeFileSync(temp, DEFAULT_CONFIG_YAML, {flag: 'wx', mode: 0o600})
+    try {
+      fs.linkSync(temp, configPath)
+    } catch (error) {
+      if (!['EPERM', 'ENOTSUP', 'EOPNOTSUPP', 'ENOSYS'].includes((error as NodeJS.ErrnoException).code ?? '')) throw error
+      fs.writeFileSync(configPath, DEFAULT_CONFIG_YAML, {flag: 'wx', mode: 0o600})
+    }
   } catch (error) {
-    throw new GatewayError('E_CONFIG', `cannot create ${path.dirname(configPath)} for the default config: ${(error as Error).message}`, {
-      suggestions: ['set MEEPAGATEWAY_HOME to a directory you can write (default ~/.meepagateway)', 'or pass --config with an existing file'],
-    })
-  }
-  try {
-    fs.writeFileSync(configPath, DEFAULT_CONFIG_YAML, {flag: 'wx', mode: 0o600})
-  } catch (error) {
-    if ((error as NodeJS.ErrnoException).code !== 'EEXIST') throw error
+    if ((error as NodeJS.ErrnoException).code !== 'EEXIST') throw homeUnusable(home, error)
+  } finally {
+    fs.rmSync(temp, {force: true})
   }
 }
 

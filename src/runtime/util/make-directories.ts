@@ -1,5 +1,6 @@
 import fs from 'node:fs'
 import path from 'node:path'
+import {GatewayError} from './errors.js'
 
 /**
  * `mkdir -p`, each missing directory made with `mode`. Not Node's recursive mkdirSync: it never
@@ -8,7 +9,8 @@ import path from 'node:path'
  */
 export function makeDirectories(dir: string, mode: number): void {
   const missing: string[] = []
-  for (let at = path.resolve(dir); !fs.existsSync(at) && path.dirname(at) !== at; at = path.dirname(at)) missing.push(at)
+  // only what does not exist is made (a directory that cannot be searched is its own error, named as it is)
+  for (let at = path.resolve(dir); !fs.statSync(at, {throwIfNoEntry: false}) && path.dirname(at) !== at; at = path.dirname(at)) missing.push(at)
   // there, but a file (or a symlink to one): mkdir's own EEXIST, as `mkdir -p` says
   if (missing.length === 0 && !fs.statSync(dir).isDirectory()) fs.mkdirSync(dir)
   for (const each of missing.reverse()) {
@@ -20,4 +22,22 @@ export function makeDirectories(dir: string, mode: number): void {
       throw error
     }
   }
+}
+
+/**
+ * makeDirectories for a directory of the gateway home, or the home itself; failing, the error
+ * every command gives for a home it cannot use (E_STATE, exit 5).
+ */
+export function makeHomeDirectories(dir: string, home: string): void {
+  try {
+    makeDirectories(dir, 0o700)
+  } catch (error) {
+    throw homeUnusable(home, error)
+  }
+}
+
+export function homeUnusable(home: string, error: unknown): GatewayError {
+  return new GatewayError('E_STATE', `the gateway home ${home} cannot be used: ${(error as Error).message}`, {
+    suggestions: ['set MEEPAGATEWAY_HOME to a directory you can write (default ~/.meepagateway)'],
+  })
 }

@@ -3,6 +3,7 @@ import os from 'node:os'
 import path from 'node:path'
 import {GatewayError} from '../util/errors.js'
 import {processAlive} from '../util/process-alive.js'
+import {makeHomeDirectories} from '../util/make-directories.js'
 
 const POLL_MS = 100
 
@@ -19,7 +20,7 @@ export async function withAgentLock<T>(
   options: {signal?: AbortSignal; waitMs?: number; onWait?: (ownerPid: number) => void} = {},
 ): Promise<T> {
   const dir = path.join(home, 'locks')
-  await fs.mkdir(dir, {recursive: true, mode: 0o700})
+  makeHomeDirectories(dir, home)
   const file = path.join(dir, `agent-${agentId}.lock`)
   const deadline = Date.now() + (options.waitMs ?? 15 * 60_000)
   let told = false

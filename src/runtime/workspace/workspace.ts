@@ -4,7 +4,7 @@ import {GatewayError} from '../util/errors.js'
 import {agentsDir} from '../util/paths.js'
 import {workspaceEntry, writeWorkspaceFile} from './files.js'
 import {workspacePath} from './location.js'
-import {makeDirectories} from '../util/make-directories.js'
+import {makeHomeDirectories} from '../util/make-directories.js'
 
 const DEFAULT_SOUL = `# Soul
 
@@ -40,7 +40,7 @@ export function ensureWorkspace(home: string, id: string): WorkspaceCreation {
   const root = workspacePath(home, id)
   const created: string[] = []
   const kept: string[] = []
-  makeDirectories(agentsDir(home), 0o700)
+  makeHomeDirectories(agentsDir(home), home)
   if (makeDirectory(root, 0o700)) created.push('.')
   const files: Array<[string, string]> = [
     ['SOUL.md', DEFAULT_SOUL],

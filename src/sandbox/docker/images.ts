@@ -12,6 +12,7 @@ import {
 import {dockerArchOf, readElfRuntime} from './elf.js'
 import {EngineApi} from './engine-api.js'
 import {cliRefusal, DockerCommandError} from './errors.js'
+import {makeDirectories} from '../../runtime/util/make-directories.js'
 
 /**
  * The image pipeline of container mode: which images an agent needs, whether they are up to
@@ -363,7 +364,7 @@ async function readFactsCache(cacheDir: string | undefined): Promise<FactsCache>
 async function writeFactsCache(cacheDir: string | undefined, cache: FactsCache): Promise<void> {
   Object.assign(memoryFacts, cache)
   if (!cacheDir) return
-  await fs.promises.mkdir(cacheDir, {recursive: true})
+  makeDirectories(cacheDir, 0o700)
   const file = path.join(cacheDir, 'docker-base-images.json')
   const temp = `${file}.${process.pid}.tmp`
   await fs.promises.writeFile(temp, JSON.stringify(cache, null, 2) + '\n')
