@@ -8,6 +8,7 @@ import {buildIdentity} from '../util/build-identity.js'
 import {homeUnusable, makeHomeDirectories} from '../util/make-directories.js'
 import {configDocumentRecord, defaultConfigPath, gatewayHome} from '../util/paths.js'
 import {recalled, remember} from '../util/remembered.js'
+import {writeWholeFile} from '../util/write-whole-file.js'
 import {validateConfigSchema} from './config-validator.js'
 import {DEFAULT_AGENT, DEFAULT_CAPTAIN, DEFAULT_CONFIG_YAML, DEFAULT_GATEWAY, DEFAULT_IMAGE_CONFIG} from './defaults.js'
 import type {AgentConfig, GatewayConfig, LoadedConfig} from './types.js'
@@ -90,25 +91,15 @@ function survivesJson(value: unknown): boolean {
 /**
  * Writes the default config without ever replacing an operator's file, and without another
  * process reading it half written (several first commands start at once: a cron minute, a CI
- * matrix): the whole file under a name of its own, then linked into place, which fails when the
- * name exists. Where the file system has no hard links, an exclusive create as before.
+ * matrix): written whole, then linked into place.
  */
 export function writeDefaultConfig(configPath: string): void {
   const home = path.dirname(configPath)
   makeHomeDirectories(home, home)
-  const temp = `${configPath}.${process.pid}.${Math.random().toString(36).slice(2)}.tmp`
   try {
-    fs.writeFileSync(temp, DEFAULT_CONFIG_YAML, {flag: 'wx', mode: 0o600})
-    try {
-      fs.linkSync(temp, configPath)
-    } catch (error) {
-      if (!['EPERM', 'ENOTSUP', 'EOPNOTSUPP', 'ENOSYS'].includes((error as NodeJS.ErrnoException).code ?? '')) throw error
-      fs.writeFileSync(configPath, DEFAULT_CONFIG_YAML, {flag: 'wx', mode: 0o600})
-    }
+    writeWholeFile(configPath, DEFAULT_CONFIG_YAML, {mode: 0o600, exclusive: true})
   } catch (error) {
     if ((error as NodeJS.ErrnoException).code !== 'EEXIST') throw homeUnusable(home, error)
-  } finally {
-    fs.rmSync(temp, {force: true})
   }
 }
 

@@ -2,6 +2,7 @@ import fs from 'node:fs'
 import path from 'node:path'
 import YAML, {isMap, type Document} from 'yaml'
 import {GatewayError} from '../util/errors.js'
+import {writeWholeFile, type WholeFileOptions} from '../util/write-whole-file.js'
 import {parseConfigText} from './load.js'
 import type {GatewayConfig} from './types.js'
 
@@ -11,60 +12,16 @@ export type ConfigPath = ReadonlyArray<string | number>
 /** One change to config.yaml: set a value (objects and arrays replace what was there) or remove a key. */
 export type ConfigEdit = {path: ConfigPath; value: unknown} | {path: ConfigPath; delete: true}
 
-export interface AtomicWriteOptions {
-  /** Permission bits of a new file; an existing file keeps its own. */
-  mode?: number
-  /** Test hook: runs after the temp file is written and synced, before it replaces the target. */
-  beforeRename?: (tempPath: string) => void
-}
-
-/**
- * Replaces `file` so that a reader (or a crash) sees either the old or the new content, never a
- * mix: write a temp file in the same directory, fsync it, rename it over the target, fsync the
- * directory so the rename itself is durable.
- */
-export function writeFileAtomic(file: string, content: string, options: AtomicWriteOptions = {}): void {
-  const dir = path.dirname(file)
-  let mode = options.mode ?? 0o600
+/** writeWholeFile (util/), its failure said as a config error. */
+export function writeFileAtomic(file: string, content: string, options: Pick<WholeFileOptions, 'mode' | 'beforeRename'> = {}): void {
   try {
-    mode = fs.statSync(file).mode & 0o7777
-  } catch {
-    // a new file gets options.mode
-  }
-  const temp = path.join(dir, `.${path.basename(file)}.${process.pid}.${Date.now().toString(36)}.tmp`)
-  let renamed = false
-  try {
-    const fd = fs.openSync(temp, 'wx', mode)
-    try {
-      fs.writeFileSync(fd, content)
-      fs.fsyncSync(fd)
-    } finally {
-      fs.closeSync(fd)
-    }
-    options.beforeRename?.(temp)
-    fs.renameSync(temp, file)
-    renamed = true
-    syncDirectory(dir)
+    writeWholeFile(file, content, options)
   } catch (error) {
-    if (!renamed) fs.rmSync(temp, {force: true})
     if (error instanceof GatewayError) throw error
     throw new GatewayError('E_CONFIG', `cannot write ${file}: ${(error as Error).message}`, {
       cause: error,
-      suggestions: [`check that ${dir} is writable by this user and the disk is not full`],
+      suggestions: [`check that ${path.dirname(file)} is writable by this user and the disk is not full`],
     })
-  }
-}
-
-function syncDirectory(dir: string): void {
-  let fd: number | undefined
-  try {
-    fd = fs.openSync(dir, 'r')
-    fs.fsyncSync(fd)
-  } catch (error) {
-    // Some file systems refuse fsync on a directory; the rename has happened either way.
-    if (!['EINVAL', 'EISDIR', 'EPERM', 'EBADF'].includes((error as NodeJS.ErrnoException).code ?? '')) throw error
-  } finally {
-    if (fd !== undefined) fs.closeSync(fd)
   }
 }
 

@@ -1,0 +1,71 @@
+import fs from 'node:fs'
+import path from 'node:path'
+
+export interface WholeFileOptions {
+  /** Permission bits of a new file; a file it replaces keeps its own. */
+  mode?: number
+  /** Test hook: runs after the temp file is written and synced, before it is put in place. */
+  beforeRename?: (tempPath: string) => void
+  /** Never replace a file: put in place with link(2), which fails with EEXIST when the name exists. */
+  exclusive?: boolean
+}
+
+/**
+ * Puts `content` at `file` so that a reader (or a crash) sees the file as it was or whole, never
+ * a part: a temp file in the same directory, fsynced, renamed (or linked) into place, and the
+ * directory fsynced so that step is durable too. Errors are the system's, as they came.
+ */
+export function writeWholeFile(file: string, content: string, options: WholeFileOptions = {}): void {
+  const dir = path.dirname(file)
+  let mode = options.mode ?? 0o600
+  if (!options.exclusive) {
+    try {
+      mode = fs.statSync(file).mode & 0o7777
+    } catch {
+      // a new file gets options.mode
+    }
+  }
+  const temp = path.join(dir, `.${path.basename(file)}.${process.pid}.${Math.random().toString(36).slice(2)}.tmp`)
+  let renamed = false
+  try {
+    const fd = fs.openSync(temp, 'wx', mode)
+    try {
+      fs.writeFileSync(fd, content)
+      fs.fsyncSync(fd)
+    } finally {
+      fs.closeSync(fd)
+    }
+    options.beforeRename?.(temp)
+    if (options.exclusive) linkExclusively(temp, file, content, mode)
+    else {
+      fs.renameSync(temp, file)
+      renamed = true
+    }
+    syncDirectory(dir)
+  } finally {
+    if (!renamed) fs.rmSync(temp, {force: true})
+  }
+}
+
+function linkExclusively(temp: string, file: string, content: string, mode: number): void {
+  try {
+    fs.linkSync(temp, file)
+  } catch (error) {
+    // a file system without hard links: an exclusive create, as whole as one write makes it
+    if (!['EPERM', 'ENOTSUP', 'EOPNOTSUPP', 'ENOSYS'].includes((error as NodeJS.ErrnoException).code ?? '')) throw error
+    fs.writeFileSync(file, content, {flag: 'wx', mode})
+  }
+}
+
+function syncDirectory(dir: string): void {
+  let fd: number | undefined
+  try {
+    fd = fs.openSync(dir, 'r')
+    fs.fsyncSync(fd)
+  } catch (error) {
+    // Some file systems refuse fsync on a directory; the rename has happened either way.
+    if (!['EINVAL', 'EISDIR', 'EPERM', 'EBADF'].includes((error as NodeJS.ErrnoException).code ?? '')) throw error
+  } finally {
+    if (fd !== undefined) fs.closeSync(fd)
+  }
+}
