@@ -31,8 +31,13 @@
  *   network allow|deny
  *   listen allow|deny
  *   path RIGHT[,RIGHT...] /absolute/path
+ *   remount_ro /absolute/path
  *   env NAME=VALUE
  *   end
+ * `remount_ro` (inside bubblewrap's mount namespace only): the mount at that path is made read-only,
+ * keeping its device access and locked flags, before Landlock and before the capabilities go. It is
+ * how the host's device nodes the namespace binds (/dev/null, ...) stay writable as devices while
+ * their inodes cannot be chmod-ed or chown-ed by a run whose uid owns them (a root gateway).
  * A missing `end` means a truncated file: the helper refuses to run.
  *
  * Exit status: the command's own, or 125 when the sandbox could not be set up (nothing ran),
@@ -46,6 +51,7 @@
 #include <linux/filter.h>
 #include <netinet/in.h>
 #include <linux/seccomp.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -63,6 +69,8 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/mount.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -115,6 +123,9 @@
 #define __NR_fsconfig 431
 #define __NR_fsmount 432
 #define __NR_fspick 433
+#endif
+#ifndef __NR_fchmodat2
+#define __NR_fchmodat2 452
 #endif
 #ifndef __NR_mount_setattr
 #define __NR_mount_setattr 442
@@ -178,6 +189,7 @@ static const struct {
 #define EXIT_SETUP 125
 #define MAX_RULES 16384
 #define MAX_ENV 1024
+#define MAX_REMOUNTS 64
 #define MAX_RULES_BYTES (16 * 1024 * 1024)
 
 struct rule {
@@ -194,6 +206,8 @@ struct policy {
 	struct rule rules[MAX_RULES];
 	size_t n_env;
 	char *env[MAX_ENV + 1];
+	size_t n_remounts;
+	const char *remounts[MAX_REMOUNTS];
 };
 
 static struct policy policy;
@@ -354,6 +368,10 @@ static void parse_rules(char *text)
 			policy.rules[policy.n_rules].access = parse_rights(value, line_no);
 			policy.rules[policy.n_rules].path = path;
 			policy.n_rules++;
+		} else if (strcmp(line, "remount_ro") == 0 && value && value[0] == '/') {
+			if (policy.n_remounts == MAX_REMOUNTS)
+				die("more than %d remount_ro paths", MAX_REMOUNTS);
+			policy.remounts[policy.n_remounts++] = value;
 		} else if (strcmp(line, "env") == 0 && value && strchr(value, '=') && value[0] != '=') {
 			if (policy.n_env == MAX_ENV)
 				die("more than %d environment variables", MAX_ENV);
@@ -415,22 +433,61 @@ static void drop_capabilities(void)
 #define IF_EQ_NEXT_ELSE_SKIP1(k) BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (k), 0, 1)
 
 /*
- * Always: no io_uring (it creates sockets and opens files without the syscalls below), no mount or
- * unmount of any kind, no setsid
- * (every descendant stays in the session the runner kills at the deadline; setpgid stays allowed so
- * a tool can still kill the group of one command), no
- * TIOCSTI/TIOCLINUX (typing into a terminal the command inherited), no socket(AF_UNIX) (Landlock
- * before ABI 9 cannot restrict connect() to a pathname socket such as /var/run/docker.sock; socketpair
- * stays allowed) and no AF_VSOCK. With the network off: no socket() at all, so UDP, raw, packet and
- * netlink sockets -- which Landlock's TCP rules do not see -- cannot be created.
- * With listening off: no listen() (which would also bind an unbound TCP socket to a free port) and
- * no bind() with an address of sockaddr_in's size or more (every AF_INET/AF_INET6 bind, TCP or UDP,
- * port 0 included: the kernel refuses shorter inet addresses); netlink's 12-byte bind still works.
+ * Set-user-ID and set-group-ID bits can never be set by a sandboxed process: a run whose uid owns
+ * files (uid 0 under a root gateway, the operator's uid otherwise, a container's user) could
+ * otherwise leave a setuid copy of a shell for any local user to run. The mode is an integer
+ * argument, so seccomp sees it in chmod, fchmod, fchmodat(2), creat, mknod(at) and open(at) with
+ * O_CREAT or O_TMPFILE; openat2 passes it in memory, out of sight, so it answers ENOSYS (libc's
+ * open() never uses it). The instructions return, so they can sit anywhere in a filter.
  */
-static void install_seccomp(int network_deny, int listen_deny)
+#define SETID_BITS (S_ISUID | S_ISGID)
+#define CREATES (O_CREAT | 020000000 /* __O_TMPFILE */)
+static size_t emit_setid_rules(struct sock_filter *filter, size_t n)
 {
-	struct sock_filter filter[96];
-	size_t n = 0;
+#define EMIT(...) (filter[n++] = (struct sock_filter)__VA_ARGS__)
+	struct {
+		int nr;
+		int mode_arg;
+		int flags_arg; /* -1: the mode always applies */
+	} const calls[] = {
+#ifdef __NR_chmod
+		{__NR_chmod, 1, -1},
+#endif
+#ifdef __NR_creat
+		{__NR_creat, 1, -1},
+#endif
+#ifdef __NR_mknod
+		{__NR_mknod, 1, -1},
+#endif
+#ifdef __NR_open
+		{__NR_open, 2, 1},
+#endif
+		{__NR_fchmod, 1, -1},
+		{__NR_fchmodat, 2, -1},
+		{__NR_fchmodat2, 2, -1},
+		{__NR_mknodat, 2, -1},
+		{__NR_openat, 3, 2},
+	};
+	for (size_t i = 0; i < sizeof(calls) / sizeof(calls[0]); i++) {
+		int with_flags = calls[i].flags_arg >= 0;
+		EMIT(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, calls[i].nr, 0, with_flags ? 6 : 4));
+		if (with_flags) {
+			EMIT(LOAD_ARG_LO(calls[i].flags_arg));
+			EMIT(BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, CREATES, 0, 3));
+		}
+		EMIT(LOAD_ARG_LO(calls[i].mode_arg));
+		EMIT(BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, SETID_BITS, 0, 1));
+		EMIT(DENY(EPERM));
+		EMIT(ALLOW);
+	}
+	EMIT(IF_EQ_NEXT_ELSE_SKIP1(__NR_openat2));
+	EMIT(DENY(ENOSYS));
+#undef EMIT
+	return n;
+}
+
+static size_t emit_arch_check(struct sock_filter *filter, size_t n)
+{
 #define EMIT(...) (filter[n++] = (struct sock_filter)__VA_ARGS__)
 	EMIT(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)));
 	EMIT(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, NATIVE_AUDIT_ARCH, 1, 0));
@@ -440,6 +497,46 @@ static void install_seccomp(int network_deny, int listen_deny)
 	EMIT(BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000, 0, 1)); /* x32 ABI: a second syscall table */
 	EMIT(DENY(EPERM));
 #endif
+#undef EMIT
+	return n;
+}
+
+static void load_filter(struct sock_filter *filter, size_t n)
+{
+	struct sock_fprog program = {.len = (unsigned short)n, .filter = filter};
+	if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) != 0)
+		die("cannot install the seccomp filter: %s", strerror(errno));
+}
+
+/* The nested layer's filter (a container's shell commands): no setuid bits, nothing else. */
+static void install_setid_filter(void)
+{
+	struct sock_filter filter[96];
+	size_t n = emit_arch_check(filter, 0);
+	n = emit_setid_rules(filter, n);
+	filter[n++] = (struct sock_filter)ALLOW;
+	load_filter(filter, n);
+}
+
+/*
+ * Always: no io_uring (it creates sockets and opens files without the syscalls below), no mount or
+ * unmount of any kind, no setsid
+ * (every descendant stays in the session the runner kills at the deadline; setpgid stays allowed so
+ * a tool can still kill the group of one command), no
+ * TIOCSTI/TIOCLINUX (typing into a terminal the command inherited), no socket(AF_UNIX) (Landlock
+ * before ABI 9 cannot restrict connect() to a pathname socket such as /var/run/docker.sock; socketpair
+ * stays allowed), no AF_VSOCK, and no set-user-ID or set-group-ID bit (emit_setid_rules). With the
+ * network off: no socket() at all, so UDP, raw, packet and
+ * netlink sockets -- which Landlock's TCP rules do not see -- cannot be created.
+ * With listening off: no listen() (which would also bind an unbound TCP socket to a free port) and
+ * no bind() with an address of sockaddr_in's size or more (every AF_INET/AF_INET6 bind, TCP or UDP,
+ * port 0 included: the kernel refuses shorter inet addresses); netlink's 12-byte bind still works.
+ */
+static void install_seccomp(int network_deny, int listen_deny)
+{
+	struct sock_filter filter[192];
+	size_t n = emit_arch_check(filter, 0);
+#define EMIT(...) (filter[n++] = (struct sock_filter)__VA_ARGS__)
 	/* The mount family too: the namespace layer's covers must stay in place (Landlock and the
 	 * dropped capabilities refuse these already; this holds even where Landlock is missing). */
 	const int denied[] = {__NR_io_uring_setup, __NR_io_uring_enter, __NR_io_uring_register, __NR_setsid,
@@ -448,6 +545,20 @@ static void install_seccomp(int network_deny, int listen_deny)
 	for (size_t i = 0; i < sizeof(denied) / sizeof(denied[0]); i++) {
 		EMIT(IF_EQ_NEXT_ELSE_SKIP1(denied[i]));
 		EMIT(DENY(EPERM));
+	}
+	n = emit_setid_rules(filter, n);
+	/* No new user namespace (clone3 is ENOSYS above): inside one the run would hold every
+	 * capability over namespaces of its own, a large kernel surface, and the run's mount namespace
+	 * must stay the one the covers are in. bubblewrap's --disable-userns would do it with a nested
+	 * user namespace, which would also take from the helper its CAP_SYS_ADMIN over the mounts it
+	 * makes read-only (remount_ro). */
+	const int spawners[] = {__NR_clone, __NR_unshare};
+	for (size_t i = 0; i < sizeof(spawners) / sizeof(spawners[0]); i++) {
+		EMIT(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, spawners[i], 0, 4));
+		EMIT(LOAD_ARG_LO(0));
+		EMIT(BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, CLONE_NEWUSER, 0, 1));
+		EMIT(DENY(EPERM));
+		EMIT(ALLOW);
 	}
 	if (listen_deny) {
 		EMIT(IF_EQ_NEXT_ELSE_SKIP1(__NR_listen));
@@ -491,15 +602,16 @@ static void install_seccomp(int network_deny, int listen_deny)
 	}
 	EMIT(ALLOW);
 #undef EMIT
-	struct sock_fprog program = {.len = (unsigned short)n, .filter = filter};
-	if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) != 0)
-		die("cannot install the seccomp filter: %s", strerror(errno));
+	load_filter(filter, n);
 }
 #else
 static void install_seccomp(int network_deny, int listen_deny)
 {
 	(void)network_deny;
 	(void)listen_deny;
+}
+static void install_setid_filter(void)
+{
 }
 #endif
 
@@ -593,6 +705,28 @@ static void apply_landlock(int abi)
 	close(ruleset);
 }
 
+/* Makes each `remount_ro` mount read-only, keeping the flags it has (nosuid, nodev, noexec and
+ * the atime ones may be locked by the namespace, and a remount that dropped one would fail). */
+static void remount_read_only(void)
+{
+	const struct {
+		unsigned long statvfs_flag;
+		unsigned long mount_flag;
+	} kept[] = {{ST_NOSUID, MS_NOSUID}, {ST_NODEV, MS_NODEV}, {ST_NOEXEC, MS_NOEXEC},
+		    {ST_NOATIME, MS_NOATIME}, {ST_NODIRATIME, MS_NODIRATIME}, {ST_RELATIME, MS_RELATIME}};
+	for (size_t i = 0; i < policy.n_remounts; i++) {
+		struct statvfs info;
+		if (statvfs(policy.remounts[i], &info) != 0)
+			die("remount_ro %s: %s", policy.remounts[i], strerror(errno));
+		unsigned long flags = MS_BIND | MS_REMOUNT | MS_RDONLY;
+		for (size_t k = 0; k < sizeof(kept) / sizeof(kept[0]); k++)
+			if (info.f_flag & kept[k].statvfs_flag)
+				flags |= kept[k].mount_flag;
+		if (mount(NULL, policy.remounts[i], NULL, flags, NULL) != 0)
+			die("cannot make %s read-only: %s", policy.remounts[i], strerror(errno));
+	}
+}
+
 /* The layer agent-run puts around each shell command. Being a nested Landlock domain is the point:
  * a process may only ptrace (and so read the memory of, via /proc/PID/mem) processes in its own
  * domain or beneath it, so the command cannot reach agent-run, which holds the provider keys; with
@@ -638,7 +772,7 @@ static void check_gaps(int abi, int landlock_err, int have_seccomp)
 			gap("signals to processes outside the sandbox (needs Landlock ABI 6, Linux 6.12)");
 	}
 	if (!have_seccomp) {
-		gap("seccomp filter unavailable: unix sockets (the Docker socket), io_uring and leaving the process group are not blocked");
+		gap("seccomp filter unavailable: unix sockets (the Docker socket), io_uring, leaving the process group, new user namespaces and set-user-ID bits are not blocked");
 		if (policy.network_deny)
 			gap("network off: UDP, raw and packet sockets are not blocked (no seccomp)");
 		if (policy.network_deny && abi < 4)
@@ -1133,6 +1267,8 @@ int main(int argc, char **argv)
 		apply_nested_layer(abi, network_layer, listen_layer);
 		if (network_layer || listen_layer)
 			install_seccomp(network_layer, listen_layer);
+		else if (have_seccomp)
+			install_setid_filter();
 		close_inherited_fds();
 		execvp(argv[command], argv + command);
 		fprintf(stderr, "meepa-sandbox: cannot execute %s: %s\n", argv[command], strerror(errno));
@@ -1148,6 +1284,7 @@ int main(int argc, char **argv)
 	prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
 	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
 		die("cannot set no_new_privs: %s", strerror(errno));
+	remount_read_only();
 	if (abi >= 1)
 		apply_landlock(abi);
 	drop_capabilities();

@@ -1,6 +1,7 @@
 import fs from 'node:fs'
 import path from 'node:path'
 import type {SandboxPolicy} from './policy.js'
+import {isWithin} from './paths.js'
 import {forget, recalled, remember} from '../runtime/util/remembered.js'
 import {bootId, fileIdentity, PROBE_RECORD, readSmallFile} from './probe-record.js'
 import {makeHomeDirectories} from '../runtime/util/make-directories.js'
@@ -11,6 +12,11 @@ import {makeHomeDirectories} from '../runtime/util/make-directories.js'
  * entries inside a grant are covered by mounts (so Landlock can give their parent full rights), /proc
  * shows the run's own processes only and /dev/pts is a private instance. Order of the layers:
  * bwrap -> meepa-sandbox (Landlock + seccomp) -> the command, so Landlock applies inside.
+ *
+ * The host's `/` is bound read-only and only the read-write grants are bound writable over it:
+ * Landlock has no right for chmod, chown, utimes, xattrs or attribute flags, so outside the grants
+ * the read-only mount is what refuses them (EROFS), for a root gateway's uid 0 too. Every bind is
+ * nosuid,nodev (bubblewrap's own default).
  */
 export interface NamespaceProbe {
   available: boolean
@@ -105,19 +111,41 @@ function isExecutable(file: string): boolean {
 /**
  * --die-with-parent: bwrap and everything in the sandbox get SIGKILL when the gateway's process dies;
  * --unshare-pid: bwrap is init of the run's PID namespace, so when it dies the kernel kills every
- * process left in it. --disable-userns: no nested user namespace (where covers could be unmounted).
+ * process left in it. No nested user namespace: the helper's seccomp filter refuses clone and
+ * unshare with CLONE_NEWUSER (bubblewrap's --disable-userns would put the helper in a nested user
+ * namespace that does not own the mounts it must make read-only).
  */
 function namespaceOptions(): string[] {
   return [
     '--unshare-user',
-    '--disable-userns',
     '--unshare-pid',
     '--unshare-ipc',
     '--die-with-parent',
-    '--bind', '/', '/',
+    '--ro-bind', '/', '/',
     '--proc', '/proc',
     '--dev', '/dev',
   ]
+}
+
+/** The host device nodes bubblewrap's `--dev` binds into the run's private /dev (its own list). */
+export const BWRAP_DEVICES = ['/dev/null', '/dev/zero', '/dev/full', '/dev/random', '/dev/urandom', '/dev/tty'] as const
+/** What `--dev` makes of its own: the run's devpts and the nodes above (a granted /dev/shm is the host's). */
+const PRIVATE_DEV = new Set<string>(['/dev', '/dev/pts', ...BWRAP_DEVICES])
+const isRoot = () => process.getuid?.() === 0
+
+/**
+ * Mounts the helper makes read-only inside the namespace (the rules' `remount_ro`), keeping device
+ * access: the host's device nodes, whose inodes a root gateway's run owns (a writable bind would let
+ * it chmod the host's /dev/null), and granted read-only paths under /dev, which need a device bind.
+ */
+export function namespaceRemounts(policy: Pick<SandboxPolicy, 'grants'>): string[] {
+  const devices = isRoot() ? BWRAP_DEVICES.filter((device) => fs.existsSync(device)) : []
+  return [...devices, ...devGrants(policy).filter((grant) => grant.access !== 'read-write').map((grant) => grant.path)]
+}
+
+/** Grants under /dev that the private /dev does not provide: bound from the host (the Codex suite's /dev/shm). */
+function devGrants(policy: Pick<SandboxPolicy, 'grants'>) {
+  return policy.grants.filter((grant) => isWithin(grant.path, '/dev') && !PRIVATE_DEV.has(grant.path))
 }
 
 /**
@@ -148,13 +176,27 @@ function isEmptyCover(file: string): boolean {
   }
 }
 
-/** argv prefix that starts the rest of argv inside the namespaces, with the policy's covers mounted. */
-export function bwrapArgv(bwrap: string, policy: Pick<SandboxPolicy, 'covered'>, home: string): string[] {
+/**
+ * argv prefix that starts the rest of argv inside the namespaces: the read-write grants bound
+ * writable (parents first), granted paths under /dev bound into the private /dev, then the
+ * policy's covers. CAP_SYS_ADMIN in the run's user namespace lets the helper make its
+ * `remount_ro` mounts read-only (a root gateway's bwrap keeps every capability already); the
+ * helper drops it with the others before anything of the run executes.
+ */
+export function bwrapArgv(bwrap: string, policy: Pick<SandboxPolicy, 'covered' | 'grants'>, home: string): string[] {
+  const binds: string[] = []
+  const byDepth = [...policy.grants].sort((a, b) => a.path.length - b.path.length)
+  for (const grant of byDepth) {
+    if (isWithin(grant.path, '/dev')) continue
+    if (grant.access === 'read-write' && !isWithin(grant.path, '/proc')) binds.push('--bind', grant.path, grant.path)
+  }
+  for (const grant of devGrants({grants: byDepth})) binds.push('--dev-bind', grant.path, grant.path)
+  const capabilities = !isRoot() && namespaceRemounts(policy).length > 0 ? ['--cap-add', 'CAP_SYS_ADMIN'] : []
   const covers: string[] = []
   const emptyFile = policy.covered.some((cover) => cover.kind === 'file') ? emptyCoverFile(home) : undefined
   for (const cover of policy.covered) {
     if (cover.kind === 'dir') covers.push('--perms', '0000', '--tmpfs', cover.path, '--remount-ro', cover.path)
     else covers.push('--ro-bind', emptyFile!, cover.path)
   }
-  return [bwrap, ...namespaceOptions(), ...covers, '--']
+  return [bwrap, ...namespaceOptions(), ...capabilities, ...binds, ...covers, '--']
 }

@@ -50,7 +50,8 @@ const landlock = requireLandlockOrSkip('sandbox exec fast path tests')
 describe.skipIf(!landlock)('sandbox exec through bin/run.js: the fast path and oclif agree', () => {
   let home: TestHome
   beforeEach(() => {
-    home = makeHome({providers: {primary: 'p', providers: {p: {kind: 'openai', model: 'm'}}}, agents: [{id: 'meepa'}]})
+    // lenient: best effort, the only way a run goes without the namespace layer (file metadata is unprotected there)
+    home = makeHome({providers: {primary: 'p', providers: {p: {kind: 'openai', model: 'm'}}}, agents: [{id: 'meepa'}, {id: 'lenient', file_access: {best_effort: true}}]})
   })
   afterEach(() => home.cleanup())
 
@@ -113,7 +114,7 @@ describe.skipIf(!landlock)('sandbox exec through bin/run.js: the fast path and o
     for (const namespaces of [true, false]) {
       // a sleep that no other process on the machine has, started in the background (nohup: not even SIGHUP reaches it)
       const token = String(3_000_000 + Math.floor(Math.random() * 1_000_000))
-      const result = await execa(process.execPath, [BIN, 'sandbox', 'exec', '--agent', 'meepa', '--', 'sh', '-c', `nohup sleep ${token} >/dev/null 2>&1 & sleep 0.2; echo started`], {
+      const result = await execa(process.execPath, [BIN, 'sandbox', 'exec', '--agent', namespaces ? 'meepa' : 'lenient', '--', 'sh', '-c', `nohup sleep ${token} >/dev/null 2>&1 & sleep 0.2; echo started`], {
         env: {MEEPAGATEWAY_HOME: home.home, ...(namespaces ? {} : {MEEPA_SANDBOX_NO_NAMESPACES: '1'})},
         reject: false,
       })

@@ -69,18 +69,20 @@ describe.skipIf(!enabled)('sandbox explain and sandbox check', () => {
     expect(report.limits.join('\n')).toContain(`${ws}: listing only, because ${path.join(ws, 'private')} is denied beneath it`)
   })
 
-  it('without namespaces, exec refuses a policy that costs create rights unless best_effort, naming the directory and the fix', async () => {
+  it('without namespaces, exec refuses unless best_effort: unprotected file metadata, and the create rights a policy costs, named with the fix', async () => {
     const refused = await cliWithoutNamespaces('exec', '--agent', 'locked', '--', 'true')
     expect(refused.exitCode).not.toBe(0)
     const stderr = refused.stderr.replace(/\s*›\s*/g, ' ')
     expect(stderr).toContain(`${fs.realpathSync(world.workspace('locked'))} loses create, rename and delete rights`)
     expect(stderr).toMatch(/install bubblewrap/)
     const open = await cliWithoutNamespaces('exec', '--agent', 'open', '--', 'true')
-    expect(open.exitCode, open.stderr).toBe(0)
+    expect(open.exitCode).toBe(9)
+    expect(open.stderr.replace(/\s*›\s*/g, ' ')).toMatch(/file metadata outside the writable grants \(chmod, chown, times, extended attributes, attribute flags\) is not protected.*install bubblewrap/)
     const lenient = await cliWithoutNamespaces('exec', '--agent', 'lenient', '--', 'sh', '-c', 'echo new > new.txt')
     expect(lenient.exitCode).not.toBe(0) // ran, with the lowering: no new file in the workspace root
     expect(lenient.stderr).toContain(`sandbox: best effort, NOT enforced: ${fs.realpathSync(world.workspace('lenient'))} loses create, rename and delete rights`)
     expect(lenient.stderr).toMatch(/new\.txt: Permission denied/)
+    expect(lenient.stderr).toContain('sandbox: best effort, NOT enforced: file metadata outside the writable grants')
   })
 
   it('config check names the directories that lose create rights, only where namespaces are unavailable', async () => {

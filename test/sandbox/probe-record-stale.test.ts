@@ -10,8 +10,9 @@ import {BIN, fakeLlmConfig, makeHome, type TestHome} from '../helpers/home.js'
 // a user namespace nested in one whose limit it already uses up (as in a rootless container or an
 // LXC guest; systemd's RestrictNamespaces= or an AppArmor profile do the same), so bwrap cannot
 // unshare. bwrap's exit 1 must not come back as the command's, nor stick for the record's hour:
-// the record is forgotten, the layer probed again, and the command or run started again without it.
-// (Found by an outside review of the record.)
+// the record is forgotten, the layer probed again, and the command or run started again without it
+// (agent `a` accepts best effort: without the layer file metadata is unprotected, and a strict agent
+// is refused instead). (Found by an outside review of the record.)
 const hasBwrap = fs.existsSync('/usr/bin/bwrap')
 const canNest = (() => {
   try {
@@ -28,7 +29,7 @@ describe.skipIf(process.platform !== 'linux' || !hasBwrap || !canNest)('a rememb
   let limit: string
   beforeAll(async () => {
     llm = await startFakeLlm()
-    home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a'}]))
+    home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a', file_access: {best_effort: true}}, {id: 'strict'}]))
     record = path.join(home.home, 'cache', 'namespace-probe.json')
     limit = fs.readFileSync('/proc/sys/user/max_user_namespaces', 'utf8').trim()
   })
@@ -82,5 +83,14 @@ describe.skipIf(process.platform !== 'linux' || !hasBwrap || !canNest)('a rememb
     expect(result.stderr).toContain('bubblewrap no longer creates the namespaces here')
     expect(llm.requests).toHaveLength(1)
     expect(fs.existsSync(record)).toBe(false)
+  })
+
+  it('send, strict agent: the run is refused without the layer, naming what is missing; nothing ran', async () => {
+    await recordSuccess()
+    llm.setDefault({text: 'answered'})
+    const result = await whereBwrapFails(['send', '--agent', 'strict', 'hi'])
+    expect(result.exitCode).not.toBe(0)
+    expect(result.stderr.replace(/\s*›\s*/g, ' ')).toMatch(/file metadata outside the writable grants .* is not protected/)
+    expect(llm.requests).toHaveLength(0)
   })
 })

@@ -114,12 +114,19 @@ describe.skipIf(!enabled)('host sandbox after a container run (root gateway)', (
 
     it('a container run, then the operator turns container mode off: the host-sandbox run writes what the container made', async () => {
       home = newHome(true)
-      const inside = await sendShell(home, 'id -u; echo container > made-by-container.txt && mkdir container-dir && cp /bin/true setuid-tool && chmod 4755 setuid-tool && echo MADE')
+      // the container's shell commands cannot set a setuid bit at all (the helper's seccomp filter)
+      const inside = await sendShell(home, 'id -u; echo container > made-by-container.txt && mkdir container-dir && cp /bin/true setuid-tool && (chmod 4755 setuid-tool || echo REFUSED) && echo MADE')
       expect(inside).toContain(`${C}\n`)
       expect(inside).toContain('MADE')
+      expect(inside).toMatch(/Operation not permitted[\s\S]*REFUSED/)
+      // nor change a file outside its grants: the image's files are a read-only root file system
+      const outside = await sendShell(home, 'for f in /etc/passwd /usr/bin/env /workspace/../etc/hostname; do chmod 600 $f || echo REFUSED; touch -d 2001-01-01 $f || echo REFUSED; done; stat -c %a /etc/passwd')
+      expect(outside.match(/REFUSED/g)).toHaveLength(6)
+      expect(outside).toMatch(/Read-only file system/)
+      expect(outside).toMatch(/644\s*$/)
       const workspace = home.workspace('box')
       expect(fs.statSync(path.join(workspace, 'container-dir')).uid).toBe(C)
-      expect(fs.statSync(path.join(workspace, 'setuid-tool')).mode & 0o4000).toBe(0o4000)
+      expect(fs.statSync(path.join(workspace, 'setuid-tool')).mode & 0o6000).toBe(0)
 
       home.writeConfig(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'box', container_mode: {enabled: false}}]))
       expectHostWritesLanded(workspace, await sendShell(home, HOST_WRITES))

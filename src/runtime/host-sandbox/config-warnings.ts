@@ -2,7 +2,7 @@ import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
 import {agentPolicy} from './agent-policy.js'
-import {loweringGaps, loweringWarnings} from '../../sandbox/landlock/enforcement.js'
+import {loweringWarnings, namespaceGaps} from '../../sandbox/landlock/enforcement.js'
 import {probeNamespaces} from '../../sandbox/namespaces.js'
 import {probeRecord} from '../util/paths.js'
 import type {LoadedConfig} from '../config/types.js'
@@ -13,7 +13,8 @@ import {workspacePath} from '../workspace/location.js'
 
 /**
  * `config check`: the writable directories each host-sandbox agent loses create rights in (a deny
- * beneath them that the namespace layer cannot cover, or no namespace layer at all). Agents whose
+ * beneath them that the namespace layer cannot cover, or no namespace layer at all), and without
+ * that layer the file metadata left unprotected outside the grants. Agents whose
  * workspace does not exist yet are skipped: their policy cannot be compiled without it.
  */
 export async function sandboxConfigWarnings(loaded: LoadedConfig): Promise<Array<{agent: string; warning: string}>> {
@@ -42,8 +43,8 @@ export async function sandboxConfigWarnings(loaded: LoadedConfig): Promise<Array
         warnings.push({agent: agent.id, warning: `the sandbox policy cannot be compiled: ${error?.message}`})
         continue
       }
-      const gaps = new Set(loweringGaps(policy, namespaces))
-      for (const warning of loweringWarnings(policy, namespaces)) {
+      const gaps = new Set(namespaceGaps(policy, namespaces))
+      for (const warning of namespaces.available ? loweringWarnings(policy, namespaces) : gaps) {
         warnings.push({agent: agent.id, warning: gaps.has(warning) ? `${warning} (${agent.file_access.best_effort ? 'accepted: best_effort is on' : 'runs are refused unless file_access.best_effort: true'})` : warning})
       }
     }

@@ -4,7 +4,7 @@ import path from 'node:path'
 import {agentPolicy, sandboxPath} from './agent-policy.js'
 import {killProcessGroup, killProcessTree} from '../util/process-tree.js'
 import {startSubprocess} from '../util/subprocess.js'
-import {enforcementReport, kernelGaps, loweringGaps, type EnforcementReport} from '../../sandbox/landlock/enforcement.js'
+import {enforcementReport, kernelGaps, namespaceGaps, type EnforcementReport} from '../../sandbox/landlock/enforcement.js'
 import {probeKernel, requireHelper, type KernelProbe} from '../../sandbox/landlock/helper.js'
 import {serializeRules} from '../../sandbox/landlock/rules-file.js'
 import {bwrapArgv, probeNamespaces, rememberedLayerBroke, type NamespaceProbe} from '../../sandbox/namespaces.js'
@@ -61,12 +61,12 @@ export async function openAgentSandbox(loaded: LoadedConfig, agentId: string, op
     const namespaces = await probingNamespaces
     const policy = agentPolicy({agent, config: loaded.config, home: loaded.home, workspace, tmpDir, configPath: loaded.path, namespaces: namespaces.available})
     const probe = await kernel
-    const gaps = [...kernelGaps(probe, policy.network, policy.listen), ...loweringGaps(policy, namespaces)]
+    const gaps = [...kernelGaps(probe, policy.network, policy.listen), ...namespaceGaps(policy, namespaces)]
     if (gaps.length > 0 && !policy.bestEffort && !options.allowGaps) {
       throw new GatewayError('E_SANDBOX', `the host sandbox cannot be enforced on this machine: ${gaps.join('; ')}`, {
         suggestions: [
           'upgrade the kernel (Landlock ABI 6 = Linux 6.12)',
-          ...(loweringGaps(policy, namespaces).length > 0 ? ['install bubblewrap (apt-get install bubblewrap) and allow unprivileged user namespaces, or move the deny out of the writable tree'] : []),
+          ...(namespaceGaps(policy, namespaces).length > 0 ? ['install bubblewrap (apt-get install bubblewrap) and allow unprivileged user namespaces'] : []),
           'use container mode for this agent',
           'or set file_access.best_effort: true to run with these gaps',
         ],
@@ -115,7 +115,7 @@ export async function sandboxExec(options: SandboxExecOptions): Promise<{exitCod
   try {
     reclaimWorkspace(sandbox.workspace)
     if (sandbox.policy.bestEffort) {
-      const gaps = [...kernelGaps(sandbox.probe, sandbox.policy.network, sandbox.policy.listen), ...loweringGaps(sandbox.policy, sandbox.namespaces)]
+      const gaps = [...kernelGaps(sandbox.probe, sandbox.policy.network, sandbox.policy.listen), ...namespaceGaps(sandbox.policy, sandbox.namespaces)]
       for (const gap of gaps) options.onLog?.(`sandbox: best effort, NOT enforced: ${gap}`)
     }
     options.onStart?.()

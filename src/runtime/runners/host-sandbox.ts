@@ -1,6 +1,6 @@
 import type {AgentRunOutput} from '../agent-run/contract.js'
 import {agentPolicy, sandboxPath} from '../host-sandbox/agent-policy.js'
-import {kernelGaps, loweringGaps} from '../../sandbox/landlock/enforcement.js'
+import {kernelGaps, namespaceGaps} from '../../sandbox/landlock/enforcement.js'
 import {HELPER_SETUP_EXIT, probeKernel, requireHelper} from '../../sandbox/landlock/helper.js'
 import {serializeRules} from '../../sandbox/landlock/rules-file.js'
 import {bwrapArgv, probeNamespaces, rememberedLayerBroke, type NamespaceProbe} from '../../sandbox/namespaces.js'
@@ -55,7 +55,7 @@ export const hostSandboxRunner: Runner = {
         const env = {...agentEnvironment(request.workspace, tmp), PATH: sandboxPath()}
         if (process.platform === 'darwin') launch = {argv: seatbeltInvocation(policy, agentRunArgv()).argv, env}
         else {
-          const policyGaps = loweringGaps(policy, namespaces)
+          const policyGaps = namespaceGaps(policy, namespaces)
           if (policy.bestEffort) for (const gap of policyGaps) request.onLog?.(`sandbox: best effort, NOT enforced: ${gap}`)
           const linux = await linuxLaunch(policy, env, {bwrap: namespaces?.available ? bwrapArgv(namespaces.bwrap!, policy, request.home) : [], policyGaps, home: request.home})
           if ('error' in linux) return failure(runId, 'E_SANDBOX', linux.error, false, {gaps: linux.gaps, fix: linux.fix})

@@ -33,7 +33,7 @@ export function kernelGaps(probe: KernelProbe, network: 'allow' | 'deny', listen
     if (abi < 6) gaps.push('signals to processes outside the sandbox (needs Landlock ABI 6, Linux 6.12)')
   }
   if (!probe.seccomp) {
-    gaps.push('seccomp filter unavailable: unix sockets (the Docker socket), io_uring and leaving the process group are not blocked')
+    gaps.push('seccomp filter unavailable: unix sockets (the Docker socket), io_uring, leaving the process group, new user namespaces and set-user-ID bits are not blocked')
     if (network === 'deny') gaps.push('network off: UDP, raw and packet sockets are not blocked (no seccomp)')
     if (network === 'deny' && abi < 4) gaps.push('network off: TCP is not blocked (no seccomp and Landlock ABI < 4)')
     if (listen === 'deny' && network === 'allow') {
@@ -48,12 +48,19 @@ export function kernelGaps(probe: KernelProbe, network: 'allow' | 'deny', listen
 }
 
 /**
- * Without the namespace layer a deny inside a writable tree costs its parents their create,
- * rename and delete rights: a gap, acceptable only with best_effort. With the layer, only denies
- * it cannot cover (missing entries, symlinks) still lower a directory: by design, not a gap.
+ * What the sandbox loses without the namespace layer, each a gap (acceptable only with
+ * best_effort): the read-only mount of everything outside the writable grants, the one thing
+ * that refuses chmod, chown, utimes, xattrs and attribute flags there (Landlock has no right for
+ * them); and a deny inside a writable tree costs its parents their create, rename and delete
+ * rights. With the layer, only denies it cannot cover (missing entries, symlinks) still lower a
+ * directory: by design, not a gap.
  */
-export function loweringGaps(policy: Pick<SandboxPolicy, 'lowered'>, namespaces: NamespaceProbe | undefined): string[] {
-  return namespaces && !namespaces.available ? loweringWarnings(policy, namespaces) : []
+export function namespaceGaps(policy: Pick<SandboxPolicy, 'lowered'>, namespaces: NamespaceProbe | undefined): string[] {
+  if (!namespaces || namespaces.available) return []
+  return [
+    `file metadata outside the writable grants (chmod, chown, times, extended attributes, attribute flags) is not protected: Landlock has no right for it, and the read-only mount that refuses it needs the namespace layer, which is unavailable: ${namespaces.reason ?? 'not probed'}`,
+    ...loweringWarnings(policy, namespaces),
+  ]
 }
 
 /** Every writable directory that a deny beneath it leaves listing-only, and why, for `config check` and the run log. */
@@ -70,7 +77,7 @@ export function loweringWarnings(policy: Pick<SandboxPolicy, 'lowered'>, namespa
 
 export function enforcementReport(policy: SandboxPolicy, probe: KernelProbe, namespaces?: NamespaceProbe): EnforcementReport {
   const abi = probe.landlock.abi
-  const gaps = [...kernelGaps(probe, policy.network, policy.listen), ...loweringGaps(policy, namespaces)]
+  const gaps = [...kernelGaps(probe, policy.network, policy.listen), ...namespaceGaps(policy, namespaces)]
   const inNamespaces = namespaces?.available === true
   const landlock = abi >= 1
   const unsupported = (rights: readonly FsRight[]) => rights.filter((right) => RIGHT_SINCE_ABI[right] > abi)
@@ -125,6 +132,21 @@ export function enforcementReport(policy: SandboxPolicy, probe: KernelProbe, nam
         : 'new session; descendants CAN leave it (no seccomp)',
     },
     {what: 'signals and abstract unix sockets', mechanism: abi >= 6 ? 'Landlock scoping (ABI 6): nothing outside the sandbox can be signalled or reached' : 'NOT scoped (Landlock ABI < 6)'},
+    {
+      what: 'file metadata outside the writable grants (chmod, chown, times, extended attributes, attribute flags)',
+      mechanism: inNamespaces
+        ? 'refused (read-only file system): the host\'s / is bound read-only and only the read-write grants are bound writable over it; the host device nodes in the private /dev are read-only mounts too'
+        : `NOT protected: Landlock has no right for it and the read-only mount needs the namespace layer (${namespaces?.reason ?? 'not used'})`,
+    },
+    {
+      what: 'set-user-ID, set-group-ID and file capabilities',
+      mechanism: [
+        probe.seccomp ? 'seccomp refuses every mode with S_ISUID or S_ISGID (chmod, fchmod, fchmodat, fchmodat2, creat, mknod, open and openat with O_CREAT; openat2 answers ENOSYS)' : 'setting the bits is NOT blocked (no seccomp)',
+        inNamespaces ? 'the workspace, TMPDIR and every grant are mounted nosuid,nodev' : '',
+        'no capabilities, so no file capability can be set',
+      ].filter(Boolean).join('; '),
+    },
+    {what: 'new user namespaces', mechanism: probe.seccomp ? 'denied by seccomp (clone and unshare with CLONE_NEWUSER; clone3 answers ENOSYS)' : 'NOT blocked (no seccomp)'},
     {what: 'io_uring, TIOCSTI', mechanism: probe.seccomp ? 'denied by seccomp' : 'NOT blocked (no seccomp)'},
     {what: 'mount and unmount (the covers stay in place)', mechanism: [landlock ? 'denied by Landlock' : '', probe.seccomp ? 'denied by seccomp' : '', 'no capabilities'].filter(Boolean).join('; ')},
     {
