@@ -13,6 +13,7 @@ import {BIN, fakeLlmConfig, makeHome, ROOT as ROOT_DIR, runCli, type TestHome} f
 import {processesWith, uniqueMarker} from '../helpers/processes.js'
 import {startServeProcess, type ServeProcess} from '../helpers/serve-process.js'
 import {requireLandlockOrSkip} from '../sandbox/landlock-support.js'
+import {waitFor} from '../helpers/wait-for.js'
 
 // `send` with a gateway of the same home serving: the message runs there (its queue, its run
 // record, an agent-run started before the message), with exactly what a one-shot `send` would
@@ -75,16 +76,6 @@ function agentRunsIn(workspace: string): number[] {
       return false
     }
   })
-}
-
-async function waitFor<T>(what: string, probe: () => T | undefined | false, ms = 10_000): Promise<T> {
-  const deadline = Date.now() + ms
-  for (;;) {
-    const value = probe()
-    if (value) return value
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
-    await new Promise((resolve) => setTimeout(resolve, 25))
-  }
 }
 
 const shell = (command: string) => ({toolCalls: [{name: 'shell', arguments: {command}}]})

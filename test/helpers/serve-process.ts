@@ -9,27 +9,43 @@ export interface ServeProcess {
   output(): string
 }
 
+export interface ServeProcessOptions {
+  home: string
+  /** --config; omitted, serve reads the home's config.yaml. */
+  configPath?: string
+  args?: string[]
+  env?: Record<string, string>
+  prefix?: string[]
+}
+
 /**
- * Starts `node bin/run.js serve` (over dist/) and resolves once it listens. `prefix` runs it
- * through a wrapper command (e.g. `prlimit --nofile=256:256`).
+ * Starts `node bin/run.js serve` (over dist/) and returns at once: `listening()` says whether it
+ * serves yet. `prefix` runs it through a wrapper command (e.g. `prlimit --nofile=256:256`).
  */
-export async function startServeProcess(options: {home: string; configPath: string; args?: string[]; env?: Record<string, string>; prefix?: string[]}): Promise<ServeProcess> {
+export function spawnServeProcess(options: ServeProcessOptions): Omit<ServeProcess, 'url'> & {listening(): string | undefined} {
   let output = ''
   const [command, ...wrapperArgs] = [...(options.prefix ?? []), process.execPath]
-  const serve = execa(command as string, [...wrapperArgs, BIN, 'serve', '--config', options.configPath, ...(options.args ?? ['--unrestricted'])], {
+  const configArgs = options.configPath === undefined ? [] : ['--config', options.configPath]
+  const serve = execa(command as string, [...wrapperArgs, BIN, 'serve', ...configArgs, ...(options.args ?? ['--unrestricted'])], {
     env: {MEEPAGATEWAY_HOME: options.home, FAKE_LLM_KEY: 'sk-fake-test-key-123456', ...options.env},
     reject: false,
     timeout: 60_000,
   })
   serve.stdout?.on('data', (chunk) => (output += String(chunk)))
   serve.stderr?.on('data', (chunk) => (output += String(chunk)))
+  return {process: serve, output: () => output, listening: () => /listening on (http:\/\/\S+)/.exec(output)?.[1]}
+}
+
+/** spawnServeProcess, resolved once it listens. */
+export async function startServeProcess(options: ServeProcessOptions): Promise<ServeProcess> {
+  const serve = spawnServeProcess(options)
   const deadline = Date.now() + 20_000
-  while (!/listening on (http:\/\/\S+)/.test(output)) {
-    if (serve.exitCode !== null || Date.now() > deadline) {
-      serve.kill('SIGKILL')
-      throw new Error(`serve did not start:\n${output}`)
+  while (!serve.listening()) {
+    if (serve.process.exitCode !== null || Date.now() > deadline) {
+      serve.process.kill('SIGKILL')
+      throw new Error(`serve did not start:\n${serve.output()}`)
     }
     await new Promise((resolve) => setTimeout(resolve, 50))
   }
-  return {process: serve, url: (/listening on (http:\/\/\S+)/.exec(output) as RegExpExecArray)[1] as string, output: () => output}
+  return {process: serve.process, url: serve.listening() as string, output: serve.output}
 }

@@ -2,12 +2,16 @@ import {removeOrphanContainers} from '../container/clean.js'
 import type {LoadedConfig} from '../config/types.js'
 import {redactSecrets} from '../util/redact.js'
 import {startGateway, type GatewayOptions} from './gateway.js'
+import {lockGatewayHome} from './home-lock.js'
 
 /** Bounded: a hung Docker engine must not keep the check running forever. */
 const ORPHAN_CHECK_TIMEOUT_MS = 15_000
 
-export interface ServeOptions extends Omit<GatewayOptions, 'log'> {
-  loaded: LoadedConfig
+export interface ServeOptions extends Omit<GatewayOptions, 'log' | 'loaded'> {
+  /** MEEPAGATEWAY_HOME: locked before the config is loaded or any state is read. */
+  home: string
+  /** Loads the config (writing the default on first use): called once the home is locked. */
+  loadConfig: () => LoadedConfig
   /** Receives every log line, already time-stamped. */
   log: (line: string) => void
   /** Where SIGINT/SIGTERM come from (the process; tests pass an emitter). */
@@ -25,14 +29,25 @@ export interface ServeResult {
  * aborts the runs still going; their records end as `interrupted`.
  */
 export async function serveGateway(options: ServeOptions): Promise<ServeResult> {
+  // First of all: a second gateway on this home must not touch its state (mark its runs interrupted, answer its messages too)
+  const lock = await lockGatewayHome(options.home)
+  try {
+    return await serveLocked(options, options.loadConfig())
+  } finally {
+    lock.release()
+  }
+}
+
+async function serveLocked(options: ServeOptions, loaded: LoadedConfig): Promise<ServeResult> {
   // Library errors end up in log lines; no configured secret (tokens, keys) may reach the log.
-  const secretValues = Object.values(options.loaded.secrets)
+  const secretValues = Object.values(loaded.secrets)
   const log = (line: string) => options.log(`${new Date().toISOString()} ${redactSecrets(line, secretValues)}`)
   const signals = options.signals ?? process
   const gateway = await startGateway({
     removeOrphans: async (signal) =>
-      (await removeOrphanContainers({home: options.loaded.home, signal: AbortSignal.any([signal, AbortSignal.timeout(ORPHAN_CHECK_TIMEOUT_MS)])})).length,
+      (await removeOrphanContainers({home: loaded.home, signal: AbortSignal.any([signal, AbortSignal.timeout(ORPHAN_CHECK_TIMEOUT_MS)])})).length,
     ...options,
+    loaded,
     log,
   })
 

@@ -24,6 +24,7 @@ export type ErrorCode =
   | 'E_STATE'
   | 'E_BUSY'
   | 'E_AUTH'
+  | 'E_GATEWAY_RUNNING'
   | 'E_NOT_FOUND'
   | 'E_INTERNAL'
 
@@ -51,6 +52,7 @@ export const EXIT_CODES: Record<ErrorCode, number> = {
   E_DOCKER_MISSING: 10,
   E_IMAGE: 10,
   E_AUTH: 11,
+  E_GATEWAY_RUNNING: 12,
   E_INTERNAL: 1,
 }
 
