@@ -177,18 +177,30 @@ function isEmptyCover(file: string): boolean {
 }
 
 /**
+ * The run's TMPDIR as a tmpfs of the run's mount namespace, `bytes` large (limits.disk): whatever
+ * the run leaves in it, however deep, goes with the namespace, and nothing of it reaches the host's
+ * disk. Its pages count toward the run's memory limit (tmpfs is memory).
+ */
+export interface PrivateTmp {
+  path: string
+  bytes: number
+}
+
+/**
  * argv prefix that starts the rest of argv inside the namespaces: the read-write grants bound
  * writable (parents first), granted paths under /dev bound into the private /dev, then the
  * policy's covers. CAP_SYS_ADMIN in the run's user namespace lets the helper make its
  * `remount_ro` mounts read-only (a root gateway's bwrap keeps every capability already); the
  * helper drops it with the others before anything of the run executes.
  */
-export function bwrapArgv(bwrap: string, policy: Pick<SandboxPolicy, 'covered' | 'grants'>, home: string): string[] {
+export function bwrapArgv(bwrap: string, policy: Pick<SandboxPolicy, 'covered' | 'grants'>, home: string, privateTmp?: PrivateTmp): string[] {
   const binds: string[] = []
   const byDepth = [...policy.grants].sort((a, b) => a.path.length - b.path.length)
+  const tmp = privateTmp && fs.realpathSync(privateTmp.path)
   for (const grant of byDepth) {
     if (isWithin(grant.path, '/dev')) continue
-    if (grant.access === 'read-write' && !isWithin(grant.path, '/proc')) binds.push('--bind', grant.path, grant.path)
+    if (grant.path === tmp) binds.push('--perms', '0700', '--size', String(privateTmp!.bytes), '--tmpfs', grant.path)
+    else if (grant.access === 'read-write' && !isWithin(grant.path, '/proc')) binds.push('--bind', grant.path, grant.path)
   }
   for (const grant of devGrants({grants: byDepth})) binds.push('--dev-bind', grant.path, grant.path)
   const capabilities = !isRoot() && namespaceRemounts(policy).length > 0 ? ['--cap-add', 'CAP_SYS_ADMIN'] : []

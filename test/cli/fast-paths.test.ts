@@ -56,22 +56,25 @@ describe.skipIf(!landlock)('sandbox exec through bin/run.js: the fast path and o
   afterEach(() => home.cleanup())
 
   // --require probe: was oclif ever evaluated in this process? (@oclif/core sets globalThis.oclif)
-  const run = async (argv: string[]) => {
+  const run = async (argv: string[], env: Record<string, string> = {}) => {
     const probe = path.join(home.home, 'probe.cjs')
     fs.writeFileSync(probe, "process.on('exit', () => process.stderr.write('\\nOCLIF ' + (typeof globalThis.oclif) + '\\n'))\n")
-    const result = await execa(process.execPath, ['--require', probe, ...argv], {env: {MEEPAGATEWAY_HOME: home.home}, reject: false})
+    const result = await execa(process.execPath, ['--require', probe, ...argv], {env: {MEEPAGATEWAY_HOME: home.home, ...env}, reject: false})
     return {exitCode: result.exitCode, stdout: String(result.stdout), stderr: String(result.stderr).replace(/\nOCLIF \w+\n?$/, ''), oclif: /OCLIF object/.test(String(result.stderr))}
   }
-  const exec = (args: string[]) => run([BIN, 'sandbox', 'exec', ...args])
+  const exec = (args: string[], env?: Record<string, string>) => run([BIN, 'sandbox', 'exec', ...args], env)
   /** The same argv through oclif and the shipped bundle, skipping bin/run.js's fast path. */
-  const execViaOclif = (args: string[]) =>
-    run([
+  const execViaOclif = (args: string[], env?: Record<string, string>) =>
+    run(
+      [
       '-e',
       `const {loadCliBundle} = require(${JSON.stringify(path.join(ROOT, 'bin', 'cli-bundle.cjs'))}); const core = loadCliBundle(${JSON.stringify(ROOT)}).exports.core(); core.settings.enableAutoTranspile = false; core.execute({args: process.argv.slice(1), loadOptions: {root: ${JSON.stringify(ROOT)}}})`,
       'sandbox',
       'exec',
       ...args,
-    ])
+      ],
+      env,
+    )
 
   it('passes the command through untouched and its exit status back, without loading oclif', async () => {
     const script = 'printf "%s|" "$@"; exit 7'
@@ -125,20 +128,22 @@ describe.skipIf(!landlock)('sandbox exec through bin/run.js: the fast path and o
 
   it('runs the command once when the clean-up after it fails (an error after the start is reported, not handed to oclif)', async () => {
     // the command leaves a tree in its private TMPDIR deeper than PATH_MAX: removing it throws ENAMETOOLONG
+    // (without the namespace layer: with it, TMPDIR is a tmpfs that goes with the run's namespace)
     const script = 'echo ran >> ./count; n=$(printf "x%.0s" $(seq 200)); cd "$TMPDIR" && for i in $(seq 22); do mkdir $n && cd $n; done'
-    const argv = ['--agent', 'meepa', '--', 'sh', '-c', script]
-    const fast = await exec(argv)
-    const count = path.join(home.workspace('meepa'), 'count')
+    const argv = ['--agent', 'lenient', '--', 'sh', '-c', script]
+    const env = {MEEPA_SANDBOX_NO_NAMESPACES: '1'}
+    const fast = await exec(argv, env)
+    const count = path.join(home.workspace('lenient'), 'count')
     expect(fs.readFileSync(count, 'utf8')).toBe('ran\n')
     fs.rmSync(count)
-    const viaOclif = await execViaOclif(argv)
+    const viaOclif = await execViaOclif(argv, env)
     expect(fs.readFileSync(count, 'utf8')).toBe('ran\n')
     // (the probe cannot tell here: printing the error loads oclif's printer, which sets globalThis.oclif)
-    expect({exitCode: fast.exitCode, stderr: fast.stderr.replace(/meepa-sandbox-meepa-\w+/, 'TMP')}).toEqual({exitCode: viaOclif.exitCode, stderr: viaOclif.stderr.replace(/meepa-sandbox-meepa-\w+/, 'TMP')})
+    expect({exitCode: fast.exitCode, stderr: fast.stderr.replace(/meepa-sandbox-lenient-\w+/, 'TMP')}).toEqual({exitCode: viaOclif.exitCode, stderr: viaOclif.stderr.replace(/meepa-sandbox-lenient-\w+/, 'TMP')})
     expect(fast.stderr).toContain('ENAMETOOLONG')
     // what each run left behind (rm walks a tree deeper than PATH_MAX, Node's rmSync does not)
     for (const result of [fast, viaOclif]) {
-      const left = /\/\S*meepa-sandbox-meepa-\w+/.exec(result.stderr)?.[0]
+      const left = /\/\S*meepa-sandbox-lenient-\w+/.exec(result.stderr)?.[0]
       if (left) await execa('rm', ['-rf', left])
     }
   })

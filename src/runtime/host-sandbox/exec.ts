@@ -6,6 +6,7 @@ import {killProcessGroup, killProcessTree} from '../util/process-tree.js'
 import {startSubprocess} from '../util/subprocess.js'
 import {enforcementReport, kernelGaps, namespaceGaps, type EnforcementReport} from '../../sandbox/landlock/enforcement.js'
 import {probeKernel, requireHelper, type KernelProbe} from '../../sandbox/landlock/helper.js'
+import {sizeBytes} from '../config/size.js'
 import {serializeRules} from '../../sandbox/landlock/rules-file.js'
 import {bwrapArgv, probeNamespaces, rememberedLayerBroke, type NamespaceProbe} from '../../sandbox/namespaces.js'
 import {probeRecord} from '../util/paths.js'
@@ -73,7 +74,7 @@ export async function openAgentSandbox(loaded: LoadedConfig, agentId: string, op
         details: {gaps},
       })
     }
-    const prefix = namespaces.available ? bwrapArgv(namespaces.bwrap!, policy, loaded.home) : []
+    const prefix = namespaces.available ? bwrapArgv(namespaces.bwrap!, policy, loaded.home, {path: tmpDir, bytes: sizeBytes(agent.limits.disk, 'limits.disk')}) : []
     const env: Record<string, string> = {...agentEnvironment(workspace, tmpDir), PATH: sandboxPath()}
     if (process.env.TERM) env.TERM = process.env.TERM
     return {agent, workspace, tmpDir, policy, helper, probe, namespaces, prefix, env, dispose}

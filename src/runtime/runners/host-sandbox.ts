@@ -5,6 +5,7 @@ import {HELPER_SETUP_EXIT, probeKernel, requireHelper} from '../../sandbox/landl
 import {serializeRules} from '../../sandbox/landlock/rules-file.js'
 import {bwrapArgv, probeNamespaces, rememberedLayerBroke, type NamespaceProbe} from '../../sandbox/namespaces.js'
 import {probeRecord} from '../util/paths.js'
+import {sizeBytes} from '../config/size.js'
 import {SANDBOX_HELPER_ENV} from '../agent-run/tool-shell.js'
 import type {SandboxPolicy} from '../../sandbox/policy.js'
 import {seatbeltInvocation} from '../../sandbox/seatbelt/profile.js'
@@ -57,7 +58,7 @@ export const hostSandboxRunner: Runner = {
         else {
           const policyGaps = namespaceGaps(policy, namespaces)
           if (policy.bestEffort) for (const gap of policyGaps) request.onLog?.(`sandbox: best effort, NOT enforced: ${gap}`)
-          const linux = await linuxLaunch(policy, env, {bwrap: namespaces?.available ? bwrapArgv(namespaces.bwrap!, policy, request.home) : [], policyGaps, home: request.home})
+          const linux = await linuxLaunch(policy, env, {bwrap: namespaces?.available ? bwrapArgv(namespaces.bwrap!, policy, request.home, {path: tmp, bytes: sizeBytes(request.agent.limits.disk, 'limits.disk')}) : [], policyGaps, home: request.home})
           if ('error' in linux) return failure(runId, 'E_SANDBOX', linux.error, false, {gaps: linux.gaps, fix: linux.fix})
           launch = linux
         }
