@@ -14,7 +14,7 @@ import path from 'node:path'
 import {startFakeLlm} from '../test/fakes/llm-server.js'
 import {resolveAgent} from '../src/runtime/config/load.js'
 import type {GatewayConfig} from '../src/runtime/config/types.js'
-import {agentRunArgv, runAgentProcess} from '../src/runtime/runners/agent-run-process.js'
+import {agentRunArgv, runAgentProcess} from '../src/runtime/run-lifecycle/agent-run-process.js'
 import {hostLlmFor} from '../src/runtime/runners/llm-channel.js'
 import {fmt, report, stats} from './lib.js'
 

@@ -10,7 +10,7 @@ import {processesWith, uniqueMarker} from '../helpers/processes.js'
 import {openGatewayDb} from '../../src/runtime/state/gateway-db.js'
 import type {AgentRunInput} from '../../src/runtime/agent-run/contract.js'
 import {resolveAgent} from '../../src/runtime/config/load.js'
-import {runAgentProcess} from '../../src/runtime/runners/agent-run-process.js'
+import {runAgentProcess} from '../../src/runtime/run-lifecycle/agent-run-process.js'
 import {HELPER} from '../sandbox/landlock-support.js'
 import {cgroupSupport} from '../../src/sandbox/run-cgroup.js'
 
@@ -203,7 +203,7 @@ describe.runIf(process.platform === 'linux' && root && fs.existsSync('/sys/fs/cg
     db.prepare(`INSERT INTO run_processes (run_id, owner_pid, owner_start, keeper_pid, cgroups, container, tmp_dir, started_at) VALUES ('run_frozen', 4000000, NULL, NULL, ?, NULL, NULL, ?)`).run(JSON.stringify([dir]), Date.now())
     db.close()
     // the next start-up's reclaim, in a pid namespace of its own
-    const module = path.join(ROOT, 'dist', 'runtime', 'runners', 'run-processes.js')
+    const module = path.join(ROOT, 'dist', 'runtime', 'run-lifecycle', 'run-processes.js')
     const reclaim = await execa('unshare', ['--pid', '--fork', '--mount-proc', process.execPath, '--input-type=module', '-e', `import {reapAbandonedRuns} from ${JSON.stringify(module)}; console.log(JSON.stringify(reapAbandonedRuns(${JSON.stringify(home)})))`], {reject: false})
     expect(reclaim.exitCode, reclaim.stderr).toBe(0)
     const result = JSON.parse(reclaim.stdout) as {runs: string[]; failures: string[]}
@@ -219,7 +219,7 @@ describe.runIf(process.platform === 'linux' && root && fs.existsSync('/sys/fs/cg
     const rows = openGatewayDb(home).prepare('SELECT run_id FROM run_processes').all()
     expect(rows).toEqual([{run_id: 'run_frozen'}])
     // a start-up that can see them (this pid namespace) finishes the job
-    const {reapAbandonedRuns} = await import('../../src/runtime/runners/run-processes.js')
+    const {reapAbandonedRuns} = await import('../../src/runtime/run-lifecycle/run-processes.js')
     expect(reapAbandonedRuns(home)).toMatchObject({runs: ['run_frozen'], failures: []})
     await until(() => processesWith(marker).length === 0)
     await victim

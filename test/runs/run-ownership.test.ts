@@ -10,7 +10,7 @@ import {BIN, fakeLlmConfig, makeHome, runCli, type TestHome} from '../helpers/ho
 import {processesWith, uniqueMarker} from '../helpers/processes.js'
 import {requireLandlockOrSkip} from '../sandbox/landlock-support.js'
 import {openGatewayDb} from '../../src/runtime/state/gateway-db.js'
-import {processStartTime} from '../../src/runtime/runners/run-processes.js'
+import {processStartTime} from '../../src/runtime/run-lifecycle/run-processes.js'
 import {homeLabel} from '../../src/sandbox/docker/containers.js'
 import {describeWithDocker} from '../container/docker-env.js'
 

@@ -23,10 +23,10 @@ import {failure, failureFromError, outOfMemory, parseAgentRunOutput} from '../ag
 import {helperPath} from '../../sandbox/landlock/helper-path.js'
 import {APP_ROOT} from '../util/app-root.js'
 import {dockerEngineProblem, reportEngineAnswered, reportEngineProblem} from './engine-health.js'
-import {forgetRunProcess, recordRunProcess} from './run-processes.js'
+import {forgetRunProcess, recordRunProcess} from '../run-lifecycle/run-processes.js'
 import {sizeBytes} from '../config/size.js'
-import {diskFull, diskUsage, watchDiskUsage} from './disk-limit.js'
-import {cappedLog} from './agent-run-process.js'
+import {diskFull, diskUsage, watchDiskUsage} from '../run-lifecycle/disk-limit.js'
+import {cappedLog} from '../run-lifecycle/agent-run-process.js'
 import type {RunRequest, Runner} from './types.js'
 import {AgentRunChannel} from './llm-channel.js'
 

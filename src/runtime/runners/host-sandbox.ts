@@ -11,8 +11,8 @@ import {seatbeltInvocation} from '../../sandbox/seatbelt/profile.js'
 import {prepareWorkspaceForPolicy} from '../host-sandbox/workspace-prep.js'
 import {reclaimWorkspace} from '../workspace/owner.js'
 import {failure, failureFromError} from '../agent-run/output.js'
-import {agentRunArgv, runAgentProcess} from './agent-run-process.js'
-import {agentEnvironment, withPrivateTmp} from './private-tmp.js'
+import {agentRunArgv, runAgentProcess} from '../run-lifecycle/agent-run-process.js'
+import {agentEnvironment, withPrivateTmp} from '../run-lifecycle/private-tmp.js'
 import type {RunRequest, Runner} from './types.js'
 
 export interface Launch {

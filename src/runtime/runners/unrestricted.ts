@@ -1,5 +1,5 @@
-import {agentRunArgv, runAgentProcess, type AgentProcessLaunch} from './agent-run-process.js'
-import {agentEnvironment, removePrivateTmp, withPrivateTmp} from './private-tmp.js'
+import {agentRunArgv, runAgentProcess, type AgentProcessLaunch} from '../run-lifecycle/agent-run-process.js'
+import {agentEnvironment, removePrivateTmp, withPrivateTmp} from '../run-lifecycle/private-tmp.js'
 import {prepareStandbyAgentRun, takeStandbyAgentRun} from './standby-agent-runs.js'
 import type {RunRequest, Runner} from './types.js'
 
