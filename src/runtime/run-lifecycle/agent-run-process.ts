@@ -12,7 +12,7 @@ import {killProcessTree} from '../util/process-tree.js'
 import {abortSignalName, signalChild} from '../util/subprocess.js'
 import {keeperArgv, keeperHelper, keeperJoined} from '../../sandbox/keeper.js'
 import {cgroupPids, cgroupSupport, createRunCgroup, killRunCgroups, removeRunCgroups, type RunCgroup} from '../../sandbox/run-cgroup.js'
-import {AgentRunChannel, type HostLlm} from '../runners/llm-channel.js'
+import {AgentRunChannel, type HostLlm} from '../llm-channel/host.js'
 
 
 /** argv that starts `meepagateway agent-run` with this Node; always the built app (tests build it first). */

@@ -28,7 +28,7 @@ import {sizeBytes} from '../config/size.js'
 import {diskFull, diskUsage, watchDiskUsage} from '../run-lifecycle/disk-limit.js'
 import {cappedLog} from '../run-lifecycle/agent-run-process.js'
 import type {RunRequest, Runner} from './types.js'
-import {AgentRunChannel} from './llm-channel.js'
+import {AgentRunChannel} from '../llm-channel/host.js'
 
 /**
  * Container level: one fresh, hardened container per message (docs/isolation.md), running the

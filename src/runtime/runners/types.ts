@@ -1,6 +1,6 @@
 import type {AgentRunInput, AgentRunOutput} from '../agent-run/contract.js'
 import type {AgentConfig, GatewayConfig, IsolationLevel} from '../config/types.js'
-import type {HostLlm} from './llm-channel.js'
+import type {HostLlm} from '../llm-channel/host.js'
 
 /** What a running gateway says about the runs it prepares ahead. */
 export interface StandbyOptions {
