@@ -5,7 +5,7 @@ import path from 'node:path'
 import type {AgentRunOutput} from '../../agent-run/contract.js'
 import {GatewayError} from '../../util/errors.js'
 import {defaultConfigPath, gatewayHome} from '../../util/paths.js'
-import {signalExitCode} from '../../runners/send-input.js'
+import {signalExitCode} from '../../send/input.js'
 import {buildIdentity} from '../../util/build-identity.js'
 import {LOCAL_SEND_VERSION, localSendDir, sameRunDigest, type LocalSendAnswer, type LocalSendHello, type LocalSendRequest, type LocalSendSignal} from './protocol.js'
 

@@ -1,7 +1,7 @@
 import os from 'node:os'
 import type {LoadedConfig} from '../config/types.js'
 import {loadConfigForCommand} from '../config/load.js'
-import {newRunId, runMessage, type RunMessageResult} from './run-message.js'
+import {newRunId, runMessage, type RunMessageResult} from '../runners/run-message.js'
 import {reclaimAbandonedRuns} from '../run-lifecycle/reclaim-runs.js'
 
 export interface SendOptions {
