@@ -1,6 +1,6 @@
 import {describe, expect, it} from 'vitest'
 import {DEFAULT_IMAGE_CONFIG} from '../../src/runtime/config/defaults.js'
-import {UNPRIVILEGED_CONTAINER_UID, containerUser, injectedSecretNames} from '../../src/runtime/runners/container.js'
+import {UNPRIVILEGED_CONTAINER_UID, containerUser, injectedSecretNames} from '../../src/runtime/runners/container/runner.js'
 import {buildDockerRunArgs, containerNameFor, type DockerRunSpec} from '../../src/sandbox/docker/run-args.js'
 import {isOrphan, type GatewayContainer} from '../../src/sandbox/docker/containers.js'
 

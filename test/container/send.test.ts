@@ -6,7 +6,7 @@ import {startFakeLlm, type FakeLlm, type FakeRequest} from '../fakes/llm-server.
 import {fakeLlmConfig, makeHome, runCli, type CliResult, type TestHome} from '../helpers/home.js'
 import {homeLabel} from '../../src/sandbox/docker/containers.js'
 import {buildDockerRunArgs} from '../../src/sandbox/docker/run-args.js'
-import {containerUser} from '../../src/runtime/runners/container.js'
+import {containerUser} from '../../src/runtime/runners/container/runner.js'
 import {describeWithDocker, dockerRecorder, realDockerPath, type DockerRecorder} from './docker-env.js'
 
 /*

@@ -7,7 +7,7 @@ import {afterAll, beforeAll, describe, expect, it} from 'vitest'
 import {startFakeLlm, type FakeLlm} from '../fakes/llm-server.js'
 import {fakeLlmConfig, makeHome, runCli, type TestHome} from '../helpers/home.js'
 import {homeLabel} from '../../src/sandbox/docker/containers.js'
-import {UNPRIVILEGED_CONTAINER_UID} from '../../src/runtime/runners/container.js'
+import {UNPRIVILEGED_CONTAINER_UID} from '../../src/runtime/runners/container/runner.js'
 import {describeWithDocker} from '../container/docker-env.js'
 import {requireLandlockOrSkip} from './landlock-support.js'
 
