@@ -4,7 +4,7 @@ import {afterAll, beforeAll, describe, expect, it} from 'vitest'
 import {loadConfig, resolveAgent} from '../../src/runtime/config/load.js'
 import type {LoadedConfig} from '../../src/runtime/config/types.js'
 import {sandboxConfigWarnings} from '../../src/runtime/host-sandbox/config-warnings.js'
-import {NO_NAMESPACES_ENV, probeNamespaces} from '../../src/sandbox/namespaces.js'
+import {NO_NAMESPACES_ENV, probeNamespaces} from '../../src/sandbox/bwrap/namespaces.js'
 import {makeEscapeWorld, type EscapeWorld} from './landlock-support.js'
 
 // config check probes bubblewrap synchronously (a one-shot command): the warnings must be those of

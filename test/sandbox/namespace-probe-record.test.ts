@@ -8,8 +8,8 @@ import {afterAll, afterEach, beforeAll, describe, expect, it, vi} from 'vitest'
 // start that finds it runs no bwrap. Each case loads namespaces.ts afresh (its per-process answer
 // would hide the record) and counts real bwrap runs through a spy on bwrap-probe.ts.
 const bwrapRuns = vi.hoisted(() => ({count: 0, fail: undefined as string | undefined}))
-vi.mock('../../src/sandbox/bwrap-probe.js', async (importOriginal) => {
-  const real = await importOriginal<typeof import('../../src/sandbox/bwrap-probe.js')>()
+vi.mock('../../src/sandbox/bwrap/bwrap-probe.js', async (importOriginal) => {
+  const real = await importOriginal<typeof import('../../src/sandbox/bwrap/bwrap-probe.js')>()
   return {
     bwrapFailure: async (...args: Parameters<typeof real.bwrapFailure>) => {
       bwrapRuns.count++
@@ -37,7 +37,7 @@ describe.skipIf(process.platform !== 'linux' || !hasBwrap)('the namespace probe 
   /** probeNamespaces of a fresh process: no answer from an earlier call. */
   async function probeInFreshProcess(options: {cacheFile?: string} = {cacheFile: record}) {
     vi.resetModules()
-    const {probeNamespaces} = await import('../../src/sandbox/namespaces.js')
+    const {probeNamespaces} = await import('../../src/sandbox/bwrap/namespaces.js')
     const before = bwrapRuns.count
     const probe = await probeNamespaces(options)
     return {probe, ranBwrap: bwrapRuns.count > before}

@@ -1,9 +1,9 @@
 import fs from 'node:fs'
 import path from 'node:path'
-import type {SandboxPolicy} from './policy.js'
-import {forget, recalled, remember} from '../runtime/util/remembered.js'
-import {bootId, fileIdentity, PROBE_RECORD, readSmallFile} from './probe-record.js'
-import {makeHomeDirectories} from '../runtime/util/make-directories.js'
+import type {SandboxPolicy} from '../policy.js'
+import {forget, recalled, remember} from '../../runtime/util/remembered.js'
+import {bootId, fileIdentity, PROBE_RECORD, readSmallFile} from '../probe-record.js'
+import {makeHomeDirectories} from '../../runtime/util/make-directories.js'
 
 /**
  * The namespace layer of the host sandbox: bubblewrap (the tool Flatpak, codex and Anthropic's

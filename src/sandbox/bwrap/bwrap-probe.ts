@@ -1,4 +1,4 @@
-import {startSubprocess} from '../runtime/util/subprocess.js'
+import {startSubprocess} from '../../runtime/util/subprocess.js'
 
 /**
  * Runs bwrap once with the namespace layer's options: undefined when it worked, else why, with
