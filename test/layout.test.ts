@@ -7,7 +7,6 @@ import {ROOT} from './helpers/home.js'
 // what its row allows. A forbidden import fails here with the file, the line and the rule.
 const SRC = path.join(ROOT, 'src')
 const GATEWAY_SIDE = ['gateway', 'connectors', 'http', 'captain']
-const SHARED_SHAPES = [path.join('runtime', 'agent-run', 'contract.ts'), path.join('runtime', 'providers', 'types.ts')]
 
 interface Import {
   from: string // importing file, relative to src/
@@ -54,8 +53,8 @@ function allowed(zone: string, imp: Import): boolean {
   const folder = target.slice('runtime/'.length)
   const inRuntime = target.startsWith('runtime/')
   if (target === zone) return true
-  // data shapes every runtime folder may name: the agent-run contract and the providers' message types
-  if (zone.startsWith('runtime/') && SHARED_SHAPES.includes(imp.to)) return true
+  // the base layer every runtime folder may name: the agent-run contract, the providers' message types, the isolation level
+  if (zone.startsWith('runtime/') && target === 'runtime/shapes') return true
   switch (zone) {
     case 'commands':
     case 'cli':
@@ -64,14 +63,16 @@ function allowed(zone: string, imp: Import): boolean {
       return false
     case 'runtime/config':
       return ['util'].includes(folder)
+    case 'runtime/shapes':
+      return ['util', 'config'].includes(folder)
     case 'runtime/state':
       return ['util', 'config'].includes(folder)
     case 'runtime/workspace':
-      return ['util', 'config', 'state'].includes(folder) || imp.to === path.join('runtime', 'runners', 'isolation-level.ts')
+      return ['util', 'config', 'state'].includes(folder)
     case 'runtime/providers':
       return ['util', 'config', 'agent-run'].includes(folder)
     case 'runtime/agent':
-      return ['util', 'config', 'workspace', 'providers'].includes(folder) || imp.to === path.join('runtime', 'agent-run', 'tool-shell.ts')
+      return ['util', 'config', 'workspace', 'providers'].includes(folder)
     case 'runtime/agent-run':
       return inRuntime && !GATEWAY_SIDE.includes(folder)
     case 'runtime/runners':
@@ -85,7 +86,7 @@ function allowed(zone: string, imp: Import): boolean {
       return inRuntime || target === 'sandbox'
     case 'sandbox':
       // the isolated program's own interface (which files it is, how it starts) is not the gateway
-      return ['util', 'agent-run'].includes(folder) || (imp.typeOnly && imp.to === path.join('runtime', 'config', 'types.ts'))
+      return ['util', 'shapes', 'agent-run'].includes(folder) || (imp.typeOnly && imp.to === path.join('runtime', 'config', 'types.ts'))
     default:
       return false
   }

@@ -1,6 +1,6 @@
 import {Args, Flags} from '@oclif/core'
 import {BaseCommand} from './base-command.js'
-import type {AgentRunOutput} from '../runtime/agent-run/contract.js'
+import type {AgentRunOutput} from '../runtime/shapes/agent-run-contract.js'
 import {GatewayError} from '../runtime/util/errors.js'
 import {sendThroughGateway} from '../runtime/connectors/local-send/client.js'
 import {FORWARDED_SIGNALS, readMessageArgument, signalExitCode} from '../runtime/send/input.js'

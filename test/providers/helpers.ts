@@ -1,6 +1,6 @@
 import type {ProviderConfig, ProvidersConfig} from '../../src/runtime/config/types.js'
 import {GatewayError} from '../../src/runtime/util/errors.js'
-import type {ChatRequest, ToolDefinition} from '../../src/runtime/providers/types.js'
+import type {ChatRequest, ToolDefinition} from '../../src/runtime/shapes/provider-types.js'
 import type {FakeApi, FakeLlm} from '../fakes/llm-server.js'
 
 export const SECRETS = {TEST_OPENAI_KEY: 'sk-openai-test', TEST_ANTHROPIC_KEY: 'sk-ant-test'}

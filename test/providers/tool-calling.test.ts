@@ -1,6 +1,6 @@
 import {describe, expect, it} from 'vitest'
 import {createProviderChain} from '../../src/runtime/providers/index.js'
-import type {ChatMessage} from '../../src/runtime/providers/types.js'
+import type {ChatMessage} from '../../src/runtime/shapes/provider-types.js'
 import {type FakeApi, type FakeLlm, presentedKey, startFakeLlm} from '../fakes/llm-server.js'
 import {fakeLlmForTests} from '../helpers/fake-llm-for-tests.js'
 import {fakeProvider, providersConfig, SECRETS, userRequest, WRITE_FILE_TOOL} from './helpers.js'

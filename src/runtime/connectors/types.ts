@@ -1,4 +1,4 @@
-import type {InboundMessage} from '../agent-run/contract.js'
+import type {InboundMessage} from '../shapes/agent-run-contract.js'
 
 /** How the gateway answers one inbound message on the platform it came from. */
 export interface Delivery {

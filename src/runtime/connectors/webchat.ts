@@ -1,5 +1,5 @@
 import type {IncomingMessage} from 'node:http'
-import type {InboundMessage} from '../agent-run/contract.js'
+import type {InboundMessage} from '../shapes/agent-run-contract.js'
 import type {Dispatcher} from '../gateway/dispatcher.js'
 import {bearerToken, readJsonObject, sendJson} from '../http/json.js'
 import {HttpError, type Router} from '../http/router.js'

@@ -1,4 +1,4 @@
-import type {AgentRunOutput, InboundMessage} from '../agent-run/contract.js'
+import type {AgentRunOutput, InboundMessage} from '../shapes/agent-run-contract.js'
 import type {IsolationLevel} from '../config/types.js'
 import type {Delivery} from '../connectors/types.js'
 import type {RunMessageResult} from '../runners/run-message.js'

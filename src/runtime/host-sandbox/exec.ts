@@ -16,7 +16,7 @@ import type {AgentConfig, LoadedConfig} from '../config/types.js'
 import {GatewayError} from '../util/errors.js'
 import {agentEnvironment} from '../run-lifecycle/private-tmp.js'
 import {limitsReport, type LimitReport} from '../run-lifecycle/limits-report.js'
-import {isolationLevelFor} from '../runners/isolation-level.js'
+import {isolationLevelFor} from '../shapes/isolation-level.js'
 import {ensureWorkspace} from '../workspace/workspace.js'
 import {reclaimWorkspace} from '../workspace/owner.js'
 

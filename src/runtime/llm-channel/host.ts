@@ -1,12 +1,12 @@
 import type {Readable, Writable} from 'node:stream'
 import {FrameError, LineSplitter, LLM_CHANNEL_VERSION, MAX_FRAME_BYTES, parseAgentRunFrame, type LlmResponseFrame} from '../agent-run/channel.js'
-import type {AgentRunInput, AgentRunOutput} from '../agent-run/contract.js'
+import type {AgentRunInput, AgentRunOutput} from '../shapes/agent-run-contract.js'
 import {failure} from '../agent-run/output.js'
 import type {AgentConfig, GatewayConfig} from '../config/types.js'
 import {toGatewayError} from '../util/errors.js'
 import {redactSecrets} from '../util/redact.js'
 import {createProviderChain} from '../providers/index.js'
-import type {ChatRequest, ChatResponse} from '../providers/types.js'
+import type {ChatRequest, ChatResponse} from '../shapes/provider-types.js'
 
 /** The runner's side of the LLM: the only place provider keys live and providers are called. */
 export interface HostLlm {

@@ -1,7 +1,7 @@
 import {spawn, type ChildProcess} from 'node:child_process'
 import path from 'node:path'
 import type {Readable, Writable} from 'node:stream'
-import type {AgentRunInput, AgentRunOutput} from '../agent-run/contract.js'
+import type {AgentRunInput, AgentRunOutput} from '../shapes/agent-run-contract.js'
 import {failure, parseAgentRunOutput} from '../agent-run/output.js'
 import {APP_ROOT} from '../util/app-root.js'
 import type {LimitsConfig} from '../config/types.js'

@@ -1,6 +1,6 @@
 import fs from 'node:fs/promises'
 import path from 'node:path'
-import type {AgentRunOutput} from '../agent-run/contract.js'
+import type {AgentRunOutput} from '../shapes/agent-run-contract.js'
 import {failure} from '../agent-run/output.js'
 
 /**

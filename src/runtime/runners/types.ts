@@ -1,4 +1,4 @@
-import type {AgentRunInput, AgentRunOutput} from '../agent-run/contract.js'
+import type {AgentRunInput, AgentRunOutput} from '../shapes/agent-run-contract.js'
 import type {AgentConfig, GatewayConfig, IsolationLevel} from '../config/types.js'
 import type {HostLlm} from '../llm-channel/host.js'
 

@@ -1,7 +1,7 @@
 import crypto from 'node:crypto'
 import fs from 'node:fs'
 import net from 'node:net'
-import type {InboundMessage} from '../../agent-run/contract.js'
+import type {InboundMessage} from '../../shapes/agent-run-contract.js'
 import {LineSplitter} from '../../agent-run/channel.js'
 import type {Dispatcher} from '../../gateway/dispatcher.js'
 import type {RunQueue} from '../../gateway/run-queue.js'

@@ -8,7 +8,7 @@ import {homeLabel, removeContainers} from '../../../sandbox/docker/containers.js
 import {CONTAINER_APP, LABEL, sha256} from '../../../sandbox/docker/dockerfile.js'
 import {ensureContainerImage, ensureIsolationImage, planImages, type ImageContext} from '../../../sandbox/docker/images.js'
 import {buildDockerRunArgs, CONTAINER_WORKSPACE, containerNameFor, type DockerRunSpec} from '../../../sandbox/docker/run-args.js'
-import type {AgentRunOutput} from '../../agent-run/contract.js'
+import type {AgentRunOutput} from '../../shapes/agent-run-contract.js'
 import {withAgentLock} from '../../workspace/agent-lock.js'
 import {handWorkspaceTo} from '../../workspace/owner.js'
 import type {AgentConfig, GatewayConfig} from '../../config/types.js'

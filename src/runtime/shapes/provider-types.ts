@@ -1,5 +1,5 @@
 import type {ProviderConfig} from '../config/types.js'
-import type {Usage} from '../agent-run/contract.js'
+import type {Usage} from './agent-run-contract.js'
 
 /** Provider-neutral conversation, converted to each wire format by its provider. */
 export type ChatMessage =
