@@ -7,7 +7,7 @@ import {freePort} from '../helpers/free-port.js'
 import {BIN, fakeLlmConfig, makeHome, runCli, type TestHome} from '../helpers/home.js'
 import {loadConfig} from '../../src/runtime/config/load.js'
 import {runMessage, type RunMessageResult} from '../../src/runtime/runners/run-message.js'
-import {stopStandbyContainers} from '../../src/runtime/runners/container/runner.js'
+import {stopStandbyContainers} from '../../src/runtime/runners/container/standby-pool.js'
 import {homeLabel} from '../../src/sandbox/docker/containers.js'
 import {describeWithDocker} from './docker-env.js'
 

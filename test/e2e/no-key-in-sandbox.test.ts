@@ -7,7 +7,7 @@ import {agentRunPids, whereHeld, type Holdings} from '../helpers/process-memory.
 import {describeWithDocker} from '../container/docker-env.js'
 import {loadConfig} from '../../src/runtime/config/load.js'
 import {runMessage} from '../../src/runtime/runners/run-message.js'
-import {stopStandbyContainers} from '../../src/runtime/runners/container/runner.js'
+import {stopStandbyContainers} from '../../src/runtime/runners/container/standby-pool.js'
 
 /*
  * Issue 11, criterion 1: at every level agent-run holds no provider key. While agent-run waits for

@@ -19,7 +19,7 @@ export async function runnerFor(level: IsolationLevel): Promise<Runner> {
 
 /** Removes the standby containers this process started; returns those a hung engine kept (see container/standby-pool.ts). */
 export async function stopStandbyContainers(): Promise<string[]> {
-  return (await import('./container/runner.js')).stopStandbyContainers()
+  return (await import('./container/standby-pool.js')).stopStandbyContainers()
 }
 
 /** Ends the standby agent-runs this process started for a gateway home (see standby-agent-runs.ts). */
@@ -29,6 +29,6 @@ export async function stopStandbyAgentRuns(home: string): Promise<void> {
 
 /** Gives up on Docker work still pending at exit (see container/removals.ts); returns the containers left behind. */
 export async function abandonEngineWork(): Promise<string[]> {
-  return (await import('./container/runner.js')).abandonEngineWork()
+  return (await import('./container/removals.js')).abandonEngineWork()
 }
 

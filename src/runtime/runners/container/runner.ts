@@ -3,11 +3,10 @@ import {setTimeout as sleep} from 'node:timers/promises'
 import path from 'node:path'
 import {dockerCli, type DockerCli} from '../../../sandbox/docker/cli.js'
 import {dockerMissing, engineErrorOf} from '../../../sandbox/docker/errors.js'
-import {localEngineApi} from '../../../sandbox/docker/engine-api.js'
-import {homeLabel, removeContainers} from '../../../sandbox/docker/containers.js'
+import {homeLabel} from '../../../sandbox/docker/containers.js'
 import {CONTAINER_APP, LABEL, sha256} from '../../../sandbox/docker/dockerfile.js'
 import {ensureContainerImage, ensureIsolationImage, planImages, type ImageContext} from '../../../sandbox/docker/images.js'
-import {buildDockerRunArgs, CONTAINER_WORKSPACE, containerNameFor, type DockerRunSpec} from '../../../sandbox/docker/run-args.js'
+import {CONTAINER_WORKSPACE, containerNameFor} from '../../../sandbox/docker/run-args.js'
 import type {AgentRunOutput} from '../../shapes/agent-run-contract.js'
 import {withAgentLock} from '../../workspace/agent-lock.js'
 import {handWorkspaceTo} from '../../workspace/owner.js'
@@ -17,12 +16,15 @@ import {randomHex} from '../../util/random.js'
 import {containerImageContext} from '../../container/context.js'
 import {GatewayError, toGatewayError} from '../../util/errors.js'
 import {KeyedQueue} from '../../util/keyed-queue.js'
-import {redactSecrets} from '../../util/redact.js'
-import {signalChild, type Subprocess} from '../../util/subprocess.js'
+import {signalChild} from '../../util/subprocess.js'
 import {failure, failureFromError, outOfMemory, parseAgentRunOutput} from '../../agent-run/output.js'
 import {helperPath} from '../../../sandbox/landlock/helper-path.js'
 import {APP_ROOT} from '../../util/app-root.js'
 import {dockerEngineProblem, reportEngineAnswered, reportEngineProblem} from './engine-health.js'
+import {engineAnswers, ENGINE_PING_TIMEOUT_MS} from './engine-watch.js'
+import {startAgentContainer, type AgentContainer, type RunShape} from './agent-container.js'
+import {prepareStandby, STANDBY_IDLE_MS, takeStandby} from './standby-pool.js'
+import {engineApiFor, removeWhenEngineAnswers, scheduleRemoval, trackRemoval, watchEngineOwingRemovals} from './removals.js'
 import {forgetRunProcess, recordRunProcess} from '../../run-lifecycle/run-processes.js'
 import {sizeBytes} from '../../config/size.js'
 import {diskFull, diskUsage, watchDiskUsage} from '../../run-lifecycle/disk-limit.js'
@@ -42,7 +44,6 @@ export const containerRunner: Runner = {
 /** One run per agent at a time, different agents side by side up to gateway.max_concurrent_runs. */
 const runQueue = new KeyedQueue({concurrency: DEFAULT_GATEWAY.max_concurrent_runs})
 
-const STDERR_TAIL_BYTES = 4096
 /** The docker client gets this long past the run's deadline to notice its container died. */
 const CLIENT_GRACE_MS = 30_000
 /**
@@ -52,8 +53,6 @@ const CLIENT_GRACE_MS = 30_000
 const KILL_TIMEOUT_MS = 2_000
 /** After a kill the engine answered, how long the docker client may take to notice its container died. */
 const CLIENT_EXIT_AFTER_KILL_MS = 3_000
-/** Past the deadline, how long image checks may go on before the engine is asked whether it still answers. */
-const ENGINE_PING_TIMEOUT_MS = 3_000
 
 /** What the user and the operator are told when the engine stopped answering during a run. */
 export const ENGINE_HUNG_MESSAGE = 'the Docker engine did not answer; the container may still be running and will be removed when the engine answers'
@@ -79,11 +78,15 @@ export async function runInContainer(request: RunRequest, options: {cli?: Docker
       }),
       {signal: request.signal},
     )
-    void track(pendingRemovals, whole.then(() => {}, () => {}))
+    void trackRemoval(whole.then(() => {}, () => {}))
     const output = await Promise.race([answered, whole])
     // a hung engine would only leave one more docker client hanging
     if (request.standby && request.agent.container_mode.standby && !dockerEngineProblem()) {
-      void track(preparingStandbys, prepareStandby(request, cli).catch((error: unknown) => log(`could not start a standby container: ${toGatewayError(error).message}`)))
+      prepareStandby(standbySlot(request), cli, async (signal) => {
+        const image = await readyIsolationImage(request.config, request.agent, imageContextFor(request.home, cli, {signal}))
+        const name = containerNameFor(`standby_${randomHex(8)}`)
+        return () => startAgentContainer(cli, runShape(request, image), {name, run: 'standby', clientTimeoutMs: STANDBY_IDLE_MS + request.timeoutMs + CLIENT_GRACE_MS})
+      }, log)
     }
     return output
   } catch (error) {
@@ -91,7 +94,7 @@ export async function runInContainer(request: RunRequest, options: {cli?: Docker
     if (failed.code === 'E_DOCKER_DOWN' || failed.code === 'E_DOCKER_HUNG') {
       // /healthz says "engine down" until the engine answers again
       reportEngineProblem(failed.message.split('\n')[0] ?? failed.code)
-      watchEngine(cli)
+      watchEngineOwingRemovals(cli)
     }
     return failureFromError(runId, error)
   }
@@ -123,9 +126,6 @@ export async function readyIsolationImage(config: GatewayConfig, agent: AgentCon
   verifiedImages.set(key, {image, at: Date.now()})
   return image
 }
-
-/** The engine's API (no docker process) when the run uses the default docker CLI on a local engine; an injected CLI does everything. */
-const engineApiFor = (cli: DockerCli) => (cli === dockerCli() ? localEngineApi() : undefined)
 
 /** Image checks over the engine's API where there is one (see engineApiFor). */
 function imageContextFor(home: string, cli: DockerCli, options: {signal: AbortSignal; onLog?: (line: string) => void}): ImageContext {
@@ -280,13 +280,8 @@ async function runInStartedContainer(
   return channel.outcome() ?? parseAgentRunOutput(runId, '', state.exitCode, stderrTail)
 }
 
-/** Everything that decides an agent's `docker run` except its name and run label. */
-interface RunShape {
-  spec: Omit<DockerRunSpec, 'name'>
-  /** Values of the forwarded secrets, for the docker CLI's environment. */
-  cliEnv: Record<string, string>
-  /** Hash of all of it (secret values included): a standby container must match it exactly. */
-  key: string
+function standbySlot(request: RunRequest): string {
+  return `${homeLabel(request.home)}/${request.agent.id}`
 }
 
 function runShape(request: RunRequest, image: ReadyImage): RunShape {
@@ -322,144 +317,6 @@ function runShape(request: RunRequest, image: ReadyImage): RunShape {
   return {spec, cliEnv, key: sha256(JSON.stringify([spec, image.id, cliEnv, request.timeoutMs]))}
 }
 
-/** A `docker run -i` of agent-run, whose input goes in on stdin once its message is known. */
-interface AgentContainer {
-  name: string
-  key: string
-  child: Subprocess
-  stderrTail: string
-  /** Where its stderr lines go: the run it serves (a standby container has none yet). */
-  log: (line: string) => void
-}
-
-function startAgentContainer(
-  cli: DockerCli,
-  shape: RunShape,
-  options: {name: string; run: string; clientTimeoutMs: number},
-): AgentContainer {
-  const args = buildDockerRunArgs({...shape.spec, name: options.name, labels: {...shape.spec.labels, [LABEL.run]: options.run}})
-  const child = cli.spawn(args, {openStdin: true, streamStdout: true, env: shape.cliEnv, timeoutMs: options.clientTimeoutMs, removeIfOwnerDies: options.name})
-  const container: AgentContainer = {name: options.name, key: shape.key, child, stderrTail: '', log: () => {}}
-  const secretValues = Object.values(shape.cliEnv)
-  child.stderr?.on('data', (chunk: Buffer) => {
-    const text = chunk.toString('utf8')
-    container.stderrTail = (container.stderrTail + text).slice(-STDERR_TAIL_BYTES)
-    for (const line of text.split('\n')) if (line.trim()) container.log(redactSecrets(line, secretValues))
-  })
-  return container
-}
-
-/**
- * Standby containers: after a gateway's run, the agent's next container is started at once and
- * waits, agent-run loaded, for its message, which then skips container and Node start-up. Each
- * still serves exactly one message. One per agent, discarded when the run's shape changes
- * (config, image, secrets), after STANDBY_IDLE_MS without a message, and when the gateway stops.
- */
-const STANDBY_IDLE_MS = 10 * 60_000
-const standbys = new Map<string, {container: AgentContainer; cli: DockerCli; expiry: NodeJS.Timeout}>()
-/** Standbys still being started: stopping must wait for them, or one would outlive the gateway. */
-const preparingStandbys = new Set<Promise<void>>()
-
-function standbySlot(request: RunRequest): string {
-  return `${homeLabel(request.home)}/${request.agent.id}`
-}
-
-function takeStandby(slot: string, key: string): AgentContainer | undefined {
-  const entry = removeStandby(slot)
-  if (entry && entry.container.key === key && entry.container.child.exitCode === null) return entry.container
-  if (entry) discard(entry)
-  return undefined
-}
-
-/** Takes a slot's standby out of the pool (to use or discard it). */
-function removeStandby(slot: string): {container: AgentContainer; cli: DockerCli} | undefined {
-  const entry = standbys.get(slot)
-  if (!entry) return undefined
-  standbys.delete(slot)
-  clearTimeout(entry.expiry)
-  return entry
-}
-
-/** How long a discarded standby's docker client may take to exit before it is killed. */
-const DISCARD_CLIENT_WAIT_MS = 10_000
-
-/**
- * Removed at once (which stops it), and again once its docker client has exited: a container
- * the engine was still creating when the first removal ran would otherwise outlive the gateway.
- */
-function discard({container, cli}: {container: AgentContainer; cli: DockerCli}): void {
-  container.child.stdin?.destroy()
-  discarding.add(container)
-  void track(
-    pendingRemovals,
-    (async () => {
-      await scheduleRemoval(cli, container.name, () => {})
-      const exited = await Promise.race([container.child.then(() => true), sleep(DISCARD_CLIENT_WAIT_MS, false, {ref: false})])
-      if (!exited) signalChild(container.child, 'SIGKILL')
-      if (!owedRemovals.has(container.name)) await scheduleRemoval(cli, container.name, () => {})
-    })().finally(() => discarding.delete(container)),
-  )
-}
-
-/** Discarded standbys whose docker client may still be running (killed when shutdown cannot wait). */
-const discarding = new Set<AgentContainer>()
-/** Those of them a stop already gave up on (the engine did not answer): not waited for again. */
-const givenUp = new WeakSet<AgentContainer>()
-/** Aborts image checks of standbys still being prepared when the gateway stops. */
-let standbyPreparation = new AbortController()
-/** Aborts the removals in flight when stopping cannot wait for a hung engine (their docker clients would hold the exit). */
-let giveUp = new AbortController()
-
-async function prepareStandby(request: RunRequest, cli: DockerCli): Promise<void> {
-  const slot = standbySlot(request)
-  if (standbys.has(slot)) return
-  const image = await readyIsolationImage(request.config, request.agent, imageContextFor(request.home, cli, {signal: standbyPreparation.signal}))
-  if (standbys.has(slot) || standbyPreparation.signal.aborted) return
-  const shape = runShape(request, image)
-  const name = containerNameFor(`standby_${randomHex(8)}`)
-  const container = startAgentContainer(cli, shape, {name, run: 'standby', clientTimeoutMs: STANDBY_IDLE_MS + request.timeoutMs + CLIENT_GRACE_MS})
-  const discardIfWaiting = () => {
-    if (standbys.get(slot)?.container === container) discard(removeStandby(slot)!)
-  }
-  // One that ends on its own (engine restart, killed) is only removed: the next run starts cold.
-  void container.child.then(discardIfWaiting)
-  const expiry = setTimeout(discardIfWaiting, STANDBY_IDLE_MS)
-  expiry.unref()
-  standbys.set(slot, {container, cli, expiry})
-}
-
-/** How long stopping the standbys may wait for the engine before their docker clients are killed. */
-const STOP_STANDBYS_TIMEOUT_MS = 3_000
-
-/**
- * Removes every standby container of this process (gateway shutdown, tests) and waits for the
- * removals, at most `timeoutMs`: a hung engine must not hold the shutdown. Returns the names of
- * containers left for the next start-up (it removes containers whose owner is gone).
- */
-export async function stopStandbyContainers(options: {timeoutMs?: number} = {}): Promise<string[]> {
-  const timeoutMs = options.timeoutMs ?? STOP_STANDBYS_TIMEOUT_MS
-  // an earlier call is already removing (or gave up on) the rest
-  if (standbys.size === 0 && preparingStandbys.size === 0 && [...discarding].every((container) => givenUp.has(container))) return []
-  const preparation = standbyPreparation
-  const stopping = (async () => {
-    await Promise.race([Promise.all([...preparingStandbys]), sleep(timeoutMs, undefined, {ref: false})])
-    preparation.abort()
-    for (const slot of [...standbys.keys()]) discard(removeStandby(slot)!)
-    await containerRemovalsSettled()
-  })()
-  const done = await Promise.race([stopping.then(() => true), sleep(timeoutMs, false, {ref: false})])
-  standbyPreparation = new AbortController()
-  if (done) return []
-  const left = [...discarding].map((container) => container.name)
-  for (const container of discarding) {
-    signalChild(container.child, 'SIGKILL')
-    givenUp.add(container)
-  }
-  giveUp.abort()
-  giveUp = new AbortController()
-  return [...new Set([...left, ...owedRemovals.keys()])]
-}
-
 /**
  * How a container that did not answer ended (OOMKilled, exit code), then removed: undefined when
  * it was never created. Waits for the removal: "nothing left behind" matters most after a kill.
@@ -483,68 +340,6 @@ async function collectContainer(cli: DockerCli, name: string, log: (line: string
   return state
 }
 
-const pendingRemovals = new Set<Promise<void>>()
-
-function scheduleRemoval(cli: DockerCli, name: string, log: (line: string) => void): Promise<void> {
-  return track(
-    pendingRemovals,
-    removeContainers(engineApiFor(cli) ?? cli, [name], giveUp.signal).catch((error: unknown) => {
-      log(`could not remove container ${name} (retrying until the engine answers): ${toGatewayError(error).message}`)
-      removeWhenEngineAnswers(cli, name, log)
-    }),
-  )
-}
-
-/** How often removals that failed (engine down or hung) are tried again while this process runs. */
-const REMOVAL_RETRY_MS = 2_000
-const REMOVAL_RETRY_TIMEOUT_MS = 10_000
-/** Containers whose removal is owed, by name: retried in the background until the engine answers. */
-const owedRemovals = new Map<string, {cli: DockerCli; log: (line: string) => void}>()
-let removalRetry: NodeJS.Timeout | undefined
-
-function removeWhenEngineAnswers(cli: DockerCli, name: string, log: (line: string) => void): void {
-  owedRemovals.set(name, {cli, log})
-  watchEngine(cli)
-}
-
-/** Keeps asking the engine (owed removals first, else `docker version`) until it answers again. */
-function watchEngine(cli: DockerCli): void {
-  removalRetry ??= setTimeout(() => void retryOwedRemovals(cli), REMOVAL_RETRY_MS).unref()
-}
-
-/** One pass over the owed removals; the engine answering at all clears the problem /healthz shows. */
-async function retryOwedRemovals(cli: DockerCli): Promise<void> {
-  for (const [name, owed] of [...owedRemovals]) {
-    try {
-      await removeContainers(owed.cli, [name], AbortSignal.any([AbortSignal.timeout(REMOVAL_RETRY_TIMEOUT_MS), giveUp.signal]))
-      owedRemovals.delete(name)
-      reportEngineAnswered()
-      owed.log(`the Docker engine answers again: removed container ${name}`)
-    } catch {
-      break // still no answer: the next pass tries again
-    }
-  }
-  if (owedRemovals.size === 0 && dockerEngineProblem()) {
-    const answers = await cli.exec(['version', '--format', '{{.Server.Version}}'], {timeoutMs: ENGINE_PING_TIMEOUT_MS}).then((result) => result.exitCode === 0, () => false)
-    if (answers) reportEngineAnswered()
-  }
-  removalRetry = undefined
-  if (owedRemovals.size > 0 || dockerEngineProblem()) watchEngine(cli)
-}
-
-/**
- * For a process about to exit (gateway shutdown): stops retrying owed removals and aborts the
- * docker calls in flight, whose clients would otherwise hold the exit while the engine hangs.
- * Returns the containers left for the next start-up (it removes containers whose owner is gone).
- */
-export function abandonEngineWork(): string[] {
-  clearTimeout(removalRetry)
-  removalRetry = undefined
-  giveUp.abort()
-  giveUp = new AbortController()
-  return [...owedRemovals.keys()]
-}
-
 /**
  * Resolves with the image once it is ready. Past the run's deadline the engine is asked whether
  * it still answers: a hung one fails the run now; an answering one (a first build) is waited for.
@@ -559,15 +354,11 @@ async function readyBeforeDeadline<T>(cli: DockerCli, deadline: number, signal: 
   const late = new Promise<'late'>((resolve) => (timer = setTimeout(() => resolve('late'), Math.max(0, deadline - Date.now()))))
   try {
     if ((await Promise.race([ready, late])) !== 'late') return ready
-    const answers = await cli.exec(['version', '--format', '{{.Server.Version}}'], {timeoutMs: ENGINE_PING_TIMEOUT_MS}).then(
-      (result) => result.exitCode === 0,
-      () => false,
-    )
-    if (answers) return await ready
+    if (await engineAnswers(cli)) return await ready
     controller.abort()
     ready.catch(() => {})
     reportEngineProblem(`the Docker engine did not answer within ${ENGINE_PING_TIMEOUT_MS / 1000} s`)
-    watchEngine(cli)
+    watchEngineOwingRemovals(cli)
     throw new GatewayError('E_DOCKER_HUNG', `the run's deadline passed while its container was being prepared and the Docker engine did not answer; nothing was started`, {
       retryable: true,
       suggestions: ['check `timeout 10 docker info`; restart the engine: sudo systemctl restart docker'],
@@ -576,18 +367,6 @@ async function readyBeforeDeadline<T>(cli: DockerCli, deadline: number, signal: 
     clearTimeout(timer)
     signal?.removeEventListener('abort', onAbort)
   }
-}
-
-/** Keeps `work` in `pending` until it settles, so shutdown can wait for it. */
-function track(pending: Set<Promise<void>>, work: Promise<void>): Promise<void> {
-  pending.add(work)
-  void work.finally(() => pending.delete(work))
-  return work
-}
-
-/** Resolves when every container this process started has exited and been removed (for `send`, shutdown and tests). */
-export async function containerRemovalsSettled(): Promise<void> {
-  await Promise.all([...pendingRemovals])
 }
 
 /**
