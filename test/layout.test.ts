@@ -148,6 +148,14 @@ describe('source layout (docs/layout.md)', () => {
     expect(folders.map((entry) => `runtime/${entry.name}`).filter((zone) => !(zone in MAY_IMPORT))).toEqual([])
   })
 
+  it('test/runtime/ and test/sandbox/ mirror src/: every test folder there is a folder of src/', () => {
+    const folders = (dir: string): string[] =>
+      fs.readdirSync(dir, {withFileTypes: true}).flatMap((entry) => (entry.isDirectory() ? [path.join(dir, entry.name), ...folders(path.join(dir, entry.name))] : []))
+    const testRoot = path.join(ROOT, 'test')
+    const unmirrored = ['runtime', 'sandbox'].flatMap((top) => folders(path.join(testRoot, top))).map((dir) => path.relative(testRoot, dir))
+    expect(unmirrored.filter((dir) => !fs.existsSync(path.join(SRC, dir)))).toEqual([])
+  })
+
   it('the agent loop imports nothing from src/sandbox/ (it does not know where it runs)', () => {
     const offenders = all.filter((imp) => 'to' in imp && zoneOf(imp.from) === 'runtime/agent' && zoneOf(imp.to) === 'sandbox')
     expect(offenders).toEqual([])

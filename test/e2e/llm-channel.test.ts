@@ -13,7 +13,7 @@ import {hostLlmFor} from '../../src/runtime/llm-channel/host.js'
 import {linuxLaunch} from '../../src/runtime/runners/host-sandbox.js'
 import {agentEnvironment} from '../../src/runtime/run-lifecycle/private-tmp.js'
 import {agentPolicy} from '../../src/runtime/host-sandbox/agent-policy.js'
-import {landlockUnavailable} from '../sandbox/landlock-support.js'
+import {landlockUnavailable} from '../helpers/landlock-support.js'
 import type {GatewayConfig} from '../../src/runtime/config/types.js'
 
 /*
