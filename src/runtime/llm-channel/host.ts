@@ -29,12 +29,11 @@ export function providerKeysFor(agent: AgentConfig, config: GatewayConfig, avail
 }
 
 /**
- * The agent's provider chain with its keys, host-side. Unknown provider names throw E_CONFIG here.
- * With redact_secrets, a key that turns up in the conversation (a tool printed it) is masked before
- * it reaches a provider.
+ * The agent's provider chain with its keys (providerKeysFor), host-side. Unknown provider names
+ * throw E_CONFIG here. With redact_secrets, a key that turns up in the conversation (a tool printed
+ * it) is masked before it reaches a provider.
  */
-export function hostLlmFor(agent: AgentConfig, config: GatewayConfig, available: Record<string, string>): HostLlm {
-  const keys = providerKeysFor(agent, config, available)
+export function hostLlmFor(agent: AgentConfig, config: GatewayConfig, keys: Record<string, string>): HostLlm {
   const chain = createProviderChain(config.providers, keys, {provider: agent.provider, model: agent.model})
   const values = Object.values(keys)
   const scrub = config.image_config?.redact_secrets === false || values.length === 0 ? (request: ChatRequest) => request : (request: ChatRequest) => redactRequest(request, values)

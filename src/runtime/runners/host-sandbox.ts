@@ -37,22 +37,22 @@ export const hostSandboxRunner: Runner = {
       let launch: Launch
       let namespaces: NamespaceProbe | undefined
       try {
-        reclaimWorkspace(request.workspace)
+        reclaimWorkspace(request.input.workspace)
         namespaces = process.platform === 'linux' ? await probeNamespaces({cacheFile: probeRecord(request.home, 'namespace')}) : undefined
         const compile = () =>
           agentPolicy({
-            agent: request.agent,
+            agent: request.input.agent,
             config: request.config,
             home: request.home,
-            workspace: request.workspace,
+            workspace: request.input.workspace,
             tmpDir: tmp,
             configPath: request.configPath,
             namespaces: namespaces?.available,
           })
         let policy = compile()
-        if (prepareWorkspaceForPolicy(request.workspace, policy)) policy = compile()
+        if (prepareWorkspaceForPolicy(request.input.workspace, policy)) policy = compile()
         for (const note of policy.notes) request.onLog?.(`sandbox: ${note}`)
-        const env = {...agentEnvironment(request.workspace, tmp), PATH: sandboxPath()}
+        const env = {...agentEnvironment(request.input.workspace, tmp), PATH: sandboxPath()}
         if (process.platform === 'darwin') launch = {argv: seatbeltInvocation(policy, agentRunArgv()).argv, env}
         else {
           const policyGaps = loweringGaps(policy, namespaces)
@@ -66,14 +66,14 @@ export const hostSandboxRunner: Runner = {
       }
       const output = await runAgentProcess({
         ...launch,
-        cwd: request.workspace,
+        cwd: request.input.workspace,
         input: request.input,
         llm: request.llm,
         timeoutMs: request.timeoutMs,
         signal: request.signal,
         onStderr: request.onLog,
         onStarted: request.onStarted,
-        ownership: {home: request.home, runId, limits: request.agent.limits, workspace: request.workspace, tmpDir: tmp},
+        ownership: {home: request.home, runId, limits: request.input.agent.limits, workspace: request.input.workspace, tmpDir: tmp},
       })
       // bwrap failed where a remembered probe said it works: agent-run never started; once more, as the layer is now
       if (namespaces && bwrapFailed(output) && (await rememberedLayerBroke(namespaces, probeRecord(request.home, 'namespace')))) {

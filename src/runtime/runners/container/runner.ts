@@ -71,19 +71,19 @@ export async function runInContainer(request: RunRequest, options: {cli?: Docker
       if (request.standby) answer = resolve
     })
     const whole = runQueue.run(
-      request.agent.id,
-      () => withAgentLock(request.home, request.agent.id, () => runOnce(request, cli, log, answer), {
+      request.input.agent.id,
+      () => withAgentLock(request.home, request.input.agent.id, () => runOnce(request, cli, log, answer), {
         signal: request.signal,
-        onWait: (pid) => log(`agent ${request.agent.id} is busy with another run (process ${pid}); waiting for it to finish`),
+        onWait: (pid) => log(`agent ${request.input.agent.id} is busy with another run (process ${pid}); waiting for it to finish`),
       }),
       {signal: request.signal},
     )
     void trackRemoval(whole.then(() => {}, () => {}))
     const output = await Promise.race([answered, whole])
     // a hung engine would only leave one more docker client hanging
-    if (request.standby && request.agent.container_mode.standby && !dockerEngineProblem()) {
+    if (request.standby && request.input.agent.container_mode.standby && !dockerEngineProblem()) {
       prepareStandby(standbySlot(request), cli, async (signal) => {
-        const image = await readyIsolationImage(request.config, request.agent, imageContextFor(request.home, cli, {signal}))
+        const image = await readyIsolationImage(request.config, request.input.agent, imageContextFor(request.home, cli, {signal}))
         const name = containerNameFor(`standby_${randomHex(8)}`)
         return () => startAgentContainer(cli, runShape(request, image), {name, run: 'standby', clientTimeoutMs: STANDBY_IDLE_MS + request.timeoutMs + CLIENT_GRACE_MS})
       }, log)
@@ -133,11 +133,12 @@ function imageContextFor(home: string, cli: DockerCli, options: {signal: AbortSi
 }
 
 async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) => void, onAnswer: (output: AgentRunOutput) => void = () => {}): Promise<AgentRunOutput> {
-  const {input, agent} = request
+  const {input} = request
+  const {agent} = input
   const runId = input.run_id
   const diskLimit = sizeBytes(agent.limits.disk, 'limits.disk')
-  const usageBefore = await diskUsage([request.workspace])
-  if (usageBefore > diskLimit) return diskFull(runId, agent.limits.disk, usageBefore, request.workspace, 'before')
+  const usageBefore = await diskUsage([request.input.workspace])
+  if (usageBefore > diskLimit) return diskFull(runId, agent.limits.disk, usageBefore, request.input.workspace, 'before')
   const deadline = Date.now() + request.timeoutMs
   const image = await readyBeforeDeadline(cli, deadline, request.signal, (signal) => readyIsolationImage(request.config, agent, imageContextFor(request.home, cli, {signal, onLog: log})))
   const shape = runShape(request, image)
@@ -151,14 +152,14 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
   request.onStarted?.()
   // limits.disk: the workspace is a bind mount, measured from here (see disk-limit.ts)
   let diskOver = false
-  const diskWatch = watchDiskUsage([request.workspace], diskLimit, () => {
+  const diskWatch = watchDiskUsage([request.input.workspace], diskLimit, () => {
     diskOver = true
     void cli.exec(['kill', name], {timeoutMs: KILL_TIMEOUT_MS}).catch(() => {})
   })
   try {
     const output = await runInStartedContainer(request, cli, container, shape.spec.forwardEnv, onAnswer)
     const atEnd = await diskWatch.stop()
-    return diskOver || atEnd.over ? diskFull(runId, agent.limits.disk, atEnd.usage, request.workspace, 'during') : output
+    return diskOver || atEnd.over ? diskFull(runId, agent.limits.disk, atEnd.usage, request.input.workspace, 'during') : output
   } finally {
     void diskWatch.stop()
     forgetRunProcess(request.home, runId)
@@ -172,7 +173,8 @@ async function runInStartedContainer(
   forwardEnv: string[],
   onAnswer: (output: AgentRunOutput) => void,
 ): Promise<AgentRunOutput> {
-  const {input, agent} = request
+  const {input} = request
+  const {agent} = input
   const runId = input.run_id
   const log = container.log
   const {name, child} = container
@@ -281,14 +283,15 @@ async function runInStartedContainer(
 }
 
 function standbySlot(request: RunRequest): string {
-  return `${homeLabel(request.home)}/${request.agent.id}`
+  return `${homeLabel(request.home)}/${request.input.agent.id}`
 }
 
 function runShape(request: RunRequest, image: ReadyImage): RunShape {
-  const {agent, input} = request
+  const {input} = request
+  const {agent} = input
   const forwardEnv = injectedSecretNames(request.config, input.secrets)
   const cliEnv = Object.fromEntries(forwardEnv.map((secretName) => [secretName, input.secrets[secretName] ?? '']))
-  const workspace = canonicalWorkspace(request.workspace)
+  const workspace = canonicalWorkspace(request.input.workspace)
   const user = containerUser(agent.container_mode.user)
   // every run: the gateway and host-sandbox runs may have added files as root since the last one
   if (user.uid !== 0) handWorkspaceTo(workspace, user, {purpose: 'the container'})
