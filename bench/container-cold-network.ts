@@ -26,7 +26,7 @@ const homes: string[] = []
 async function coldRun(root: string, network: 'host' | 'none'): Promise<() => Promise<number>> {
   const {loadConfig, findAgent} = await import(path.join(root, 'dist/runtime/config/load.js'))
   const {runMessage} = await import(path.join(root, 'dist/runtime/runners/run-message.js'))
-  const {readyIsolationImage} = await import(path.join(root, 'dist/runtime/runners/container.js'))
+  const {readyIsolationImage} = await import(path.join(root, 'dist/runtime/runners/container/runner.js'))
   const {containerImageContext} = await import(path.join(root, 'dist/runtime/container/context.js'))
   const home = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-bench-cold-'))
   homes.push(home)

@@ -22,7 +22,8 @@ import {startFakeLlm} from '../test/fakes/llm-server.js'
 import {loadConfig, findAgent} from '../src/runtime/config/load.js'
 import {containerImageContext} from '../src/runtime/container/context.js'
 import {runMessage} from '../src/runtime/runners/run-message.js'
-import {readyIsolationImage, stopStandbyContainers} from '../src/runtime/runners/container.js'
+import {readyIsolationImage} from '../src/runtime/runners/container/runner.js'
+import {stopStandbyContainers} from '../src/runtime/runners/container/standby-pool.js'
 import {fmt, report, ROOT, sample, stats} from './lib.js'
 
 const N = Number(process.env.BENCH_N ?? 15)

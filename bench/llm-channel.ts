@@ -14,8 +14,8 @@ import path from 'node:path'
 import {startFakeLlm} from '../test/fakes/llm-server.js'
 import {resolveAgent} from '../src/runtime/config/load.js'
 import type {GatewayConfig} from '../src/runtime/config/types.js'
-import {agentRunArgv, runAgentProcess} from '../src/runtime/runners/agent-run-process.js'
-import {hostLlmFor} from '../src/runtime/runners/llm-channel.js'
+import {agentRunArgv, runAgentProcess} from '../src/runtime/run-lifecycle/agent-run-process.js'
+import {hostLlmFor} from '../src/runtime/llm-channel/host.js'
 import {fmt, report, stats} from './lib.js'
 
 const RUNS = Number(process.env.BENCH_N ?? 15)

@@ -31,7 +31,7 @@ if (!fs.existsSync(helper)) {
 }
 const {compilePolicy} = await import(path.join(root, 'dist', 'sandbox', 'policy.js'))
 const {serializeRules} = await import(path.join(root, 'dist', 'sandbox', 'landlock', 'rules-file.js'))
-const {bwrapArgv, probeNamespaces} = await import(path.join(root, 'dist', 'sandbox', 'namespaces.js'))
+const {bwrapArgv, probeNamespaces} = await import(path.join(root, 'dist', 'sandbox', 'bwrap', 'namespaces.js'))
 
 // A realistic policy: the real baseline of this machine, a workspace, a private temp dir.
 const scratch = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-bench-'))

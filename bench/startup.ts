@@ -30,7 +30,7 @@ import {startFakeLlm} from '../test/fakes/llm-server.js'
 import {ensureWorkspace} from '../src/runtime/workspace/workspace.js'
 import {loadConfig, findAgent, resolveAgent} from '../src/runtime/config/load.js'
 import {containerImageContext} from '../src/runtime/container/context.js'
-import {readyIsolationImage} from '../src/runtime/runners/container.js'
+import {readyIsolationImage} from '../src/runtime/runners/container/runner.js'
 import {fmt, report, ROOT, type Stats, stats} from './lib.js'
 
 const N = Number(process.env.BENCH_N ?? 10)

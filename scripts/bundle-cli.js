@@ -265,7 +265,7 @@ const SEND_ONE_SHOT = 'send-one-shot'
 const sendOneShotApart = {
   name: 'send-one-shot-apart',
   setup(build) {
-    build.onResolve({filter: /[\\/]runtime[\\/]runners[\\/]send\.js$/}, (args) =>
+    build.onResolve({filter: /[\\/]runtime[\\/]send[\\/]one-shot\.js$/}, (args) =>
       args.kind === 'dynamic-import' && /[\\/]commands[\\/]send\.js$/.test(args.importer) ? {path: 'send-one-shot', namespace: SEND_ONE_SHOT} : undefined,
     )
     build.onResolve({filter: /^meepa-cli-bundle$/}, () => ({path: '../../bin/cli-bundle.cjs', external: true}))
@@ -285,7 +285,7 @@ const liteBundles = [
   {
     id: SEND_ONE_SHOT,
     // only the runtime's one-shot path; `run` is for its warm-up (the scratch home's agent, no provider key there)
-    entry: "import {sendOneShot} from './runtime/runners/send.js'\nexport {sendOneShot}\nexport const run = () => sendOneShot({agentId: 'meepa', channel: 'cli', content: 'hi', notice: () => {}})",
+    entry: "import {sendOneShot} from './runtime/send/one-shot.js'\nexport {sendOneShot}\nexport const run = () => sendOneShot({agentId: 'meepa', channel: 'cli', content: 'hi', notice: () => {}})",
     warm: [[]],
     notACommand: true,
   },

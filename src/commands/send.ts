@@ -1,9 +1,9 @@
 import {Args, Flags} from '@oclif/core'
 import {BaseCommand} from './base-command.js'
-import type {AgentRunOutput} from '../runtime/agent-run/contract.js'
+import type {AgentRunOutput} from '../runtime/shapes/agent-run-contract.js'
 import {GatewayError} from '../runtime/util/errors.js'
 import {sendThroughGateway} from '../runtime/connectors/local-send/client.js'
-import {FORWARDED_SIGNALS, readMessageArgument, signalExitCode} from '../runtime/runners/send-input.js'
+import {FORWARDED_SIGNALS, readMessageArgument, signalExitCode} from '../runtime/send/input.js'
 
 export default class Send extends BaseCommand<typeof Send> {
   static summary = "send one message to an agent and print its reply (runs the agent's whole loop in its isolation level)"
@@ -30,7 +30,7 @@ export default class Send extends BaseCommand<typeof Send> {
       const output =
         (await sendThroughGateway({...request, configPath: this.flags.config})) ??
         // no gateway took it: the whole run in this process (its code, config loading included, is loaded only then)
-        (await (await import('../runtime/runners/send.js')).sendOneShot({...request, configPath: this.flags.config, notice: (line) => this.logToStderr(line)})).output
+        (await (await import('../runtime/send/one-shot.js')).sendOneShot({...request, configPath: this.flags.config, notice: (line) => this.logToStderr(line)})).output
       if (!output.ok) {
         const {suggestions, ...details} = output.error.details ?? {}
         const signal = stop.signal.aborted ? String(stop.signal.reason) : undefined

@@ -4,7 +4,7 @@ import path from 'node:path'
 import {afterEach, beforeEach, describe, expect, it} from 'vitest'
 import {parseSandboxExecArgv, SANDBOX_EXEC_FLAGS} from '../../src/cli/fast-paths.js'
 import {BIN, makeHome, ROOT, type TestHome} from '../helpers/home.js'
-import {requireLandlockOrSkip} from '../sandbox/landlock-support.js'
+import {requireLandlockOrSkip} from '../helpers/landlock-support.js'
 
 describe('sandbox exec argv the fast path takes (src/cli/fast-paths.ts)', () => {
   it('takes plain flags, then `--`, then the command exactly as typed', () => {

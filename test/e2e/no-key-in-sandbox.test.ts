@@ -4,10 +4,10 @@ import {afterAll, beforeAll, describe, expect, it} from 'vitest'
 import {startFakeLlm, type FakeLlm} from '../fakes/llm-server.js'
 import {fakeLlmConfig, makeHome, runCli, type TestHome} from '../helpers/home.js'
 import {agentRunPids, whereHeld, type Holdings} from '../helpers/process-memory.js'
-import {describeWithDocker} from '../container/docker-env.js'
+import {describeWithDocker} from '../helpers/docker-env.js'
 import {loadConfig} from '../../src/runtime/config/load.js'
 import {runMessage} from '../../src/runtime/runners/run-message.js'
-import {stopStandbyContainers} from '../../src/runtime/runners/container.js'
+import {stopStandbyContainers} from '../../src/runtime/runners/container/standby-pool.js'
 
 /*
  * Issue 11, criterion 1: at every level agent-run holds no provider key. While agent-run waits for

@@ -2,7 +2,7 @@ import fs from 'node:fs'
 import path from 'node:path'
 import {afterAll, beforeAll, describe, expect, it} from 'vitest'
 import {presentedKey, startFakeLlm, type FakeLlm} from '../fakes/llm-server.js'
-import {closedPort} from '../providers/helpers.js'
+import {closedPort} from '../runtime/providers/helpers.js'
 import {fakeLlmConfig, makeHome, runCli, type TestHome} from '../helpers/home.js'
 
 /*

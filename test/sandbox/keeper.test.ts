@@ -3,7 +3,7 @@ import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
 import {describe, expect, it} from 'vitest'
-import {HELPER} from './landlock-support.js'
+import {HELPER} from '../helpers/landlock-support.js'
 
 /*
  * The keeper (meepa-sandbox --keeper-fd) on its own, without cgroups: transparent to the run's

@@ -1,6 +1,6 @@
 import type {ErrorCode} from '../util/errors.js'
-import type {ChatMessage, ChatRequest, ChatResponse, ToolDefinition} from '../providers/types.js'
-import type {AgentRunOutput} from './contract.js'
+import type {ChatMessage, ChatRequest, ChatResponse, ToolDefinition} from '../shapes/provider-types.js'
+import type {AgentRunOutput} from '../shapes/agent-run-contract.js'
 
 /**
  * The LLM channel (docs/agent-run.md): agent-run's stdin/stdout with its runner, as JSON lines.

@@ -1,5 +1,5 @@
 import {GatewayError} from '../util/errors.js'
-import type {AgentRunInput} from './contract.js'
+import type {AgentRunInput} from '../shapes/agent-run-contract.js'
 
 /** Largest stdin accepted: a message plus config is small; anything bigger is a mistake or an attack. */
 export const MAX_INPUT_BYTES = 8 * 1024 * 1024

@@ -1,5 +1,5 @@
 import {toGatewayError, type ErrorCode} from '../util/errors.js'
-import type {AgentRunOutput} from './contract.js'
+import type {AgentRunOutput} from '../shapes/agent-run-contract.js'
 
 // Kept apart from the runners so agent-run can use these without loading execa at start-up.
 

@@ -1,5 +1,5 @@
 import {GatewayError} from '../util/errors.js'
-import type {ChatRequest, ChatResponse} from '../providers/types.js'
+import type {ChatRequest, ChatResponse} from '../shapes/provider-types.js'
 import {FrameError, LineSplitter, MAX_FRAME_BYTES, parseLlmResponseFrame, type AgentRunFrame} from './channel.js'
 import {MAX_INPUT_BYTES} from './input.js'
 

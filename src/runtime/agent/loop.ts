@@ -1,6 +1,6 @@
-import type {AgentRunInput, AgentRunSuccess, ToolCallRecord, Usage} from '../agent-run/contract.js'
+import type {AgentRunInput, AgentRunSuccess, ToolCallRecord, Usage} from '../shapes/agent-run-contract.js'
 import type {Memory} from '../workspace/memory.js'
-import type {ChatMessage, ChatResponse, ChatRequest} from '../providers/types.js'
+import type {ChatMessage, ChatResponse, ChatRequest} from '../shapes/provider-types.js'
 import {buildSystemPrompt} from './prompt.js'
 import {listSkills} from './skills.js'
 import {runTool, TOOL_DEFINITIONS} from './tools.js'

@@ -1,6 +1,6 @@
 import fs from 'node:fs'
 import path from 'node:path'
-import type {InboundMessage} from '../agent-run/contract.js'
+import type {InboundMessage} from '../shapes/agent-run-contract.js'
 import type {AgentConfig} from '../config/types.js'
 import type {Skill} from './skills.js'
 

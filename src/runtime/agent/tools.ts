@@ -1,10 +1,10 @@
 import fs from 'node:fs'
 import path from 'node:path'
 import type {Memory} from '../workspace/memory.js'
-import type {ToolDefinition} from '../providers/types.js'
+import type {ToolDefinition} from '../shapes/provider-types.js'
 import {killProcessTree, killSession, sessionOf} from '../util/process-tree.js'
 import {startSubprocess} from '../util/subprocess.js'
-import {shellArgv} from '../agent-run/tool-shell.js'
+import {shellArgv} from '../shapes/tool-shell.js'
 import {listSkills} from './skills.js'
 
 /** Tool output beyond this is cut, and the result says so: models cope, prompts stay small. */

@@ -1,5 +1,5 @@
 import type {AgentConfig, ImageConfig} from '../config/types.js'
-import {isolationLevelFor} from '../runners/isolation-level.js'
+import {isolationLevelFor} from '../shapes/isolation-level.js'
 import type {AuditLog} from '../state/audit.js'
 
 const STRENGTH = {container: 2, 'host-sandbox': 1, unrestricted: 0} as const

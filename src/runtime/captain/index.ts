@@ -14,7 +14,7 @@ import {BuildJobs} from './build-jobs.js'
 import {ConfigEditor} from './config-editor.js'
 import {mountStaticUi, UI_BASE, UI_DIR} from './static.js'
 
-export {assertSafeBind, isLoopbackBind} from './bind.js'
+export {assertSafeBind, isLoopbackBind} from '../http/bind.js'
 export type {ConfigChange, ConfigListener} from './config-editor.js'
 
 export interface CaptainDeps {

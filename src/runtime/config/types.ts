@@ -62,7 +62,7 @@ export interface LimitsConfig {
   memory: string
   pids: number
   cpus: number
-  /** The workspace's size limit (see src/runtime/runners/disk-limit.ts). */
+  /** The workspace's size limit (see src/runtime/run-lifecycle/disk-limit.ts). */
   disk: string
 }
 

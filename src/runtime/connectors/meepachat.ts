@@ -1,5 +1,5 @@
 import WebSocket from 'ws'
-import type {InboundMessage} from '../agent-run/contract.js'
+import type {InboundMessage} from '../shapes/agent-run-contract.js'
 import {DEFAULT_BACKOFF, formatDelay, type BackoffOptions} from './backoff.js'
 import {ReconnectingConnector} from './reconnecting-connector.js'
 import {splitMessage} from './split-message.js'

@@ -1,6 +1,6 @@
 import {SocketModeClient} from '@slack/socket-mode'
 import {LogLevel, WebClient, type Logger, type RetryOptions} from '@slack/web-api'
-import type {InboundMessage} from '../agent-run/contract.js'
+import type {InboundMessage} from '../shapes/agent-run-contract.js'
 import {DEFAULT_BACKOFF, formatDelay, type BackoffOptions} from './backoff.js'
 import {ReconnectingConnector} from './reconnecting-connector.js'
 import {splitMessage} from './split-message.js'

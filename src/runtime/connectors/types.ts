@@ -1,4 +1,4 @@
-import type {InboundMessage} from '../agent-run/contract.js'
+import type {AgentRunOutput, InboundMessage} from '../shapes/agent-run-contract.js'
 
 /** How the gateway answers one inbound message on the platform it came from. */
 export interface Delivery {
@@ -32,4 +32,45 @@ export interface ConnectorContext {
   /** One line per state change, for the operator. */
   log: (line: string) => void
   onMessage: InboundHandler
+}
+
+/**
+ * What a connector that follows its message to the end (web chat, local send) needs of the
+ * gateway: hand the message over and learn how it ended. The gateway's Dispatcher is one; the
+ * connectors own this interface so that they do not import the gateway that imports them.
+ */
+export interface MessageDispatcher {
+  /** False once the gateway is stopping. */
+  readonly accepting: boolean
+  dispatch(agentId: string, message: InboundMessage, delivery: Delivery, extras?: DispatchExtras): DispatchTicket
+}
+
+/** What the sender of one message adds: a way to stop its run, and its progress lines (`send` over the local socket). */
+export interface DispatchExtras {
+  /** Aborting stops the run (a reason such as 'SIGINT' is forwarded to it first). */
+  signal?: AbortSignal
+  onLog?: (line: string) => void
+  /** Asked when the message's turn comes: a reason hands it back to its sender unrun (no record, no reply). */
+  notRunBecause?: () => string | undefined
+}
+
+export type DispatchStatus = 'ok' | 'failed' | 'interrupted' | 'rejected'
+
+export interface DispatchOutcome {
+  runId: string
+  status: DispatchStatus
+  /** Exactly what was sent to the user. */
+  reply: string
+  output?: AgentRunOutput
+  /** Why a `rejected` message never ran. */
+  rejectedBecause?: 'busy' | 'stopping'
+  /** Why a message was handed back unrun when its turn came (DispatchExtras.notRunBecause). */
+  notRunBecause?: string
+}
+
+export interface DispatchTicket {
+  runId: string
+  accepted: boolean
+  /** Settles once the reply went out (or could not); never rejects. */
+  done: Promise<DispatchOutcome>
 }

@@ -1,6 +1,6 @@
 import type {IncomingMessage} from 'node:http'
-import type {InboundMessage} from '../agent-run/contract.js'
-import type {Dispatcher} from '../gateway/dispatcher.js'
+import type {InboundMessage} from '../shapes/agent-run-contract.js'
+import type {MessageDispatcher} from './types.js'
 import {bearerToken, readJsonObject, sendJson} from '../http/json.js'
 import {HttpError, type Router} from '../http/router.js'
 import type {ApiKeys} from '../state/api-keys.js'
@@ -14,7 +14,7 @@ export interface ChatCaller {
 
 export interface WebChatOptions {
   router: Router
-  dispatcher: Dispatcher
+  dispatcher: MessageDispatcher
   agentIds: () => string[]
   /** The caller of a request, from its bearer token; throws HttpError 401 without a valid one. */
   caller: (req: IncomingMessage) => ChatCaller

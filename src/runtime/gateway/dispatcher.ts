@@ -1,6 +1,6 @@
-import type {AgentRunOutput, InboundMessage} from '../agent-run/contract.js'
+import type {AgentRunOutput, InboundMessage} from '../shapes/agent-run-contract.js'
 import type {IsolationLevel} from '../config/types.js'
-import type {Delivery} from '../connectors/types.js'
+import type {Delivery, DispatchExtras, DispatchOutcome, DispatchStatus, DispatchTicket, MessageDispatcher} from '../connectors/types.js'
 import type {RunMessageResult} from '../runners/run-message.js'
 import {failure} from '../agent-run/output.js'
 import {abortSignalName} from '../util/subprocess.js'
@@ -15,36 +15,6 @@ const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve,
 
 /** Runs one message for one agent: `runMessage` in production, a stub in queueing tests. */
 export type RunFunction = (request: {agentId: string; message: InboundMessage; runId: string; signal: AbortSignal; onLog?: (line: string) => void}) => Promise<RunMessageResult>
-
-/** What the sender of one message adds: a way to stop its run, and its progress lines (`send` over the local socket). */
-export interface DispatchExtras {
-  /** Aborting stops the run (a reason such as 'SIGINT' is forwarded to it first). */
-  signal?: AbortSignal
-  onLog?: (line: string) => void
-  /** Asked when the message's turn comes: a reason hands it back to its sender unrun (no record, no reply). */
-  notRunBecause?: () => string | undefined
-}
-
-export type DispatchStatus = 'ok' | 'failed' | 'interrupted' | 'rejected'
-
-export interface DispatchOutcome {
-  runId: string
-  status: DispatchStatus
-  /** Exactly what was sent to the user. */
-  reply: string
-  output?: AgentRunOutput
-  /** Why a `rejected` message never ran. */
-  rejectedBecause?: 'busy' | 'stopping'
-  /** Why a message was handed back unrun when its turn came (DispatchExtras.notRunBecause). */
-  notRunBecause?: string
-}
-
-export interface DispatchTicket {
-  runId: string
-  accepted: boolean
-  /** Settles once the reply went out (or could not); never rejects. */
-  done: Promise<DispatchOutcome>
-}
 
 export interface DispatcherOptions {
   queue: RunQueue
@@ -62,7 +32,7 @@ export interface DispatcherOptions {
  * message → agent queue → run → reply through the same connector, with a run record for
  * every message: inserted as `running` before the run, updated when it ends.
  */
-export class Dispatcher {
+export class Dispatcher implements MessageDispatcher {
   private stopping = false
   private readonly inFlight = new Set<AbortController>()
   private endGrace: (() => void) | undefined

@@ -1,5 +1,5 @@
 import fs from 'node:fs'
-import {dockerEngineProblem} from '../runners/engine-health.js'
+import {dockerEngineProblem} from '../runners/container/engine-health.js'
 
 /** Below this much free space in the gateway's home, new records and histories are about to fail. */
 const LOW_DISK_BYTES = 16 * 1024 * 1024

@@ -1,4 +1,4 @@
-import type {AgentRunFailure} from '../agent-run/contract.js'
+import type {AgentRunFailure} from '../shapes/agent-run-contract.js'
 
 /** What the sender reads; the operator gets the full story in the run record and the log. */
 export const BUSY_REPLY = "I'm busy with other messages right now, so I couldn't take this one. Please try again in a minute."

@@ -15,7 +15,7 @@ export interface AgentPolicyContext {
   configPath?: string
   /** The operator's home (dotfiles denied); defaults to os.homedir(). */
   operatorHome?: string
-  /** The run starts inside bubblewrap's namespaces (see src/sandbox/namespaces.ts). */
+  /** The run starts inside bubblewrap's namespaces (see src/sandbox/bwrap/namespaces.ts). */
   namespaces?: boolean
 }
 

@@ -9,7 +9,7 @@ import type {LoadedConfig} from '../config/types.js'
 import {GatewayError} from '../util/errors.js'
 import {randomHex} from '../util/random.js'
 import {APP_ROOT} from '../util/app-root.js'
-import {isolationLevelFor} from '../runners/isolation-level.js'
+import {isolationLevelFor} from '../shapes/isolation-level.js'
 import {openAgentSandbox, spawnInSandbox, type AgentSandbox} from './exec.js'
 import {reclaimWorkspace} from '../workspace/owner.js'
 

@@ -3,10 +3,10 @@ import os from 'node:os'
 import path from 'node:path'
 import {agentPolicy} from './agent-policy.js'
 import {loweringWarnings, namespaceGaps} from '../../sandbox/landlock/enforcement.js'
-import {probeNamespaces} from '../../sandbox/namespaces.js'
+import {probeNamespaces} from '../../sandbox/bwrap/namespaces.js'
 import {probeRecord} from '../util/paths.js'
 import type {LoadedConfig} from '../config/types.js'
-import {isolationLevelFor} from '../runners/isolation-level.js'
+import {isolationLevelFor} from '../shapes/isolation-level.js'
 import {workspacePath} from '../workspace/location.js'
 
 // Apart from exec.ts on purpose: `config check` loads only this, not what running a command needs (execa, the run database).

@@ -1,6 +1,6 @@
 import http from 'node:http'
 import type {AddressInfo} from 'node:net'
-import {isLoopbackBind} from '../captain/bind.js'
+import {isLoopbackBind} from './bind.js'
 import {capConnections, connectionCap} from './connection-cap.js'
 import {GatewayError} from '../util/errors.js'
 import {sendError} from './json.js'

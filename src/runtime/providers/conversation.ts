@@ -1,4 +1,4 @@
-import type {ChatMessage} from './types.js'
+import type {ChatMessage} from '../shapes/provider-types.js'
 
 const MISSING_RESULT = 'No result was recorded for this tool call.'
 

@@ -2,10 +2,10 @@ import type {ProviderConfig, ProviderKind, ProvidersConfig} from '../config/type
 import {GatewayError} from '../util/errors.js'
 import {ProviderFailure} from './failure.js'
 import {type AttemptRecord, chatWithRetries, type RetryOptions, retryOptions} from './retry.js'
-import type {ChatProvider, ChatRequest, ChatResponse} from './types.js'
+import type {ChatProvider, ChatRequest, ChatResponse} from '../shapes/provider-types.js'
 
 export type {AttemptRecord} from './retry.js'
-export type {ChatMessage, ChatProvider, ChatRequest, ChatResponse, ToolCall, ToolDefinition} from './types.js'
+export type {ChatMessage, ChatProvider, ChatRequest, ChatResponse, ToolCall, ToolDefinition} from '../shapes/provider-types.js'
 
 /** The agent loop's one door to the LLMs: the primary, then each fallback in order. */
 export interface ProviderChain {

@@ -11,7 +11,7 @@ import type {ProviderConfig} from '../config/types.js'
 import {repairToolPairs} from './conversation.js'
 import {failureFromSdkError, incompleteStream, ProviderFailure} from './failure.js'
 import {preconnect, sdkClientOptions} from './http-fetch.js'
-import type {ChatMessage, ChatProvider, ChatRequest, ChatResponse, ToolCall, ToolDefinition} from './types.js'
+import type {ChatMessage, ChatProvider, ChatRequest, ChatResponse, ToolCall, ToolDefinition} from '../shapes/provider-types.js'
 
 /**
  * `kind: openai`: Chat Completions through the official SDK, against api.openai.com or any

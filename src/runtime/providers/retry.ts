@@ -3,7 +3,7 @@ import {setTimeout as delay} from 'node:timers/promises'
 import type {ProviderConfig} from '../config/types.js'
 import {GatewayError} from '../util/errors.js'
 import {failureFromSdkError, ProviderFailure} from './failure.js'
-import type {ChatProvider, ChatRequest, ChatResponse} from './types.js'
+import type {ChatProvider, ChatRequest, ChatResponse} from '../shapes/provider-types.js'
 
 export const DEFAULT_MAX_RETRIES = 2
 export const DEFAULT_TIMEOUT_SECONDS = 120

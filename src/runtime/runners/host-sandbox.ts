@@ -1,19 +1,19 @@
-import type {AgentRunOutput} from '../agent-run/contract.js'
+import type {AgentRunOutput} from '../shapes/agent-run-contract.js'
 import {agentPolicy, sandboxPath} from '../host-sandbox/agent-policy.js'
 import {kernelGaps, namespaceGaps} from '../../sandbox/landlock/enforcement.js'
 import {HELPER_SETUP_EXIT, probeKernel, requireHelper} from '../../sandbox/landlock/helper.js'
 import {serializeRules} from '../../sandbox/landlock/rules-file.js'
-import {bwrapArgv, probeNamespaces, rememberedLayerBroke, type NamespaceProbe} from '../../sandbox/namespaces.js'
+import {bwrapArgv, probeNamespaces, rememberedLayerBroke, type NamespaceProbe} from '../../sandbox/bwrap/namespaces.js'
 import {probeRecord} from '../util/paths.js'
 import {sizeBytes} from '../config/size.js'
-import {SANDBOX_HELPER_ENV} from '../agent-run/tool-shell.js'
+import {SANDBOX_HELPER_ENV} from '../shapes/tool-shell.js'
 import type {SandboxPolicy} from '../../sandbox/policy.js'
 import {seatbeltInvocation} from '../../sandbox/seatbelt/profile.js'
 import {prepareWorkspaceForPolicy} from '../host-sandbox/workspace-prep.js'
 import {reclaimWorkspace} from '../workspace/owner.js'
 import {failure, failureFromError} from '../agent-run/output.js'
-import {agentRunArgv, runAgentProcess} from './agent-run-process.js'
-import {agentEnvironment, withPrivateTmp} from './private-tmp.js'
+import {agentRunArgv, runAgentProcess} from '../run-lifecycle/agent-run-process.js'
+import {agentEnvironment, withPrivateTmp} from '../run-lifecycle/private-tmp.js'
 import type {RunRequest, Runner} from './types.js'
 
 export interface Launch {
@@ -38,27 +38,27 @@ export const hostSandboxRunner: Runner = {
       let launch: Launch
       let namespaces: NamespaceProbe | undefined
       try {
-        reclaimWorkspace(request.workspace)
+        reclaimWorkspace(request.input.workspace)
         namespaces = process.platform === 'linux' ? await probeNamespaces({cacheFile: probeRecord(request.home, 'namespace')}) : undefined
         const compile = () =>
           agentPolicy({
-            agent: request.agent,
+            agent: request.input.agent,
             config: request.config,
             home: request.home,
-            workspace: request.workspace,
+            workspace: request.input.workspace,
             tmpDir: tmp,
             configPath: request.configPath,
             namespaces: namespaces?.available,
           })
         let policy = compile()
-        if (prepareWorkspaceForPolicy(request.workspace, policy)) policy = compile()
+        if (prepareWorkspaceForPolicy(request.input.workspace, policy)) policy = compile()
         for (const note of policy.notes) request.onLog?.(`sandbox: ${note}`)
-        const env = {...agentEnvironment(request.workspace, tmp), PATH: sandboxPath()}
+        const env = {...agentEnvironment(request.input.workspace, tmp), PATH: sandboxPath()}
         if (process.platform === 'darwin') launch = {argv: seatbeltInvocation(policy, agentRunArgv()).argv, env}
         else {
           const policyGaps = namespaceGaps(policy, namespaces)
           if (policy.bestEffort) for (const gap of policyGaps) request.onLog?.(`sandbox: best effort, NOT enforced: ${gap}`)
-          const linux = await linuxLaunch(policy, env, {bwrap: namespaces?.available ? bwrapArgv(namespaces.bwrap!, policy, request.home, {path: tmp, bytes: sizeBytes(request.agent.limits.disk, 'limits.disk')}) : [], policyGaps, home: request.home})
+          const linux = await linuxLaunch(policy, env, {bwrap: namespaces?.available ? bwrapArgv(namespaces.bwrap!, policy, request.home, {path: tmp, bytes: sizeBytes(request.input.agent.limits.disk, 'limits.disk')}) : [], policyGaps, home: request.home})
           if ('error' in linux) return failure(runId, 'E_SANDBOX', linux.error, false, {gaps: linux.gaps, fix: linux.fix})
           launch = linux
         }
@@ -67,14 +67,14 @@ export const hostSandboxRunner: Runner = {
       }
       const output = await runAgentProcess({
         ...launch,
-        cwd: request.workspace,
+        cwd: request.input.workspace,
         input: request.input,
         llm: request.llm,
         timeoutMs: request.timeoutMs,
         signal: request.signal,
         onStderr: request.onLog,
         onStarted: request.onStarted,
-        ownership: {home: request.home, runId, limits: request.agent.limits, workspace: request.workspace, tmpDir: tmp},
+        ownership: {home: request.home, runId, limits: request.input.agent.limits, workspace: request.input.workspace, tmpDir: tmp},
       })
       // bwrap failed where a remembered probe said it works: agent-run never started; once more, as the layer is now
       if (namespaces && bwrapFailed(output) && (await rememberedLayerBroke(namespaces, probeRecord(request.home, 'namespace')))) {

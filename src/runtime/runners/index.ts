@@ -9,7 +9,7 @@ export async function runnerFor(level: IsolationLevel): Promise<Runner> {
     case 'host-sandbox':
       return (await import('./host-sandbox.js')).hostSandboxRunner
     case 'container':
-      return (await import('./container.js')).containerRunner
+      return (await import('./container/runner.js')).containerRunner
     default:
       throw new GatewayError('E_ISOLATION_UNAVAILABLE', `the ${level} isolation level is not available in this build`, {
         suggestions: ['run with --unrestricted to run without isolation (only for trusted agents)'],
@@ -17,9 +17,9 @@ export async function runnerFor(level: IsolationLevel): Promise<Runner> {
   }
 }
 
-/** Removes the standby containers this process started; returns those a hung engine kept (see container.ts). */
+/** Removes the standby containers this process started; returns those a hung engine kept (see container/standby-pool.ts). */
 export async function stopStandbyContainers(): Promise<string[]> {
-  return (await import('./container.js')).stopStandbyContainers()
+  return (await import('./container/standby-pool.js')).stopStandbyContainers()
 }
 
 /** Ends the standby agent-runs this process started for a gateway home (see standby-agent-runs.ts). */
@@ -27,8 +27,8 @@ export async function stopStandbyAgentRuns(home: string): Promise<void> {
   return (await import('./standby-agent-runs.js')).stopStandbyAgentRuns(home)
 }
 
-/** Gives up on Docker work still pending at exit (see container.ts); returns the containers left behind. */
+/** Gives up on Docker work still pending at exit (see container/removals.ts); returns the containers left behind. */
 export async function abandonEngineWork(): Promise<string[]> {
-  return (await import('./container.js')).abandonEngineWork()
+  return (await import('./container/removals.js')).abandonEngineWork()
 }
 

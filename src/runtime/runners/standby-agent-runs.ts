@@ -1,5 +1,5 @@
-import {startAgentProcess, type AgentProcessLaunch, type StartedAgentProcess} from './agent-run-process.js'
-import {makePrivateTmp, removePrivateTmp} from './private-tmp.js'
+import {startAgentProcess, type AgentProcessLaunch, type StartedAgentProcess} from '../run-lifecycle/agent-run-process.js'
+import {makePrivateTmp, removePrivateTmp} from '../run-lifecycle/private-tmp.js'
 import {randomHex} from '../util/random.js'
 
 /**

@@ -1,6 +1,6 @@
-import type {AgentRunInput, AgentRunOutput} from '../agent-run/contract.js'
-import type {AgentConfig, GatewayConfig, IsolationLevel} from '../config/types.js'
-import type {HostLlm} from './llm-channel.js'
+import type {AgentRunInput, AgentRunOutput} from '../shapes/agent-run-contract.js'
+import type {GatewayConfig, IsolationLevel} from '../config/types.js'
+import type {HostLlm} from '../llm-channel/host.js'
 
 /** What a running gateway says about the runs it prepares ahead. */
 export interface StandbyOptions {
@@ -12,18 +12,15 @@ export interface StandbyOptions {
 
 /** Everything a runner needs to run one message for one agent. */
 export interface RunRequest {
-  /** What agent-run gets on stdin: no provider key (they stay with `llm`). */
+  /** What agent-run gets on stdin: no provider key (they stay with `llm`). The agent and its workspace's host path are read from here. */
   input: AgentRunInput
   /** The agent's providers, called on the host for each llm_request agent-run sends. */
   llm: HostLlm
-  agent: AgentConfig
   config: GatewayConfig
   /** MEEPAGATEWAY_HOME: the runner must keep it out of the agent's reach. */
   home: string
   /** The config file actually loaded (--config may put it outside MEEPAGATEWAY_HOME); kept out of reach too. */
   configPath?: string
-  /** Host path of the agent's workspace. */
-  workspace: string
   /** Wall-clock limit for the whole run; past it the run and everything it started is killed. */
   timeoutMs: number
   signal?: AbortSignal

@@ -1,5 +1,5 @@
-import {agentRunArgv, runAgentProcess, type AgentProcessLaunch} from './agent-run-process.js'
-import {agentEnvironment, removePrivateTmp, withPrivateTmp} from './private-tmp.js'
+import {agentRunArgv, runAgentProcess, type AgentProcessLaunch} from '../run-lifecycle/agent-run-process.js'
+import {agentEnvironment, removePrivateTmp, withPrivateTmp} from '../run-lifecycle/private-tmp.js'
 import {prepareStandbyAgentRun, takeStandbyAgentRun} from './standby-agent-runs.js'
 import type {RunRequest, Runner} from './types.js'
 
@@ -11,15 +11,15 @@ import type {RunRequest, Runner} from './types.js'
 export const unrestrictedRunner: Runner = {
   level: 'unrestricted',
   run: async (request: RunRequest) => {
-    const slot = `${request.home}\0${request.agent.id}`
+    const slot = `${request.home}\0${request.input.agent.id}`
     // what a standby must have been started with to serve this request (the rest is this process's)
-    const key = JSON.stringify([request.workspace, request.agent.limits])
+    const key = JSON.stringify([request.input.workspace, request.input.agent.limits])
     const launchFor = (tmpDir: string, processId: string): AgentProcessLaunch => ({
       argv: agentRunArgv(),
-      env: agentEnvironment(request.workspace, tmpDir),
-      cwd: request.workspace,
+      env: agentEnvironment(request.input.workspace, tmpDir),
+      cwd: request.input.workspace,
       quietUntilInput: true,
-      ownership: {home: request.home, runId: processId, limits: request.agent.limits, workspace: request.workspace, tmpDir},
+      ownership: {home: request.home, runId: processId, limits: request.input.agent.limits, workspace: request.input.workspace, tmpDir},
     })
     const run = {input: request.input, llm: request.llm, timeoutMs: request.timeoutMs, signal: request.signal, onStderr: request.onLog, onStarted: request.onStarted}
     const ahead = typeof request.standby === 'object' ? request.standby : request.standby ? {wanted: () => true, log: (line: string) => request.onLog?.(line)} : undefined
@@ -33,7 +33,7 @@ export const unrestrictedRunner: Runner = {
       }
     } finally {
       // once the reply is on its way; never once the gateway is stopping
-      if (ahead) setImmediate(() => ahead.wanted() && prepareStandbyAgentRun(slot, key, launchFor, (line) => ahead.log(`standby agent-run of agent ${request.agent.id}: ${line}`)))
+      if (ahead) setImmediate(() => ahead.wanted() && prepareStandbyAgentRun(slot, key, launchFor, (line) => ahead.log(`standby agent-run of agent ${request.input.agent.id}: ${line}`)))
     }
   },
 }

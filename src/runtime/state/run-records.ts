@@ -1,5 +1,5 @@
 import type {IsolationLevel} from '../config/types.js'
-import type {AgentRunOutput} from '../agent-run/contract.js'
+import type {AgentRunOutput} from '../shapes/agent-run-contract.js'
 import {readGatewayDb, type GatewayDb} from './gateway-db.js'
 
 export type RunStatus = 'running' | 'ok' | 'failed' | 'interrupted' | 'rejected'

@@ -1,6 +1,6 @@
 import fs from 'node:fs'
 import type {IsolationLevel, LoadedConfig} from '../config/types.js'
-import {isolationLevelFor} from '../runners/isolation-level.js'
+import {isolationLevelFor} from '../shapes/isolation-level.js'
 import {workspacePath} from './location.js'
 
 export interface AgentSummary {

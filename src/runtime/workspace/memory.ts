@@ -4,7 +4,7 @@ import path from 'node:path'
 import {GatewayError} from '../util/errors.js'
 import {openSqlite} from '../util/sqlite.js'
 import {isSqliteDamage} from '../state/sqlite-damage.js'
-import type {ChatMessage} from '../providers/types.js'
+import type {ChatMessage} from '../shapes/provider-types.js'
 
 /** Per-channel history is bounded so prompts stay small; oldest entries go first. */
 export const HISTORY_LIMIT = 40

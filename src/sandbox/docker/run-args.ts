@@ -1,7 +1,7 @@
 import type {ContainerNetwork} from '../../runtime/config/types.js'
 import {GatewayError} from '../../runtime/util/errors.js'
 import {CONTAINER_APP, CONTAINER_NODE} from './dockerfile.js'
-import {SANDBOX_HELPER_ENV, SANDBOX_LISTEN_ENV} from '../../runtime/agent-run/tool-shell.js'
+import {SANDBOX_HELPER_ENV, SANDBOX_LISTEN_ENV} from '../../runtime/shapes/tool-shell.js'
 import {IN_CONTAINER_ENV} from '../../runtime/agent-run/in-container.js'
 
 /** Everything that decides the `docker run` of one message (docs/isolation.md, container mode). */

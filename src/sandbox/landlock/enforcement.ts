@@ -1,5 +1,5 @@
 import type {SandboxPolicy} from '../policy.js'
-import type {NamespaceProbe} from '../namespaces.js'
+import type {NamespaceProbe} from '../bwrap/namespaces.js'
 import type {KernelProbe} from './helper.js'
 import {FS_RIGHTS, RIGHT_SINCE_ABI, type FsRight} from './rights.js'
 

@@ -1,6 +1,6 @@
 import {GatewayError} from '../../runtime/util/errors.js'
 import type {SandboxPolicy} from '../policy.js'
-import {namespaceRemounts} from '../namespaces.js'
+import {namespaceRemounts} from '../bwrap/namespaces.js'
 
 /**
  * The text the helper reads on its rules fd (format documented in native/meepa-sandbox.c).

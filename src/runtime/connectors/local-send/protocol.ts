@@ -1,7 +1,7 @@
 import fs from 'node:fs'
 import path from 'node:path'
 import {buildIdentity} from '../../util/build-identity.js'
-import type {AgentRunOutput} from '../../agent-run/contract.js'
+import type {AgentRunOutput} from '../../shapes/agent-run-contract.js'
 
 /**
  * `send` and a running gateway of the same MEEPAGATEWAY_HOME (docs/architecture.md, "send through

@@ -1,10 +1,9 @@
 import crypto from 'node:crypto'
 import fs from 'node:fs'
 import net from 'node:net'
-import type {InboundMessage} from '../../agent-run/contract.js'
+import type {InboundMessage} from '../../shapes/agent-run-contract.js'
 import {LineSplitter} from '../../agent-run/channel.js'
-import type {Dispatcher} from '../../gateway/dispatcher.js'
-import type {RunQueue} from '../../gateway/run-queue.js'
+import type {MessageDispatcher} from '../types.js'
 import {randomHex} from '../../util/random.js'
 import {buildIdentity} from '../../util/build-identity.js'
 import {LOCAL_SEND_VERSION, localSendDir, localSendSocket, localSendToken, sameRunDigest, type LocalSendAnswer, type LocalSendHello, type LocalSendRequest} from './protocol.js'
@@ -28,8 +27,9 @@ export interface LocalSendOptions {
   /** `serve --unrestricted`: a request must say the same. */
   unrestricted: boolean
   agentIds: () => string[]
-  dispatcher: Dispatcher
-  queue: RunQueue
+  dispatcher: MessageDispatcher
+  /** The gateway's run queue: whether an agent's queue has room for one more message. */
+  queue: {hasRoom(agentId: string): boolean}
   log: (line: string) => void
 }
 

@@ -1,0 +1,413 @@
+import fs from 'node:fs'
+import {setTimeout as sleep} from 'node:timers/promises'
+import path from 'node:path'
+import {dockerCli, type DockerCli} from '../../../sandbox/docker/cli.js'
+import {dockerMissing, engineErrorOf} from '../../../sandbox/docker/errors.js'
+import {homeLabel} from '../../../sandbox/docker/containers.js'
+import {CONTAINER_APP, LABEL, sha256} from '../../../sandbox/docker/dockerfile.js'
+import {ensureContainerImage, ensureIsolationImage, planImages, type ImageContext} from '../../../sandbox/docker/images.js'
+import {CONTAINER_WORKSPACE, containerNameFor} from '../../../sandbox/docker/run-args.js'
+import type {AgentRunOutput} from '../../shapes/agent-run-contract.js'
+import {withAgentLock} from '../../workspace/agent-lock.js'
+import {handWorkspaceTo} from '../../workspace/owner.js'
+import type {AgentConfig, GatewayConfig} from '../../config/types.js'
+import {DEFAULT_GATEWAY} from '../../config/defaults.js'
+import {randomHex} from '../../util/random.js'
+import {containerImageContext} from '../../container/context.js'
+import {GatewayError, toGatewayError} from '../../util/errors.js'
+import {KeyedQueue} from '../../util/keyed-queue.js'
+import {signalChild} from '../../util/subprocess.js'
+import {failure, failureFromError, outOfMemory, parseAgentRunOutput} from '../../agent-run/output.js'
+import {helperPath} from '../../../sandbox/landlock/helper-path.js'
+import {APP_ROOT} from '../../util/app-root.js'
+import {dockerEngineProblem, reportEngineAnswered, reportEngineProblem} from './engine-health.js'
+import {engineAnswers, ENGINE_PING_TIMEOUT_MS} from './engine-watch.js'
+import {startAgentContainer, type AgentContainer, type RunShape} from './agent-container.js'
+import {prepareStandby, STANDBY_IDLE_MS, takeStandby} from './standby-pool.js'
+import {engineApiFor, removeWhenEngineAnswers, scheduleRemoval, trackRemoval, watchEngineOwingRemovals} from './removals.js'
+import {forgetRunProcess, recordRunProcess} from '../../run-lifecycle/run-processes.js'
+import {sizeBytes} from '../../config/size.js'
+import {diskFull, diskUsage, watchDiskUsage} from '../../run-lifecycle/disk-limit.js'
+import {cappedLog} from '../../run-lifecycle/agent-run-process.js'
+import type {RunRequest, Runner} from '../types.js'
+import {AgentRunChannel} from '../../llm-channel/host.js'
+
+/**
+ * Container level: one fresh, hardened container per message (docs/isolation.md), running the
+ * same `agent-run` as every level, from the agent's isolation image (built on first use).
+ */
+export const containerRunner: Runner = {
+  level: 'container',
+  run: (request) => runInContainer(request),
+}
+
+/** One run per agent at a time, different agents side by side up to gateway.max_concurrent_runs. */
+const runQueue = new KeyedQueue({concurrency: DEFAULT_GATEWAY.max_concurrent_runs})
+
+/** The docker client gets this long past the run's deadline to notice its container died. */
+const CLIENT_GRACE_MS = 30_000
+/**
+ * How long `docker kill` (and then the client's exit) may take before the engine counts as hung
+ * and the docker client is killed instead: a run must end within its timeout + 5 s whatever the engine does.
+ */
+const KILL_TIMEOUT_MS = 2_000
+/** After a kill the engine answered, how long the docker client may take to notice its container died. */
+const CLIENT_EXIT_AFTER_KILL_MS = 3_000
+
+/** What the user and the operator are told when the engine stopped answering during a run. */
+export const ENGINE_HUNG_MESSAGE = 'the Docker engine did not answer; the container may still be running and will be removed when the engine answers'
+
+export async function runInContainer(request: RunRequest, options: {cli?: DockerCli} = {}): Promise<AgentRunOutput> {
+  const cli = options.cli ?? dockerCli()
+  const runId = request.input.run_id
+  const log = request.onLog ?? ((line: string) => process.stderr.write(`${line}\n`))
+  try {
+    runQueue.setConcurrency(request.config.gateway.max_concurrent_runs)
+    // In a running gateway the reply goes out when agent-run sends its result; the run keeps its
+    // slot and the agent's lock until its container has exited (its teardown, ~100 ms, is not the
+    // user's wait). `send` waits for the exit: the process ends after the reply.
+    let answer: (output: AgentRunOutput) => void = () => {}
+    const answered = new Promise<AgentRunOutput>((resolve) => {
+      if (request.standby) answer = resolve
+    })
+    const whole = runQueue.run(
+      request.input.agent.id,
+      () => withAgentLock(request.home, request.input.agent.id, () => runOnce(request, cli, log, answer), {
+        signal: request.signal,
+        onWait: (pid) => log(`agent ${request.input.agent.id} is busy with another run (process ${pid}); waiting for it to finish`),
+      }),
+      {signal: request.signal},
+    )
+    void trackRemoval(whole.then(() => {}, () => {}))
+    const output = await Promise.race([answered, whole])
+    // a hung engine would only leave one more docker client hanging
+    if (request.standby && request.input.agent.container_mode.standby && !dockerEngineProblem()) {
+      prepareStandby(standbySlot(request), cli, async (signal) => {
+        const image = await readyIsolationImage(request.config, request.input.agent, imageContextFor(request.home, cli, {signal}))
+        const name = containerNameFor(`standby_${randomHex(8)}`)
+        return () => startAgentContainer(cli, runShape(request, image), {name, run: 'standby', clientTimeoutMs: STANDBY_IDLE_MS + request.timeoutMs + CLIENT_GRACE_MS})
+      }, log)
+    }
+    return output
+  } catch (error) {
+    const failed = toGatewayError(error)
+    if (failed.code === 'E_DOCKER_DOWN' || failed.code === 'E_DOCKER_HUNG') {
+      // /healthz says "engine down" until the engine answers again
+      reportEngineProblem(failed.message.split('\n')[0] ?? failed.code)
+      watchEngineOwingRemovals(cli)
+    }
+    return failureFromError(runId, error)
+  }
+}
+
+/**
+ * How long a verified isolation image is trusted without checking again. Checking costs a few
+ * docker calls per message; within this window a rebuilt base is only picked up a little later
+ * (the run still uses whatever the tag points to).
+ */
+const VERIFIED_IMAGE_TTL_MS = 30_000
+const verifiedImages = new Map<string, {image: ReadyImage; at: number}>()
+
+export interface ReadyImage {
+  tag: string
+  /** The image the tag points to now: a standby started from an older one is not used. */
+  id: string
+}
+
+/** The isolation image of the agent: its container image and the runtime, each built when missing or stale. */
+export async function readyIsolationImage(config: GatewayConfig, agent: AgentConfig, context: ImageContext): Promise<ReadyImage> {
+  const key = JSON.stringify([config.image_config, agent.container_mode.image, context.cacheDir])
+  const verified = verifiedImages.get(key)
+  if (verified && Date.now() - verified.at < VERIFIED_IMAGE_TTL_MS) return verified.image
+  const plan = await planImages(config, agent, context)
+  await ensureContainerImage(plan, context)
+  const {id} = await ensureIsolationImage(plan, context)
+  const image = {tag: plan.isolationTag, id}
+  verifiedImages.set(key, {image, at: Date.now()})
+  return image
+}
+
+/** Image checks over the engine's API where there is one (see engineApiFor). */
+function imageContextFor(home: string, cli: DockerCli, options: {signal: AbortSignal; onLog?: (line: string) => void}): ImageContext {
+  return containerImageContext(home, {cli, ...options, engine: engineApiFor(cli)})
+}
+
+async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) => void, onAnswer: (output: AgentRunOutput) => void = () => {}): Promise<AgentRunOutput> {
+  const {input} = request
+  const {agent} = input
+  const runId = input.run_id
+  const diskLimit = sizeBytes(agent.limits.disk, 'limits.disk')
+  const usageBefore = await diskUsage([request.input.workspace])
+  if (usageBefore > diskLimit) return diskFull(runId, agent.limits.disk, usageBefore, request.input.workspace, 'before')
+  const deadline = Date.now() + request.timeoutMs
+  const image = await readyBeforeDeadline(cli, deadline, request.signal, (signal) => readyIsolationImage(request.config, agent, imageContextFor(request.home, cli, {signal, onLog: log})))
+  const shape = runShape(request, image)
+  const standby = takeStandby(standbySlot(request), shape.key)
+  if (standby) log(`running in standby container ${standby.name}, started before this message arrived`)
+  const container = standby ?? startAgentContainer(cli, shape, {name: containerNameFor(runId), run: runId, clientTimeoutMs: request.timeoutMs + CLIENT_GRACE_MS})
+  container.log = cappedLog(log)
+  const {name, child} = container
+  // the keeper removes the container if this process dies; the record covers the keeper dying too
+  recordRunProcess(request.home, {runId, keeperPid: child.pid, cgroups: [], container: name}, log)
+  request.onStarted?.()
+  // limits.disk: the workspace is a bind mount, measured from here (see disk-limit.ts)
+  let diskOver = false
+  const diskWatch = watchDiskUsage([request.input.workspace], diskLimit, () => {
+    diskOver = true
+    void cli.exec(['kill', name], {timeoutMs: KILL_TIMEOUT_MS}).catch(() => {})
+  })
+  try {
+    const output = await runInStartedContainer(request, cli, container, shape.spec.forwardEnv, onAnswer)
+    const atEnd = await diskWatch.stop()
+    return diskOver || atEnd.over ? diskFull(runId, agent.limits.disk, atEnd.usage, request.input.workspace, 'during') : output
+  } finally {
+    void diskWatch.stop()
+    forgetRunProcess(request.home, runId)
+  }
+}
+
+async function runInStartedContainer(
+  request: RunRequest,
+  cli: DockerCli,
+  container: AgentContainer,
+  forwardEnv: string[],
+  onAnswer: (output: AgentRunOutput) => void,
+): Promise<AgentRunOutput> {
+  const {input} = request
+  const {agent} = input
+  const runId = input.run_id
+  const log = container.log
+  const {name, child} = container
+  // The input goes in on stdin, then the LLM channel runs over the same pipe; forwarded secrets
+  // reach the engine through the docker CLI's own environment (`-e NAME` without a value), never argv.
+  let channelBroken = false
+  const channel = new AgentRunChannel(
+    child.stdin!,
+    child.stdout!,
+    {...input, workspace: CONTAINER_WORKSPACE, env_secrets: forwardEnv},
+    request.llm,
+    () => {
+      channelBroken = true
+      stop('violation')
+    },
+    () => {
+      if (!stopped) onAnswer(channel.outcome()!)
+    },
+  )
+
+  // The deadline kills the container itself: killing only the docker client would leave the
+  // agent's processes running inside (and writing to the workspace) after the user was told it stopped.
+  // When the engine does not answer the kill, the docker client is killed instead, so the run
+  // still ends on time; the container is then removed once the engine answers again.
+  let stopped: 'timeout' | 'cancelled' | 'violation' | undefined
+  let engineSilent = false
+  let stopping: Promise<unknown> = Promise.resolve()
+  function stop(reason: 'timeout' | 'cancelled' | 'violation') {
+    if (stopped) return
+    stopped = reason
+    stopping = (async () => {
+      const answered = await cli.exec(['kill', name], {timeoutMs: KILL_TIMEOUT_MS}).then(
+        () => true,
+        (error: unknown) => {
+          log(`could not kill container ${name}: ${toGatewayError(error).message}`)
+          return false
+        },
+      )
+      const exited = await Promise.race([child.then(() => true), sleep(answered ? CLIENT_EXIT_AFTER_KILL_MS : 0, false, {ref: false})])
+      if (!exited) {
+        engineSilent = true
+        signalChild(child, 'SIGKILL')
+      }
+    })()
+  }
+  // counted from here: a first build of the image (the engine answering) is not the run's time
+  const containerStarted = Date.now()
+  const timer = setTimeout(() => stop('timeout'), request.timeoutMs)
+  const onAbort = () => stop('cancelled')
+  request.signal?.addEventListener('abort', onAbort, {once: true})
+  if (request.signal?.aborted) onAbort()
+
+  let result: Awaited<typeof child>
+  try {
+    result = await child
+    await channel.settled()
+  } finally {
+    clearTimeout(timer)
+    request.signal?.removeEventListener('abort', onAbort)
+    channel.close()
+  }
+  await stopping
+  const stderrTail = container.stderrTail
+  if (result.code === 'ENOENT') throw dockerMissing(cli.bin, cli.binFromEnv)
+  if (result.exitCode === 0 && !stopped) {
+    // agent-run answered, and itself reported any command the kernel killed for memory: the
+    // container only needs removing, which the reply does not wait for.
+    scheduleRemoval(cli, name, log)
+    reportEngineAnswered()
+    return channel.outcome() ?? parseAgentRunOutput(runId, '', 0, stderrTail)
+  }
+  if (channelBroken) {
+    scheduleRemoval(cli, name, log)
+    return channel.outcome()!
+  }
+  if (engineSilent) {
+    reportEngineProblem(`a run's container could not be stopped: ${ENGINE_HUNG_MESSAGE}`)
+    log(`container ${name}: ${ENGINE_HUNG_MESSAGE}`)
+    removeWhenEngineAnswers(cli, name, log)
+    return failure(runId, 'E_DOCKER_HUNG', `${stopped === 'timeout' ? `the run took longer than ${Math.round(request.timeoutMs / 1000)} s (container_mode.timeout_seconds) and ` : 'the run was cancelled and '}${ENGINE_HUNG_MESSAGE}`, true, {stderr_tail: stderrTail})
+  }
+  // what is left of the run's timeout + 5 s, at least 3 s: a busy engine is not a hung one
+  const state = await collectContainer(cli, name, log, Math.max(3_000, containerStarted + request.timeoutMs + 5_000 - Date.now()))
+  if (state === 'engine-lost') {
+    // docker run could not reach the engine at all: nothing was started
+    const engineError = engineErrorOf(stderrTail)
+    if (engineError) throw engineError
+    // the container existed (it was started) but the engine went away before saying how it ended
+    return failure(runId, 'E_DOCKER_DOWN', `the Docker engine stopped answering during the run (docker run exit ${result.exitCode ?? 'unknown'}); the container may still be running and will be removed when the engine answers`, true, {stderr_tail: stderrTail})
+  }
+  if (state?.oomKilled) return outOfMemory(runId, agent.container_mode.memory_limit, {stderr_tail: stderrTail, exit_code: state.exitCode})
+  if (stopped === 'timeout') {
+    return failure(runId, 'E_TIMEOUT', `the run took longer than ${Math.round(request.timeoutMs / 1000)} s (container_mode.timeout_seconds) and its container was killed`, false, {stderr_tail: stderrTail})
+  }
+  if (stopped === 'cancelled') return failure(runId, 'E_RUN', 'the run was cancelled and its container was killed', true)
+  const exitCode = result.exitCode
+  if (!state) {
+    // The container never existed: docker itself refused (engine down, bad image, name clash).
+    const engineError = engineErrorOf(stderrTail)
+    if (engineError) throw engineError
+    throw new GatewayError('E_DOCKER', `docker run failed before the container started (exit ${exitCode ?? 'unknown'}): ${stderrTail.trim().split('\n').slice(-3).join(' | ')}`, {
+      details: {stderr_tail: stderrTail},
+    })
+  }
+  return channel.outcome() ?? parseAgentRunOutput(runId, '', state.exitCode, stderrTail)
+}
+
+function standbySlot(request: RunRequest): string {
+  return `${homeLabel(request.home)}/${request.input.agent.id}`
+}
+
+function runShape(request: RunRequest, image: ReadyImage): RunShape {
+  const {input} = request
+  const {agent} = input
+  const forwardEnv = injectedSecretNames(request.config, input.secrets)
+  const cliEnv = Object.fromEntries(forwardEnv.map((secretName) => [secretName, input.secrets[secretName] ?? '']))
+  const workspace = canonicalWorkspace(request.input.workspace)
+  const user = containerUser(agent.container_mode.user)
+  // every run: the gateway and host-sandbox runs may have added files as root since the last one
+  if (user.uid !== 0) handWorkspaceTo(workspace, user, {purpose: 'the container'})
+  const spec: RunShape['spec'] = {
+    // By id: the agent-run verified for this gateway's build, even if another build retags the image meanwhile
+    // (an agent-run of another build may not speak this runner's LLM channel).
+    image: image.id,
+    workspace,
+    uid: user.uid,
+    gid: user.gid,
+    memoryLimit: agent.container_mode.memory_limit,
+    pidsLimit: agent.container_mode.pids_limit,
+    fileSizeLimit: sizeBytes(agent.limits.disk, 'limits.disk'),
+    cpus: agent.container_mode.cpus,
+    network: agent.container_mode.network,
+    listen: agent.file_access.allow_listen ? 'allow' : 'deny',
+    labels: {
+      [LABEL.gateway]: '1',
+      [LABEL.agent]: agent.id,
+      [LABEL.home]: homeLabel(request.home),
+      [LABEL.pid]: String(process.pid),
+    },
+    forwardEnv,
+    sandboxHelper: bundledSandboxHelper(),
+  }
+  return {spec, cliEnv, key: sha256(JSON.stringify([spec, image.id, cliEnv, request.timeoutMs]))}
+}
+
+/**
+ * How a container that did not answer ended (OOMKilled, exit code), then removed: undefined when
+ * it was never created. Waits for the removal: "nothing left behind" matters most after a kill.
+ */
+async function collectContainer(cli: DockerCli, name: string, log: (line: string) => void, timeoutMs: number): Promise<{oomKilled: boolean; exitCode: number} | 'engine-lost' | undefined> {
+  let state: {oomKilled: boolean; exitCode: number} | undefined
+  try {
+    const inspected = await cli.exec(['container', 'inspect', '--format', '{{json .State}}', name], {timeoutMs})
+    if (inspected.exitCode === 0) {
+      const raw = JSON.parse(inspected.stdout) as {OOMKilled?: boolean; ExitCode?: number}
+      state = {oomKilled: raw.OOMKilled === true, exitCode: raw.ExitCode ?? -1}
+    }
+  } catch (error) {
+    const message = toGatewayError(error).message
+    log(`could not inspect container ${name}: ${message}`)
+    reportEngineProblem(message)
+    removeWhenEngineAnswers(cli, name, log)
+    return 'engine-lost'
+  }
+  await scheduleRemoval(cli, name, log)
+  return state
+}
+
+/**
+ * Resolves with the image once it is ready. Past the run's deadline the engine is asked whether
+ * it still answers: a hung one fails the run now; an answering one (a first build) is waited for.
+ */
+async function readyBeforeDeadline<T>(cli: DockerCli, deadline: number, signal: AbortSignal | undefined, work: (signal: AbortSignal) => Promise<T>): Promise<T> {
+  const controller = new AbortController()
+  const onAbort = () => controller.abort(signal?.reason)
+  signal?.addEventListener('abort', onAbort, {once: true})
+  if (signal?.aborted) onAbort()
+  const ready = work(controller.signal)
+  let timer: NodeJS.Timeout | undefined
+  const late = new Promise<'late'>((resolve) => (timer = setTimeout(() => resolve('late'), Math.max(0, deadline - Date.now()))))
+  try {
+    if ((await Promise.race([ready, late])) !== 'late') return ready
+    if (await engineAnswers(cli)) return await ready
+    controller.abort()
+    ready.catch(() => {})
+    reportEngineProblem(`the Docker engine did not answer within ${ENGINE_PING_TIMEOUT_MS / 1000} s`)
+    watchEngineOwingRemovals(cli)
+    throw new GatewayError('E_DOCKER_HUNG', `the run's deadline passed while its container was being prepared and the Docker engine did not answer; nothing was started`, {
+      retryable: true,
+      suggestions: ['check `timeout 10 docker info`; restart the engine: sudo systemctl restart docker'],
+    })
+  } finally {
+    clearTimeout(timer)
+    signal?.removeEventListener('abort', onAbort)
+  }
+}
+
+/**
+ * Secrets that are also set in the container's environment: provider keys when
+ * image_config.inject_credentials_env, the agent's other secrets when inject_secrets_env.
+ * Names the docker CLI itself reads (DOCKER_*, PATH, HOME, ...) are never forwarded: the value
+ * would change what the CLI does, not just what the container sees.
+ */
+export function injectedSecretNames(config: GatewayConfig, secrets: Record<string, string>): string[] {
+  const credentials = new Set(Object.values(config.providers.providers).flatMap((provider) => (provider.api_key_env ? [provider.api_key_env] : [])))
+  return Object.keys(secrets)
+    .filter((name) => (credentials.has(name) ? config.image_config.inject_credentials_env : config.image_config.inject_secrets_env))
+    .filter((name) => !/^(DOCKER_|XDG_)/.test(name) && !['PATH', 'HOME', 'USER', 'TMPDIR', 'SSH_AUTH_SOCK'].includes(name) && !/_PROXY$/i.test(name))
+    .sort()
+}
+
+/** The uid a container runs as when the gateway is root and container_mode.user is unset: never root. */
+export const UNPRIVILEGED_CONTAINER_UID = 65532
+
+/** container_mode.user, else the gateway's own uid:gid, else (gateway is root) an unprivileged uid. */
+export function containerUser(configured: string | undefined, own = {uid: process.getuid?.() ?? 1000, gid: process.getgid?.() ?? 1000}): {uid: number; gid: number} {
+  if (configured) {
+    const [uid, gid = uid] = configured.split(':').map(Number)
+    return {uid: uid!, gid: gid!}
+  }
+  if (own.uid !== 0) return own
+  return {uid: UNPRIVILEGED_CONTAINER_UID, gid: UNPRIVILEGED_CONTAINER_UID}
+}
+
+function canonicalWorkspace(workspace: string): string {
+  try {
+    return fs.realpathSync(workspace)
+  } catch {
+    throw new GatewayError('E_WORKSPACE', `the workspace ${workspace} does not exist`, {suggestions: ['run meepagateway agent create, or send a message (it creates the workspace)']})
+  }
+}
+
+/** The helper's path inside the isolation image, which bundles dist/ (and so the helper, built on Linux). */
+function bundledSandboxHelper(): string | undefined {
+  return fs.existsSync(helperPath()) ? `${CONTAINER_APP}/${path.relative(APP_ROOT, helperPath())}` : undefined
+}

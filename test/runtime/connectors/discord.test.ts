@@ -1,0 +1,88 @@
+import {describe, expect, it} from 'vitest'
+import type {FakeLlm} from '../../fakes/llm-server.js'
+import {startFakeDiscord, type FakeDiscord} from '../../fakes/discord-server.js'
+import {fakeLlmForTests} from '../../helpers/fake-llm-for-tests.js'
+import {closeAfterEachTest, startTestGateway, stubRun, type TestGateway} from '../gateway/helpers.js'
+
+const TOKEN = 'MTIz.discord.token'
+let llm: FakeLlm
+let discord: FakeDiscord
+let test: TestGateway | undefined
+
+fakeLlmForTests((started) => (llm = started))
+const closeAfterTest = closeAfterEachTest()
+
+async function gatewayWith(options: {token?: string; guildIds?: string[]; run?: Parameters<typeof startTestGateway>[0]['run']} = {}) {
+  discord = closeAfterTest(await startFakeDiscord({token: TOKEN}))
+  test = closeAfterTest(await startTestGateway({
+    agents: [{id: 'disco', connectors: [{type: 'discord', bot_token: options.token ?? TOKEN, guild_ids: options.guildIds ?? [], api_url: discord.apiUrl}]}],
+    llmBaseUrl: llm.openaiBaseUrl,
+    run: options.run,
+  }))
+  return test
+}
+
+describe('Discord connector (real discord.js against a fake REST API and Gateway, real agent with the fake LLM)', () => {
+  it('answers a message in the same channel with a typing indicator', async () => {
+    llm.setDefault({text: 'Hi from the agent'})
+    const gateway = await gatewayWith()
+    await gateway.waitForLog(/disco\/discord: connected \(as meepabot, 2 guild\(s\)\)/)
+    discord.userSays({channelId: '1001', content: 'hello discord'})
+    const [reply] = await discord.waitForPosts(1)
+    expect(reply).toMatchObject({channelId: '1001'})
+    expect(reply?.content).toContain('Hi from the agent')
+    expect(discord.typing).toContain('1001')
+  })
+
+  it('answers a direct message', async () => {
+    await gatewayWith({run: stubRun()})
+    await test!.waitForLog(/disco\/discord: connected/)
+    discord.userSays({channelId: '3001', content: 'psst', guildId: null})
+    expect(await discord.waitForPosts(1)).toMatchObject([{channelId: '3001', content: 'echo: psst'}])
+  })
+
+  it('sends a reply longer than 2000 characters as ordered chunks', async () => {
+    const long = Array.from({length: 200}, (_, i) => `row ${String(i).padStart(3, '0')} ${'word '.repeat(4).trim()}`).join('\n')
+    llm.setDefault({text: long})
+    await gatewayWith()
+    await test!.waitForLog(/disco\/discord: connected/)
+    discord.userSays({channelId: '1001', content: 'long one'})
+    await discord.waitForPosts(Math.ceil(long.length / 2000))
+    await new Promise((resolve) => setTimeout(resolve, 200))
+    for (const post of discord.posts) expect(post.content.length).toBeLessThanOrEqual(2000)
+    expect(discord.posts.map((post) => post.content).join('\n')).toBe(long)
+  })
+
+  it('ignores its own messages and other bots, and guilds outside guild_ids', async () => {
+    const seen: string[] = []
+    await gatewayWith({guildIds: ['100'], run: stubRun({onStart: (content) => seen.push(content)})})
+    await test!.waitForLog(/disco\/discord: connected/)
+    discord.userSays({channelId: '1001', content: 'from a bot', author: {id: '777', username: 'otherbot', bot: true}})
+    discord.userSays({channelId: '1001', content: 'as myself', author: {id: discord.botUser.id, username: 'meepabot'}})
+    discord.userSays({channelId: '2001', content: 'other guild'})
+    discord.userSays({channelId: '1002', content: 'allowed guild'})
+    await discord.waitForPosts(1)
+    await new Promise((resolve) => setTimeout(resolve, 300)) // the echoed reply must not start another run
+    expect(seen).toEqual(['allowed guild'])
+    expect(discord.posts).toHaveLength(1)
+  })
+
+  it('resumes after the gateway connection drops and keeps working', async () => {
+    const gateway = await gatewayWith({run: stubRun()})
+    await gateway.waitForLog(/disco\/discord: connected/)
+    discord.dropConnections()
+    await discord.waitFor(() => discord.resumes + discord.identifies >= 2, 'a resume or re-identify')
+    await gateway.waitForLog(/disco\/discord: connecting \(connection lost, resuming\)/)
+    await gateway.waitForLog(/disco\/discord: connected \(session resumed\)/)
+    discord.userSays({channelId: '1001', content: 'after the drop'})
+    expect((await discord.waitForPosts(1))[0]?.content).toBe('echo: after the drop')
+  })
+
+  it('reports a bad token, retries with backoff, and keeps the gateway serving', async () => {
+    const gateway = await gatewayWith({token: 'bad.token', run: stubRun()})
+    await gateway.waitForLog(/disco\/discord: disconnected \(Discord refused the bot token \(TokenInvalid\); check bot_token; reconnecting in 50 ms\)/)
+    await gateway.waitForLog(/reconnecting in 100 ms/)
+    expect(discord.refused).toBeGreaterThanOrEqual(2)
+    expect((await gateway.chat({agent: 'disco', message: 'ping'})).body.reply).toBe('echo: ping')
+  })
+})

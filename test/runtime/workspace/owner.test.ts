@@ -1,0 +1,142 @@
+import {execFileSync} from 'node:child_process'
+import {execa} from 'execa'
+import fs from 'node:fs'
+import os from 'node:os'
+import path from 'node:path'
+import {afterAll, beforeAll, describe, expect, it} from 'vitest'
+import {startFakeLlm, type FakeLlm} from '../../fakes/llm-server.js'
+import {fakeLlmConfig, makeHome, runCli, type TestHome} from '../../helpers/home.js'
+import {homeLabel} from '../../../src/sandbox/docker/containers.js'
+import {UNPRIVILEGED_CONTAINER_UID} from '../../../src/runtime/runners/container/runner.js'
+import {describeWithDocker} from '../../helpers/docker-env.js'
+import {requireLandlockOrSkip} from '../../helpers/landlock-support.js'
+
+/*
+ * A root gateway hands an agent's workspace to uid 65532 for container runs. The same agent later
+ * run under the host sandbox is root WITHOUT CAP_DAC_OVERRIDE/CAP_FOWNER: unless the gateway takes the
+ * workspace back, every write to what the container made fails with EACCES.
+ */
+const enabled = requireLandlockOrSkip('workspace owner hand-back tests') && process.getuid?.() === 0
+if (process.getuid?.() !== 0) process.stderr.write('\n!!! SKIPPING workspace owner hand-back tests: they need a root gateway\n\n')
+const C = UNPRIVILEGED_CONTAINER_UID
+
+/** Writes the host-sandbox run attempts: append to a file the container made, create in its directory. */
+const HOST_WRITES = [
+  'echo host >> made-by-container.txt && echo APPENDED',
+  'echo host > container-dir/from-host.txt && echo CREATED',
+  'mkdir container-dir/sub && echo MKDIR',
+].join('; ')
+
+function expectHostWritesLanded(workspace: string, output: string): void {
+  expect(output).toContain('APPENDED')
+  expect(output).toContain('CREATED')
+  expect(output).toContain('MKDIR')
+  expect(output).not.toMatch(/Permission denied|EACCES/)
+  expect(fs.readFileSync(path.join(workspace, 'made-by-container.txt'), 'utf8')).toBe('container\nhost\n')
+  expect(fs.readFileSync(path.join(workspace, 'container-dir', 'from-host.txt'), 'utf8')).toBe('host\n')
+}
+
+describe.skipIf(!enabled)('host sandbox after a container run (root gateway)', () => {
+  let llm: FakeLlm
+  const homes: TestHome[] = []
+  const newHome = (containerMode: boolean) => {
+    const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'box', container_mode: {enabled: containerMode, network: 'none', timeout_seconds: 60}}]))
+    homes.push(home)
+    return home
+  }
+  /** One message whose model runs `command` in the shell tool; returns the tool result. */
+  const sendShell = async (home: TestHome, command: string) => {
+    llm.reset()
+    llm.enqueue({toolCalls: [{name: 'shell', arguments: {command}}]}, {text: 'done'})
+    const result = await runCli(['send', '--agent', 'box', 'go'], {home: home.home, timeoutMs: 240_000})
+    expect(result.exitCode, result.stderr).toBe(0)
+    const messages = llm.requests.at(-1)?.body.messages as Array<{role: string; content: string}>
+    return String(messages.findLast((message) => message.role === 'tool')?.content)
+  }
+  /** What a container run leaves: its files, and the whole workspace, owned by uid 65532. */
+  const simulateContainerRun = (workspace: string) => {
+    fs.writeFileSync(path.join(workspace, 'made-by-container.txt'), 'container\n', {mode: 0o644})
+    fs.mkdirSync(path.join(workspace, 'container-dir'), {mode: 0o755})
+    fs.writeFileSync(path.join(workspace, 'setuid-tool'), '#!/bin/sh\n')
+    fs.chmodSync(path.join(workspace, 'setuid-tool'), 0o4755)
+    execFileSync('chown', ['-R', `${C}:${C}`, workspace])
+    fs.chmodSync(path.join(workspace, 'setuid-tool'), 0o4755) // the container's uid may set its own file setuid
+  }
+
+  beforeAll(async () => {
+    llm = await startFakeLlm()
+  })
+  afterAll(async () => {
+    await llm.close()
+    for (const home of homes) home.cleanup()
+  })
+
+  it('send: writes into files and directories a container run left to uid 65532; setuid bits and planted symlinks do not carry over', async () => {
+    const home = newHome(false)
+    await sendShell(home, 'true') // creates the workspace
+    const workspace = home.workspace('box')
+    simulateContainerRun(workspace)
+    // a link the agent planted to a file outside its workspace: the hand-back must not follow it
+    const outside = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-owner-outside-'))
+    try {
+      fs.writeFileSync(path.join(outside, 'victim'), 'x')
+      fs.chownSync(path.join(outside, 'victim'), C, C)
+      fs.symlinkSync(path.join(outside, 'victim'), path.join(workspace, 'link'))
+      fs.lchownSync(path.join(workspace, 'link'), C, C)
+
+      expectHostWritesLanded(workspace, await sendShell(home, HOST_WRITES))
+      expect(fs.statSync(path.join(outside, 'victim')).uid).toBe(C)
+      const setuid = fs.statSync(path.join(workspace, 'setuid-tool'))
+      expect(setuid.uid).toBe(0)
+      expect(setuid.mode & 0o6000).toBe(0)
+    } finally {
+      fs.rmSync(outside, {recursive: true, force: true})
+    }
+  })
+
+  it('sandbox exec: writes into what a container run left to uid 65532', async () => {
+    const home = newHome(false)
+    await sendShell(home, 'true')
+    const workspace = home.workspace('box')
+    simulateContainerRun(workspace)
+    const result = await runCli(['sandbox', 'exec', '--agent', 'box', '--', '/bin/sh', '-c', HOST_WRITES], {home: home.home})
+    expect(result.exitCode, result.stderr).toBe(0)
+    expectHostWritesLanded(workspace, result.stdout)
+  })
+
+  describeWithDocker('after a real container run (real engine)', () => {
+    let home: TestHome
+    afterAll(async () => {
+      if (!home) return
+      const ids = (await execa('docker', ['ps', '-a', '-q', '--filter', `label=meepagateway.home=${homeLabel(home.home)}`], {reject: false})).stdout.split('\n').filter(Boolean)
+      if (ids.length > 0) await execa('docker', ['rm', '-f', ...ids], {reject: false})
+    })
+
+    it('a container run, then the operator turns container mode off: the host-sandbox run writes what the container made', async () => {
+      home = newHome(true)
+      // the container's shell commands cannot set a setuid bit at all (the helper's seccomp filter)
+      const inside = await sendShell(home, 'id -u; echo container > made-by-container.txt && mkdir container-dir && cp /bin/true setuid-tool && (chmod 4755 setuid-tool || echo REFUSED) && echo MADE')
+      expect(inside).toContain(`${C}\n`)
+      expect(inside).toContain('MADE')
+      expect(inside).toMatch(/Operation not permitted[\s\S]*REFUSED/)
+      // nor change a file outside its grants: the image's files are a read-only root file system
+      const outside = await sendShell(home, 'for f in /etc/passwd /usr/bin/env /workspace/../etc/hostname; do chmod 600 $f || echo REFUSED; touch -d 2001-01-01 $f || echo REFUSED; done; stat -c %a /etc/passwd')
+      expect(outside.match(/REFUSED/g)).toHaveLength(6)
+      expect(outside).toMatch(/Read-only file system/)
+      expect(outside).toMatch(/644\s*$/)
+      const workspace = home.workspace('box')
+      expect(fs.statSync(path.join(workspace, 'container-dir')).uid).toBe(C)
+      expect(fs.statSync(path.join(workspace, 'setuid-tool')).mode & 0o6000).toBe(0)
+
+      home.writeConfig(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'box', container_mode: {enabled: false}}]))
+      expectHostWritesLanded(workspace, await sendShell(home, HOST_WRITES))
+      expect(fs.statSync(path.join(workspace, 'setuid-tool')).mode & 0o6000).toBe(0)
+
+      // and back to a container: it gets the workspace (the host run's files included) again
+      home.writeConfig(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'box', container_mode: {enabled: true, network: 'none', timeout_seconds: 60}}]))
+      const again = await sendShell(home, 'echo container2 >> container-dir/from-host.txt && echo AGAIN')
+      expect(again).toContain('AGAIN')
+      expect(fs.readFileSync(path.join(workspace, 'container-dir', 'from-host.txt'), 'utf8')).toBe('host\ncontainer2\n')
+    }, 300_000)
+  })
+})

@@ -1,0 +1,103 @@
+import fs from 'node:fs'
+import net from 'node:net'
+import path from 'node:path'
+import {afterAll, beforeAll, describe, expect, it} from 'vitest'
+import {DockerCli} from '../../../src/sandbox/docker/cli.js'
+import {parseElfRuntime, readElfRuntime} from '../../../src/sandbox/docker/elf.js'
+import {realDockerPath, tempDir} from '../../helpers/docker-env.js'
+
+const hasDockerCli = fs.existsSync(realDockerPath())
+
+describe('docker CLI layer: every failure of the engine is a clear error with the fix', () => {
+  it('a docker CLI that is not on PATH gives E_DOCKER_MISSING', async () => {
+    const cli = new DockerCli({baseEnv: {PATH: '/nonexistent-bin'}})
+    const error = await cli.ping().catch((caught: unknown) => caught)
+    expect(error).toMatchObject({code: 'E_DOCKER_MISSING', exitCode: 10, message: expect.stringContaining('not found on PATH')})
+    expect((error as {suggestions: string[]}).suggestions.join(' ')).toMatch(/install Docker/)
+  })
+
+  it('a configured docker binary that does not exist names the setting', async () => {
+    const cli = new DockerCli({baseEnv: {PATH: process.env.PATH, MEEPAGATEWAY_DOCKER_BIN: '/opt/nowhere/docker'}})
+    await expect(cli.ping()).rejects.toMatchObject({code: 'E_DOCKER_MISSING', message: expect.stringContaining('MEEPAGATEWAY_DOCKER_BIN=/opt/nowhere/docker')})
+  })
+
+  describe.skipIf(!hasDockerCli)('with the docker CLI installed', () => {
+    let dir: string
+    let hungServer: net.Server
+    let hungSocket: string
+    const held: net.Socket[] = []
+
+    beforeAll(async () => {
+      dir = tempDir('meepa-docker-cli-')
+      // An engine that accepts the connection and never answers: what a wedged dockerd looks like.
+      hungSocket = path.join(dir, 'hung.sock')
+      hungServer = net.createServer((socket) => held.push(socket))
+      await new Promise<void>((resolve) => hungServer.listen(hungSocket, resolve))
+    })
+    afterAll(async () => {
+      for (const socket of held) socket.destroy()
+      await new Promise((resolve) => hungServer.close(resolve))
+      fs.rmSync(dir, {recursive: true, force: true})
+    })
+
+    it('an engine that is not running gives E_DOCKER_DOWN, naming DOCKER_HOST and how to start it', async () => {
+      const cli = new DockerCli({baseEnv: {PATH: process.env.PATH, DOCKER_HOST: `unix://${dir}/absent.sock`}})
+      const error = await cli.ping().catch((caught: unknown) => caught)
+      expect(error).toMatchObject({code: 'E_DOCKER_DOWN', retryable: true, message: expect.stringContaining('absent.sock')})
+      expect((error as {suggestions: string[]}).suggestions.join(' ')).toMatch(/systemctl start docker/)
+    })
+
+    it('an engine that accepts and never answers gives E_DOCKER_HUNG at the deadline instead of hanging', async () => {
+      const cli = new DockerCli({baseEnv: {PATH: process.env.PATH, DOCKER_HOST: `unix://${hungSocket}`}})
+      const started = Date.now()
+      const error = await cli.exec(['ps'], {timeoutMs: 1500}).catch((caught: unknown) => caught)
+      expect(Date.now() - started).toBeLessThan(6000)
+      expect(error).toMatchObject({code: 'E_DOCKER_HUNG', message: expect.stringContaining('did not answer')})
+      expect((error as {suggestions: string[]}).suggestions.join(' ')).toMatch(/restart/)
+      expect(held.length).toBeGreaterThan(0) // the CLI really reached the hung socket
+    })
+
+    it('an AbortSignal stops a call to a hung engine at once', async () => {
+      const cli = new DockerCli({baseEnv: {PATH: process.env.PATH, DOCKER_HOST: `unix://${hungSocket}`}})
+      const controller = new AbortController()
+      const started = Date.now()
+      setTimeout(() => controller.abort(), 200)
+      await expect(cli.exec(['info'], {signal: controller.signal, timeoutMs: 60_000})).rejects.toMatchObject({code: 'E_DOCKER'})
+      expect(Date.now() - started).toBeLessThan(5000)
+    })
+
+    it('the docker CLI gets no variable of the operator beyond the ones docker reads', () => {
+      const cli = new DockerCli({baseEnv: {PATH: '/usr/bin', HOME: '/root', DOCKER_HOST: 'unix:///x.sock', OPENAI_API_KEY: 'sk-secret'}})
+      expect(cli.env()).toEqual({PATH: '/usr/bin', HOME: '/root', DOCKER_HOST: 'unix:///x.sock'})
+    })
+  })
+})
+
+describe('runtime compatibility facts from the Node binary', () => {
+  it("reads this Node's architecture and C library from its ELF header", async () => {
+    const runtime = await readElfRuntime(process.execPath)
+    expect(runtime?.arch).toBe(process.arch === 'x64' ? 'amd64' : process.arch)
+    expect(['glibc', 'musl', 'static']).toContain(runtime?.libc)
+  })
+
+  it('tells a musl executable from a glibc one, and a non-ELF (macOS) file from both', () => {
+    const elf = (interp: string) => {
+      const head = Buffer.alloc(512)
+      head.writeUInt32BE(0x7f454c46, 0)
+      head[4] = 2 // 64-bit
+      head[5] = 1 // little-endian
+      head.writeUInt16LE(0xb7, 18) // aarch64
+      head.writeBigUInt64LE(64n, 0x20) // program headers right after the header
+      head.writeUInt16LE(56, 0x36)
+      head.writeUInt16LE(1, 0x38)
+      head.writeUInt32LE(3, 64) // PT_INTERP
+      head.writeBigUInt64LE(200n, 64 + 8)
+      head.writeBigUInt64LE(BigInt(interp.length + 1), 64 + 0x20)
+      head.write(interp, 200, 'latin1')
+      return head
+    }
+    expect(parseElfRuntime(elf('/lib/ld-musl-aarch64.so.1'))).toEqual({arch: 'arm64', interpreter: '/lib/ld-musl-aarch64.so.1', libc: 'musl'})
+    expect(parseElfRuntime(elf('/lib/ld-linux-aarch64.so.1'))?.libc).toBe('glibc')
+    expect(parseElfRuntime(Buffer.from('cffaedfe0c000001', 'hex'))).toBeNull()
+  })
+})
