@@ -13,7 +13,8 @@ import {ensureWorkspace} from '../workspace/workspace.js'
 import {workspacePath} from '../workspace/location.js'
 import {readWorkspaceFile, writeWorkspaceFile} from '../workspace/files.js'
 import {clientOf, principalLabel, type CaptainAuth, type Principal} from './auth.js'
-import {agentWeakenings, auditConfigChange, imageConfigWeakenings} from './config-audit.js'
+import {auditConfigChange} from './config-audit.js'
+import {agentWeakenings, imageConfigWeakenings} from './weakenings.js'
 import type {BuildJobs} from './build-jobs.js'
 import type {ConfigEditor, ConfigEditResult} from './config-editor.js'
 import {connectorNames} from '../connectors/index.js'
@@ -75,15 +76,15 @@ function mountAuthRoutes({router, auth, apiKeys, audit}: CaptainApiDeps): void {
   }))
   // The session token goes in the body, never in a cookie: the page keeps it in its own storage.
   router.post(`${API}/auth/login`, open(async ({req, res}) => {
-    const body = await readJsonObject(req, 16 * 1024)
+    const body = await readJsonObject({req, res}, 16 * 1024)
     sendJson(res, 200, {ok: true, token: await auth.login(req, body.password)})
   }))
   router.post(`${API}/auth/setup`, open(async ({req, res}) => {
-    const body = await readJsonObject(req, 16 * 1024)
+    const body = await readJsonObject({req, res}, 16 * 1024)
     sendJson(res, 200, {ok: true, token: await auth.setup(req, body.code, body.password)})
   }))
   router.post(`${API}/auth/link`, open(async ({req, res}) => {
-    const body = await readJsonObject(req, 16 * 1024)
+    const body = await readJsonObject({req, res}, 16 * 1024)
     sendJson(res, 200, {ok: true, token: auth.loginWithLink(req, body.secret)})
   }))
   router.post(`${API}/auth/logout`, open(({req, res}) => {
@@ -91,7 +92,7 @@ function mountAuthRoutes({router, auth, apiKeys, audit}: CaptainApiDeps): void {
     sendJson(res, 200, {ok: true})
   }))
   router.post(`${API}/auth/password`, authed(auth, async ({req, res}) => {
-    const body = await readJsonObject(req, 16 * 1024)
+    const body = await readJsonObject({req, res}, 16 * 1024)
     // every session ended with the change; this browser gets a fresh one
     sendJson(res, 200, {ok: true, token: await auth.changePassword(req, body.current_password, body.new_password)})
   }, 'session'))
@@ -99,7 +100,7 @@ function mountAuthRoutes({router, auth, apiKeys, audit}: CaptainApiDeps): void {
     sendJson(res, 200, apiKeys.list().map(keyView))
   }))
   router.post(`${API}/auth/api-keys`, authed(auth, async ({req, res, principal}) => {
-    const body = await readJsonObject(req)
+    const body = await readJsonObject({req, res})
     if (typeof body.name !== 'string') throw new HttpError(400, 'E_INPUT', 'field "name" must be a string')
     if (body.admin !== undefined && typeof body.admin !== 'boolean') throw new HttpError(400, 'E_INPUT', 'field "admin" must be true or false')
     const created = apiKeys.create(body.name, body.admin ? 'admin' : 'chat')
@@ -145,7 +146,7 @@ function mountAgentRoutes(deps: CaptainApiDeps): void {
   router.add('PATCH', `${API}/agents/:id`, authed(auth, async ({req, res, params, principal}) => {
     const id = params.id as string
     const before = agentOr404(id)
-    const body = await readJsonObject(req)
+    const body = await readJsonObject({req, res})
     const result = editor.patchAgent(id, body)
     const after = agentOr404(id)
     auditConfigChange(deps.audit, {
@@ -168,7 +169,7 @@ function mountAgentRoutes(deps: CaptainApiDeps): void {
   }))
   router.add('PUT', `${API}/agents/:id/soul`, authed(auth, async ({req, res, params, principal}) => {
     const agent = agentOr404(params.id as string)
-    const body = await readJsonObject(req, MAX_SOUL_BYTES + 4096)
+    const body = await readJsonObject({req, res}, MAX_SOUL_BYTES + 4096)
     if (typeof body.content !== 'string') throw new HttpError(400, 'E_INPUT', 'field "content" must be a string')
     if (Buffer.byteLength(body.content) > MAX_SOUL_BYTES) throw new HttpError(413, 'E_INPUT', `SOUL.md may be at most ${MAX_SOUL_BYTES / 1024} KB`)
     const workspace = ensureWorkspace(editor.loaded.home, agent.id).path
@@ -242,7 +243,7 @@ function mountContainerRoutes(deps: CaptainApiDeps): void {
     sendJson(res, 200, {image_config: shownImageConfig(), configured: editor.rawImageConfig()})
   }))
   router.add('PUT', `${API}/container/config`, authed(auth, async ({req, res, principal}) => {
-    const body = await readJsonObject(req)
+    const body = await readJsonObject({req, res})
     const section = (body.image_config ?? body) as unknown
     if (!section || typeof section !== 'object' || Array.isArray(section)) throw new HttpError(400, 'E_INPUT', 'send the image_config fields as a JSON object')
     const before = editor.loaded.config.image_config
@@ -271,7 +272,7 @@ function mountContainerRoutes(deps: CaptainApiDeps): void {
     sendJson(res, 200, await previewDockerfile(imageConfig, containerImageContext(editor.loaded.home, {cli: deps.docker()})))
   }))
   router.post(`${API}/container/build`, authed(auth, async ({req, res, principal}) => {
-    const body = req.headers['content-length'] === '0' || !req.headers['content-type'] ? {} : await readJsonObject(req)
+    const body = req.headers['content-length'] === '0' || !req.headers['content-type'] ? {} : await readJsonObject({req, res})
     const {build, started} = builds.start(editor.loaded, {force: body.force === true})
     if (started) deps.audit.record({event: 'image_build', principal: principalLabel(principal), source: clientOf(req), summary: `container image build ${build.id} started${build.force ? ' (forced)' : ''}`})
     sendJson(res, started ? 202 : 409, {

@@ -1,37 +1,4 @@
-import type {AgentConfig, ImageConfig} from '../config/types.js'
-import {isolationLevelFor} from '../shapes/isolation-level.js'
 import type {AuditLog} from '../state/audit.js'
-
-const STRENGTH = {container: 2, 'host-sandbox': 1, unrestricted: 0} as const
-
-/** What a change of an agent's effective config gives up, in words (empty when nothing). */
-export function agentWeakenings(before: AgentConfig, after: AgentConfig): string[] {
-  const found: string[] = []
-  const levelBefore = isolationLevelFor(before, false)
-  const levelAfter = isolationLevelFor(after, false)
-  if (STRENGTH[levelAfter] < STRENGTH[levelBefore]) found.push(`isolation ${levelBefore} → ${levelAfter}`)
-  if (after.file_access.allow_network && !before.file_access.allow_network) found.push('file_access.allow_network on')
-  const networkBefore = before.container_mode.network
-  const networkAfter = after.container_mode.network
-  if (networkAfter !== networkBefore && networkAfter !== 'none') found.push(`container_mode.network ${networkBefore} → ${networkAfter}`)
-  for (const list of ['allow_read', 'allow_read_write'] as const) {
-    const added = after.file_access[list].filter((entry) => !before.file_access[list].includes(entry))
-    if (added.length > 0) found.push(`file_access.${list} widened by ${added.join(', ')}`)
-  }
-  const undenied = before.file_access.deny.filter((entry) => !after.file_access.deny.includes(entry))
-  if (undenied.length > 0) found.push(`file_access.deny no longer denies ${undenied.join(', ')}`)
-  if (after.file_access.allow_home_dotfiles && !before.file_access.allow_home_dotfiles) found.push('file_access.allow_home_dotfiles on')
-  if (after.file_access.best_effort && !before.file_access.best_effort) found.push('file_access.best_effort on')
-  return found
-}
-
-export function imageConfigWeakenings(before: ImageConfig, after: ImageConfig): string[] {
-  const found: string[] = []
-  if (before.redact_secrets && !after.redact_secrets) found.push('redact_secrets off')
-  if (after.inject_credentials_env && !before.inject_credentials_env) found.push('inject_credentials_env on')
-  if (after.inject_secrets_env && !before.inject_secrets_env) found.push('inject_secrets_env on')
-  return found
-}
 
 /** Fields whose written value changed, as `field: old → new` (JSON), and the same as data. */
 export function writtenChanges(before: Record<string, unknown>, after: Record<string, unknown>): Array<{field: string; old: unknown; new: unknown}> {

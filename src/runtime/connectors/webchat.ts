@@ -56,7 +56,7 @@ export function mountWebChat(options: WebChatOptions): void {
   options.router.post('/api/chat', async ({req, res}) => {
     if (!options.dispatcher.accepting) throw new HttpError(503, 'E_BUSY', 'the gateway is shutting down', {'retry-after': '30'})
     const caller = options.caller(req)
-    const body = await readJsonObject(req)
+    const body = await readJsonObject({req, res})
     const {agent, message, channel} = body
     if (typeof agent !== 'string' || !agent) throw new HttpError(400, 'E_INPUT', 'field "agent" (the agent id) is required')
     if (typeof message !== 'string' || !message.trim()) throw new HttpError(400, 'E_INPUT', 'field "message" must be a non-empty string')

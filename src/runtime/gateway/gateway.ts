@@ -5,6 +5,7 @@ import {apiKeyCaller, mountWebChat} from '../connectors/webchat.js'
 import {sendJson} from '../http/json.js'
 import {Router} from '../http/router.js'
 import {startHttpListener, type HttpListener} from '../http/server.js'
+import {recordListening} from '../http/listening-record.js'
 import {newRunId, runMessage} from '../runners/run-message.js'
 import {reclaimAbandonedRuns} from '../run-lifecycle/reclaim-runs.js'
 import {abandonEngineWork, stopStandbyAgentRuns, stopStandbyContainers} from '../runners/index.js'
@@ -186,6 +187,12 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
         (options.unrestricted ? '; --unrestricted: every agent runs WITHOUT isolation' : ''),
     )
     captain?.announce(http.url.replace(/\/$/, ''))
+    let forgetListening = () => {}
+    try {
+      forgetListening = recordListening(loaded.home, {bind: config.captain.bind, port: http.port})
+    } catch (error) {
+      log(`gateway: cannot record where it listens (${(error as Error).message}); dashboard link prints the port of the config`)
+    }
     const localSend: LocalSendListener | undefined = await listenForLocalSend({
       home: loaded.home,
       // the text runs are made from (a dashboard edit replaces both), never the file read again
@@ -227,6 +234,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       if (left.length > 0) log(`gateway: the Docker engine did not answer; left container(s) ${[...new Set(left)].join(', ')} for the next start-up (or container clean) to remove`)
       captain?.close() // ends running builds and so their event streams, which would hold the listener open
       await Promise.race([http.close(), new Promise((resolve) => setTimeout(resolve, 5000).unref())])
+      forgetListening()
       guarded.close()
       log('gateway: stopped')
       markStopped()

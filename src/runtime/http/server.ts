@@ -3,7 +3,8 @@ import type {AddressInfo} from 'node:net'
 import {isLoopbackBind} from './bind.js'
 import {capConnections, connectionCap} from './connection-cap.js'
 import {GatewayError} from '../util/errors.js'
-import {sendError} from './json.js'
+import {bodyTooLarge, MAX_BODY_BYTES, sendError} from './json.js'
+import {closeLingering} from './lingering-close.js'
 import {HttpError, type Router} from './router.js'
 
 export interface HttpListener {
@@ -78,6 +79,9 @@ export async function startHttpListener(options: StartHttpOptions): Promise<Http
     void handle(req, res)
   })
   server.keepAliveTimeout = 5_000
+  // `Expect: 100-continue` is answered by the route: `100 Continue` when it reads the body, a final answer otherwise
+  server.on('checkContinue', (req: http.IncomingMessage, res: http.ServerResponse) => server.emit('request', req, res))
+  closeLingering(server)
   const failureLog = rateLimitedLog(log, FAILURE_LOG_LINES_PER_MINUTE)
   capConnections(server, options.maxConnections ?? connectionCap(), rateLimitedLog(log, FAILURE_LOG_LINES_PER_MINUTE))
 
@@ -87,6 +91,8 @@ export async function startHttpListener(options: StartHttpOptions): Promise<Http
       if (!requestHostsAllowed(req, options.allowedHosts?.() ?? [])) {
         throw new HttpError(421, 'E_AUTH', `this gateway does not answer to Host ${JSON.stringify(req.headers.host ?? '')}; use 127.0.0.1 or localhost, or add the name to captain.allowed_hosts`)
       }
+      // no route reads more; one that reads nothing must not hold the connection for the upload either
+      if (Number(req.headers['content-length']) > MAX_BODY_BYTES) throw bodyTooLarge(MAX_BODY_BYTES)
       const url = new URL(req.url ?? '/', 'http://gateway.local')
       const found = router.match(req.method ?? 'GET', url.pathname)
       if (!found) throw new HttpError(404, 'E_NOT_FOUND', `no route for ${req.method} ${url.pathname}`)

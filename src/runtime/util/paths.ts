@@ -28,3 +28,8 @@ export function probeRecord(home: string, probe: 'namespace' | 'kernel'): string
 export function configDocumentRecord(home: string): string {
   return path.join(home, 'cache', 'config-document.json')
 }
+
+/** The serving gateway's own directory (mode 0700): send's socket and token, where its HTTP listener is. */
+export function gatewayRunDir(home: string): string {
+  return path.join(home, 'run')
+}

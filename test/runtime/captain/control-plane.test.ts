@@ -44,7 +44,8 @@ describe('control plane attacks', () => {
     expect(entries.every((entry) => entry.principal === 'dashboard' && entry.source === '127.0.0.1')).toBe(true)
     expect(entries[0]!.summary).toBe('agent meepa changed: max_iterations: null → 9')
     expect(entries[1]!.summary).toMatch(/isolation host-sandbox → unrestricted/)
-    expect(entries[3]!.summary).toMatch(/file_access\.allow_network on.*allow_read widened by \/srv\/data/)
+    expect(entries[3]!.summary).toMatch(/WEAKENS ISOLATION: .*file_access\.allow_read widened by \/srv\/data/)
+    expect(entries[3]!.summary).toMatch(/WEAKENS ISOLATION: .*file_access\.allow_network on/)
     expect(entries[4]!.summary).toMatch(/container_mode\.network bridge → host/)
     expect(entries[5]!.summary).toMatch(/redact_secrets off/)
     expect(entries[5]!.details!.changes).toEqual(expect.arrayContaining([{field: 'redact_secrets', old: null, new: false}]))
@@ -53,6 +54,26 @@ describe('control plane attacks', () => {
     const logged = harness.logs.filter((line) => line.startsWith('audit WARNING:'))
     expect(logged).toHaveLength(4)
     expect(logged[0]).toContain('(by dashboard from 127.0.0.1)')
+  })
+
+  it('container user "0", allow_listen, another image, image packages and env_vars are audited as warnings', async () => {
+    harness = await startCaptain()
+    const headers = sessionHeaders(await harness.login())
+    for (const container_mode of [{user: '0'}, {image: 'someone/else:latest'}]) {
+      expect((await harness.request('PATCH', '/api/captain/agents/meepa', {body: {container_mode}, headers})).status).toBe(200)
+    }
+    expect((await harness.request('PATCH', '/api/captain/agents/meepa', {body: {file_access: {allow_listen: true}}, headers})).status).toBe(200)
+    expect((await harness.request('PUT', '/api/captain/container/config', {body: {base_image: 'debian:bookworm-slim', packages: ['sudo'], env_vars: {LD_PRELOAD: '/x.so'}}, headers})).status).toBe(200)
+    expect((await harness.request('PATCH', '/api/captain/agents/meepa', {body: {name: 'Renamed'}, headers})).status).toBe(200)
+    const entries = new AuditLog(harness.db).list().filter((entry) => entry.event === 'config_change')
+    expect(entries.map((entry) => [entry.level, entry.details?.weakenings])).toEqual([
+      ['warning', ['container_mode.user unset → 0']],
+      ['warning', ['container_mode.image unset → someone/else:latest']],
+      ['warning', ['file_access.allow_listen on']],
+      ['warning', ['packages widened by sudo', 'env_vars widened by LD_PRELOAD']],
+      ['info', []],
+    ])
+    expect(harness.logs.filter((line) => line.startsWith('audit WARNING:'))).toHaveLength(4)
   })
 
   it('refuses "$" values through the API (400 naming the field) and shows references as written, never resolved', async () => {

@@ -172,6 +172,47 @@ describe('the control plane of a real `serve`', {timeout: 90_000}, () => {
     expect((await call(serve.url, 'POST', '/api/captain/auth/link', undefined, {secret})).status).toBe(401)
   })
 
+  it('`dashboard link` with captain.port 0 names the port the running gateway got, and refuses to guess without one', async () => {
+    home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1'}], {captain: {enabled: true, bind: '127.0.0.1', port: 0}}))
+    const linksMinted = () => {
+      const db = new Database(path.join(home!.home, 'gateway.db'), {readonly: true})
+      const {n} = db.prepare('SELECT count(*) AS n FROM captain_login_links').get() as {n: number}
+      db.close()
+      return n
+    }
+    const refused = async () => {
+      const link = await runCli(['dashboard', 'link'], {home: home!.home})
+      expect(link.exitCode, link.stdout + link.stderr).toBe(3)
+      expect(link.stdout).not.toMatch(/http:/)
+      const said = link.stderr.replace(/\s*\n\s*›\s*/g, ' ') // oclif wraps its lines
+      expect(said).toMatch(/captain\.port is 0 in .*config\.yaml: the dashboard listens on a port chosen when the gateway starts, and no gateway of .* is running/)
+      expect(said).toMatch(/start the gateway \(meepagateway serve\), then run meepagateway dashboard link again/)
+      expect(said).toMatch(/set captain\.port in config\.yaml to a fixed port/)
+    }
+    expect((await runCli(['api-key', 'list'], {home: home.home})).exitCode).toBe(0) // gateway.db exists
+    await refused()
+    expect(linksMinted()).toBe(0) // nothing unusable was minted
+
+    const first = await startServe()
+    expect(new URL(first.url).port).not.toBe('0')
+    const link = await runCli(['dashboard', 'link'], {home: home.home})
+    expect(link.exitCode, link.stderr).toBe(0)
+    const url = new URL(link.stdout.trim())
+    expect(url.origin).toBe(first.url)
+    const secret = /^#login=(.+)$/.exec(url.hash)?.[1]
+    expect((await call(first.url, 'POST', '/api/captain/auth/link', undefined, {secret})).status).toBe(200)
+    await first.stop()
+    await refused() // a stopped gateway's port is nobody's
+
+    // a gateway killed without stopping leaves its record: a dead process's port is not used either
+    const second = await startServe()
+    expect(new URL((await runCli(['dashboard', 'link'], {home: home.home})).stdout.trim()).origin).toBe(second.url)
+    const killed = running.pop()!
+    killed.kill('SIGKILL')
+    await killed.catch(() => {})
+    await refused()
+  })
+
   it("keeps each key's conversation to itself: naming another key's channel reaches a namespaced one", async () => {
     const port = await freePort()
     home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1'}], {captain: {enabled: true, bind: '127.0.0.1', port}}))

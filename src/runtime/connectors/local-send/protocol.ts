@@ -1,6 +1,7 @@
 import fs from 'node:fs'
 import path from 'node:path'
 import {buildIdentity} from '../../util/build-identity.js'
+import {gatewayRunDir} from '../../util/paths.js'
 import type {AgentRunOutput} from '../../shapes/agent-run-contract.js'
 
 /**
@@ -12,7 +13,7 @@ export const LOCAL_SEND_VERSION = 1
 
 /** The directory of the socket and its token: the gateway's, mode 0700. */
 export function localSendDir(home: string): string {
-  return path.join(home, 'run')
+  return gatewayRunDir(home)
 }
 export function localSendSocket(home: string): string {
   return path.join(localSendDir(home), 'send.sock')
