@@ -25,7 +25,7 @@ import {APP_ROOT} from '../util/app-root.js'
 import {dockerEngineProblem, reportEngineAnswered, reportEngineProblem} from './engine-health.js'
 import {forgetRunProcess, recordRunProcess} from './run-processes.js'
 import {sizeBytes} from '../config/size.js'
-import {diskFull, diskUsage, watchDiskUsage} from './disk-limit.js'
+import {diskFull, diskUsage, overLimit, watchDiskUsage, type DiskUsage} from './disk-limit.js'
 import {cappedLog} from './agent-run-process.js'
 import type {RunRequest, Runner} from './types.js'
 import {AgentRunChannel} from './llm-channel.js'
@@ -136,8 +136,8 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
   const {input, agent} = request
   const runId = input.run_id
   const diskLimit = sizeBytes(agent.limits.disk, 'limits.disk')
-  const usageBefore = await diskUsage([request.workspace])
-  if (usageBefore > diskLimit) return diskFull(runId, agent.limits.disk, usageBefore, request.workspace, 'before')
+  const usageBefore = await diskUsage([request.workspace], diskLimit)
+  if (overLimit(usageBefore, diskLimit)) return diskFull(runId, agent.limits.disk, usageBefore, request.workspace, 'before')
   const deadline = Date.now() + request.timeoutMs
   const image = await readyBeforeDeadline(cli, deadline, request.signal, (signal) => readyIsolationImage(request.config, agent, imageContextFor(request.home, cli, {signal, onLog: log})))
   const shape = runShape(request, image)
@@ -150,15 +150,16 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
   recordRunProcess(request.home, {runId, keeperPid: child.pid, cgroups: [], container: name}, log)
   request.onStarted?.()
   // limits.disk: the workspace is a bind mount, measured from here (see disk-limit.ts)
-  let diskOver = false
-  const diskWatch = watchDiskUsage([request.workspace], diskLimit, () => {
-    diskOver = true
+  let overWhileRunning: DiskUsage | undefined
+  const diskWatch = watchDiskUsage([request.workspace], diskLimit, (usage) => {
+    overWhileRunning = usage
     void cli.exec(['kill', name], {timeoutMs: KILL_TIMEOUT_MS}).catch(() => {})
   })
   try {
     const output = await runInStartedContainer(request, cli, container, shape.spec.forwardEnv, onAnswer)
     const atEnd = await diskWatch.stop()
-    return diskOver || atEnd.over ? diskFull(runId, agent.limits.disk, atEnd.usage, request.workspace, 'during') : output
+    if (atEnd.over || overWhileRunning) return diskFull(runId, agent.limits.disk, atEnd.over ? atEnd.usage : overWhileRunning!, request.workspace, 'during')
+    return output
   } finally {
     void diskWatch.stop()
     forgetRunProcess(request.home, runId)
