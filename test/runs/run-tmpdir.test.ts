@@ -108,3 +108,20 @@ describe.runIf(landlock && process.getuid?.() === 0)('a run\'s TMPDIR (root: tmp
     expect(String(result.stderr)).toMatch(/could not remove the run's TMPDIR .*cannot remove 'f' at depth 2: Operation not permitted/)
   })
 })
+
+describe.runIf(landlock)('sandbox exec\'s TMPDIR', {timeout: 120_000}, () => {
+  it('a command\'s tree nested past PATH_MAX in TMPDIR is removed after it, and its exit status kept', async () => {
+    const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-exec-tmp-'))
+    cleanups.push(async () => fs.rmdirSync(tmp))
+    const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1'}]))
+    homes.push(home)
+    const nest = `import os
+os.chdir(os.environ["TMPDIR"])
+for i in range(25):
+    os.mkdir("d" * 200); os.chdir("d" * 200); open("f", "w").close()`
+    const result = await runCli(['sandbox', 'exec', '--agent', 'a1', '--', 'sh', '-c', `python3 -c '${nest}' && exit 3`], {home: home.home, env: {TMPDIR: tmp}})
+    expect(result.stderr).toBe('')
+    expect(result.exitCode).toBe(3)
+    expect(fs.readdirSync(tmp)).toEqual([])
+  })
+})
