@@ -868,8 +868,9 @@ static void remove_cgroups(void)
  * error, never a walk somewhere else). Used by `--measure` (limits.disk), `--remove` and the
  * keeper's --remove-dir. */
 
-#define TREE_OPEN_LEVELS 64
 static int usage(void);
+
+#define TREE_OPEN_LEVELS 64
 /* What an entry costs at least: an empty file or symlink still takes an inode (see disk-limit.ts). */
 #define TREE_MIN_ENTRY_BYTES 4096ULL
 /* Hard links remembered so a file counts once; past this each further link counts in full
@@ -926,37 +927,42 @@ static void tree_error(struct tree_walk *walk, const char *what, const char *nam
 	snprintf(walk->error, sizeof(walk->error), "%s '%s' at depth %zu: %s", what, shown, walk->depth - (size_t)walk->remove, strerror(err));
 }
 
-/* Whether the file (dev, ino) was counted already; remembers it otherwise. */
+/* The slot holding (dev, ino), or the empty one where it goes (the table is never over half full). */
+static struct link_key *link_slot(struct tree_walk *walk, dev_t dev, ino_t ino)
+{
+	size_t mask = walk->cap_links - 1;
+	for (size_t i = (size_t)((ino * 0x9E3779B97F4A7C15ULL) ^ dev) & mask;; i = (i + 1) & mask) {
+		struct link_key *slot = &walk->links[i];
+		if ((!slot->ino && !slot->dev) || (slot->dev == dev && slot->ino == ino))
+			return slot;
+	}
+}
+
+/* Whether the file (dev, ino) was counted already; remembers it otherwise, while there is room. */
 static int link_seen(struct tree_walk *walk, dev_t dev, ino_t ino)
 {
+	if (walk->cap_links) {
+		struct link_key *slot = link_slot(walk, dev, ino);
+		if (slot->ino || slot->dev)
+			return 1;
+	}
 	if (walk->n_links * 2 >= walk->cap_links) {
 		if (walk->cap_links >= TREE_MAX_LINKS)
 			return 0;
-		size_t cap = walk->cap_links ? walk->cap_links * 2 : 1024;
 		struct link_key *old = walk->links;
 		size_t old_cap = walk->cap_links;
-		walk->links = calloc(cap, sizeof(*walk->links));
+		walk->cap_links = old_cap ? old_cap * 2 : 1024;
+		walk->links = calloc(walk->cap_links, sizeof(*walk->links));
 		if (!walk->links)
 			die("out of memory walking a directory tree");
-		walk->cap_links = cap;
-		walk->n_links = 0;
 		for (size_t i = 0; i < old_cap; i++)
 			if (old[i].ino || old[i].dev)
-				link_seen(walk, old[i].dev, old[i].ino);
+				*link_slot(walk, old[i].dev, old[i].ino) = old[i];
 		free(old);
 	}
-	size_t i = (size_t)((ino * 0x9E3779B97F4A7C15ULL) ^ dev) & (walk->cap_links - 1);
-	for (;; i = (i + 1) & (walk->cap_links - 1)) {
-		struct link_key *slot = &walk->links[i];
-		if (!slot->ino && !slot->dev) {
-			slot->dev = dev;
-			slot->ino = ino;
-			walk->n_links++;
-			return 0;
-		}
-		if (slot->dev == dev && slot->ino == ino)
-			return 1;
-	}
+	*link_slot(walk, dev, ino) = (struct link_key){.dev = dev, .ino = ino};
+	walk->n_links++;
+	return 0;
 }
 
 static void count_entry(struct tree_walk *walk, const struct stat *st)
@@ -1208,6 +1214,10 @@ static int remove_tree(struct tree_walk *walk, const char *dir)
 		return -1;
 	}
 	char parent[4096];
+	if ((size_t)(slash - dir) >= sizeof(parent)) {
+		tree_error(walk, "not removing", dir, ENAMETOOLONG);
+		return -1;
+	}
 	snprintf(parent, sizeof(parent), "%.*s", slash == dir ? 1 : (int)(slash - dir), dir);
 	int fd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (fd < 0) {
