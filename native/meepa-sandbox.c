@@ -1192,10 +1192,13 @@ static int start_walk(struct tree_walk *walk, int fd)
 	return 0;
 }
 
-/* Bytes allocated below DIR (the directory itself not counted), added to walk->bytes. */
+/* Bytes allocated below DIR (the directory itself not counted), added to walk->bytes. A DIR that is
+ * gone holds nothing: a run's TMPDIR removed from outside (a cleaner of /tmp) is no error. */
 static int measure_tree(struct tree_walk *walk, const char *dir)
 {
 	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0 && errno == ENOENT)
+		return 0;
 	if (fd < 0 || start_walk(walk, fd) != 0) {
 		tree_error(walk, "cannot open", dir, errno);
 		return -1;

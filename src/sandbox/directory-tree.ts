@@ -26,7 +26,7 @@ export interface TreeUsage {
   error?: string
 }
 
-/** Bytes allocated below `roots` (the roots themselves not counted), walking no further once over `stopAbove`. */
+/** Bytes allocated below `roots` (the roots themselves not counted; a root that is gone holds nothing), walking no further once over `stopAbove`. */
 export async function measureTrees(roots: string[], options: {stopAbove?: number; signal?: AbortSignal} = {}): Promise<TreeUsage> {
   const helper = keeperHelper()
   if (!helper) return measureByPaths(roots, options)
@@ -60,8 +60,16 @@ async function measureByPaths(roots: string[], options: {stopAbove?: number; sig
   let bytes = 0
   const seen = new Set<string>()
   const over = () => options.stopAbove !== undefined && bytes > options.stopAbove
-  const walk = async (dir: string): Promise<void> => {
-    for (const name of await fs.readdir(dir)) {
+  const walk = async (dir: string, root = false): Promise<void> => {
+    let names: string[]
+    try {
+      names = await fs.readdir(dir)
+    } catch (error) {
+      // a root that is gone holds nothing (a run's TMPDIR removed from outside)
+      if (root && (error as NodeJS.ErrnoException).code === 'ENOENT') return
+      throw error
+    }
+    for (const name of names) {
       if (options.signal?.aborted) throw new Error('the measurement was cancelled')
       if (over()) return
       const file = path.join(dir, name)
@@ -82,7 +90,7 @@ async function measureByPaths(roots: string[], options: {stopAbove?: number; sig
     }
   }
   try {
-    for (const root of roots) await walk(root)
+    for (const root of roots) await walk(root, true)
     return {bytes}
   } catch (error) {
     // a path past PATH_MAX would fill the message: its start says enough

@@ -96,9 +96,11 @@ for i in range(10):
     expect(usage.bytes).toBeLessThan(MiB + 64 * 1024)
   })
 
-  it('an entry it cannot read is an error naming it, never skipped', async () => {
-    const missing = await measureTrees([path.join(scratch(), 'gone')])
-    expect(missing.error).toMatch(/No such file or directory/)
+  it('a root that is gone holds nothing (a TMPDIR a cleaner of /tmp removed); a root that is no directory is an error', async () => {
+    const dir = scratch()
+    expect(await measureTrees([path.join(dir, 'gone')])).toEqual({bytes: 0})
+    fs.writeFileSync(path.join(dir, 'file'), 'x')
+    expect((await measureTrees([path.join(dir, 'file')])).error).toMatch(/Not a directory/)
   })
 
   it.runIf(root && fs.existsSync('/usr/bin/setpriv'))('a directory the run locked (mode 000, non-root gateway) is an error naming it', async () => {
