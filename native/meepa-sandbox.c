@@ -5,6 +5,9 @@
  *   meepa-sandbox --deny-network -- CMD [ARGS...] add a network-off layer (keeps the environment)
  *   meepa-sandbox --deny-listen -- CMD [ARGS...]  add a no-listening layer (keeps the environment)
  *   meepa-sandbox --probe                         print what this kernel can enforce, as JSON
+ *   meepa-sandbox --measure [--stop-above N] DIR... print the bytes allocated below the DIRs (limits.disk);
+ *                                                 exit 1 with the reason when any part cannot be measured
+ *   meepa-sandbox --remove DIR...                 remove each DIR and everything below it, at any depth
  *   meepa-sandbox --keeper-fd K [--cgroup DIR]... [--join-while-starting] [--max-file-size BYTES]
  *                 [--remove-dir DIR] [--on-orphan ARG]... [--rules-fd N] -- CMD [ARGS...]
  *       the keeper: forks; the child joins the run's cgroups, opens a new session and execs CMD
@@ -990,21 +993,456 @@ static void remove_cgroups(void)
 			sleep_ms(10);
 }
 
-static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw)
+/* ---- directory trees: measured and removed at any depth, descriptor-relative ----
+ *
+ * Full paths stop at PATH_MAX (ENAMETOOLONG), so a tree is walked from directory descriptors and
+ * names only: openat/fstatat/unlinkat with O_NOFOLLOW, never a symlink followed. The innermost
+ * TREE_OPEN_LEVELS directories keep their descriptor; a deeper walk closes the outer ones and
+ * finds them again through "..", checked by device and inode (a directory moved meanwhile is an
+ * error, never a walk somewhere else). Used by `--measure` (limits.disk), `--remove` and the
+ * keeper's --remove-dir. */
+
+static int usage(void);
+
+#define TREE_OPEN_LEVELS 64
+/* What an entry costs at least: an empty file or symlink still takes an inode (see disk-limit.ts). */
+#define TREE_MIN_ENTRY_BYTES 4096ULL
+/* Hard links remembered so a file counts once; past this each further link counts in full
+ * (too much, never too little). */
+#define TREE_MAX_LINKS (1UL << 22)
+
+struct tree_level {
+	int fd; /* -1 while closed to stay within TREE_OPEN_LEVELS */
+	dev_t dev;
+	ino_t ino;
+	char *name; /* its name in the level above (NULL for the first level) */
+	char **pending; /* subdirectories still to visit */
+	size_t n_pending, cap_pending;
+	int scans;
+	int outside; /* the directory holding a removed tree: never made writable */
+};
+
+struct link_key {
+	dev_t dev;
+	ino_t ino;
+};
+
+struct tree_walk {
+	int remove;
+	unsigned long long bytes, stop_above;
+	dev_t root_dev;
+	int have_root_dev;
+	char error[600];
+	struct tree_level *levels;
+	size_t depth, cap_levels;
+	struct link_key *links;
+	size_t n_links, cap_links;
+};
+
+static void *tree_alloc(void *old, size_t count, size_t size)
 {
-	(void)st;
-	(void)type;
-	(void)ftw;
-	remove(path);
+	void *grown = reallocarray(old, count, size);
+	if (!grown)
+		die("out of memory walking a directory tree");
+	return grown;
+}
+
+/* The first error is kept: a name (made printable, shortened) at a depth, and why. */
+static void tree_error(struct tree_walk *walk, const char *what, const char *name, int err)
+{
+	if (walk->error[0])
+		return;
+	char shown[81];
+	size_t n = 0;
+	for (const char *c = name ? name : "."; *c && n < 80; c++)
+		shown[n++] = (*c >= 0x20 && *c < 0x7f) ? *c : '?';
+	shown[n] = '\0';
+	/* a removal's first level is the directory holding the tree */
+	snprintf(walk->error, sizeof(walk->error), "%s '%s' at depth %zu: %s", what, shown, walk->depth - (size_t)walk->remove, strerror(err));
+}
+
+/* The slot holding (dev, ino), or the empty one where it goes (the table is never over half full). */
+static struct link_key *link_slot(struct tree_walk *walk, dev_t dev, ino_t ino)
+{
+	size_t mask = walk->cap_links - 1;
+	for (size_t i = (size_t)((ino * 0x9E3779B97F4A7C15ULL) ^ dev) & mask;; i = (i + 1) & mask) {
+		struct link_key *slot = &walk->links[i];
+		if ((!slot->ino && !slot->dev) || (slot->dev == dev && slot->ino == ino))
+			return slot;
+	}
+}
+
+/* Whether the file (dev, ino) was counted already; remembers it otherwise, while there is room. */
+static int link_seen(struct tree_walk *walk, dev_t dev, ino_t ino)
+{
+	if (walk->cap_links) {
+		struct link_key *slot = link_slot(walk, dev, ino);
+		if (slot->ino || slot->dev)
+			return 1;
+	}
+	if (walk->n_links * 2 >= walk->cap_links) {
+		if (walk->cap_links >= TREE_MAX_LINKS)
+			return 0;
+		struct link_key *old = walk->links;
+		size_t old_cap = walk->cap_links;
+		walk->cap_links = old_cap ? old_cap * 2 : 1024;
+		walk->links = calloc(walk->cap_links, sizeof(*walk->links));
+		if (!walk->links)
+			die("out of memory walking a directory tree");
+		for (size_t i = 0; i < old_cap; i++)
+			if (old[i].ino || old[i].dev)
+				*link_slot(walk, old[i].dev, old[i].ino) = old[i];
+		free(old);
+	}
+	*link_slot(walk, dev, ino) = (struct link_key){.dev = dev, .ino = ino};
+	walk->n_links++;
 	return 0;
 }
 
-/* The run's private TMPDIR, once everything in the run is dead: depth first, never following a
- * symlink and never leaving its filesystem. */
-static void remove_tree(const char *dir)
+static void count_entry(struct tree_walk *walk, const struct stat *st)
 {
-	if (dir)
-		nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+	if (!S_ISDIR(st->st_mode) && st->st_nlink > 1 && link_seen(walk, st->st_dev, st->st_ino))
+		return;
+	unsigned long long allocated = (unsigned long long)st->st_blocks * 512ULL;
+	walk->bytes += allocated > TREE_MIN_ENTRY_BYTES ? allocated : TREE_MIN_ENTRY_BYTES;
+}
+
+static int over_stop(const struct tree_walk *walk)
+{
+	return walk->stop_above && walk->bytes > walk->stop_above;
+}
+
+static void push_pending(struct tree_level *level, const char *name)
+{
+	if (level->n_pending == level->cap_pending) {
+		level->cap_pending = level->cap_pending ? level->cap_pending * 2 : 8;
+		level->pending = tree_alloc(level->pending, level->cap_pending, sizeof(char *));
+	}
+	level->pending[level->n_pending] = strdup(name);
+	if (!level->pending[level->n_pending])
+		die("out of memory walking a directory tree");
+	level->n_pending++;
+}
+
+/* Removing as a non-root owner: the run may have taken away its own write or search rights. */
+static int unlink_entry(struct tree_level *level, const char *name, int flags)
+{
+	if (unlinkat(level->fd, name, flags) == 0 || errno == ENOENT)
+		return 0;
+	if ((errno != EACCES && errno != EPERM) || level->outside)
+		return -1;
+	if (fchmod(level->fd, S_IRWXU) != 0)
+		return -1;
+	return unlinkat(level->fd, name, flags) == 0 || errno == ENOENT ? 0 : -1;
+}
+
+/* Reads the newest level: counts (or unlinks) what is not a directory, lists its subdirectories. */
+static int scan_level(struct tree_walk *walk)
+{
+	struct tree_level *level = &walk->levels[walk->depth - 1];
+	level->scans++;
+	int fd = fcntl(level->fd, F_DUPFD_CLOEXEC, 0);
+	DIR *dir = fd < 0 ? NULL : fdopendir(fd);
+	if (!dir) {
+		tree_error(walk, "cannot read the directory", level->name, errno);
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	/* the duplicate shares the offset of an earlier scan */
+	rewinddir(dir);
+	struct dirent *entry;
+	int result = 0;
+	for (errno = 0; (entry = readdir(dir)) != NULL; errno = 0) {
+		const char *name = entry->d_name;
+		if (name[0] == '.' && (name[1] == '\0' || (name[1] == '.' && name[2] == '\0')))
+			continue;
+		struct stat st;
+		if (fstatat(level->fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+			if (errno == ENOENT)
+				continue;
+			tree_error(walk, "cannot stat", name, errno);
+			result = -1;
+			if (!walk->remove)
+				break;
+			continue;
+		}
+		if (S_ISDIR(st.st_mode)) {
+			push_pending(level, name);
+			if (!walk->remove)
+				count_entry(walk, &st);
+		} else if (walk->remove) {
+			if (unlink_entry(level, name, 0) != 0) {
+				tree_error(walk, "cannot remove", name, errno);
+				result = -1;
+			}
+		} else {
+			count_entry(walk, &st);
+		}
+		if (over_stop(walk))
+			break;
+	}
+	if (errno != 0 && result == 0) {
+		tree_error(walk, "cannot read the directory", level->name, errno);
+		result = -1;
+	}
+	closedir(dir);
+	return result;
+}
+
+/* Opens the newest level's next pending subdirectory as a new level. */
+static int descend(struct tree_walk *walk)
+{
+	struct tree_level *level = &walk->levels[walk->depth - 1];
+	char *name = level->pending[--level->n_pending];
+	int fd = openat(level->fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0 && walk->remove && errno == EACCES && fchmodat(level->fd, name, S_IRWXU, AT_SYMLINK_NOFOLLOW) == 0)
+		fd = openat(level->fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st) != 0) {
+		int err = errno;
+		if (fd >= 0)
+			close(fd);
+		/* gone meanwhile; or, when removing, swapped for something that is no directory */
+		int removed = err == ENOENT || (walk->remove && (err == ENOTDIR || err == ELOOP) && unlink_entry(level, name, 0) == 0);
+		if (!removed)
+			tree_error(walk, "cannot open the directory", name, err);
+		free(name);
+		return removed ? 0 : -1;
+	}
+	if (!walk->have_root_dev) {
+		walk->root_dev = st.st_dev;
+		walk->have_root_dev = 1;
+	} else if (walk->remove && st.st_dev != walk->root_dev) {
+		tree_error(walk, "not removing another filesystem mounted at", name, EXDEV);
+		close(fd);
+		free(name);
+		return -1;
+	}
+	if (walk->depth == walk->cap_levels) {
+		walk->cap_levels = walk->cap_levels ? walk->cap_levels * 2 : 64;
+		walk->levels = tree_alloc(walk->levels, walk->cap_levels, sizeof(*walk->levels));
+	}
+	walk->levels[walk->depth++] = (struct tree_level){.fd = fd, .dev = st.st_dev, .ino = st.st_ino, .name = name};
+	if (walk->depth > TREE_OPEN_LEVELS) {
+		struct tree_level *outer = &walk->levels[walk->depth - 1 - TREE_OPEN_LEVELS];
+		if (outer->fd >= 0) {
+			close(outer->fd);
+			outer->fd = -1;
+		}
+	}
+	return 0;
+}
+
+static void free_level(struct tree_level *level)
+{
+	if (level->fd >= 0)
+		close(level->fd);
+	while (level->n_pending > 0)
+		free(level->pending[--level->n_pending]);
+	free(level->pending);
+	free(level->name);
+}
+
+/* The newest level is done: back to the one above (found again through ".." if it was closed),
+ * removing it there when removing. Returns 1 when it must be scanned again instead. */
+static int ascend(struct tree_walk *walk)
+{
+	struct tree_level *level = &walk->levels[walk->depth - 1];
+	struct tree_level *above = &walk->levels[walk->depth - 2];
+	if (above->fd < 0) {
+		int fd = openat(level->fd, "..", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		struct stat st;
+		if (fd < 0 || fstat(fd, &st) != 0 || st.st_dev != above->dev || st.st_ino != above->ino) {
+			tree_error(walk, "the tree changed while it was walked, at", level->name, fd < 0 ? errno : ESTALE);
+			if (fd >= 0)
+				close(fd);
+			return -1;
+		}
+		above->fd = fd;
+	}
+	if (walk->remove && unlink_entry(above, level->name, AT_REMOVEDIR) != 0) {
+		/* an entry the first scan did not see (a directory read while it changes): once more */
+		if (errno == ENOTEMPTY && level->scans < 2)
+			return 1;
+		tree_error(walk, "cannot remove the directory", level->name, errno);
+	}
+	free_level(level);
+	walk->depth--;
+	return 0;
+}
+
+/* Walks everything below the first level, whose descriptor and identity are set. */
+static int walk_levels(struct tree_walk *walk, int first_scanned)
+{
+	int failed = 0;
+	int scanned = first_scanned;
+	while (walk->depth > 0 && !over_stop(walk)) {
+		struct tree_level *level = &walk->levels[walk->depth - 1];
+		if (!scanned) {
+			if (scan_level(walk) != 0) {
+				failed = 1;
+				if (!walk->remove)
+					break;
+			}
+			scanned = 1;
+			continue;
+		}
+		if (level->n_pending > 0) {
+			if (descend(walk) != 0) {
+				failed = 1;
+				if (!walk->remove)
+					break;
+				continue;
+			}
+			scanned = 0;
+			continue;
+		}
+		if (walk->depth == 1)
+			break;
+		int again = ascend(walk);
+		if (again < 0) {
+			failed = 1;
+			break;
+		}
+		scanned = again == 0;
+	}
+	while (walk->depth > 0)
+		free_level(&walk->levels[--walk->depth]);
+	return failed ? -1 : 0;
+}
+
+static int start_walk(struct tree_walk *walk, int fd)
+{
+	struct stat st;
+	if (fstat(fd, &st) != 0) {
+		close(fd);
+		return -1;
+	}
+	walk->levels = tree_alloc(walk->levels, 64, sizeof(*walk->levels));
+	walk->cap_levels = 64;
+	walk->levels[0] = (struct tree_level){.fd = fd, .dev = st.st_dev, .ino = st.st_ino};
+	walk->depth = 1;
+	return 0;
+}
+
+/* Bytes allocated below DIR (the directory itself not counted), added to walk->bytes. A DIR that is
+ * gone holds nothing: a run's TMPDIR removed from outside (a cleaner of /tmp) is no error. */
+static int measure_tree(struct tree_walk *walk, const char *dir)
+{
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0 && errno == ENOENT)
+		return 0;
+	if (fd < 0 || start_walk(walk, fd) != 0) {
+		tree_error(walk, "cannot open", dir, errno);
+		return -1;
+	}
+	walk->have_root_dev = 0;
+	return walk_levels(walk, 0);
+}
+
+/* Removes DIR and everything below it, never leaving its filesystem; a DIR already gone is fine. */
+static int remove_tree(struct tree_walk *walk, const char *dir)
+{
+	const char *slash = strrchr(dir, '/');
+	const char *base = slash ? slash + 1 : "";
+	if (!slash || !*base || strcmp(base, ".") == 0 || strcmp(base, "..") == 0) {
+		tree_error(walk, "not removing", dir, EINVAL);
+		return -1;
+	}
+	char parent[4096];
+	if ((size_t)(slash - dir) >= sizeof(parent)) {
+		tree_error(walk, "not removing", dir, ENAMETOOLONG);
+		return -1;
+	}
+	snprintf(parent, sizeof(parent), "%.*s", slash == dir ? 1 : (int)(slash - dir), dir);
+	int fd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0) {
+		if (errno == ENOENT)
+			return 0;
+		tree_error(walk, "cannot open", parent, errno);
+		return -1;
+	}
+	if (start_walk(walk, fd) != 0) {
+		tree_error(walk, "cannot open", parent, errno);
+		return -1;
+	}
+	walk->have_root_dev = 0;
+	walk->levels[0].outside = 1;
+	struct stat st;
+	int found = fstatat(fd, base, &st, AT_SYMLINK_NOFOLLOW) == 0;
+	if (!found || !S_ISDIR(st.st_mode)) {
+		int failed = found ? unlink_entry(&walk->levels[0], base, 0) != 0 : errno != ENOENT;
+		if (failed)
+			tree_error(walk, "cannot remove", dir, errno);
+		walk_levels(walk, 1);
+		return failed ? -1 : 0;
+	}
+	/* the first level is DIR's parent, read no further than DIR itself */
+	push_pending(&walk->levels[0], base);
+	walk->levels[0].scans = 1;
+	int result = walk_levels(walk, 1);
+	return walk->error[0] ? -1 : result;
+}
+
+/* `--measure [--stop-above BYTES] DIR...`: prints the bytes allocated below the DIRs; exit 1 with
+ * the reason when any part could not be measured (the caller counts that as over its limit). */
+static int measure_main(int argc, char **argv)
+{
+	struct tree_walk walk = {0};
+	int i = 0;
+	if (i + 1 < argc && strcmp(argv[i], "--stop-above") == 0) {
+		char *end;
+		walk.stop_above = strtoull(argv[i + 1], &end, 10);
+		if (*end || !walk.stop_above)
+			return usage();
+		i += 2;
+	}
+	if (i >= argc)
+		return usage();
+	for (int j = i; j < argc; j++)
+		if (argv[j][0] != '/')
+			return usage();
+	int failed = 0;
+	for (; i < argc && !failed && !over_stop(&walk); i++)
+		failed = measure_tree(&walk, argv[i]) != 0;
+	printf("%llu\n", walk.bytes);
+	if (failed) {
+		fprintf(stderr, "meepa-sandbox: cannot measure %s: %s\n", argv[i - 1], walk.error);
+		return 1;
+	}
+	return 0;
+}
+
+/* `--remove DIR...`: removes each DIR at any depth; exit 1 naming the first thing left. */
+static int remove_main(int argc, char **argv)
+{
+	if (argc < 1)
+		return usage();
+	for (int i = 0; i < argc; i++)
+		if (argv[i][0] != '/')
+			return usage();
+	int failed = 0;
+	for (int i = 0; i < argc; i++) {
+		struct tree_walk walk = {.remove = 1};
+		if (remove_tree(&walk, argv[i]) != 0) {
+			fprintf(stderr, "meepa-sandbox: cannot remove all of %s: %s\n", argv[i], walk.error);
+			failed = 1;
+		}
+		free(walk.levels);
+	}
+	return failed;
+}
+
+/* The keeper's --remove-dir: best effort, a start-up reclaims what is left. */
+static void remove_run_dir(const char *dir)
+{
+	if (!dir)
+		return;
+	struct tree_walk walk = {.remove = 1};
+	remove_tree(&walk, dir);
+	free(walk.levels);
+	free(walk.links);
 }
 
 /* The owner is gone: run the --on-orphan command (bounded to 10 s), e.g. to remove a container. */
@@ -1150,7 +1588,7 @@ static void become_keeper(int owner_fd, char **orphan_args, long long max_file_s
 		remove_cgroups();
 		/* a survivor could swap a directory for a symlink while it is walked: then leave it to start-up */
 		if (all_dead)
-			remove_tree(orphan_dir);
+			remove_run_dir(orphan_dir);
 		run_orphan_command(orphan_args);
 	}
 	if (!done && waitpid(child, &status, 0) == child)
@@ -1165,7 +1603,9 @@ static int usage(void)
 	fputs("usage: meepa-sandbox --rules-fd N -- CMD [ARGS...]\n"
 	      "       meepa-sandbox [--new-group] [--deny-network] [--deny-listen] -- CMD [ARGS...]\n"
 	      "       meepa-sandbox --keeper-fd K [--cgroup DIR]... [--join-while-starting] [--max-file-size BYTES] [--remove-dir DIR] [--on-orphan ARG]... [--rules-fd N] -- CMD [ARGS...]\n"
-	      "       meepa-sandbox --probe\n",
+	      "       meepa-sandbox --probe\n"
+	      "       meepa-sandbox --measure [--stop-above BYTES] DIR...\n"
+	      "       meepa-sandbox --remove DIR...\n",
 	      stderr);
 	return 2;
 }
@@ -1174,6 +1614,10 @@ int main(int argc, char **argv)
 {
 	if (argc == 2 && strcmp(argv[1], "--probe") == 0)
 		return probe();
+	if (argc >= 2 && strcmp(argv[1], "--measure") == 0)
+		return measure_main(argc - 2, argv + 2);
+	if (argc >= 2 && strcmp(argv[1], "--remove") == 0)
+		return remove_main(argc - 2, argv + 2);
 	int rules_fd = -1, network_layer = 0, listen_layer = 0, new_group = 0, command = 0, keeper_fd = -1, n_orphan = 0;
 	long long max_file_size = 0;
 	const char *orphan_dir = NULL;

@@ -114,6 +114,24 @@ describe.runIf(process.platform === 'linux' && fs.existsSync(HELPER))('the keepe
     fs.rmSync(dir, {recursive: true, force: true})
   })
 
+  it('--remove-dir removes a directory the run nested 1000 levels deep (past PATH_MAX) when the owner dies', async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'keeper-'))
+    const tmp = path.join(dir, 'run-tmp')
+    fs.mkdirSync(tmp)
+    const nest = `import os
+os.chdir(${JSON.stringify(tmp)})
+for i in range(1000):
+    os.mkdir("level"); os.chdir("level"); open("f", "w").close()
+open(${JSON.stringify(path.join(dir, 'started'))}, "w").close()`
+    const child = execa(HELPER, ['--keeper-fd', '3', '--remove-dir', tmp, '--', 'sh', '-c', `python3 -c '${nest}'; sleep 30`], {stdio: ['pipe', 'pipe', 'pipe', 'pipe'], reject: false, detached: true})
+    const deadline = Date.now() + 20_000
+    while (!fs.existsSync(path.join(dir, 'started')) && Date.now() < deadline) await sleep(20)
+    ;(child.stdio[3] as NodeJS.ReadableStream & {destroy(): void}).destroy()
+    await child
+    expect(fs.existsSync(tmp)).toBe(false)
+    fs.rmSync(dir, {recursive: true, force: true})
+  })
+
   it('refuses keeper flags without --keeper-fd and a lifeline that is not open', async () => {
     expect((await execa(HELPER, ['--cgroup', '/sys/fs/cgroup/x', '--', 'true'], {reject: false})).exitCode).toBe(2)
     const closed = await execa(HELPER, ['--keeper-fd', '9', '--', 'true'], {reject: false})

@@ -14,7 +14,7 @@ export default class SandboxExplain extends BaseCommand<typeof SandboxExplain> {
     const {report, seatbelt} = explanation
     this.log(`agent ${explanation.agent}, workspace ${explanation.workspace}`)
     this.log('resource limits (limits section):')
-    for (const limit of explanation.limits) this.log(`  ${limit.limit} ${limit.value}: ${limit.enforced ? 'enforced' : 'NOT ENFORCED'}\n      ${limit.how}`)
+    for (const limit of explanation.limits) this.log(`  ${limit.limit} ${limit.value}: ${limit.enforced ? (limit.measured ? 'enforced by measurement, not by the kernel' : 'enforced') : 'NOT ENFORCED'}\n      ${limit.how}`)
     this.log('')
     if (seatbelt) {
       this.log('macOS Seatbelt profile (sandbox-exec -p PROFILE with these -D parameters):')

@@ -64,7 +64,7 @@ export async function sandboxCheck(loaded: LoadedConfig, agentId?: string): Prom
       reclaimWorkspace(sandbox.workspace)
       results.push(await checkAgent(loaded, sandbox))
     } finally {
-      sandbox.dispose()
+      await sandbox.dispose()
     }
   }
   return results

@@ -15,7 +15,7 @@ import {seatbeltInvocation, type SeatbeltInvocation} from '../../sandbox/seatbel
 import {findAgent} from '../config/load.js'
 import type {AgentConfig, LoadedConfig} from '../config/types.js'
 import {GatewayError} from '../util/errors.js'
-import {agentEnvironment} from '../run-lifecycle/private-tmp.js'
+import {agentEnvironment, removePrivateTmp} from '../run-lifecycle/private-tmp.js'
 import {limitsReport, type LimitReport} from '../run-lifecycle/limits-report.js'
 import {isolationLevelFor} from '../shapes/isolation-level.js'
 import {ensureWorkspace} from '../workspace/workspace.js'
@@ -34,7 +34,8 @@ export interface AgentSandbox {
   prefix: string[]
   /** The command's whole environment inside the sandbox. */
   env: Record<string, string>
-  dispose(): void
+  /** Removes the command's TMPDIR at any depth; never throws (a failure goes to `log`). */
+  dispose(log?: (line: string) => void): Promise<void>
 }
 
 function requireLinux(): void {
@@ -57,7 +58,7 @@ export async function openAgentSandbox(loaded: LoadedConfig, agentId: string, op
   const probingNamespaces = probeNamespaces({cacheFile: probeRecord(loaded.home, 'namespace')})
   const workspace = ensureWorkspace(loaded.home, agent.id).path
   const tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), `meepa-sandbox-${agent.id}-`))
-  const dispose = () => fs.rmSync(tmpDir, {recursive: true, force: true})
+  const dispose = (log?: (line: string) => void) => removePrivateTmp(tmpDir, log)
   try {
     const namespaces = await probingNamespaces
     const policy = agentPolicy({agent, config: loaded.config, home: loaded.home, workspace, tmpDir, configPath: loaded.path, namespaces: namespaces.available})
@@ -79,7 +80,7 @@ export async function openAgentSandbox(loaded: LoadedConfig, agentId: string, op
     if (process.env.TERM) env.TERM = process.env.TERM
     return {agent, workspace, tmpDir, policy, helper, probe, namespaces, prefix, env, dispose}
   } catch (error) {
-    dispose()
+    await dispose()
     throw error
   }
 }
@@ -136,13 +137,13 @@ export async function sandboxExec(options: SandboxExecOptions): Promise<{exitCod
     // bwrap failed where a remembered probe said it works: the command never ran; once more, as the layer is now
     if (result.exitCode === 1 && sandbox.prefix.length > 0 && (await rememberedLayerBroke(sandbox.namespaces, probeRecord(options.loaded.home, 'namespace')))) {
       options.onLog?.('sandbox: bubblewrap no longer creates the namespaces here (its remembered probe was out of date); starting the command again without them')
-      sandbox.dispose()
+      await sandbox.dispose(options.onLog)
       return sandboxExec(options)
     }
     const signal = result.signal ? os.constants.signals[result.signal] : undefined
     return {exitCode: result.exitCode ?? (signal ? 128 + signal : 1), timedOut: false}
   } finally {
-    sandbox.dispose()
+    await sandbox.dispose(options.onLog)
   }
 }
 
@@ -180,6 +181,6 @@ export async function sandboxExplain(loaded: LoadedConfig, agentId: string): Pro
       limits: limitsReport(sandbox.agent, isolationLevelFor(sandbox.agent)),
     }
   } finally {
-    sandbox.dispose()
+    await sandbox.dispose()
   }
 }

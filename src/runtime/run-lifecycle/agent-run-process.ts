@@ -6,7 +6,7 @@ import {failure, parseAgentRunOutput} from '../agent-run/output.js'
 import {APP_ROOT} from '../util/app-root.js'
 import type {LimitsConfig} from '../config/types.js'
 import {sizeBytes} from '../config/size.js'
-import {diskFull, diskUsage, heldByDeletedFiles, watchDiskUsage} from './disk-limit.js'
+import {diskFull, diskUsage, heldByDeletedFiles, overLimit, watchDiskUsage, type DiskUsage} from './disk-limit.js'
 import {forgetRunProcess, recordRunProcess} from './run-processes.js'
 import {killProcessTree} from '../util/process-tree.js'
 import {abortSignalName, signalChild} from '../util/subprocess.js'
@@ -249,10 +249,10 @@ export class StartedAgentProcess {
 
     // Before the input: limits.disk is checked (over it already, the run is stopped before it
     // gets its input), and the keeper has moved agent-run into its cgroups.
-    let fullBefore: number | undefined
+    let fullBefore: DiskUsage | undefined
     const diskChecked = disk
-      ? diskUsage(disk.roots).then((usage) => {
-          if (usage <= disk.bytes) return true
+      ? diskUsage(disk.roots, disk.bytes).then((usage) => {
+          if (!overLimit(usage, disk.bytes)) return true
           fullBefore = usage
           killRun()
           return false
@@ -284,7 +284,7 @@ export class StartedAgentProcess {
     options.signal?.addEventListener('abort', onAbort)
     if (options.signal?.aborted) onAbort()
     let diskOver = false
-    let usageWhenOver = 0
+    let usageWhenOver: DiskUsage = {bytes: 0}
     // space in files the run unlinked but keeps open counts too: its processes are the cgroup's members
     const runPids = () => (cgroup?.dirs ?? []).flatMap(cgroupPids)
     const diskWatch = disk
@@ -321,7 +321,7 @@ export class StartedAgentProcess {
         ...(cancelled === 'abort' ? {} : {signal: cancelled}),
       })
     }
-    if (disk && diskAtEnd && (diskOver || diskAtEnd.over)) return diskFull(input.run_id, disk.limit, Math.max(diskAtEnd.usage, usageWhenOver), disk.workspace, 'during')
+    if (disk && diskAtEnd && (diskOver || diskAtEnd.over)) return diskFull(input.run_id, disk.limit, diskAtEnd.over ? diskAtEnd.usage : usageWhenOver, disk.workspace, 'during')
     const limits = this.launch.ownership?.limits
     if (cgroup && limits) {
       const oomKills = cgroup.oomKills() - this.oomBefore

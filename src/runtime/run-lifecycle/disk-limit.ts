@@ -2,49 +2,28 @@ import fs from 'node:fs/promises'
 import path from 'node:path'
 import type {AgentRunOutput} from '../shapes/agent-run-contract.js'
 import {failure} from '../agent-run/output.js'
+import {measureTrees, type TreeUsage} from '../../sandbox/directory-tree.js'
 
 /**
  * limits.disk: what a run may keep on disk (its workspace and private TMPDIR). Enforced two ways,
  * as no project quota is set up by the gateway: each file the run writes is capped at the limit
  * by RLIMIT_FSIZE (the keeper sets it; the kernel refuses the write past it, SIGXFSZ), and the
- * runner measures the total every few seconds and at the end, and ends the run with E_DISK once
- * it is over. A full disk therefore stays one agent's problem.
+ * runner measures the total every few seconds and at the end (at any depth, see
+ * src/sandbox/directory-tree.ts), and ends the run with E_DISK once it is over or cannot be
+ * measured. A full disk therefore stays one agent's problem.
  */
 
-/** What an entry costs at least: an empty file or symlink still takes an inode, and inodes run out too. */
-const MIN_ENTRY_BYTES = 4096
+/** A workspace's (and TMPDIR's) measured usage. */
+export type DiskUsage = TreeUsage
 
-/** Bytes the files under `roots` occupy on disk (allocated blocks, at least one block each; symlinks not followed, hard links once). */
-export async function diskUsage(roots: string[], signal?: AbortSignal): Promise<number> {
-  let total = 0
-  const seen = new Set<string>()
-  const walk = async (dir: string): Promise<void> => {
-    let entries: string[]
-    try {
-      entries = await fs.readdir(dir)
-    } catch {
-      return
-    }
-    for (const name of entries) {
-      if (signal?.aborted) return
-      const file = path.join(dir, name)
-      let stat
-      try {
-        stat = await fs.lstat(file, {bigint: false})
-      } catch {
-        continue
-      }
-      if (stat.nlink > 1 && !stat.isDirectory()) {
-        const key = `${stat.dev}:${stat.ino}`
-        if (seen.has(key)) continue
-        seen.add(key)
-      }
-      total += Math.max(stat.blocks * 512, MIN_ENTRY_BYTES)
-      if (stat.isDirectory()) await walk(file)
-    }
-  }
-  for (const root of roots) await walk(root)
-  return total
+/** What the files under `roots` occupy on disk, measured no further than past `limitBytes` (see measureTrees). */
+export function diskUsage(roots: string[], limitBytes: number, signal?: AbortSignal): Promise<DiskUsage> {
+  return measureTrees(roots, {stopAbove: limitBytes, signal})
+}
+
+/** Over the limit: past it, or not measurable (an error is never taken for room). */
+export function overLimit(usage: DiskUsage, limitBytes: number): boolean {
+  return usage.error !== undefined || usage.bytes > limitBytes
 }
 
 /**
@@ -84,20 +63,22 @@ const INTERVAL_PER_MEASURE_MS = 10
 
 export interface DiskWatch {
   /** Stops measuring; resolves with the usage measured now, and whether it is over the limit. */
-  stop(): Promise<{usage: number; over: boolean}>
+  stop(): Promise<{usage: DiskUsage; over: boolean}>
 }
 
 /** Measures `roots` (plus what `hidden` counts) until stopped and calls `onOver` (once) when they exceed `limitBytes`. */
-export function watchDiskUsage(roots: string[], limitBytes: number, onOver: (usage: number) => void, hidden?: () => Promise<number>): DiskWatch {
+export function watchDiskUsage(roots: string[], limitBytes: number, onOver: (usage: DiskUsage) => void, hidden?: () => Promise<number>): DiskWatch {
   const stopped = new AbortController()
   let reported = false
   let timer: NodeJS.Timeout | undefined
-  let final: Promise<{usage: number; over: boolean}> | undefined
+  let final: Promise<{usage: DiskUsage; over: boolean}> | undefined
   const tick = async () => {
     const started = Date.now()
-    const usage = (await diskUsage(roots, stopped.signal)) + ((await hidden?.().catch(() => 0)) ?? 0)
+    const held = (await hidden?.().catch(() => 0)) ?? 0
+    const measured = await diskUsage(roots, limitBytes - held, stopped.signal)
     if (stopped.signal.aborted) return
-    if (usage > limitBytes && !reported) {
+    const usage = {...measured, bytes: measured.bytes + held}
+    if (overLimit(usage, limitBytes) && !reported) {
       reported = true
       onOver(usage)
       return
@@ -109,7 +90,7 @@ export function watchDiskUsage(roots: string[], limitBytes: number, onOver: (usa
     stop() {
       stopped.abort()
       clearTimeout(timer)
-      final ??= diskUsage(roots).then((usage) => ({usage, over: usage > limitBytes}))
+      final ??= diskUsage(roots, limitBytes).then((usage) => ({usage, over: overLimit(usage, limitBytes)}))
       return final
     },
   }
@@ -119,14 +100,16 @@ export function mebibytes(bytes: number): string {
   return `${(bytes / 1024 / 1024).toFixed(1)} MiB`
 }
 
-/** The E_DISK failure of a run whose workspace is (or went) over limits.disk. */
-export function diskFull(runId: string, limit: string, usage: number, workspace: string, when: 'before' | 'during'): AgentRunOutput {
-  const message =
-    when === 'before'
-      ? `the agent's workspace already uses ${mebibytes(usage)}, more than its limits.disk (${limit}): the agent was not run`
-      : `the run went over the agent's limits.disk (${limit}): its workspace and temporary files use ${mebibytes(usage)}, so it was stopped`
+/** The E_DISK failure of a run whose workspace is (or went) over limits.disk, or could not be measured. */
+export function diskFull(runId: string, limit: string, usage: DiskUsage, workspace: string, when: 'before' | 'during'): AgentRunOutput {
+  const message = usage.error
+    ? `the agent's files could not be measured against its limits.disk (${limit}), which counts as over it: ${usage.error}; ${when === 'before' ? 'the agent was not run' : 'the run was stopped'}`
+    : when === 'before'
+      ? `the agent's workspace already uses at least ${mebibytes(usage.bytes)}, more than its limits.disk (${limit}): the agent was not run`
+      : `the run went over the agent's limits.disk (${limit}): its workspace and temporary files use at least ${mebibytes(usage.bytes)}, so it was stopped`
   return failure(runId, 'E_DISK', message, false, {
-    disk_usage_bytes: usage,
+    disk_usage_bytes: usage.bytes,
+    ...(usage.error ? {disk_unmeasured: usage.error} : {}),
     suggestions: [`remove files from ${workspace}`, 'or raise limits.disk for this agent'],
   })
 }

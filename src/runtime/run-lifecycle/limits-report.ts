@@ -7,6 +7,8 @@ export interface LimitReport {
   limit: 'memory' | 'pids' | 'cpus' | 'disk' | 'owner'
   value: string
   enforced: boolean
+  /** Held by measuring during and after the run (stopped when over), not by the kernel: limits.disk without a quota. */
+  measured?: boolean
   how: string
 }
 
@@ -18,11 +20,13 @@ export function limitsReport(agent: AgentConfig, level: IsolationLevel): LimitRe
     limit: 'disk',
     value: limits.disk,
     enforced: true,
+    measured: true,
     how:
       (level !== 'container' && keeper ? 'each file a run writes is capped at this size (RLIMIT_FSIZE, set by the keeper); ' : '') +
       (level === 'container' ? 'the workspace is' : 'the workspace and the run\'s TMPDIR are') +
-      ' measured during and after the run, which is stopped with E_DISK when over (and the next run refused until files are removed); ' +
-      'not a filesystem quota: the disk can fill by up to a few seconds of writes before the stop',
+      ` measured during and after the run (${keeper ? 'at any depth, from directory descriptors' : 'by full paths: a tree deeper than the system\'s path limit counts as over'}; what cannot be measured counts as over), ` +
+      'and the run is stopped with E_DISK when over (and the next run refused until files are removed); ' +
+      'measured, not enforced by the kernel (no filesystem quota): the disk can fill by up to a few seconds of writes before the stop',
   }
   if (level === 'container') {
     return [

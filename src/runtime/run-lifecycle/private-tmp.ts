@@ -1,18 +1,20 @@
 import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
+import {removeTrees} from '../../sandbox/directory-tree.js'
 import {RUN_TMP_PREFIX} from './run-processes.js'
 
 /**
  * A per-run TMPDIR, removed when the run ends whatever happened. Its name carries this process's
  * pid, so a later start-up knows it is stale once this process is gone (reapAbandonedRuns).
+ * A removal that fails is logged: the run's result stands.
  */
-export async function withPrivateTmp<T>(runId: string, use: (dir: string) => Promise<T>): Promise<T> {
+export async function withPrivateTmp<T>(runId: string, use: (dir: string) => Promise<T>, log?: (line: string) => void): Promise<T> {
   const dir = makePrivateTmp(runId)
   try {
     return await use(dir)
   } finally {
-    removePrivateTmp(dir)
+    await removePrivateTmp(dir, log)
   }
 }
 
@@ -21,8 +23,13 @@ export function makePrivateTmp(runId: string): string {
   return fs.mkdtempSync(path.join(os.tmpdir(), `${RUN_TMP_PREFIX}${process.pid}-${runId.slice(0, 12)}-`))
 }
 
-export function removePrivateTmp(dir: string): void {
-  fs.rmSync(dir, {recursive: true, force: true})
+/** Removes a run's TMPDIR whatever its depth and size, off the event loop; never throws (a failure is logged). */
+export async function removePrivateTmp(dir: string, log?: (line: string) => void): Promise<void> {
+  try {
+    await removeTrees([dir])
+  } catch (error) {
+    log?.(`could not remove the run's TMPDIR (the next start-up of serve or send removes it): ${(error as Error).message}`)
+  }
 }
 
 /** The environment every level gives agent-run: nothing from the operator's shell but PATH and locale. */

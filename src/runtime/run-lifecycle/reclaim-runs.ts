@@ -11,7 +11,7 @@ const CONTAINER_REMOVAL_TIMEOUT_MS = 10_000
  * or never got to it), removes their cgroups, containers and private TMPDIRs, and says so.
  */
 export async function reclaimAbandonedRuns(home: string, log?: (line: string) => void): Promise<void> {
-  const reaped = reapAbandonedRuns(home)
+  const reaped = await reapAbandonedRuns(home)
   if (reaped.runs.length > 0) log?.(`killed what ${reaped.runs.length} run(s) of a process that is gone left running: ${reaped.runs.join(', ')}`)
   if (reaped.tmpDirs.length > 0) log?.(`removed ${reaped.tmpDirs.length} stale run directory(ies): ${reaped.tmpDirs.join(', ')}`)
   for (const failure of reaped.failures) log?.(`could not remove what an abandoned run left (remove it by hand): ${failure}`)

@@ -3,6 +3,7 @@ import os from 'node:os'
 import path from 'node:path'
 import {processAlive} from '../util/process-alive.js'
 import {killRunCgroups, removeRunCgroups, thawUnseenFrozen} from '../../sandbox/run-cgroup.js'
+import {removeTrees} from '../../sandbox/directory-tree.js'
 import {sharedGatewayDb} from '../state/gateway-db.js'
 
 /**
@@ -107,7 +108,7 @@ export interface ReapResult {
  * Start-up: kills every process of runs whose owner died (keeper, cgroups) and removes their
  * TMPDIRs and records; also removes /tmp/meepa-run-* directories whose owner is gone.
  */
-export function reapAbandonedRuns(home: string): ReapResult {
+export async function reapAbandonedRuns(home: string): Promise<ReapResult> {
   const result: ReapResult = {runs: [], containers: [], tmpDirs: [], failures: []}
   let rows: Row[] = []
   try {
@@ -139,7 +140,7 @@ export function reapAbandonedRuns(home: string): ReapResult {
     if (row.container) result.containers.push(row.container)
     if (row.tmp_dir && fs.existsSync(row.tmp_dir)) {
       try {
-        fs.rmSync(row.tmp_dir, {recursive: true, force: true})
+        await removeTrees([row.tmp_dir])
         result.tmpDirs.push(row.tmp_dir)
       } catch (error) {
         result.failures.push(`${row.tmp_dir}: ${(error as Error).message}`)
@@ -148,7 +149,7 @@ export function reapAbandonedRuns(home: string): ReapResult {
     forgetRunProcess(home, row.run_id)
     result.runs.push(row.run_id)
   }
-  result.tmpDirs.push(...removeStaleTmpDirs())
+  await removeStaleTmpDirs(result)
   return result
 }
 
@@ -157,28 +158,31 @@ export const RUN_TMP_PREFIX = 'meepa-run-'
 /** Directories of the older naming (no owner pid) are removed once this old. */
 const UNOWNED_TMP_MAX_AGE_MS = 24 * 3600_000
 
-function removeStaleTmpDirs(): string[] {
-  const removed: string[] = []
+async function removeStaleTmpDirs(result: ReapResult): Promise<void> {
   const root = os.tmpdir()
   let entries: string[]
   try {
     entries = fs.readdirSync(root).filter((name) => name.startsWith(RUN_TMP_PREFIX))
   } catch {
-    return removed
+    return
   }
-  for (const name of entries) {
-    const dir = path.join(root, name)
+  const stale = entries.filter((name) => {
     const owner = /^meepa-run-(\d+)-/.exec(name)?.[1]
     try {
-      const stat = fs.lstatSync(dir)
-      if (!stat.isDirectory() || stat.uid !== process.getuid?.()) continue
-      const stale = owner ? Number(owner) !== process.pid && !processAlive(Number(owner)) : Date.now() - stat.mtimeMs > UNOWNED_TMP_MAX_AGE_MS
-      if (!stale) continue
-      fs.rmSync(dir, {recursive: true, force: true})
-      removed.push(dir)
+      const stat = fs.lstatSync(path.join(root, name))
+      if (!stat.isDirectory() || stat.uid !== process.getuid?.()) return false
+      return owner ? Number(owner) !== process.pid && !processAlive(Number(owner)) : Date.now() - stat.mtimeMs > UNOWNED_TMP_MAX_AGE_MS
     } catch {
-      // another start-up removed it first
+      return false // another start-up removed it first
+    }
+  })
+  for (const name of stale) {
+    const dir = path.join(root, name)
+    try {
+      await removeTrees([dir])
+      result.tmpDirs.push(dir)
+    } catch (error) {
+      result.failures.push(`${dir}: ${(error as Error).message}`)
     }
   }
-  return removed
 }

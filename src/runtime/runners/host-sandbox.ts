@@ -82,7 +82,7 @@ export const hostSandboxRunner: Runner = {
         return hostSandboxRunner.run(request)
       }
       return helperRefusal(output) ?? output
-    }),
+    }, request.onLog),
 }
 
 /** agent-run's output when bwrap itself failed before starting anything (its messages start with "bwrap: "). */

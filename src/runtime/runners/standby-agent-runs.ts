@@ -53,11 +53,7 @@ export function prepareStandbyAgentRun(slot: string, key: string, launchFor: (tm
     started = startAgentProcess({...launchFor(tmpDir, processId), onStderr: log})
   } catch (error) {
     log(`could not start a standby agent-run: ${(error as Error).message}`)
-    try {
-      if (tmpDir) removePrivateTmp(tmpDir)
-    } catch {
-      // a start-up reclaims it (its name carries this process's pid)
-    }
+    if (tmpDir) void removePrivateTmp(tmpDir, log)
     return
   }
   const standby: Standby = {
@@ -82,11 +78,8 @@ function unlist(slot: string): Standby | undefined {
 
 async function dispose(standby: {process: StartedAgentProcess; tmpDir: string}): Promise<void> {
   await standby.process.discard()
-  try {
-    removePrivateTmp(standby.tmpDir)
-  } catch {
-    // its keeper removes it too; a start-up reclaims what is left
-  }
+  // a start-up reclaims what is left (its name carries this process's pid)
+  await removePrivateTmp(standby.tmpDir)
 }
 
 /** Ends the standby agent-runs of this process: those of one gateway home (it stops, or its config changed), or all. */

@@ -25,11 +25,11 @@ export const unrestrictedRunner: Runner = {
     const ahead = typeof request.standby === 'object' ? request.standby : request.standby ? {wanted: () => true, log: (line: string) => request.onLog?.(line)} : undefined
     const standby = ahead ? takeStandbyAgentRun(slot, key) : undefined
     try {
-      if (!standby) return await withPrivateTmp(request.input.run_id, (tmp) => runAgentProcess({...launchFor(tmp, request.input.run_id), ...run}))
+      if (!standby) return await withPrivateTmp(request.input.run_id, (tmp) => runAgentProcess({...launchFor(tmp, request.input.run_id), ...run}), request.onLog)
       try {
         return await standby.process.run(run)
       } finally {
-        removePrivateTmp(standby.tmpDir)
+        await removePrivateTmp(standby.tmpDir, request.onLog)
       }
     } finally {
       // once the reply is on its way; never once the gateway is stopping

@@ -204,7 +204,7 @@ describe.runIf(process.platform === 'linux' && root && fs.existsSync('/sys/fs/cg
     db.close()
     // the next start-up's reclaim, in a pid namespace of its own
     const module = path.join(ROOT, 'dist', 'runtime', 'run-lifecycle', 'run-processes.js')
-    const reclaim = await execa('unshare', ['--pid', '--fork', '--mount-proc', process.execPath, '--input-type=module', '-e', `import {reapAbandonedRuns} from ${JSON.stringify(module)}; console.log(JSON.stringify(reapAbandonedRuns(${JSON.stringify(home)})))`], {reject: false})
+    const reclaim = await execa('unshare', ['--pid', '--fork', '--mount-proc', process.execPath, '--input-type=module', '-e', `import {reapAbandonedRuns} from ${JSON.stringify(module)}; console.log(JSON.stringify(await reapAbandonedRuns(${JSON.stringify(home)})))`], {reject: false})
     expect(reclaim.exitCode, reclaim.stderr).toBe(0)
     const result = JSON.parse(reclaim.stdout) as {runs: string[]; failures: string[]}
     // frozen again: FROZEN, or FREEZING for as long as a task waits in the kernel on a frozen one
@@ -220,7 +220,7 @@ describe.runIf(process.platform === 'linux' && root && fs.existsSync('/sys/fs/cg
     expect(rows).toEqual([{run_id: 'run_frozen'}])
     // a start-up that can see them (this pid namespace) finishes the job
     const {reapAbandonedRuns} = await import('../../../src/runtime/run-lifecycle/run-processes.js')
-    expect(reapAbandonedRuns(home)).toMatchObject({runs: ['run_frozen'], failures: []})
+    expect(await reapAbandonedRuns(home)).toMatchObject({runs: ['run_frozen'], failures: []})
     await until(() => processesWith(marker).length === 0)
     await victim
   })

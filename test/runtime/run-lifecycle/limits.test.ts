@@ -9,6 +9,7 @@ import {BIN, fakeLlmConfig, makeHome, runCli, type TestHome} from '../../helpers
 import {processesWith, uniqueMarker} from '../../helpers/processes.js'
 import {requireLandlockOrSkip} from '../../helpers/landlock-support.js'
 import {cgroupSupport} from '../../../src/sandbox/run-cgroup.js'
+import {removeTrees} from '../../../src/sandbox/directory-tree.js'
 
 /*
  * Issue 12 criterion 3 and issue 14 criterion 5: limits at every level, on by default. Each limit
@@ -161,6 +162,31 @@ describe.runIf(landlock && process.getuid?.() === 0)('limits.disk (a small tmpfs
     expect(JSON.parse(filled.stdout).error).toMatchObject({code: 'E_DISK'})
     const kept = fs.readdirSync(home.workspace('filler')).filter((name) => /^f\d$/.test(name)).reduce((sum, name) => sum + fs.statSync(path.join(home.workspace('filler'), name)).size, 0)
     expect(kept).toBeLessThanOrEqual(2 * 8 * 1024 * 1024)
+  })
+
+  // Issue 27 (red team): the measurement walked full paths and skipped what readdir refused
+  // (ENAMETOOLONG past PATH_MAX), so files below a deep path were never counted.
+  it('files below a path longer than PATH_MAX count: E_DISK, and the next run is refused', async () => {
+    const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'filler', limits: {disk: '8m'}}]))
+    homes.push(home)
+    const hide = `import os
+for i in range(25):
+    os.mkdir("x" * 200); os.chdir("x" * 200)
+for i in range(10):
+    open("big%d" % i, "wb").write(bytes(7 << 20))
+print("hidden")`
+    scriptShell(`python3 -c '${hide}'; echo "exit $?"`, 30)
+    try {
+      const filled = await runCli(['send', '--agent', 'filler', 'hide files deep', '--json'], {home: home.home})
+      expect(JSON.parse(filled.stdout).error, filled.stdout).toMatchObject({code: 'E_DISK', message: expect.stringContaining('limits.disk (8m)')})
+      const requestsBefore = llm.requests.length
+      const refused = await runCli(['send', '--agent', 'filler', 'again', '--json'], {home: home.home})
+      expect(JSON.parse(refused.stdout).error).toMatchObject({code: 'E_DISK', message: expect.stringContaining('already uses')})
+      expect(llm.requests.length).toBe(requestsBefore)
+    } finally {
+      // too deep for the home's own clean-up (full paths)
+      await removeTrees([home.workspace('filler')])
+    }
   })
 
   it('one fallocate(FALLOC_FL_KEEP_SIZE) cannot reserve disk past limits.disk (it grows no file size, so RLIMIT_FSIZE never sees it)', async () => {

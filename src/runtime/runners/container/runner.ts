@@ -27,7 +27,7 @@ import {prepareStandby, STANDBY_IDLE_MS, takeStandby} from './standby-pool.js'
 import {engineApiFor, removeWhenEngineAnswers, scheduleRemoval, trackRemoval, watchEngineOwingRemovals} from './removals.js'
 import {forgetRunProcess, recordRunProcess} from '../../run-lifecycle/run-processes.js'
 import {sizeBytes} from '../../config/size.js'
-import {diskFull, diskUsage, watchDiskUsage} from '../../run-lifecycle/disk-limit.js'
+import {diskFull, diskUsage, overLimit, watchDiskUsage, type DiskUsage} from '../../run-lifecycle/disk-limit.js'
 import {cappedLog} from '../../run-lifecycle/agent-run-process.js'
 import type {RunRequest, Runner} from '../types.js'
 import {AgentRunChannel} from '../../llm-channel/host.js'
@@ -137,8 +137,8 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
   const {agent} = input
   const runId = input.run_id
   const diskLimit = sizeBytes(agent.limits.disk, 'limits.disk')
-  const usageBefore = await diskUsage([request.input.workspace])
-  if (usageBefore > diskLimit) return diskFull(runId, agent.limits.disk, usageBefore, request.input.workspace, 'before')
+  const usageBefore = await diskUsage([request.input.workspace], diskLimit)
+  if (overLimit(usageBefore, diskLimit)) return diskFull(runId, agent.limits.disk, usageBefore, request.input.workspace, 'before')
   const deadline = Date.now() + request.timeoutMs
   const image = await readyBeforeDeadline(cli, deadline, request.signal, (signal) => readyIsolationImage(request.config, agent, imageContextFor(request.home, cli, {signal, onLog: log})))
   const shape = runShape(request, image)
@@ -151,15 +151,16 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
   recordRunProcess(request.home, {runId, keeperPid: child.pid, cgroups: [], container: name}, log)
   request.onStarted?.()
   // limits.disk: the workspace is a bind mount, measured from here (see disk-limit.ts)
-  let diskOver = false
-  const diskWatch = watchDiskUsage([request.input.workspace], diskLimit, () => {
-    diskOver = true
+  let overWhileRunning: DiskUsage | undefined
+  const diskWatch = watchDiskUsage([request.input.workspace], diskLimit, (usage) => {
+    overWhileRunning = usage
     void cli.exec(['kill', name], {timeoutMs: KILL_TIMEOUT_MS}).catch(() => {})
   })
   try {
     const output = await runInStartedContainer(request, cli, container, shape.spec.forwardEnv, onAnswer)
     const atEnd = await diskWatch.stop()
-    return diskOver || atEnd.over ? diskFull(runId, agent.limits.disk, atEnd.usage, request.input.workspace, 'during') : output
+    if (atEnd.over || overWhileRunning) return diskFull(runId, agent.limits.disk, atEnd.over ? atEnd.usage : overWhileRunning!, request.input.workspace, 'during')
+    return output
   } finally {
     void diskWatch.stop()
     forgetRunProcess(request.home, runId)

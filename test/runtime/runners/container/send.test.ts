@@ -8,6 +8,7 @@ import {homeLabel} from '../../../../src/sandbox/docker/containers.js'
 import {buildDockerRunArgs} from '../../../../src/sandbox/docker/run-args.js'
 import {containerUser} from '../../../../src/runtime/runners/container/runner.js'
 import {describeWithDocker, dockerRecorder, realDockerPath, type DockerRecorder} from '../../../helpers/docker-env.js'
+import {removeTrees} from '../../../../src/sandbox/directory-tree.js'
 
 /*
  * Container mode through the path a user takes: the built CLI, `send`, the container runner,
@@ -303,6 +304,24 @@ describeWithDocker('container mode: a fresh hardened container per message (real
     const result = await send(home, 'filler', 'fill the disk', '--json')
     expect(JSON.parse(result.stdout).error, result.stdout).toMatchObject({code: 'E_DISK'})
     expect(fs.statSync(path.join(home.workspace('filler'), 'big')).size).toBeLessThanOrEqual(8 * 1024 * 1024)
+  })
+
+  // Issue 27: the workspace is measured from the host, at any depth (see test/runs/limits.test.ts)
+  it('files below a path longer than PATH_MAX count toward limits.disk: E_DISK', async () => {
+    llm.reset()
+    // perl (perl-base is in the Debian base image): the shell's cd builds full paths, which stop at PATH_MAX
+    const hide = 'for (1..25) { mkdir "x" x 200 or die; chdir "x" x 200 or die } for (1..10) { open my $f, ">", "big$_" or die; print $f "\\0" x (7 << 20) } print "hidden"'
+    scriptShell(llm, `perl -e '${hide}'; echo " exit $?"`)
+    const home = newHome([containerAgent('filler', {}, {limits: {disk: '8m'}})])
+    try {
+      const result = await send(home, 'filler', 'hide files deep', '--json')
+      expect(JSON.parse(result.stdout).error, result.stdout).toMatchObject({code: 'E_DISK'})
+      // the files are down the deep path, not beside it
+      expect(fs.readdirSync(home.workspace('filler')).filter((entry) => entry.startsWith('big'))).toEqual([])
+    } finally {
+      // too deep for the home's own clean-up (full paths)
+      await removeTrees([home.workspace('filler')])
+    }
   })
 
   describe('out of memory', () => {
