@@ -13,13 +13,13 @@ export interface ServeProcess {
  * Starts `node bin/run.js serve` (over dist/) and resolves once it listens. `prefix` runs it
  * through a wrapper command (e.g. `prlimit --nofile=256:256`).
  */
-export async function startServeProcess(options: {home: string; configPath: string; args?: string[]; env?: Record<string, string>; prefix?: string[]}): Promise<ServeProcess> {
+export async function startServeProcess(options: {home: string; configPath: string; args?: string[]; env?: Record<string, string>; prefix?: string[]; timeoutMs?: number}): Promise<ServeProcess> {
   let output = ''
   const [command, ...wrapperArgs] = [...(options.prefix ?? []), process.execPath]
   const serve = execa(command as string, [...wrapperArgs, BIN, 'serve', '--config', options.configPath, ...(options.args ?? ['--unrestricted'])], {
     env: {MEEPAGATEWAY_HOME: options.home, FAKE_LLM_KEY: 'sk-fake-test-key-123456', ...options.env},
     reject: false,
-    timeout: 60_000,
+    timeout: options.timeoutMs ?? 60_000,
   })
   serve.stdout?.on('data', (chunk) => (output += String(chunk)))
   serve.stderr?.on('data', (chunk) => (output += String(chunk)))

@@ -140,7 +140,7 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
   if (usageBefore > diskLimit) return diskFull(runId, agent.limits.disk, usageBefore, request.workspace, 'before')
   const deadline = Date.now() + request.timeoutMs
   const image = await readyBeforeDeadline(cli, deadline, request.signal, (signal) => readyIsolationImage(request.config, agent, imageContextFor(request.home, cli, {signal, onLog: log})))
-  const shape = runShape(request, image)
+  const shape = await runShape(request, image, request.signal)
   const standby = takeStandby(standbySlot(request), shape.key)
   if (standby) log(`running in standby container ${standby.name}, started before this message arrived`)
   const container = standby ?? startAgentContainer(cli, shape, {name: containerNameFor(runId), run: runId, clientTimeoutMs: request.timeoutMs + CLIENT_GRACE_MS})
@@ -289,14 +289,14 @@ interface RunShape {
   key: string
 }
 
-function runShape(request: RunRequest, image: ReadyImage): RunShape {
+async function runShape(request: RunRequest, image: ReadyImage, signal: AbortSignal | undefined): Promise<RunShape> {
   const {agent, input} = request
   const forwardEnv = injectedSecretNames(request.config, input.secrets)
   const cliEnv = Object.fromEntries(forwardEnv.map((secretName) => [secretName, input.secrets[secretName] ?? '']))
   const workspace = canonicalWorkspace(request.workspace)
   const user = containerUser(agent.container_mode.user)
-  // every run: the gateway and host-sandbox runs may have added files as root since the last one
-  if (user.uid !== 0) handWorkspaceTo(workspace, user, {purpose: 'the container'})
+  // every run and standby: a walk only when a run as another user had the workspace since (owner.ts)
+  await handWorkspaceTo(workspace, user, {purpose: 'the container', signal})
   const spec: RunShape['spec'] = {
     // By id: the agent-run verified for this gateway's build, even if another build retags the image meanwhile
     // (an agent-run of another build may not speak this runner's LLM channel).
@@ -413,9 +413,11 @@ let giveUp = new AbortController()
 async function prepareStandby(request: RunRequest, cli: DockerCli): Promise<void> {
   const slot = standbySlot(request)
   if (standbys.has(slot)) return
-  const image = await readyIsolationImage(request.config, request.agent, imageContextFor(request.home, cli, {signal: standbyPreparation.signal}))
-  if (standbys.has(slot) || standbyPreparation.signal.aborted) return
-  const shape = runShape(request, image)
+  const {signal} = standbyPreparation
+  const image = await readyIsolationImage(request.config, request.agent, imageContextFor(request.home, cli, {signal}))
+  if (standbys.has(slot) || signal.aborted) return
+  const shape = await runShape(request, image, signal)
+  if (standbys.has(slot) || signal.aborted) return
   const name = containerNameFor(`standby_${randomHex(8)}`)
   const container = startAgentContainer(cli, shape, {name, run: 'standby', clientTimeoutMs: STANDBY_IDLE_MS + request.timeoutMs + CLIENT_GRACE_MS})
   const discardIfWaiting = () => {

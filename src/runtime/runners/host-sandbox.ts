@@ -37,7 +37,7 @@ export const hostSandboxRunner: Runner = {
       let launch: Launch
       let namespaces: NamespaceProbe | undefined
       try {
-        reclaimWorkspace(request.workspace)
+        await reclaimWorkspace(request.workspace, request.signal)
         namespaces = process.platform === 'linux' ? await probeNamespaces({cacheFile: probeRecord(request.home, 'namespace')}) : undefined
         const compile = () =>
           agentPolicy({
