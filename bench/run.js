@@ -19,6 +19,7 @@ const SUITE = {
   'container-overhead': 'container mode, send to reply with a fake LLM, against a bare `docker run` (issue 4; Docker)',
   'container-cold-network': 'a cold container message with `network: none` against `network: host` before issue 11 (ARGS: a built checkout of the previous commit; Docker)',
   'gateway-webchat': '20 agents x 5 messages through the web chat of a real `serve`, against `runMessage` directly (issue 5)',
+  'workspace-handover': '/healthz and another agent\'s job while a root gateway hands a hostile 300,000-file workspace over (issue 27; root)',
 }
 
 /** The suite's files; a benchmark file the suite does not name is an error, so the list stays whole. */

@@ -16,6 +16,8 @@ export interface ServeProcessOptions {
   args?: string[]
   env?: Record<string, string>
   prefix?: string[]
+  /** How long serve may run before it is killed (60 s). */
+  timeoutMs?: number
 }
 
 /**
@@ -29,7 +31,7 @@ export function spawnServeProcess(options: ServeProcessOptions): Omit<ServeProce
   const serve = execa(command as string, [...wrapperArgs, BIN, 'serve', ...configArgs, ...(options.args ?? ['--unrestricted'])], {
     env: {MEEPAGATEWAY_HOME: options.home, FAKE_LLM_KEY: 'sk-fake-test-key-123456', ...options.env},
     reject: false,
-    timeout: 60_000,
+    timeout: options.timeoutMs ?? 60_000,
   })
   serve.stdout?.on('data', (chunk) => (output += String(chunk)))
   serve.stderr?.on('data', (chunk) => (output += String(chunk)))

@@ -61,7 +61,7 @@ export async function sandboxCheck(loaded: LoadedConfig, agentId?: string): Prom
   for (const id of ids) {
     const sandbox = await openAgentSandbox(loaded, id)
     try {
-      reclaimWorkspace(sandbox.workspace)
+      await reclaimWorkspace(sandbox.workspace)
       results.push(await checkAgent(loaded, sandbox))
     } finally {
       await sandbox.dispose()

@@ -115,7 +115,7 @@ export async function sandboxExec(options: SandboxExecOptions): Promise<{exitCod
   if (options.argv.length === 0) throw new GatewayError('E_USAGE', 'no command given after "--"', {suggestions: ['meepagateway sandbox exec --agent ID -- CMD [ARGS...]']})
   const sandbox = await openAgentSandbox(options.loaded, options.agentId)
   try {
-    reclaimWorkspace(sandbox.workspace)
+    await reclaimWorkspace(sandbox.workspace)
     if (sandbox.policy.bestEffort) {
       const gaps = [...kernelGaps(sandbox.probe, sandbox.policy.network, sandbox.policy.listen), ...namespaceGaps(sandbox.policy, sandbox.namespaces)]
       for (const gap of gaps) options.onLog?.(`sandbox: best effort, NOT enforced: ${gap}`)

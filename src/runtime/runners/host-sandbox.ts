@@ -38,7 +38,7 @@ export const hostSandboxRunner: Runner = {
       let launch: Launch
       let namespaces: NamespaceProbe | undefined
       try {
-        reclaimWorkspace(request.input.workspace)
+        await reclaimWorkspace(request.input.workspace, request.signal)
         namespaces = process.platform === 'linux' ? await probeNamespaces({cacheFile: probeRecord(request.home, 'namespace')}) : undefined
         const compile = () =>
           agentPolicy({

@@ -1,3 +1,5 @@
+import {failureFromError} from '../agent-run/output.js'
+import {reclaimWorkspace} from '../workspace/owner.js'
 import {agentRunArgv, runAgentProcess, type AgentProcessLaunch} from '../run-lifecycle/agent-run-process.js'
 import {agentEnvironment, removePrivateTmp, withPrivateTmp} from '../run-lifecycle/private-tmp.js'
 import {prepareStandbyAgentRun, takeStandbyAgentRun} from './standby-agent-runs.js'
@@ -23,6 +25,12 @@ export const unrestrictedRunner: Runner = {
     })
     const run = {input: request.input, llm: request.llm, timeoutMs: request.timeoutMs, signal: request.signal, onStderr: request.onLog, onStarted: request.onStarted}
     const ahead = typeof request.standby === 'object' ? request.standby : request.standby ? {wanted: () => true, log: (line: string) => request.onLog?.(line)} : undefined
+    try {
+      // root's files in a container's workspace would stay root's past the next container run's check (owner.ts)
+      await reclaimWorkspace(request.input.workspace, request.signal)
+    } catch (error) {
+      return failureFromError(request.input.run_id, error)
+    }
     const standby = ahead ? takeStandbyAgentRun(slot, key) : undefined
     try {
       if (!standby) return await withPrivateTmp(request.input.run_id, (tmp) => runAgentProcess({...launchFor(tmp, request.input.run_id), ...run}), request.onLog)

@@ -1,4 +1,5 @@
 import {spawn, type ChildProcess, type StdioOptions} from 'node:child_process'
+import os from 'node:os'
 
 /**
  * A child process that is also the promise of its result, over node:child_process: what the
@@ -51,9 +52,14 @@ export interface SubprocessOptions {
   forceKillAfterMs?: number
   /** Its own session and process group (setsid). */
   detached?: boolean
+  /** Its CPU niceness (0 to 19), set as soon as it started: background work that must not slow what users wait for. */
+  niceness?: number
 }
 
 const DEFAULT_MAX_BUFFER = 64 * 1024 * 1024
+
+/** The niceness of walks over a run's files (hand-overs, removals): the agent that made them many pays, not the others. */
+export const FILE_WALK_NICENESS = 19
 
 export function startSubprocess(file: string, args: readonly string[], options: SubprocessOptions): Subprocess {
   const child = spawn(file, args, {
@@ -62,6 +68,13 @@ export function startSubprocess(file: string, args: readonly string[], options: 
     stdio: options.stdio ?? ['ignore', 'pipe', 'pipe'],
     detached: options.detached,
   })
+  if (options.niceness !== undefined && child.pid !== undefined) {
+    try {
+      os.setPriority(child.pid, options.niceness)
+    } catch {
+      // already gone: its result says how it ended
+    }
+  }
   const killSignal = options.killSignal ?? 'SIGTERM'
   const maxBuffer = options.maxBuffer ?? DEFAULT_MAX_BUFFER
   let timedOut = false

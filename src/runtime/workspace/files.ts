@@ -66,6 +66,24 @@ function realRoot(root: string): string {
 }
 
 /**
+ * Whom an entry a root gateway adds to the workspace must belong to: the root's owner. A container's
+ * workspace is handed over by a walk only when its root has another owner (owner.ts), so a file the
+ * gateway leaves as root's there would stay unwritable to the agent (memory.db: its memory).
+ * Undefined when nothing needs changing.
+ */
+function newEntryOwner(root: string): {uid: number; gid: number} | undefined {
+  if (process.getuid?.() !== 0) return undefined
+  const {uid, gid} = fs.lstatSync(root)
+  return uid === 0 && gid === process.getgid?.() ? undefined : {uid, gid}
+}
+
+/** Gives what the gateway just made in the workspace to the root's owner; lchown never follows (at worst it re-owns, to the agent, what the agent swapped in). */
+export function giveToWorkspaceOwner(root: string, entry: string): void {
+  const owner = newEntryOwner(root)
+  if (owner) fs.lchownSync(entry, owner.uid, owner.gid)
+}
+
+/**
  * Checks every directory between the root and the file: each must be a real directory, not a
  * link. `create` makes missing ones (mkdir never follows a link at its last component).
  */
@@ -76,6 +94,7 @@ function checkDirectories(root: string, parts: string[], relative: string, creat
     let stat = lstatOrUndefined(current)
     if (!stat && create) {
       fs.mkdirSync(current, {mode: 0o700})
+      giveToWorkspaceOwner(root, current)
       stat = fs.lstatSync(current)
     }
     if (!stat) return undefined
@@ -157,6 +176,8 @@ export function writeWorkspaceFile(root: string, relative: string, content: stri
   let placed = false
   try {
     assertOpenedAt(fd, temp, relative)
+    const owner = newEntryOwner(base)
+    if (owner) fs.fchownSync(fd, owner.uid, owner.gid)
     fs.writeSync(fd, typeof content === 'string' ? Buffer.from(content) : content)
     fs.fsyncSync(fd)
     if (options.exclusive) {

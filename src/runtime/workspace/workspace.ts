@@ -2,7 +2,7 @@ import fs from 'node:fs'
 import path from 'node:path'
 import {GatewayError} from '../util/errors.js'
 import {agentsDir} from '../util/paths.js'
-import {workspaceEntry, writeWorkspaceFile} from './files.js'
+import {giveToWorkspaceOwner, workspaceEntry, writeWorkspaceFile} from './files.js'
 import {workspacePath} from './location.js'
 import {makeHomeDirectories} from '../util/make-directories.js'
 
@@ -54,7 +54,10 @@ export function ensureWorkspace(home: string, id: string): WorkspaceCreation {
       throw error instanceof GatewayError ? error : wrapFsError(error, root)
     }
   }
-  ;(workspaceEntry(root, 'skills') === 'missing' && makeDirectory(path.join(root, 'skills')) ? created : kept).push('skills/')
+  if (workspaceEntry(root, 'skills') === 'missing' && makeDirectory(path.join(root, 'skills'))) {
+    giveToWorkspaceOwner(root, path.join(root, 'skills'))
+    created.push('skills/')
+  } else kept.push('skills/')
   if (workspaceEntry(root, 'memory.db') === 'missing') {
     // an empty file is an empty SQLite database; agent-run makes its tables (and moves a damaged one
     // aside). The gateway never opens it: SQLite opens by name and follows a link the agent could

@@ -10,6 +10,9 @@ import {homeLabel} from '../../../src/sandbox/docker/containers.js'
 import {UNPRIVILEGED_CONTAINER_UID} from '../../../src/runtime/runners/container/runner.js'
 import {describeWithDocker} from '../../helpers/docker-env.js'
 import {requireLandlockOrSkip} from '../../helpers/landlock-support.js'
+import {handWorkspaceTo, reclaimWorkspace} from '../../../src/runtime/workspace/owner.js'
+import {ensureWorkspace} from '../../../src/runtime/workspace/workspace.js'
+import {writeWorkspaceFile} from '../../../src/runtime/workspace/files.js'
 
 /*
  * A root gateway hands an agent's workspace to uid 65532 for container runs. The same agent later
@@ -139,4 +142,69 @@ describe.skipIf(!enabled)('host sandbox after a container run (root gateway)', (
       expect(fs.readFileSync(path.join(workspace, 'container-dir', 'from-host.txt'), 'utf8')).toBe('host\ncontainer2\n')
     }, 300_000)
   })
+})
+
+describe.skipIf(process.getuid?.() !== 0)('hand-overs of a root gateway (in process)', () => {
+  let home: TestHome
+  beforeAll(() => {
+    home = makeHome()
+  })
+  afterAll(() => home.cleanup())
+  const handedToContainer = () => {
+    const workspace = ensureWorkspace(home.home, `box${fs.readdirSync(path.join(home.home, 'agents'), {withFileTypes: true}).length}`).path
+    execFileSync('chown', ['-R', `${C}:${C}`, workspace])
+    return workspace
+  }
+  beforeAll(() => fs.mkdirSync(path.join(home.home, 'agents'), {recursive: true}))
+
+  it('what the gateway recreates or writes in a container\'s workspace belongs to the container\'s uid (memory.db stays the agent\'s)', () => {
+    const workspace = handedToContainer()
+    for (const entry of ['memory.db', 'SOUL.md', 'MEMORY.md', 'skills']) fs.rmSync(path.join(workspace, entry), {recursive: true})
+    const again = ensureWorkspace(home.home, path.basename(workspace))
+    expect(again.created.sort()).toEqual(['MEMORY.md', 'SOUL.md', 'memory.db', 'skills/'])
+    writeWorkspaceFile(workspace, 'skills/new/SKILL.md', '# new')
+    for (const entry of ['memory.db', 'SOUL.md', 'MEMORY.md', 'skills', 'skills/new', 'skills/new/SKILL.md']) {
+      expect([entry, fs.lstatSync(path.join(workspace, entry)).uid]).toEqual([entry, C])
+    }
+  })
+
+  it('hands over again only after a run as root had the workspace: a second hand-over to the same uid does not walk', async () => {
+    const workspace = handedToContainer()
+    const file = path.join(workspace, 'SOUL.md')
+    await handWorkspaceTo(workspace, {uid: C, gid: C}, {purpose: 'the container'})
+    const changed = fs.lstatSync(file).ctimeMs
+    await new Promise((resolve) => setTimeout(resolve, 20))
+    await handWorkspaceTo(workspace, {uid: C, gid: C}, {purpose: 'the container'})
+    expect(fs.lstatSync(file).ctimeMs).toBe(changed) // chown(2) to the same owner would still change it
+
+    await reclaimWorkspace(workspace)
+    expect(fs.lstatSync(file).uid).toBe(0)
+    fs.writeFileSync(path.join(workspace, 'by-root.txt'), 'a host-sandbox run wrote this')
+    await handWorkspaceTo(workspace, {uid: C, gid: C}, {purpose: 'the container'})
+    expect(fs.lstatSync(path.join(workspace, 'by-root.txt')).uid).toBe(C)
+  })
+
+  it('a cancelled hand-over ends its walk at once and leaves the root as it was, so the next one walks again', async () => {
+    const workspace = handedToContainer()
+    fs.lchownSync(workspace, 0, 0) // as a run as root leaves it
+    // many files, on a tmpfs: filling a disk with them takes long on a busy machine
+    const many = path.join(workspace, 'many')
+    fs.mkdirSync(many)
+    execFileSync('mount', ['-t', 'tmpfs', '-o', 'size=256m', 'tmpfs', many])
+    try {
+      execFileSync('/bin/sh', ['-c', 'cd "$1" && for d in $(seq 60); do mkdir "d$d" && (cd "d$d" && seq 1000 | xargs touch); done', 'sh', many])
+      const cancel = new AbortController()
+      const handing = handWorkspaceTo(workspace, {uid: C, gid: C}, {purpose: 'the container', signal: cancel.signal})
+      setTimeout(() => cancel.abort(), 30)
+      const started = performance.now()
+      await expect(handing).rejects.toThrow(/cannot hand the workspace .* to uid 65532 for the container: the run was cancelled/)
+      expect(performance.now() - started).toBeLessThan(1000)
+      expect(fs.lstatSync(workspace).uid).toBe(0)
+      await handWorkspaceTo(workspace, {uid: C, gid: C}, {purpose: 'the container'})
+      expect(fs.lstatSync(path.join(many, 'd60', '1000')).uid).toBe(C)
+      expect(fs.lstatSync(workspace).uid).toBe(C)
+    } finally {
+      execFileSync('umount', [many])
+    }
+  }, 120_000)
 })

@@ -84,8 +84,9 @@ export async function runInContainer(request: RunRequest, options: {cli?: Docker
     if (request.standby && request.input.agent.container_mode.standby && !dockerEngineProblem()) {
       prepareStandby(standbySlot(request), cli, async (signal) => {
         const image = await readyIsolationImage(request.config, request.input.agent, imageContextFor(request.home, cli, {signal}))
+        const shape = await runShape(request, image, signal)
         const name = containerNameFor(`standby_${randomHex(8)}`)
-        return () => startAgentContainer(cli, runShape(request, image), {name, run: 'standby', clientTimeoutMs: STANDBY_IDLE_MS + request.timeoutMs + CLIENT_GRACE_MS})
+        return () => startAgentContainer(cli, shape, {name, run: 'standby', clientTimeoutMs: STANDBY_IDLE_MS + request.timeoutMs + CLIENT_GRACE_MS})
       }, log)
     }
     return output
@@ -141,7 +142,7 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
   if (overLimit(usageBefore, diskLimit)) return diskFull(runId, agent.limits.disk, usageBefore, request.input.workspace, 'before')
   const deadline = Date.now() + request.timeoutMs
   const image = await readyBeforeDeadline(cli, deadline, request.signal, (signal) => readyIsolationImage(request.config, agent, imageContextFor(request.home, cli, {signal, onLog: log})))
-  const shape = runShape(request, image)
+  const shape = await runShape(request, image, request.signal)
   const standby = takeStandby(standbySlot(request), shape.key)
   if (standby) log(`running in standby container ${standby.name}, started before this message arrived`)
   const container = standby ?? startAgentContainer(cli, shape, {name: containerNameFor(runId), run: runId, clientTimeoutMs: request.timeoutMs + CLIENT_GRACE_MS})
@@ -287,15 +288,15 @@ function standbySlot(request: RunRequest): string {
   return `${homeLabel(request.home)}/${request.input.agent.id}`
 }
 
-function runShape(request: RunRequest, image: ReadyImage): RunShape {
+async function runShape(request: RunRequest, image: ReadyImage, signal: AbortSignal | undefined): Promise<RunShape> {
   const {input} = request
   const {agent} = input
   const forwardEnv = injectedSecretNames(request.config, input.secrets)
   const cliEnv = Object.fromEntries(forwardEnv.map((secretName) => [secretName, input.secrets[secretName] ?? '']))
   const workspace = canonicalWorkspace(request.input.workspace)
   const user = containerUser(agent.container_mode.user)
-  // every run: the gateway and host-sandbox runs may have added files as root since the last one
-  if (user.uid !== 0) handWorkspaceTo(workspace, user, {purpose: 'the container'})
+  // every run and standby: a walk only when a run as another user had the workspace since (owner.ts)
+  await handWorkspaceTo(workspace, user, {purpose: 'the container', signal})
   const spec: RunShape['spec'] = {
     // By id: the agent-run verified for this gateway's build, even if another build retags the image meanwhile
     // (an agent-run of another build may not speak this runner's LLM channel).

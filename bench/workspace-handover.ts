@@ -1,0 +1,191 @@
+// Issue 27, acceptance 4: the event loop never waits on a run's files. A root gateway hands a
+// container agent's workspace to the container's uid (chown -R -P -h) before a run when a run as
+// root had it since; with a hostile 300,000-file workspace that walk once held the event loop for
+// seconds (/healthz 2.2 s, another agent's 3 s job 5.4 s). Measured against `meepagateway serve`
+// (dist/, root, the local Docker engine):
+// - /healthz answer times, asked one after another, while the hostile agent's message is handed
+//   over and run, against the same with nothing else running (target p99 ≤ 100 ms);
+// - another agent's job (JOB_TURNS LLM turns through the gateway, each running a shell command)
+//   started when the hand-over starts, against the same job alone (the gateway idle before it),
+//   interleaved round by round (target ≤ 1.1×).
+// Before each loaded round the workspace root is given back to root (`chown -h 0:0`), as a
+// host-sandbox run leaves it, so the whole walk runs again.
+import {execa, execaSync} from 'execa'
+import fs from 'node:fs'
+import os from 'node:os'
+import path from 'node:path'
+import YAML from 'yaml'
+import {startFakeLlm, type FakeRequest} from '../test/fakes/llm-server.js'
+import {freePort} from '../test/helpers/free-port.js'
+import {fmt, report, ROOT, stats} from './lib.js'
+
+if (process.getuid?.() !== 0) throw new Error('bench/workspace-handover.ts needs root: only a root gateway hands workspaces over')
+const FILES = Number(process.env.BENCH_FILES ?? 300_000)
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3)
+const JOB_TURNS = 6
+/** ≈ 0.3 s of shell arithmetic per turn on the project machine: a job that needs CPU and the gateway. */
+const JOB_COMMAND = 'i=0; while [ $i -lt 60000 ]; do i=$((i+1)); done; echo $i'
+const PER_DIRECTORY = 1000
+const bin = path.join(ROOT, 'bin', 'run.js')
+const env = {FAKE_LLM_KEY: 'sk-bench-key-123456', PATH: process.env.PATH ?? '/usr/bin:/bin'}
+
+const llm = await startFakeLlm()
+const toolResults = (request: FakeRequest) => (request.body.messages as Array<{role: string}>).filter((message) => message.role === 'tool').length
+const firstUserText = (request: FakeRequest) => String((request.body.messages as Array<{role: string; content: unknown}>).find((message) => message.role === 'user')?.content ?? '')
+llm.setDefault((request) =>
+  firstUserText(request).includes('job') && toolResults(request) < JOB_TURNS
+    ? {toolCalls: [{name: 'shell', arguments: {command: JOB_COMMAND}}]}
+    : {text: 'ok'},
+)
+
+const port = await freePort()
+const home = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-bench-handover-'))
+const outside = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-bench-handover-outside-'))
+const configPath = path.join(home, 'config.yaml')
+fs.writeFileSync(configPath, YAML.stringify({
+  providers: {primary: 'fake', providers: {fake: {kind: 'openai', api_key_env: 'FAKE_LLM_KEY', model: 'm', base_url: llm.openaiBaseUrl}}},
+  agents: [
+    {id: 'hostile', container_mode: {enabled: true, network: 'none', standby: false}, limits: {disk: '8g'}},
+    {id: 'other', file_access: {unrestricted: true}},
+  ],
+  captain: {enabled: true, bind: '127.0.0.1', port},
+}))
+
+// the hostile workspace: FILES files, a deep tree, planted links to a file outside, FIFOs, hostile names
+const workspace = path.join(home, 'agents', 'hostile')
+const victim = path.join(outside, 'victim')
+fs.writeFileSync(victim, 'the operator\'s')
+const filled = performance.now()
+fs.mkdirSync(workspace, {recursive: true, mode: 0o700})
+execaSync('/bin/sh', ['-c', `cd "$1" && for d in $(seq ${Math.ceil(FILES / PER_DIRECTORY)}); do mkdir "d$d" && (cd "d$d" && seq ${PER_DIRECTORY} | xargs touch); done`, 'sh', workspace])
+let deep = workspace
+for (let level = 0; level < 15; level++) deep = path.join(deep, 'x'.repeat(200))
+fs.mkdirSync(deep, {recursive: true})
+fs.symlinkSync(victim, path.join(deep, 'link-out'))
+for (const name of ['link-out', '-rf', 'new\nline', ' space ']) fs.symlinkSync(victim, path.join(workspace, 'd1', name))
+execaSync('mkfifo', [path.join(workspace, 'd2', 'fifo')])
+process.stderr.write(`workspace filled in ${fmt(performance.now() - filled)}\n`)
+
+const key = JSON.parse((await execa(process.execPath, [bin, 'api-key', 'create', 'bench', '--json'], {env: {...env, MEEPAGATEWAY_HOME: home}})).stdout).key as string
+let output = ''
+const serve = execa(process.execPath, [bin, 'serve', '--config', configPath], {env: {...env, MEEPAGATEWAY_HOME: home}, reject: false})
+serve.stdout?.on('data', (chunk) => (output += String(chunk)))
+serve.stderr?.on('data', (chunk) => (output += String(chunk)))
+while (!output.includes('listening on')) {
+  if (serve.exitCode !== null) throw new Error(`serve exited:\n${output}`)
+  await new Promise((resolve) => setTimeout(resolve, 50))
+}
+const base = `http://127.0.0.1:${port}`
+
+const chat = async (agent: string, message: string) => {
+  const started = performance.now()
+  const response = await fetch(`${base}/api/chat`, {
+    method: 'POST',
+    headers: {authorization: `Bearer ${key}`, 'content-type': 'application/json'},
+    body: JSON.stringify({agent, message, channel: `${agent}-${Math.random()}`}),
+  })
+  const body = (await response.json()) as {reply?: string}
+  if (response.status !== 200) throw new Error(`${agent}: ${response.status} ${JSON.stringify(body)}\n${output.slice(-2000)}`)
+  return performance.now() - started
+}
+
+/** /healthz asked one after another until `until` settles; the answer times. */
+const pollHealthz = async (until: Promise<unknown>) => {
+  let done = false
+  void until.finally(() => (done = true))
+  const times: number[] = []
+  while (!done) {
+    const asked = performance.now()
+    const response = await fetch(`${base}/healthz`)
+    await response.arrayBuffer()
+    times.push(performance.now() - asked)
+  }
+  return times
+}
+
+/** Resolves when a chown of the workspace is running (the hand-over started). */
+const handoverStarted = async (deadline: number) => {
+  while (performance.now() < deadline) {
+    for (const pid of fs.readdirSync('/proc').filter((name) => /^\d+$/.test(name))) {
+      try {
+        const argv = fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0')
+        if (argv[0]?.endsWith('chown') && argv.includes(workspace)) return performance.now()
+      } catch {
+        // exited meanwhile
+      }
+    }
+    await new Promise((resolve) => setTimeout(resolve, 5))
+  }
+  throw new Error('the hand-over did not start')
+}
+
+/** Waits until the gateway has been idle (under 10% of a core) for half a second: a run's end (its disk measurement) is behind it. */
+const settled = async () => {
+  const ticks = () => fs.readFileSync(`/proc/${serve.pid}/stat`, 'utf8').split(') ')[1]!.split(' ').slice(11, 13).reduce((sum, field) => sum + Number(field), 0)
+  for (let before = ticks(); ; ) {
+    await new Promise((resolve) => setTimeout(resolve, 500))
+    const now = ticks()
+    if (now - before < 5) return
+    before = now
+  }
+}
+
+const p99 = (samples: number[]) => [...samples].sort((a, b) => a - b)[Math.min(samples.length - 1, Math.floor(0.99 * samples.length))] as number
+
+// warm-up: the isolation image, the first hand-over (root-owned files), one job
+await chat('hostile', 'hi')
+await chat('other', 'job')
+
+const alone = {job: [] as number[], healthz: [] as number[]}
+const loaded = {job: [] as number[], healthz: [] as number[], walkMs: [] as number[], hostileRunMs: [] as number[]}
+/** Per round: the job during the hand-over over the mean of the job alone just before and just after. */
+const ratios: number[] = []
+for (let round = 0; round < ROUNDS; round++) {
+  await settled()
+  const job = chat('other', 'job')
+  alone.healthz.push(...(await pollHealthz(job)))
+  alone.job.push(await job)
+
+  fs.lchownSync(workspace, 0, 0) // as a host-sandbox run leaves it: the next container run walks again
+  const hostileSent = performance.now()
+  const hostile = chat('hostile', 'hi')
+  const healthz = pollHealthz(hostile)
+  const walkStarted = await handoverStarted(performance.now() + 300_000)
+  const loadedJob = chat('other', 'job')
+  const walked = (async () => {
+    while (fs.lstatSync(workspace).uid === 0) await new Promise((resolve) => setTimeout(resolve, 5))
+    return performance.now() - walkStarted
+  })()
+  loaded.hostileRunMs.push(await hostile)
+  loaded.walkMs.push(await walked)
+  loaded.job.push(await loadedJob)
+  loaded.healthz.push(...(await healthz))
+  // the job alone again, right after: the machine's load moves between the two
+  await settled()
+  const after = chat('other', 'job')
+  alone.healthz.push(...(await pollHealthz(after)))
+  alone.job.push(await after)
+  ratios.push(loaded.job.at(-1)! / ((alone.job.at(-1)! + alone.job.at(-2)!) / 2))
+  process.stderr.write(`round ${round + 1}: job alone ${fmt(alone.job.at(-2)!)} and ${fmt(alone.job.at(-1)!)}, during the hand-over ${fmt(loaded.job.at(-1)!)}; walk ${fmt(loaded.walkMs.at(-1)!)}, hostile run ${fmt(performance.now() - hostileSent)}\n`)
+}
+
+serve.kill('SIGTERM')
+await serve
+const victimUntouched = fs.statSync(victim).uid === 0
+fs.rmSync(home, {recursive: true, force: true})
+fs.rmSync(outside, {recursive: true, force: true})
+await llm.close()
+if (!victimUntouched) throw new Error('a planted link was followed: the file outside the workspace changed owner')
+
+const jobAlone = stats(alone.job)
+const jobLoaded = stats(loaded.job)
+report('workspace-handover', {
+  files: FILES,
+  rounds: ROUNDS,
+  healthz_during_handover_ms: {p50: +stats(loaded.healthz).median.toFixed(1), p99: +p99(loaded.healthz).toFixed(1), max: +stats(loaded.healthz).max.toFixed(1), n: loaded.healthz.length},
+  healthz_idle_ms: {p50: +stats(alone.healthz).median.toFixed(1), p99: +p99(alone.healthz).toFixed(1), max: +stats(alone.healthz).max.toFixed(1), n: alone.healthz.length},
+  other_job_ms: {alone: +jobAlone.median.toFixed(0), during_handover: +jobLoaded.median.toFixed(0), ratio: +(jobLoaded.median / jobAlone.median).toFixed(3), ratio_per_round: ratios.map((ratio) => +ratio.toFixed(2))},
+  walk_ms: +stats(loaded.walkMs).median.toFixed(0),
+  hostile_run_ms: +stats(loaded.hostileRunMs).median.toFixed(0),
+  targets: {healthz_p99_ms: 100, job_ratio: 1.1},
+})
