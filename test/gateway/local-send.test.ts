@@ -135,15 +135,18 @@ describe('send through a running gateway', {timeout: 90_000}, () => {
     const unknown = await send('nobody', 'hi')
     expect(unknown.exitCode).toBe(4)
     expect(unknown.stderr).toMatch(/unknown agent "nobody"/)
-    // the config edited since the gateway started: runs one-shot, with the new config
-    home.writeConfig(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'free', file_access: {unrestricted: true}, max_iterations: 3}, {id: 'boxed'}]))
-    expect((await send('free', 'hi')).exitCode).toBe(0)
+    // another config file (a copy of the gateway's, byte for byte): runs one-shot
+    const copy = path.join(home.home, 'copy.yaml')
+    fs.copyFileSync(home.configPath, copy)
+    expect((await send('free', 'hi', {flags: ['--config', copy]})).exitCode).toBe(0)
     expect(recordedRuns()).toEqual([])
     // the same environment and config: the gateway runs it
-    home.writeConfig(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'free', file_access: {unrestricted: true}}, {id: 'boxed'}]))
-    // (the text is what counts: written back byte for byte, it is the gateway's again)
     expect((await send('free', 'hi')).exitCode).toBe(0)
     expect(recordedRuns()).toHaveLength(1)
+    // the file edited by hand since the gateway started: the gateway catches up with it (config-watch.test.ts) and runs it
+    home.writeConfig(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'free', file_access: {unrestricted: true}, max_iterations: 3}, {id: 'boxed'}]))
+    expect((await send('free', 'hi')).exitCode).toBe(0)
+    expect(recordedRuns()).toHaveLength(2)
   })
 
   it('a failed run fails the same way: the error, its code and the exit status', async () => {
