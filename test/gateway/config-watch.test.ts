@@ -73,14 +73,19 @@ async function askForSecret(setup: Setup): Promise<{reply: string; isolation: st
   return {reply: chat.body.reply as string, isolation: runRecord(chat.body.run_id as string).isolation}
 }
 
-function runRecord(id: string): {isolation: string; connector: string; status: string} {
+type RunRow = {isolation: string; connector: string; status: string}
+
+function runRow(where: string, ...values: string[]): RunRow | undefined {
   const db = new Database(path.join(home!.home, 'gateway.db'), {readonly: true})
   try {
-    return db.prepare('SELECT isolation, connector, status FROM runs WHERE id = ?').get(id) as {isolation: string; connector: string; status: string}
+    return db.prepare(`SELECT isolation, connector, status FROM runs WHERE ${where}`).get(...values) as RunRow | undefined
   } finally {
     db.close()
   }
 }
+
+const runRecord = (id: string) => runRow('id = ?', id) as RunRow
+const runningRecord = () => runRow("status = 'running'")
 
 async function auditEntries(): Promise<Array<{event: string; level: string; principal: string; source: string; summary: string}>> {
   const result = await runCli(['audit', '--json'], {home: home!.home})
@@ -134,6 +139,35 @@ describe.skipIf(!landlock)('serve and hand edits of config.yaml', {timeout: 120_
     const output = JSON.parse(sent.stdout) as {run_id: string; reply: {content: string}}
     expect(output.reply.content).toContain(SECRET)
     expect(runRecord(output.run_id)).toMatchObject({connector: 'cli', isolation: 'unrestricted'}) // the gateway ran it
+  })
+
+  it('a message that waited in the queue while the edit landed runs at the new level, and its record says so while it runs', async () => {
+    const setup = await setUp({})
+    let recordWhileRunning: RunRow | undefined
+    llm.enqueue(
+      {toolCalls: [{name: 'shell', arguments: {command: 'sleep 2'}}]},
+      {text: 'first done'},
+      // the second message's first model call: its run is under way
+      () => {
+        recordWhileRunning = runningRecord()
+        return {toolCalls: [{name: 'shell', arguments: {command: `cat ${setup.secretPath}`}}]}
+      },
+      (request) => ({text: String(request.body.messages.at(-1).content)}),
+    )
+    const first = api(setup, 'POST', '/api/chat', {agent: 'a1', message: 'slow'})
+    await waitFor('the first run', () => llm.requests.length >= 1)
+    const second = api(setup, 'POST', '/api/chat', {agent: 'a1', message: 'read it'})
+    const waiting = async () => ((await (await fetch(`${setup.serve.url}/healthz`)).json()) as {runs: {waiting: number}}).runs.waiting
+    for (const deadline = Date.now() + 10_000; (await waiting()) !== 1; await new Promise((resolve) => setTimeout(resolve, 25))) {
+      if (Date.now() > deadline) throw new Error('the second message was never queued')
+    }
+    fs.writeFileSync(home!.configPath, setup.config({file_access: {unrestricted: true}}))
+    await waitFor('the change applied', () => appliedCount(setup.serve) === 1)
+    expect(runRecord((await first).body.run_id).isolation).toBe('host-sandbox')
+    const done = await second
+    expect(done.body.reply).toContain(SECRET)
+    expect(recordWhileRunning).toEqual({isolation: 'unrestricted', connector: 'webchat', status: 'running'})
+    expect(runRecord(done.body.run_id).isolation).toBe('unrestricted')
   })
 
   it('send right after a hand edit runs in the gateway at the new level, before the watch has fired', async () => {
