@@ -8,6 +8,7 @@ import type {FakeLlm} from '../fakes/llm-server.js'
 import {fakeLlmForTests} from '../helpers/fake-llm-for-tests.js'
 import {freePort} from '../helpers/free-port.js'
 import {fakeLlmConfig, makeHome, runCli, type TestHome} from '../helpers/home.js'
+import {agentRunsIn} from '../helpers/processes.js'
 import {serveProcessesKilledAfterEach, startServeProcess, type ServeProcess} from '../helpers/serve-process.js'
 import {waitFor} from '../helpers/wait-for.js'
 import {requireLandlockOrSkip} from '../sandbox/landlock-support.js'
@@ -168,6 +169,21 @@ describe.skipIf(!landlock)('serve and hand edits of config.yaml', {timeout: 120_
     expect(done.body.reply).toContain(SECRET)
     expect(recordWhileRunning).toEqual({isolation: 'unrestricted', connector: 'webchat', status: 'running'})
     expect(runRecord(done.body.run_id).isolation).toBe('unrestricted')
+  })
+
+  it('a standby agent-run waiting for an unrestricted agent ends when a hand edit sandboxes the agent', async () => {
+    const setup = await setUp({file_access: {unrestricted: true}})
+    llm.enqueue({text: 'hello'})
+    expect((await api(setup, 'POST', '/api/chat', {agent: 'a1', message: 'hi'})).status).toBe(200)
+    const [standby] = await waitFor('a standby agent-run', () => {
+      const pids = agentRunsIn(home!.workspace('a1'))
+      return pids.length === 1 && pids
+    })
+    fs.writeFileSync(home!.configPath, setup.config({}))
+    await waitFor('the change applied', () => appliedCount(setup.serve) === 1)
+    // an unrestricted process of an agent the operator has just sandboxed: gone at once, not after its idle time
+    await waitFor('the standby to end', () => !fs.existsSync(`/proc/${standby}`), 5000)
+    expect(await askForSecret(setup)).toEqual({reply: expect.not.stringContaining(SECRET), isolation: 'host-sandbox'})
   })
 
   it('send right after a hand edit runs in the gateway at the new level, before the watch has fired', async () => {

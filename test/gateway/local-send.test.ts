@@ -10,7 +10,7 @@ import {startGateway} from '../../src/runtime/gateway/gateway.js'
 import type {FakeLlm} from '../fakes/llm-server.js'
 import {fakeLlmForTests} from '../helpers/fake-llm-for-tests.js'
 import {BIN, fakeLlmConfig, makeHome, ROOT as ROOT_DIR, runCli, type TestHome} from '../helpers/home.js'
-import {processesWith, uniqueMarker} from '../helpers/processes.js'
+import {agentRunsIn, processesWith, uniqueMarker} from '../helpers/processes.js'
 import {startServeProcess, type ServeProcess} from '../helpers/serve-process.js'
 import {requireLandlockOrSkip} from '../sandbox/landlock-support.js'
 import {waitFor} from '../helpers/wait-for.js'
@@ -63,19 +63,6 @@ function recordedRuns(): Array<{id: string; connector: string; status: string; a
   } finally {
     db.close()
   }
-}
-
-/** Live agent-run processes working in `workspace` (their cwd), this test's only. */
-function agentRunsIn(workspace: string): number[] {
-  return processesWith('agent-run').filter((pid) => {
-    try {
-      // agent-run itself (node bin/run.js agent-run), not its keeper
-      const argv = fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').filter(Boolean)
-      return fs.readlinkSync(`/proc/${pid}/cwd`) === workspace && argv.length === 3 && argv[1] === BIN && argv[2] === 'agent-run'
-    } catch {
-      return false
-    }
-  })
 }
 
 const shell = (command: string) => ({toolCalls: [{name: 'shell', arguments: {command}}]})

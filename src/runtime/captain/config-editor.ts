@@ -67,7 +67,7 @@ export class ConfigEditor {
     }
   }
 
-  /** The gateway reloaded the config itself (e.g. on SIGHUP): the dashboard shows that one. */
+  /** The gateway applied a config itself (a hand edit of config.yaml): the dashboard shows that one. */
   replace(loaded: LoadedConfig): void {
     this.current = loaded
   }
@@ -110,7 +110,7 @@ export class ConfigEditor {
 
   patchAgent(id: string, patch: Record<string, unknown>): ConfigEditResult {
     this.catchUpToEdit()
-    // the position in the file as it is now: the operator may have edited it by hand since start-up
+    // the position in the file as the gateway runs it, caught up with hand edits above (unwatched: as it reads now)
     const rawAgents = this.rawConfig().agents
     const index = Array.isArray(rawAgents) ? rawAgents.findIndex((agent) => (agent as {id?: unknown})?.id === id) : -1
     if (index < 0) throw new HttpError(404, 'E_AGENT_UNKNOWN', `unknown agent "${id}" in ${this.current.path}`)
