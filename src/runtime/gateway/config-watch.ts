@@ -86,7 +86,14 @@ export class ConfigWatch {
 
   private schedule(): void {
     clearTimeout(this.settle)
-    this.settle = setTimeout(() => this.sync(), SETTLE_MS).unref()
+    this.settle = setTimeout(() => {
+      try {
+        this.sync()
+      } catch (error) {
+        // applying failed half way (it should not): said, and the gateway goes on serving
+        this.options.log(`gateway: could not apply the change to ${this.options.current().path}: ${(error as Error).message}`)
+      }
+    }, SETTLE_MS).unref()
   }
 
   private refuse(text: string, reason: string): string {
