@@ -288,11 +288,14 @@ async function route() {
 // ---------- overview ----------
 
 async function overviewPage() {
+  const configNote = h('div', {id: 'config-refused'})
   const agentsCard = h('div', {class: 'card'})
   const runsCard = h('div', {class: 'card'})
-  setMain(h('h1', {}, 'Overview'), agentsCard, runsCard)
+  setMain(h('h1', {}, 'Overview'), configNote, agentsCard, runsCard)
   const refresh = async () => {
-    const [agents, runs] = await Promise.all([api('GET', '/agents'), api('GET', '/runs?limit=25')])
+    const [file, agents, runs] = await Promise.all([api('GET', '/config'), api('GET', '/agents'), api('GET', '/runs?limit=25')])
+    // a hand edit the gateway refused: what runs is the previous config, and dashboard edits wait for the fix
+    configNote.replaceChildren(file.refused ? notice('error', `${file.path} has an edit the gateway refused; it still runs the previous config, and config changes here are refused until the file is fixed.`, h('pre', {}, file.refused)) : '')
     agentsCard.replaceChildren(h('h2', {}, 'Agents'), agents.length === 0
       ? h('div', {class: 'empty'}, 'No agents are configured. Add one under agents: in config.yaml.')
       : h('table', {id: 'agents-table'},

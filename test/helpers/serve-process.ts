@@ -1,4 +1,5 @@
 import {execa, type ResultPromise} from 'execa'
+import {afterEach} from 'vitest'
 import {BIN} from './home.js'
 
 export interface ServeProcess {
@@ -50,4 +51,16 @@ export async function startServeProcess(options: ServeProcessOptions): Promise<S
     await new Promise((resolve) => setTimeout(resolve, 50))
   }
   return {process: serve.process, url: serve.listening() as string, output: serve.output}
+}
+
+/** A list to put each test's serve processes in: after each test they are SIGKILLed (a failed test leaves none running). */
+export function serveProcessesKilledAfterEach(): ResultPromise[] {
+  const serves: ResultPromise[] = []
+  afterEach(async () => {
+    for (const serve of serves.splice(0)) {
+      serve.kill('SIGKILL')
+      await serve.catch(() => {})
+    }
+  })
+  return serves
 }

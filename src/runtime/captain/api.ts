@@ -127,10 +127,16 @@ function mountAgentRoutes(deps: CaptainApiDeps): void {
     return agent
   }
 
+  router.get(`${API}/config`, authed(auth, ({res}) => {
+    const refused = editor.catchUp()
+    sendJson(res, 200, {path: editor.loaded.path, refused: refused ?? null})
+  }))
   router.get(`${API}/agents`, authed(auth, ({res}) => {
+    editor.catchUp()
     sendJson(res, 200, editor.loaded.config.agents.map((agent) => agentSummary(shownAgent(editor, agent), editor.loaded, deps)))
   }))
   router.get(`${API}/agents/:id`, authed(auth, ({res, params}) => {
+    editor.catchUp()
     const agent = shownAgent(editor, agentOr404(params.id as string))
     sendJson(res, 200, {
       ...agentSummary(agent, editor.loaded, deps),
@@ -145,6 +151,8 @@ function mountAgentRoutes(deps: CaptainApiDeps): void {
   }))
   router.add('PATCH', `${API}/agents/:id`, authed(auth, async ({req, res, params, principal}) => {
     const id = params.id as string
+    // a hand edit is applied and audited as such first: this edit's audit holds only what it changed
+    editor.catchUpToEdit()
     const before = agentOr404(id)
     const body = await readJsonObject({req, res})
     const result = editor.patchAgent(id, body)
@@ -240,12 +248,14 @@ function mountContainerRoutes(deps: CaptainApiDeps): void {
 
   const shownImageConfig = () => editor.asWritten(editor.loaded.config.image_config, editor.rawImageConfig())
   router.get(`${API}/container/config`, authed(auth, ({res}) => {
+    editor.catchUp()
     sendJson(res, 200, {image_config: shownImageConfig(), configured: editor.rawImageConfig()})
   }))
   router.add('PUT', `${API}/container/config`, authed(auth, async ({req, res, principal}) => {
     const body = await readJsonObject({req, res})
     const section = (body.image_config ?? body) as unknown
     if (!section || typeof section !== 'object' || Array.isArray(section)) throw new HttpError(400, 'E_INPUT', 'send the image_config fields as a JSON object')
+    editor.catchUpToEdit()
     const before = editor.loaded.config.image_config
     const result = editor.putImageConfig(section as Record<string, unknown>)
     auditConfigChange(deps.audit, {

@@ -34,6 +34,11 @@ const IMAGE_CONFIG_FIELDS = ['enabled', 'image', 'base_image', 'packages', 'env_
 /**
  * Config changes from the dashboard: validated with the CLI's schema, written atomically with
  * comments kept, then handed to the running gateway through listeners.
+ *
+ * With a gateway that watches config.yaml (`syncFile`), the dashboard edits the file's current
+ * text only once the gateway runs it: a pending valid hand edit is applied (and audited) first,
+ * and while the file holds a refused one every edit is refused until the file is fixed. A hand
+ * edit is thus never applied silently by a dashboard edit, nor overwritten by one.
  */
 export class ConfigEditor {
   private readonly listeners = new Set<ConfigListener>()
@@ -41,13 +46,28 @@ export class ConfigEditor {
   constructor(
     private current: LoadedConfig,
     private readonly env: NodeJS.ProcessEnv = process.env,
+    /** Catches the running gateway up with config.yaml; returns why its text is refused, if it is. */
+    private readonly syncFile?: () => string | undefined,
   ) {}
 
   get loaded(): LoadedConfig {
     return this.current
   }
 
-  /** The gateway reloaded the config itself (e.g. on SIGHUP): the dashboard shows that one. */
+  /** Why the gateway refuses config.yaml's current text (after catching up with it), or undefined. */
+  catchUp(): string | undefined {
+    return this.syncFile?.()
+  }
+
+  /** catchUp, for an edit: refused while the file holds a change the gateway refused. */
+  catchUpToEdit(): void {
+    const refused = this.catchUp()
+    if (refused) {
+      throw new HttpError(409, 'E_CONFIG', `${this.current.path} holds a hand edit the gateway refused, so the dashboard does not edit it: ${refused}. Fix the file first (meepagateway config check names the problems)`)
+    }
+  }
+
+  /** The gateway applied a config itself (a hand edit of config.yaml): the dashboard shows that one. */
   replace(loaded: LoadedConfig): void {
     this.current = loaded
   }
@@ -89,7 +109,8 @@ export class ConfigEditor {
   }
 
   patchAgent(id: string, patch: Record<string, unknown>): ConfigEditResult {
-    // the position in the file as it is now: the operator may have edited it by hand since start-up
+    this.catchUpToEdit()
+    // the position in the file as the gateway runs it, caught up with hand edits above (unwatched: as it reads now)
     const rawAgents = this.rawConfig().agents
     const index = Array.isArray(rawAgents) ? rawAgents.findIndex((agent) => (agent as {id?: unknown})?.id === id) : -1
     if (index < 0) throw new HttpError(404, 'E_AGENT_UNKNOWN', `unknown agent "${id}" in ${this.current.path}`)
@@ -119,6 +140,7 @@ export class ConfigEditor {
 
   /** Replaces the image_config section: fields left out return to their defaults. */
   putImageConfig(body: Record<string, unknown>): ConfigEditResult {
+    this.catchUpToEdit()
     const edits: ConfigEdit[] = []
     for (const key of Object.keys(body)) {
       if (!(IMAGE_CONFIG_FIELDS as readonly string[]).includes(key)) {
@@ -147,7 +169,14 @@ export class ConfigEditor {
   }
 
   private write(edits: ConfigEdit[], change: ConfigChange, writtenBefore: Record<string, unknown>, readAfter: () => Record<string, unknown>): ConfigEditResult {
-    const update = updateConfigFile(this.current.path, edits, {env: this.env})
+    const running = this.current.text
+    const update = updateConfigFile(this.current.path, edits, {
+      env: this.env,
+      // a hand edit that landed after the catch-up above: not carried along unaudited
+      checkRead: (text) => {
+        if (this.syncFile && text !== running) throw new HttpError(409, 'E_CONFIG', `${this.current.path} changed while this edit was being made; try again`)
+      },
+    })
     // Secret values were read from the environment at start-up; the file's references did not change
     this.current = {...this.current, config: update.config, secrets: {...this.current.secrets, ...update.secrets}, created: false, text: update.text}
     const restartRequired: string[] = []
@@ -165,9 +194,11 @@ export class ConfigEditor {
     }
   }
 
+  /** The file as the gateway runs it (watched), else as it reads now. */
   private rawConfig(): Record<string, unknown> {
     try {
-      const parsed = YAML.parse(fs.readFileSync(this.current.path, 'utf8')) as unknown
+      const text = this.syncFile && this.current.text !== undefined ? this.current.text : fs.readFileSync(this.current.path, 'utf8')
+      const parsed = YAML.parse(text) as unknown
       return parsed && typeof parsed === 'object' ? (parsed as Record<string, unknown>) : {}
     } catch {
       return {}

@@ -28,6 +28,8 @@ export interface CaptainDeps {
   /** The gateway's live connectors (state shown on the Overview page). */
   connectors?: () => ReadonlyArray<LiveConnector>
   unrestricted?: boolean
+  /** Catches the gateway up with config.yaml (serve's watch); returns why the file is refused, if it is. */
+  syncConfigFile?: () => string | undefined
   /** The docker CLI of the container pages (default: the process-wide one; tests pass a missing one). */
   docker?: DockerCli
   uiDir?: string
@@ -69,7 +71,7 @@ export async function mountCaptain(router: Router, deps: CaptainDeps): Promise<C
   const audit = new AuditLog(deps.db, deps.log)
   const auth = new CaptainAuth(new CaptainAuthStore(deps.db), apiKeys, {env, log: deps.log, audit})
   await auth.init()
-  const editor = new ConfigEditor(deps.loaded, env)
+  const editor = new ConfigEditor(deps.loaded, env, deps.syncConfigFile)
   const docker = () => deps.docker ?? dockerCli()
   const builds = new BuildJobs(docker)
 

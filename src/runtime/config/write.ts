@@ -92,12 +92,13 @@ export interface ConfigFileUpdate {
 /**
  * Reads config.yaml, applies the edits, validates the result with the same schema and checks as
  * `loadConfig`, and only then writes it atomically. An invalid change throws E_CONFIG naming
- * every problem, and the file is left untouched.
+ * every problem, and the file is left untouched. `checkRead` sees the text read and may refuse it
+ * (a gateway that must not carry along a hand edit it has not applied).
  */
 export function updateConfigFile(
   configPath: string,
   edits: ReadonlyArray<ConfigEdit>,
-  options: {env?: NodeJS.ProcessEnv; beforeRename?: (tempPath: string) => void} = {},
+  options: {env?: NodeJS.ProcessEnv; beforeRename?: (tempPath: string) => void; checkRead?: (text: string) => void} = {},
 ): ConfigFileUpdate {
   let current: string
   try {
@@ -105,6 +106,7 @@ export function updateConfigFile(
   } catch (error) {
     throw new GatewayError('E_CONFIG', `cannot read ${configPath}: ${(error as Error).message}`, {cause: error})
   }
+  options.checkRead?.(current)
   const text = applyConfigEdits(current, edits)
   const parsed = parseConfigText(text, configPath, options.env ?? process.env)
   if (text !== current) writeFileAtomic(configPath, text, {beforeRename: options.beforeRename})

@@ -117,7 +117,9 @@ export class Dispatcher implements MessageDispatcher {
     return {runId: start.id, accepted: false, done}
   }
 
-  private async execute(start: RunStart, message: InboundMessage, delivery: Delivery, extras: DispatchExtras): Promise<DispatchOutcome> {
+  private async execute(queued: RunStart, message: InboundMessage, delivery: Delivery, extras: DispatchExtras): Promise<DispatchOutcome> {
+    // the level now: a config change while the message waited applies to its run, and its record says so
+    const start = {...queued, isolation: this.options.isolationFor(queued.agentId)}
     const controller = new AbortController()
     const forward = () => controller.abort(extras.signal?.reason)
     extras.signal?.addEventListener('abort', forward)

@@ -21,6 +21,9 @@ import {answerInterruptedRuns} from './restart-replies.js'
 import {RunQueue} from './run-queue.js'
 import {listenForLocalSend, type LocalSendListener} from '../connectors/local-send/server.js'
 import {assertSafeBind, hasCaptainPassword, isLoopbackBind, mountCaptain, type Captain} from '../captain/index.js'
+import {auditFileEdit} from '../captain/config-audit.js'
+import {AuditLog} from '../state/audit.js'
+import {ConfigWatch, partsNeedingRestart} from './config-watch.js'
 
 export interface GatewayOptions {
   loaded: LoadedConfig
@@ -34,6 +37,8 @@ export interface GatewayOptions {
   connectorTimings?: ConnectorTimings
   /** Removes containers a crashed gateway left behind; a failure is logged, never fatal. */
   removeOrphans?: (signal: AbortSignal) => Promise<number>
+  /** Watch config.yaml and apply (or refuse) hand edits while serving: `serve` does. */
+  watchConfig?: boolean
 }
 
 export interface Gateway {
@@ -66,6 +71,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
   // checked (PRAGMA quick_check) at start, and kept on the file at its path while serving
   const guarded = new GuardedGatewayDb(loaded.home, log)
   const db = guarded.db
+  let watch: ConfigWatch | undefined
   try {
     const legacyKeys = takeLegacyKeysNotice(db)
     if (legacyKeys) log(legacyKeys)
@@ -163,15 +169,38 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
         runs: {running: queue.running, waiting: queue.waiting},
       })
     })
+    // a config written by the dashboard or by hand: runs started from now on use it; running ones keep theirs
+    const applyConfig = (next: LoadedConfig) => {
+      live = next
+      // a standby started for the old config could serve the next message of an agent whose level changed
+      void stopStandbyAgentRuns(loaded.home)
+      if ([...agents.values()].some((agent) => isolationLevelFor(agent, options.unrestricted) === 'container')) void stopStandbyContainers().catch(() => {})
+      for (const agent of next.config.agents) if (agents.has(agent.id)) agents.set(agent.id, agent)
+    }
     let captain: Captain | undefined
     if (config.captain.enabled) {
       assertSafeBind(config.captain.bind, hasCaptainPassword(db))
-      captain = await mountCaptain(router, {db, loaded, log, connectors: () => connectors, unrestricted: options.unrestricted})
-      captain.onConfigChange((next) => {
-        live = next
-        // an agent-run started for the old config could serve the next message of an agent whose level changed
-        void stopStandbyAgentRuns(loaded.home)
-        for (const agent of next.config.agents) if (agents.has(agent.id)) agents.set(agent.id, agent)
+      captain = await mountCaptain(router, {db, loaded, log, connectors: () => connectors, unrestricted: options.unrestricted, syncConfigFile: options.watchConfig ? () => watch?.sync() : undefined})
+      captain.onConfigChange((next) => applyConfig(next))
+    }
+    if (options.watchConfig) {
+      const audit = new AuditLog(db, log)
+      watch = new ConfigWatch({
+        current: () => live,
+        log,
+        apply: (next) => {
+          const previous = live
+          try {
+            auditFileEdit(audit, {text: previous.text ?? '', config: previous.config}, {text: next.text ?? '', config: next.config})
+          } catch (error) {
+            // the file is the operator's: it runs as written even when gateway.db cannot take the entry
+            log(`gateway: could not write the audit entry of the change to ${next.path} (applied anyway): ${(error as Error).message}`)
+          }
+          applyConfig(next)
+          captain?.replaceConfig(next)
+          const restart = partsNeedingRestart(previous.config, next.config)
+          log(`gateway: applied the change to ${next.path}; the next message of each agent runs with it` + (restart.length > 0 ? `; a restart is needed for: ${restart.join(', ')}` : ''))
+        },
       })
     }
     mountWebChat({router, dispatcher, agentIds: () => [...agents.keys()], caller: captain?.chatCaller ?? apiKeyCaller(new ApiKeys(db)), runs: records})
@@ -195,8 +224,11 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     }
     const localSend: LocalSendListener | undefined = await listenForLocalSend({
       home: loaded.home,
-      // the text runs are made from (a dashboard edit replaces both), never the file read again
-      config: () => ({path: live.path, text: live.text}),
+      // the text runs are made from (a dashboard or hand edit replaces both), caught up with the file first
+      config: () => {
+        watch?.sync()
+        return {path: live.path, text: live.text}
+      },
       unrestricted: Boolean(options.unrestricted),
       agentIds: () => [...agents.keys()],
       dispatcher,
@@ -218,6 +250,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     const stop = async (stopOptions: {graceMs?: number} = {}): Promise<void> => {
       orphanCheck.abort()
       localSend?.close()
+      watch?.close()
       const graceMs = stopOptions.graceMs ?? config.gateway.shutdown_grace_seconds * 1000
       if (queue.running > 0) log(`gateway: stopping; waiting up to ${Math.round(graceMs / 1000)} s for ${queue.running} running run(s)`)
       else log('gateway: stopping')
@@ -253,6 +286,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       stopped,
     }
   } catch (error) {
+    watch?.close()
     guarded.close()
     throw error
   }

@@ -49,6 +49,7 @@ async function serveLocked(options: ServeOptions, loaded: LoadedConfig): Promise
     ...options,
     loaded,
     log,
+    watchConfig: true,
   })
 
   // A long-running gateway must not die of one library's stray promise: report it and go on.

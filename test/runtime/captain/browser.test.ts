@@ -31,7 +31,7 @@ describeWithChromium('Captain dashboard in a browser', () => {
       }),
     )
     const loaded = loadConfig({home: home.home, env: {...process.env, FAKE_LLM_KEY: 'sk-fake-test-key-123456'}})
-    gateway = await startGateway({loaded, port: 0, log: (line) => logs.push(line)})
+    gateway = await startGateway({loaded, port: 0, log: (line) => logs.push(line), watchConfig: true})
     // first-time setup with the code the gateway printed, as an operator would
     const code = /setup code ([A-Z0-9-]{11})/.exec(logs.join('\n'))?.[1]
     const setup = await fetch(`${gateway.url}/api/captain/auth/setup`, {method: 'POST', headers: {'content-type': 'application/json'}, body: JSON.stringify({code, password: PASSWORD})})
@@ -233,6 +233,21 @@ describeWithChromium('Captain dashboard in a browser', () => {
     await row.getByRole('button', {name: 'Revoke'}).click()
     await page.locator('#keys-table tr', {hasText: 'deploy script'}).getByText('revoked').waitFor()
     expect((await chat()).status).toBe(401)
+  })
+
+  it('says on the overview that config.yaml holds a hand edit the gateway refused, until the file is fixed', async () => {
+    const written = fs.readFileSync(home.configPath, 'utf8')
+    try {
+      fs.writeFileSync(home.configPath, `${written}surprise: 1\n`)
+      await logIn()
+      await browser.page.locator('#config-refused', {hasText: '(root): unknown field "surprise"'}).waitFor()
+      expect(await browser.page.textContent('#config-refused')).toContain('still runs the previous config')
+    } finally {
+      fs.writeFileSync(home.configPath, written)
+    }
+    await browser.page.reload()
+    await browser.page.waitForSelector('#agents-table')
+    expect(await browser.page.textContent('#config-refused')).toBe('')
   })
 })
 

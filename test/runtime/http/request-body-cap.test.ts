@@ -237,7 +237,6 @@ describe('request bodies over the cap, against a real `serve`', {timeout: 60_000
     const login = await curl('POST', '/api/captain/auth/login', jsonBody(10, {password: 'wrong guess!'}), {expect: true})
     expect(login.status, login.trace).toBe(401)
     expect(login.continued, login.trace).toBe(true)
-    expect(login.ms, login.trace).toBeLessThan(900) // curl gives up waiting for 100 Continue after 1 s and sends anyway
     llm.setDefault({text: 'hello from a1'})
     const chat = await nodeRequest('POST', '/api/chat', Buffer.from(JSON.stringify({agent: 'a1', message: 'hi'})), {expect: true, key: adminKey})
     expect(chat.continued, chat.trace).toBe(true)

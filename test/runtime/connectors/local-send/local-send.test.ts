@@ -10,7 +10,7 @@ import {startGateway} from '../../../../src/runtime/gateway/gateway.js'
 import type {FakeLlm} from '../../../fakes/llm-server.js'
 import {fakeLlmForTests} from '../../../helpers/fake-llm-for-tests.js'
 import {BIN, fakeLlmConfig, makeHome, ROOT as ROOT_DIR, runCli, type TestHome} from '../../../helpers/home.js'
-import {processesWith, uniqueMarker} from '../../../helpers/processes.js'
+import {agentRunsIn, processesWith, uniqueMarker} from '../../../helpers/processes.js'
 import {startServeProcess, type ServeProcess} from '../../../helpers/serve-process.js'
 import {requireLandlockOrSkip} from '../../../helpers/landlock-support.js'
 import {waitFor} from '../../../helpers/wait-for.js'
@@ -63,19 +63,6 @@ function recordedRuns(): Array<{id: string; connector: string; status: string; a
   } finally {
     db.close()
   }
-}
-
-/** Live agent-run processes working in `workspace` (their cwd), this test's only. */
-function agentRunsIn(workspace: string): number[] {
-  return processesWith('agent-run').filter((pid) => {
-    try {
-      // agent-run itself (node bin/run.js agent-run), not its keeper
-      const argv = fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').filter(Boolean)
-      return fs.readlinkSync(`/proc/${pid}/cwd`) === workspace && argv.length === 3 && argv[1] === BIN && argv[2] === 'agent-run'
-    } catch {
-      return false
-    }
-  })
 }
 
 const shell = (command: string) => ({toolCalls: [{name: 'shell', arguments: {command}}]})
@@ -135,15 +122,18 @@ describe('send through a running gateway', {timeout: 90_000}, () => {
     const unknown = await send('nobody', 'hi')
     expect(unknown.exitCode).toBe(4)
     expect(unknown.stderr).toMatch(/unknown agent "nobody"/)
-    // the config edited since the gateway started: runs one-shot, with the new config
-    home.writeConfig(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'free', file_access: {unrestricted: true}, max_iterations: 3}, {id: 'boxed'}]))
-    expect((await send('free', 'hi')).exitCode).toBe(0)
+    // another config file (a copy of the gateway's, byte for byte): runs one-shot
+    const copy = path.join(home.home, 'copy.yaml')
+    fs.copyFileSync(home.configPath, copy)
+    expect((await send('free', 'hi', {flags: ['--config', copy]})).exitCode).toBe(0)
     expect(recordedRuns()).toEqual([])
     // the same environment and config: the gateway runs it
-    home.writeConfig(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'free', file_access: {unrestricted: true}}, {id: 'boxed'}]))
-    // (the text is what counts: written back byte for byte, it is the gateway's again)
     expect((await send('free', 'hi')).exitCode).toBe(0)
     expect(recordedRuns()).toHaveLength(1)
+    // the file edited by hand since the gateway started: the gateway catches up with it (config-watch.test.ts) and runs it
+    home.writeConfig(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'free', file_access: {unrestricted: true}, max_iterations: 3}, {id: 'boxed'}]))
+    expect((await send('free', 'hi')).exitCode).toBe(0)
+    expect(recordedRuns()).toHaveLength(2)
   })
 
   it('a failed run fails the same way: the error, its code and the exit status', async () => {
