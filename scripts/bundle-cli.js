@@ -191,7 +191,7 @@ addSources(sources, result)
 // The manifest: command ids, flags, summaries and examples, so `--help` and lookups read one file.
 const manifestFile = path.join(root, CLI_FILES.manifest)
 fs.rmSync(manifestFile, {force: true})
-const {exports: cli, script} = loadCliBundle(root, {codeCache: false})
+const {exports: cli} = loadCliBundle(root, {codeCache: false})
 const {Plugin} = cli.core()
 const plugin = new Plugin({root, isRoot: true, type: 'core', ignoreManifest: true, errorOnManifestCreate: true})
 await plugin.load()

@@ -84,7 +84,9 @@ export function canonicalPath(input: string): string {
         const real = realpathOf(existing)
         return tail.length === 0 ? real : path.join(real, ...tail.reverse())
       }
-    } catch {}
+    } catch {
+      // not resolvable (a loop, no permission): resolve its parent instead
+    }
     const parent = path.dirname(existing)
     if (parent === existing) return absolute
     tail.push(path.basename(existing))

@@ -109,7 +109,7 @@ export interface ReapResult {
  */
 export function reapAbandonedRuns(home: string): ReapResult {
   const result: ReapResult = {runs: [], containers: [], tmpDirs: [], failures: []}
-  let rows: Row[] = []
+  let rows: Row[]
   try {
     rows = sharedGatewayDb(home).prepare('SELECT * FROM run_processes').all() as Row[]
   } catch {

@@ -1,7 +1,7 @@
 import {execa} from 'execa'
 import fs from 'node:fs'
 import path from 'node:path'
-import {afterAll, beforeAll, describe, expect, it} from 'vitest'
+import {afterAll, beforeAll, expect, it} from 'vitest'
 import {startFakeLlm, type FakeLlm} from '../../fakes/llm-server.js'
 import {BIN, fakeLlmConfig, makeHome, runCli, type TestHome} from '../../helpers/home.js'
 import {DEFAULT_AGENT, DEFAULT_IMAGE_CONFIG} from '../../../src/runtime/config/defaults.js'

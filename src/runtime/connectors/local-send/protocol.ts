@@ -1,6 +1,5 @@
 import fs from 'node:fs'
 import path from 'node:path'
-import {buildIdentity} from '../../util/build-identity.js'
 import {gatewayRunDir} from '../../util/paths.js'
 import type {AgentRunOutput} from '../../shapes/agent-run-contract.js'
 
