@@ -77,7 +77,10 @@ if (process.argv[2] === '--write-lite-code-cache') {
   process.exit(0)
 }
 
-/** A stand-in for `serve` on the local send socket of `home` (src/runtime/connectors/local-send/): it answers every message with a reply. */
+/**
+ * A stand-in for `serve` on the local send socket of `home` (src/runtime/connectors/local-send/):
+ * it answers every message with a reply.
+ */
 async function fakeGatewayForSend(home) {
   const {localSendDir, localSendSocket, localSendToken} = await import('../dist/runtime/connectors/local-send/protocol.js')
   const net = await import('node:net')

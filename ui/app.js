@@ -130,7 +130,10 @@ async function refreshSession() {
   return session
 }
 
-/** `meepagateway dashboard link` puts a one-time secret in the fragment (never sent to a server): trade it for a session. */
+/**
+ * `meepagateway dashboard link` puts a one-time secret in the fragment (never sent to a server):
+ * trade it for a session.
+ */
 async function useLoginLink() {
   const match = /^#login=([A-Za-z0-9_-]+)$/.exec(location.hash)
   if (!match) return

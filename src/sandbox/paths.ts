@@ -13,7 +13,10 @@ export function isStrictlyWithin(child: string, parent: string): boolean {
   return child !== parent && isWithin(child, parent)
 }
 
-/** Every `parent` with isStrictlyWithin(child, parent), as strings (so also for unnormalised ones): O(length), no scan of a list. */
+/**
+ * Every `parent` with isStrictlyWithin(child, parent), as strings (so also for unnormalised ones):
+ * O(length), no scan of a list.
+ */
 export function stringAncestors(child: string): string[] {
   const ancestors: string[] = []
   for (let i = child.indexOf(path.sep); i !== -1; i = child.indexOf(path.sep, i + 1)) {

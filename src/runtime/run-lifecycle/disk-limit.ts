@@ -14,7 +14,10 @@ import {failure} from '../agent-run/output.js'
 /** What an entry costs at least: an empty file or symlink still takes an inode, and inodes run out too. */
 const MIN_ENTRY_BYTES = 4096
 
-/** Bytes the files under `roots` occupy on disk (allocated blocks, at least one block each; symlinks not followed, hard links once). */
+/**
+ * Bytes the files under `roots` occupy on disk (allocated blocks, at least one block each; symlinks
+ * not followed, hard links once).
+ */
 export async function diskUsage(roots: string[], signal?: AbortSignal): Promise<number> {
   let total = 0
   const seen = new Set<string>()
@@ -87,7 +90,10 @@ export interface DiskWatch {
   stop(): Promise<{usage: number; over: boolean}>
 }
 
-/** Measures `roots` (plus what `hidden` counts) until stopped and calls `onOver` (once) when they exceed `limitBytes`. */
+/**
+ * Measures `roots` (plus what `hidden` counts) until stopped and calls `onOver` (once) when they
+ * exceed `limitBytes`.
+ */
 export function watchDiskUsage(roots: string[], limitBytes: number, onOver: (usage: number) => void, hidden?: () => Promise<number>): DiskWatch {
   const stopped = new AbortController()
   let reported = false
