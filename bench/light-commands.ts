@@ -1,6 +1,7 @@
 // The work `config check`, `agent list` and `runs` do after the CLI has started (issue 13): each
 // library call timed in a fresh process (its first call, what a CLI pays: wall and the process's
-// CPU, which moves less with machine load), then warm (median of 50 calls), over BENCH_N processes. Run `npm run build` first: it times dist/ (no code cache, unlike the CLI).
+// CPU, which moves less with machine load), then warm (median of 50 calls), over BENCH_N processes.
+// Run `npm run build` first: it times dist/ (no code cache, unlike the CLI).
 //   npx tsx bench/light-commands.ts        (BENCH_N=15 processes by default)
 // The home is the startup bench's: agents boxed (host sandbox), free (unrestricted), contained
 // (container), their workspaces, and 200 run records.

@@ -12,7 +12,10 @@ const AGENT_RUN_FILE = 'dist/agent-run.cjs'
 const AGENT_RUN_BUNDLE = path.join(root, AGENT_RUN_FILE)
 const AGENT_RUN_CODE_CACHE = `${AGENT_RUN_BUNDLE}.v8cache`
 
-/** agent-run's exports ({main}) and its script; `codeCache: false` compiles from source (the build, which then writes the cache). */
+/**
+ * agent-run's exports ({main}) and its script; `codeCache: false` compiles from source (the build,
+ * which then writes the cache).
+ */
 function loadAgentRun(options = {}) {
   return loadCliBundle(root, {...options, bundle: AGENT_RUN_FILE})
 }

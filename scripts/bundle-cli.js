@@ -77,7 +77,10 @@ if (process.argv[2] === '--write-lite-code-cache') {
   process.exit(0)
 }
 
-/** A stand-in for `serve` on the local send socket of `home` (src/runtime/connectors/local-send/): it answers every message with a reply. */
+/**
+ * A stand-in for `serve` on the local send socket of `home` (src/runtime/connectors/local-send/):
+ * it answers every message with a reply.
+ */
 async function fakeGatewayForSend(home) {
   const {localSendDir, localSendSocket, localSendToken} = await import('../dist/runtime/connectors/local-send/protocol.js')
   const net = await import('node:net')
@@ -191,7 +194,7 @@ addSources(sources, result)
 // The manifest: command ids, flags, summaries and examples, so `--help` and lookups read one file.
 const manifestFile = path.join(root, CLI_FILES.manifest)
 fs.rmSync(manifestFile, {force: true})
-const {exports: cli, script} = loadCliBundle(root, {codeCache: false})
+const {exports: cli} = loadCliBundle(root, {codeCache: false})
 const {Plugin} = cli.core()
 const plugin = new Plugin({root, isRoot: true, type: 'core', ignoreManifest: true, errorOnManifestCreate: true})
 await plugin.load()

@@ -52,5 +52,5 @@ export function shareBuiltinNamespaces(text) {
  * string, a template, a regular expression or an identifier, and read as latin1 it stays itself.
  */
 export function makeAscii(text) {
-  return text.replace(/[^\x00-\x7f]/g, (char) => `\\u${char.charCodeAt(0).toString(16).padStart(4, '0')}`)
+  return text.replace(/[\x80-\uffff]/g, (char) => `\\u${char.charCodeAt(0).toString(16).padStart(4, '0')}`)
 }

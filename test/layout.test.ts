@@ -89,7 +89,10 @@ function allowed(zone: string, imp: Import): boolean {
   return target.startsWith('runtime/') && rule.runtime.includes(target.slice('runtime/'.length))
 }
 
-/** A cycle of folders importing each other (directly or through a chain), each arrow with an import that makes it; none when the graph is one-way. */
+/**
+ * A cycle of folders importing each other (directly or through a chain), each arrow with an import
+ * that makes it; none when the graph is one-way.
+ */
 function folderCycle(imports: Import[]): string[] | undefined {
   const arrows = new Map<string, Map<string, string>>()
   for (const imp of imports) {

@@ -61,7 +61,7 @@ async function api(method, path, body) {
     credentials: 'omit',
   })
   const text = await res.text()
-  let parsed = null
+  let parsed
   try {
     parsed = text ? JSON.parse(text) : null
   } catch {
@@ -89,7 +89,7 @@ function badge(text, kind) {
   return h('span', {class: `badge ${kind || text}`}, text)
 }
 
-function when(ms) {
+function formatTime(ms) {
   if (!ms) return ''
   const date = new Date(ms)
   const today = new Date()
@@ -130,7 +130,10 @@ async function refreshSession() {
   return session
 }
 
-/** `meepagateway dashboard link` puts a one-time secret in the fragment (never sent to a server): trade it for a session. */
+/**
+ * `meepagateway dashboard link` puts a one-time secret in the fragment (never sent to a server):
+ * trade it for a session.
+ */
 async function useLoginLink() {
   const match = /^#login=([A-Za-z0-9_-]+)$/.exec(location.hash)
   if (!match) return
@@ -317,7 +320,7 @@ function runsTable(runs, withAgent) {
   return h('table', {class: 'runs'},
     h('thead', {}, h('tr', {}, h('th', {}, 'Started'), withAgent && h('th', {}, 'Agent'), h('th', {}, 'Via'), h('th', {}, 'Isolation'), h('th', {}, 'Outcome'), h('th', {}, 'Time'), h('th', {}, 'Tools'))),
     h('tbody', {}, runs.map((run) => h('tr', {'data-run': run.id},
-      h('td', {class: 'num'}, when(run.started_at)),
+      h('td', {class: 'num'}, formatTime(run.started_at)),
       withAgent && h('td', {}, run.agent_id),
       h('td', {}, run.connector),
       h('td', {}, badge(run.isolation)),
@@ -721,7 +724,7 @@ async function accessPage() {
       keys.length === 0 ? h('div', {class: 'empty'}, 'No keys yet.') : h('table', {id: 'keys-table'},
         h('thead', {}, h('tr', {}, h('th', {}, 'Name'), h('th', {}, 'Kind'), h('th', {}, 'Key'), h('th', {}, 'Created'), h('th', {}, 'Last used'), h('th', {}, ''))),
         h('tbody', {}, keys.map((key) => h('tr', {'data-key': key.id},
-          h('td', {}, key.name), h('td', {}, key.kind === 'admin' ? badge('admin', 'warn') : 'chat'), h('td', {class: 'mono'}, `${key.prefix}…`), h('td', {class: 'num'}, when(key.created_at)), h('td', {class: 'num'}, key.last_used_at ? when(key.last_used_at) : 'never'),
+          h('td', {}, key.name), h('td', {}, key.kind === 'admin' ? badge('admin', 'warn') : 'chat'), h('td', {class: 'mono'}, `${key.prefix}…`), h('td', {class: 'num'}, formatTime(key.created_at)), h('td', {class: 'num'}, key.last_used_at ? formatTime(key.last_used_at) : 'never'),
           h('td', {}, key.revoked ? badge('revoked', 'failed') : h('button', {class: 'danger', onclick: async () => {
             await api('DELETE', `/auth/api-keys/${encodeURIComponent(key.id)}`)
             created.replaceChildren()

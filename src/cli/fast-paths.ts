@@ -83,7 +83,10 @@ export async function sandboxExecWithoutOclif(argv: readonly string[]): Promise<
   return result.exitCode
 }
 
-/** The CLIError oclif prints for an error of `sandbox exec` (toCliError in src/commands/base-command.ts, which cli/ may not import). */
+/**
+ * The CLIError oclif prints for an error of `sandbox exec` (toCliError in
+ * src/commands/base-command.ts, which cli/ may not import).
+ */
 function asCliError(error: Error): Error & {oclif?: {exit?: number}} {
   const {CLIError} = oclifInternals()
   if (error instanceof GatewayError) return new CLIError(error.message, {code: error.code, exit: error.exitCode, suggestions: error.suggestions})

@@ -1,7 +1,10 @@
 import {Command} from '@oclif/core'
 import {main} from '../runtime/agent-run/main.js'
 
-/** Normally bin/run.js starts agent-run without oclif (start-up speed); this keeps it in help and reachable via the dev bin. */
+/**
+ * Normally bin/run.js starts agent-run without oclif (start-up speed); this keeps it in help and
+ * reachable via the dev bin.
+ */
 export default class AgentRun extends Command {
   static summary = 'run one agent message: its input on stdin, its result on stdout (the program every isolation level runs)'
   static description =

@@ -13,7 +13,10 @@ export function isStrictlyWithin(child: string, parent: string): boolean {
   return child !== parent && isWithin(child, parent)
 }
 
-/** Every `parent` with isStrictlyWithin(child, parent), as strings (so also for unnormalised ones): O(length), no scan of a list. */
+/**
+ * Every `parent` with isStrictlyWithin(child, parent), as strings (so also for unnormalised ones):
+ * O(length), no scan of a list.
+ */
 export function stringAncestors(child: string): string[] {
   const ancestors: string[] = []
   for (let i = child.indexOf(path.sep); i !== -1; i = child.indexOf(path.sep, i + 1)) {
@@ -84,7 +87,9 @@ export function canonicalPath(input: string): string {
         const real = realpathOf(existing)
         return tail.length === 0 ? real : path.join(real, ...tail.reverse())
       }
-    } catch {}
+    } catch {
+      // not resolvable (a loop, no permission): resolve its parent instead
+    }
     const parent = path.dirname(existing)
     if (parent === existing) return absolute
     tail.push(path.basename(existing))

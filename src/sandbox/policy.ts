@@ -190,7 +190,10 @@ const RIGHTS_BY_ACCESS: Record<AccessClass, readonly FsRight[]> = {
   pty: PTY_RIGHTS,
 }
 
-/** The policy of one run: grants, denies, their lowering or covers, and the Landlock rules (one look at the file system: withPathMemo). */
+/**
+ * The policy of one run: grants, denies, their lowering or covers, and the Landlock rules (one look
+ * at the file system: withPathMemo).
+ */
 export function compilePolicy(input: PolicyInput): SandboxPolicy {
   return withPathMemo(() => compile(input))
 }

@@ -48,7 +48,7 @@ let cached: Layout | undefined
 /** This process's cgroup path per hierarchy, from /proc/self/cgroup ('' key: the unified one). */
 function ownCgroups(): Map<string, string> {
   const paths = new Map<string, string>()
-  let text = ''
+  let text: string
   try {
     text = fs.readFileSync('/proc/self/cgroup', 'utf8')
   } catch {
@@ -190,7 +190,7 @@ export function createRunCgroup(runId: string, limits: RunLimits): RunCgroup | u
     }
   } catch (error) {
     removeRunCgroups(dirs)
-    throw new Error(`cannot create the run's cgroup: ${(error as Error).message}`)
+    throw new Error(`cannot create the run's cgroup: ${(error as Error).message}`, {cause: error})
   }
   const memoryDir = dirs.find((dir) => parents.some((parent) => dir.startsWith(`${parent.dir}/`) && (parent.controller === 'memory' || parent.controller === 'unified')))
   const pidsDir = dirs.find((dir) => parents.some((parent) => dir.startsWith(`${parent.dir}/`) && (parent.controller === 'pids' || parent.controller === 'unified')))

@@ -42,7 +42,10 @@ async function run(prefix: string[], argv: string[], env: Record<string, string>
 const viaBin = (argv: string[], env?: Record<string, string>) => run([BIN], argv, env)
 const viaOclif = (argv: string[], env?: Record<string, string>) => run([viaOclifScript], argv, env)
 
-/** Both ways; the lite path must not have loaded the full CLI when `lite` is expected. `normalize` evens out what differs per run (a temp dir's name). */
+/**
+ * Both ways; the lite path must not have loaded the full CLI when `lite` is expected. `normalize`
+ * evens out what differs per run (a temp dir's name).
+ */
 async function expectSame(argv: string[], options: {lite: boolean; env?: Record<string, string>; normalize?: (text: string) => string}): Promise<Ran> {
   const [bin, oclif] = [await viaBin(argv, options.env), await viaOclif(argv, options.env)]
   expect(oclif.fullCli).toBe(true)
@@ -197,7 +200,8 @@ describe('commands without oclif print what oclif prints (bin/run.js against ocl
     // Node's own warning that FORCE_COLOR overrides NO_COLOR comes with process.stdout, which only oclif creates
     const pid = (text: string) => text.replace(/\(node:\d+\)/g, '(node:PID)')
     await expectSame(['audit'], {lite: false, env: {FORCE_COLOR: '1', NO_COLOR: '1'}, normalize: pid})
-    await expectSame(['audit'], {lite: true, env: {FORCE_COLOR: '0', NO_COLOR: '1'}}) // colour off: no warning (vitest's own setting)
+    // colour off: no warning (vitest's own setting)
+    await expectSame(['audit'], {lite: true, env: {FORCE_COLOR: '0', NO_COLOR: '1'}})
     await expectSame(['api-key', 'list', '--json'], {lite: false, env: {FORCE_COLOR: '1', NODE_DISABLE_COLORS: '1'}, normalize: pid})
   })
 

@@ -100,7 +100,8 @@ describe('a hostile agent-run against the real runner', () => {
     `)
     expect(output, JSON.stringify(output)).toMatchObject({ok: true, reply: {content: `hello from the host / channel ${LLM_CHANNEL_VERSION}`}})
     expect(llm.requests).toHaveLength(1)
-    expect(llm.requests[0]?.body.model).toBe('configured-model') // the frame's model, provider and base_url were ignored
+    // the frame's model, provider and base_url were ignored
+    expect(llm.requests[0]?.body.model).toBe('configured-model')
     expect(llm.requests[0]?.headers.authorization).toBe(`Bearer ${KEY}`)
   })
 
@@ -196,7 +197,8 @@ describe('a hostile agent-run against the real runner', () => {
 })
 
 describe.skipIf(landlockUnavailable() !== undefined)('agent-run itself under the host sandbox', () => {
-  // What a taken-over agent-run would try: reach the LLM (or anything) itself. The TCP connect goes to the fake LLM on 127.0.0.1.
+  // What a taken-over agent-run would try: reach the LLM (or anything) itself. The TCP connect goes
+  // to the fake LLM on 127.0.0.1.
   const PROBE = `
     const net = require('net'), dgram = require('dgram')
     const tcp = await new Promise((resolve) => { try { const s = net.connect(${'${'}PORT}, '127.0.0.1'); s.on('connect', () => { s.destroy(); resolve('CONNECTED') }); s.on('error', (e) => resolve('tcp ' + e.code)) } catch (e) { resolve('tcp ' + e.code) } })

@@ -7,7 +7,8 @@
  *
  *   const llm = await startFakeLlm()
  *   llm.enqueue({toolCalls: [{name: 'write_file', arguments: {path: 'a.txt', content: 'hi'}}]}, {text: 'done'})
- *   // provider config: {kind: 'openai', base_url: llm.openaiBaseUrl} or {kind: 'anthropic', base_url: llm.anthropicBaseUrl}
+ *   // provider config: {kind: 'openai', base_url: llm.openaiBaseUrl}
+ *   //               or {kind: 'anthropic', base_url: llm.anthropicBaseUrl}
  *   ...
  *   expect(llm.requests).toHaveLength(2)
  *   await llm.close()
@@ -293,7 +294,10 @@ function openAiUsage(answer: Answer): object {
 }
 
 /** Text and tool arguments are sent in several pieces so clients must really assemble them. */
-/** For `incomplete`: after the first part, either stop (truncate) or wait, then stop (stall). Resolves true when the answer must end here. */
+/**
+ * For `incomplete`: after the first part, either stop (truncate) or wait, then stop (stall).
+ * Resolves true when the answer must end here.
+ */
 async function cutShort(res: ServerResponse, answer: Answer): Promise<boolean> {
   if (!answer.incomplete) return false
   if (answer.incomplete === 'stall') await waitOrClientGone(answer.stallMs, res)

@@ -1,6 +1,9 @@
 import fs from 'node:fs'
 
-/** Every process running `meepagateway agent-run` (node …/bin/run.js agent-run), at any level: host, sandbox or container. */
+/**
+ * Every process running `meepagateway agent-run` (node …/bin/run.js agent-run), at any level: host,
+ * sandbox or container.
+ */
 export function agentRunPids(): number[] {
   return fs.readdirSync('/proc').filter((entry) => /^\d+$/.test(entry)).map(Number).filter((pid) => {
     try {

@@ -85,7 +85,8 @@ describe.runIf(process.platform === 'linux' && fs.existsSync(HELPER))('the keepe
     while (!fs.existsSync(path.join(dir, 'pid')) && Date.now() < deadline) await sleep(20)
     const inside = fs.readdirSync('/proc').filter((pid) => /^\d+$/.test(pid) && alive(Number(pid)) && readCmdline(pid).includes(dir))
     expect(inside.length).toBeGreaterThan(0)
-    ;(child.stdio[3] as NodeJS.ReadableStream & {destroy(): void}).destroy() // the owner's end of the lifeline goes away
+    // the owner's end of the lifeline goes away
+    ;(child.stdio[3] as NodeJS.ReadableStream & {destroy(): void}).destroy()
     await child
     await sleep(100)
     expect(inside.filter((pid) => alive(Number(pid)))).toEqual([])

@@ -3,7 +3,8 @@ import path from 'node:path'
 import {ANCESTOR_RIGHTS, DEVICE_READ_RIGHTS, DEVICE_RW_RIGHTS, type FsRight, PTY_RIGHTS, READ_RIGHTS, READ_WRITE_RIGHTS, fileRightsOnly, sortRights} from '../../src/sandbox/landlock/rights.js'
 import type {AccessClass, LoweredDirectory, PolicyDeny, PolicyGrant, PolicyRule} from '../../src/sandbox/policy.js'
 
-// The oracles: lowerToRules, canonicalPath, entryKind and isWithin as they were before they were made faster (commit dc0254b), kept verbatim
+// The oracles: lowerToRules, canonicalPath, entryKind and isWithin as they were before they were
+// made faster (commit dc0254b), kept verbatim
 // so every change to the fast one is compared with it (test/sandbox/lowering-equivalence.test.ts).
 
 const RIGHTS_BY_ACCESS: Record<AccessClass, readonly FsRight[]> = {

@@ -23,7 +23,8 @@ type CommandClass = (new (argv: string[], config: LiteConfig) => Command) & {id:
  */
 export function oclifPrintsOtherwise(): boolean {
   if (process.env.DEBUG !== undefined || process.env.MEEPAGATEWAY_DEBUG !== undefined) return true
-  // Node warns that FORCE_COLOR (the values that turn colour on) overrides them when oclif asks a stream for its colours
+  // Node warns that FORCE_COLOR (the values that turn colour on) overrides them when oclif asks a
+  // stream for its colours
   const {FORCE_COLOR, NO_COLOR, NODE_DISABLE_COLORS} = process.env
   if (['', '1', 'true', '2', '3'].includes(FORCE_COLOR ?? '0') && (NO_COLOR !== undefined || NODE_DISABLE_COLORS !== undefined)) return true
   try {

@@ -30,7 +30,10 @@ export default class SandboxExec extends BaseCommand<typeof SandboxExec> {
   }
 }
 
-/** The command exactly as typed after the first `--`: oclif 4's parser reorders and dedupes the argv of non-strict commands. */
+/**
+ * The command exactly as typed after the first `--`: oclif 4's parser reorders and dedupes the argv
+ * of non-strict commands.
+ */
 export function commandAfterSeparator(raw: readonly string[]): string[] {
   const separator = raw.indexOf('--')
   return separator < 0 ? [] : raw.slice(separator + 1)

@@ -140,7 +140,10 @@ export function parseAgentRunFrame(line: string): AgentRunFrame {
   }
 }
 
-/** What the gateway reads of a result (reply, usage, error...) must be there with its type: a hostile agent-run must not crash it. */
+/**
+ * What the gateway reads of a result (reply, usage, error...) must be there with its type: a
+ * hostile agent-run must not crash it.
+ */
 function outputProblem(output: unknown): string | undefined {
   if (!isObject(output) || output.version !== 1 || typeof output.ok !== 'boolean') return 'not {version: 1, ok}'
   if (typeof output.run_id !== 'string') return 'run_id is not a string'

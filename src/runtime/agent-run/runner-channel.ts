@@ -31,10 +31,8 @@ export class StdinReader {
 
   private push(chunk: Buffer): void {
     if (this.frames) return this.pushFrames(chunk)
-    let searchFrom = 0
-    for (let newline = chunk.indexOf(10); newline !== -1; newline = chunk.indexOf(10, searchFrom)) {
+    for (let newline = chunk.indexOf(10); newline !== -1; newline = chunk.indexOf(10, newline + 1)) {
       const head = Buffer.concat([...this.inputChunks, chunk.subarray(0, newline)]).toString('utf8')
-      searchFrom = newline + 1
       if (!head.trimEnd().endsWith('}')) continue
       try {
         JSON.parse(head)

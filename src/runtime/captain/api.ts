@@ -1,7 +1,6 @@
 import fs from 'node:fs'
 import path from 'node:path'
 import type {AgentConfig, ConnectorConfig, LoadedConfig} from '../config/types.js'
-import {writeFileAtomic} from '../config/write.js'
 import {toGatewayError} from '../util/errors.js'
 import {readJsonObject, sendJson} from '../http/json.js'
 import {HttpError, type Router} from '../http/router.js'
@@ -300,8 +299,7 @@ function mountContainerRoutes(deps: CaptainApiDeps): void {
     const id = params.id as string
     if (!builds.get(id)) throw new HttpError(404, 'E_NOT_FOUND', `no build ${id}`)
     const stream = streams.open(principalKey(principal), req, res)
-    let unsubscribe = () => {}
-    unsubscribe = builds.subscribe(id, lastEventId(req, url), (event) => {
+    const unsubscribe = builds.subscribe(id, lastEventId(req, url), (event) => {
       stream.send(event.type, event.data, event.id)
       // the stream ends with the build, so the client knows there is nothing more to wait for
       if (event.type === 'done') setImmediate(() => stream.close())

@@ -27,7 +27,10 @@ export function mintDashboardLink(loaded: LoadedConfig): DashboardLink {
   return {url: `${origin}${UI_BASE}#login=${secret}`, expires_in_s: LOGIN_LINK_TTL_MS / 1000}
 }
 
-/** `http://host:port` of the dashboard: the port the running gateway got (with captain.port 0, one chosen at start-up). */
+/**
+ * `http://host:port` of the dashboard: the port the running gateway got (with captain.port 0, one
+ * chosen at start-up).
+ */
 function dashboardOrigin(loaded: LoadedConfig): string {
   const running = runningListener(loaded.home)
   const {bind, port} = running ?? loaded.config.captain

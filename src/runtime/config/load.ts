@@ -79,7 +79,10 @@ function rememberedDocument(text: string, source: string, home: string): unknown
   return document
 }
 
-/** Strings, booleans, null, finite numbers (not -0), arrays and plain objects of them: what JSON.parse gives back as it was. */
+/**
+ * Strings, booleans, null, finite numbers (not -0), arrays and plain objects of them: what
+ * JSON.parse gives back as it was.
+ */
 function survivesJson(value: unknown): boolean {
   if (value === null || typeof value === 'string' || typeof value === 'boolean') return true
   if (typeof value === 'number') return Number.isFinite(value) && !Object.is(value, -0)
@@ -274,7 +277,10 @@ export function resolveAgent(agent: RawAgent, defaults: Partial<AgentConfig>): A
   return resolved
 }
 
-/** Provider keys and agents' named secrets come from the environment; missing ones are reported when a run needs them. */
+/**
+ * Provider keys and agents' named secrets come from the environment; missing ones are reported when
+ * a run needs them.
+ */
 function collectProviderSecrets(config: GatewayConfig, env: NodeJS.ProcessEnv, secrets: Record<string, string>): void {
   const names = [
     ...Object.values(config.providers.providers).flatMap((provider) => (provider.api_key_env ? [provider.api_key_env] : [])),

@@ -48,7 +48,10 @@ export interface ContainerModeConfig {
   pids_limit: number
   /** docker run --cpus. */
   cpus: number
-  /** "UID[:GID]" the container runs as; unset: the gateway's own uid, or an unprivileged one when the gateway is root. */
+  /**
+   * "UID[:GID]" the container runs as; unset: the gateway's own uid, or an unprivileged one when
+   * the gateway is root.
+   */
   user?: string
   /** Under `serve`, keep the agent's next container started and waiting (see the container runner). */
   standby: boolean
@@ -73,7 +76,10 @@ export interface FileAccessConfig {
   deny: string[]
   allow_home_dotfiles: boolean
   allow_network: boolean
-  /** Sandboxed commands may bind TCP/UDP ports and listen (off: a local server could be reached by the operator's browser). */
+  /**
+   * Sandboxed commands may bind TCP/UDP ports and listen (off: a local server could be reached by
+   * the operator's browser).
+   */
   allow_listen: boolean
   best_effort: boolean
 }
@@ -118,6 +124,9 @@ export interface LoadedConfig {
   secrets: Record<string, string>
   /** True when this load wrote the default config because none existed. */
   created: boolean
-  /** The file's text this was parsed from (`send` hands a gateway its message only when its file still reads the same). */
+  /**
+   * The file's text this was parsed from (`send` hands a gateway its message only when its file
+   * still reads the same).
+   */
   text?: string
 }

@@ -269,7 +269,7 @@ export class MeepaChatConnector extends ReconnectingConnector {
           signal: AbortSignal.timeout(this.timings.requestTimeoutMs),
         })
       } catch (error) {
-        if (attempt >= 3) throw new Error(`cannot reach MeepaChat at ${new URL(url).origin}: ${(error as Error).message}`)
+        if (attempt >= 3) throw new Error(`cannot reach MeepaChat at ${new URL(url).origin}: ${(error as Error).message}`, {cause: error})
         await new Promise((resolve) => setTimeout(resolve, 500 * attempt))
         continue
       }

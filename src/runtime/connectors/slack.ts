@@ -144,7 +144,8 @@ export class SlackConnector extends ReconnectingConnector {
     const event = args.event
     if (!event?.channel || !event.ts || !event.user) return
     if (event.bot_id || event.user === this.botUserId) return // its own replies and other bots: no loops
-    if (event.subtype && event.subtype !== 'file_share' && event.subtype !== 'thread_broadcast') return // edits, joins, deletions
+    // edits, joins, deletions
+    if (event.subtype && event.subtype !== 'file_share' && event.subtype !== 'thread_broadcast') return
     if (typeof event.text !== 'string' || !event.text.trim()) return
     // an @mention arrives twice, as `message` and as `app_mention`: answer once
     if (!this.seen.firstSeen(`${event.channel}:${event.ts}`)) return

@@ -45,7 +45,10 @@ export interface MessageDispatcher {
   dispatch(agentId: string, message: InboundMessage, delivery: Delivery, extras?: DispatchExtras): DispatchTicket
 }
 
-/** What the sender of one message adds: a way to stop its run, and its progress lines (`send` over the local socket). */
+/**
+ * What the sender of one message adds: a way to stop its run, and its progress lines (`send` over
+ * the local socket).
+ */
 export interface DispatchExtras {
   /** Aborting stops the run (a reason such as 'SIGINT' is forwarded to it first). */
   signal?: AbortSignal

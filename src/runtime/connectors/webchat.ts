@@ -49,8 +49,9 @@ const MAX_MESSAGE_LENGTH = 100_000
 
 /**
  * `POST /api/chat {agent, message, channel?}` → `{reply, run_id}`, authenticated with an API
- * key or the dashboard's session; `channel` names a conversation inside the caller's own. The request waits for the run; a failed run answers 502 with the same short reply a
- * chat user would get, plus the error code.
+ * key or the dashboard's session; `channel` names a conversation inside the caller's own. The
+ * request waits for the run; a failed run answers 502 with the same short reply a chat user would
+ * get, plus the error code.
  */
 export function mountWebChat(options: WebChatOptions): void {
   options.router.post('/api/chat', async ({req, res}) => {

@@ -163,7 +163,10 @@ export class Dispatcher implements MessageDispatcher {
     return {runId: start.id, status: 'rejected', reply: '', notRunBecause: reason}
   }
 
-  /** A message its sender gave up on (Ctrl-C, `send` gone) before its run started: recorded as interrupted, nothing ran. */
+  /**
+   * A message its sender gave up on (Ctrl-C, `send` gone) before its run started: recorded as
+   * interrupted, nothing ran.
+   */
   private withdrawn(start: RunStart, signal: AbortSignal): DispatchOutcome {
     const signalName = abortSignalName(signal.reason)
     const output = failure(start.id, 'E_RUN', `the run was cancelled${signalName ? ` (${signalName})` : ''} before it started`, true, signalName ? {signal: signalName} : {})

@@ -29,7 +29,8 @@ export interface ServeResult {
  * aborts the runs still going; their records end as `interrupted`.
  */
 export async function serveGateway(options: ServeOptions): Promise<ServeResult> {
-  // First of all: a second gateway on this home must not touch its state (mark its runs interrupted, answer its messages too)
+  // First of all: a second gateway on this home must not touch its state (mark its runs
+  // interrupted, answer its messages too)
   const lock = await lockGatewayHome(options.home)
   try {
     return await serveLocked(options, options.loadConfig())

@@ -9,7 +9,8 @@ import type {LoadedConfig} from '../config/types.js'
 import {isolationLevelFor} from '../shapes/isolation-level.js'
 import {workspacePath} from '../workspace/location.js'
 
-// Apart from exec.ts on purpose: `config check` loads only this, not what running a command needs (execa, the run database).
+// Apart from exec.ts on purpose: `config check` loads only this, not what running a command needs
+// (execa, the run database).
 
 /**
  * `config check`: the writable directories each host-sandbox agent loses create rights in (a deny
@@ -54,7 +55,10 @@ export async function sandboxConfigWarnings(loaded: LoadedConfig): Promise<Array
   return warnings
 }
 
-/** Compiling writes nothing there: rmdir, and the recursive removal (a module of its own to load) only if something did. */
+/**
+ * Compiling writes nothing there: rmdir, and the recursive removal (a module of its own to load)
+ * only if something did.
+ */
 function removeTempDir(dir: string): void {
   try {
     fs.rmdirSync(dir)

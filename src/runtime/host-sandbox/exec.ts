@@ -95,7 +95,10 @@ export interface SandboxExecOptions {
   onStart?: () => void
 }
 
-/** Starts argv under an agent's policy: the helper reads its rules on fd 3 and opens a session the caller can kill whole. */
+/**
+ * Starts argv under an agent's policy: the helper reads its rules on fd 3 and opens a session the
+ * caller can kill whole.
+ */
 export function spawnInSandbox(sandbox: AgentSandbox, argv: string[], options: {stdio: 'inherit' | 'pipe'; timeoutMs: number}) {
   const [file, ...args] = [...sandbox.prefix, sandbox.helper, '--rules-fd', '3', '--', ...argv]
   const child = startSubprocess(file!, args, {
@@ -110,7 +113,10 @@ export function spawnInSandbox(sandbox: AgentSandbox, argv: string[], options: {
   return child
 }
 
-/** `sandbox exec`: runs any command under an agent's host policy with the terminal attached; returns its exit status. */
+/**
+ * `sandbox exec`: runs any command under an agent's host policy with the terminal attached; returns
+ * its exit status.
+ */
 export async function sandboxExec(options: SandboxExecOptions): Promise<{exitCode: number; timedOut: boolean}> {
   if (options.argv.length === 0) throw new GatewayError('E_USAGE', 'no command given after "--"', {suggestions: ['meepagateway sandbox exec --agent ID -- CMD [ARGS...]']})
   const sandbox = await openAgentSandbox(options.loaded, options.agentId)

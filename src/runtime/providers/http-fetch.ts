@@ -138,7 +138,8 @@ export function preconnect(url: string): void {
   // stays: until the request adds its own listener, an error must not be unhandled
   socket.on('error', drop)
   socket.once('close', drop)
-  // unused (a run that never asked), it is closed as an idle pooled one would be: a connection a NAT dropped must not hang a later call
+  // unused (a run that never asked), it is closed as an idle pooled one would be: a connection a
+  // NAT dropped must not hang a later call
   const closeIdle = () => socket.destroy()
   socket.setTimeout(IDLE_MS, closeIdle)
   earlyConnections.set(key, {socket, closeIdle})

@@ -191,7 +191,8 @@ export class StartedAgentProcess {
     })
     // the keeper moves agent-run into its cgroups while it starts (it starts nothing before its input)
     this.joined = joinWhileStarting && this.lifeline ? keeperJoined(this.lifeline) : Promise.resolve(true)
-    // from here the keeper kills the run and removes its cgroups if this process dies; the record covers the keeper dying too
+    // from here the keeper kills the run and removes its cgroups if this process dies; the record
+    // covers the keeper dying too
     if (ownership && this.helper && this.child.pid) {
       recordRunProcess(ownership.home, {runId: ownership.runId, keeperPid: this.child.pid, cgroups: this.cgroup?.dirs ?? [], tmpDir: ownership.tmpDir}, launch.onStderr)
     }

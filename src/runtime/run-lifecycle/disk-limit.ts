@@ -66,7 +66,10 @@ export interface DiskWatch {
   stop(): Promise<{usage: DiskUsage; over: boolean}>
 }
 
-/** Measures `roots` (plus what `hidden` counts) until stopped and calls `onOver` (once) when they exceed `limitBytes`. */
+/**
+ * Measures `roots` (plus what `hidden` counts) until stopped and calls `onOver` (once) when they
+ * exceed `limitBytes`.
+ */
 export function watchDiskUsage(roots: string[], limitBytes: number, onOver: (usage: DiskUsage) => void, hidden?: () => Promise<number>): DiskWatch {
   const stopped = new AbortController()
   let reported = false

@@ -110,7 +110,7 @@ export interface ReapResult {
  */
 export async function reapAbandonedRuns(home: string): Promise<ReapResult> {
   const result: ReapResult = {runs: [], containers: [], tmpDirs: [], failures: []}
-  let rows: Row[] = []
+  let rows: Row[]
   try {
     rows = sharedGatewayDb(home).prepare('SELECT * FROM run_processes').all() as Row[]
   } catch {

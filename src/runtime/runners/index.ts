@@ -17,7 +17,10 @@ export async function runnerFor(level: IsolationLevel): Promise<Runner> {
   }
 }
 
-/** Removes the standby containers this process started; returns those a hung engine kept (see container/standby-pool.ts). */
+/**
+ * Removes the standby containers this process started; returns those a hung engine kept (see
+ * container/standby-pool.ts).
+ */
 export async function stopStandbyContainers(): Promise<string[]> {
   return (await import('./container/standby-pool.js')).stopStandbyContainers()
 }

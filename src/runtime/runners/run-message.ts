@@ -84,7 +84,10 @@ function agentSecretValues(agent: AgentConfig, secrets: AgentSecrets): string[] 
   return [...own, ...Object.values(secrets.providerKeys)]
 }
 
-/** With redact_secrets, no secret value of the agent (its own, its provider keys) leaves a run: reply, error message and details. */
+/**
+ * With redact_secrets, no secret value of the agent (its own, its provider keys) leaves a run:
+ * reply, error message and details.
+ */
 function redactOutput(output: AgentRunOutput, secrets: string[]): AgentRunOutput {
   if (secrets.length === 0) return output
   const scrub = (value: unknown): unknown => {

@@ -12,7 +12,10 @@ export interface StandbyOptions {
 
 /** Everything a runner needs to run one message for one agent. */
 export interface RunRequest {
-  /** What agent-run gets on stdin: no provider key (they stay with `llm`). The agent and its workspace's host path are read from here. */
+  /**
+   * What agent-run gets on stdin: no provider key (they stay with `llm`). The agent and its
+   * workspace's host path are read from here.
+   */
   input: AgentRunInput
   /** The agent's providers, called on the host for each llm_request agent-run sends. */
   llm: HostLlm

@@ -8,7 +8,10 @@ export const API_KEY_PREFIX = 'cptn_'
 /** Characters of the key kept in clear (prefix + a few random ones) so keys can be told apart. */
 const SHOWN_PREFIX_LENGTH = API_KEY_PREFIX.length + 6
 
-/** A chat key may only chat (POST /api/chat) and read its own conversations; an admin key may do what the dashboard does. */
+/**
+ * A chat key may only chat (POST /api/chat) and read its own conversations; an admin key may do
+ * what the dashboard does.
+ */
 export type ApiKeyKind = 'chat' | 'admin'
 
 export interface ApiKeyInfo {

@@ -13,7 +13,8 @@ const IDENTITY_CHECK_MS = 1_000
  * as if damaged); when they changed, the open database is copied out first (SQLite still reads it
  * through its descriptor and cache), then: deleted → the copy is put back; replaced by a usable
  * database → the gateway switches to it (the copy is kept next to it); replaced by a damaged file,
- * or damaged in place → that file is moved aside as gateway.db.corrupt-<time> and the copy put back. Every part of the gateway holds `db`, which follows the switch.
+ * or damaged in place → that file is moved aside as gateway.db.corrupt-<time> and the copy put
+ * back. Every part of the gateway holds `db`, which follows the switch.
  */
 export class GuardedGatewayDb {
   readonly db: GatewayDb
@@ -103,7 +104,10 @@ export class GuardedGatewayDb {
 
 const SQLITE_MAGIC = Buffer.from('SQLite format 3\0')
 
-/** Cheap damage check every tick: the first 16 bytes of every SQLite database (a deeper one is quick_check at start). */
+/**
+ * Cheap damage check every tick: the first 16 bytes of every SQLite database (a deeper one is
+ * quick_check at start).
+ */
 function hasSqliteHeader(file: string): boolean {
   try {
     const fd = fs.openSync(file, 'r')

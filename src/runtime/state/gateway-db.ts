@@ -119,7 +119,8 @@ export const MIGRATIONS: ReadonlyArray<{name: string; sql: string}> = [
     `,
   },
   {
-    // a keeper pid alone can be another process by now (pid reuse, a pid namespace per send): even this start-up's own keeper
+    // a keeper pid alone can be another process by now (pid reuse, a pid namespace per send): even
+    // this start-up's own keeper
     name: 'the keeper start time of run processes',
     sql: `
       ALTER TABLE run_processes ADD COLUMN keeper_start TEXT;  -- the keeper's start time (/proc/PID/stat)

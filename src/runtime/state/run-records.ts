@@ -64,7 +64,10 @@ export class RunRecords {
       })
   }
 
-  /** Records how a started run ended; `interrupted` when the gateway stopped it. False when its row is missing (its start was not recorded). */
+  /**
+   * Records how a started run ended; `interrupted` when the gateway stopped it. False when its row
+   * is missing (its start was not recorded).
+   */
   finish(id: string, output: AgentRunOutput, options: {durationMs: number; isolation?: IsolationLevel; interrupted?: boolean}): boolean {
     const status: RunStatus = output.ok ? 'ok' : options.interrupted ? 'interrupted' : 'failed'
     return this.db

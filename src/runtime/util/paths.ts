@@ -19,7 +19,10 @@ export function gatewayDbPath(home: string): string {
   return path.join(home, 'gateway.db')
 }
 
-/** A host probe's remembered answer (util/remembered.ts): bubblewrap's namespaces, the kernel's Landlock and seccomp. */
+/**
+ * A host probe's remembered answer (util/remembered.ts): bubblewrap's namespaces, the kernel's
+ * Landlock and seccomp.
+ */
 export function probeRecord(home: string, probe: 'namespace' | 'kernel'): string {
   return path.join(home, 'cache', `${probe}-probe.json`)
 }

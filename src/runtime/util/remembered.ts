@@ -26,7 +26,10 @@ export function recalled<T>(file: string, key: string, options: RecallOptions): 
   return undefined
 }
 
-/** The record's text: never through a symlink, never blocking on a FIFO or a device, never unbounded, never another's. */
+/**
+ * The record's text: never through a symlink, never blocking on a FIFO or a device, never
+ * unbounded, never another's.
+ */
 function readRecord(file: string): string {
   const fd = fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW | fs.constants.O_NONBLOCK)
   try {

@@ -37,7 +37,10 @@ export interface SubprocessOptions {
   stdio?: StdioOptions
   /** Written to stdin, which is then closed (needs stdio[0] 'pipe'). */
   input?: string
-  /** Whether piped stdout/stderr are kept for the result (default both); a caller reading a stream itself says false. */
+  /**
+   * Whether piped stdout/stderr are kept for the result (default both); a caller reading a stream
+   * itself says false.
+   */
   buffer?: {stdout?: boolean; stderr?: boolean}
   /** Also keep stdout and stderr interleaved as they came, in `all`. */
   all?: boolean
@@ -180,7 +183,10 @@ function stripFinalNewline(text: string): string {
   return text.endsWith('\n') ? text.slice(0, -1) : text
 }
 
-/** The signal an abort carries (`send` forwarding SIGINT / SIGTERM aborts with its name); undefined for any other reason. */
+/**
+ * The signal an abort carries (`send` forwarding SIGINT / SIGTERM aborts with its name); undefined
+ * for any other reason.
+ */
 export function abortSignalName(reason: unknown): NodeJS.Signals | undefined {
   return typeof reason === 'string' && /^SIG[A-Z]+$/.test(reason) ? (reason as NodeJS.Signals) : undefined
 }

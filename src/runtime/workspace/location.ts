@@ -4,7 +4,8 @@ import {AGENT_ID_PATTERN} from '../config/schema.js'
 import {GatewayError} from '../util/errors.js'
 import {agentsDir} from '../util/paths.js'
 
-// Apart from workspace.ts on purpose: `agent list` and `config check` need where workspaces are, not how they are written (node:crypto).
+// Apart from workspace.ts on purpose: `agent list` and `config check` need where workspaces are,
+// not how they are written (node:crypto).
 
 const AGENT_ID = new RegExp(AGENT_ID_PATTERN)
 

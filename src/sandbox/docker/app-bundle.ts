@@ -61,7 +61,10 @@ function runtimePackageManifests(appRoot: string): Array<{pkg: string; manifest:
   return runtimePackages(appRoot).map((pkg) => ({pkg, manifest: fs.readFileSync(path.join(appRoot, pkg, 'package.json'))}))
 }
 
-/** Written by the build (scripts/record-app-digest.js): the app files' digest with the size and mtime of each file it read. */
+/**
+ * Written by the build (scripts/record-app-digest.js): the app files' digest with the size and
+ * mtime of each file it read.
+ */
 export const APP_DIGEST_RECORD = 'dist/app-digest.json'
 
 interface AppDigestRecord {
@@ -76,14 +79,20 @@ interface FileStamp {
   mtimeMs: number
 }
 
-/** The digest of the app's runtime files: the build's record while every file matches it, else read and hashed (≈ 5–15 ms). */
+/**
+ * The digest of the app's runtime files: the build's record while every file matches it, else read
+ * and hashed (≈ 5–15 ms).
+ */
 async function runtimeFilesDigest(appRoot: string): Promise<string> {
   const [stamps, record] = [runtimeFileStamps(appRoot), readAppDigestRecord(appRoot)]
   if (record && sameStamps(record.files, stamps)) return record.digest
   return digestFiles(appRoot, stamps)
 }
 
-/** Records the digest for runtimeFilesDigest; stamps are taken before reading, so a file changed meanwhile never matches. */
+/**
+ * Records the digest for runtimeFilesDigest; stamps are taken before reading, so a file changed
+ * meanwhile never matches.
+ */
 export async function recordAppDigest(appRoot: string): Promise<void> {
   const files = runtimeFileStamps(appRoot)
   const record: AppDigestRecord = {digest: await digestFiles(appRoot, files), files}
@@ -112,7 +121,10 @@ function readAppDigestRecord(appRoot: string): AppDigestRecord | undefined {
   }
 }
 
-/** Same files in the same order, each of the same size and mtime (the code cache's content is not hashed, so its stamp does not count). */
+/**
+ * Same files in the same order, each of the same size and mtime (the code cache's content is not
+ * hashed, so its stamp does not count).
+ */
 function sameStamps(recorded: FileStamp[], current: FileStamp[]): boolean {
   return recorded.length === current.length && recorded.every((stamp, i) => {
     const now = current[i]!

@@ -56,7 +56,10 @@ async function inspectLabelledContainers(cli: DockerCli, labels: string[], signa
   return result.stdout.trim() ? (JSON.parse(result.stdout) as RawContainer[]) : []
 }
 
-/** What `docker container inspect` (and the Engine API's /containers/{id}/json) says of a container, as far as it is read. */
+/**
+ * What `docker container inspect` (and the Engine API's /containers/{id}/json) says of a container,
+ * as far as it is read.
+ */
 export interface RawContainer {
   Id: string
   Name: string

@@ -56,7 +56,8 @@ const PATH_PART = '[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*'
 const IMAGE_REF = new RegExp(
   `^(?:(?:${DOMAIN}/)?${PATH_PART}(?:/${PATH_PART})*(?::[\\w][\\w.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?|sha256:[0-9a-f]{64}|[0-9a-f]{64})$`,
 )
-// Debian and Alpine package names, optionally pinned (`curl=7.88.1-10`, `python3~3.11`); nothing a shell would interpret.
+// Debian and Alpine package names, optionally pinned (`curl=7.88.1-10`, `python3~3.11`); nothing a
+// shell would interpret.
 const PACKAGE = /^[a-zA-Z0-9][a-zA-Z0-9+._-]*([=~<>]{1,2}[a-zA-Z0-9+._:~-]+)?$/
 const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/
 
@@ -181,7 +182,10 @@ export function sha256(text: string | Buffer): string {
   return sha256Hash().update(text).digest('hex')
 }
 
-/** node:crypto is loaded at the first hash (≈ 2 ms), not at every start that imports this module (`container status` asks the engine first). */
+/**
+ * node:crypto is loaded at the first hash (≈ 2 ms), not at every start that imports this module
+ * (`container status` asks the engine first).
+ */
 export function sha256Hash(): Hash {
   return process.getBuiltinModule('node:crypto').createHash('sha256')
 }

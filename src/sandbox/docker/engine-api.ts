@@ -29,7 +29,10 @@ export function localEngineSocket(env: NodeJS.ProcessEnv = process.env): string 
   return usesDefaultContext(env) ? DEFAULT_DOCKER_SOCKET : undefined
 }
 
-/** `docker context use` writes currentContext into the CLI's config.json; anything but "default" is the CLI's to resolve. */
+/**
+ * `docker context use` writes currentContext into the CLI's config.json; anything but "default" is
+ * the CLI's to resolve.
+ */
 function usesDefaultContext(env: NodeJS.ProcessEnv): boolean {
   const configDir = env.DOCKER_CONFIG || path.join(env.HOME || os.homedir(), '.docker')
   let text: string
@@ -67,7 +70,8 @@ export class EngineApi {
   /** Engine version, or E_DOCKER_DOWN / E_DOCKER_HUNG with the fix (same contract as DockerCli.ping). */
   async ping(options: EngineRequestOptions = {}): Promise<EngineVersion> {
     const pinged = await this.call('/_ping', {timeoutMs: PING_TIMEOUT_MS, ...options})
-    // Docker names its release in every answer's Server header: /version would cost the engine ≈ 7 ms (it asks containerd)
+    // Docker names its release in every answer's Server header: /version would cost the engine
+    // ≈ 7 ms (it asks containerd)
     const server = /^Docker\/(\S+)/.exec(pinged.headers.server ?? '')?.[1]
     const api = pinged.headers['api-version']
     if (server && api) return {server, api}
@@ -75,12 +79,18 @@ export class EngineApi {
     return {server: version.Version ?? 'unknown', api: version.ApiVersion ?? 'unknown'}
   }
 
-  /** Every container (any state) carrying all of these labels (`name=value`), as `docker container inspect` gives them. */
+  /**
+   * Every container (any state) carrying all of these labels (`name=value`), as
+   * `docker container inspect` gives them.
+   */
   containers(labels: string[], options: EngineRequestOptions = {}): Promise<RawContainer[]> {
     return this.labelled<RawContainer>('containers', labels, options)
   }
 
-  /** What `docker image inspect` prints for one image; undefined when there is no such image. `ref` must be validated. */
+  /**
+   * What `docker image inspect` prints for one image; undefined when there is no such image. `ref`
+   * must be validated.
+   */
   inspectImage(ref: string, options: EngineRequestOptions = {}): Promise<RawImage | undefined> {
     return this.found<RawImage>(`/images/${ref}/json`, options)
   }
@@ -90,7 +100,10 @@ export class EngineApi {
     return this.labelled<RawImage>('images', labels, options)
   }
 
-  /** Listed by label, then each inspected; one removed in between (its runner, another `container clean`) is skipped. */
+  /**
+   * Listed by label, then each inspected; one removed in between (its runner, another
+   * `container clean`) is skipped.
+   */
   private async labelled<T>(kind: 'containers' | 'images', labels: string[], options: EngineRequestOptions): Promise<T[]> {
     const filters = encodeURIComponent(JSON.stringify({label: labels}))
     const listed = parseJson<Array<{Id: string}>>(await this.call(`/${kind}/json?${kind === 'containers' ? 'all=1&' : ''}filters=${filters}`, options), `/${kind}/json`)

@@ -101,7 +101,10 @@ async function inspectImagesIn(context: ImageContext, refs: string[]): Promise<A
   }))
 }
 
-/** Every image carrying all of these labels: over the Engine API when given (no docker process per image), else through the CLI. */
+/**
+ * Every image carrying all of these labels: over the Engine API when given (no docker process per
+ * image), else through the CLI.
+ */
 export async function labelledImages(docker: DockerExec | EngineApi, labels: string[], signal?: AbortSignal): Promise<ImageInfo[]> {
   if (docker instanceof EngineApi) return (await docker.images(labels, {signal})).map(imageInfoOf)
   const args = ['image', 'ls', '--quiet', '--no-trunc', ...labels.flatMap((label) => ['--filter', `label=${label}`])]
@@ -112,7 +115,10 @@ export async function labelledImages(docker: DockerExec | EngineApi, labels: str
   return (await inspectImages(docker, ids, signal)).filter((image): image is ImageInfo => image !== undefined)
 }
 
-/** `docker image rm REF`: undefined when it is removed or was gone already, else why docker refused (a container uses it...). */
+/**
+ * `docker image rm REF`: undefined when it is removed or was gone already, else why docker refused
+ * (a container uses it...).
+ */
 export async function removeImage(docker: DockerExec | EngineApi, ref: string, signal?: AbortSignal): Promise<string | undefined> {
   validateImageRef(ref, 'image') // a reference is never a flag, nor more than one segment of a request path
   if (docker instanceof EngineApi) return docker.removeImage(ref, {signal})

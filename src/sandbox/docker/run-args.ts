@@ -15,7 +15,10 @@ export interface DockerRunSpec {
   /** Docker size, e.g. 512m; used for --memory and --memory-swap (no swap beyond the limit). */
   memoryLimit: string
   pidsLimit: number
-  /** limits.disk in bytes: no file the run writes grows past it (--ulimit fsize; the total is measured by the runner). */
+  /**
+   * limits.disk in bytes: no file the run writes grows past it (--ulimit fsize; the total is
+   * measured by the runner).
+   */
   fileSizeLimit?: number
   /** docker run --cpus */
   cpus: number

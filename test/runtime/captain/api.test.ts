@@ -77,7 +77,8 @@ describe('captain JSON API', () => {
     await start()
     const text = fs.readFileSync(harness.home.configPath, 'utf8')
     const lines = text.trimEnd().split('\n')
-    fs.writeFileSync(harness.home.configPath, [...lines.slice(0, -2), lines.at(-1), lines.at(-2), ''].join('\n')) // boxed first now
+    // boxed first now
+    fs.writeFileSync(harness.home.configPath, [...lines.slice(0, -2), lines.at(-1), lines.at(-2), ''].join('\n'))
     const res = await harness.request('PATCH', '/api/captain/agents/meepa', {body: {name: 'Still Meepa'}, headers})
     expect(res.status).toBe(200)
     const agentsNow = (await harness.request('GET', '/api/captain/agents', {headers})).body

@@ -43,7 +43,8 @@ describe('captain auth', () => {
     const forged = await harness.request('GET', '/api/captain/agents', {headers: {authorization: 'Bearer cps_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA'}})
     expect(forged.status).toBe(401)
     expect(forged.body.error.code).toBe('E_AUTH')
-    // an attacker holding every cookie of the operator's browser, and the session token itself as a cookie or Basic auth
+    // an attacker holding every cookie of the operator's browser, and the session token itself as a
+    // cookie or Basic auth
     const {token} = await harness.login()
     const ambient: Array<Record<string, string>> = [
       {cookie: `captain_session=${token}`},

@@ -138,7 +138,8 @@ describe('control plane attacks', () => {
     expect(shown).toContain('$SECRET_PATH')
     expect(shown).toContain('$SECRET_IMAGE')
     const boxed = (await harness.request('GET', '/api/captain/agents/boxed', {headers})).body
-    expect(boxed.file_access).toMatchObject({allow_read: ['$SECRET_PATH'], deny: ['/srv']}) // the agent's own list wins, as when loading
+    // the agent's own list wins, as when loading
+    expect(boxed.file_access).toMatchObject({allow_read: ['$SECRET_PATH'], deny: ['/srv']})
   })
 
   it('refuses docker references that are flags or not references before any docker call', async () => {

@@ -92,7 +92,8 @@ describe('the gateway never follows what an agent planted in its workspace', () 
       const result = ensureWorkspace(home, 'a1')
       expect(result.kept).toEqual(expect.arrayContaining(['SOUL.md', 'MEMORY.md']))
       expect(fs.readFileSync(path.join(outside, 'secret.txt'), 'utf8')).toBe('OPERATOR SECRET')
-      expect(fs.existsSync(path.join(os.tmpdir(), `meepa-nothing-${process.pid}`))).toBe(false) // not created through the link
+      // not created through the link
+      expect(fs.existsSync(path.join(os.tmpdir(), `meepa-nothing-${process.pid}`))).toBe(false)
       // memory.db pointing at the gateway's own database would have SQLite write into it
       fs.rmSync(path.join(root, 'memory.db'))
       fs.symlinkSync(path.join(home, 'gateway.db'), path.join(root, 'memory.db'))

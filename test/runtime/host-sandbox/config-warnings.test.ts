@@ -52,7 +52,8 @@ describe.skipIf(process.platform !== 'linux')('sandboxConfigWarnings', () => {
         broken,
       ]),
     )
-    // without the layer nothing refuses chmod, chown or utimes outside the grants: every agent is told, refused or accepted
+    // without the layer nothing refuses chmod, chown or utimes outside the grants: every agent is
+    // told, refused or accepted
     const metadata = (agent: string, verdict: string) => ({agent, warning: expect.stringMatching(new RegExp(`^file metadata outside the writable grants .* is not protected: .*disabled by ${NO_NAMESPACES_ENV} \\(${verdict}\\)$`))})
     expect(warnings).toEqual(expect.arrayContaining([metadata('open', 'runs are refused unless file_access.best_effort: true'), metadata('locked', 'runs are refused unless file_access.best_effort: true'), metadata('lenient', 'accepted: best_effort is on')]))
     expect(warnings.filter((warning) => warning.agent === 'open')).toHaveLength(1)

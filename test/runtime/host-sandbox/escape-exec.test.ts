@@ -18,7 +18,8 @@ import {
 
 // Criterion 9 through `meepagateway sandbox exec`: every attack is really attempted by a shell
 // inside the sandbox, and the test looks at the outcome on the host (content leaked? file written?).
-// EBUSY/EROFS: the namespace layer's read-only covers over denied paths; ESRCH: a host pid does not exist in the run's PID namespace
+// EBUSY/EROFS: the namespace layer's read-only covers over denied paths; ESRCH: a host pid does not
+// exist in the run's PID namespace
 const DENIED = /Permission denied|Operation not permitted|EPERM|EACCES|Invalid cross-device link|Device or resource busy|Read-only file system|No such process/
 const enabled = requireLandlockOrSkip('host sandbox escape tests (sandbox exec)')
 
@@ -39,7 +40,10 @@ const exec = (agent: string, script: string) =>
   runCli(['sandbox', 'exec', '--agent', agent, '--', '/bin/sh', '-c', script], {home: world.home, env: {HOME: world.operatorHome}})
 
 describe.skipIf(!enabled)('sandbox exec: escapes fail', () => {
-  /** Runs every attack in one sandboxed shell (one CLI start), each in its own subshell, and checks each one failed with EACCES/EPERM/EXDEV. */
+  /**
+   * Runs every attack in one sandboxed shell (one CLI start), each in its own subshell, and checks
+   * each one failed with EACCES/EPERM/EXDEV.
+   */
   const expectDenied = async (agent: string, attacks: string[], leaked?: string) => {
     const script = attacks.map((attack, index) => `out=$( (${attack}) 2>&1 ); echo "ATTACK ${index} rc=$? $(printf %s "$out" | tr '\\n' ' ' | head -c 400)"`).join('\n')
     const result = await exec(agent, script)
@@ -167,7 +171,8 @@ describe.skipIf(!enabled)('sandbox exec: what agents need works', () => {
   })
 
   it('reads allow_read paths and writes allow_read_write paths, and edits files next to a denied entry', async () => {
-    // shared-rw and the workspace root hold a denied entry, so they are listing-only: existing files and subdirectories stay writable
+    // shared-rw and the workspace root hold a denied entry, so they are listing-only: existing
+    // files and subdirectories stay writable
     const result = await exec('locked', `cat ${path.join(world.shared.read, 'readme.txt')} && echo more >> ${path.join(world.shared.readWrite, 'data.txt')} && echo edited > work/draft.txt && echo created > work/new.txt && cat work/new.txt >/dev/null`)
     expect(result.stderr).toBe('')
     expect(result.stdout).toBe('shared read-only data')

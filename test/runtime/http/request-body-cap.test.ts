@@ -189,7 +189,10 @@ interface Client {
   declaresLength: boolean
   expects: boolean
   send(request: OversizedRequest, body: Buffer, key: string | undefined): Promise<Answer>
-  /** The body it is tried with: larger than the socket buffers for a client that only reads once it has written it all. */
+  /**
+   * The body it is tried with: larger than the socket buffers for a client that only reads once it
+   * has written it all.
+   */
   bytes?(request: OversizedRequest): number
 }
 

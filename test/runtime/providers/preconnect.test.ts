@@ -113,7 +113,8 @@ describe('preconnect', () => {
     const {origin, seen} = await listen(http.createServer(), undefined, 80)
     expect(origin).toBe('http://127.0.0.1')
     await (await httpFetch(`${origin}/plain`)).text()
-    for (const {socket} of seen.connections) socket.destroy() // the pooled connection expired, as between two messages of a gateway
+    // the pooled connection expired, as between two messages of a gateway
+    for (const {socket} of seen.connections) socket.destroy()
     await sleep(100)
     preconnect(origin)
     await until('the early connection', () => seen.connections.length === 2)

@@ -88,7 +88,8 @@ describe.runIf(process.platform === 'linux' && fs.existsSync(HELPER) && cgroups.
     const lines: string[] = []
     const input = {version: 1, run_id: runId, agent: resolveAgent({id: 'a1'}, {}), message: {content: 'hi'}} as unknown as AgentRunInput
     const output = await runAgentProcess({
-      // stands in for agent-run: reads the input line, then prints its cgroups on stderr (no result frame: the run fails, as it should)
+      // stands in for agent-run: reads the input line, then prints its cgroups on stderr (no result
+      // frame: the run fails, as it should)
       argv: ['sh', '-c', 'read line; cat /proc/self/cgroup >&2'],
       env: {PATH: process.env.PATH ?? '/usr/bin:/bin'},
       cwd: workspace,

@@ -129,7 +129,8 @@ describe.runIf(process.platform === 'linux' && root)('records and reclaim around
           env: {MEEPAGATEWAY_HOME: home.home, FAKE_LLM_KEY: 'sk-fake-test-key-123456', MEEPA_RETRY_BASE_MS: '20', ...env},
           reject: false,
         })
-      // 1. a send whose run is busy is killed with its whole namespace (OOM, docker kill): keeper included, the record stays
+      // 1. a send whose run is busy is killed with its whole namespace (OOM, docker kill): keeper
+      // included, the record stays
       const marker = uniqueMarker()
       llm.enqueue({toolCalls: [{name: 'shell', arguments: {command: `sleep 30.${marker}`, timeout_seconds: 60}}]}, {text: 'never'})
       const crashed = inNamespace(['send', '--agent', 'a1', 'go'])

@@ -140,7 +140,8 @@ describe.runIf(landlock && process.getuid?.() === 0)('limits.disk (a small tmpfs
     const other = await runCli(['send', '--agent', 'other', 'hello'], {home: home.home})
     expect(other.stderr).toBe('')
     expect(other.stdout.trim()).toBe('still here')
-    // the agent over its limit is refused, with the fix, until files are removed; the refused run never reached its LLM
+    // the agent over its limit is refused, with the fix, until files are removed; the refused run
+    // never reached its LLM
     const requestsBefore = llm.requests.length
     const refused = await runCli(['send', '--agent', 'filler', 'again', '--json'], {home: home.home})
     expect(JSON.parse(refused.stdout).error).toMatchObject({code: 'E_DISK', message: expect.stringContaining('already uses'), suggestions: expect.arrayContaining([expect.stringContaining('remove files from')])})

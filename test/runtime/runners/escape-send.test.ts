@@ -22,7 +22,8 @@ import {
 // LLM scripts the tool calls an attacker-controlled model would make, and the test reads the tool
 // results agent-run sent back to the model (and the host's files).
 const enabled = requireLandlockOrSkip('host sandbox escape tests (send)')
-// EBUSY/EROFS: the namespace layer's read-only covers over denied paths; ESRCH: a host pid does not exist in the run's PID namespace
+// EBUSY/EROFS: the namespace layer's read-only covers over denied paths; ESRCH: a host pid does not
+// exist in the run's PID namespace
 const DENIED = /EACCES|EPERM|Permission denied|Operation not permitted|Invalid cross-device link|EXDEV|Device or resource busy|EBUSY|Read-only file system|EROFS|No such process|ESRCH/
 
 describe.skipIf(!enabled)('send under the host sandbox', () => {
@@ -190,7 +191,8 @@ describe.skipIf(!enabled)('send under the host sandbox', () => {
     expect(fs.existsSync(path.join(ws, 'bg-sentinel'))).toBe(false)
     expect(fs.existsSync(path.join(ws, 'fg-sentinel'))).toBe(false)
     expect(fs.existsSync(path.join(ws, 'pg-sentinel'))).toBe(false)
-    if (fs.existsSync('/usr/bin/python3')) expect(fs.existsSync(path.join(ws, 'pg-started'))).toBe(true) // it did run, in a group of its own
+    // it did run, in a group of its own
+    if (fs.existsSync('/usr/bin/python3')) expect(fs.existsSync(path.join(ws, 'pg-started'))).toBe(true)
     expect(survivors(timeoutMarker)).toEqual([])
   }, 30_000)
 

@@ -46,7 +46,10 @@ describe.skipIf(process.platform !== 'linux' || !hasBwrap || !canNest)('a rememb
     expect(ok.exitCode).toBe(0)
     expect(JSON.parse(fs.readFileSync(record, 'utf8'))).toMatchObject({answer: true})
   }
-  /** argv of the CLI inside user namespace B, nested in A whose limit (1) B already uses: bwrap cannot unshare there. */
+  /**
+   * argv of the CLI inside user namespace B, nested in A whose limit (1) B already uses: bwrap
+   * cannot unshare there.
+   */
   function whereBwrapFails(cliArgs: string[]) {
     const quoted = [process.execPath, BIN, ...cliArgs].map((arg) => `'${arg.replace(/'/g, "'\\''")}'`).join(' ')
     const inner = `echo ${limit} > /proc/sys/user/max_user_namespaces && exec ${quoted}`

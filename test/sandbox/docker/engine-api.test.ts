@@ -89,7 +89,8 @@ describe('Engine API client: deadlines, cancellation and errors', () => {
 
   it("speaks the engine's own API version (unversioned paths) unless DOCKER_API_VERSION pins one, and reads 404 as \"no such image\"", async () => {
     const engine = new EngineApi(fakeSocket)
-    expect(await engine.ping()).toEqual({server: '19.03.0', api: '1.40'}) // no Server header (not Docker's): from /version
+    // no Server header (not Docker's): from /version
+    expect(await engine.ping()).toEqual({server: '19.03.0', api: '1.40'})
     expect(await engine.inspectImage('known:1')).toMatchObject({Id: 'sha256:abc'})
     expect(await engine.inspectImage('absent:1')).toBeUndefined()
     expect((await engine.inspectImage('large:1'))?.Config?.Env).toEqual(LARGE_ENV) // an answer of many reads, whole

@@ -1,7 +1,7 @@
 import {execa} from 'execa'
 import fs from 'node:fs'
 import path from 'node:path'
-import {afterAll, beforeAll, describe, expect, it} from 'vitest'
+import {afterAll, beforeAll, expect, it} from 'vitest'
 import {startFakeLlm, type FakeLlm} from '../../fakes/llm-server.js'
 import {BIN, fakeLlmConfig, makeHome, runCli, type TestHome} from '../../helpers/home.js'
 import {DEFAULT_AGENT, DEFAULT_IMAGE_CONFIG} from '../../../src/runtime/config/defaults.js'
@@ -160,7 +160,8 @@ describeWithDocker('container commands (real engine)', () => {
   let home: TestHome
   let recorder: DockerRecorder
   const cli = (...args: string[]) => runCli(['container', ...args], {home: home.home, env: {MEEPAGATEWAY_DOCKER_BIN: recorder.bin}, timeoutMs: 600_000})
-  // as an operator runs it: no injected binary, so a local engine is asked over its API; a docker it starts is still recorded
+  // as an operator runs it: no injected binary, so a local engine is asked over its API; a docker
+  // it starts is still recorded
   const onLocalEngine = (...args: string[]) => runCli(['container', ...args], {home: home.home, env: {PATH: `${path.dirname(recorder.bin)}/path:${process.env.PATH}`}, timeoutMs: 600_000})
   // 'plain' refers to the isolation image of the bare base, which the send tests use meanwhile:
   // `container clean` below must keep it.

@@ -1,6 +1,5 @@
 import fs from 'node:fs'
 import path from 'node:path'
-import {buildIdentity} from '../../util/build-identity.js'
 import {gatewayRunDir} from '../../util/paths.js'
 import type {AgentRunOutput} from '../../shapes/agent-run-contract.js'
 
@@ -56,7 +55,10 @@ export type LocalSendAnswer =
   | {type: 'accepted'; run_id: string}
   | {type: 'log'; line: string}
   | {type: 'result'; output: AgentRunOutput}
-  /** The gateway will not run it as `send` would (another build, config or environment, stopping, busy): `send` runs it. */
+  /**
+   * The gateway will not run it as `send` would (another build, config or environment, stopping,
+   * busy): `send` runs it.
+   */
   | {type: 'declined'; reason: string}
   /** Not the gateway's token: nothing ran. */
   | {type: 'refused'; message: string}
@@ -68,7 +70,10 @@ export type LocalSendAnswer =
 const RUN_ENV =
   /^(?:PATH|HOME|USER|LANG|LANGUAGE|TZ|TMPDIR|LC_\w+|XDG_CONFIG_HOME|XDG_RUNTIME_DIR|NODE_\w+|OPENSSL_\w+|SSL_CERT_\w+|OPENAI_\w+|ANTHROPIC_\w+|DOCKER_\w+|MEEPAGATEWAY_HOME|MEEPAGATEWAY_DOCKER_\w+|MEEPA_RETRY_BASE_MS|MEEPA_SANDBOX_\w+|MEEPA_IN_CONTAINER|(?:HTTPS?|NO|ALL)_PROXY)$/i
 
-/** Whether a variable's value is part of sameRunDigest whatever the config says (SSH_AUTH_SOCK only for a DOCKER_HOST over ssh). */
+/**
+ * Whether a variable's value is part of sameRunDigest whatever the config says (SSH_AUTH_SOCK only
+ * for a DOCKER_HOST over ssh).
+ */
 export function shapesRuns(name: string, env: NodeJS.ProcessEnv = {}): boolean {
   return RUN_ENV.test(name) || (name === 'SSH_AUTH_SOCK' && Boolean(env.DOCKER_HOST?.startsWith('ssh://')))
 }

@@ -22,7 +22,10 @@ const REFUSAL_LOG_EVERY_MS = 10_000
 
 export interface LocalSendOptions {
   home: string
-  /** The config file the gateway runs with, and the text its config was parsed from (both can change with a dashboard edit); no text, no message is taken. */
+  /**
+   * The config file the gateway runs with, and the text its config was parsed from (both can change
+   * with a dashboard edit); no text, no message is taken.
+   */
   config: () => {path: string; text?: string}
   /** `serve --unrestricted`: a request must say the same. */
   unrestricted: boolean

@@ -5,7 +5,10 @@ import {toGatewayError} from '../../util/errors.js'
 import {reportEngineAnswered} from './engine-health.js'
 import {stopWatchingEngine, watchEngine} from './engine-watch.js'
 
-/** The engine's API (no docker process) when the run uses the default docker CLI on a local engine; an injected CLI does everything. */
+/**
+ * The engine's API (no docker process) when the run uses the default docker CLI on a local engine;
+ * an injected CLI does everything.
+ */
 export const engineApiFor = (cli: DockerCli) => (cli === dockerCli() ? localEngineApi() : undefined)
 
 /** Removals and container runs still going: `send`, shutdown and tests wait for them. */
@@ -13,7 +16,10 @@ const pendingRemovals = new Set<Promise<void>>()
 const REMOVAL_RETRY_TIMEOUT_MS = 10_000
 /** Containers whose removal is owed, by name: retried in the background until the engine answers. */
 const owedRemovals = new Map<string, {cli: DockerCli; log: (line: string) => void}>()
-/** Aborts the removals in flight when stopping cannot wait for a hung engine (their docker clients would hold the exit). */
+/**
+ * Aborts the removals in flight when stopping cannot wait for a hung engine (their docker clients
+ * would hold the exit).
+ */
 let giveUp = new AbortController()
 
 /** Keeps `work` in `pending` until it settles, so shutdown can wait for it. */

@@ -54,7 +54,8 @@ describe("what must match for the gateway to run send's message", () => {
   })
 
   it('every environment variable the gateway reads either shapes runs or does not change a run of send', () => {
-    // the CLI's own output, the dashboard and chat connectors (not a run), and the ssh agent (only under DOCKER_HOST=ssh://)
+    // the CLI's own output, the dashboard and chat connectors (not a run), and the ssh agent (only
+    // under DOCKER_HOST=ssh://)
     const notARun = new Set(['CI', 'DEBUG', 'FORCE_COLOR', 'NO_COLOR', 'OCLIF_COLUMNS', 'TERM', 'MEEPAGATEWAY_DEBUG', 'MEEPAGATEWAY_PASSWORD', 'SSH_AUTH_SOCK'])
     const read = new Set<string>(DOCKER_CLI_ENV_NAMES)
     const walk = (dir: string): string[] => fs.readdirSync(dir, {withFileTypes: true}).flatMap((entry) => (entry.isDirectory() ? walk(path.join(dir, entry.name)) : entry.name.endsWith('.ts') ? [path.join(dir, entry.name)] : []))

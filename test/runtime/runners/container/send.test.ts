@@ -217,7 +217,8 @@ describeWithDocker('container mode: a fresh hardened container per message (real
 
   it("a shell command cannot read agent-run's memory (/proc/PID/mem)", async () => {
     llm.reset()
-    // injection off: the key is not in the container at all (test/e2e/no-key-in-sandbox.test.ts); this checks the wall around agent-run
+    // injection off: the key is not in the container at all (test/e2e/no-key-in-sandbox.test.ts);
+    // this checks the wall around agent-run
     const home = newHome([containerAgent('box')])
     // The needle is assembled at run time, so the command text itself never holds the key.
     scriptShell(llm, `node -e '

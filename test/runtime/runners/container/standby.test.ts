@@ -18,7 +18,8 @@ import {describeWithDocker} from '../../../helpers/docker-env.js'
  * agent's current config, and a deadline counted from the message, not from the container start.
  */
 
-// Printed by the scripted command: the container (when its init started, in ticks since boot), how long its init has been up, /tmp, the memory limit.
+// Printed by the scripted command: the container (when its init started, in ticks since boot), how
+// long its init has been up, /tmp, the memory limit.
 const PROBE = `echo "container=$(awk '{print "init-started-at-tick-" $22}' /proc/1/stat) age=$(awk -v up="$(cut -d' ' -f1 /proc/uptime)" '{printf "%.2f", up - $22/100}' /proc/1/stat) tmp=[$(ls -A /tmp | tr '\\n' ' ')] limit=$(cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max)"; touch /tmp/left-by-previous-run`
 
 describeWithDocker('container mode: standby containers of a running gateway (real engine)', () => {
