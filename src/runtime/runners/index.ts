@@ -32,3 +32,8 @@ export async function abandonEngineWork(): Promise<string[]> {
   return (await import('./container.js')).abandonEngineWork()
 }
 
+
+/** Asks the Docker engine whether it answers, for /healthz (see engine-probe.ts); loads Docker code only when called. */
+export async function probeEngine(signal?: AbortSignal): Promise<void> {
+  return (await import('./engine-probe.js')).probeEngine(signal)
+}
