@@ -1,4 +1,5 @@
 import {describe, expect, it} from 'vitest'
+import {startFakeDiscord} from '../fakes/discord-server.js'
 import {startFakeMeepaChat, type FakeMeepaChat} from '../fakes/meepachat-server.js'
 import {startFakeSlack} from '../fakes/slack-server.js'
 import {waitFor} from '../helpers/wait-for.js'
@@ -7,7 +8,7 @@ import {closeAfterEachTest, startTestGateway, stubRun, type TestGateway} from '.
 /*
  * Issue 28, criterion 5: /healthz says `degraded`, naming each connector that is not connected
  * (reconnecting, or refused by its platform), without waiting for a message, and ok again once
- * it is connected. Faults are injected into the platforms' wire fakes.
+ * it is connected. Faults are injected into the platforms' wire fakes (MeepaChat, Slack, Discord).
  */
 
 const TOKEN = '11.meepa-secret'
@@ -44,16 +45,22 @@ describe('/healthz and the chat connectors', () => {
     expect(health.body.reasons).toBeUndefined()
   })
 
-  it('a platform that refuses the bot token: degraded naming the connector as refused and why; the other connector is not named', async () => {
+  it('platforms that refuse the bot token: degraded naming each such connector as refused and why; the connected one is not named', async () => {
     const chat = closeAfterTest(await startFakeMeepaChat({token: TOKEN}))
     const slack = closeAfterTest(await startFakeSlack({botToken: 'xoxb-1', appToken: 'xapp-1'}))
+    const discord = closeAfterTest(await startFakeDiscord({token: 'bot.token'}))
     const test = await gatewayWith([
       {type: 'meepachat', url: chat.gatewayUrl, bot_token: TOKEN},
       {type: 'slack', bot_token: 'xoxb-wrong', app_token: 'xapp-1', api_url: slack.apiUrl},
+      {type: 'discord', bot_token: 'bot.wrong', guild_ids: [], api_url: discord.apiUrl},
     ])
     await chat.waitForReadyCount(1)
     let health = await healthz(test)
-    await waitFor('/healthz degraded', async () => (health = await healthz(test)).status === 503)
-    expect(health.body.reasons).toEqual([expect.stringMatching(/^connector meepa\/slack refused: Slack refused the token \(invalid_auth\); check bot_token and app_token; reconnecting in \d+ ms$/)])
+    await waitFor('/healthz to name both refusals', async () => (health = await healthz(test)).body.reasons?.length === 2)
+    expect(health.status).toBe(503)
+    expect(health.body.reasons).toEqual([
+      expect.stringMatching(/^connector meepa\/slack refused: Slack refused the token \(invalid_auth\); check bot_token and app_token; reconnecting in \d+ ms$/),
+      expect.stringMatching(/^connector meepa\/discord refused: Discord refused the bot token \(TokenInvalid\); check bot_token; reconnecting in \d+ ms$/),
+    ])
   })
 })
