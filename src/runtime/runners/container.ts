@@ -277,7 +277,13 @@ async function runInStartedContainer(
     reportEngineProblem(`a run's container could not be stopped: ${ENGINE_HUNG_MESSAGE}`)
     log(`container ${name}: ${ENGINE_HUNG_MESSAGE}`)
     removeWhenEngineAnswers(cli, name, log)
-    return failure(runId, 'E_DOCKER_HUNG', `${stopped === 'timeout' && deadline.suspendedMs === undefined ? `the run took longer than ${Math.round(request.timeoutMs / 1000)} s (container_mode.timeout_seconds) and ` : 'the run was cancelled and '}${ENGINE_HUNG_MESSAGE}; ${PARTLY_RAN}`, true, {stderr_tail: stderrTail, partly_ran: true})
+    const why =
+      stopped !== 'timeout'
+        ? 'the run was cancelled and '
+        : deadline.suspendedMs === undefined
+          ? `the run took longer than ${Math.round(request.timeoutMs / 1000)} s (container_mode.timeout_seconds) and `
+          : 'the run reached its deadline while the gateway was stopped (suspended), and '
+    return failure(runId, 'E_DOCKER_HUNG', `${why}${ENGINE_HUNG_MESSAGE}; ${PARTLY_RAN}`, true, {stderr_tail: stderrTail, partly_ran: true})
   }
   // what is left of the run's timeout + 5 s, at least 3 s: a busy engine is not a hung one
   const state = await collectContainer(cli, name, log, Math.max(3_000, containerStarted + request.timeoutMs + 5_000 - Date.now()))
