@@ -14,7 +14,7 @@
  *       (after applying the rules when --rules-fd is given); this process stays as a small keeper
  *       that relays signals, and kills every process of the run (its cgroups, its session, every
  *       descendant: the keeper is their subreaper) when CMD exits or when fd K reports a hang-up,
- *       which is how it learns that its owner died (nothing else is ever read from K). With the
+ *       which is how it learns that its owner died (besides the deadline below, nothing is read from K). With the
  *       owner gone it also removes the run's cgroups and --remove-dir (its private TMPDIR) and
  *       runs the --on-orphan command (e.g. `docker rm -f NAME`). stdin, stdout
  *       and stderr belong to CMD: the keeper never reads or writes them.
@@ -23,6 +23,9 @@
  *       grace period (5-15 ms), which CMD's own start-up then hides. Only for a CMD that starts no
  *       process before its owner gives it work, and the owner gives it none before the byte
  *       (a child forked earlier would stay outside the cgroups). Without cgroups the byte comes at once.
+ *       The owner may write `D<ms>\n` on fd K: the run's deadline, ms from now on the monotonic
+ *       clock. At it the keeper kills the run, runs the --on-orphan command and writes 'T' on fd K,
+ *       whether or not the owner is running (stopped with SIGSTOP, or gone).
  *
  * The policy is computed in TypeScript (src/sandbox/policy.ts); this program only applies explicit
  * (path, rights) rules. Landlock restricts the calling thread only, so it is applied here, in a
@@ -1475,6 +1478,32 @@ static void run_orphan_command(char **args)
 	waitpid(pid, NULL, 0);
 }
 
+/* The run's deadline, which the owner sends on fd K as `D<milliseconds from now>\n` once the run
+ * has its work (a standby waits without one): kept on the monotonic clock, so the keeper ends the
+ * run on time whether its owner runs, is stopped (SIGSTOP) or is gone, and whatever the wall clock does. */
+struct run_deadline {
+	long at; /* now_ms() value, or -1: none yet */
+	char line[32];
+	size_t used;
+};
+
+static void read_deadline(struct run_deadline *deadline, const char *data, size_t size)
+{
+	for (size_t i = 0; i < size; i++) {
+		if (data[i] != '\n') {
+			if (deadline->used < sizeof(deadline->line) - 1)
+				deadline->line[deadline->used++] = data[i];
+			continue;
+		}
+		deadline->line[deadline->used] = '\0';
+		char *end;
+		long long ms = deadline->line[0] == 'D' ? strtoll(deadline->line + 1, &end, 10) : -1;
+		if (ms >= 0 && end != deadline->line + 1 && *end == '\0')
+			deadline->at = now_ms() + (long)ms;
+		deadline->used = 0;
+	}
+}
+
 /* Moves PID into every cgroup of the run; returns the index of the one it could not join, or -1.
  * A PID already gone (ESRCH) is not an error: its exit is reported as it is. */
 static int join_cgroups(pid_t pid)
@@ -1556,14 +1585,23 @@ static void become_keeper(int owner_fd, char **orphan_args, long long max_file_s
 		kill(child, SIGKILL);
 		die("signalfd failed: %s", strerror(errno));
 	}
-	int status = 0, done = 0, owner_gone = 0;
+	int status = 0, done = 0, owner_gone = 0, deadline_passed = 0;
+	struct run_deadline deadline = {.at = -1};
 	struct pollfd fds[2] = {{.fd = owner_fd, .events = POLLIN}, {.fd = sigfd, .events = POLLIN}};
 	while (!done && !owner_gone) {
-		if (poll(fds, 2, -1) < 0) {
+		long wait = deadline.at < 0 ? -1 : deadline.at - now_ms();
+		if (deadline.at >= 0 && wait <= 0) {
+			deadline_passed = 1;
+			break;
+		}
+		int ready = poll(fds, 2, wait > INT32_MAX ? INT32_MAX : (int)wait);
+		if (ready < 0) {
 			if (errno == EINTR)
 				continue;
 			break;
 		}
+		if (ready == 0)
+			continue;
 		if (fds[0].revents & (POLLHUP | POLLERR | POLLNVAL)) {
 			owner_gone = 1;
 		} else if (fds[0].revents & POLLIN) {
@@ -1572,6 +1610,8 @@ static void become_keeper(int owner_fd, char **orphan_args, long long max_file_s
 			/* end of file without a hang-up: the owner only closed its writing side */
 			if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN))
 				fds[0].events = 0;
+			else if (n > 0)
+				read_deadline(&deadline, buffer, (size_t)n);
 		}
 		if (fds[1].revents & POLLIN) {
 			struct signalfd_siginfo info;
@@ -1590,6 +1630,12 @@ static void become_keeper(int owner_fd, char **orphan_args, long long max_file_s
 		if (all_dead)
 			remove_run_dir(orphan_dir);
 		run_orphan_command(orphan_args);
+	} else if (deadline_passed) {
+		/* what the run left outside its processes (a container) goes at the deadline too; the
+		 * owner (perhaps stopped, SIGSTOP) reads 'T' when it runs again */
+		run_orphan_command(orphan_args);
+		while (write(owner_fd, "T", 1) < 0 && errno == EINTR)
+			;
 	}
 	if (!done && waitpid(child, &status, 0) == child)
 		done = 1;

@@ -1,12 +1,12 @@
 import fs from 'node:fs'
-import type {Readable} from 'node:stream'
+import type {Readable, Writable} from 'node:stream'
 import {helperPath} from './landlock/helper-path.js'
 
 /**
  * The keeper (native/meepa-sandbox.c, --keeper-fd): the process a run's owner starts. It forks the
  * run, stays small, and kills every process of the run (its cgroups, its session, every descendant)
- * when the run's main process exits or when the owner dies, which it learns from a hang-up on an
- * fd the owner holds open. It never touches stdin/stdout: they go straight to the run.
+ * when the run's main process exits, at the run's deadline, or when the owner dies, which it learns
+ * from a hang-up on an fd the owner holds open. It never touches stdin/stdout: they go straight to the run.
  */
 
 /** The keeper, when this host has it: meepa-sandbox, Linux only. */
@@ -74,4 +74,23 @@ export function keeperJoined(keeperFd: Readable): Promise<boolean> {
     keeperFd.once('end', onEnd)
     keeperFd.once('close', onEnd)
   })
+}
+
+/**
+ * Gives the keeper the run's deadline, `ms` from now: it then ends the run (and runs its
+ * --on-orphan command) at that moment of its own monotonic clock, even while this process is
+ * stopped (SIGSTOP) or gone, and says 'T' on its fd (see onKeeperDeadline).
+ */
+export function setKeeperDeadline(keeperFd: Writable, ms: number): void {
+  keeperFd.write(`D${Math.max(0, Math.ceil(ms))}\n`)
+}
+
+/** Calls `onDeadline` once the keeper says ('T') that it ended the run at its deadline. */
+export function onKeeperDeadline(keeperFd: Readable, onDeadline: () => void): void {
+  const onData = (chunk: Buffer) => {
+    if (!chunk.includes(0x54)) return
+    keeperFd.off('data', onData)
+    onDeadline()
+  }
+  keeperFd.on('data', onData)
 }

@@ -20,6 +20,8 @@ export interface OwnEngine {
   resume(): void
   /** SIGKILL of dockerd (an engine that dies); what it leaves is killed by `destroy`. */
   kill(): Promise<void>
+  /** Starts the engine again after `kill`, on the same directories (as a service manager would). */
+  restart(): Promise<void>
   /** Removes every container, stops the engine and deletes its directories. */
   destroy(): Promise<void>
 }
@@ -77,6 +79,20 @@ export async function startOwnEngine(): Promise<OwnEngine> {
     kill: async () => {
       process.kill(engine.pid, 'SIGKILL')
       await exited
+    },
+    restart: async () => {
+      // what the killed engine left: its containerd, if it outlived it (it holds the state directory)
+      const ps = await execa('ps', ['-eo', 'pid=,args='], {reject: false})
+      const left: number[] = []
+      for (const line of String(ps.stdout).split('\n')) {
+        const match = /^\s*(\d+)\s+((?:\S*\/)?containerd\s.*)$/.exec(line)
+        if (match && match[2]?.includes(dir)) left.push(Number(match[1]))
+      }
+      for (const pid of left) killQuietly(pid)
+      for (let i = 0; i < 100 && left.some((pid) => fs.existsSync(`/proc/${pid}`)); i++) await new Promise((resolve) => setTimeout(resolve, 50))
+      // the pid files too: a new dockerd takes a pid named there for a containerd still running
+      for (const file of [`${dir}/pid`, `${dir}/exec/containerd/containerd.pid`]) fs.rmSync(file, {force: true})
+      await launch()
     },
     destroy: async () => {
       if (running) {

@@ -2,7 +2,9 @@ import {execa} from 'execa'
 import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
+import type {Duplex} from 'node:stream'
 import {describe, expect, it} from 'vitest'
+import {setKeeperDeadline} from '../../src/sandbox/keeper.js'
 import {HELPER} from '../helpers/landlock-support.js'
 
 /*
@@ -131,6 +133,41 @@ open(${JSON.stringify(path.join(dir, 'started'))}, "w").close()`
     await child
     expect(fs.existsSync(tmp)).toBe(false)
     fs.rmSync(dir, {recursive: true, force: true})
+  })
+
+  it('ends the run at the deadline its owner wrote, on its own monotonic clock: kills it, runs --on-orphan, says T', async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'keeper-'))
+    const child = execa(HELPER, ['--keeper-fd', '3', '--on-orphan', 'touch', '--on-orphan', `${dir}/orphan-command-ran`, '--', 'sh', '-c', `sleep 2; touch ${dir}/late`], {
+      stdio: ['pipe', 'pipe', 'pipe', 'pipe'],
+      reject: false,
+      detached: true,
+    })
+    const lifeline = child.stdio[3] as Duplex
+    const said: string[] = []
+    lifeline.on('data', (chunk: Buffer) => said.push(chunk.toString()))
+    const started = Date.now()
+    // `D600\n` in two pieces, as a stream may deliver it
+    lifeline.write('D6')
+    await sleep(50)
+    lifeline.write('00\n')
+    const ended = await child
+    const ms = Date.now() - started
+    expect(ms).toBeGreaterThanOrEqual(550)
+    expect(ms).toBeLessThan(1500)
+    expect(ended.exitCode).toBe(137)
+    expect(said.join('')).toBe('T')
+    expect(fs.existsSync(path.join(dir, 'orphan-command-ran'))).toBe(true)
+    await sleep(2000)
+    expect(fs.existsSync(path.join(dir, 'late'))).toBe(false)
+    fs.rmSync(dir, {recursive: true, force: true})
+  })
+
+  it('a run that ends before its deadline is not touched by it; nonsense on the lifeline is ignored', async () => {
+    const child = execa(HELPER, ['--keeper-fd', '3', '--', 'sh', '-c', 'sleep 0.5; exit 3'], {stdio: ['pipe', 'pipe', 'pipe', 'pipe'], reject: false, detached: true})
+    const lifeline = child.stdio[3] as Duplex
+    lifeline.write('Dsoon\nX12\nD-5\n')
+    setKeeperDeadline(lifeline, 5000)
+    expect((await child).exitCode).toBe(3)
   })
 
   it('refuses keeper flags without --keeper-fd and a lifeline that is not open', async () => {

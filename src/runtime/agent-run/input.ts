@@ -50,6 +50,7 @@ export function parseAgentRunInput(text: string): AgentRunInput {
     }
     expect(isObject(message.user) && typeof message.user.id === 'string' && typeof message.user.name === 'string', 'message.user: must be {id, name}')
   } else problems.push('message: must be an object')
+  expect(value.timeout_ms === undefined || (typeof value.timeout_ms === 'number' && value.timeout_ms > 0), 'timeout_ms: must be a number > 0 when set')
   if (problems.length > 0) throw inputError(`invalid agent-run input: ${problems.join('; ')}`)
   return value as unknown as AgentRunInput
 }

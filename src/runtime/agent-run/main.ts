@@ -88,6 +88,17 @@ function channelMode(input: AgentRunInput): boolean {
 }
 
 /**
+ * The run's own deadline: agent-run ends itself, and in a container (whose init exits with it)
+ * every process of the run goes too, even when nothing outside can stop it (a dead engine).
+ */
+function endAtDeadline(ms: number, log: (line: string) => void): void {
+  setTimeout(() => {
+    log(`the run's deadline (${Math.round(ms / 1000)} s) passed: ending it`)
+    process.kill(process.pid, 'SIGKILL')
+  }, ms).unref()
+}
+
+/**
  * `meepagateway agent-run` (docs/agent-run.md): the input on stdin; logs on stderr. With
  * `llm_channel` it asks its runner for every LLM call and ends with a result frame; without, it
  * calls the providers itself and prints the bare output object.
@@ -109,6 +120,7 @@ export async function main(): Promise<void> {
     const input = parseAgentRunInput(await reader.input)
     runId = input.run_id
     secrets = Object.values(input.secrets)
+    if (input.timeout_ms !== undefined) endAtDeadline(input.timeout_ms, log)
     channel = channelMode(input)
     let llm: LlmAccess
     if (channel) {

@@ -30,6 +30,10 @@ export abstract class ReconnectingConnector implements Connector {
     return this.status.state
   }
 
+  get problem(): string | undefined {
+    return this.status.problem()
+  }
+
   start(): void {
     this.stopped = false
     void this.connect()

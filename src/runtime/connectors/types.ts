@@ -18,6 +18,8 @@ export interface Connector {
   readonly type: string
   readonly agentId: string
   readonly state: ConnectorState
+  /** Why it is not connected, for /healthz (see ConnectorStatus.problem); undefined when that is no problem. */
+  readonly problem?: string
   /** Connects in the background and keeps reconnecting; never throws for a connection problem. */
   start(): void
   /** Disconnects for good. */

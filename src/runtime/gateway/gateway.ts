@@ -8,7 +8,7 @@ import {startHttpListener, type HttpListener} from '../http/server.js'
 import {recordListening} from '../http/listening-record.js'
 import {newRunId, runMessage} from '../runners/run-message.js'
 import {reclaimAbandonedRuns} from '../run-lifecycle/reclaim-runs.js'
-import {abandonEngineWork, stopStandbyAgentRuns, stopStandbyContainers} from '../runners/index.js'
+import {abandonEngineWork, probeEngine, stopStandbyAgentRuns, stopStandbyContainers} from '../runners/index.js'
 import {isolationLevelFor} from '../shapes/isolation-level.js'
 import {ApiKeys, takeLegacyKeysNotice} from '../state/api-keys.js'
 import {isSqliteDamage} from '../state/sqlite-damage.js'
@@ -97,6 +97,8 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       home: loaded.home,
       usesContainers: () => [...agents.values()].some((agent) => isolationLevelFor(agent, options.unrestricted) === 'container'),
       stateProblem: () => guarded.problem,
+      connectors: () => connectors,
+      probeEngine,
     })
     // the dashboard edits agents and image_config; runs started after an edit use the new config
     let live = loaded
@@ -240,6 +242,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       log(`gateway: captain.bind is ${config.captain.bind}, but only requests naming 127.0.0.1/localhost are answered; list the names clients use in captain.allowed_hosts`)
     }
     for (const connector of connectors) connector.start()
+    health.watch()
     const restartReplies = answerInterruptedRuns({records, connectors, log, signal: orphanCheck.signal}).catch((error: Error) =>
       log(`gateway: could not send the replies owed from before the restart: ${error.message}`),
     )
@@ -249,6 +252,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     const stopped = new Promise<void>((resolve) => (markStopped = resolve))
     const stop = async (stopOptions: {graceMs?: number} = {}): Promise<void> => {
       orphanCheck.abort()
+      health.stop()
       localSend?.close()
       watch?.close()
       const graceMs = stopOptions.graceMs ?? config.gateway.shutdown_grace_seconds * 1000

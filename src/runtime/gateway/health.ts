@@ -1,8 +1,11 @@
 import fs from 'node:fs'
+import type {Connector} from '../connectors/types.js'
 import {dockerEngineProblem} from '../runners/container/engine-health.js'
 
 /** Below this much free space in the gateway's home, new records and histories are about to fail. */
 const LOW_DISK_BYTES = 16 * 1024 * 1024
+/** How often the Docker engine is asked whether it answers (while some agent runs in containers). */
+export const ENGINE_PROBE_INTERVAL_MS = 5_000
 
 export interface HealthSources {
   home: string
@@ -10,17 +13,40 @@ export interface HealthSources {
   usesContainers: () => boolean
   /** gateway.db cannot be used (deleted and not restorable, damaged): see GuardedGatewayDb. */
   stateProblem: () => string | undefined
+  /** The chat connectors, each with its state. */
+  connectors?: () => readonly Connector[]
+  /** Asks the engine and reports what it found to engine-health.ts (runners/engine-probe.ts). */
+  probeEngine?: (signal: AbortSignal) => Promise<void>
 }
 
 /**
  * Why the gateway is `degraded`: it still answers what it can, but the operator must act. The
- * reasons come from what failed last (a run record that could not be written) and from checks
- * made when /healthz is asked (free disk, the Docker engine as the container runs found it).
+ * reasons come from what failed last (a run record that could not be written), from checks
+ * made when /healthz is asked (free disk, each connector's state) and from the engine probe,
+ * which asks the Docker engine every few seconds without waiting for a run (`watch`).
  */
 export class GatewayHealth {
   private recordFailure: string | undefined
+  private readonly stopped = new AbortController()
+  private probeTimer: NodeJS.Timeout | undefined
 
   constructor(private readonly sources: HealthSources) {}
+
+  /** Starts the engine probe (only while some agent runs in containers); `stop` ends it. */
+  watch(intervalMs = ENGINE_PROBE_INTERVAL_MS): void {
+    const {probeEngine} = this.sources
+    if (!probeEngine) return
+    const tick = async () => {
+      if (this.sources.usesContainers()) await probeEngine(this.stopped.signal).catch(() => {})
+      if (!this.stopped.signal.aborted) this.probeTimer = setTimeout(() => void tick(), intervalMs).unref()
+    }
+    void tick()
+  }
+
+  stop(): void {
+    this.stopped.abort()
+    clearTimeout(this.probeTimer)
+  }
 
   /** Called after every run-record write: a failure is remembered until a write succeeds. */
   recordWritten(error?: unknown): void {
@@ -46,6 +72,10 @@ export class GatewayHealth {
     }
     const engine = this.sources.usesContainers() ? dockerEngineProblem() : undefined
     if (engine) reasons.push(`engine down: ${engine.reason} (since ${new Date(engine.since).toISOString()})`)
+    for (const connector of this.sources.connectors?.() ?? []) {
+      const problem = connector.problem
+      if (problem) reasons.push(`connector ${connector.name} ${problem}`)
+    }
     return reasons
   }
 }

@@ -13,6 +13,8 @@ export function failureReply(failure: AgentRunFailure): string {
   const reference = ` (ref ${failure.run_id})`
   switch (failure.error.code) {
     case 'E_TIMEOUT':
+      // the deadline passed while the gateway itself was stopped: the run was not slow
+      if (failure.error.details?.gateway_suspended_ms !== undefined) return `Sorry, I was paused when this message's time ran out, so it was stopped before I could answer. Please send it again.${reference}`
       return `Sorry, that took too long and was stopped before I could answer.${reference}`
     case 'E_OOM':
       return `Sorry, that ran out of memory and was stopped before I could answer.${reference}`
@@ -26,9 +28,11 @@ export function failureReply(failure: AgentRunFailure): string {
     case 'E_ISOLATION_UNAVAILABLE':
       return `Sorry, I can't run right now: my sandbox could not be set up on this machine. The operator has the details.${reference}`
     case 'E_DOCKER_HUNG':
-      return `Sorry, I couldn't finish: the Docker engine stopped answering, so I was stopped. The operator has the details.${reference}`
     case 'E_DOCKER_DOWN':
-      return `Sorry, I couldn't run: the Docker engine is not answering. The operator has the details.${reference}`
+      // the engine went away under a started run: what it did so far may stand
+      if (failure.error.details?.partly_ran) return `Sorry, I couldn't finish: the Docker engine stopped answering while I was working, so I was stopped, and part of the work may already have run. The operator has the details.${reference}`
+      if (failure.error.code === 'E_DOCKER_DOWN') return `Sorry, I couldn't run: the Docker engine is not answering. The operator has the details.${reference}`
+      return `Sorry, I couldn't finish: the Docker engine stopped answering, so I was stopped. The operator has the details.${reference}`
     case 'E_DOCKER':
     case 'E_DOCKER_MISSING':
     case 'E_IMAGE':

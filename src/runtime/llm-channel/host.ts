@@ -116,6 +116,11 @@ export class AgentRunChannel {
     clearTimeout(timer)
   }
 
+  /** Whether agent-run sent anything (a request or its result): it was running. */
+  get spoke(): boolean {
+    return this.lastId > 0 || this.result !== undefined || this.violation !== undefined
+  }
+
   /** The result agent-run sent, or the failure it earned; undefined when it sent neither. */
   outcome(): AgentRunOutput | undefined {
     if (this.violation) {

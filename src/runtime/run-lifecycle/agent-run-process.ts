@@ -1,6 +1,6 @@
 import {spawn, type ChildProcess} from 'node:child_process'
 import path from 'node:path'
-import type {Readable, Writable} from 'node:stream'
+import type {Duplex, Readable, Writable} from 'node:stream'
 import type {AgentRunInput, AgentRunOutput} from '../shapes/agent-run-contract.js'
 import {failure, parseAgentRunOutput} from '../agent-run/output.js'
 import {APP_ROOT} from '../util/app-root.js'
@@ -10,9 +10,10 @@ import {diskFull, diskUsage, heldByDeletedFiles, overLimit, watchDiskUsage, type
 import {forgetRunProcess, recordRunProcess} from './run-processes.js'
 import {killProcessTree} from '../util/process-tree.js'
 import {abortSignalName, signalChild} from '../util/subprocess.js'
-import {keeperArgv, keeperHelper, keeperJoined} from '../../sandbox/keeper.js'
+import {keeperArgv, keeperHelper, keeperJoined, onKeeperDeadline, setKeeperDeadline} from '../../sandbox/keeper.js'
 import {cgroupPids, cgroupSupport, createRunCgroup, killRunCgroups, removeRunCgroups, type RunCgroup} from '../../sandbox/run-cgroup.js'
 import {AgentRunChannel, type HostLlm} from '../llm-channel/host.js'
+import {DeadlineWatch} from './deadline-watch.js'
 
 
 /** argv that starts `meepagateway agent-run` with this Node; always the built app (tests build it first). */
@@ -122,17 +123,19 @@ export function startAgentProcess(launch: AgentProcessLaunch): StartedAgentProce
 
 export class StartedAgentProcess {
   private readonly child: ChildProcess
-  private readonly closed: Promise<{exitCode?: number}>
+  private readonly closed: Promise<{exitCode?: number; signal?: NodeJS.Signals}>
   private readonly cgroup: RunCgroup | undefined
   private readonly disk: DiskLimit | undefined
-  /** The keeper's lifeline: closing our end tells the keeper to kill the run; the keeper only ever writes 'J' on it. */
-  private readonly lifeline: Readable | undefined
+  /** The keeper's lifeline: closing our end tells the keeper to kill the run; it reads the deadline there and writes 'J' and 'T'. */
+  private readonly lifeline: Duplex | undefined
   private readonly joined: Promise<boolean>
   private readonly helper: string | undefined
   private stderrTail = ''
   private logStderr: ((line: string) => void) | undefined
   private fallback: NodeJS.Timeout | undefined
   private exited = false
+  /** This process killed the keeper itself (it did not end the run in time): not a kill from outside. */
+  private keeperKilled = false
   private taken = false
   private readonly oomBefore: number
 
@@ -179,7 +182,7 @@ export class StartedAgentProcess {
       fd3.on('error', () => {}) // a helper that exits without reading its rules fails the run on its own
       fd3.end(launch.fd3)
     }
-    this.lifeline = this.helper ? (this.child.stdio[keeperFd] as Readable) : undefined
+    this.lifeline = this.helper ? (this.child.stdio[keeperFd] as Duplex) : undefined
     this.lifeline?.on('error', () => {})
     this.oomBefore = this.cgroup?.oomKills() ?? 0
     this.logStderr = launch.onStderr && cappedLog(launch.onStderr)
@@ -209,6 +212,7 @@ export class StartedAgentProcess {
     if (!this.lifeline) return killProcessTree(this.child.pid)
     this.lifeline.destroy()
     this.fallback ??= setTimeout(() => {
+      this.keeperKilled = true
       signalChild(this.child, 'SIGKILL')
       if (this.cgroup) killRunCgroups(this.cgroup.dirs)
     }, KEEPER_GRACE_MS)
@@ -267,12 +271,13 @@ export class StartedAgentProcess {
     const channel = new AgentRunChannel(child.stdin!, child.stdout!, input, options.llm, killRun, () => setTimeout(killRun, RESULT_EXIT_GRACE_MS).unref(), inputAllowed)
     void inputAllowed.then(() => options.onStarted?.())
 
-    let timedOut = false
+    // the keeper ends the run at the deadline on its own too: this process may be stopped then
+    const deadline = new DeadlineWatch(options.timeoutMs, killRun)
+    if (this.lifeline) {
+      setKeeperDeadline(this.lifeline, options.timeoutMs)
+      onKeeperDeadline(this.lifeline, deadline.passed)
+    }
     let cancelled: string | undefined
-    const timer = setTimeout(() => {
-      timedOut = true
-      killRun()
-    }, options.timeoutMs)
     let grace: NodeJS.Timeout | undefined
     const onAbort = () => {
       const reason: unknown = options.signal?.reason
@@ -302,7 +307,7 @@ export class StartedAgentProcess {
       : undefined
     const result = await this.closed
     const diskAtEnd = await diskWatch?.stop()
-    clearTimeout(timer)
+    deadline.stop()
     clearTimeout(grace)
     clearTimeout(this.fallback)
     options.signal?.removeEventListener('abort', onAbort)
@@ -313,8 +318,10 @@ export class StartedAgentProcess {
     const stderrTail = this.stderrTail
 
     if (disk && fullBefore !== undefined) return diskFull(input.run_id, disk.limit, fullBefore, disk.workspace, 'before')
-    if (timedOut) {
-      return failure(input.run_id, 'E_TIMEOUT', `the run took longer than ${Math.round(options.timeoutMs / 1000)} s and was stopped`, false, {stderr_tail: stderrTail})
+    if (deadline.reached) {
+      // its answer may have come while this process was stopped: it is the run's, on time
+      const answer = deadline.suspendedMs !== undefined ? channel.outcome() : undefined
+      return answer ?? deadline.failure(input.run_id, (seconds) => `the run took longer than ${seconds} s and was stopped`, {stderr_tail: stderrTail})
     }
     if (cancelled) {
       return failure(input.run_id, 'E_RUN', `the run was cancelled${cancelled === 'abort' ? '' : ` (${cancelled})`}`, true, {
@@ -341,7 +348,14 @@ export class StartedAgentProcess {
         })
       }
     }
-    return channel.outcome() ?? parseAgentRunOutput(input.run_id, '', result.exitCode, stderrTail)
+    const outcome = channel.outcome()
+    if (!outcome && this.lifeline && result.signal && !this.keeperKilled) {
+      return failure(input.run_id, 'E_RUN', `the run's keeper (process ${child.pid}) was killed by ${result.signal} from outside the gateway, and its run ended with it`, false, {
+        keeper_signal: result.signal,
+        stderr_tail: stderrTail,
+      })
+    }
+    return outcome ?? parseAgentRunOutput(input.run_id, '', result.exitCode, stderrTail)
   }
 }
 
@@ -349,7 +363,9 @@ export class StartedAgentProcess {
  * The child's end, once it exited and its pipes closed (its last output is read): the exit code,
  * undefined when a signal ended it or it never started (that error is the run's failure to report).
  */
-function childClosed(child: ChildProcess): Promise<{exitCode?: number}> {
+function childClosed(child: ChildProcess): Promise<{exitCode?: number; signal?: NodeJS.Signals}> {
   child.on('error', () => {}) // a failed start or kill: what the run reports comes from its end
-  return new Promise((resolve) => child.once('close', (code) => resolve({exitCode: child.pid === undefined || code === null ? undefined : code})))
+  return new Promise((resolve) =>
+    child.once('close', (code, signal) => resolve({exitCode: child.pid === undefined || code === null ? undefined : code, ...(signal ? {signal} : {})})),
+  )
 }

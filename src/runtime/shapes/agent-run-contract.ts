@@ -27,6 +27,11 @@ export interface AgentRunInput {
    * inject_secrets_env / inject_credentials_env): shell commands keep these, for tools like `gh`.
    */
   env_secrets?: string[]
+  /**
+   * Milliseconds from reading the input until agent-run ends itself (a container's own deadline,
+   * which holds when neither its runner nor the Docker engine can stop it).
+   */
+  timeout_ms?: number
 }
 
 export interface InboundMessage {

@@ -35,10 +35,19 @@ export function lastLines(text: string, count: number): string {
  */
 export function engineErrorOf(stderr: string): GatewayError | undefined {
   if (/permission denied while trying to connect/i.test(stderr)) return dockerPermission(stderr)
-  if (/Cannot connect to the Docker daemon|Is the docker daemon running|error during connect|connect: no such file or directory|connect: connection refused|dial unix .*: connect/i.test(stderr)) {
-    return dockerDown(stderr)
-  }
+  if (ENGINE_UNREACHABLE.test(stderr)) return dockerDown(stderr)
   return undefined
+}
+
+const ENGINE_UNREACHABLE = /Cannot connect to the Docker daemon|Is the docker daemon running|error during connect|connect: no such file or directory|connect: connection refused|dial unix .*: connect/i
+
+/**
+ * The one line of a docker CLI's stderr that says why the engine cannot be reached, in its own
+ * words: not the `docker: ` prefix, nor the "See 'docker run --help'" the CLI adds after it.
+ */
+function unreachableReason(text: string): string {
+  const line = text.split('\n').find((candidate) => ENGINE_UNREACHABLE.test(candidate)) ?? lastLines(text, 1)
+  return line.trim().replace(/^docker: /, '').replace(/\?\.$/, '?')
 }
 
 export function dockerMissing(bin: string, fromEnv: boolean): GatewayError {
@@ -56,7 +65,7 @@ export function dockerMissing(bin: string, fromEnv: boolean): GatewayError {
 /** `reason`: the CLI's stderr, or what connecting to the socket said. */
 export function dockerDown(reason: string): GatewayError {
   const host = process.env.DOCKER_HOST
-  return new GatewayError('E_DOCKER_DOWN', `the Docker engine is not running or not reachable${host ? ` at DOCKER_HOST=${host}` : ''}: ${lastLines(reason, 2)}`, {
+  return new GatewayError('E_DOCKER_DOWN', `the Docker engine is not running or not reachable${host ? ` at DOCKER_HOST=${host}` : ''}: ${unreachableReason(reason)}`, {
     retryable: true,
     suggestions: [
       'start the engine: sudo systemctl start docker (Docker Desktop: open the app)',

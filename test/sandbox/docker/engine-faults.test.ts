@@ -1,4 +1,5 @@
 import Database from 'better-sqlite3'
+import fs from 'node:fs'
 import path from 'node:path'
 import {afterAll, beforeAll, expect, it} from 'vitest'
 import {startFakeLlm, type FakeLlm, type FakeRequest, type ScriptedTurn} from '../../fakes/llm-server.js'
@@ -6,6 +7,7 @@ import {freePort} from '../../helpers/free-port.js'
 import {fakeLlmConfig, makeHome, type TestHome} from '../../helpers/home.js'
 import {startServe, type ServeProcess} from '../../helpers/serve.js'
 import {homeLabel} from '../../../src/sandbox/docker/containers.js'
+import {containerNameFor} from '../../../src/sandbox/docker/run-args.js'
 import {describeWithDocker} from '../../helpers/docker-env.js'
 import {startOwnEngine, type OwnEngine} from '../../helpers/own-engine.js'
 
@@ -158,18 +160,69 @@ describeWithDocker('a hung or dying Docker engine under a running gateway (own e
     expect(serve.output()).toMatch(/removed [12] container\(s\) left behind by a previous gateway/)
   }, 120_000)
 
+  it('/healthz asks the engine itself, with no run: a stopped engine is named at once, in the CLI\'s words, and ok once it answers', async () => {
+    await until('/healthz ok', async () => (await serve!.healthz()).status === 200)
+    engine.stop()
+    let health = await serve!.healthz()
+    await until('/healthz degraded without a run', async () => (health = await serve!.healthz()).status === 503, 15_000)
+    expect(health.body.status).toBe('degraded')
+    expect(health.body.reasons).toEqual([expect.stringMatching(/^engine down: the Docker engine did not answer GET \/_ping within 3 s; it seems hung \(since [0-9T:.-]+Z\)$/)])
+    engine.resume()
+    await until('/healthz ok once the engine answers', async () => (await serve!.healthz()).status === 200, 15_000)
+  }, 60_000)
+
+  it('serve stopped (SIGSTOP) past a container run\'s deadline: the container ends itself, nothing it would write later appears', async () => {
+    const chat = serve!.chat('boxed', 'RUN: sleep 13; touch /workspace/AFTER_DEADLINE')
+    await runStarted('RUN: sleep 13; touch /workspace/AFTER_DEADLINE')
+    const stoppedAt = Date.now()
+    serve!.process.kill('SIGSTOP')
+    try {
+      // agent-run ends itself 2 s past the 6 s deadline; the keeper removes the container 5 s past it
+      await until('the run\'s container to stop while serve is stopped', async () => (await containers('label=meepagateway.agent=boxed', 'status=running')).length === 0, 15_000)
+      expect(Date.now() - stoppedAt).toBeLessThan((TIMEOUT_SECONDS + 3) * 1000)
+      await new Promise((resolve) => setTimeout(resolve, 15_000 - (Date.now() - stoppedAt)))
+    } finally {
+      serve!.process.kill('SIGCONT')
+    }
+    expect(fs.existsSync(path.join(home.workspace('boxed'), 'AFTER_DEADLINE'))).toBe(false)
+    const {reply} = await chat
+    expect(reply).toMatch(/^Sorry, I was paused when this message's time ran out/)
+    await until('the run\'s container is removed', async () => (await containers()).length === 0)
+  }, 90_000)
+
   it('an engine that dies mid-message is reported as such, not as a container that never started', async () => {
     const chat = serve!.chat('boxed', 'RUN: sleep 4; echo after')
     await runStarted('RUN: sleep 4; echo after')
     await engine.kill()
     const died = await chat
     expect(died.ms).toBeLessThan(DEADLINE_MS)
+    // the user hears that part of it may have run
+    expect(died.reply).toMatch(/^Sorry, I couldn't finish: the Docker engine stopped answering while I was working, so I was stopped, and part of the work may already have run\./)
     const failed = record(runIdOf(died.reply) as string)
     expect(failed?.error_message).not.toMatch(/before the container started/)
     expect(failed?.error_message).toMatch(/stopped answering during the run|did not answer/)
+    expect(failed?.error_message).toMatch(/may have partly run/)
     expect(failed?.error_message).toMatch(/will be removed when the engine answers/)
-    const health = await serve!.healthz()
+    let health = await serve!.healthz()
     expect(health.status).toBe(503)
-    expect(health.body.reasons?.join('\n')).toMatch(/engine down/)
-  }, 120_000)
+    // short and clean: the reason the docker CLI gives, without its "See 'docker run --help'"
+    await until('the engine probe names the dead engine', async () => /^engine down: the Docker engine is not running or not reachable/.test((health = await serve!.healthz()).body.reasons?.[0] ?? ''), 15_000)
+    expect(health.body.reasons).toEqual([expect.stringMatching(/^engine down: the Docker engine is not running or not reachable at DOCKER_HOST=unix:\/\/\S+: Cannot connect to the Docker daemon at unix:\/\/\S+\. Is the docker daemon running\?( \((ECONNREFUSED|ENOENT)\))? \(since [0-9T:.-]+Z\)$/)])
+    expect(health.body.reasons?.[0]).not.toMatch(/\||--help/)
+
+    // the engine comes back: what the run left is removed before anything else starts there
+    const restartedAt = Math.floor(Date.now() / 1000)
+    await engine.restart()
+    // a freshly restarted engine on a busy machine can be slower than the 6 s run timeout at first
+    await until('/healthz ok again', async () => (await serve!.healthz()).status === 200, 15_000)
+    const next = await serve!.chat('boxed', 'hello again')
+    expect(next.reply, serve!.output().slice(-4000)).toBe('pong')
+    const deadRunContainer = containerNameFor(runIdOf(died.reply) as string)
+    expect(serve!.output()).toContain(`the Docker engine answers again: removed container ${deadRunContainer}`)
+    const events = (await engine.docker(['events', '--since', String(restartedAt), '--until', String(Math.ceil(Date.now() / 1000)), '--filter', 'type=container', '--format', '{{.Action}} {{.Actor.Attributes.name}}'])).stdout.split('\n')
+    const removed = events.indexOf(`destroy ${deadRunContainer}`)
+    expect(removed, events.join('\n')).toBeGreaterThanOrEqual(0)
+    expect(events.findIndex((event) => event.startsWith('create ')), events.join('\n')).toBeGreaterThan(removed)
+    await until('nothing of the dead run is left', async () => (await containers()).length === 0)
+  }, 180_000)
 })

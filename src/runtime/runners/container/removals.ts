@@ -1,9 +1,9 @@
 import {dockerCli, type DockerCli} from '../../../sandbox/docker/cli.js'
 import {removeContainers} from '../../../sandbox/docker/containers.js'
 import {localEngineApi} from '../../../sandbox/docker/engine-api.js'
-import {toGatewayError} from '../../util/errors.js'
+import {GatewayError, toGatewayError} from '../../util/errors.js'
 import {reportEngineAnswered} from './engine-health.js'
-import {stopWatchingEngine, watchEngine} from './engine-watch.js'
+import {ENGINE_PING_TIMEOUT_MS, stopWatchingEngine, watchEngine} from './engine-watch.js'
 
 /**
  * The engine's API (no docker process) when the run uses the default docker CLI on a local engine;
@@ -53,19 +53,47 @@ export function watchEngineOwingRemovals(cli: DockerCli): void {
   watchEngine(cli, retryOwedRemovals)
 }
 
+/** Removes one owed container; throws while the engine does not answer. */
+async function removeOwed(name: string, owed: {cli: DockerCli; log: (line: string) => void}, timeoutMs: number): Promise<void> {
+  await removeContainers(owed.cli, [name], AbortSignal.any([AbortSignal.timeout(timeoutMs), giveUp.signal]))
+  owedRemovals.delete(name)
+  reportEngineAnswered()
+  owed.log(`the Docker engine answers again: removed container ${name}`)
+}
+
 /** One pass over the owed removals; the engine answering at all clears the problem /healthz shows. */
 async function retryOwedRemovals(): Promise<boolean> {
   for (const [name, owed] of [...owedRemovals]) {
     try {
-      await removeContainers(owed.cli, [name], AbortSignal.any([AbortSignal.timeout(REMOVAL_RETRY_TIMEOUT_MS), giveUp.signal]))
-      owedRemovals.delete(name)
-      reportEngineAnswered()
-      owed.log(`the Docker engine answers again: removed container ${name}`)
+      await removeOwed(name, owed, REMOVAL_RETRY_TIMEOUT_MS)
     } catch {
       break // still no answer: the next pass tries again
     }
   }
   return owedRemovals.size === 0
+}
+
+/**
+ * Before a run starts a container: what an earlier run left when its engine died or hung is
+ * removed first, so it cannot go on working beside the new run. E_DOCKER_DOWN while it cannot be.
+ */
+export async function removeOwedContainers(cli: DockerCli): Promise<void> {
+  for (const [name, owed] of [...owedRemovals]) {
+    try {
+      await removeOwed(name, owed, ENGINE_PING_TIMEOUT_MS)
+    } catch (error) {
+      watchEngineOwingRemovals(cli)
+      throw new GatewayError('E_DOCKER_DOWN', `container ${name} of an earlier run is still to be removed and the Docker engine does not answer (${toGatewayError(error).message.split('\n')[0]}); nothing new is started there until it is`, {
+        retryable: true,
+        suggestions: ['check `timeout 10 docker info`; start or restart the engine: sudo systemctl restart docker'],
+      })
+    }
+  }
+}
+
+/** Owed removals now, when the engine was just found answering (the gateway's engine probe). */
+export async function removeOwedContainersNow(): Promise<void> {
+  await removeOwedContainers(dockerCli()).catch(() => {})
 }
 
 /** Containers whose removal waits for the engine to answer. */

@@ -24,13 +24,16 @@ import {dockerEngineProblem, reportEngineAnswered, reportEngineProblem} from './
 import {engineAnswers, ENGINE_PING_TIMEOUT_MS} from './engine-watch.js'
 import {startAgentContainer, type AgentContainer, type RunShape} from './agent-container.js'
 import {prepareStandby, STANDBY_IDLE_MS, takeStandby} from './standby-pool.js'
-import {engineApiFor, removeWhenEngineAnswers, scheduleRemoval, trackRemoval, watchEngineOwingRemovals} from './removals.js'
+import {engineApiFor, removeOwedContainers, removeWhenEngineAnswers, scheduleRemoval, trackRemoval, watchEngineOwingRemovals} from './removals.js'
 import {forgetRunProcess, recordRunProcess} from '../../run-lifecycle/run-processes.js'
 import {sizeBytes} from '../../config/size.js'
 import {diskFull, diskUsage, overLimit, watchDiskUsage, type DiskUsage} from '../../run-lifecycle/disk-limit.js'
 import {cappedLog} from '../../run-lifecycle/agent-run-process.js'
 import type {RunRequest, Runner} from '../types.js'
 import {AgentRunChannel} from '../../llm-channel/host.js'
+import {DeadlineWatch} from '../../run-lifecycle/deadline-watch.js'
+import {setKeeperDeadline} from '../../../sandbox/keeper.js'
+import type {Duplex} from 'node:stream'
 
 /**
  * Container level: one fresh, hardened container per message (docs/isolation.md), running the
@@ -56,6 +59,16 @@ const CLIENT_EXIT_AFTER_KILL_MS = 3_000
 
 /** What the user and the operator are told when the engine stopped answering during a run. */
 export const ENGINE_HUNG_MESSAGE = 'the Docker engine did not answer; the container may still be running and will be removed when the engine answers'
+/** Said of a run whose engine died under it: its commands may have done part of their work. */
+const PARTLY_RAN = 'the run may have partly run (its commands may have changed files in the workspace)'
+/**
+ * Past the deadline, when the gateway could not stop the container (it was stopped itself, or
+ * the engine does not answer): agent-run ends itself after this much more (the container's init
+ * exits with it), and the keeper, after CONTAINER_KEEPER_MARGIN_MS, kills the docker client and
+ * removes the container.
+ */
+const CONTAINER_SELF_DEADLINE_MARGIN_MS = 2_000
+const CONTAINER_KEEPER_MARGIN_MS = KILL_TIMEOUT_MS + CLIENT_EXIT_AFTER_KILL_MS
 
 export async function runInContainer(request: RunRequest, options: {cli?: DockerCli} = {}): Promise<AgentRunOutput> {
   const cli = options.cli ?? dockerCli()
@@ -140,6 +153,7 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
   const diskLimit = sizeBytes(agent.limits.disk, 'limits.disk')
   const usageBefore = await diskUsage([request.input.workspace], diskLimit)
   if (overLimit(usageBefore, diskLimit)) return diskFull(runId, agent.limits.disk, usageBefore, request.input.workspace, 'before')
+  await removeOwedContainers(cli)
   const deadline = Date.now() + request.timeoutMs
   const image = await readyBeforeDeadline(cli, deadline, request.signal, (signal) => readyIsolationImage(request.config, agent, imageContextFor(request.home, cli, {signal, onLog: log})))
   const shape = await runShape(request, image, request.signal)
@@ -158,7 +172,7 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
     void cli.exec(['kill', name], {timeoutMs: KILL_TIMEOUT_MS}).catch(() => {})
   })
   try {
-    const output = await runInStartedContainer(request, cli, container, shape.spec.forwardEnv, onAnswer)
+    const output = await runInStartedContainer(request, cli, container, shape.spec.forwardEnv, onAnswer, Boolean(standby))
     const atEnd = await diskWatch.stop()
     if (atEnd.over || overWhileRunning) return diskFull(runId, agent.limits.disk, atEnd.over ? atEnd.usage : overWhileRunning!, request.input.workspace, 'during')
     return output
@@ -174,6 +188,8 @@ async function runInStartedContainer(
   container: AgentContainer,
   forwardEnv: string[],
   onAnswer: (output: AgentRunOutput) => void,
+  /** A standby: its container was already running when the message came. */
+  fromStandby = false,
 ): Promise<AgentRunOutput> {
   const {input} = request
   const {agent} = input
@@ -186,7 +202,7 @@ async function runInStartedContainer(
   const channel = new AgentRunChannel(
     child.stdin!,
     child.stdout!,
-    {...input, workspace: CONTAINER_WORKSPACE, env_secrets: forwardEnv},
+    {...input, workspace: CONTAINER_WORKSPACE, env_secrets: forwardEnv, timeout_ms: request.timeoutMs + CONTAINER_SELF_DEADLINE_MARGIN_MS},
     request.llm,
     () => {
       channelBroken = true
@@ -224,7 +240,10 @@ async function runInStartedContainer(
   }
   // counted from here: a first build of the image (the engine answering) is not the run's time
   const containerStarted = Date.now()
-  const timer = setTimeout(() => stop('timeout'), request.timeoutMs)
+  const deadline = new DeadlineWatch(request.timeoutMs, () => stop('timeout'))
+  // fd 3 of a docker client under its keeper (cli.spawn): the keeper's lifeline
+  const lifeline = child.stdio[3] as Duplex | undefined
+  if (lifeline) setKeeperDeadline(lifeline, request.timeoutMs + CONTAINER_KEEPER_MARGIN_MS)
   const onAbort = () => stop('cancelled')
   request.signal?.addEventListener('abort', onAbort, {once: true})
   if (request.signal?.aborted) onAbort()
@@ -234,12 +253,18 @@ async function runInStartedContainer(
     result = await child
     await channel.settled()
   } finally {
-    clearTimeout(timer)
+    deadline.stop()
     request.signal?.removeEventListener('abort', onAbort)
     channel.close()
   }
   await stopping
   const stderrTail = container.stderrTail
+  const answer = channel.outcome()
+  if (stopped === 'timeout' && deadline.suspendedMs !== undefined && answer) {
+    // it answered while this process was stopped, the deadline passing meanwhile: the answer stands
+    scheduleRemoval(cli, name, log)
+    return answer
+  }
   if (result.code === 'ENOENT') throw dockerMissing(cli.bin, cli.binFromEnv)
   if (result.exitCode === 0 && !stopped) {
     // agent-run answered, and itself reported any command the kernel killed for memory: the
@@ -256,20 +281,26 @@ async function runInStartedContainer(
     reportEngineProblem(`a run's container could not be stopped: ${ENGINE_HUNG_MESSAGE}`)
     log(`container ${name}: ${ENGINE_HUNG_MESSAGE}`)
     removeWhenEngineAnswers(cli, name, log)
-    return failure(runId, 'E_DOCKER_HUNG', `${stopped === 'timeout' ? `the run took longer than ${Math.round(request.timeoutMs / 1000)} s (container_mode.timeout_seconds) and ` : 'the run was cancelled and '}${ENGINE_HUNG_MESSAGE}`, true, {stderr_tail: stderrTail})
+    const why =
+      stopped !== 'timeout'
+        ? 'the run was cancelled and '
+        : deadline.suspendedMs === undefined
+          ? `the run took longer than ${Math.round(request.timeoutMs / 1000)} s (container_mode.timeout_seconds) and `
+          : 'the run reached its deadline while the gateway was stopped (suspended), and '
+    return failure(runId, 'E_DOCKER_HUNG', `${why}${ENGINE_HUNG_MESSAGE}; ${PARTLY_RAN}`, true, {stderr_tail: stderrTail, partly_ran: true})
   }
   // what is left of the run's timeout + 5 s, at least 3 s: a busy engine is not a hung one
   const state = await collectContainer(cli, name, log, Math.max(3_000, containerStarted + request.timeoutMs + 5_000 - Date.now()))
   if (state === 'engine-lost') {
-    // docker run could not reach the engine at all: nothing was started
-    const engineError = engineErrorOf(stderrTail)
+    // docker run could not reach the engine at all: nothing was started (agent-run never spoke, and no standby was waiting)
+    const engineError = fromStandby || channel.spoke ? undefined : engineErrorOf(stderrTail)
     if (engineError) throw engineError
     // the container existed (it was started) but the engine went away before saying how it ended
-    return failure(runId, 'E_DOCKER_DOWN', `the Docker engine stopped answering during the run (docker run exit ${result.exitCode ?? 'unknown'}); the container may still be running and will be removed when the engine answers`, true, {stderr_tail: stderrTail})
+    return failure(runId, 'E_DOCKER_DOWN', `the Docker engine stopped answering during the run (docker run exit ${result.exitCode ?? 'unknown'}); ${PARTLY_RAN}; the container may still be running and will be removed when the engine answers, before anything else starts there`, true, {stderr_tail: stderrTail, partly_ran: true})
   }
   if (state?.oomKilled) return outOfMemory(runId, agent.container_mode.memory_limit, {stderr_tail: stderrTail, exit_code: state.exitCode})
   if (stopped === 'timeout') {
-    return failure(runId, 'E_TIMEOUT', `the run took longer than ${Math.round(request.timeoutMs / 1000)} s (container_mode.timeout_seconds) and its container was killed`, false, {stderr_tail: stderrTail})
+    return deadline.failure(runId, (seconds) => `the run took longer than ${seconds} s (container_mode.timeout_seconds) and its container was killed`, {stderr_tail: stderrTail})
   }
   if (stopped === 'cancelled') return failure(runId, 'E_RUN', 'the run was cancelled and its container was killed', true)
   const exitCode = result.exitCode

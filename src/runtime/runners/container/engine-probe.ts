@@ -1,0 +1,23 @@
+import {dockerCli} from '../../../sandbox/docker/cli.js'
+import {localEngineApi} from '../../../sandbox/docker/engine-api.js'
+import {toGatewayError} from '../../util/errors.js'
+import {reportEngineAnswered, reportEngineProblem} from './engine-health.js'
+
+/** A ping the engine has not answered by then counts as hung: /healthz must not wait on it. */
+const ENGINE_PROBE_TIMEOUT_MS = 3_000
+
+/**
+ * Asks the Docker engine whether it answers (over its socket where it is local, else `docker
+ * version`) and tells /healthz (engine-health.ts) without waiting for a run to find out. An engine
+ * that answers again first gets the containers owed a removal removed.
+ */
+export async function probeEngine(signal?: AbortSignal): Promise<void> {
+  try {
+    await (localEngineApi() ?? dockerCli()).ping({timeoutMs: ENGINE_PROBE_TIMEOUT_MS, signal})
+  } catch (error) {
+    if (!signal?.aborted) reportEngineProblem(toGatewayError(error).message.split('\n')[0] ?? 'no answer')
+    return
+  }
+  reportEngineAnswered()
+  await (await import('./removals.js')).removeOwedContainersNow()
+}
