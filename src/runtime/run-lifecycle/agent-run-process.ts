@@ -1,6 +1,6 @@
 import {spawn, type ChildProcess} from 'node:child_process'
 import path from 'node:path'
-import type {Duplex, Readable, Writable} from 'node:stream'
+import type {Duplex, Writable} from 'node:stream'
 import type {AgentRunInput, AgentRunOutput} from '../shapes/agent-run-contract.js'
 import {failure, parseAgentRunOutput} from '../agent-run/output.js'
 import {APP_ROOT} from '../util/app-root.js'

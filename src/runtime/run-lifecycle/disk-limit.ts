@@ -1,5 +1,4 @@
 import fs from 'node:fs/promises'
-import path from 'node:path'
 import type {AgentRunOutput} from '../shapes/agent-run-contract.js'
 import {failure} from '../agent-run/output.js'
 import {measureTrees, type TreeUsage} from '../../sandbox/directory-tree.js'
