@@ -3,7 +3,7 @@ import os from 'node:os'
 import path from 'node:path'
 import {agentPolicy, sandboxPath} from './agent-policy.js'
 import {killProcessGroup, killProcessTree} from '../util/process-tree.js'
-import {startSubprocess} from '../util/subprocess.js'
+import type {Subprocess} from '../util/subprocess.js'
 import {enforcementReport, kernelGaps, namespaceGaps, type EnforcementReport} from '../../sandbox/landlock/enforcement.js'
 import {probeKernel, requireHelper, type KernelProbe} from '../../sandbox/landlock/helper.js'
 import {sizeBytes} from '../config/size.js'
@@ -94,8 +94,13 @@ export interface SandboxExecOptions {
   onStart?: () => void
 }
 
-/** Starts argv under an agent's policy: the helper reads its rules on fd 3 and opens a session the caller can kill whole. */
-export function spawnInSandbox(sandbox: AgentSandbox, argv: string[], options: {stdio: 'inherit' | 'pipe'; timeoutMs: number}) {
+/**
+ * Starts argv under an agent's policy: the helper reads its rules on fd 3 and opens a session the
+ * caller can kill whole. execa is imported here, when a command starts: `sandbox explain` and
+ * `config check` never load it.
+ */
+export async function spawnInSandbox(sandbox: AgentSandbox, argv: string[], options: {stdio: 'inherit' | 'pipe'; timeoutMs: number}): Promise<{child: Subprocess}> {
+  const {startSubprocess} = await import('../util/subprocess.js')
   const [file, ...args] = [...sandbox.prefix, sandbox.helper, '--rules-fd', '3', '--', ...argv]
   const child = startSubprocess(file!, args, {
     cwd: sandbox.workspace,
@@ -106,7 +111,7 @@ export function spawnInSandbox(sandbox: AgentSandbox, argv: string[], options: {
     killSignal: 'SIGKILL',
   })
   ;(child.stdio[3] as NodeJS.WritableStream).end(serializeRules(sandbox.policy, sandbox.env))
-  return child
+  return {child} // not the child itself: it is a promise of its result, which `await` would wait for
 }
 
 /** `sandbox exec`: runs any command under an agent's host policy with the terminal attached; returns its exit status. */
@@ -120,7 +125,7 @@ export async function sandboxExec(options: SandboxExecOptions): Promise<{exitCod
       for (const gap of gaps) options.onLog?.(`sandbox: best effort, NOT enforced: ${gap}`)
     }
     options.onStart?.()
-    const child = spawnInSandbox(sandbox, options.argv, {stdio: 'inherit', timeoutMs: options.timeoutMs})
+    const {child} = await spawnInSandbox(sandbox, options.argv, {stdio: 'inherit', timeoutMs: options.timeoutMs})
     // With the namespace layer the command lives in bwrap's PID namespace, which dies with bwrap
     // (its init gets SIGKILL with its parent): killing bwrap's group ends everything, and a scan of
     // /proc for bwrap's session (≈ 1 ms) would find nothing of it (the helper's session is inside).
