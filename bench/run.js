@@ -15,6 +15,7 @@ const SUITE = {
   'light-commands': "the work of `config check`, `agent list` and `runs` after the CLI has started (needs npm run build)",
   'sandbox-exec': 'what the host sandbox adds to one exec of /bin/true, against a bare exec and `srt` (needs npm run build)',
   'run-keeper': "what owning a run costs per exec: the keeper, and the keeper with a cgroup per run (needs npm run build)",
+  subprocess: "what a child started through execa costs the parent against node:child_process's spawn, shaped as agent-run's process",
   'llm-channel': "per LLM call, agent-run asking its runner against calling the provider itself (issue 11)",
   'container-overhead': 'container mode, send to reply with a fake LLM, against a bare `docker run` (issue 4; Docker)',
   'container-cold-network': 'a cold container message with `network: none` against `network: host` before issue 11 (ARGS: a built checkout of the previous commit; Docker)',

@@ -104,13 +104,12 @@ function commandFiles(dir) {
 
 const commandsDir = path.join(dist, 'commands')
 const commands = commandFiles(commandsDir).sort().map((file) => ({id: commandIdOf(path.relative(commandsDir, file)), file}))
-const helpCommand = path.join(path.dirname(require.resolve('@oclif/plugin-help')), 'commands', 'help.js')
 // Each command is a getter around require(): esbuild then evaluates a command's modules only when
 // oclif asks for that command (with the manifest, only the one being run), not all at start.
 const entry = [
   'export const COMMANDS = {}',
   ...commands.map(({id, file}) => `Object.defineProperty(COMMANDS, ${JSON.stringify(id)}, {enumerable: true, get: () => require(${JSON.stringify(file)}).default})`),
-  `Object.defineProperty(COMMANDS, 'help', {enumerable: true, get: () => require(${JSON.stringify(helpCommand)}).default})`,
+  `Object.defineProperty(COMMANDS, 'help', {enumerable: true, get: () => require('@oclif/plugin-help').commands.help})`,
   // a getter too: loading the bundle (as the build does) does not evaluate oclif
   "export const core = () => require('@oclif/core')",
 ].join('\n')
@@ -235,24 +234,6 @@ const {LITE_COMMANDS} = await import('../dist/cli/lite/commands.js')
 if (JSON.parse(fs.readFileSync(path.join(root, 'package.json'), 'utf8')).oclif?.hooks) {
   throw new Error('bundle-cli: package.json declares oclif hooks, which the lite bundles (src/cli/lite/) do not run; run them there or drop the lite bundles')
 }
-const oclifLib = path.dirname(require.resolve('@oclif/core'))
-/** src/cli/lite/oclif-internals.ts reads oclif's files at run time; in the bundle they are inside it. */
-const oclifInternalsInBundle = {
-  name: 'oclif-internals',
-  setup(build) {
-    build.onLoad({filter: /[\\/]cli[\\/]lite[\\/]oclif-internals\.js$/}, () => ({
-      contents: [
-        'let loaded',
-        'export function oclifInternals() {',
-        `  loaded ??= {CLIError: require(${JSON.stringify(path.join(oclifLib, 'errors/errors/cli.js'))}).CLIError, prettyPrint: require(${JSON.stringify(path.join(oclifLib, 'errors/errors/pretty-print.js'))}).default, colorizeJson: require(${JSON.stringify(path.join(oclifLib, 'ux/colorize-json.js'))}).default}`,
-        '  return loaded',
-        '}',
-      ].join('\n'),
-      loader: 'js',
-      resolveDir: path.join(dist, 'cli', 'lite'),
-    }))
-  },
-}
 /** The commands' `@oclif/core` is src/cli/lite/core.ts. */
 const liteCore = {
   name: 'lite-core',
@@ -313,7 +294,7 @@ const liteBundles = [
 ]
 for (const {id, entry, warm, plugins = []} of liteBundles) {
   const bundleFile = liteBundleFile(id)
-  const built = await bundle({entry, sourcefile: `lite-${id}.js`, outfile: path.join(root, bundleFile), plugins: [liteCore, oclifInternalsInBundle, ...plugins], external: CLI_EXTERNALS.filter((name) => name !== 'better-sqlite3')})
+  const built = await bundle({entry, sourcefile: `lite-${id}.js`, outfile: path.join(root, bundleFile), plugins: [liteCore, ...plugins], external: CLI_EXTERNALS.filter((name) => name !== 'better-sqlite3')})
   // better-sqlite3's own addon lookup fails from inside a bundle: only openSqlite may open files here
   if (Object.keys(built.metafile.inputs).some((input) => input.endsWith('runtime/workspace/memory.js'))) {
     throw new Error(`bundle-cli: the lite bundle of ${id} holds memory.js, which opens SQLite without src/runtime/util/sqlite.ts`)

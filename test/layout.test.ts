@@ -86,6 +86,8 @@ function allowed(zone: string, imp: Import): boolean {
   const rule = MAY_IMPORT[zone]
   if (!rule) return false
   if (target === 'sandbox') return rule.sandbox
+  // the commands colour their output as the lite CLI does (src/cli/colour.ts)
+  if (target === 'cli') return zone === 'commands'
   return target.startsWith('runtime/') && rule.runtime.includes(target.slice('runtime/'.length))
 }
 
@@ -164,8 +166,8 @@ describe('source layout (docs/layout.md)', () => {
     expect(offenders).toEqual([])
   })
 
-  it('only commands use @oclif/core and chalk; the runtime and the sandbox are libraries', () => {
-    const offenders = all.filter((imp) => 'pkg' in imp && /^(@oclif\/core|chalk)(\/|$)/.test(imp.pkg) && zoneOf(imp.from) !== 'commands')
+  it('only commands use @oclif/core, and only they and the lite CLI chalk; the runtime and the sandbox are libraries', () => {
+    const offenders = all.filter((imp) => 'pkg' in imp && /^(@oclif\/core|chalk)(\/|$)/.test(imp.pkg) && zoneOf(imp.from) !== 'commands' && !(imp.pkg === 'chalk' && zoneOf(imp.from) === 'cli'))
     expect(offenders).toEqual([])
   })
 

@@ -1,6 +1,7 @@
 import fs from 'node:fs'
 import path from 'node:path'
-import {oclifInternals} from './lite/oclif-internals.js'
+import {colourError} from './colour.js'
+import {CLIError} from './lite/oclif-output.js'
 import {exitLikeOclif, oclifPrintsOtherwise} from './lite/run.js'
 import {GatewayError} from '../runtime/util/errors.js'
 import {defaultConfigPath, gatewayHome} from '../runtime/util/paths.js'
@@ -14,13 +15,14 @@ import {defaultConfigPath, gatewayHome} from '../runtime/util/paths.js'
  */
 
 /** `sandbox exec`'s flags (src/commands/sandbox/exec.ts); test/cli/fast-paths.test.ts keeps them in step. */
-export const SANDBOX_EXEC_FLAGS = {agent: {char: 'a', type: 'string'}, timeout: {type: 'integer'}, config: {type: 'string'}} as const
+export const SANDBOX_EXEC_FLAGS = {agent: {char: 'a', type: 'string'}, timeout: {type: 'integer'}, config: {type: 'string'}, 'no-color': {type: 'boolean'}} as const
 const DEFAULT_TIMEOUT_SECONDS = 3600
 
 export interface SandboxExecArgv {
   agent: string
   timeoutSeconds: number
   config?: string
+  noColor?: boolean
   command: string[]
 }
 
@@ -32,11 +34,16 @@ export function parseSandboxExecArgv(argv: readonly string[]): SandboxExecArgv |
   const flags = argv.slice(0, separator)
   for (let i = 0; i < flags.length; i++) {
     const token = flags[i] as string
-    const long = /^--([a-z]+)(?:=(.*))?$/.exec(token)
+    const long = /^--([a-z-]+)(?:=(.*))?$/.exec(token)
     const short = /^-([a-z])(.*)$/.exec(token)
     const name = long ? long[1] : Object.entries(SANDBOX_EXEC_FLAGS).find(([, flag]) => 'char' in flag && flag.char === short?.[1])?.[0]
     if (!name || !(name in SANDBOX_EXEC_FLAGS) || (!long && !short)) return undefined
     const inline = long ? long[2] : short?.[2] || undefined
+    if (SANDBOX_EXEC_FLAGS[name as keyof typeof SANDBOX_EXEC_FLAGS].type === 'boolean') {
+      if (inline !== undefined || values[name as keyof typeof SANDBOX_EXEC_FLAGS] !== undefined) return undefined
+      values[name as keyof typeof SANDBOX_EXEC_FLAGS] = 'true'
+      continue
+    }
     if (!long && inline?.startsWith('=')) return undefined
     const value = inline ?? flags[++i]
     if (value === undefined || value === '' || (inline === undefined && value.startsWith('-'))) return undefined
@@ -47,7 +54,7 @@ export function parseSandboxExecArgv(argv: readonly string[]): SandboxExecArgv |
   if (values.timeout !== undefined && !/^\d+$/.test(values.timeout)) return undefined
   const timeoutSeconds = values.timeout === undefined ? DEFAULT_TIMEOUT_SECONDS : Number(values.timeout)
   if (timeoutSeconds < 1) return undefined
-  return {agent: values.agent, timeoutSeconds, ...(values.config ? {config: values.config} : {}), command: argv.slice(separator + 1)}
+  return {agent: values.agent, timeoutSeconds, ...(values.config ? {config: values.config} : {}), ...(values['no-color'] ? {noColor: true} : {}), command: argv.slice(separator + 1)}
 }
 
 /** Runs `sandbox exec` without oclif and returns the exit status, or undefined to hand the argv to oclif. */
@@ -77,7 +84,7 @@ export async function sandboxExecWithoutOclif(argv: readonly string[]): Promise<
     if (!started) return undefined
     // after it started (say its temporary directory cannot be removed): oclif would run it a second
     // time, so report it here the way oclif does (BaseCommand.catch, then oclif's handle)
-    return exitLikeOclif(asCliError(error as Error))
+    return exitLikeOclif(await colourError(asCliError(error as Error), parsed.noColor ?? false))
   }
   if (result.timedOut) process.stderr.write(`sandbox exec: the command ran longer than ${parsed.timeoutSeconds} s and was killed\n`)
   return result.exitCode
@@ -88,7 +95,6 @@ export async function sandboxExecWithoutOclif(argv: readonly string[]): Promise<
  * src/commands/base-command.ts, which cli/ may not import).
  */
 function asCliError(error: Error): Error & {oclif?: {exit?: number}} {
-  const {CLIError} = oclifInternals()
   if (error instanceof GatewayError) return new CLIError(error.message, {code: error.code, exit: error.exitCode, suggestions: error.suggestions})
   if (error instanceof CLIError) return Object.assign(error, {code: error.code ?? 'E_USAGE'})
   return new CLIError(error.message, {code: 'E_INTERNAL', exit: 1})

@@ -2,6 +2,8 @@ import {Command, Errors, Flags, type Interfaces} from '@oclif/core'
 import {loadConfigForCommand} from '../runtime/config/load.js'
 import type {LoadedConfig} from '../runtime/config/types.js'
 import {GatewayError} from '../runtime/util/errors.js'
+import {argvSaysNoColor, colourError, colours} from '../cli/colour.js'
+import type {ChalkInstance} from 'chalk'
 
 export type BaseFlags<T extends typeof Command> = Interfaces.InferredFlags<(typeof BaseCommand)['baseFlags'] & T['flags']>
 export type BaseArgs<T extends typeof Command> = Interfaces.InferredArgs<T['args']>
@@ -13,6 +15,7 @@ export type BaseArgs<T extends typeof Command> = Interfaces.InferredArgs<T['args
 export abstract class BaseCommand<T extends typeof Command> extends Command {
   static baseFlags = {
     config: Flags.string({description: 'path to config.yaml (default: $MEEPAGATEWAY_HOME/config.yaml)', helpGroup: 'GLOBAL'}),
+    'no-color': Flags.boolean({description: 'no colour in the output (also NO_COLOR, or output that is not a terminal)', helpGroup: 'GLOBAL'}),
   }
 
   static enableJsonFlag = true
@@ -33,6 +36,15 @@ export abstract class BaseCommand<T extends typeof Command> extends Command {
     this.args = args as BaseArgs<T>
   }
 
+  /** chalk for what the command logs on stdout: colours only at a terminal (src/cli/colour.ts). */
+  protected colours(): Promise<ChalkInstance> {
+    return colours(1, this.noColor())
+  }
+
+  private noColor(): boolean {
+    return (this.flags as {'no-color'?: boolean} | undefined)?.['no-color'] ?? argvSaysNoColor(this.argv)
+  }
+
   /** Loads the config, writing the commented default on first use and saying so on stderr. */
   protected loadConfig(): LoadedConfig {
     return loadConfigForCommand(this.flags.config, (line) => this.logToStderr(line))
@@ -40,6 +52,7 @@ export abstract class BaseCommand<T extends typeof Command> extends Command {
 
   protected async catch(error: Error & {exitCode?: number}): Promise<unknown> {
     const cliError = toCliError(error)
+    if (!this.jsonEnabled()) await colourError(cliError, this.noColor())
     return super.catch(Object.assign(cliError, {exitCode: cliError.oclif.exit}))
   }
 

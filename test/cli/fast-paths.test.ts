@@ -12,6 +12,7 @@ describe('sandbox exec argv the fast path takes (src/cli/fast-paths.ts)', () => 
     expect(parseSandboxExecArgv(['--agent', 'a', '--', 'ls', '-la', '--', 'x y'])).toEqual({agent: 'a', timeoutSeconds: 3600, command: ['ls', '-la', '--', 'x y']})
     expect(parseSandboxExecArgv(['-a', 'a', '--timeout=5', '--config', '/c.yaml', '--', 'true'])).toEqual({agent: 'a', timeoutSeconds: 5, config: '/c.yaml', command: ['true']})
     expect(parseSandboxExecArgv(['-aa', '--timeout', '7', '--', 'true'])).toEqual({agent: 'a', timeoutSeconds: 7, command: ['true']})
+    expect(parseSandboxExecArgv(['--no-color', '-a', 'a', '--', 'true'])).toEqual({agent: 'a', timeoutSeconds: 3600, noColor: true, command: ['true']})
   })
 
   it('leaves everything else to oclif: help, unknown, repeated or malformed flags, no command', () => {
@@ -21,6 +22,8 @@ describe('sandbox exec argv the fast path takes (src/cli/fast-paths.ts)', () => 
       ['-h', '--', 'true'],
       ['--agent', 'a', '--json', '--', 'true'],
       ['--agent', 'a', '--agent', 'b', '--', 'true'],
+      ['--agent', 'a', '--no-color', '--no-color', '--', 'true'],
+      ['--agent', 'a', '--no-color=true', '--', 'true'],
       ['--agent', '--', 'true'],
       ['--agent', 'a', '--timeout', '0', '--', 'true'],
       ['--agent', 'a', '--timeout', '1.5', '--', 'true'],
@@ -41,7 +44,7 @@ describe('sandbox exec argv the fast path takes (src/cli/fast-paths.ts)', () => 
     expect(Object.keys(SANDBOX_EXEC_FLAGS).sort()).toEqual(Object.keys(declared).sort())
     for (const [name, flag] of Object.entries(SANDBOX_EXEC_FLAGS)) {
       expect(declared[name]?.char, name).toBe('char' in flag ? flag.char : undefined)
-      expect(declared[name]?.type, name).toBe('option')
+      expect(declared[name]?.type, name).toBe(flag.type === 'boolean' ? 'boolean' : 'option')
     }
   })
 })

@@ -55,6 +55,32 @@ async function expectSame(argv: string[], options: {lite: boolean; env?: Record<
   return bin
 }
 
+/** A fixed Docker engine on a unix socket (a container and an image left behind), so both runs see the same state. */
+async function withFakeEngine(body: (env: Record<string, string>) => Promise<void>): Promise<void> {
+  const engine = http.createServer((req, res) => {
+    const url = req.url ?? ''
+    if (url === '/_ping') return res.writeHead(200, {'API-Version': '1.41', Server: 'Docker/20.10.24 (linux)'}).end('OK')
+    if (url.startsWith('/containers/json')) return res.writeHead(200).end(JSON.stringify([{Id: 'left'}]))
+    if (url === '/containers/left/json') {
+      return res.writeHead(200).end(JSON.stringify({Id: 'left', Name: '/meepa-left', Created: '2026-01-01T00:00:00Z', Image: 'sha256:other', State: {Status: 'exited', Running: false},
+        Config: {Image: 'meepa-sandbox:0123456789abcdef', Labels: {meepagateway: '1', 'meepagateway.agent': 'contained', 'meepagateway.pid': '999999999'}}}))
+    }
+    if (url.startsWith('/images/json')) return res.writeHead(200).end(JSON.stringify([{Id: `sha256:${'a'.repeat(64)}`}]))
+    if (url === `/images/sha256:${'a'.repeat(64)}/json`) {
+      return res.writeHead(200).end(JSON.stringify({Id: `sha256:${'a'.repeat(64)}`, RepoTags: ['meepa-sandbox:0123456789abcdef'], Size: 5_000_000, Created: '2020-01-01T00:00:00Z', Config: {Labels: {meepagateway: '1', 'meepagateway.kind': 'container'}}}))
+    }
+    res.writeHead(404).end(JSON.stringify({message: 'not here'}))
+  })
+  const socket = path.join(home.home, 'engine.sock')
+  await new Promise<void>((resolve) => engine.listen(socket, resolve))
+  try {
+    await body({DOCKER_HOST: `unix://${socket}`})
+  } finally {
+    engine.closeAllConnections()
+    await new Promise((resolve) => engine.close(resolve))
+  }
+}
+
 beforeAll(() => {
   home = makeHome({
     providers: {primary: 'p', providers: {p: {kind: 'openai', api_key_env: 'LITE_TEST_KEY', model: 'm'}}},
@@ -114,33 +140,12 @@ describe('commands without oclif print what oclif prints (bin/run.js against ocl
   })
 
   it('container clean --dry-run against an engine with a container and an image left behind: the same both ways', async () => {
-    // a fixed engine on a unix socket, so both runs see the same state
-    const engine = http.createServer((req, res) => {
-      const url = req.url ?? ''
-      if (url === '/_ping') return res.writeHead(200, {'API-Version': '1.41', Server: 'Docker/20.10.24 (linux)'}).end('OK')
-      if (url.startsWith('/containers/json')) return res.writeHead(200).end(JSON.stringify([{Id: 'left'}]))
-      if (url === '/containers/left/json') {
-        return res.writeHead(200).end(JSON.stringify({Id: 'left', Name: '/meepa-left', Created: '2026-01-01T00:00:00Z', Image: 'sha256:other', State: {Status: 'exited', Running: false},
-          Config: {Image: 'meepa-sandbox:0123456789abcdef', Labels: {meepagateway: '1', 'meepagateway.agent': 'contained', 'meepagateway.pid': '999999999'}}}))
-      }
-      if (url.startsWith('/images/json')) return res.writeHead(200).end(JSON.stringify([{Id: `sha256:${'a'.repeat(64)}`}]))
-      if (url === `/images/sha256:${'a'.repeat(64)}/json`) {
-        return res.writeHead(200).end(JSON.stringify({Id: `sha256:${'a'.repeat(64)}`, RepoTags: ['meepa-sandbox:0123456789abcdef'], Size: 5_000_000, Created: '2020-01-01T00:00:00Z', Config: {Labels: {meepagateway: '1', 'meepagateway.kind': 'container'}}}))
-      }
-      res.writeHead(404).end(JSON.stringify({message: 'not here'}))
-    })
-    const socket = path.join(home.home, 'engine.sock')
-    await new Promise<void>((resolve) => engine.listen(socket, resolve))
-    try {
-      const env = {DOCKER_HOST: `unix://${socket}`}
+    await withFakeEngine(async (env) => {
       const text = await expectSame(['container', 'clean', '--dry-run'], {lite: true, env})
       expect(text.stdout).toContain('would remove container meepa-left')
       const dry = JSON.parse((await expectSame(['container', 'clean', '--dry-run', '--json'], {lite: true, env})).stdout)
       expect(dry).toMatchObject({dry_run: true, containers: [{name: 'meepa-left'}], images: [{ref: 'meepa-sandbox:0123456789abcdef'}], kept_containers: []})
-    } finally {
-      engine.closeAllConnections()
-      await new Promise((resolve) => engine.close(resolve))
-    }
+    })
   })
 
   it('agent create, audit, api-key list and sandbox explain, plain and --json, and their errors', async () => {
@@ -232,6 +237,73 @@ describe('commands without oclif print what oclif prints (bin/run.js against ocl
       expect(ran[1]?.stderr, argv.join(' ')).toContain('WARNING: current directory does not exist')
       expect(ran[0], argv.join(' ')).toEqual(ran[1])
     }
+  })
+})
+
+describe('colour in human-readable output (chalk, src/cli/colour.ts), the same both ways', () => {
+  const ESC = '\u001B['
+  const green = (text: string) => `${ESC}32m${text}${ESC}39m`
+  const red = (text: string) => `${ESC}31m${text}${ESC}39m`
+  const tmpDir = (text: string) => text.replace(/meepa-sandbox-boxed-\w+/g, 'meepa-sandbox-boxed-X')
+  const explain = ['sandbox', 'explain', '--agent', 'boxed']
+
+  it('sandbox explain with FORCE_COLOR=1: allowed paths green, denied paths red, nothing else coloured', async () => {
+    const shown = await expectSame(explain, {lite: true, env: {FORCE_COLOR: '1'}, normalize: tmpDir})
+    const plain = await expectSame(explain, {lite: true, normalize: tmpDir})
+    expect(shown.stdout).toContain(`${ESC}1m${green('allowed')}${ESC}22m (Landlock path rules`)
+    expect(shown.stdout).toContain(`${ESC}1m${red('denied')}${ESC}22m (nothing else`)
+    expect(shown.stdout).toContain(`  ${green(home.workspace('boxed'))}\n`)
+    expect(shown.stdout).toContain(`  ${red(path.join(home.home, 'config.yaml'))}`)
+    // the same text once the colour is taken out
+    expect(tmpDir(shown.stdout).replace(/\u001B\[\d+m/g, '')).toBe(tmpDir(plain.stdout))
+  })
+
+  it('no colour for a pipe, NO_COLOR, --no-color, FORCE_COLOR=0, or --json even when forced', async () => {
+    for (const [argv, env] of [
+      [explain, {}],
+      [explain, {NO_COLOR: '1'}],
+      [[...explain, '--no-color'], {FORCE_COLOR: '1'}],
+      [explain, {FORCE_COLOR: '0'}],
+      [[...explain, '--json'], {FORCE_COLOR: '1'}],
+      [['config', 'check', '--config', path.join(home.home, 'nope.yaml'), '--json'], {FORCE_COLOR: '1'}],
+    ] as Array<[string[], Record<string, string>]>) {
+      const shown = await expectSame(argv, {lite: true, env, normalize: tmpDir})
+      expect(`${shown.stdout}${shown.stderr}`, `${argv.join(' ')} ${JSON.stringify(env)}`).not.toContain(ESC)
+    }
+  })
+
+  it('an error with FORCE_COLOR=1: its marker and "Error" in red on stderr; none with NO_COLOR or --no-color', async () => {
+    const missing = ['config', 'check', '--config', path.join(home.home, 'nope.yaml')]
+    const shown = await expectSame(missing, {lite: true, env: {FORCE_COLOR: '1'}})
+    expect(shown.stderr).toContain(` ${red('›')}   ${ESC}1m${red('Error')}${ESC}22m: config file not found`)
+    expect(shown.stdout).toBe('')
+    for (const [argv, env] of [[missing, {NO_COLOR: '1'}], [[...missing, '--no-color'], {FORCE_COLOR: '1'}]] as Array<[string[], Record<string, string>]>) {
+      expect((await expectSame(argv, {lite: true, env})).stderr).not.toContain(ESC)
+    }
+  })
+
+  it('container status with FORCE_COLOR=1: the engine that is up in green, a container that is not running in yellow', async () => {
+    await withFakeEngine(async (env) => {
+      const shown = await expectSame(['container', 'status'], {lite: true, env: {...env, FORCE_COLOR: '1'}})
+      expect(shown.stdout).toContain(`engine: ${green('Docker 20.10.24 (API 1.41)')}`)
+      expect(shown.stdout).toContain(`meepa-left ${ESC}33mexited${ESC}39m agent=contained`)
+      const json = await expectSame(['container', 'status', '--json'], {lite: true, env: {...env, FORCE_COLOR: '1'}})
+      expect(json.stdout).not.toContain(ESC)
+    })
+  })
+
+  it('colour at a terminal (a pseudo-terminal from script(1)), none when its output is piped on', async () => {
+    const atTerminal = (command: string) =>
+      execa('script', ['-qec', command, '/dev/null'], {env: {PATH: process.env.PATH ?? '', MEEPAGATEWAY_HOME: home.home, TERM: 'xterm'}, extendEnv: false, reject: false, stdin: 'ignore'})
+    const command = `"${process.execPath}" "${BIN}" sandbox explain --agent boxed`
+    expect(String((await atTerminal(command)).stdout)).toContain(green(home.workspace('boxed')))
+    expect(String((await atTerminal(`${command} | cat`)).stdout)).not.toContain(ESC)
+    // NO_COLOR at a terminal, for output and for an error (whose marker oclif would colour, asking supports-color)
+    expect(String((await atTerminal(`NO_COLOR=1 ${command}`)).stdout)).not.toContain(ESC)
+    const error = String((await atTerminal(`NO_COLOR=1 "${process.execPath}" "${BIN}" config check --config '${path.join(home.home, 'nope.yaml')}'`)).stdout)
+    expect(error).toContain('Error: config file not found')
+    expect(error).not.toContain(ESC)
+    expect(String((await atTerminal(`"${process.execPath}" "${BIN}" config check --config '${path.join(home.home, 'nope.yaml')}'`)).stdout)).toContain(red('›'))
   })
 })
 

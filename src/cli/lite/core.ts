@@ -1,5 +1,5 @@
 import {format, inspect} from 'node:util'
-import {oclifInternals} from './oclif-internals.js'
+import {CLIError, colorizeJson} from './oclif-output.js'
 import {DeferToOclif, parseArgv, type LiteArg, type LiteFlag} from './parse.js'
 import {writeToFd} from './write.js'
 
@@ -7,7 +7,7 @@ import {writeToFd} from './write.js'
  * What `@oclif/core` is inside the lite CLI bundle (scripts/bundle-cli.js aliases it): the parts
  * of its Command, Flags, Args and Errors our commands use, behaving as oclif's do — the same
  * life cycle (init → run → catch → finally, then the JSON result), the same output calls, the
- * same JSON and error printing (oclif's own printers, see oclif-internals.ts). oclif's start-up
+ * same JSON and error printing (copies of oclif's printers, oclif-output.ts). oclif's start-up
  * (its config, plugins, manifest and ~100 modules) is what this leaves out. Argv it does not
  * fully understand never reaches run(): see parse.ts.
  */
@@ -32,11 +32,7 @@ export const Args = {
   string: (options: Partial<Omit<LiteArg, 'kind'>> = {}): LiteArg => ({...options, kind: 'string'}),
 }
 
-export const Errors = {
-  get CLIError() {
-    return oclifInternals().CLIError
-  },
-}
+export const Errors = {CLIError}
 
 /** Type-only in our commands (`Interfaces.InferredFlags`); nothing at run time. */
 export const Interfaces = {}
@@ -122,7 +118,7 @@ export abstract class Command {
   }
 
   logJson(json: unknown): void {
-    writeLine(1, oclifInternals().colorizeJson(json, {pretty: true}), [])
+    writeLine(1, colorizeJson(json, {pretty: true}), [])
   }
 
   toErrorJson(err: unknown): unknown {

@@ -4,7 +4,6 @@ import path from 'node:path'
 import {renderedHelpPage} from './help.js'
 import {DeferToOclif} from './parse.js'
 import type {Command, LiteConfig} from './core.js'
-import {oclifInternals} from './oclif-internals.js'
 import {writeToFd} from './write.js'
 
 /**
@@ -66,7 +65,7 @@ export async function runCommandWithoutOclif(argv: string[], id: string, Command
     await command._run()
   } catch (error) {
     if (error instanceof DeferToOclif) return undefined
-    exitLikeOclif(error as Error & {oclif?: {exit?: number}})
+    await exitLikeOclif(error as Error & {oclif?: {exit?: number}})
   }
   return typeof process.exitCode === 'number' ? process.exitCode : 0
 }
@@ -81,8 +80,8 @@ export async function printHelpPageWithoutOclif(argv: string[], root: string, ve
 }
 
 /** oclif's handle(): the error as oclif prints it, then exit with its code. */
-export function exitLikeOclif(error: Error & {oclif?: {exit?: number}; skipOclifErrorHandling?: boolean}): never {
+export async function exitLikeOclif(error: Error & {oclif?: {exit?: number}; skipOclifErrorHandling?: boolean}): Promise<never> {
   if (error.message === 'SIGINT') process.exit(1)
-  if (!error.skipOclifErrorHandling) writeToFd(2, `${oclifInternals().prettyPrint(error) ?? error.stack}\n`)
+  if (!error.skipOclifErrorHandling) writeToFd(2, `${(await import('./print-error.js')).prettyPrint(error)}\n`)
   process.exit(error.oclif?.exit ?? 1)
 }

@@ -8,19 +8,21 @@ export default class ContainerStatusCommand extends BaseCommand<typeof Container
 
   async run(): Promise<ContainerStatus> {
     const status = await containerStatus(() => this.loadConfig())
-    this.log(`engine: Docker ${status.engine.server_version} (API ${status.engine.api_version})`)
+    const {green, red, yellow} = await this.colours()
+    // green: the engine is up (down is an error, exit 10)
+    this.log(`engine: ${green(`Docker ${status.engine.server_version} (API ${status.engine.api_version})`)}`)
     for (const agent of status.agents) {
       if (agent.error) {
-        this.log(`agent ${agent.agent}: ${agent.error}`)
+        this.log(`agent ${agent.agent}: ${red(agent.error)}`)
         continue
       }
       const image = agent.isolation_image
-      const state = !image.present ? 'missing, run `container build`' : image.up_to_date ? 'up to date' : `stale (${image.reason}), run \`container build\``
+      const state = !image.present ? red('missing, run `container build`') : image.up_to_date ? green('up to date') : yellow(`stale (${image.reason}), run \`container build\``)
       this.log(`agent ${agent.agent}: ${image.tag} ${state}`)
     }
     if (status.agents.length === 0) this.log('no agent has container_mode.enabled')
     this.log(`containers: ${status.containers.length === 0 ? 'none running' : ''}`)
-    for (const container of status.containers) this.log(`  ${container.name} ${container.state} agent=${container.agent ?? '-'} run=${container.run ?? '-'}`)
+    for (const container of status.containers) this.log(`  ${container.name} ${container.state === 'running' ? green(container.state) : yellow(container.state)} agent=${container.agent ?? '-'} run=${container.run ?? '-'}`)
     return status
   }
 }

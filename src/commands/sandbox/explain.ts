@@ -12,9 +12,10 @@ export default class SandboxExplain extends BaseCommand<typeof SandboxExplain> {
   async run(): Promise<SandboxExplanation> {
     const explanation = await sandboxExplain(this.loadConfig(), this.flags.agent)
     const {report, seatbelt} = explanation
+    const {green, red, yellow, bold} = await this.colours()
     this.log(`agent ${explanation.agent}, workspace ${explanation.workspace}`)
     this.log('resource limits (limits section):')
-    for (const limit of explanation.limits) this.log(`  ${limit.limit} ${limit.value}: ${limit.enforced ? (limit.measured ? 'enforced by measurement, not by the kernel' : 'enforced') : 'NOT ENFORCED'}\n      ${limit.how}`)
+    for (const limit of explanation.limits) this.log(`  ${limit.limit} ${limit.value}: ${limit.enforced ? green(limit.measured ? 'enforced by measurement, not by the kernel' : 'enforced') : red('NOT ENFORCED')}\n      ${limit.how}`)
     this.log('')
     if (seatbelt) {
       this.log('macOS Seatbelt profile (sandbox-exec -p PROFILE with these -D parameters):')
@@ -25,26 +26,26 @@ export default class SandboxExplain extends BaseCommand<typeof SandboxExplain> {
     if (!report) return explanation
     const kernel = report.kernel
     this.log(
-      `kernel: Landlock ABI ${kernel.landlock_abi}${kernel.landlock_unavailable ? ` (unavailable: ${kernel.landlock_unavailable})` : ''}, seccomp ${kernel.seccomp ? 'available' : 'UNAVAILABLE'}, ${kernel.arch}`,
+      `kernel: Landlock ABI ${kernel.landlock_abi}${kernel.landlock_unavailable ? ` (unavailable: ${kernel.landlock_unavailable})` : ''}, seccomp ${kernel.seccomp ? 'available' : red('UNAVAILABLE')}, ${kernel.arch}`,
     )
     this.log(
       report.namespaces.available
         ? `namespaces: user, mount, PID, IPC via ${report.namespaces.tool} (private /proc and /dev/pts, denied paths covered)`
-        : `namespaces: UNAVAILABLE (${report.namespaces.unavailable}): host processes are visible, no pseudo-terminals, a deny inside a writable tree costs its parents their create rights`,
+        : `namespaces: ${red('UNAVAILABLE')} (${report.namespaces.unavailable}): host processes are visible, no pseudo-terminals, a deny inside a writable tree costs its parents their create rights`,
     )
-    this.log(report.enforced ? 'status: fully enforced' : `status: ${report.best_effort ? 'BEST EFFORT, these are NOT enforced' : 'REFUSED, runs fail until fixed'}:`)
-    for (const gap of report.gaps) this.log(`  - ${gap}`)
+    this.log(`status: ${report.enforced ? green('fully enforced') : `${report.best_effort ? yellow('BEST EFFORT, these are NOT enforced') : red('REFUSED, runs fail until fixed')}:`}`)
+    for (const gap of report.gaps) this.log(`  - ${report.best_effort ? yellow(gap) : red(gap)}`)
     if (report.namespaces.covered.length > 0) {
       this.log('')
       this.log('covered inside the sandbox (their parents keep full rights):')
       for (const cover of report.namespaces.covered) this.log(`  ${cover.path}  [${cover.mechanism}; ${cover.reason}]`)
     }
     this.log('')
-    this.log('allowed (Landlock path rules; a rule covers everything beneath it):')
-    for (const rule of report.rules) this.log(`  ${rule.path}\n      ${rule.rights.join(',')}  [${rule.reason}]`)
+    this.log(`${bold.green('allowed')} (Landlock path rules; a rule covers everything beneath it):`)
+    for (const rule of report.rules) this.log(`  ${green(rule.path)}\n      ${rule.rights.join(',')}  [${rule.reason}]`)
     this.log('')
-    this.log('denied (nothing else is reachable either: Landlock denies by default):')
-    for (const deny of report.denies) this.log(`  ${deny.path}${deny.exists ? '' : ' (missing)'}  [${deny.source}: ${deny.reason}]\n      ${deny.mechanism}`)
+    this.log(`${bold.red('denied')} (nothing else is reachable either: Landlock denies by default):`)
+    for (const deny of report.denies) this.log(`  ${red(deny.path)}${deny.exists ? '' : ' (missing)'}  [${deny.source}: ${deny.reason}]\n      ${deny.mechanism}`)
     this.log('')
     this.log(`network: ${report.network.mode}`)
     for (const mechanism of report.network.enforced_by) this.log(`  - ${mechanism}`)

@@ -224,7 +224,7 @@ async function runProbe(sandbox: AgentSandbox, probe: Probe): Promise<ProbeResul
   const base = {name: probe.name, expect: probe.expect}
   if (probe.skip || !probe.argv) return {...base, pass: true, skipped: true, detail: probe.skip}
   try {
-    const child = spawnInSandbox(sandbox, probe.argv, {stdio: 'pipe', timeoutMs: PROBE_TIMEOUT_MS})
+    const {child} = await spawnInSandbox(sandbox, probe.argv, {stdio: 'pipe', timeoutMs: PROBE_TIMEOUT_MS})
     const result = await child
     const stderr = String(result.stderr ?? '').trim()
     if (result.exitCode === HELPER_SETUP_EXIT && stderr.startsWith('meepa-sandbox:')) return {...base, pass: false, detail: `the helper refused: ${stderr}`}

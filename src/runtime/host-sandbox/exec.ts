@@ -3,7 +3,7 @@ import os from 'node:os'
 import path from 'node:path'
 import {agentPolicy, sandboxPath} from './agent-policy.js'
 import {killProcessGroup, killProcessTree} from '../util/process-tree.js'
-import {startSubprocess} from '../util/subprocess.js'
+import type {Subprocess} from '../util/subprocess.js'
 import {enforcementReport, kernelGaps, namespaceGaps, type EnforcementReport} from '../../sandbox/landlock/enforcement.js'
 import {probeKernel, requireHelper, type KernelProbe} from '../../sandbox/landlock/helper.js'
 import {sizeBytes} from '../config/size.js'
@@ -97,9 +97,11 @@ export interface SandboxExecOptions {
 
 /**
  * Starts argv under an agent's policy: the helper reads its rules on fd 3 and opens a session the
- * caller can kill whole.
+ * caller can kill whole. execa is imported here, when a command starts: `sandbox explain` and
+ * `config check` never load it.
  */
-export function spawnInSandbox(sandbox: AgentSandbox, argv: string[], options: {stdio: 'inherit' | 'pipe'; timeoutMs: number}) {
+export async function spawnInSandbox(sandbox: AgentSandbox, argv: string[], options: {stdio: 'inherit' | 'pipe'; timeoutMs: number}): Promise<{child: Subprocess}> {
+  const {startSubprocess} = await import('../util/subprocess.js')
   const [file, ...args] = [...sandbox.prefix, sandbox.helper, '--rules-fd', '3', '--', ...argv]
   const child = startSubprocess(file!, args, {
     cwd: sandbox.workspace,
@@ -110,7 +112,7 @@ export function spawnInSandbox(sandbox: AgentSandbox, argv: string[], options: {
     killSignal: 'SIGKILL',
   })
   ;(child.stdio[3] as NodeJS.WritableStream).end(serializeRules(sandbox.policy, sandbox.env))
-  return child
+  return {child} // not the child itself: it is a promise of its result, which `await` would wait for
 }
 
 /**
@@ -127,7 +129,7 @@ export async function sandboxExec(options: SandboxExecOptions): Promise<{exitCod
       for (const gap of gaps) options.onLog?.(`sandbox: best effort, NOT enforced: ${gap}`)
     }
     options.onStart?.()
-    const child = spawnInSandbox(sandbox, options.argv, {stdio: 'inherit', timeoutMs: options.timeoutMs})
+    const {child} = await spawnInSandbox(sandbox, options.argv, {stdio: 'inherit', timeoutMs: options.timeoutMs})
     // With the namespace layer the command lives in bwrap's PID namespace, which dies with bwrap
     // (its init gets SIGKILL with its parent): killing bwrap's group ends everything, and a scan of
     // /proc for bwrap's session (≈ 1 ms) would find nothing of it (the helper's session is inside).

@@ -1,12 +1,14 @@
-import {spawn, type ChildProcess, type StdioOptions} from 'node:child_process'
+import type {ChildProcess, StdioOptions} from 'node:child_process'
 import os from 'node:os'
+import {execa, type Options, type Result} from 'execa'
 
 /**
- * A child process that is also the promise of its result, over node:child_process: what the
- * runtime used execa for, without its start-up (loading execa costs a CLI start ≈ 10 ms of CPU,
- * its first call ≈ 3 ms more, and `send` and `sandbox exec` pay both before their child starts).
- * The promise never rejects: a failed start, a deadline, a cancel and a full buffer are fields of
- * the result.
+ * The runtime's one way to start a short-lived child (the docker CLI, the sandbox helper's probe,
+ * `sandbox exec`, the agent's shell tool): execa with the options every caller needs said once.
+ * The promise never rejects (execa's `reject: false`): a failed start, a deadline, a cancel and a
+ * full buffer are fields of the result. What execa leaves to us: a process the child started may
+ * hold its pipes open after the child is gone, and execa waits for them; after a deadline, a
+ * cancel or a full buffer they are closed here so the call ends.
  */
 export interface SubprocessResult {
   /** The exit status; undefined when the process did not start or a signal ended it. */
@@ -37,14 +39,11 @@ export interface SubprocessOptions {
   stdio?: StdioOptions
   /** Written to stdin, which is then closed (needs stdio[0] 'pipe'). */
   input?: string
-  /**
-   * Whether piped stdout/stderr are kept for the result (default both); a caller reading a stream
-   * itself says false.
-   */
+  /** Whether piped stdout/stderr are kept for the result (default both); a caller reading a stream itself says false. */
   buffer?: {stdout?: boolean; stderr?: boolean}
   /** Also keep stdout and stderr interleaved as they came, in `all`. */
   all?: boolean
-  /** Buffered bytes per stream beyond which the child is killed (default 64 MiB). */
+  /** Buffered characters per stream beyond which the child is killed (default 64 MiB). */
   maxBuffer?: number
   /** Kill with `killSignal` after this long (timedOut). */
   timeoutMs?: number
@@ -59,18 +58,37 @@ export interface SubprocessOptions {
   niceness?: number
 }
 
-const DEFAULT_MAX_BUFFER = 64 * 1024 * 1024
-
 /** The niceness of walks over a run's files (hand-overs, removals): the agent that made them many pays, not the others. */
 export const FILE_WALK_NICENESS = 19
 
+const DEFAULT_MAX_BUFFER = 64 * 1024 * 1024
+/** How long what a killed child left running may still write to its pipes before they are closed. */
+const DRAIN_AFTER_KILL_MS = 1000
+
 export function startSubprocess(file: string, args: readonly string[], options: SubprocessOptions): Subprocess {
-  const child = spawn(file, args, {
+  const stdio = options.stdio ?? ['ignore', 'pipe', 'pipe']
+  const maxBuffer = options.maxBuffer ?? DEFAULT_MAX_BUFFER
+  const subprocess = execa(file, args, {
     env: options.env,
+    extendEnv: false,
     cwd: options.cwd,
-    stdio: options.stdio ?? ['ignore', 'pipe', 'pipe'],
+    stdio,
     detached: options.detached,
-  })
+    // a descriptor past stderr (a keeper's lifeline, the helper's rules) is the caller's to use, never read here
+    buffer: {stdout: options.buffer?.stdout ?? true, stderr: options.buffer?.stderr ?? true, ...extraDescriptors(stdio, false)},
+    all: options.all,
+    maxBuffer,
+    timeout: options.timeoutMs,
+    cancelSignal: options.signal,
+    killSignal: options.killSignal ?? 'SIGTERM',
+    forceKillAfterDelay: options.forceKillAfterMs ?? false,
+    encoding: 'utf8',
+    stripFinalNewline: true,
+    reject: false,
+    // ours to end: a gateway's children are ended by its own shutdown, and a cancelled CLI forwards its signal
+    cleanup: false,
+  } as Options)
+  const child = subprocess as unknown as ChildProcess
   if (options.niceness !== undefined && child.pid !== undefined) {
     try {
       os.setPriority(child.pid, options.niceness)
@@ -78,95 +96,83 @@ export function startSubprocess(file: string, args: readonly string[], options: 
       // already gone: its result says how it ended
     }
   }
-  const killSignal = options.killSignal ?? 'SIGTERM'
-  const maxBuffer = options.maxBuffer ?? DEFAULT_MAX_BUFFER
-  let timedOut = false
-  let isCanceled = false
-  let overflowed: string | undefined
-  let forceKill: NodeJS.Timeout | undefined
-  let settled = false
-  const exited = () => child.exitCode !== null || child.signalCode !== null
-  // a process the child started may hold the pipes open after the child is gone: closing our ends
-  // brings the result (and SIGPIPE to a writer that goes on)
-  const closePipes = () => child.stdio.forEach((stream) => stream?.destroy())
-  /** Ends the call for a deadline, a cancel or a full buffer, whether or not the child itself is still there. */
-  const end = (reason: () => void) => {
-    if (settled || timedOut || isCanceled || overflowed) return
-    reason()
-    if (exited() || child.pid === undefined) return closePipes()
-    signalChild(child, killSignal)
-    if (options.forceKillAfterMs !== undefined && killSignal !== 'SIGKILL') {
-      forceKill ??= setTimeout(() => !exited() && signalChild(child, 'SIGKILL'), options.forceKillAfterMs)
-    }
-  }
-
-  const buffers = {stdout: [] as Buffer[], stderr: [] as Buffer[], all: [] as Buffer[]}
-  for (const name of ['stdout', 'stderr'] as const) {
-    const stream = child[name]
-    if (!stream) continue
-    stream.on('error', () => {}) // a broken pipe ends the stream; the result comes from the exit
-    if (options.buffer?.[name] === false) continue
-    let size = 0
-    stream.on('data', (chunk: Buffer) => {
-      if (overflowed) return
-      size += chunk.length
-      if (size > maxBuffer) end(() => (overflowed = `${name} exceeded ${maxBuffer} bytes`))
-      else {
-        buffers[name].push(chunk)
-        if (options.all) buffers.all.push(chunk)
-      }
-    })
-  }
-  // EPIPE when the child exits without reading (stdin, extra pipes): what it did is in its exit status
-  for (const stream of [child.stdin, ...child.stdio.slice(3)]) stream?.on('error', () => {})
+  // a start that failed (ENOENT) is told by the child's 'error', even when a deadline or a cancel came first
+  let startError: NodeJS.ErrnoException | undefined
+  child.once('error', (error: NodeJS.ErrnoException) => {
+    if (child.pid === undefined) startError = error
+  })
+  closePipesOnceCutOff(child, options, maxBuffer)
   if (options.input !== undefined) child.stdin?.end(options.input)
-
-  // killed, but what it started may hold the pipes: what they still carry is read for a second
-  child.once('exit', () => {
-    if (timedOut || isCanceled || overflowed) setTimeout(closePipes, 1000).unref()
-  })
-  const timer = options.timeoutMs === undefined ? undefined : setTimeout(() => end(() => (timedOut = true)), options.timeoutMs)
-  const onAbort = () => end(() => (isCanceled = true))
-  options.signal?.addEventListener('abort', onAbort, {once: true})
-  if (options.signal?.aborted) onAbort()
-
-  const result = new Promise<SubprocessResult>((resolve) => {
-    const finish = (exitCode: number | null, signal: NodeJS.Signals | null, startError?: NodeJS.ErrnoException) => {
-      settled = true
-      clearTimeout(timer)
-      clearTimeout(forceKill)
-      options.signal?.removeEventListener('abort', onAbort)
-      const text = (name: 'stdout' | 'stderr' | 'all') => stripFinalNewline(Buffer.concat(buffers[name]).toString('utf8'))
-      const code = exitCode ?? undefined
-      const message = startError
-        ? startError.message
-        : timedOut ? `timed out after ${options.timeoutMs} ms`
-        : isCanceled ? 'cancelled'
-        : overflowed ? overflowed
-        : signal ? `killed by ${signal}` : `exit ${code}`
-      resolve({
-        exitCode: startError ? undefined : code,
-        signal: signal ?? undefined,
-        stdout: text('stdout'),
-        stderr: text('stderr'),
-        ...(options.all ? {all: text('all')} : {}),
-        code: startError?.code,
-        failed: Boolean(startError) || timedOut || isCanceled || Boolean(overflowed) || code !== 0,
-        timedOut,
-        isCanceled,
-        message,
-      })
-    }
-    child.on('error', (error: NodeJS.ErrnoException) => {
-      // a failed start: no 'close' with a pid follows ('error' of a failed kill comes after the start and is ignored)
-      if (child.pid === undefined) finish(null, null, error)
-    })
-    child.once('close', (exitCode, signal) => {
-      if (child.pid !== undefined) finish(exitCode, signal)
-    })
-  })
-  return Object.assign(child, {then: result.then.bind(result)}) as Subprocess
+  const result = Promise.resolve(subprocess).then((raw) => resultOf(raw, startError, options, maxBuffer))
+  for (const method of ['then', 'catch', 'finally'] as const) {
+    Reflect.defineProperty(child, method, {value: result[method].bind(result), configurable: true, writable: true})
+  }
+  return child as unknown as Subprocess
 }
+
+/**
+ * After a deadline, a cancel or a full buffer the call ends even when a process the child started
+ * holds the pipes: what they still carry is read for a second after the child is gone, then our
+ * ends are closed (which ends execa's wait, and sends SIGPIPE to a writer that goes on).
+ */
+function closePipesOnceCutOff(child: ChildProcess, options: SubprocessOptions, maxBuffer: number): void {
+  for (const stream of child.stdio) stream?.on('error', () => {}) // EPIPE, a reset: the result comes from the exit
+  let cutOff = false
+  const closePipes = () => child.stdio.forEach((stream) => stream?.destroy())
+  const exited = () => child.exitCode !== null || child.signalCode !== null || child.pid === undefined
+  const onCutOff = () => {
+    if (cutOff) return
+    cutOff = true
+    if (exited()) setTimeout(closePipes, DRAIN_AFTER_KILL_MS).unref()
+    else child.once('exit', () => setTimeout(closePipes, DRAIN_AFTER_KILL_MS).unref())
+  }
+  const done = () => {
+    clearTimeout(deadline)
+    options.signal?.removeEventListener('abort', onCutOff)
+  }
+  const deadline = options.timeoutMs === undefined ? undefined : setTimeout(onCutOff, options.timeoutMs)
+  options.signal?.addEventListener('abort', onCutOff, {once: true})
+  if (options.signal?.aborted) onCutOff()
+  for (const name of ['stdout', 'stderr'] as const) {
+    let size = 0
+    child[name]?.on('data', (chunk: string | Buffer) => {
+      size += chunk.length
+      if (size > maxBuffer) onCutOff()
+    })
+  }
+  child.once('close', done)
+  child.once('error', done)
+}
+
+function resultOf(raw: Result, startError: NodeJS.ErrnoException | undefined, options: SubprocessOptions, maxBuffer: number): SubprocessResult {
+  const failure = raw as Result & {message?: string; isMaxBuffer?: boolean}
+  // execa names the stream in its message only ("Command's stdout was larger than …")
+  const overflowed = failure.isMaxBuffer ? `${/Command's (\w+) was larger/.exec(failure.message ?? '')?.[1] ?? 'output'} exceeded ${maxBuffer} characters` : undefined
+  const message = startError
+    ? startError.message
+    : raw.timedOut ? `timed out after ${options.timeoutMs} ms`
+    : raw.isCanceled ? 'cancelled'
+    : overflowed ?? (raw.signal ? `killed by ${raw.signal}` : `exit ${raw.exitCode}`)
+  return {
+    exitCode: startError ? undefined : raw.exitCode,
+    signal: raw.signal as NodeJS.Signals | undefined,
+    stdout: text(raw.stdout),
+    stderr: text(raw.stderr),
+    ...(options.all ? {all: text(raw.all)} : {}),
+    code: startError?.code,
+    failed: raw.failed,
+    timedOut: raw.timedOut,
+    isCanceled: raw.isCanceled,
+    message,
+  }
+}
+
+/** `{fd3: value, ...}`: execa's per-descriptor form of an option, for each descriptor past stderr. */
+function extraDescriptors<T>(stdio: StdioOptions, value: T): Record<string, T> {
+  return Array.isArray(stdio) ? Object.fromEntries(stdio.slice(3).map((_, index) => [`fd${index + 3}`, value])) : {}
+}
+
+const text = (value: unknown): string => (typeof value === 'string' ? value : '')
 
 /**
  * Signals a child only if it started: Node 20's ChildProcess.kill() on a spawn that failed (ENOENT),
@@ -178,15 +184,7 @@ export function signalChild(child: ChildProcess, signal: NodeJS.Signals): void {
   if (child.pid !== undefined) child.kill(signal)
 }
 
-function stripFinalNewline(text: string): string {
-  if (text.endsWith('\r\n')) return text.slice(0, -2)
-  return text.endsWith('\n') ? text.slice(0, -1) : text
-}
-
-/**
- * The signal an abort carries (`send` forwarding SIGINT / SIGTERM aborts with its name); undefined
- * for any other reason.
- */
+/** The signal an abort carries (`send` forwarding SIGINT / SIGTERM aborts with its name); undefined for any other reason. */
 export function abortSignalName(reason: unknown): NodeJS.Signals | undefined {
   return typeof reason === 'string' && /^SIG[A-Z]+$/.test(reason) ? (reason as NodeJS.Signals) : undefined
 }

@@ -1,7 +1,6 @@
 import fs from 'node:fs'
 import {APP_ROOT} from '../../runtime/util/app-root.js'
 import {GatewayError} from '../../runtime/util/errors.js'
-import {startSubprocess} from '../../runtime/util/subprocess.js'
 import {helperPath} from './helper-path.js'
 import {recalled, remember} from '../../runtime/util/remembered.js'
 import {bootId, fileIdentity, PROBE_RECORD} from '../probe-record.js'
@@ -48,6 +47,8 @@ async function probeOrRecall(helper: string, cacheFile: string | undefined): Pro
   const key = identity && JSON.stringify([helper, ...identity, bootId()])
   const known = cacheFile && key ? recalled<KernelProbe>(cacheFile, key, PROBE_RECORD) : undefined
   if (known && typeof known.landlock?.abi === 'number' && typeof known.seccomp === 'boolean') return known
+  // imported only to probe (once per boot): a start that finds the record never loads execa
+  const {startSubprocess} = await import('../../runtime/util/subprocess.js')
   const result = await startSubprocess(helper, ['--probe'], {env: {}, timeoutMs: 10_000, forceKillAfterMs: 5_000})
   if (result.failed) throw new Error(`${result.message}${result.stderr ? `: ${result.stderr}` : ''}`)
   const probe = JSON.parse(result.stdout) as KernelProbe

@@ -5,7 +5,7 @@ import {ROOT} from '../../helpers/home.js'
 import {startSubprocess} from '../../../src/runtime/util/subprocess.js'
 import {processAlive} from '../../../src/runtime/util/process-alive.js'
 
-// The runtime's one way to start a short-lived child (the docker CLI, the sandbox helper's probe,
+// The runtime's one way (execa, wrapped) to start a short-lived child (the docker CLI, the sandbox helper's probe,
 // `sandbox exec`, the agent's shell tool): each fault is caused for real and must end in a result,
 // never a hang, a rejection or an uncaught error.
 const PATH = process.env.PATH ?? '/usr/bin:/bin'
@@ -81,7 +81,7 @@ describe('startSubprocess', () => {
   it('kills a child whose output passes maxBuffer and keeps what came before', async () => {
     const result = await startSubprocess('sh', ['-c', 'yes x'], {env: {PATH}, maxBuffer: 64 * 1024})
     expect(result.failed).toBe(true)
-    expect(result.message).toBe('stdout exceeded 65536 bytes')
+    expect(result.message).toBe('stdout exceeded 65536 characters')
     expect(result.stdout.length).toBeLessThanOrEqual(64 * 1024)
     expect(result.stdout.startsWith('x\nx\n')).toBe(true)
   })
@@ -90,7 +90,7 @@ describe('startSubprocess', () => {
   describe('after the child itself exited', () => {
     it('a flood past maxBuffer from what it left running ends the call as an overflow', async () => {
       const child = startSubprocess('sh', ['-c', 'yes x & exit 0'], {env: {PATH}, maxBuffer: 64 * 1024, detached: true})
-      expect(await child).toMatchObject({failed: true, message: 'stdout exceeded 65536 bytes'})
+      expect(await child).toMatchObject({failed: true, message: 'stdout exceeded 65536 characters'})
     })
 
     it('output cut at maxBuffer is reported as failed, never as a clean exit', async () => {
