@@ -255,7 +255,7 @@ describe('colour in human-readable output (chalk, src/cli/colour.ts), the same b
     expect(shown.stdout).toContain(`  ${green(home.workspace('boxed'))}\n`)
     expect(shown.stdout).toContain(`  ${red(path.join(home.home, 'config.yaml'))}`)
     // the same text once the colour is taken out
-    expect(tmpDir(shown.stdout).replace(/\u001B\[\d+m/g, '')).toBe(tmpDir(plain.stdout))
+    expect(tmpDir(shown.stdout).replace(new RegExp(`${String.fromCharCode(27)}\\[\\d+m`, 'g'), '')).toBe(tmpDir(plain.stdout))
   })
 
   it('no colour for a pipe, NO_COLOR, --no-color, FORCE_COLOR=0, or --json even when forced', async () => {
