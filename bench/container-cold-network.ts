@@ -14,7 +14,9 @@ import {fmt, report, ROOT, stats} from './lib.js'
 
 const before = process.argv[2]
 if (!before || !fs.existsSync(path.join(before, 'dist', 'runtime', 'run-message.js'))) {
-  process.stderr.write('usage: npx tsx bench/container-cold-network.ts BEFORE_ROOT (a built checkout of the previous commit)\n')
+  process.stderr.write(
+    'usage: npx tsx bench/container-cold-network.ts BEFORE_ROOT (a built checkout of the previous commit)\n',
+  )
   process.exit(2)
 }
 const N = Number(process.env.BENCH_N ?? 20)
@@ -35,10 +37,20 @@ async function coldRun(root: string, network: 'host' | 'none'): Promise<() => Pr
     `providers:\n  primary: fake\n  providers:\n    fake: {kind: openai, api_key_env: FAKE_LLM_KEY, model: m, base_url: "${llm.openaiBaseUrl}"}\nagents:\n  - id: b\n    container_mode: {enabled: true, network: ${network}, standby: false}\n`,
   )
   const loaded = loadConfig({configPath: path.join(home, 'config.yaml'), home})
-  await readyIsolationImage(loaded.config, findAgent(loaded, 'b'), containerImageContext(home, {onLog: (line: string) => process.stderr.write(`${line}\n`)}))
+  await readyIsolationImage(
+    loaded.config,
+    findAgent(loaded, 'b'),
+    containerImageContext(home, {onLog: (line: string) => process.stderr.write(`${line}\n`)}),
+  )
   return async () => {
     const started = performance.now()
-    const result = await runMessage({loaded, agentId: 'b', message: {id: 'm', connector: 'cli', channel_id: 'c', user: {id: 'u', name: 'u'}, content: 'hi'}, standby: true, onLog: () => {}})
+    const result = await runMessage({
+      loaded,
+      agentId: 'b',
+      message: {id: 'm', connector: 'cli', channel_id: 'c', user: {id: 'u', name: 'u'}, content: 'hi'},
+      standby: true,
+      onLog: () => {},
+    })
     if (!result.output.ok) throw new Error(`${root} (${network}): ${JSON.stringify(result.output.error)}`)
     return performance.now() - started
   }
@@ -49,7 +61,11 @@ const cases = {
   after_network_host: await coldRun(ROOT, 'host'),
   after_network_none: await coldRun(ROOT, 'none'),
 }
-const samples: Record<keyof typeof cases, number[]> = {before_network_host: [], after_network_host: [], after_network_none: []}
+const samples: Record<keyof typeof cases, number[]> = {
+  before_network_host: [],
+  after_network_host: [],
+  after_network_none: [],
+}
 for (let i = 0; i < N + 1; i++) {
   for (const [name, run] of Object.entries(cases) as Array<[keyof typeof cases, () => Promise<number>]>) {
     const ms = await run()
@@ -60,7 +76,10 @@ for (let i = 0; i < N + 1; i++) {
 await llm.close()
 for (const home of homes) fs.rmSync(home, {recursive: true, force: true})
 
-const result = Object.fromEntries(Object.entries(samples).map(([name, xs]) => [name, stats(xs)])) as Record<keyof typeof cases, ReturnType<typeof stats>>
+const result = Object.fromEntries(Object.entries(samples).map(([name, xs]) => [name, stats(xs)])) as Record<
+  keyof typeof cases,
+  ReturnType<typeof stats>
+>
 const ratio = +(result.after_network_none.median / result.before_network_host.median).toFixed(2)
 report('container-cold-network', {
   samples: N,

@@ -34,13 +34,26 @@ const llm = await startFakeLlm()
 llm.setDefault({text: 'ok'})
 const home = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-bench-container-'))
 const configPath = path.join(home, 'config.yaml')
-fs.writeFileSync(configPath, YAML.stringify({
-  providers: {primary: 'fake', providers: {fake: {kind: 'openai', api_key_env: 'FAKE_LLM_KEY', model: 'm', base_url: llm.openaiBaseUrl}}},
-  agents: [{id: 'bench', container_mode: {enabled: true, network: 'host'}}, {id: 'bench-none', container_mode: {enabled: true, network: 'none'}}],
-}))
+fs.writeFileSync(
+  configPath,
+  YAML.stringify({
+    providers: {
+      primary: 'fake',
+      providers: {fake: {kind: 'openai', api_key_env: 'FAKE_LLM_KEY', model: 'm', base_url: llm.openaiBaseUrl}},
+    },
+    agents: [
+      {id: 'bench', container_mode: {enabled: true, network: 'host'}},
+      {id: 'bench-none', container_mode: {enabled: true, network: 'none'}},
+    ],
+  }),
+)
 process.env.FAKE_LLM_KEY = 'sk-bench-key-123456'
 const loaded = loadConfig({configPath, home})
-const {tag: image} = await readyIsolationImage(loaded.config, findAgent(loaded, 'bench'), containerImageContext(home, {onLog: (line) => process.stderr.write(`${line}\n`)}))
+const {tag: image} = await readyIsolationImage(
+  loaded.config,
+  findAgent(loaded, 'bench'),
+  containerImageContext(home, {onLog: (line) => process.stderr.write(`${line}\n`)}),
+)
 
 const bare = stats(await sample(N, async () => void (await execa('docker', ['run', '--rm', image, 'node', '-e', '0']))))
 
@@ -77,7 +90,10 @@ await stopStandbyContainers()
 
 const cli = stats(
   await sample(N, async () => {
-    const result = await execa(process.execPath, [bin, 'send', '--agent', 'bench', 'hi'], {env: {MEEPAGATEWAY_HOME: home, FAKE_LLM_KEY: 'sk-bench-key-123456'}, reject: false})
+    const result = await execa(process.execPath, [bin, 'send', '--agent', 'bench', 'hi'], {
+      env: {MEEPAGATEWAY_HOME: home, FAKE_LLM_KEY: 'sk-bench-key-123456'},
+      reject: false,
+    })
     if (result.exitCode !== 0) throw new Error(`bench send failed: ${result.stderr}`)
   }),
 )

@@ -31,7 +31,10 @@ function makeHome(port: number): {home: string; configPath: string} {
   fs.writeFileSync(
     configPath,
     YAML.stringify({
-      providers: {primary: 'fake', providers: {fake: {kind: 'openai', api_key_env: 'FAKE_LLM_KEY', model: 'fake', base_url: llm.openaiBaseUrl}}},
+      providers: {
+        primary: 'fake',
+        providers: {fake: {kind: 'openai', api_key_env: 'FAKE_LLM_KEY', model: 'fake', base_url: llm.openaiBaseUrl}},
+      },
       captain: {enabled: true, bind: '127.0.0.1', port},
       gateway: {max_concurrent_runs: CONCURRENCY, queue_limit: 50},
       agents,
@@ -48,7 +51,11 @@ function rssMb(pid: number): number {
 const env = {FAKE_LLM_KEY: 'sk-bench', PATH: process.env.PATH ?? '/usr/bin:/bin'}
 
 /** Runs `tasks` with at most `limit` at once; returns each task's latency and the wall time. */
-async function pooled(count: number, limit: number, task: (index: number) => Promise<void>): Promise<{latencies: number[]; wallMs: number}> {
+async function pooled(
+  count: number,
+  limit: number,
+  task: (index: number) => Promise<void>,
+): Promise<{latencies: number[]; wallMs: number}> {
   const latencies: number[] = []
   let next = 0
   const started = performance.now()
@@ -75,7 +82,13 @@ async function direct(level: 'unrestricted' | 'host-sandbox'): Promise<{latencie
   const total = AGENTS * MESSAGES
   const result = await pooled(total, CONCURRENCY, async (index) => {
     const agentId = loaded.config.agents[index % AGENTS]!.id
-    const message = {id: `m${index}`, connector: 'bench', channel_id: `bench-${index}`, user: {id: 'u', name: 'u'}, content: 'hi'}
+    const message = {
+      id: `m${index}`,
+      connector: 'bench',
+      channel_id: `bench-${index}`,
+      user: {id: 'u', name: 'u'},
+      content: 'hi',
+    }
     const {output} = await runMessage({loaded, agentId, message, unrestricted: level === 'unrestricted'})
     if (!output.ok) throw new Error(`direct ${level} run failed: ${output.error.code} ${output.error.message}`)
   })
@@ -86,12 +99,22 @@ async function direct(level: 'unrestricted' | 'host-sandbox'): Promise<{latencie
 async function throughGateway(level: 'unrestricted' | 'host-sandbox') {
   const port = await freePort()
   const {home, configPath} = makeHome(port)
-  const key = JSON.parse((await execa(process.execPath, [bin, 'api-key', 'create', 'bench', '--json'], {env: {...env, MEEPAGATEWAY_HOME: home}})).stdout).key as string
+  const key = JSON.parse(
+    (
+      await execa(process.execPath, [bin, 'api-key', 'create', 'bench', '--json'], {
+        env: {...env, MEEPAGATEWAY_HOME: home},
+      })
+    ).stdout,
+  ).key as string
   let output = ''
-  const serve: ResultPromise = execa(process.execPath, [bin, 'serve', '--config', configPath, ...(level === 'unrestricted' ? ['--unrestricted'] : [])], {
-    env: {...env, MEEPAGATEWAY_HOME: home},
-    reject: false,
-  })
+  const serve: ResultPromise = execa(
+    process.execPath,
+    [bin, 'serve', '--config', configPath, ...(level === 'unrestricted' ? ['--unrestricted'] : [])],
+    {
+      env: {...env, MEEPAGATEWAY_HOME: home},
+      reject: false,
+    },
+  )
   serve.stdout?.on('data', (chunk) => (output += String(chunk)))
   serve.stderr?.on('data', (chunk) => (output += String(chunk)))
   while (!output.includes('listening on')) {
@@ -107,7 +130,11 @@ async function throughGateway(level: 'unrestricted' | 'host-sandbox') {
     const response = await fetch(`http://127.0.0.1:${port}/api/chat`, {
       method: 'POST',
       headers: {authorization: `Bearer ${key}`, 'content-type': 'application/json'},
-      body: JSON.stringify({agent: `agent-${String((index % AGENTS) + 1).padStart(2, '0')}`, message: 'hi', channel: `bench-${index}`}),
+      body: JSON.stringify({
+        agent: `agent-${String((index % AGENTS) + 1).padStart(2, '0')}`,
+        message: 'hi',
+        channel: `bench-${index}`,
+      }),
     })
     const body = (await response.json()) as {reply?: string; error?: unknown}
     if (response.status !== 200) failures.push(`${response.status} ${JSON.stringify(body)}`)
@@ -120,13 +147,19 @@ async function throughGateway(level: 'unrestricted' | 'host-sandbox') {
   serve.kill('SIGTERM')
   const exit = await serve
   fs.rmSync(home, {recursive: true, force: true})
-  if (failures.length > 0) throw new Error(`${failures.length} request(s) failed in ${level}: ${failures.slice(0, 3).join('; ')}`)
+  if (failures.length > 0)
+    throw new Error(`${failures.length} request(s) failed in ${level}: ${failures.slice(0, 3).join('; ')}`)
   return {pooled: pooledRun, burst, idleRssMb, loadedRssMb, exitCode: exit.exitCode}
 }
 
 const summarise = (run: {latencies: number[]; wallMs: number}) => {
   const latency = stats(run.latencies)
-  return {messages_per_s: +((run.latencies.length / run.wallMs) * 1000).toFixed(2), p50_ms: Math.round(latency.median), p95_ms: Math.round(latency.p95), wall_ms: Math.round(run.wallMs)}
+  return {
+    messages_per_s: +((run.latencies.length / run.wallMs) * 1000).toFixed(2),
+    p50_ms: Math.round(latency.median),
+    p95_ms: Math.round(latency.p95),
+    wall_ms: Math.round(run.wallMs),
+  }
 }
 
 const levels: Record<string, unknown> = {}

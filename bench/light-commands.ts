@@ -21,15 +21,30 @@ const home = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-bench-light-'))
 fs.writeFileSync(
   path.join(home, 'config.yaml'),
   YAML.stringify({
-    providers: {primary: 'fake', providers: {fake: {kind: 'openai', api_key_env: 'FAKE_LLM_KEY', model: 'm', base_url: 'http://127.0.0.1:1/v1'}}},
+    providers: {
+      primary: 'fake',
+      providers: {fake: {kind: 'openai', api_key_env: 'FAKE_LLM_KEY', model: 'm', base_url: 'http://127.0.0.1:1/v1'}},
+    },
     captain: {enabled: false},
-    agents: [{id: 'boxed'}, {id: 'free', file_access: {unrestricted: true}}, {id: 'contained', container_mode: {enabled: true, network: 'host'}}],
+    agents: [
+      {id: 'boxed'},
+      {id: 'free', file_access: {unrestricted: true}},
+      {id: 'contained', container_mode: {enabled: true, network: 'host'}},
+    ],
   }),
 )
 for (const agent of ['boxed', 'free', 'contained']) ensureWorkspace(home, agent)
 withGatewayDb(home, (db) => {
   const records = new RunRecords(db)
-  for (let i = 0; i < 200; i++) records.start({id: `run-${i}`, agentId: 'boxed', connector: 'cli', channelId: 'c', isolation: 'host-sandbox', startedAt: Date.now() - i * 1000})
+  for (let i = 0; i < 200; i++)
+    records.start({
+      id: `run-${i}`,
+      agentId: 'boxed',
+      connector: 'cli',
+      channelId: 'c',
+      isolation: 'host-sandbox',
+      startedAt: Date.now() - i * 1000,
+    })
 })
 
 const dist = (file: string) => JSON.stringify(pathToFileURL(path.join(ROOT, 'dist', file)).href)
@@ -71,8 +86,16 @@ console.log(JSON.stringify(out))`
 
 const samples: Record<string, number[]> = {}
 for (let round = 0; round < N; round++) {
-  const out = JSON.parse(execFileSync(process.execPath, ['--input-type=module', '-e', script, home], {encoding: 'utf8', env: {PATH: process.env.PATH ?? '', MEEPAGATEWAY_HOME: home}})) as Record<string, number>
+  const out = JSON.parse(
+    execFileSync(process.execPath, ['--input-type=module', '-e', script, home], {
+      encoding: 'utf8',
+      env: {PATH: process.env.PATH ?? '', MEEPAGATEWAY_HOME: home},
+    }),
+  ) as Record<string, number>
   for (const [name, ms] of Object.entries(out)) (samples[name] ??= []).push(ms)
 }
 fs.rmSync(home, {recursive: true, force: true})
-report('light-commands', {processes: N, ms: Object.fromEntries(Object.entries(samples).map(([name, values]) => [name, stats(values)]))})
+report('light-commands', {
+  processes: N,
+  ms: Object.fromEntries(Object.entries(samples).map(([name, values]) => [name, stats(values)])),
+})

@@ -25,9 +25,20 @@ const KEY = 'sk-bench-key-123456'
 const llm = await startFakeLlm()
 const workspace = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-bench-channel-'))
 const agent = resolveAgent({id: 'bench', max_iterations: CALLS, file_access: {unrestricted: true}} as never, {})
-const config = {providers: {primary: 'fake', fallback: [], providers: {fake: {kind: 'openai', api_key_env: 'FAKE_LLM_KEY', model: 'm', base_url: llm.openaiBaseUrl}}}} as unknown as GatewayConfig
+const config = {
+  providers: {
+    primary: 'fake',
+    fallback: [],
+    providers: {fake: {kind: 'openai', api_key_env: 'FAKE_LLM_KEY', model: 'm', base_url: llm.openaiBaseUrl}},
+  },
+} as unknown as GatewayConfig
 const input = (runId: string) => ({
-  version: 1 as const, run_id: runId, agent, providers: config.providers, secrets: {}, workspace,
+  version: 1 as const,
+  run_id: runId,
+  agent,
+  providers: config.providers,
+  secrets: {},
+  workspace,
   message: {id: 'm', connector: 'cli', channel_id: runId, user: {id: 'u', name: 'u'}, content: 'hi'},
 })
 const env = {PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: workspace, LANG: 'C.UTF-8'}
@@ -44,11 +55,23 @@ async function perCall(run: () => Promise<boolean>): Promise<number> {
 }
 
 const direct = async () => {
-  const result = await execa(agentRunArgv()[0]!, agentRunArgv().slice(1), {input: JSON.stringify(input(`run_direct_${Date.now()}`)), env: {...env, FAKE_LLM_KEY: KEY}, extendEnv: false, reject: false})
+  const result = await execa(agentRunArgv()[0]!, agentRunArgv().slice(1), {
+    input: JSON.stringify(input(`run_direct_${Date.now()}`)),
+    env: {...env, FAKE_LLM_KEY: KEY},
+    extendEnv: false,
+    reject: false,
+  })
   return JSON.parse(result.stdout).ok === true
 }
 const channel = async () => {
-  const output = await runAgentProcess({argv: agentRunArgv(), env, cwd: workspace, input: input(`run_channel_${Date.now()}`), llm: hostLlmFor(agent, config, {FAKE_LLM_KEY: KEY}), timeoutMs: 60_000})
+  const output = await runAgentProcess({
+    argv: agentRunArgv(),
+    env,
+    cwd: workspace,
+    input: input(`run_channel_${Date.now()}`),
+    llm: hostLlmFor(agent, config, {FAKE_LLM_KEY: KEY}),
+    timeoutMs: 60_000,
+  })
   return output.ok
 }
 

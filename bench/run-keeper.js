@@ -23,7 +23,9 @@ if (!fs.existsSync(helper)) {
   console.error(`bench: ${helper} is missing; run \`npm run build\` first`)
   process.exit(1)
 }
-const {cgroupSupport, createRunCgroup, killRunCgroups, removeRunCgroups} = await import(path.join(root, 'dist', 'sandbox', 'run-cgroup.js'))
+const {cgroupSupport, createRunCgroup, killRunCgroups, removeRunCgroups} = await import(
+  path.join(root, 'dist', 'sandbox', 'run-cgroup.js')
+)
 const support = cgroupSupport()
 
 function time(run) {
@@ -44,7 +46,11 @@ const cases = {
     ? {}
     : {
         'keeper + cgroup': () => {
-          const cgroup = createRunCgroup(`bench_${process.pid}_${serial++}`, {memoryBytes: 512 * 1024 ** 2, pids: 256, cpus: 1})
+          const cgroup = createRunCgroup(`bench_${process.pid}_${serial++}`, {
+            memoryBytes: 512 * 1024 ** 2,
+            pids: 256,
+            cpus: 1,
+          })
           exec(helper, ['--keeper-fd', '3', ...cgroup.dirs.flatMap((dir) => ['--cgroup', dir]), '--', '/bin/true'])
           killRunCgroups(cgroup.dirs)
           removeRunCgroups(cgroup.dirs)
@@ -53,10 +59,16 @@ const cases = {
 }
 const samples = Object.fromEntries(Object.keys(cases).map((name) => [name, []]))
 for (let warm = 0; warm < 10; warm++) for (const run of Object.values(cases)) run()
-for (let index = 0; index < runs; index++) for (const [name, run] of Object.entries(cases)) samples[name].push(time(run))
+for (let index = 0; index < runs; index++)
+  for (const [name, run] of Object.entries(cases)) samples[name].push(time(run))
 const median = (values) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]
 const bare = median(samples.bare)
-const results = Object.fromEntries(Object.entries(samples).map(([name, values]) => [name, {median_ms: median(values), added_ms: median(values) - bare, ratio: median(values) / bare}]))
+const results = Object.fromEntries(
+  Object.entries(samples).map(([name, values]) => [
+    name,
+    {median_ms: median(values), added_ms: median(values) - bare, ratio: median(values) / bare},
+  ]),
+)
 
 const starts = Number(args.includes('--starts') ? args[args.indexOf('--starts') + 1] : '25')
 const pauseMs = Number(args.includes('--pause-ms') ? args[args.indexOf('--pause-ms') + 1] : '200')
@@ -65,7 +77,10 @@ const firstLine = 'process.stdout.write(String(performance.timeOrigin + performa
 function startOnce(argv, joinByte) {
   return new Promise((resolve, reject) => {
     const spawned = performance.timeOrigin + performance.now()
-    const child = spawn(argv[0], argv.slice(1), {stdio: ['ignore', 'pipe', 'pipe', 'pipe'], env: {PATH: '/usr/bin:/bin'}})
+    const child = spawn(argv[0], argv.slice(1), {
+      stdio: ['ignore', 'pipe', 'pipe', 'pipe'],
+      env: {PATH: '/usr/bin:/bin'},
+    })
     let line = ''
     let joined = joinByte ? undefined : spawned
     child.stdout.on('data', (chunk) => (line += chunk))
@@ -73,16 +88,30 @@ function startOnce(argv, joinByte) {
       if (chunk.includes(0x4a)) joined ??= performance.timeOrigin + performance.now()
     })
     child.on('error', reject)
-    child.on('close', (code) => (code === 0 && joined !== undefined ? resolve(Math.max(Number(line), joined) - spawned) : reject(new Error(`${argv.join(' ')} exited ${code}`))))
+    child.on('close', (code) =>
+      code === 0 && joined !== undefined
+        ? resolve(Math.max(Number(line), joined) - spawned)
+        : reject(new Error(`${argv.join(' ')} exited ${code}`)),
+    )
   })
 }
-const startCases = support.mode === 'none'
-  ? {}
-  : {
-      'node, bare': async () => startOnce([process.execPath, '-e', firstLine], false),
-      'node, cgroups joined before exec': async () => withCgroup((flags) => startOnce([helper, '--keeper-fd', '3', ...flags, '--', process.execPath, '-e', firstLine], false)),
-      'node, cgroups joined while it starts': async () => withCgroup((flags) => startOnce([helper, '--keeper-fd', '3', ...flags, '--join-while-starting', '--', process.execPath, '-e', firstLine], true)),
-    }
+const startCases =
+  support.mode === 'none'
+    ? {}
+    : {
+        'node, bare': async () => startOnce([process.execPath, '-e', firstLine], false),
+        'node, cgroups joined before exec': async () =>
+          withCgroup((flags) =>
+            startOnce([helper, '--keeper-fd', '3', ...flags, '--', process.execPath, '-e', firstLine], false),
+          ),
+        'node, cgroups joined while it starts': async () =>
+          withCgroup((flags) =>
+            startOnce(
+              [helper, '--keeper-fd', '3', ...flags, '--join-while-starting', '--', process.execPath, '-e', firstLine],
+              true,
+            ),
+          ),
+      }
 async function withCgroup(use) {
   const cgroup = createRunCgroup(`bench_${process.pid}_${serial++}`, {memoryBytes: 512 * 1024 ** 2, pids: 256, cpus: 1})
   try {
@@ -101,14 +130,32 @@ for (let index = 0; index < starts + 2; index++) {
   }
 }
 const nodeBare = startSamples['node, bare']?.length ? median(startSamples['node, bare']) : undefined
-const startResults = Object.fromEntries(Object.entries(startSamples).map(([name, values]) => [name, {median_ms: median(values), added_ms: median(values) - nodeBare, ratio: median(values) / nodeBare}]))
+const startResults = Object.fromEntries(
+  Object.entries(startSamples).map(([name, values]) => [
+    name,
+    {median_ms: median(values), added_ms: median(values) - nodeBare, ratio: median(values) / nodeBare},
+  ]),
+)
 
 fs.mkdirSync(path.join(root, 'bench', 'results'), {recursive: true})
-fs.writeFileSync(path.join(root, 'bench', 'results', 'run-keeper.json'), JSON.stringify({runs, starts, pause_ms: pauseMs, cgroups: support.how, results, until_node_may_work: startResults}, null, 2))
+fs.writeFileSync(
+  path.join(root, 'bench', 'results', 'run-keeper.json'),
+  JSON.stringify(
+    {runs, starts, pause_ms: pauseMs, cgroups: support.how, results, until_node_may_work: startResults},
+    null,
+    2,
+  ),
+)
 if (args.includes('--json')) console.log(JSON.stringify({results, until_node_may_work: startResults}))
 else {
   console.log(`cgroups: ${support.how}`)
-  for (const [name, result] of Object.entries(results)) console.log(`${name.padEnd(16)} ${result.median_ms.toFixed(2)} ms  (+${result.added_ms.toFixed(2)} ms, ${result.ratio.toFixed(2)}x bare)`)
+  for (const [name, result] of Object.entries(results))
+    console.log(
+      `${name.padEnd(16)} ${result.median_ms.toFixed(2)} ms  (+${result.added_ms.toFixed(2)} ms, ${result.ratio.toFixed(2)}x bare)`,
+    )
   if (nodeBare !== undefined) console.log(`until Node may get work (${starts} starts, ${pauseMs} ms apart):`)
-  for (const [name, result] of Object.entries(startResults)) console.log(`  ${name.padEnd(38)} ${result.median_ms.toFixed(2)} ms  (+${result.added_ms.toFixed(2)} ms, ${result.ratio.toFixed(2)}x bare)`)
+  for (const [name, result] of Object.entries(startResults))
+    console.log(
+      `  ${name.padEnd(38)} ${result.median_ms.toFixed(2)} ms  (+${result.added_ms.toFixed(2)} ms, ${result.ratio.toFixed(2)}x bare)`,
+    )
 }

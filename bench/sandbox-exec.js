@@ -43,7 +43,14 @@ fs.mkdirSync(tmpDir)
 fs.mkdirSync(path.join(workspace, 'private'))
 const compile = (namespaces) =>
   compilePolicy({
-    fileAccess: {allow_read: [], allow_read_write: [], deny: ['private'], allow_home_dotfiles: false, allow_network: false, best_effort: false},
+    fileAccess: {
+      allow_read: [],
+      allow_read_write: [],
+      deny: ['private'],
+      allow_home_dotfiles: false,
+      allow_network: false,
+      best_effort: false,
+    },
     workspace,
     tmpDir,
     gatewayHome: path.join(scratch, 'home'),
@@ -64,27 +71,46 @@ if (nsPolicy) fs.writeFileSync(nsRulesFile, serializeRules(nsPolicy, env))
 const nsPrefix = nsPolicy ? bwrapArgv(namespaces.bwrap, nsPolicy, path.join(scratch, 'home')) : []
 
 const srtSettings = path.join(scratch, 'srt-settings.json')
-fs.writeFileSync(srtSettings, JSON.stringify({network: {allowedDomains: [], deniedDomains: []}, filesystem: {denyRead: [path.join(os.homedir(), '.ssh')], allowWrite: [workspace], denyWrite: []}}))
+fs.writeFileSync(
+  srtSettings,
+  JSON.stringify({
+    network: {allowedDomains: [], deniedDomains: []},
+    filesystem: {denyRead: [path.join(os.homedir(), '.ssh')], allowWrite: [workspace], denyWrite: []},
+  }),
+)
 const haveSrt = fs.existsSync(srt)
 
 function timeOnce(file, argv, rules) {
   const fd = rules ? fs.openSync(rules, 'r') : undefined
   const started = process.hrtime.bigint()
-  const result = spawnSync(file, argv, {stdio: fd === undefined ? 'ignore' : ['ignore', 'ignore', 'pipe', fd], env: {PATH: '/usr/bin:/bin', HOME: scratch}, timeout: 60_000})
+  const result = spawnSync(file, argv, {
+    stdio: fd === undefined ? 'ignore' : ['ignore', 'ignore', 'pipe', fd],
+    env: {PATH: '/usr/bin:/bin', HOME: scratch},
+    timeout: 60_000,
+  })
   const ms = Number(process.hrtime.bigint() - started) / 1e6
   if (fd !== undefined) fs.closeSync(fd)
-  if (result.status !== 0) throw new Error(`${file} ${argv.join(' ')} exited ${result.status} ${result.signal} ${result.error?.message ?? ""}: ${String(result.stderr ?? '')}`)
+  if (result.status !== 0)
+    throw new Error(
+      `${file} ${argv.join(' ')} exited ${result.status} ${result.signal} ${result.error?.message ?? ''}: ${String(result.stderr ?? '')}`,
+    )
   return ms
 }
 
 const cases = {
   bare: () => timeOnce('/bin/true', [], undefined),
   'meepa-sandbox': () => timeOnce(helper, ['--rules-fd', '3', '--', '/bin/true'], rulesFile),
-  ...(nsPolicy ? {'bwrap+meepa': () => timeOnce(nsPrefix[0], [...nsPrefix.slice(1), helper, '--rules-fd', '3', '--', '/bin/true'], nsRulesFile)} : {}),
+  ...(nsPolicy
+    ? {
+        'bwrap+meepa': () =>
+          timeOnce(nsPrefix[0], [...nsPrefix.slice(1), helper, '--rules-fd', '3', '--', '/bin/true'], nsRulesFile),
+      }
+    : {}),
   ...(haveSrt ? {srt: () => timeOnce(srt, ['-s', srtSettings, '/bin/true'], undefined)} : {}),
 }
 const samples = Object.fromEntries(Object.keys(cases).map((name) => [name, []]))
-for (let warm = 0; warm < 10; warm++) for (const [name, run] of Object.entries(cases)) if (name !== 'srt' || warm < 2) run()
+for (let warm = 0; warm < 10; warm++)
+  for (const [name, run] of Object.entries(cases)) if (name !== 'srt' || warm < 2) run()
 // interleaved, so drift on a shared machine hits every case alike
 for (let index = 0; index < runs; index++) {
   for (const [name, run] of Object.entries(cases)) {
@@ -99,7 +125,10 @@ const quantile = (values, q) => {
   return sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]
 }
 const summary = Object.fromEntries(
-  Object.entries(samples).map(([name, values]) => [name, {runs: values.length, median_ms: quantile(values, 0.5), p90_ms: quantile(values, 0.9), min_ms: Math.min(...values)}]),
+  Object.entries(samples).map(([name, values]) => [
+    name,
+    {runs: values.length, median_ms: quantile(values, 0.5), p90_ms: quantile(values, 0.9), min_ms: Math.min(...values)},
+  ]),
 )
 const added = summary['meepa-sandbox'].median_ms - summary.bare.median_ms
 const nsAdded = nsPolicy ? summary['bwrap+meepa'].median_ms - summary.bare.median_ms : undefined
@@ -110,18 +139,32 @@ const result = {
   summary,
   meepa_added_median_ms: added,
   target_added_ms: 3,
-  ...(nsPolicy ? {namespaces_added_median_ms: nsAdded, namespaces_target_added_ms: 10} : {namespaces: `unavailable: ${namespaces.reason}`}),
-  ...(haveSrt ? {srt_added_median_ms: summary.srt.median_ms - summary.bare.median_ms, srt_over_meepa_ratio: summary.srt.median_ms / summary['meepa-sandbox'].median_ms} : {srt: `not found at ${srt}`}),
+  ...(nsPolicy
+    ? {namespaces_added_median_ms: nsAdded, namespaces_target_added_ms: 10}
+    : {namespaces: `unavailable: ${namespaces.reason}`}),
+  ...(haveSrt
+    ? {
+        srt_added_median_ms: summary.srt.median_ms - summary.bare.median_ms,
+        srt_over_meepa_ratio: summary.srt.median_ms / summary['meepa-sandbox'].median_ms,
+      }
+    : {srt: `not found at ${srt}`}),
 }
 if (asJson) console.log(JSON.stringify(result, null, 2))
 else {
-  console.log(`machine: ${result.machine}; policy: ${result.policy_rules} Landlock rules (${result.namespace_policy_rules ?? '-'} with namespaces)`)
+  console.log(
+    `machine: ${result.machine}; policy: ${result.policy_rules} Landlock rules (${result.namespace_policy_rules ?? '-'} with namespaces)`,
+  )
   for (const [name, stats] of Object.entries(summary)) {
-    console.log(`${name.padEnd(14)} median ${stats.median_ms.toFixed(2)} ms  p90 ${stats.p90_ms.toFixed(2)} ms  min ${stats.min_ms.toFixed(2)} ms  (${stats.runs} runs)`)
+    console.log(
+      `${name.padEnd(14)} median ${stats.median_ms.toFixed(2)} ms  p90 ${stats.p90_ms.toFixed(2)} ms  min ${stats.min_ms.toFixed(2)} ms  (${stats.runs} runs)`,
+    )
   }
   console.log(`meepa-sandbox adds ${added.toFixed(2)} ms per exec (median; target < 3 ms)`)
   if (nsPolicy) console.log(`bwrap + meepa-sandbox adds ${nsAdded.toFixed(2)} ms per exec (median; target < 10 ms)`)
   else console.log(result.namespaces)
-  if (haveSrt) console.log(`srt adds ${result.srt_added_median_ms.toFixed(2)} ms; srt/meepa-sandbox = ${result.srt_over_meepa_ratio.toFixed(1)}x`)
+  if (haveSrt)
+    console.log(
+      `srt adds ${result.srt_added_median_ms.toFixed(2)} ms; srt/meepa-sandbox = ${result.srt_over_meepa_ratio.toFixed(1)}x`,
+    )
   else console.log(result.srt)
 }

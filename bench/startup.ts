@@ -44,7 +44,10 @@ const configPath = path.join(home, 'config.yaml')
 fs.writeFileSync(
   configPath,
   YAML.stringify({
-    providers: {primary: 'fake', providers: {fake: {kind: 'openai', api_key_env: 'FAKE_LLM_KEY', model: 'm', base_url: llm.openaiBaseUrl}}},
+    providers: {
+      primary: 'fake',
+      providers: {fake: {kind: 'openai', api_key_env: 'FAKE_LLM_KEY', model: 'm', base_url: llm.openaiBaseUrl}},
+    },
     captain: {enabled: false},
     agents: [
       {id: 'boxed'}, // host sandbox, the default
@@ -55,21 +58,36 @@ fs.writeFileSync(
 )
 const benchEnv = process.env.BENCH_ENV === 'clean' ? 'clean' : 'inherit'
 const env: Record<string, string> = {
-  ...(benchEnv === 'inherit' ? (Object.fromEntries(Object.entries(process.env).filter(([name]) => !name.startsWith('npm_'))) as Record<string, string>) : {}),
+  ...(benchEnv === 'inherit'
+    ? (Object.fromEntries(Object.entries(process.env).filter(([name]) => !name.startsWith('npm_'))) as Record<
+        string,
+        string
+      >)
+    : {}),
   MEEPAGATEWAY_HOME: home,
   FAKE_LLM_KEY: 'sk-bench-key-123456',
   // the `node` bin/run.js's #! line finds is this one
   PATH: `${path.dirname(process.execPath)}:${process.env.PATH ?? ''}`,
 }
 const cli = (...args: string[]) => [bin, ...args]
-for (const agent of ['boxed', 'free', 'contained']) await execa(process.execPath, [bin, 'agent', 'create', agent], {env, extendEnv: false})
+for (const agent of ['boxed', 'free', 'contained'])
+  await execa(process.execPath, [bin, 'agent', 'create', agent], {env, extendEnv: false})
 
-const engineUp = await execa('docker', ['info', '--format', '{{.ServerVersion}}'], {reject: false, timeout: 10_000}).then((result) => result.exitCode === 0)
+const engineUp = await execa('docker', ['info', '--format', '{{.ServerVersion}}'], {
+  reject: false,
+  timeout: 10_000,
+}).then((result) => result.exitCode === 0)
 let isolationImage: string | undefined
 if (engineUp) {
   process.env.FAKE_LLM_KEY = env.FAKE_LLM_KEY
   const loaded = loadConfig({configPath, home})
-  isolationImage = (await readyIsolationImage(loaded.config, findAgent(loaded, 'contained'), containerImageContext(home, {onLog: (line) => process.stderr.write(`${line}\n`)}))).tag
+  isolationImage = (
+    await readyIsolationImage(
+      loaded.config,
+      findAgent(loaded, 'contained'),
+      containerImageContext(home, {onLog: (line) => process.stderr.write(`${line}\n`)}),
+    )
+  ).tag
 } else {
   process.stderr.write('startup bench: no Docker engine answers; skipping the container cases\n')
 }
@@ -78,15 +96,31 @@ if (engineUp) {
 const servedHome = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-bench-served-'))
 fs.copyFileSync(configPath, path.join(servedHome, 'config.yaml'))
 const servedEnv = {...env, MEEPAGATEWAY_HOME: servedHome}
-const gateway = execa(process.execPath, [bin, 'serve'], {env: servedEnv, extendEnv: false, reject: false, stdio: 'ignore'})
-for (const deadline = Date.now() + 20_000; !fs.existsSync(path.join(servedHome, 'run', 'send.token')); ) {
-  if (Date.now() > deadline || gateway.exitCode !== null) throw new Error('startup bench: the gateway for send_unrestricted did not start')
+const gateway = execa(process.execPath, [bin, 'serve'], {
+  env: servedEnv,
+  extendEnv: false,
+  reject: false,
+  stdio: 'ignore',
+})
+for (const deadline = Date.now() + 20_000; !fs.existsSync(path.join(servedHome, 'run', 'send.token'));) {
+  if (Date.now() > deadline || gateway.exitCode !== null)
+    throw new Error('startup bench: the gateway for send_unrestricted did not start')
   await new Promise((resolve) => setTimeout(resolve, 50))
 }
 
 // srt with the same intent as the agent's policy: write only the workspace, no network
 const srtSettings = path.join(home, 'srt-settings.json')
-fs.writeFileSync(srtSettings, JSON.stringify({network: {allowedDomains: [], deniedDomains: []}, filesystem: {denyRead: [path.join(os.homedir(), '.ssh')], allowWrite: [path.join(home, 'agents', 'boxed')], denyWrite: []}}))
+fs.writeFileSync(
+  srtSettings,
+  JSON.stringify({
+    network: {allowedDomains: [], deniedDomains: []},
+    filesystem: {
+      denyRead: [path.join(os.homedir(), '.ssh')],
+      allowWrite: [path.join(home, 'agents', 'boxed')],
+      denyWrite: [],
+    },
+  }),
+)
 
 const cases: Record<string, string[]> = {
   node_e_0: [process.execPath, '-e', '0'],
@@ -122,7 +156,8 @@ async function once(name: string, argv: string[]): Promise<number> {
   const started = performance.now()
   const result = await execa(file, args, {env: envOf(name), extendEnv: false, reject: false, cwd: home})
   const ms = performance.now() - started
-  if (result.exitCode !== 0) throw new Error(`${argv.join(' ')} exited ${result.exitCode}: ${String(result.stderr).slice(-500)}`)
+  if (result.exitCode !== 0)
+    throw new Error(`${argv.join(' ')} exited ${result.exitCode}: ${String(result.stderr).slice(-500)}`)
   // the gateway starts the agent's next agent-run or container: not on the next case's time
   if (SERVED.has(name)) await new Promise((resolve) => setTimeout(resolve, name === 'send_container' ? 1500 : 300))
   return ms
@@ -130,7 +165,12 @@ async function once(name: string, argv: string[]): Promise<number> {
 
 /** Peak resident set of the process and the children it waited for (GNU time), in MB. */
 async function peakRssMb(name: string, argv: string[]): Promise<number> {
-  const result = await execa('/usr/bin/time', ['-f', '%M', ...argv], {env: envOf(name), extendEnv: false, reject: false, cwd: home})
+  const result = await execa('/usr/bin/time', ['-f', '%M', ...argv], {
+    env: envOf(name),
+    extendEnv: false,
+    reject: false,
+    cwd: home,
+  })
   return Number(String(result.stderr).trim().split('\n').at(-1)) / 1024
 }
 
@@ -142,7 +182,11 @@ const agentRunInput = () =>
     version: 1,
     run_id: `bench-${runIndex++}`,
     agent: resolveAgent({id: 'agent-run-bench'}, {}),
-    providers: {primary: 'fake', fallback: [], providers: {fake: {kind: 'openai', model: 'm', base_url: llm.openaiBaseUrl}}},
+    providers: {
+      primary: 'fake',
+      fallback: [],
+      providers: {fake: {kind: 'openai', model: 'm', base_url: llm.openaiBaseUrl}},
+    },
     secrets: {},
     message: {id: 'm', connector: 'cli', channel_id: 'bench', user: {id: 'u', name: 'u'}, content: 'hi'},
     workspace,
@@ -150,11 +194,17 @@ const agentRunInput = () =>
 const agentRunToFirstRequest = async () => {
   const before = llm.requests.length
   const started = Date.now()
-  await execa(process.execPath, [bin, 'agent-run'], {input: agentRunInput(), env: {HOME: workspace, PATH: process.env.PATH}, extendEnv: false})
+  await execa(process.execPath, [bin, 'agent-run'], {
+    input: agentRunInput(),
+    env: {HOME: workspace, PATH: process.env.PATH},
+    extendEnv: false,
+  })
   return (llm.requests[before]?.time ?? Number.NaN) - started
 }
 
-const samples: Record<string, number[]> = Object.fromEntries([...Object.keys(cases), 'agent_run_to_first_request'].map((name) => [name, []]))
+const samples: Record<string, number[]> = Object.fromEntries(
+  [...Object.keys(cases), 'agent_run_to_first_request'].map((name) => [name, []]),
+)
 for (let round = 0; round < N + 2; round++) {
   for (const [name, argv] of Object.entries(cases)) {
     const ms = await once(name, argv)
@@ -163,14 +213,28 @@ for (let round = 0; round < N + 2; round++) {
   const ms = await agentRunToFirstRequest()
   if (round >= 2) samples.agent_run_to_first_request?.push(ms)
 }
-const results: Record<string, Stats> = Object.fromEntries(Object.entries(samples).map(([name, list]) => [name, stats(list)]))
+const results: Record<string, Stats> = Object.fromEntries(
+  Object.entries(samples).map(([name, list]) => [name, stats(list)]),
+)
 const rss: Record<string, number> = {}
-for (const [name, argv] of Object.entries(cases)) if (!['node_e_0', 'srt', 'docker_run_bare'].includes(name)) rss[name] = +(await peakRssMb(name, argv)).toFixed(1)
+for (const [name, argv] of Object.entries(cases))
+  if (!['node_e_0', 'srt', 'docker_run_bare'].includes(name)) rss[name] = +(await peakRssMb(name, argv)).toFixed(1)
 // what the gateway holds for send_unrestricted: itself and the agent-run waiting for the next message
-const vmHwmMb = (pid: number) => Number(/VmHWM:\s+(\d+)/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1]) / 1024
+const vmHwmMb = (pid: number) =>
+  Number(/VmHWM:\s+(\d+)/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1]) / 1024
 // agent-run itself (`node bin/run.js agent-run`), not its keeper
-const standbys = fs.readdirSync('/proc').filter((pid) => /^\d+$/.test(pid) && fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8') === `${process.execPath}\0${bin}\0agent-run\0` && fs.readlinkSync(`/proc/${pid}/cwd`).startsWith(servedHome))
-const gatewayRss = {gateway_mb: +vmHwmMb(gateway.pid!).toFixed(1), standby_agent_runs_mb: standbys.map((pid) => +vmHwmMb(Number(pid)).toFixed(1))}
+const standbys = fs
+  .readdirSync('/proc')
+  .filter(
+    (pid) =>
+      /^\d+$/.test(pid) &&
+      fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8') === `${process.execPath}\0${bin}\0agent-run\0` &&
+      fs.readlinkSync(`/proc/${pid}/cwd`).startsWith(servedHome),
+  )
+const gatewayRss = {
+  gateway_mb: +vmHwmMb(gateway.pid!).toFixed(1),
+  standby_agent_runs_mb: standbys.map((pid) => +vmHwmMb(Number(pid)).toFixed(1)),
+}
 gateway.kill('SIGTERM')
 await gateway
 await llm.close()
@@ -180,7 +244,11 @@ fs.rmSync(servedHome, {recursive: true, force: true})
 const median = (name: string) => results[name]?.median ?? Number.NaN
 const node = median('node_e_0')
 const targets: Array<{case: string; baseline: string; max_ratio: number}> = [
-  ...['help', 'config_check', 'agent_list', 'runs', 'container_status'].map((name) => ({case: name, baseline: 'node_e_0', max_ratio: 2})),
+  ...['help', 'config_check', 'agent_list', 'runs', 'container_status'].map((name) => ({
+    case: name,
+    baseline: 'node_e_0',
+    max_ratio: 2,
+  })),
   {case: 'sandbox_exec', baseline: 'srt', max_ratio: 0.3},
   {case: 'send_unrestricted', baseline: 'node_e_0', max_ratio: 3},
   {case: 'send_container', baseline: 'docker_run_bare', max_ratio: 2},
@@ -189,7 +257,15 @@ const ratios = targets
   .filter((target) => results[target.case] && results[target.baseline])
   .map((target) => {
     const ratio = +(median(target.case) / median(target.baseline)).toFixed(2)
-    return {...target, median_ms: +median(target.case).toFixed(1), baseline_ms: +median(target.baseline).toFixed(1), ratio, met: ratio <= target.max_ratio, peak_rss_mb: rss[target.case], rss_met: (rss[target.case] ?? 0) <= 80}
+    return {
+      ...target,
+      median_ms: +median(target.case).toFixed(1),
+      baseline_ms: +median(target.baseline).toFixed(1),
+      ratio,
+      met: ratio <= target.max_ratio,
+      peak_rss_mb: rss[target.case],
+      rss_met: (rss[target.case] ?? 0) <= 80,
+    }
   })
 
 /** Commands without a target of their own, as a ratio to `node -e 0`. */
@@ -202,7 +278,13 @@ const untargeted = (
   ] as const
 )
   .filter(([name]) => results[name])
-  .map(([name, baseline]) => ({case: name, baseline, median_ms: +median(name).toFixed(1), ratio: +(median(name) / median(baseline)).toFixed(2), peak_rss_mb: rss[name]}))
+  .map(([name, baseline]) => ({
+    case: name,
+    baseline,
+    median_ms: +median(name).toFixed(1),
+    ratio: +(median(name) / median(baseline)).toFixed(2),
+    peak_rss_mb: rss[name],
+  }))
 
 report(benchEnv === 'clean' ? 'startup-clean-env' : 'startup', {
   samples: N,
@@ -222,7 +304,12 @@ report(benchEnv === 'clean' ? 'startup-clean-env' : 'startup', {
   /** Peak RSS of the gateway `send_unrestricted` talks to, and of its standby agent-run(s). */
   gateway_peak_rss: gatewayRss,
   summary: [
-    ...ratios.map((r) => `${r.case} ${fmt(r.median_ms)} = ${r.ratio}x ${r.baseline} (${fmt(r.baseline_ms)}), target ≤ ${r.max_ratio}x: ${r.met ? 'met' : 'NOT met'}; peak RSS ${r.peak_rss_mb} MB`),
-    ...untargeted.map((r) => `${r.case} ${fmt(r.median_ms)} = ${r.ratio}x ${r.baseline} (no target); peak RSS ${r.peak_rss_mb} MB`),
+    ...ratios.map(
+      (r) =>
+        `${r.case} ${fmt(r.median_ms)} = ${r.ratio}x ${r.baseline} (${fmt(r.baseline_ms)}), target ≤ ${r.max_ratio}x: ${r.met ? 'met' : 'NOT met'}; peak RSS ${r.peak_rss_mb} MB`,
+    ),
+    ...untargeted.map(
+      (r) => `${r.case} ${fmt(r.median_ms)} = ${r.ratio}x ${r.baseline} (no target); peak RSS ${r.peak_rss_mb} MB`,
+    ),
   ].join('\n'),
 })

@@ -27,7 +27,12 @@ function viaSpawn(): Promise<void> {
 }
 
 async function viaExeca(): Promise<void> {
-  const child = startSubprocess('/bin/true', [], {env: {}, detached: true, stdio: STDIO, buffer: {stdout: false, stderr: false}})
+  const child = startSubprocess('/bin/true', [], {
+    env: {},
+    detached: true,
+    stdio: STDIO,
+    buffer: {stdout: false, stderr: false},
+  })
   ;(child.stdio[3] as NodeJS.WritableStream).end('rules')
   await child
 }
@@ -45,21 +50,36 @@ for (let round = 0; round < N; round++) {
   const order = round % 2 === 0 ? (['spawn', 'execa'] as const) : (['execa', 'spawn'] as const)
   for (const way of order) samples[way].push(await measure(way === 'spawn' ? viaSpawn : viaExeca))
 }
-const summary = (way: 'spawn' | 'execa') => ({cpu_ms: stats(samples[way].map((s) => s.cpu)), wall_ms: stats(samples[way].map((s) => s.wall))})
+const summary = (way: 'spawn' | 'execa') => ({
+  cpu_ms: stats(samples[way].map((s) => s.cpu)),
+  wall_ms: stats(samples[way].map((s) => s.wall)),
+})
 const [bare, execa] = [summary('spawn'), summary('execa')]
 // a fresh process: one child, then exit
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-bench-subprocess-'))
 const bundles = {
-  spawn: "const {spawn} = require('node:child_process'); const c = spawn('/bin/true', [], {env: {}, detached: true, stdio: Array(5).fill('pipe')}); for (const s of c.stdio) s.on('error', () => {}); c.stdio[3].end('rules'); c.on('close', () => {})",
+  spawn:
+    "const {spawn} = require('node:child_process'); const c = spawn('/bin/true', [], {env: {}, detached: true, stdio: Array(5).fill('pipe')}); for (const s of c.stdio) s.on('error', () => {}); c.stdio[3].end('rules'); c.on('close', () => {})",
   execa: `const {startSubprocess} = require(${JSON.stringify(path.join(ROOT, 'src', 'runtime', 'util', 'subprocess.ts'))}); const c = startSubprocess('/bin/true', [], {env: {}, detached: true, stdio: Array(5).fill('pipe'), buffer: {stdout: false, stderr: false}}); c.stdio[3].end('rules'); c.then(() => {})`,
 }
 for (const [way, contents] of Object.entries(bundles)) {
-  await build({stdin: {contents, resolveDir: ROOT, sourcefile: `${way}.js`}, bundle: true, platform: 'node', format: 'cjs', target: 'node20', outfile: path.join(dir, `${way}.cjs`), logLevel: 'silent'})
+  await build({
+    stdin: {contents, resolveDir: ROOT, sourcefile: `${way}.js`},
+    bundle: true,
+    platform: 'node',
+    format: 'cjs',
+    target: 'node20',
+    outfile: path.join(dir, `${way}.cjs`),
+    logLevel: 'silent',
+  })
 }
 const freshCpu = {spawn: [] as number[], execa: [] as number[]}
 for (let round = 0; round < FRESH + 2; round++) {
   for (const way of round % 2 === 0 ? (['spawn', 'execa'] as const) : (['execa', 'spawn'] as const)) {
-    const timed = spawnSync('/usr/bin/time', ['-f', '%U %S', process.execPath, path.join(dir, `${way}.cjs`)], {encoding: 'utf8', stdio: ['ignore', 'ignore', 'pipe']})
+    const timed = spawnSync('/usr/bin/time', ['-f', '%U %S', process.execPath, path.join(dir, `${way}.cjs`)], {
+      encoding: 'utf8',
+      stdio: ['ignore', 'ignore', 'pipe'],
+    })
     if (timed.status !== 0) throw new Error(`bench/subprocess: the ${way} child failed: ${timed.stderr}`)
     const [user = 0, system = 0] = (timed.stderr.trim().split('\n').at(-1) ?? '').split(' ').map(Number)
     if (round >= 2) freshCpu[way].push((user + system) * 1000)

@@ -19,7 +19,8 @@ import {startFakeLlm, type FakeRequest} from '../test/fakes/llm-server.js'
 import {freePort} from '../test/helpers/free-port.js'
 import {fmt, report, ROOT, stats} from './lib.js'
 
-if (process.getuid?.() !== 0) throw new Error('bench/workspace-handover.ts needs root: only a root gateway hands workspaces over')
+if (process.getuid?.() !== 0)
+  throw new Error('bench/workspace-handover.ts needs root: only a root gateway hands workspaces over')
 const FILES = Number(process.env.BENCH_FILES ?? 300_000)
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3)
 const JOB_TURNS = 6
@@ -30,8 +31,13 @@ const bin = path.join(ROOT, 'bin', 'run.js')
 const env = {FAKE_LLM_KEY: 'sk-bench-key-123456', PATH: process.env.PATH ?? '/usr/bin:/bin'}
 
 const llm = await startFakeLlm()
-const toolResults = (request: FakeRequest) => (request.body.messages as Array<{role: string}>).filter((message) => message.role === 'tool').length
-const firstUserText = (request: FakeRequest) => String((request.body.messages as Array<{role: string; content: unknown}>).find((message) => message.role === 'user')?.content ?? '')
+const toolResults = (request: FakeRequest) =>
+  (request.body.messages as Array<{role: string}>).filter((message) => message.role === 'tool').length
+const firstUserText = (request: FakeRequest) =>
+  String(
+    (request.body.messages as Array<{role: string; content: unknown}>).find((message) => message.role === 'user')
+      ?.content ?? '',
+  )
 llm.setDefault((request) =>
   firstUserText(request).includes('job') && toolResults(request) < JOB_TURNS
     ? {toolCalls: [{name: 'shell', arguments: {command: JOB_COMMAND}}]}
@@ -42,22 +48,33 @@ const port = await freePort()
 const home = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-bench-handover-'))
 const outside = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-bench-handover-outside-'))
 const configPath = path.join(home, 'config.yaml')
-fs.writeFileSync(configPath, YAML.stringify({
-  providers: {primary: 'fake', providers: {fake: {kind: 'openai', api_key_env: 'FAKE_LLM_KEY', model: 'm', base_url: llm.openaiBaseUrl}}},
-  agents: [
-    {id: 'hostile', container_mode: {enabled: true, network: 'none', standby: false}, limits: {disk: '8g'}},
-    {id: 'other', file_access: {unrestricted: true}},
-  ],
-  captain: {enabled: true, bind: '127.0.0.1', port},
-}))
+fs.writeFileSync(
+  configPath,
+  YAML.stringify({
+    providers: {
+      primary: 'fake',
+      providers: {fake: {kind: 'openai', api_key_env: 'FAKE_LLM_KEY', model: 'm', base_url: llm.openaiBaseUrl}},
+    },
+    agents: [
+      {id: 'hostile', container_mode: {enabled: true, network: 'none', standby: false}, limits: {disk: '8g'}},
+      {id: 'other', file_access: {unrestricted: true}},
+    ],
+    captain: {enabled: true, bind: '127.0.0.1', port},
+  }),
+)
 
 // the hostile workspace: FILES files, a deep tree, planted links to a file outside, FIFOs, hostile names
 const workspace = path.join(home, 'agents', 'hostile')
 const victim = path.join(outside, 'victim')
-fs.writeFileSync(victim, 'the operator\'s')
+fs.writeFileSync(victim, "the operator's")
 const filled = performance.now()
 fs.mkdirSync(workspace, {recursive: true, mode: 0o700})
-execaSync('/bin/sh', ['-c', `cd "$1" && for d in $(seq ${Math.ceil(FILES / PER_DIRECTORY)}); do mkdir "d$d" && (cd "d$d" && seq ${PER_DIRECTORY} | xargs touch); done`, 'sh', workspace])
+execaSync('/bin/sh', [
+  '-c',
+  `cd "$1" && for d in $(seq ${Math.ceil(FILES / PER_DIRECTORY)}); do mkdir "d$d" && (cd "d$d" && seq ${PER_DIRECTORY} | xargs touch); done`,
+  'sh',
+  workspace,
+])
 let deep = workspace
 for (let level = 0; level < 15; level++) deep = path.join(deep, 'x'.repeat(200))
 fs.mkdirSync(deep, {recursive: true})
@@ -66,9 +83,18 @@ for (const name of ['link-out', '-rf', 'new\nline', ' space ']) fs.symlinkSync(v
 execaSync('mkfifo', [path.join(workspace, 'd2', 'fifo')])
 process.stderr.write(`workspace filled in ${fmt(performance.now() - filled)}\n`)
 
-const key = JSON.parse((await execa(process.execPath, [bin, 'api-key', 'create', 'bench', '--json'], {env: {...env, MEEPAGATEWAY_HOME: home}})).stdout).key as string
+const key = JSON.parse(
+  (
+    await execa(process.execPath, [bin, 'api-key', 'create', 'bench', '--json'], {
+      env: {...env, MEEPAGATEWAY_HOME: home},
+    })
+  ).stdout,
+).key as string
 let output = ''
-const serve = execa(process.execPath, [bin, 'serve', '--config', configPath], {env: {...env, MEEPAGATEWAY_HOME: home}, reject: false})
+const serve = execa(process.execPath, [bin, 'serve', '--config', configPath], {
+  env: {...env, MEEPAGATEWAY_HOME: home},
+  reject: false,
+})
 serve.stdout?.on('data', (chunk) => (output += String(chunk)))
 serve.stderr?.on('data', (chunk) => (output += String(chunk)))
 while (!output.includes('listening on')) {
@@ -85,7 +111,8 @@ const chat = async (agent: string, message: string) => {
     body: JSON.stringify({agent, message, channel: `${agent}-${Math.random()}`}),
   })
   const body = (await response.json()) as {reply?: string}
-  if (response.status !== 200) throw new Error(`${agent}: ${response.status} ${JSON.stringify(body)}\n${output.slice(-2000)}`)
+  if (response.status !== 200)
+    throw new Error(`${agent}: ${response.status} ${JSON.stringify(body)}\n${output.slice(-2000)}`)
   return performance.now() - started
 }
 
@@ -119,10 +146,19 @@ const handoverStarted = async (deadline: number) => {
   throw new Error('the hand-over did not start')
 }
 
-/** Waits until the gateway has been idle (under 10% of a core) for half a second: a run's end (its disk measurement) is behind it. */
+/**
+ * Waits until the gateway has been idle (under 10% of a core) for half a second: a run's end (its
+ * disk measurement) is behind it.
+ */
 const settled = async () => {
-  const ticks = () => fs.readFileSync(`/proc/${serve.pid}/stat`, 'utf8').split(') ')[1]!.split(' ').slice(11, 13).reduce((sum, field) => sum + Number(field), 0)
-  for (let before = ticks(); ; ) {
+  const ticks = () =>
+    fs
+      .readFileSync(`/proc/${serve.pid}/stat`, 'utf8')
+      .split(') ')[1]!
+      .split(' ')
+      .slice(11, 13)
+      .reduce((sum, field) => sum + Number(field), 0)
+  for (let before = ticks(); ;) {
     await new Promise((resolve) => setTimeout(resolve, 500))
     const now = ticks()
     if (now - before < 5) return
@@ -130,7 +166,8 @@ const settled = async () => {
   }
 }
 
-const p99 = (samples: number[]) => [...samples].sort((a, b) => a - b)[Math.min(samples.length - 1, Math.floor(0.99 * samples.length))] as number
+const p99 = (samples: number[]) =>
+  [...samples].sort((a, b) => a - b)[Math.min(samples.length - 1, Math.floor(0.99 * samples.length))] as number
 
 // warm-up: the isolation image, the first hand-over (root-owned files), one job
 await chat('hostile', 'hi')
@@ -166,7 +203,9 @@ for (let round = 0; round < ROUNDS; round++) {
   alone.healthz.push(...(await pollHealthz(after)))
   alone.job.push(await after)
   ratios.push(loaded.job.at(-1)! / ((alone.job.at(-1)! + alone.job.at(-2)!) / 2))
-  process.stderr.write(`round ${round + 1}: job alone ${fmt(alone.job.at(-2)!)} and ${fmt(alone.job.at(-1)!)}, during the hand-over ${fmt(loaded.job.at(-1)!)}; walk ${fmt(loaded.walkMs.at(-1)!)}, hostile run ${fmt(performance.now() - hostileSent)}\n`)
+  process.stderr.write(
+    `round ${round + 1}: job alone ${fmt(alone.job.at(-2)!)} and ${fmt(alone.job.at(-1)!)}, during the hand-over ${fmt(loaded.job.at(-1)!)}; walk ${fmt(loaded.walkMs.at(-1)!)}, hostile run ${fmt(performance.now() - hostileSent)}\n`,
+  )
 }
 
 serve.kill('SIGTERM')
@@ -182,9 +221,24 @@ const jobLoaded = stats(loaded.job)
 report('workspace-handover', {
   files: FILES,
   rounds: ROUNDS,
-  healthz_during_handover_ms: {p50: +stats(loaded.healthz).median.toFixed(1), p99: +p99(loaded.healthz).toFixed(1), max: +stats(loaded.healthz).max.toFixed(1), n: loaded.healthz.length},
-  healthz_idle_ms: {p50: +stats(alone.healthz).median.toFixed(1), p99: +p99(alone.healthz).toFixed(1), max: +stats(alone.healthz).max.toFixed(1), n: alone.healthz.length},
-  other_job_ms: {alone: +jobAlone.median.toFixed(0), during_handover: +jobLoaded.median.toFixed(0), ratio: +(jobLoaded.median / jobAlone.median).toFixed(3), ratio_per_round: ratios.map((ratio) => +ratio.toFixed(2))},
+  healthz_during_handover_ms: {
+    p50: +stats(loaded.healthz).median.toFixed(1),
+    p99: +p99(loaded.healthz).toFixed(1),
+    max: +stats(loaded.healthz).max.toFixed(1),
+    n: loaded.healthz.length,
+  },
+  healthz_idle_ms: {
+    p50: +stats(alone.healthz).median.toFixed(1),
+    p99: +p99(alone.healthz).toFixed(1),
+    max: +stats(alone.healthz).max.toFixed(1),
+    n: alone.healthz.length,
+  },
+  other_job_ms: {
+    alone: +jobAlone.median.toFixed(0),
+    during_handover: +jobLoaded.median.toFixed(0),
+    ratio: +(jobLoaded.median / jobAlone.median).toFixed(3),
+    ratio_per_round: ratios.map((ratio) => +ratio.toFixed(2)),
+  },
   walk_ms: +stats(loaded.walkMs).median.toFixed(0),
   hostile_run_ms: +stats(loaded.hostileRunMs).median.toFixed(0),
   targets: {healthz_p99_ms: 100, job_ratio: 1.1},

@@ -25,7 +25,16 @@ const CLI_FILES = {
  * bundles hold better-sqlite3's JavaScript too (their gateway.db opens load its addon by path,
  * src/runtime/util/sqlite.ts).
  */
-const CLI_EXTERNALS = ['typescript', 'tsx', 'ts-node', 'better-sqlite3', 'discord.js', '@slack/socket-mode', '@slack/web-api', 'ws']
+const CLI_EXTERNALS = [
+  'typescript',
+  'tsx',
+  'ts-node',
+  'better-sqlite3',
+  'discord.js',
+  '@slack/socket-mode',
+  '@slack/web-api',
+  'ws',
+]
 
 /** `agent/create.js` -> `agent:create` (oclif's ids; the topic separator shown to users is a space). */
 function commandIdOf(relativeFile) {
@@ -68,7 +77,9 @@ function loadCliBundle(root, options = {}) {
   module.filename = filename
   module.paths = Module._nodeModulePaths(path.dirname(filename))
   Module._cache[filename] = module
-  script.runInThisContext().call(module.exports, module.exports, Module.createRequire(filename), module, filename, path.dirname(filename))
+  script
+    .runInThisContext()
+    .call(module.exports, module.exports, Module.createRequire(filename), module, filename, path.dirname(filename))
   module.loaded = true
   return {exports: module.exports, script}
 }

@@ -12,7 +12,8 @@ const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..')
 const {CONFIG_AJV_OPTIONS, CONFIG_SCHEMA} = await import('../dist/runtime/config/schema.js')
 const ajv = new Ajv({...CONFIG_AJV_OPTIONS, code: {source: true, esm: true}})
 const code = standaloneCode.default(ajv, ajv.compile(CONFIG_SCHEMA))
-if (/\brequire\(/.test(code.replaceAll('require("ajv/dist/runtime/ucs2length")', ''))) throw new Error('build-config-validator: ajv\'s code requires a helper besides ucs2length; import it too')
+if (/\brequire\(/.test(code.replaceAll('require("ajv/dist/runtime/ucs2length")', '')))
+  throw new Error("build-config-validator: ajv's code requires a helper besides ucs2length; import it too")
 fs.writeFileSync(
   path.join(root, 'dist', 'runtime', 'config', 'config-validator.js'),
   [

@@ -11,7 +11,11 @@ import {fileURLToPath} from 'node:url'
 import {IMPORT_META_URL, finishBundle, selfWrapping} from './bundle-format.js'
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..')
-const {AGENT_RUN_BUNDLE: outfile, writeAgentRunCodeCache, writeAgentRunPackages} = await import('../dist/runtime/agent-run/bundle.js')
+const {
+  AGENT_RUN_BUNDLE: outfile,
+  writeAgentRunCodeCache,
+  writeAgentRunPackages,
+} = await import('../dist/runtime/agent-run/bundle.js')
 
 const result = await esbuild.build({
   stdin: {
@@ -37,7 +41,9 @@ const result = await esbuild.build({
 // unresolved require throws): fail the build instead of shipping it.
 if (result.warnings.length > 0) {
   const messages = await esbuild.formatMessages(result.warnings, {kind: 'warning'})
-  process.stderr.write(`bundle-agent-run: ${messages.join('\n')}\n  Try this: keep import.meta and dynamic require() out of agent-run's modules\n`)
+  process.stderr.write(
+    `bundle-agent-run: ${messages.join('\n')}\n  Try this: keep import.meta and dynamic require() out of agent-run's modules\n`,
+  )
   process.exit(1)
 }
 

@@ -36,7 +36,12 @@ if (process.argv.includes('--write-code-cache')) {
       await new core.Help(config).showHelp([])
       // the commands people and scripts run most; each leaves its compiled functions in the cache
       // (one that fails here, say with no Landlock on the build machine, still warmed most of its path)
-      const commands = [['config:check', []], ['agent:list', []], ['runs', []], ['sandbox:exec', ['--agent', 'meepa', '--', '/bin/true']]]
+      const commands = [
+        ['config:check', []],
+        ['agent:list', []],
+        ['runs', []],
+        ['sandbox:exec', ['--agent', 'meepa', '--', '/bin/true']],
+      ]
       for (const [id, argv] of commands) await config.runCommand(id, argv).catch(() => {})
     } finally {
       ;[process.stdout.write, process.stderr.write] = write
@@ -55,7 +60,10 @@ if (process.argv[2] === '--write-lite-code-cache') {
   const {exports: lite, script} = loadCliBundle(root, {bundle: bundleFile, codeCache: false})
   const home = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-warm-'))
   // a config in the scratch home (its first-run default): sandbox exec leaves a first run to oclif
-  spawnSync(process.execPath, [path.join(root, 'bin', 'run.js'), 'agent', 'list'], {env: {...process.env, MEEPAGATEWAY_HOME: home}, stdio: 'ignore'})
+  spawnSync(process.execPath, [path.join(root, 'bin', 'run.js'), 'agent', 'list'], {
+    env: {...process.env, MEEPAGATEWAY_HOME: home},
+    stdio: 'ignore',
+  })
   const exit = process.exit
   // an error ends the process the way oclif does (process.exit); here it ends only that run
   process.exit = (code) => {
@@ -66,7 +74,11 @@ if (process.argv[2] === '--write-lite-code-cache') {
   const gateway = bundleFile === liteBundleFile('send') ? await fakeGatewayForSend(home) : undefined
   try {
     // each run bounded: a build machine's hung Docker engine would hold each container command for its deadline (30 s)
-    for (const argv of argvs) await Promise.race([lite.run(argv, root).catch(() => {}), new Promise((resolve) => setTimeout(resolve, 5000).unref())])
+    for (const argv of argvs)
+      await Promise.race([
+        lite.run(argv, root).catch(() => {}),
+        new Promise((resolve) => setTimeout(resolve, 5000).unref()),
+      ])
   } finally {
     process.exit = exit
     process.exitCode = 0
@@ -82,13 +94,22 @@ if (process.argv[2] === '--write-lite-code-cache') {
  * it answers every message with a reply.
  */
 async function fakeGatewayForSend(home) {
-  const {localSendDir, localSendSocket, localSendToken} = await import('../dist/runtime/connectors/local-send/protocol.js')
+  const {localSendDir, localSendSocket, localSendToken} =
+    await import('../dist/runtime/connectors/local-send/protocol.js')
   const net = await import('node:net')
   fs.mkdirSync(localSendDir(home), {recursive: true, mode: 0o700})
   fs.writeFileSync(localSendToken(home), 'warm')
-  const output = {version: 1, ok: true, run_id: 'run_warm', reply: {content: 'warm'}, usage: {input_tokens: 1, output_tokens: 1}}
+  const output = {
+    version: 1,
+    ok: true,
+    run_id: 'run_warm',
+    reply: {content: 'warm'},
+    usage: {input_tokens: 1, output_tokens: 1},
+  }
   const server = net.createServer((socket) => {
-    socket.once('data', () => socket.end(`${JSON.stringify({type: 'log', line: 'warm'})}\n${JSON.stringify({type: 'result', output})}\n`))
+    socket.once('data', () =>
+      socket.end(`${JSON.stringify({type: 'log', line: 'warm'})}\n${JSON.stringify({type: 'result', output})}\n`),
+    )
   })
   await new Promise((resolve) => server.listen(localSendSocket(home), resolve))
   return server
@@ -103,12 +124,17 @@ function commandFiles(dir) {
 }
 
 const commandsDir = path.join(dist, 'commands')
-const commands = commandFiles(commandsDir).sort().map((file) => ({id: commandIdOf(path.relative(commandsDir, file)), file}))
+const commands = commandFiles(commandsDir)
+  .sort()
+  .map((file) => ({id: commandIdOf(path.relative(commandsDir, file)), file}))
 // Each command is a getter around require(): esbuild then evaluates a command's modules only when
 // oclif asks for that command (with the manifest, only the one being run), not all at start.
 const entry = [
   'export const COMMANDS = {}',
-  ...commands.map(({id, file}) => `Object.defineProperty(COMMANDS, ${JSON.stringify(id)}, {enumerable: true, get: () => require(${JSON.stringify(file)}).default})`),
+  ...commands.map(
+    ({id, file}) =>
+      `Object.defineProperty(COMMANDS, ${JSON.stringify(id)}, {enumerable: true, get: () => require(${JSON.stringify(file)}).default})`,
+  ),
   `Object.defineProperty(COMMANDS, 'help', {enumerable: true, get: () => require('@oclif/plugin-help').commands.help})`,
   // a getter too: loading the bundle (as the build does) does not evaluate oclif
   "export const core = () => require('@oclif/core')",
@@ -131,7 +157,8 @@ const noEngineCheck = {
   setup(build) {
     build.onLoad({filter: /[\\/]@oclif[\\/]core[\\/]lib[\\/]index\.js$/}, async (args) => {
       const text = await fs.promises.readFile(args.path, 'utf8')
-      if (!text.includes('\ncheckNodeVersion();')) throw new Error('@oclif/core changed: checkNodeVersion() not found in lib/index.js')
+      if (!text.includes('\ncheckNodeVersion();'))
+        throw new Error('@oclif/core changed: checkNodeVersion() not found in lib/index.js')
       return {contents: text.replace('\ncheckNodeVersion();', '\n'), loader: 'js'}
     })
   },
@@ -162,10 +189,14 @@ async function bundle({entry, sourcefile, outfile, plugins = [], external = CLI_
   })
   // A warning is a bundle that misbehaves at run time (import.meta is empty in CommonJS, an
   // unresolved require throws): fail the build instead of shipping it.
-  const warnings = result.warnings.filter((warning) => !/node_modules[\\/]@oclif[\\/]core[\\/]/.test(warning.location?.file ?? ''))
+  const warnings = result.warnings.filter(
+    (warning) => !/node_modules[\\/]@oclif[\\/]core[\\/]/.test(warning.location?.file ?? ''),
+  )
   if (warnings.length > 0) {
     const messages = await esbuild.formatMessages(warnings, {kind: 'warning'})
-    process.stderr.write(`bundle-cli: ${messages.join('\n')}\n  Try this: keep import.meta and dynamic require() out of the commands and the runtime\n`)
+    process.stderr.write(
+      `bundle-cli: ${messages.join('\n')}\n  Try this: keep import.meta and dynamic require() out of the commands and the runtime\n`,
+    )
     process.exit(1)
   }
   finishBundle(outfile)
@@ -178,7 +209,8 @@ function addSources(sources, result) {
     const compiled = path.resolve(root, input)
     if (!compiled.startsWith(dist + path.sep)) continue
     const source = path.join(root, 'src', path.relative(dist, compiled)).replace(/\.js$/, '.ts')
-    if (fs.existsSync(source)) sources[path.relative(root, source)] = createHash('sha256').update(fs.readFileSync(source)).digest('hex')
+    if (fs.existsSync(source))
+      sources[path.relative(root, source)] = createHash('sha256').update(fs.readFileSync(source)).digest('hex')
   }
 }
 
@@ -212,15 +244,33 @@ if (warm.status !== 0) process.exit(warm.status ?? 1)
 // lite bundle does not exist yet, so oclif renders every one.
 const {HELP_PAGES_FILE, helpArgvForms} = await import('../dist/cli/lite/help.js')
 const commandIds = Object.keys(JSON.parse(fs.readFileSync(manifestFile, 'utf8')).commands)
-const topics = [...new Set(commandIds.flatMap((id) => id.split(':').slice(0, -1).map((_, index, parts) => parts.slice(0, index + 1).join(':'))))]
-const helpEnv = Object.fromEntries(Object.entries(process.env).filter(([name]) => !['OCLIF_COLUMNS', 'FORCE_COLOR', 'DEBUG', 'MEEPAGATEWAY_DEBUG', 'NODE_OPTIONS'].includes(name)))
+const topics = [
+  ...new Set(
+    commandIds.flatMap((id) =>
+      id
+        .split(':')
+        .slice(0, -1)
+        .map((_, index, parts) => parts.slice(0, index + 1).join(':')),
+    ),
+  ),
+]
+const helpEnv = Object.fromEntries(
+  Object.entries(process.env).filter(
+    ([name]) => !['OCLIF_COLUMNS', 'FORCE_COLOR', 'DEBUG', 'MEEPAGATEWAY_DEBUG', 'NODE_OPTIONS'].includes(name),
+  ),
+)
 const {version} = JSON.parse(fs.readFileSync(path.join(root, 'package.json'), 'utf8'))
 // what oclif prints in the pages (its platform is `wsl` under WSL), so help.ts can replace it
 const userAgent = await (await import('../dist/cli/lite/run.js')).oclifUserAgent(version)
 const pages = {}
 for (const argv of helpArgvForms({commands: commandIds, topics})) {
-  const shown = spawnSync(process.execPath, [path.join(root, 'bin', 'run.js'), ...argv], {env: helpEnv, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe']})
-  if (shown.status !== 0 || shown.stderr !== '') throw new Error(`bundle-cli: \`${argv.join(' ')}\` printed no help page (exit ${shown.status}): ${shown.stderr}`)
+  const shown = spawnSync(process.execPath, [path.join(root, 'bin', 'run.js'), ...argv], {
+    env: helpEnv,
+    encoding: 'utf8',
+    stdio: ['ignore', 'pipe', 'pipe'],
+  })
+  if (shown.status !== 0 || shown.stderr !== '')
+    throw new Error(`bundle-cli: \`${argv.join(' ')}\` printed no help page (exit ${shown.status}): ${shown.stderr}`)
   pages[argv.join(' ')] = shown.stdout
 }
 fs.mkdirSync(path.join(root, CLI_FILES.liteDir), {recursive: true})
@@ -232,7 +282,9 @@ fs.writeFileSync(path.join(root, HELP_PAGES_FILE), `${JSON.stringify({userAgent,
 const {LITE_COMMANDS} = await import('../dist/cli/lite/commands.js')
 // the lite path runs no oclif hooks: one added to package.json would be skipped there without a word
 if (JSON.parse(fs.readFileSync(path.join(root, 'package.json'), 'utf8')).oclif?.hooks) {
-  throw new Error('bundle-cli: package.json declares oclif hooks, which the lite bundles (src/cli/lite/) do not run; run them there or drop the lite bundles')
+  throw new Error(
+    'bundle-cli: package.json declares oclif hooks, which the lite bundles (src/cli/lite/) do not run; run them there or drop the lite bundles',
+  )
 }
 /** The commands' `@oclif/core` is src/cli/lite/core.ts. */
 const liteCore = {
@@ -250,7 +302,9 @@ const sendOneShotApart = {
   name: 'send-one-shot-apart',
   setup(build) {
     build.onResolve({filter: /[\\/]runtime[\\/]send[\\/]one-shot\.js$/}, (args) =>
-      args.kind === 'dynamic-import' && /[\\/]commands[\\/]send\.js$/.test(args.importer) ? {path: 'send-one-shot', namespace: SEND_ONE_SHOT} : undefined,
+      args.kind === 'dynamic-import' && /[\\/]commands[\\/]send\.js$/.test(args.importer)
+        ? {path: 'send-one-shot', namespace: SEND_ONE_SHOT}
+        : undefined,
     )
     build.onResolve({filter: /^meepa-cli-bundle$/}, () => ({path: '../../bin/cli-bundle.cjs', external: true}))
     build.onLoad({filter: /.*/, namespace: SEND_ONE_SHOT}, () => ({
@@ -269,43 +323,83 @@ const liteBundles = [
   {
     id: SEND_ONE_SHOT,
     // only the runtime's one-shot path; `run` is for its warm-up (the scratch home's agent, no provider key there)
-    entry: "import {sendOneShot} from './runtime/send/one-shot.js'\nexport {sendOneShot}\nexport const run = () => sendOneShot({agentId: 'meepa', channel: 'cli', content: 'hi', notice: () => {}})",
+    entry:
+      "import {sendOneShot} from './runtime/send/one-shot.js'\nexport {sendOneShot}\nexport const run = () => sendOneShot({agentId: 'meepa', channel: 'cli', content: 'hi', notice: () => {}})",
     warm: [[]],
     notACommand: true,
   },
   ...LITE_COMMANDS.map((id) => {
     const file = commands.find((command) => command.id === id)?.file
     if (!file) throw new Error(`bundle-cli: src/cli/lite/commands.ts names ${id}, which is not a command`)
-    const run = id === 'sandbox:exec'
-      ? "import {sandboxExecWithoutOclif} from './cli/fast-paths.js'\nexport const run = (argv) => argv[0] === 'sandbox' && argv[1] === 'exec' ? sandboxExecWithoutOclif(argv.slice(2)) : Promise.resolve(undefined)"
-      : `import {runCommandWithoutOclif} from './cli/lite/run.js'\nimport Command from ${JSON.stringify(file)}\nexport const run = (argv) => runCommandWithoutOclif(argv, ${JSON.stringify(id)}, Command)`
+    const run =
+      id === 'sandbox:exec'
+        ? "import {sandboxExecWithoutOclif} from './cli/fast-paths.js'\nexport const run = (argv) => argv[0] === 'sandbox' && argv[1] === 'exec' ? sandboxExecWithoutOclif(argv.slice(2)) : Promise.resolve(undefined)"
+        : `import {runCommandWithoutOclif} from './cli/lite/run.js'\nimport Command from ${JSON.stringify(file)}\nexport const run = (argv) => runCommandWithoutOclif(argv, ${JSON.stringify(id)}, Command)`
     // what a start runs, once in the scratch home (send, with no provider key there, up to the provider
     // call; `container clean` only as a dry run: on the build machine's engine it would remove images)
     const warm = {
       send: [['send', '--agent', 'meepa', 'hi']],
       'sandbox:exec': [['sandbox', 'exec', '--agent', 'meepa', '--', '/bin/true']],
-      'container:clean': [['container', 'clean', '--dry-run'], ['container', 'clean', '--dry-run', '--json']],
-      'agent:create': [['agent', 'create', 'meepa'], ['agent', 'create', 'warm', '--json']],
-      'sandbox:explain': [['sandbox', 'explain', '--agent', 'meepa'], ['sandbox', 'explain', '--agent', 'meepa', '--json']],
+      'container:clean': [
+        ['container', 'clean', '--dry-run'],
+        ['container', 'clean', '--dry-run', '--json'],
+      ],
+      'agent:create': [
+        ['agent', 'create', 'meepa'],
+        ['agent', 'create', 'warm', '--json'],
+      ],
+      'sandbox:explain': [
+        ['sandbox', 'explain', '--agent', 'meepa'],
+        ['sandbox', 'explain', '--agent', 'meepa', '--json'],
+      ],
     }[id] ?? [id.split(':'), [...id.split(':'), '--json']]
     return {id, entry: run, warm, plugins: id === 'send' ? [sendOneShotApart] : []}
   }),
-  {id: 'help-pages', entry: `import {printHelpPageWithoutOclif} from './cli/lite/run.js'\nexport const run = async (argv, root) => printHelpPageWithoutOclif(argv, root, ${JSON.stringify(version)})`, warm: [['--help'], ['runs', '--help']]},
+  {
+    id: 'help-pages',
+    entry: `import {printHelpPageWithoutOclif} from './cli/lite/run.js'\nexport const run = async (argv, root) => printHelpPageWithoutOclif(argv, root, ${JSON.stringify(version)})`,
+    warm: [['--help'], ['runs', '--help']],
+  },
 ]
 for (const {id, entry, warm, plugins = []} of liteBundles) {
   const bundleFile = liteBundleFile(id)
-  const built = await bundle({entry, sourcefile: `lite-${id}.js`, outfile: path.join(root, bundleFile), plugins: [liteCore, ...plugins], external: CLI_EXTERNALS.filter((name) => name !== 'better-sqlite3')})
+  const built = await bundle({
+    entry,
+    sourcefile: `lite-${id}.js`,
+    outfile: path.join(root, bundleFile),
+    plugins: [liteCore, ...plugins],
+    external: CLI_EXTERNALS.filter((name) => name !== 'better-sqlite3'),
+  })
   // better-sqlite3's own addon lookup fails from inside a bundle: only openSqlite may open files here
   if (Object.keys(built.metafile.inputs).some((input) => input.endsWith('runtime/workspace/memory.js'))) {
-    throw new Error(`bundle-cli: the lite bundle of ${id} holds memory.js, which opens SQLite without src/runtime/util/sqlite.ts`)
+    throw new Error(
+      `bundle-cli: the lite bundle of ${id} holds memory.js, which opens SQLite without src/runtime/util/sqlite.ts`,
+    )
   }
-  if (Object.keys(built.metafile.inputs).some((input) => /node_modules[\\/]@oclif[\\/]core[\\/]lib[\\/](index|command|config[\\/])/.test(input))) {
-    throw new Error(`bundle-cli: the lite bundle of ${id} reached oclif itself; keep its command to what src/cli/lite/core.ts provides`)
+  if (
+    Object.keys(built.metafile.inputs).some((input) =>
+      /node_modules[\\/]@oclif[\\/]core[\\/]lib[\\/](index|command|config[\\/])/.test(input),
+    )
+  ) {
+    throw new Error(
+      `bundle-cli: the lite bundle of ${id} reached oclif itself; keep its command to what src/cli/lite/core.ts provides`,
+    )
   }
   addSources(sources, built)
   // the commands write to the descriptors themselves (src/cli/lite/write.ts): their output goes nowhere
-  const warmed = spawnSync(process.execPath, [fileURLToPath(import.meta.url), '--write-lite-code-cache', bundleFile, JSON.stringify(warm)], {stdio: ['ignore', 'ignore', 'pipe'], encoding: 'utf8'})
-  if (warmed.status !== 0) throw new Error(`bundle-cli: warming ${bundleFile} failed (exit ${warmed.status}): ${warmed.stderr}`)
+  const warmed = spawnSync(
+    process.execPath,
+    [fileURLToPath(import.meta.url), '--write-lite-code-cache', bundleFile, JSON.stringify(warm)],
+    {stdio: ['ignore', 'ignore', 'pipe'], encoding: 'utf8'},
+  )
+  if (warmed.status !== 0)
+    throw new Error(`bundle-cli: warming ${bundleFile} failed (exit ${warmed.status}): ${warmed.stderr}`)
 }
-fs.writeFileSync(path.join(root, CLI_FILES.liteIndex), `${JSON.stringify(liteBundles.filter((lite) => !lite.notACommand).map(({id}) => id))}\n`)
-fs.writeFileSync(path.join(root, CLI_FILES.sources), `${JSON.stringify(Object.fromEntries(Object.entries(sources).sort()), null, 2)}\n`)
+fs.writeFileSync(
+  path.join(root, CLI_FILES.liteIndex),
+  `${JSON.stringify(liteBundles.filter((lite) => !lite.notACommand).map(({id}) => id))}\n`,
+)
+fs.writeFileSync(
+  path.join(root, CLI_FILES.sources),
+  `${JSON.stringify(Object.fromEntries(Object.entries(sources).sort()), null, 2)}\n`,
+)

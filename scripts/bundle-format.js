@@ -23,7 +23,9 @@ export function selfWrapping() {
         // finishBundle's shared namespace of a built-in module (esbuild's __toESM is defined below it)
         'var __builtinNamespaces = {}, __builtinNamespace = (id) => __builtinNamespaces[id] ??= __toESM(require(id), 1);',
     },
-    footer: {js: "};\nif (typeof module === 'object' && module && module.exports) __meepaCli(exports, require, module, __filename, __dirname);\n__meepaCli"},
+    footer: {
+      js: "};\nif (typeof module === 'object' && module && module.exports) __meepaCli(exports, require, module, __filename, __dirname);\n__meepaCli",
+    },
   }
 }
 

@@ -51,7 +51,12 @@ function typeOf(node) {
   if (node.enum) return node.enum.map((v) => `\`${JSON.stringify(v)}\``).join(' | ')
   if (node.const !== undefined) return `\`${JSON.stringify(node.const)}\``
   if (node.type === 'array') return `array of ${node.items ? typeOf(node.items) : 'any'}`
-  if (node.type === 'object' && node.additionalProperties && typeof node.additionalProperties === 'object' && !node.properties) {
+  if (
+    node.type === 'object' &&
+    node.additionalProperties &&
+    typeof node.additionalProperties === 'object' &&
+    !node.properties
+  ) {
     return `map of ${typeOf(node.additionalProperties)}`
   }
   return node.type ?? 'any'
@@ -64,7 +69,8 @@ function constraints(node) {
   if (node.minimum !== undefined) out.push(`≥ ${node.minimum}`)
   if (node.exclusiveMinimum !== undefined) out.push(`> ${node.exclusiveMinimum}`)
   if (node.maximum !== undefined) out.push(`≤ ${node.maximum}`)
-  if (node.minProperties !== undefined) out.push(`at least ${node.minProperties} entr${node.minProperties === 1 ? 'y' : 'ies'}`)
+  if (node.minProperties !== undefined)
+    out.push(`at least ${node.minProperties} entr${node.minProperties === 1 ? 'y' : 'ies'}`)
   if (node.items?.pattern) out.push(`items match \`${node.items.pattern}\``)
   if (node.propertyNames?.pattern) out.push(`names match \`${node.propertyNames.pattern}\``)
   if (node.additionalProperties === false && node.properties) out.push('no other keys')
@@ -86,7 +92,8 @@ function rows(node, prefix, required, defaults, out) {
       `| \`${fieldPath}\` | ${cell(typeOf(child))} | ${required.includes(name) ? 'yes' : ''} | ${cell(leaf ? shown(child.default ?? defaultAt(defaults, fieldPath)) : '')} | ${cell(constraints(child))}${child.description ? ` ${cell(child.description)}` : ''} |`,
     )
     if (isObject) rows(child, fieldPath, child.required ?? [], defaults, out)
-    if (isMap && child.additionalProperties.properties) rows(child.additionalProperties, `${fieldPath}.<name>`, child.additionalProperties.required ?? [], defaults, out)
+    if (isMap && child.additionalProperties.properties)
+      rows(child.additionalProperties, `${fieldPath}.<name>`, child.additionalProperties.required ?? [], defaults, out)
     if (isList) rows(child.items, `${fieldPath}[]`, child.items.required ?? [], defaults, out)
     if (child.type === 'array' && child.items?.allOf) variants(child.items, `${fieldPath}[]`, out)
   }
@@ -111,7 +118,7 @@ export function render(schema, defaults) {
     '',
     '`config.yaml` lives in `$MEEPAGATEWAY_HOME` (default `~/.meepagateway`; `--config PATH` overrides it).',
     'A value written `$NAME` or `${NAME}` is read from the environment when the config loads. An agent',
-    'field resolves as: the agent\'s own value, then `agent_defaults`, then the built-in default below.',
+    "field resolves as: the agent's own value, then `agent_defaults`, then the built-in default below.",
     '`meepagateway config check` validates the file and prints it resolved, secrets masked;',
     '`meepagateway config schema` prints the JSON Schema this page is rendered from.',
     '',
@@ -120,9 +127,13 @@ export function render(schema, defaults) {
     out.push(`## \`${section}\`${(schema.required ?? []).includes(section) ? ' (required)' : ''}`, '')
     out.push('| field | type | required | default | constraints |', '|---|---|---|---|---|')
     const table = []
-    if (node.type === 'array' && node.items?.properties) rows(node.items, `${section}[]`, node.items.required ?? [], defaults, table)
+    if (node.type === 'array' && node.items?.properties)
+      rows(node.items, `${section}[]`, node.items.required ?? [], defaults, table)
     else if (node.properties) rows(node, section, node.required ?? [], defaults, table)
-    else table.push(`| \`${section}\` | ${cell(typeOf(node))} | | ${shown(defaultAt(defaults, section))} | ${cell(constraints(node))} |`)
+    else
+      table.push(
+        `| \`${section}\` | ${cell(typeOf(node))} | | ${shown(defaultAt(defaults, section))} | ${cell(constraints(node))} |`,
+      )
     out.push(...table, '')
   }
   return `${out.join('\n').trimEnd()}\n`

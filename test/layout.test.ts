@@ -21,10 +21,14 @@ function sourceFiles(dir = SRC): string[] {
   })
 }
 
-const SPECIFIER = /(?:^|[\s;])(import\s+type\s[^'"]*?from\s*|export\s+type\s[^'"]*?from\s*|import\s[^'"]*?from\s*|export\s[^'"]*?from\s*|import\s*\(\s*|import\s+)(['"])([^'"\n]+)\2/g
+const SPECIFIER =
+  /(?:^|[\s;])(import\s+type\s[^'"]*?from\s*|export\s+type\s[^'"]*?from\s*|import\s[^'"]*?from\s*|export\s[^'"]*?from\s*|import\s*\(\s*|import\s+)(['"])([^'"\n]+)\2/g
 
 function importsOf(file: string): Array<Import | {from: string; pkg: string}> {
-  const text = fs.readFileSync(file, 'utf8').replace(/\/\*[\s\S]*?\*\//g, '').replace(/^\s*\/\/.*$/gm, '')
+  const text = fs
+    .readFileSync(file, 'utf8')
+    .replace(/\/\*[\s\S]*?\*\//g, '')
+    .replace(/^\s*\/\/.*$/gm, '')
   const from = path.relative(SRC, file)
   const out: Array<Import | {from: string; pkg: string}> = []
   for (const [, lead = '', , specifier = ''] of text.matchAll(SPECIFIER)) {
@@ -49,9 +53,35 @@ function zoneOf(relative: string): string {
  * Which folders each folder may import (docs/layout.md, "Import rules"); its own files always.
  * Folders, never single files: a file needed across layers moves to the layer that needs it.
  */
-const BELOW_RUNNERS = ['util', 'config', 'shapes', 'state', 'workspace', 'providers', 'agent', 'agent-run', 'llm-channel']
+const BELOW_RUNNERS = [
+  'util',
+  'config',
+  'shapes',
+  'state',
+  'workspace',
+  'providers',
+  'agent',
+  'agent-run',
+  'llm-channel',
+]
 const GATEWAY_SIDE = ['gateway', 'connectors', 'http', 'captain']
-const RUNTIME = ['util', 'config', 'shapes', 'state', 'workspace', 'providers', 'agent', 'agent-run', 'llm-channel', 'run-lifecycle', 'host-sandbox', 'container', 'runners', 'send', ...GATEWAY_SIDE]
+const RUNTIME = [
+  'util',
+  'config',
+  'shapes',
+  'state',
+  'workspace',
+  'providers',
+  'agent',
+  'agent-run',
+  'llm-channel',
+  'run-lifecycle',
+  'host-sandbox',
+  'container',
+  'runners',
+  'send',
+  ...GATEWAY_SIDE,
+]
 const MAY_IMPORT: Record<string, {runtime: string[]; sandbox: boolean}> = {
   commands: {runtime: RUNTIME, sandbox: false},
   cli: {runtime: RUNTIME, sandbox: false},
@@ -62,7 +92,10 @@ const MAY_IMPORT: Record<string, {runtime: string[]; sandbox: boolean}> = {
   'runtime/workspace': {runtime: ['util', 'config', 'shapes', 'state'], sandbox: false},
   'runtime/providers': {runtime: ['util', 'config', 'shapes'], sandbox: false},
   'runtime/agent': {runtime: ['util', 'config', 'shapes', 'workspace', 'providers'], sandbox: false},
-  'runtime/agent-run': {runtime: ['util', 'config', 'shapes', 'state', 'workspace', 'providers', 'agent'], sandbox: false},
+  'runtime/agent-run': {
+    runtime: ['util', 'config', 'shapes', 'state', 'workspace', 'providers', 'agent'],
+    sandbox: false,
+  },
   'runtime/llm-channel': {runtime: ['util', 'config', 'shapes', 'providers', 'agent-run'], sandbox: false},
   'runtime/run-lifecycle': {runtime: BELOW_RUNNERS, sandbox: true},
   'runtime/host-sandbox': {runtime: [...BELOW_RUNNERS, 'run-lifecycle'], sandbox: true},
@@ -81,7 +114,10 @@ function allowed(zone: string, imp: Import): boolean {
   if (zone === 'sandbox') {
     // the isolated program's own interface (which files it is, how it starts) and the shapes it is
     // handed; the config's types, never its code; nothing of the gateway
-    return ['runtime/util', 'runtime/shapes', 'runtime/agent-run'].includes(target) || (imp.typeOnly && target === 'runtime/config')
+    return (
+      ['runtime/util', 'runtime/shapes', 'runtime/agent-run'].includes(target) ||
+      (imp.typeOnly && target === 'runtime/config')
+    )
   }
   const rule = MAY_IMPORT[zone]
   if (!rule) return false
@@ -149,33 +185,61 @@ describe('source layout (docs/layout.md)', () => {
   })
 
   it('every folder of src/runtime/ has its rule (a new folder is placed in the layers first)', () => {
-    const folders = fs.readdirSync(path.join(SRC, 'runtime'), {withFileTypes: true}).filter((entry) => entry.isDirectory())
+    const folders = fs
+      .readdirSync(path.join(SRC, 'runtime'), {withFileTypes: true})
+      .filter((entry) => entry.isDirectory())
     expect(folders.map((entry) => `runtime/${entry.name}`).filter((zone) => !(zone in MAY_IMPORT))).toEqual([])
   })
 
   it('test/runtime/ and test/sandbox/ mirror src/: every test folder there is a folder of src/', () => {
     const folders = (dir: string): string[] =>
-      fs.readdirSync(dir, {withFileTypes: true}).flatMap((entry) => (entry.isDirectory() ? [path.join(dir, entry.name), ...folders(path.join(dir, entry.name))] : []))
+      fs
+        .readdirSync(dir, {withFileTypes: true})
+        .flatMap((entry) =>
+          entry.isDirectory() ? [path.join(dir, entry.name), ...folders(path.join(dir, entry.name))] : [],
+        )
     const testRoot = path.join(ROOT, 'test')
-    const unmirrored = ['runtime', 'sandbox'].flatMap((top) => folders(path.join(testRoot, top))).map((dir) => path.relative(testRoot, dir))
+    const unmirrored = ['runtime', 'sandbox']
+      .flatMap((top) => folders(path.join(testRoot, top)))
+      .map((dir) => path.relative(testRoot, dir))
     expect(unmirrored.filter((dir) => !fs.existsSync(path.join(SRC, dir)))).toEqual([])
   })
 
   it('the agent loop imports nothing from src/sandbox/ (it does not know where it runs)', () => {
-    const offenders = all.filter((imp) => 'to' in imp && zoneOf(imp.from) === 'runtime/agent' && zoneOf(imp.to) === 'sandbox')
+    const offenders = all.filter(
+      (imp) => 'to' in imp && zoneOf(imp.from) === 'runtime/agent' && zoneOf(imp.to) === 'sandbox',
+    )
     expect(offenders).toEqual([])
   })
 
   it('only commands use @oclif/core, and only they and the lite CLI chalk; the runtime and the sandbox are libraries', () => {
-    const offenders = all.filter((imp) => 'pkg' in imp && /^(@oclif\/core|chalk)(\/|$)/.test(imp.pkg) && zoneOf(imp.from) !== 'commands' && !(imp.pkg === 'chalk' && zoneOf(imp.from) === 'cli'))
+    const offenders = all.filter(
+      (imp) =>
+        'pkg' in imp &&
+        /^(@oclif\/core|chalk)(\/|$)/.test(imp.pkg) &&
+        zoneOf(imp.from) !== 'commands' &&
+        !(imp.pkg === 'chalk' && zoneOf(imp.from) === 'cli'),
+    )
     expect(offenders).toEqual([])
   })
 
   it('the rules see real imports (a parse that found nothing would pass vacuously)', () => {
     expect(all.some((imp) => 'to' in imp && imp.from === path.join('runtime', 'agent', 'loop.ts'))).toBe(true)
     expect(all.some((imp) => 'to' in imp && imp.typeOnly)).toBe(true)
-    expect(allowed('sandbox', {from: 'sandbox/x.ts', to: path.join('runtime', 'gateway', 'gateway.ts'), specifier: '', typeOnly: false})).toBe(false)
-    const imp = (from: string, to: string): Import => ({from: path.join('runtime', from, 'x.ts'), to: path.join('runtime', to, 'y.ts'), specifier: `../${to}/y.js`, typeOnly: false})
+    expect(
+      allowed('sandbox', {
+        from: 'sandbox/x.ts',
+        to: path.join('runtime', 'gateway', 'gateway.ts'),
+        specifier: '',
+        typeOnly: false,
+      }),
+    ).toBe(false)
+    const imp = (from: string, to: string): Import => ({
+      from: path.join('runtime', from, 'x.ts'),
+      to: path.join('runtime', to, 'y.ts'),
+      specifier: `../${to}/y.js`,
+      typeOnly: false,
+    })
     expect(folderCycle([imp('a', 'b'), imp('b', 'c')])).toBeUndefined()
     expect(folderCycle([imp('a', 'b'), imp('b', 'c'), imp('c', 'a')])).toEqual([
       'runtime/a -> runtime/b (src/runtime/a/x.ts imports ../b/y.js)',

@@ -74,7 +74,7 @@ describe('package exports', () => {
     expect(splitSpecifier('@oclif/core/errors')).toEqual({name: '@oclif/core', subpath: './errors'})
   })
 
-  it('no code imports a package file outside the package\'s exports', () => {
+  it("no code imports a package file outside the package's exports", () => {
     const offenders: string[] = []
     for (const file of files) {
       const text = withoutComments(fs.readFileSync(file, 'utf8'))
@@ -90,7 +90,9 @@ describe('package exports', () => {
   })
 
   it('no code reaches into a package by its resolved path', () => {
-    const offenders = files.filter((file) => /path\.dirname\(\s*require\.resolve\(/.test(withoutComments(fs.readFileSync(file, 'utf8')))).map((file) => path.relative(ROOT, file))
+    const offenders = files
+      .filter((file) => /path\.dirname\(\s*require\.resolve\(/.test(withoutComments(fs.readFileSync(file, 'utf8'))))
+      .map((file) => path.relative(ROOT, file))
     expect(offenders).toEqual([])
   })
 })

@@ -15,7 +15,12 @@ import {defaultConfigPath, gatewayHome} from '../runtime/util/paths.js'
  */
 
 /** `sandbox exec`'s flags (src/commands/sandbox/exec.ts); test/cli/fast-paths.test.ts keeps them in step. */
-export const SANDBOX_EXEC_FLAGS = {agent: {char: 'a', type: 'string'}, timeout: {type: 'integer'}, config: {type: 'string'}, 'no-color': {type: 'boolean'}} as const
+export const SANDBOX_EXEC_FLAGS = {
+  agent: {char: 'a', type: 'string'},
+  timeout: {type: 'integer'},
+  config: {type: 'string'},
+  'no-color': {type: 'boolean'},
+} as const
 const DEFAULT_TIMEOUT_SECONDS = 3600
 
 export interface SandboxExecArgv {
@@ -36,7 +41,9 @@ export function parseSandboxExecArgv(argv: readonly string[]): SandboxExecArgv |
     const token = flags[i] as string
     const long = /^--([a-z-]+)(?:=(.*))?$/.exec(token)
     const short = /^-([a-z])(.*)$/.exec(token)
-    const name = long ? long[1] : Object.entries(SANDBOX_EXEC_FLAGS).find(([, flag]) => 'char' in flag && flag.char === short?.[1])?.[0]
+    const name = long
+      ? long[1]
+      : Object.entries(SANDBOX_EXEC_FLAGS).find(([, flag]) => 'char' in flag && flag.char === short?.[1])?.[0]
     if (!name || !(name in SANDBOX_EXEC_FLAGS) || (!long && !short)) return undefined
     const inline = long ? long[2] : short?.[2] || undefined
     if (SANDBOX_EXEC_FLAGS[name as keyof typeof SANDBOX_EXEC_FLAGS].type === 'boolean') {
@@ -54,7 +61,13 @@ export function parseSandboxExecArgv(argv: readonly string[]): SandboxExecArgv |
   if (values.timeout !== undefined && !/^\d+$/.test(values.timeout)) return undefined
   const timeoutSeconds = values.timeout === undefined ? DEFAULT_TIMEOUT_SECONDS : Number(values.timeout)
   if (timeoutSeconds < 1) return undefined
-  return {agent: values.agent, timeoutSeconds, ...(values.config ? {config: values.config} : {}), ...(values['no-color'] ? {noColor: true} : {}), command: argv.slice(separator + 1)}
+  return {
+    agent: values.agent,
+    timeoutSeconds,
+    ...(values.config ? {config: values.config} : {}),
+    ...(values['no-color'] ? {noColor: true} : {}),
+    command: argv.slice(separator + 1),
+  }
 }
 
 /** Runs `sandbox exec` without oclif and returns the exit status, or undefined to hand the argv to oclif. */
@@ -64,7 +77,10 @@ export async function sandboxExecWithoutOclif(argv: readonly string[]): Promise<
   // a first run writes the default config and says so: that is oclif's path
   const configPath = parsed.config ? path.resolve(parsed.config) : defaultConfigPath(gatewayHome())
   if (!fs.existsSync(configPath)) return undefined
-  const [{loadConfig}, {sandboxExec}] = await Promise.all([import('../runtime/config/load.js'), import('../runtime/host-sandbox/exec.js')])
+  const [{loadConfig}, {sandboxExec}] = await Promise.all([
+    import('../runtime/config/load.js'),
+    import('../runtime/host-sandbox/exec.js'),
+  ])
   let result: {exitCode: number; timedOut: boolean}
   let started = false
   try {
@@ -86,7 +102,8 @@ export async function sandboxExecWithoutOclif(argv: readonly string[]): Promise<
     // time, so report it here the way oclif does (BaseCommand.catch, then oclif's handle)
     return exitLikeOclif(await colourError(asCliError(error as Error), parsed.noColor ?? false))
   }
-  if (result.timedOut) process.stderr.write(`sandbox exec: the command ran longer than ${parsed.timeoutSeconds} s and was killed\n`)
+  if (result.timedOut)
+    process.stderr.write(`sandbox exec: the command ran longer than ${parsed.timeoutSeconds} s and was killed\n`)
   return result.exitCode
 }
 
@@ -95,7 +112,8 @@ export async function sandboxExecWithoutOclif(argv: readonly string[]): Promise<
  * src/commands/base-command.ts, which cli/ may not import).
  */
 function asCliError(error: Error): Error & {oclif?: {exit?: number}} {
-  if (error instanceof GatewayError) return new CLIError(error.message, {code: error.code, exit: error.exitCode, suggestions: error.suggestions})
+  if (error instanceof GatewayError)
+    return new CLIError(error.message, {code: error.code, exit: error.exitCode, suggestions: error.suggestions})
   if (error instanceof CLIError) return Object.assign(error, {code: error.code ?? 'E_USAGE'})
   return new CLIError(error.message, {code: 'E_INTERNAL', exit: 1})
 }

@@ -5,7 +5,9 @@ import {GatewayError} from '../runtime/util/errors.js'
 import {argvSaysNoColor, colourError, colours} from '../cli/colour.js'
 import type {ChalkInstance} from 'chalk'
 
-export type BaseFlags<T extends typeof Command> = Interfaces.InferredFlags<(typeof BaseCommand)['baseFlags'] & T['flags']>
+export type BaseFlags<T extends typeof Command> = Interfaces.InferredFlags<
+  (typeof BaseCommand)['baseFlags'] & T['flags']
+>
 export type BaseArgs<T extends typeof Command> = Interfaces.InferredArgs<T['args']>
 
 /**
@@ -14,8 +16,14 @@ export type BaseArgs<T extends typeof Command> = Interfaces.InferredArgs<T['args
  */
 export abstract class BaseCommand<T extends typeof Command> extends Command {
   static baseFlags = {
-    config: Flags.string({description: 'path to config.yaml (default: $MEEPAGATEWAY_HOME/config.yaml)', helpGroup: 'GLOBAL'}),
-    'no-color': Flags.boolean({description: 'no colour in the output (also NO_COLOR, or output that is not a terminal)', helpGroup: 'GLOBAL'}),
+    config: Flags.string({
+      description: 'path to config.yaml (default: $MEEPAGATEWAY_HOME/config.yaml)',
+      helpGroup: 'GLOBAL',
+    }),
+    'no-color': Flags.boolean({
+      description: 'no colour in the output (also NO_COLOR, or output that is not a terminal)',
+      helpGroup: 'GLOBAL',
+    }),
   }
 
   static enableJsonFlag = true
@@ -73,9 +81,12 @@ export abstract class BaseCommand<T extends typeof Command> extends Command {
 
 function toCliError(error: Error): Errors.CLIError {
   if (error instanceof GatewayError) {
-    return Object.assign(new Errors.CLIError(error.message, {code: error.code, exit: error.exitCode, suggestions: error.suggestions}), {
-      details: Object.keys(error.details).length > 0 ? error.details : undefined,
-    })
+    return Object.assign(
+      new Errors.CLIError(error.message, {code: error.code, exit: error.exitCode, suggestions: error.suggestions}),
+      {
+        details: Object.keys(error.details).length > 0 ? error.details : undefined,
+      },
+    )
   }
   if (error instanceof Errors.CLIError) {
     error.code ??= 'E_USAGE'

@@ -9,7 +9,11 @@ export default class Runs extends BaseCommand<typeof Runs> {
     agent: Flags.string({char: 'a', description: 'only runs of this agent'}),
     limit: Flags.integer({char: 'n', description: 'how many runs to show', default: 20, min: 1, max: 10_000}),
   }
-  static examples = ['<%= config.bin %> runs', '<%= config.bin %> runs --agent meepa --limit 50', '<%= config.bin %> runs --json']
+  static examples = [
+    '<%= config.bin %> runs',
+    '<%= config.bin %> runs --agent meepa --limit 50',
+    '<%= config.bin %> runs --json',
+  ]
 
   async run(): Promise<RunRecord[]> {
     const runs = listRuns({home: gatewayHome(), agentId: this.flags.agent, limit: this.flags.limit})
@@ -29,8 +33,21 @@ export default class Runs extends BaseCommand<typeof Runs> {
       run.input_tokens === null ? '-' : `${run.input_tokens}/${run.output_tokens}`,
       run.error_code ? `${run.error_code}: ${oneLine(run.error_message ?? '')}` : '',
     ])
-    const header = ['STARTED (UTC)', 'RUN', 'AGENT', 'CONNECTOR', 'CHANNEL', 'ISOLATION', 'STATUS', 'DURATION', 'TOKENS IN/OUT', 'ERROR']
-    const widths = header.map((title, column) => Math.max(title.length, ...rows.map((row) => (row[column] as string).length)))
+    const header = [
+      'STARTED (UTC)',
+      'RUN',
+      'AGENT',
+      'CONNECTOR',
+      'CHANNEL',
+      'ISOLATION',
+      'STATUS',
+      'DURATION',
+      'TOKENS IN/OUT',
+      'ERROR',
+    ]
+    const widths = header.map((title, column) =>
+      Math.max(title.length, ...rows.map((row) => (row[column] as string).length)),
+    )
     const format = (row: string[]) =>
       row
         .map((cell, column) => (column === row.length - 1 ? cell : cell.padEnd(widths[column] as number)))

@@ -4,7 +4,8 @@ import {serveGateway, type ServeResult} from '../runtime/gateway/serve.js'
 import {gatewayHome} from '../runtime/util/paths.js'
 
 export default class Serve extends BaseCommand<typeof Serve> {
-  static summary = "run the gateway: connect every agent's chat connectors, answer messages, serve /healthz and the web chat API"
+  static summary =
+    "run the gateway: connect every agent's chat connectors, answer messages, serve /healthz and the web chat API"
   static description =
     'Runs until SIGINT or SIGTERM. Then it stops taking messages, lets running runs finish for gateway.shutdown_grace_seconds ' +
     '(a second signal aborts them at once), records everything in $MEEPAGATEWAY_HOME/gateway.db and exits 0. ' +
@@ -12,9 +13,15 @@ export default class Serve extends BaseCommand<typeof Serve> {
   static aliases = ['start']
   static enableJsonFlag = false
   static flags = {
-    unrestricted: Flags.boolean({description: 'run every agent WITHOUT isolation, for this process only (never written to the config)'}),
+    unrestricted: Flags.boolean({
+      description: 'run every agent WITHOUT isolation, for this process only (never written to the config)',
+    }),
   }
-  static examples = ['<%= config.bin %> serve', '<%= config.bin %> serve --config ./config.yaml', '<%= config.bin %> start --unrestricted']
+  static examples = [
+    '<%= config.bin %> serve',
+    '<%= config.bin %> serve --config ./config.yaml',
+    '<%= config.bin %> start --unrestricted',
+  ]
 
   async run(): Promise<ServeResult> {
     const result = await serveGateway({

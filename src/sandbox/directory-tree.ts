@@ -14,24 +14,42 @@ import {keeperHelper} from './keeper.js'
 
 /** What an entry costs at least: an empty file or symlink still takes an inode, and inodes run out too. */
 const MIN_ENTRY_BYTES = 4096
-/** A measurement that takes longer is an error (so over the limit): the walk stops at the limit, so this needs millions of entries. */
+/**
+ * A measurement that takes longer is an error (so over the limit): the walk stops at the limit, so
+ * this needs millions of entries.
+ */
 const MEASURE_TIMEOUT_MS = 120_000
 /** A removal still running by then is given up and left to the next start-up's reaper. */
 const REMOVE_TIMEOUT_MS = 10 * 60_000
 
 export interface TreeUsage {
-  /** Bytes allocated below the roots (blocks, at least 4 KiB an entry, a hard-linked file once); past `stopAbove` the walk stops, so this is a lower bound. */
+  /**
+   * Bytes allocated below the roots (blocks, at least 4 KiB an entry, a hard-linked file once);
+   * past `stopAbove` the walk stops, so this is a lower bound.
+   */
   bytes: number
   /** Why some part could not be measured (then `bytes` is what was counted before): a limit counts it as exceeded. */
   error?: string
 }
 
-/** Bytes allocated below `roots` (the roots themselves not counted; a root that is gone holds nothing), walking no further once over `stopAbove`. */
-export async function measureTrees(roots: string[], options: {stopAbove?: number; signal?: AbortSignal} = {}): Promise<TreeUsage> {
+/**
+ * Bytes allocated below `roots` (the roots themselves not counted; a root that is gone holds
+ * nothing), walking no further once over `stopAbove`.
+ */
+export async function measureTrees(
+  roots: string[],
+  options: {stopAbove?: number; signal?: AbortSignal} = {},
+): Promise<TreeUsage> {
   const helper = keeperHelper()
   if (!helper) return measureByPaths(roots, options)
-  const stop = options.stopAbove !== undefined ? ['--stop-above', String(Math.max(1, Math.floor(options.stopAbove)))] : []
-  const result = await startSubprocess(helper, ['--measure', ...stop, ...roots], {env: {}, timeoutMs: MEASURE_TIMEOUT_MS, signal: options.signal, killSignal: 'SIGKILL'})
+  const stop =
+    options.stopAbove !== undefined ? ['--stop-above', String(Math.max(1, Math.floor(options.stopAbove)))] : []
+  const result = await startSubprocess(helper, ['--measure', ...stop, ...roots], {
+    env: {},
+    timeoutMs: MEASURE_TIMEOUT_MS,
+    signal: options.signal,
+    killSignal: 'SIGKILL',
+  })
   const bytes = Number(result.stdout.trim().split('\n').at(-1))
   if (!result.failed && Number.isSafeInteger(bytes)) return {bytes}
   return {bytes: Number.isSafeInteger(bytes) ? bytes : 0, error: helperReason(result.stderr, result.message)}
@@ -45,18 +63,30 @@ export async function removeTrees(dirs: string[], signal?: AbortSignal): Promise
     for (const dir of dirs) await fs.rm(dir, {recursive: true, force: true})
     return
   }
-  const result = await startSubprocess(helper, ['--remove', ...dirs], {env: {}, timeoutMs: REMOVE_TIMEOUT_MS, signal, killSignal: 'SIGKILL'})
+  const result = await startSubprocess(helper, ['--remove', ...dirs], {
+    env: {},
+    timeoutMs: REMOVE_TIMEOUT_MS,
+    signal,
+    killSignal: 'SIGKILL',
+  })
   if (result.failed) throw new Error(helperReason(result.stderr, result.message))
 }
 
 /** The helper's own line (it names the entry and the errno), or how the process ended. */
 function helperReason(stderr: string, ended: string): string {
-  const line = stderr.trim().split('\n').at(-1)?.replace(/^meepa-sandbox: /, '')
+  const line = stderr
+    .trim()
+    .split('\n')
+    .at(-1)
+    ?.replace(/^meepa-sandbox: /, '')
   return line || `the helper failed (${ended})`
 }
 
 /** Without the helper: full paths, so a tree deeper than PATH_MAX is an error here, as is anything else unreadable. */
-async function measureByPaths(roots: string[], options: {stopAbove?: number; signal?: AbortSignal}): Promise<TreeUsage> {
+async function measureByPaths(
+  roots: string[],
+  options: {stopAbove?: number; signal?: AbortSignal},
+): Promise<TreeUsage> {
   let bytes = 0
   const seen = new Set<string>()
   const over = () => options.stopAbove !== undefined && bytes > options.stopAbove

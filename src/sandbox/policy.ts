@@ -14,7 +14,18 @@ import {
   fileRightsOnly,
   sortRights,
 } from './landlock/rights.js'
-import {canonicalEntry, canonicalPath, direntKind, entryKind, type EntryKind, expandConfigPath, isStrictlyWithin, isWithin, stringAncestors, withPathMemo} from './paths.js'
+import {
+  canonicalEntry,
+  canonicalPath,
+  direntKind,
+  entryKind,
+  type EntryKind,
+  expandConfigPath,
+  isStrictlyWithin,
+  isWithin,
+  stringAncestors,
+  withPathMemo,
+} from './paths.js'
 
 /**
  * The host-sandbox policy compiler (docs/isolation.md). One policy, computed here in TypeScript, feeds
@@ -123,7 +134,16 @@ export interface PolicyInput {
 export const SYSTEM_READ = ['/usr', '/bin', '/sbin', '/lib', '/lib32', '/lib64', '/libx32', '/etc', '/proc'] as const
 
 /** macOS (Seatbelt, checked by unit tests only): the OS, /etc, Homebrew's Node and its libraries. */
-export const DARWIN_SYSTEM_READ = ['/usr', '/bin', '/sbin', '/System', '/private/etc', '/private/var/db/timezone', '/opt/homebrew', '/Library/Frameworks'] as const
+export const DARWIN_SYSTEM_READ = [
+  '/usr',
+  '/bin',
+  '/sbin',
+  '/System',
+  '/private/etc',
+  '/private/var/db/timezone',
+  '/opt/homebrew',
+  '/Library/Frameworks',
+] as const
 
 /** Added by their resolved targets: an /etc grant does not cover /etc/resolv.conf -> /run/... */
 export const DNS_AND_TLS = [
@@ -216,17 +236,23 @@ function compile(input: PolicyInput): SandboxPolicy {
     grants.push({path: canonical, access, reason, pinned})
   }
 
-  for (const dir of input.systemRead ?? (process.platform === 'darwin' ? DARWIN_SYSTEM_READ : SYSTEM_READ)) addGrant(dir, 'read', 'system directory', false, true)
+  for (const dir of input.systemRead ?? (process.platform === 'darwin' ? DARWIN_SYSTEM_READ : SYSTEM_READ))
+    addGrant(dir, 'read', 'system directory', false, true)
   for (const file of input.dnsAndTls ?? DNS_AND_TLS) addGrant(file, 'read', 'DNS and TLS configuration', false, true)
   for (const device of input.devices ?? DEVICES) addGrant(device.path, device.access, 'device node', false, true)
   // bubblewrap mounts a devpts instance of the sandbox's own: ptys work, no host terminal is reachable
-  if (input.namespaces) addGrant('/dev/pts', 'pty', 'the private devpts (pseudo-terminals of the sandbox only)', false, true)
+  if (input.namespaces)
+    addGrant('/dev/pts', 'pty', 'the private devpts (pseudo-terminals of the sandbox only)', false, true)
   addGrant(input.appRoot, 'read', 'the installed meepagateway app', true, false)
   addGrant(nodeInstallation(input.nodeBinary), 'read', 'the Node.js runtime', true, false)
   addGrant(workspace, 'read-write', 'the agent workspace', true, false)
   addGrant(tmpDir, 'read-write', 'the private temp dir (TMPDIR)', true, false)
   // A symlink the agent could have planted (in a tree it can write) must not steer a config grant.
-  const writable = [workspace, tmpDir, ...fa.allow_read_write.map((raw) => canonicalPath(expandConfigPath(raw, input.operatorHome, base)))]
+  const writable = [
+    workspace,
+    tmpDir,
+    ...fa.allow_read_write.map((raw) => canonicalPath(expandConfigPath(raw, input.operatorHome, base))),
+  ]
   const addConfigGrant = (raw: string, field: string, access: AccessClass) => {
     const expanded = expandConfigPath(checkConfigPath(raw, field), input.operatorHome, base)
     const planted = symlinkInWritableTree(expanded, writable)
@@ -237,7 +263,8 @@ function compile(input: PolicyInput): SandboxPolicy {
     addGrant(expanded, access, `${field.replace(/\[\d+\]$/, '')}: ${raw}`, false, false)
   }
   for (const [index, raw] of fa.allow_read.entries()) addConfigGrant(raw, `allow_read[${index}]`, 'read')
-  for (const [index, raw] of fa.allow_read_write.entries()) addConfigGrant(raw, `allow_read_write[${index}]`, 'read-write')
+  for (const [index, raw] of fa.allow_read_write.entries())
+    addConfigGrant(raw, `allow_read_write[${index}]`, 'read-write')
 
   const denies: PolicyDeny[] = []
   const deniedPaths = new Set<string>()
@@ -249,16 +276,23 @@ function compile(input: PolicyInput): SandboxPolicy {
     }
   }
   for (const [index, raw] of fa.deny.entries()) {
-    addDeny(expandConfigPath(checkConfigPath(raw, `deny[${index}]`), input.operatorHome, base), `deny: ${raw}`, 'config')
+    addDeny(
+      expandConfigPath(checkConfigPath(raw, `deny[${index}]`), input.operatorHome, base),
+      `deny: ${raw}`,
+      'config',
+    )
   }
   addDeny(input.gatewayHome, "MEEPAGATEWAY_HOME: the gateway's config, state and other agents' workspaces", 'mandatory')
   if (input.configPath) addDeny(input.configPath, 'the gateway config file', 'mandatory')
   for (const other of input.otherWorkspaces) addDeny(other, "another agent's workspace", 'mandatory')
   if (!fa.allow_home_dotfiles) {
-    for (const dotfile of homeDotfiles(input.operatorHome)) addDeny(dotfile, "the operator's home dotfiles (allow_home_dotfiles: false)", 'mandatory')
+    for (const dotfile of homeDotfiles(input.operatorHome))
+      addDeny(dotfile, "the operator's home dotfiles (allow_home_dotfiles: false)", 'mandatory')
   }
-  for (const socket of input.containerSockets ?? CONTAINER_SOCKETS) addDeny(socket, 'the container engine socket', 'mandatory')
-  for (const secret of input.etcSecrets ?? [...ETC_SECRETS, ...sshHostKeys()]) addDeny(secret, 'system credentials', 'mandatory')
+  for (const socket of input.containerSockets ?? CONTAINER_SOCKETS)
+    addDeny(socket, 'the container engine socket', 'mandatory')
+  for (const secret of input.etcSecrets ?? [...ETC_SECRETS, ...sshHostKeys()])
+    addDeny(secret, 'system credentials', 'mandatory')
 
   const kept = grants.filter((grant) => keepGrant(grant, denies, notes))
   const covered = input.namespaces ? coverableDenies(kept, denies) : []
@@ -268,9 +302,18 @@ function compile(input: PolicyInput): SandboxPolicy {
     denies.filter((deny) => !coveredPaths.has(deny.path)),
   )
   if (rules.length > MAX_RULES) {
-    throw new GatewayError('E_SANDBOX', `the sandbox policy needs ${rules.length} Landlock rules (limit ${MAX_RULES})`, {
-      suggestions: [`move the denied paths out of large directories: ${lowered.map((dir) => dir.path).slice(0, 5).join(', ')}`],
-    })
+    throw new GatewayError(
+      'E_SANDBOX',
+      `the sandbox policy needs ${rules.length} Landlock rules (limit ${MAX_RULES})`,
+      {
+        suggestions: [
+          `move the denied paths out of large directories: ${lowered
+            .map((dir) => dir.path)
+            .slice(0, 5)
+            .join(', ')}`,
+        ],
+      },
+    )
   }
   return {
     rules,
@@ -315,9 +358,13 @@ function keepGrant(grant: PolicyGrant, denies: readonly PolicyDeny[], notes: str
   const covering = denies.filter((deny) => isWithin(grant.path, deny.path))
   const configDeny = covering.find((deny) => deny.source === 'config')
   if (configDeny && grant.pinned) {
-    throw new GatewayError('E_CONFIG', `file_access ${configDeny.reason} covers ${grant.reason} (${grant.path}); the agent could not run`, {
-      suggestions: ['deny a path inside the workspace instead, or remove that deny entry'],
-    })
+    throw new GatewayError(
+      'E_CONFIG',
+      `file_access ${configDeny.reason} covers ${grant.reason} (${grant.path}); the agent could not run`,
+      {
+        suggestions: ['deny a path inside the workspace instead, or remove that deny entry'],
+      },
+    )
   }
   if (configDeny) {
     notes.push(`${grant.reason} (${grant.path}): overridden by ${configDeny.reason}`)
@@ -339,7 +386,10 @@ function keepGrant(grant: PolicyGrant, denies: readonly PolicyDeny[], notes: str
  * denied entry keeps only its listing, and every sibling off that path gets the grant's rights.
  * Symlinks met on the way get no rule (a rule would land on their target).
  */
-export function lowerToRules(grants: readonly PolicyGrant[], denies: readonly PolicyDeny[]): {rules: PolicyRule[]; lowered: LoweredDirectory[]} {
+export function lowerToRules(
+  grants: readonly PolicyGrant[],
+  denies: readonly PolicyDeny[],
+): {rules: PolicyRule[]; lowered: LoweredDirectory[]} {
   const rules = new Map<string, PolicyRule>()
   const lowered = new Map<string, {denied: Set<string>; writable: boolean}>()
   const emit = (target: string, rights: readonly FsRight[], reason: string, kind: EntryKind = entryKind(target)) => {
@@ -353,13 +403,24 @@ export function lowerToRules(grants: readonly PolicyGrant[], denies: readonly Po
     } else rules.set(target, {path: target, rights: sortRights(masked), reason})
   }
 
-  const lower = (dir: string, rights: readonly FsRight[], reason: string, inside: readonly PolicyDeny[], kind: EntryKind = entryKind(dir)) => {
+  const lower = (
+    dir: string,
+    rights: readonly FsRight[],
+    reason: string,
+    inside: readonly PolicyDeny[],
+    kind: EntryKind = entryKind(dir),
+  ) => {
     if (inside.length === 0) {
       emit(dir, rights, reason, kind)
       return
     }
     if (kind !== 'dir') return
-    emit(dir, rights.filter((right) => ANCESTOR_RIGHTS.includes(right)), `${reason} (listing only: a denied path lies beneath)`, kind)
+    emit(
+      dir,
+      rights.filter((right) => ANCESTOR_RIGHTS.includes(right)),
+      `${reason} (listing only: a denied path lies beneath)`,
+      kind,
+    )
     const record = lowered.get(dir) ?? {denied: new Set<string>(), writable: false}
     for (const deny of inside) record.denied.add(deny.path)
     record.writable ||= rights.includes('make_reg')
@@ -375,7 +436,8 @@ export function lowerToRules(grants: readonly PolicyGrant[], denies: readonly Po
       const child = path.join(dir, entry.name)
       if (denied.has(child)) continue
       // an unnormalised `dir` joins to another spelling than the prefix: look at every deny then
-      const under = child === prefix + entry.name ? beneath.get(child) : inside.filter((deny) => isStrictlyWithin(deny.path, child))
+      const under =
+        child === prefix + entry.name ? beneath.get(child) : inside.filter((deny) => isStrictlyWithin(deny.path, child))
       // the listing's own entry types: no lstat per entry (Node lstats where the file system gives no type)
       if (under && under.length > 0) lower(child, rights, reason, under, direntKind(entry))
       else emit(child, rights, reason, direntKind(entry))
@@ -398,7 +460,10 @@ export function lowerToRules(grants: readonly PolicyGrant[], denies: readonly Po
  * The denies strictly within `dir` grouped by the child of `dir` they lie in (by string prefix, as
  * isStrictlyWithin): one pass over the denies instead of one per directory entry.
  */
-function deniesByChild(dir: string, inside: readonly PolicyDeny[]): {prefix: string; denied: Set<string>; beneath: Map<string, PolicyDeny[]>} {
+function deniesByChild(
+  dir: string,
+  inside: readonly PolicyDeny[],
+): {prefix: string; denied: Set<string>; beneath: Map<string, PolicyDeny[]>} {
   const prefix = dir.endsWith(path.sep) ? dir : dir + path.sep
   const denied = new Set<string>()
   const beneath = new Map<string, PolicyDeny[]>()
@@ -421,7 +486,8 @@ function withoutRedundantRules(rules: PolicyRule[]): PolicyRule[] {
   const byPath = new Map(sorted.map((rule) => [rule.path, rule]))
   return sorted.filter((rule) => {
     const inherited = new Set<FsRight>()
-    for (const ancestor of stringAncestors(rule.path)) for (const right of byPath.get(ancestor)?.rights ?? []) inherited.add(right)
+    for (const ancestor of stringAncestors(rule.path))
+      for (const right of byPath.get(ancestor)?.rights ?? []) inherited.add(right)
     return !rule.rights.every((right) => inherited.has(right))
   })
 }

@@ -91,8 +91,18 @@ function detectV2(own: Map<string, string>): Layout | undefined {
   const ownPath = own.get('')
   if (ownPath === undefined) return undefined
   const base = path.join(CGROUP_ROOT, ownPath)
-  const wanted = ['memory', 'pids', 'cpu'].filter((name) => (readText(path.join(base, 'cgroup.controllers')) ?? '').split(/\s+/).includes(name))
-  if (wanted.length === 0) return {support: {mode: 'none', enforced: none(), how: `cgroup v2 is mounted but ${base} offers no memory, pids or cpu controller to this process`}, parents: []}
+  const wanted = ['memory', 'pids', 'cpu'].filter((name) =>
+    (readText(path.join(base, 'cgroup.controllers')) ?? '').split(/\s+/).includes(name),
+  )
+  if (wanted.length === 0)
+    return {
+      support: {
+        mode: 'none',
+        enforced: none(),
+        how: `cgroup v2 is mounted but ${base} offers no memory, pids or cpu controller to this process`,
+      },
+      parents: [],
+    }
   const runs = path.join(base, RUNS_DIR)
   try {
     enableControllers(base, wanted, ownPath === '/')
@@ -109,7 +119,10 @@ function detectV2(own: Map<string, string>): Layout | undefined {
     }
   }
   const enforced = {memory: wanted.includes('memory'), pids: wanted.includes('pids'), cpu: wanted.includes('cpu')}
-  return {support: {mode: 'v2', enforced, how: `cgroup v2: one cgroup per run under ${runs}`}, parents: [{controller: 'unified', dir: runs}]}
+  return {
+    support: {mode: 'v2', enforced, how: `cgroup v2: one cgroup per run under ${runs}`},
+    parents: [{controller: 'unified', dir: runs}],
+  }
 }
 
 /**
@@ -142,7 +155,14 @@ function detectV1(own: Map<string, string>): Layout | undefined {
   if (parents.length === 0) return undefined
   const has = (name: V1Controller) => parents.some((parent) => parent.controller === name)
   const enforced = {memory: has('memory'), pids: has('pids'), cpu: has('cpu')}
-  return {support: {mode: 'v1', enforced, how: `cgroup v1: one cgroup per run in the ${parents.map((parent) => parent.controller).join(', ')} hierarchies (${parents[0]?.dir} ...)`}, parents}
+  return {
+    support: {
+      mode: 'v1',
+      enforced,
+      how: `cgroup v1: one cgroup per run in the ${parents.map((parent) => parent.controller).join(', ')} hierarchies (${parents[0]?.dir} ...)`,
+    },
+    parents,
+  }
 }
 
 function none(): Record<LimitName, boolean> {
@@ -150,13 +170,23 @@ function none(): Record<LimitName, boolean> {
 }
 
 function detect(): Layout {
-  if (process.platform !== 'linux') return {support: {mode: 'none', enforced: none(), how: `no cgroups on ${process.platform}`}, parents: []}
+  if (process.platform !== 'linux')
+    return {support: {mode: 'none', enforced: none(), how: `no cgroups on ${process.platform}`}, parents: []}
   const own = ownCgroups()
   const v2 = detectV2(own)
   if (v2?.support.mode === 'v2') return v2
   const v1 = detectV1(own)
   if (v1) return v1
-  return v2 ?? {support: {mode: 'none', enforced: none(), how: 'this process cannot create cgroups (not root, and no delegated cgroup v2 slice)'}, parents: []}
+  return (
+    v2 ?? {
+      support: {
+        mode: 'none',
+        enforced: none(),
+        how: 'this process cannot create cgroups (not root, and no delegated cgroup v2 slice)',
+      },
+      parents: [],
+    }
+  )
 }
 
 /** How run limits are enforced on this host (detected once per process). */
@@ -192,8 +222,17 @@ export function createRunCgroup(runId: string, limits: RunLimits): RunCgroup | u
     removeRunCgroups(dirs)
     throw new Error(`cannot create the run's cgroup: ${(error as Error).message}`, {cause: error})
   }
-  const memoryDir = dirs.find((dir) => parents.some((parent) => dir.startsWith(`${parent.dir}/`) && (parent.controller === 'memory' || parent.controller === 'unified')))
-  const pidsDir = dirs.find((dir) => parents.some((parent) => dir.startsWith(`${parent.dir}/`) && (parent.controller === 'pids' || parent.controller === 'unified')))
+  const memoryDir = dirs.find((dir) =>
+    parents.some(
+      (parent) =>
+        dir.startsWith(`${parent.dir}/`) && (parent.controller === 'memory' || parent.controller === 'unified'),
+    ),
+  )
+  const pidsDir = dirs.find((dir) =>
+    parents.some(
+      (parent) => dir.startsWith(`${parent.dir}/`) && (parent.controller === 'pids' || parent.controller === 'unified'),
+    ),
+  )
   return {
     dirs,
     oomKills: () => counter(memoryDir, ['memory.events', 'memory.oom_control'], 'oom_kill'),
@@ -250,10 +289,7 @@ function writeLimits(controller: V1Controller | 'unified', dir: string, limits: 
 
 /** Pids listed in a run cgroup directory (none once it is gone). */
 export function cgroupPids(dir: string): number[] {
-  return (readText(path.join(dir, 'cgroup.procs')) ?? '')
-    .split('\n')
-    .filter(Boolean)
-    .map(Number)
+  return (readText(path.join(dir, 'cgroup.procs')) ?? '').split('\n').filter(Boolean).map(Number)
 }
 
 /**

@@ -13,30 +13,44 @@ const dist = path.join(ROOT, 'dist')
 it('agent-run is bundled from the current build of its sources', () => {
   const bundled = fs.statSync(path.join(dist, 'agent-run.cjs')).mtimeMs
   const runtime = path.join(dist, 'runtime')
-  const stale = fs.readdirSync(runtime, {recursive: true, encoding: 'utf8'})
+  const stale = fs
+    .readdirSync(runtime, {recursive: true, encoding: 'utf8'})
     .filter((file) => file.endsWith('.js') && fs.statSync(path.join(runtime, file)).mtimeMs > bundled)
   expect(stale).toEqual([])
 })
 
-it('this Node accepts the bundle\'s V8 code cache (agent-run starts without compiling it)', async () => {
-  const check = "import('./dist/runtime/agent-run/bundle.js').then((bundle) => process.stdout.write(bundle.agentRunCodeCacheStatus()))"
+it("this Node accepts the bundle's V8 code cache (agent-run starts without compiling it)", async () => {
+  const check =
+    "import('./dist/runtime/agent-run/bundle.js').then((bundle) => process.stdout.write(bundle.agentRunCodeCacheStatus()))"
   expect((await execa(process.execPath, ['--input-type=module', '-e', check], {cwd: ROOT})).stdout).toBe('accepted')
 })
 
 // bin/cli-bundle.cjs reads every bundle as latin1: a non-ASCII byte left in one would turn a
 // character of a string or a regular expression into two (scripts/bundle-format.js escapes them).
 it('every bundle the loader reads is pure ASCII, and an escaped regular expression still matches what it did', async () => {
-  const bundles = ['agent-run.cjs', 'cli.cjs', ...fs.readdirSync(path.join(dist, 'lite')).filter((file) => file.endsWith('.cjs')).map((file) => `lite/${file}`)]
+  const bundles = [
+    'agent-run.cjs',
+    'cli.cjs',
+    ...fs
+      .readdirSync(path.join(dist, 'lite'))
+      .filter((file) => file.endsWith('.cjs'))
+      .map((file) => `lite/${file}`),
+  ]
   expect(bundles.length).toBeGreaterThan(5)
   for (const bundle of bundles) {
     const bytes = fs.readFileSync(path.join(dist, bundle))
-    expect(bytes.findIndex((byte) => byte > 0x7f), bundle).toBe(-1)
+    expect(
+      bytes.findIndex((byte) => byte > 0x7f),
+      bundle,
+    ).toBe(-1)
     // and each built-in's exports are copied once, not once per module that imports it
     expect(bytes.toString('latin1'), bundle).not.toMatch(/__toESM\(require\("node:/)
   }
   // ansis's strip() was written with a raw U+009B in a character class: read as latin1 it became
   // two characters, and the class also matched "Â"
-  const {finishBundle} = (await import(path.join(ROOT, 'scripts', 'bundle-format.js'))) as {finishBundle(file: string): void}
+  const {finishBundle} = (await import(path.join(ROOT, 'scripts', 'bundle-format.js'))) as {
+    finishBundle(file: string): void
+  }
   const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-ascii-')), 'strip.js')
   const asTheLoaderReadsIt = () => vm.runInThisContext(fs.readFileSync(file, 'latin1')) as (text: string) => string
   try {

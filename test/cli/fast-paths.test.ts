@@ -9,10 +9,28 @@ import {requireLandlockOrSkip} from '../helpers/landlock-support.js'
 
 describe('sandbox exec argv the fast path takes (src/cli/fast-paths.ts)', () => {
   it('takes plain flags, then `--`, then the command exactly as typed', () => {
-    expect(parseSandboxExecArgv(['--agent', 'a', '--', 'ls', '-la', '--', 'x y'])).toEqual({agent: 'a', timeoutSeconds: 3600, command: ['ls', '-la', '--', 'x y']})
-    expect(parseSandboxExecArgv(['-a', 'a', '--timeout=5', '--config', '/c.yaml', '--', 'true'])).toEqual({agent: 'a', timeoutSeconds: 5, config: '/c.yaml', command: ['true']})
-    expect(parseSandboxExecArgv(['-aa', '--timeout', '7', '--', 'true'])).toEqual({agent: 'a', timeoutSeconds: 7, command: ['true']})
-    expect(parseSandboxExecArgv(['--no-color', '-a', 'a', '--', 'true'])).toEqual({agent: 'a', timeoutSeconds: 3600, noColor: true, command: ['true']})
+    expect(parseSandboxExecArgv(['--agent', 'a', '--', 'ls', '-la', '--', 'x y'])).toEqual({
+      agent: 'a',
+      timeoutSeconds: 3600,
+      command: ['ls', '-la', '--', 'x y'],
+    })
+    expect(parseSandboxExecArgv(['-a', 'a', '--timeout=5', '--config', '/c.yaml', '--', 'true'])).toEqual({
+      agent: 'a',
+      timeoutSeconds: 5,
+      config: '/c.yaml',
+      command: ['true'],
+    })
+    expect(parseSandboxExecArgv(['-aa', '--timeout', '7', '--', 'true'])).toEqual({
+      agent: 'a',
+      timeoutSeconds: 7,
+      command: ['true'],
+    })
+    expect(parseSandboxExecArgv(['--no-color', '-a', 'a', '--', 'true'])).toEqual({
+      agent: 'a',
+      timeoutSeconds: 3600,
+      noColor: true,
+      command: ['true'],
+    })
   })
 
   it('leaves everything else to oclif: help, unknown, repeated or malformed flags, no command', () => {
@@ -39,7 +57,9 @@ describe('sandbox exec argv the fast path takes (src/cli/fast-paths.ts)', () => 
   })
 
   it('knows exactly the flags the oclif command declares', () => {
-    const manifest = JSON.parse(fs.readFileSync(path.join(ROOT, 'oclif.manifest.json'), 'utf8')) as {commands: Record<string, {flags: Record<string, {char?: string; type: string}>}>}
+    const manifest = JSON.parse(fs.readFileSync(path.join(ROOT, 'oclif.manifest.json'), 'utf8')) as {
+      commands: Record<string, {flags: Record<string, {char?: string; type: string}>}>
+    }
     const declared = manifest.commands['sandbox:exec']?.flags ?? {}
     expect(Object.keys(SANDBOX_EXEC_FLAGS).sort()).toEqual(Object.keys(declared).sort())
     for (const [name, flag] of Object.entries(SANDBOX_EXEC_FLAGS)) {
@@ -55,27 +75,41 @@ describe.skipIf(!landlock)('sandbox exec through bin/run.js: the fast path and o
   let home: TestHome
   beforeEach(() => {
     // lenient: best effort, the only way a run goes without the namespace layer (file metadata is unprotected there)
-    home = makeHome({providers: {primary: 'p', providers: {p: {kind: 'openai', model: 'm'}}}, agents: [{id: 'meepa'}, {id: 'lenient', file_access: {best_effort: true}}]})
+    home = makeHome({
+      providers: {primary: 'p', providers: {p: {kind: 'openai', model: 'm'}}},
+      agents: [{id: 'meepa'}, {id: 'lenient', file_access: {best_effort: true}}],
+    })
   })
   afterEach(() => home.cleanup())
 
   // --require probe: was oclif ever evaluated in this process? (@oclif/core sets globalThis.oclif)
   const run = async (argv: string[], env: Record<string, string> = {}) => {
     const probe = path.join(home.home, 'probe.cjs')
-    fs.writeFileSync(probe, "process.on('exit', () => process.stderr.write('\\nOCLIF ' + (typeof globalThis.oclif) + '\\n'))\n")
-    const result = await execa(process.execPath, ['--require', probe, ...argv], {env: {MEEPAGATEWAY_HOME: home.home, ...env}, reject: false})
-    return {exitCode: result.exitCode, stdout: String(result.stdout), stderr: String(result.stderr).replace(/\nOCLIF \w+\n?$/, ''), oclif: /OCLIF object/.test(String(result.stderr))}
+    fs.writeFileSync(
+      probe,
+      "process.on('exit', () => process.stderr.write('\\nOCLIF ' + (typeof globalThis.oclif) + '\\n'))\n",
+    )
+    const result = await execa(process.execPath, ['--require', probe, ...argv], {
+      env: {MEEPAGATEWAY_HOME: home.home, ...env},
+      reject: false,
+    })
+    return {
+      exitCode: result.exitCode,
+      stdout: String(result.stdout),
+      stderr: String(result.stderr).replace(/\nOCLIF \w+\n?$/, ''),
+      oclif: /OCLIF object/.test(String(result.stderr)),
+    }
   }
   const exec = (args: string[], env?: Record<string, string>) => run([BIN, 'sandbox', 'exec', ...args], env)
   /** The same argv through oclif and the shipped bundle, skipping bin/run.js's fast path. */
   const execViaOclif = (args: string[], env?: Record<string, string>) =>
     run(
       [
-      '-e',
-      `const {loadCliBundle} = require(${JSON.stringify(path.join(ROOT, 'bin', 'cli-bundle.cjs'))}); const core = loadCliBundle(${JSON.stringify(ROOT)}).exports.core(); core.settings.enableAutoTranspile = false; core.execute({args: process.argv.slice(1), loadOptions: {root: ${JSON.stringify(ROOT)}}})`,
-      'sandbox',
-      'exec',
-      ...args,
+        '-e',
+        `const {loadCliBundle} = require(${JSON.stringify(path.join(ROOT, 'bin', 'cli-bundle.cjs'))}); const core = loadCliBundle(${JSON.stringify(ROOT)}).exports.core(); core.settings.enableAutoTranspile = false; core.execute({args: process.argv.slice(1), loadOptions: {root: ${JSON.stringify(ROOT)}}})`,
+        'sandbox',
+        'exec',
+        ...args,
       ],
       env,
     )
@@ -90,7 +124,10 @@ describe.skipIf(!landlock)('sandbox exec through bin/run.js: the fast path and o
       const [fastPlain, viaOclif] = await Promise.all([exec(argv), execViaOclif(argv)])
       expect(fastPlain.oclif).toBe(false)
       expect(viaOclif.oclif).toBe(true)
-      expect({exitCode: viaOclif.exitCode, stdout: viaOclif.stdout}).toEqual({exitCode: fastPlain.exitCode, stdout: fastPlain.stdout})
+      expect({exitCode: viaOclif.exitCode, stdout: viaOclif.stdout}).toEqual({
+        exitCode: fastPlain.exitCode,
+        stdout: fastPlain.stdout,
+      })
     }
     expect((await exec(['--agent', 'meepa', '--', 'printf', '%s|', 'a b'])).stdout).toBe('a b|')
   })
@@ -111,56 +148,95 @@ describe.skipIf(!landlock)('sandbox exec through bin/run.js: the fast path and o
 
   it('leaves nothing of the command running when it returns: not what it put in the background, with or without the namespace layer', async () => {
     const running = (token: string) =>
-      fs.readdirSync('/proc').filter((entry) => /^\d+$/.test(entry)).some((pid) => {
-        try {
-          return fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').includes(token)
-        } catch {
-          return false
-        }
-      })
+      fs
+        .readdirSync('/proc')
+        .filter((entry) => /^\d+$/.test(entry))
+        .some((pid) => {
+          try {
+            return fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').includes(token)
+          } catch {
+            return false
+          }
+        })
     for (const namespaces of [true, false]) {
       // a sleep that no other process on the machine has, started in the background (nohup: not even SIGHUP reaches it)
       const token = String(3_000_000 + Math.floor(Math.random() * 1_000_000))
-      const result = await execa(process.execPath, [BIN, 'sandbox', 'exec', '--agent', namespaces ? 'meepa' : 'lenient', '--', 'sh', '-c', `nohup sleep ${token} >/dev/null 2>&1 & sleep 0.2; echo started`], {
-        env: {MEEPAGATEWAY_HOME: home.home, ...(namespaces ? {} : {MEEPA_SANDBOX_NO_NAMESPACES: '1'})},
-        reject: false,
-      })
+      const result = await execa(
+        process.execPath,
+        [
+          BIN,
+          'sandbox',
+          'exec',
+          '--agent',
+          namespaces ? 'meepa' : 'lenient',
+          '--',
+          'sh',
+          '-c',
+          `nohup sleep ${token} >/dev/null 2>&1 & sleep 0.2; echo started`,
+        ],
+        {
+          env: {MEEPAGATEWAY_HOME: home.home, ...(namespaces ? {} : {MEEPA_SANDBOX_NO_NAMESPACES: '1'})},
+          reject: false,
+        },
+      )
       expect(result, `namespaces: ${namespaces}`).toMatchObject({exitCode: 0, stdout: 'started'})
       expect(running(token), `namespaces: ${namespaces}`).toBe(false)
     }
   })
 
-  it.runIf(process.getuid?.() === 0)('runs the command once when the clean-up after it fails (reported, the exit status kept, nothing handed to oclif)', async () => {
-    // the fault: the command's file in its private TMPDIR made immutable (root, ext4 /tmp) while it sleeps, so its removal fails
-    // (without the namespace layer: with it, TMPDIR is a tmpfs that goes with the run's namespace)
-    const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'exec-tmp-'))
-    const argv = ['--agent', 'lenient', '--', 'sh', '-c', 'echo ran >> ./count; echo x > "$TMPDIR/f"; sleep 2; exit 5']
-    const count = path.join(home.workspace('lenient'), 'count')
-    const results = []
-    try {
-      for (const via of [exec, execViaOclif]) {
-        const running = via(argv, {TMPDIR: tmp, MEEPA_SANDBOX_NO_NAMESPACES: '1'})
-        let file: string | undefined
-        for (const deadline = Date.now() + 20_000; !file && Date.now() < deadline; await new Promise((resolve) => setTimeout(resolve, 50))) {
-          const dir = fs.readdirSync(tmp).find((name) => name.startsWith('meepa-sandbox-lenient-'))
-          if (dir && fs.existsSync(path.join(tmp, dir, 'f'))) file = path.join(tmp, dir, 'f')
+  it.runIf(process.getuid?.() === 0)(
+    'runs the command once when the clean-up after it fails (reported, the exit status kept, nothing handed to oclif)',
+    async () => {
+      // the fault: the command's file in its private TMPDIR made immutable (root, ext4 /tmp) while it sleeps, so its removal fails
+      // (without the namespace layer: with it, TMPDIR is a tmpfs that goes with the run's namespace)
+      const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'exec-tmp-'))
+      const argv = [
+        '--agent',
+        'lenient',
+        '--',
+        'sh',
+        '-c',
+        'echo ran >> ./count; echo x > "$TMPDIR/f"; sleep 2; exit 5',
+      ]
+      const count = path.join(home.workspace('lenient'), 'count')
+      const results = []
+      try {
+        for (const via of [exec, execViaOclif]) {
+          const running = via(argv, {TMPDIR: tmp, MEEPA_SANDBOX_NO_NAMESPACES: '1'})
+          let file: string | undefined
+          for (
+            const deadline = Date.now() + 20_000;
+            !file && Date.now() < deadline;
+            await new Promise((resolve) => setTimeout(resolve, 50))
+          ) {
+            const dir = fs.readdirSync(tmp).find((name) => name.startsWith('meepa-sandbox-lenient-'))
+            if (dir && fs.existsSync(path.join(tmp, dir, 'f'))) file = path.join(tmp, dir, 'f')
+          }
+          expect(file).toBeDefined()
+          await execa('chattr', ['+i', file!])
+          results.push(await running)
+          await execa('chattr', ['-i', file!])
+          fs.rmSync(path.dirname(file!), {recursive: true})
+          expect(fs.readFileSync(count, 'utf8')).toBe('ran\n')
+          fs.rmSync(count)
         }
-        expect(file).toBeDefined()
-        await execa('chattr', ['+i', file!])
-        results.push(await running)
-        await execa('chattr', ['-i', file!])
-        fs.rmSync(path.dirname(file!), {recursive: true})
-        expect(fs.readFileSync(count, 'utf8')).toBe('ran\n')
-        fs.rmSync(count)
+      } finally {
+        await execa('chattr', ['-R', '-i', tmp], {reject: false})
+        fs.rmSync(tmp, {recursive: true, force: true})
       }
-    } finally {
-      await execa('chattr', ['-R', '-i', tmp], {reject: false})
-      fs.rmSync(tmp, {recursive: true, force: true})
-    }
-    const [fast, viaOclif] = results.map((result) => ({exitCode: result!.exitCode, stderr: result!.stderr.replace(/meepa-sandbox-lenient-\w+/, 'TMP')}))
-    expect(fast).toEqual(viaOclif)
-    expect(fast).toMatchObject({exitCode: 5, stderr: expect.stringMatching(/could not remove the run's TMPDIR .*cannot remove 'f' at depth 1: Operation not permitted/)})
-  })
+      const [fast, viaOclif] = results.map((result) => ({
+        exitCode: result!.exitCode,
+        stderr: result!.stderr.replace(/meepa-sandbox-lenient-\w+/, 'TMP'),
+      }))
+      expect(fast).toEqual(viaOclif)
+      expect(fast).toMatchObject({
+        exitCode: 5,
+        stderr: expect.stringMatching(
+          /could not remove the run's TMPDIR .*cannot remove 'f' at depth 1: Operation not permitted/,
+        ),
+      })
+    },
+  )
 
   it('hands errors and help to oclif: an unknown agent is E_AGENT_UNKNOWN with exit 4, --help is oclif help', async () => {
     const unknown = await exec(['--agent', 'nope', '--', 'true'])

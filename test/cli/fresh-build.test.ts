@@ -10,16 +10,23 @@ const require = createRequire(import.meta.url)
 const {CLI_FILES, commandIdOf, loadCliBundle} = require('../../bin/cli-bundle.cjs') as {
   CLI_FILES: Record<'bundle' | 'sources' | 'manifest', string>
   commandIdOf(file: string): string
-  loadCliBundle(root: string): {exports: {COMMANDS: Record<string, {flags?: object; baseFlags?: object; enableJsonFlag?: boolean}>}}
+  loadCliBundle(root: string): {
+    exports: {COMMANDS: Record<string, {flags?: object; baseFlags?: object; enableJsonFlag?: boolean}>}
+  }
 }
 const readJson = (file: string) => JSON.parse(fs.readFileSync(path.join(ROOT, file), 'utf8'))
-const sha256 = (file: string) => createHash('sha256').update(fs.readFileSync(path.join(ROOT, file))).digest('hex')
+const sha256 = (file: string) =>
+  createHash('sha256')
+    .update(fs.readFileSync(path.join(ROOT, file)))
+    .digest('hex')
 
 function commandSources(dir = path.join(ROOT, 'src', 'commands')): string[] {
   return fs.readdirSync(dir, {withFileTypes: true}).flatMap((entry) => {
     const file = path.join(dir, entry.name)
     if (entry.isDirectory()) return commandSources(file)
-    return entry.name.endsWith('.ts') && entry.name !== 'base-command.ts' ? [path.relative(path.join(ROOT, 'src', 'commands'), file)] : []
+    return entry.name.endsWith('.ts') && entry.name !== 'base-command.ts'
+      ? [path.relative(path.join(ROOT, 'src', 'commands'), file)]
+      : []
   })
 }
 
@@ -29,7 +36,9 @@ describe('the CLI that runs is built from the current sources', () => {
   it('the bundle was built from src/ as it is now (no source changed since)', () => {
     const sources = readJson(CLI_FILES.sources) as Record<string, string>
     expect(Object.keys(sources)).toContain('src/commands/send.ts')
-    const changed = Object.entries(sources).filter(([file, hash]) => !fs.existsSync(path.join(ROOT, file)) || sha256(file) !== hash)
+    const changed = Object.entries(sources).filter(
+      ([file, hash]) => !fs.existsSync(path.join(ROOT, file)) || sha256(file) !== hash,
+    )
     expect(changed.map(([file]) => file)).toEqual([])
   })
 
@@ -41,7 +50,11 @@ describe('the CLI that runs is built from the current sources', () => {
     const {COMMANDS} = loadCliBundle(ROOT).exports
     for (const id of ids) {
       const command = COMMANDS[id]
-      const declared = [...Object.keys(command?.baseFlags ?? {}), ...Object.keys(command?.flags ?? {}), ...(command?.enableJsonFlag ? ['json'] : [])]
+      const declared = [
+        ...Object.keys(command?.baseFlags ?? {}),
+        ...Object.keys(command?.flags ?? {}),
+        ...(command?.enableJsonFlag ? ['json'] : []),
+      ]
       expect(Object.keys(manifest.commands[id]?.flags ?? {}).sort(), id).toEqual([...new Set(declared)].sort())
     }
   })
@@ -59,9 +72,15 @@ describe('the CLI that runs is built from the current sources', () => {
     try {
       const probe = path.join(home.home, 'probe.cjs')
       // prints every CommonJS module the process loaded (the bundles register themselves there)
-      fs.writeFileSync(probe, "process.on('exit', () => process.stderr.write('LOADED ' + JSON.stringify(Object.keys(require.cache)) + '\\n'))\n")
+      fs.writeFileSync(
+        probe,
+        "process.on('exit', () => process.stderr.write('LOADED ' + JSON.stringify(Object.keys(require.cache)) + '\\n'))\n",
+      )
       // agent list runs from its lite bundle, config schema through oclif and the full bundle
-      for (const [argv, bundle] of [[['agent', 'list', '--json'], 'dist/lite/agent-list.cjs'], [['config', 'schema'], CLI_FILES.bundle]] as const) {
+      for (const [argv, bundle] of [
+        [['agent', 'list', '--json'], 'dist/lite/agent-list.cjs'],
+        [['config', 'schema'], CLI_FILES.bundle],
+      ] as const) {
         const result = spawnSync(process.execPath, ['--require', probe, BIN, ...argv], {
           env: {...process.env, NODE_ENV: 'test', MEEPAGATEWAY_HOME: home.home},
           encoding: 'utf8',
@@ -70,7 +89,9 @@ describe('the CLI that runs is built from the current sources', () => {
         expect(JSON.parse(result.stdout)).toBeInstanceOf(Object)
         const loaded = JSON.parse(/^LOADED (.*)$/m.exec(result.stderr)?.[1] ?? '[]') as string[]
         expect(loaded).toContain(path.join(ROOT, bundle))
-        expect(loaded.filter((file) => file.startsWith(path.join(ROOT, 'src')) || /[\\/](tsx|typescript)[\\/]/.test(file))).toEqual([])
+        expect(
+          loaded.filter((file) => file.startsWith(path.join(ROOT, 'src')) || /[\\/](tsx|typescript)[\\/]/.test(file)),
+        ).toEqual([])
         expect(result.stderr).not.toMatch(/warn/i)
       }
     } finally {

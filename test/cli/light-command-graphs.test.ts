@@ -8,14 +8,33 @@ import {describe, expect, it} from 'vitest'
 // everything they import, dynamic imports included (a bundle takes those in too), is in it. execa
 // may be in it only behind a dynamic import, evaluated when a host probe runs (once per boot): the
 // static graph, what every start evaluates, holds nothing heavy.
-const HEAVY = ['execa', 'better-sqlite3', '@anthropic-ai/sdk', 'openai', 'discord.js', '@slack/web-api', '@slack/socket-mode', 'node:crypto']
+const HEAVY = [
+  'execa',
+  'better-sqlite3',
+  '@anthropic-ai/sdk',
+  'openai',
+  'discord.js',
+  '@slack/web-api',
+  '@slack/socket-mode',
+  'node:crypto',
+]
 const ONLY_WHEN_PROBING = ['execa']
 
 async function packagesImportedBy(entry: string): Promise<{packages: string[]; atStart: string[]; sources: string[]}> {
-  const result = await build({entryPoints: [entry], bundle: true, write: false, metafile: true, platform: 'node', format: 'esm', packages: 'external', logLevel: 'silent'})
+  const result = await build({
+    entryPoints: [entry],
+    bundle: true,
+    write: false,
+    metafile: true,
+    platform: 'node',
+    format: 'esm',
+    packages: 'external',
+    logLevel: 'silent',
+  })
   const inputs = result.metafile.inputs
   const packages = new Set<string>()
-  for (const input of Object.values(inputs)) for (const imported of input.imports) if (imported.external) packages.add(imported.path)
+  for (const input of Object.values(inputs))
+    for (const imported of input.imports) if (imported.external) packages.add(imported.path)
   // what a start evaluates: the entry and its static imports, transitively
   const atStart = new Set<string>()
   const seen = new Set<string>()
@@ -41,7 +60,9 @@ describe('the light commands import nothing heavy', () => {
     const {packages, atStart, sources} = await packagesImportedBy(entry)
     expect(atStart.length).toBeGreaterThan(0)
     expect(atStart.filter((name) => HEAVY.includes(name) && !allowed.includes(name))).toEqual([])
-    expect(packages.filter((name) => HEAVY.includes(name) && !allowed.includes(name) && !ONLY_WHEN_PROBING.includes(name))).toEqual([])
+    expect(
+      packages.filter((name) => HEAVY.includes(name) && !allowed.includes(name) && !ONLY_WHEN_PROBING.includes(name)),
+    ).toEqual([])
     expect(sources.filter((source) => /\/(runners|run-lifecycle|llm-channel)\//.test(source))).toEqual([])
   })
 })

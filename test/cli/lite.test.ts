@@ -14,7 +14,8 @@ import {BIN, makeHome, ROOT, type TestHome} from '../helpers/home.js'
 // case runs the same argv through bin/run.js and through oclif over the full bundle, and the
 // two must print the same bytes and exit alike; a probe says which path ran.
 
-const PROBE = "process.on('exit', () => require('node:fs').writeSync(2, '\\nFULL_CLI ' + Object.keys(require('node:module')._cache).some((file) => file.endsWith('/dist/cli.cjs')) + '\\n'))\n"
+const PROBE =
+  "process.on('exit', () => require('node:fs').writeSync(2, '\\nFULL_CLI ' + Object.keys(require('node:module')._cache).some((file) => file.endsWith('/dist/cli.cjs')) + '\\n'))\n"
 // a file, not -e: oclif reads the command line from process.argv.slice(2) when it shows help for an error
 const VIA_OCLIF = `const {loadCliBundle} = require(${JSON.stringify(path.join(ROOT, 'bin', 'cli-bundle.cjs'))}); const core = loadCliBundle(${JSON.stringify(ROOT)}).exports.core(); core.settings.enableAutoTranspile = false; core.execute({loadOptions: {root: ${JSON.stringify(ROOT)}, userPlugins: false, devPlugins: false}})`
 
@@ -37,7 +38,12 @@ async function run(prefix: string[], argv: string[], env: Record<string, string>
     stdin: 'ignore',
   })
   const stderr = String(result.stderr)
-  return {exitCode: result.exitCode ?? -1, stdout: String(result.stdout), stderr: stderr.replace(/\n?FULL_CLI \w+\n?$/, ''), fullCli: /FULL_CLI true/.test(stderr)}
+  return {
+    exitCode: result.exitCode ?? -1,
+    stdout: String(result.stdout),
+    stderr: stderr.replace(/\n?FULL_CLI \w+\n?$/, ''),
+    fullCli: /FULL_CLI true/.test(stderr),
+  }
 }
 const viaBin = (argv: string[], env?: Record<string, string>) => run([BIN], argv, env)
 const viaOclif = (argv: string[], env?: Record<string, string>) => run([viaOclifScript], argv, env)
@@ -46,11 +52,18 @@ const viaOclif = (argv: string[], env?: Record<string, string>) => run([viaOclif
  * Both ways; the lite path must not have loaded the full CLI when `lite` is expected. `normalize`
  * evens out what differs per run (a temp dir's name).
  */
-async function expectSame(argv: string[], options: {lite: boolean; env?: Record<string, string>; normalize?: (text: string) => string}): Promise<Ran> {
+async function expectSame(
+  argv: string[],
+  options: {lite: boolean; env?: Record<string, string>; normalize?: (text: string) => string},
+): Promise<Ran> {
   const [bin, oclif] = [await viaBin(argv, options.env), await viaOclif(argv, options.env)]
   expect(oclif.fullCli).toBe(true)
   expect(bin.fullCli, `${argv.join(' ')}: full CLI loaded`).toBe(!options.lite)
-  const seen = ({exitCode, stdout, stderr}: Ran) => ({exitCode, stdout: options.normalize?.(stdout) ?? stdout, stderr: options.normalize?.(stderr) ?? stderr})
+  const seen = ({exitCode, stdout, stderr}: Ran) => ({
+    exitCode,
+    stdout: options.normalize?.(stdout) ?? stdout,
+    stderr: options.normalize?.(stderr) ?? stderr,
+  })
   expect(seen(bin), argv.join(' ')).toEqual(seen(oclif))
   return bin
 }
@@ -59,15 +72,36 @@ async function expectSame(argv: string[], options: {lite: boolean; env?: Record<
 async function withFakeEngine(body: (env: Record<string, string>) => Promise<void>): Promise<void> {
   const engine = http.createServer((req, res) => {
     const url = req.url ?? ''
-    if (url === '/_ping') return res.writeHead(200, {'API-Version': '1.41', Server: 'Docker/20.10.24 (linux)'}).end('OK')
+    if (url === '/_ping')
+      return res.writeHead(200, {'API-Version': '1.41', Server: 'Docker/20.10.24 (linux)'}).end('OK')
     if (url.startsWith('/containers/json')) return res.writeHead(200).end(JSON.stringify([{Id: 'left'}]))
     if (url === '/containers/left/json') {
-      return res.writeHead(200).end(JSON.stringify({Id: 'left', Name: '/meepa-left', Created: '2026-01-01T00:00:00Z', Image: 'sha256:other', State: {Status: 'exited', Running: false},
-        Config: {Image: 'meepa-sandbox:0123456789abcdef', Labels: {meepagateway: '1', 'meepagateway.agent': 'contained', 'meepagateway.pid': '999999999'}}}))
+      return res.writeHead(200).end(
+        JSON.stringify({
+          Id: 'left',
+          Name: '/meepa-left',
+          Created: '2026-01-01T00:00:00Z',
+          Image: 'sha256:other',
+          State: {Status: 'exited', Running: false},
+          Config: {
+            Image: 'meepa-sandbox:0123456789abcdef',
+            Labels: {meepagateway: '1', 'meepagateway.agent': 'contained', 'meepagateway.pid': '999999999'},
+          },
+        }),
+      )
     }
-    if (url.startsWith('/images/json')) return res.writeHead(200).end(JSON.stringify([{Id: `sha256:${'a'.repeat(64)}`}]))
+    if (url.startsWith('/images/json'))
+      return res.writeHead(200).end(JSON.stringify([{Id: `sha256:${'a'.repeat(64)}`}]))
     if (url === `/images/sha256:${'a'.repeat(64)}/json`) {
-      return res.writeHead(200).end(JSON.stringify({Id: `sha256:${'a'.repeat(64)}`, RepoTags: ['meepa-sandbox:0123456789abcdef'], Size: 5_000_000, Created: '2020-01-01T00:00:00Z', Config: {Labels: {meepagateway: '1', 'meepagateway.kind': 'container'}}}))
+      return res.writeHead(200).end(
+        JSON.stringify({
+          Id: `sha256:${'a'.repeat(64)}`,
+          RepoTags: ['meepa-sandbox:0123456789abcdef'],
+          Size: 5_000_000,
+          Created: '2020-01-01T00:00:00Z',
+          Config: {Labels: {meepagateway: '1', 'meepagateway.kind': 'container'}},
+        }),
+      )
     }
     res.writeHead(404).end(JSON.stringify({message: 'not here'}))
   })
@@ -84,7 +118,11 @@ async function withFakeEngine(body: (env: Record<string, string>) => Promise<voi
 beforeAll(() => {
   home = makeHome({
     providers: {primary: 'p', providers: {p: {kind: 'openai', api_key_env: 'LITE_TEST_KEY', model: 'm'}}},
-    agents: [{id: 'boxed'}, {id: 'free', file_access: {unrestricted: true}}, {id: 'contained', container_mode: {enabled: true, network: 'none'}}],
+    agents: [
+      {id: 'boxed'},
+      {id: 'free', file_access: {unrestricted: true}},
+      {id: 'contained', container_mode: {enabled: true, network: 'none'}},
+    ],
   })
   probe = path.join(home.home, 'probe.cjs')
   fs.writeFileSync(probe, PROBE)
@@ -93,9 +131,39 @@ beforeAll(() => {
   fs.mkdirSync(home.workspace('boxed'), {recursive: true})
   withGatewayDb(home.home, (db) => {
     const records = new RunRecords(db)
-    records.start({id: 'run-1', agentId: 'boxed', connector: 'cli', channelId: 'cli', isolation: 'host-sandbox', startedAt: Date.UTC(2026, 0, 2, 3, 4, 5)})
-    records.finish('run-1', {version: 1, ok: true, run_id: 'run-1', reply: {content: 'hi'}, usage: {input_tokens: 12, output_tokens: 34}, iterations: 1, tool_calls: []} as never, {durationMs: 1234})
-    records.reject({id: 'run-2', agentId: 'free', connector: 'api', channelId: 'api-1/x', isolation: 'unrestricted', startedAt: Date.UTC(2026, 0, 2, 3, 4, 6)}, 'E_QUEUE_FULL', 'the queue is full\nsecond line')
+    records.start({
+      id: 'run-1',
+      agentId: 'boxed',
+      connector: 'cli',
+      channelId: 'cli',
+      isolation: 'host-sandbox',
+      startedAt: Date.UTC(2026, 0, 2, 3, 4, 5),
+    })
+    records.finish(
+      'run-1',
+      {
+        version: 1,
+        ok: true,
+        run_id: 'run-1',
+        reply: {content: 'hi'},
+        usage: {input_tokens: 12, output_tokens: 34},
+        iterations: 1,
+        tool_calls: [],
+      } as never,
+      {durationMs: 1234},
+    )
+    records.reject(
+      {
+        id: 'run-2',
+        agentId: 'free',
+        connector: 'api',
+        channelId: 'api-1/x',
+        isolation: 'unrestricted',
+        startedAt: Date.UTC(2026, 0, 2, 3, 4, 6),
+      },
+      'E_QUEUE_FULL',
+      'the queue is full\nsecond line',
+    )
   })
 })
 afterAll(() => home.cleanup())
@@ -132,7 +200,12 @@ describe('commands without oclif print what oclif prints (bin/run.js against ocl
 
   it('container status, images and clean against an engine that is not there: exit 10 the same way', async () => {
     const missingSocket = `unix://${path.join(home.home, 'no-engine.sock')}`
-    for (const command of [['container', 'status'], ['container', 'images'], ['container', 'clean', '--dry-run'], ['container', 'clean', '--all']]) {
+    for (const command of [
+      ['container', 'status'],
+      ['container', 'images'],
+      ['container', 'clean', '--dry-run'],
+      ['container', 'clean', '--all'],
+    ]) {
       const down = await expectSame(command, {lite: true, env: {DOCKER_HOST: missingSocket}})
       expect(down.exitCode, command.join(' ')).toBe(10)
       await expectSame([...command, '--json'], {lite: true, env: {DOCKER_HOST: missingSocket}})
@@ -143,8 +216,15 @@ describe('commands without oclif print what oclif prints (bin/run.js against ocl
     await withFakeEngine(async (env) => {
       const text = await expectSame(['container', 'clean', '--dry-run'], {lite: true, env})
       expect(text.stdout).toContain('would remove container meepa-left')
-      const dry = JSON.parse((await expectSame(['container', 'clean', '--dry-run', '--json'], {lite: true, env})).stdout)
-      expect(dry).toMatchObject({dry_run: true, containers: [{name: 'meepa-left'}], images: [{ref: 'meepa-sandbox:0123456789abcdef'}], kept_containers: []})
+      const dry = JSON.parse(
+        (await expectSame(['container', 'clean', '--dry-run', '--json'], {lite: true, env})).stdout,
+      )
+      expect(dry).toMatchObject({
+        dry_run: true,
+        containers: [{name: 'meepa-left'}],
+        images: [{ref: 'meepa-sandbox:0123456789abcdef'}],
+        kept_containers: [],
+      })
     })
   })
 
@@ -175,7 +255,11 @@ describe('commands without oclif print what oclif prints (bin/run.js against ocl
       const again = await run([viaOclifScript], ['agent', 'list'], {MEEPAGATEWAY_HOME: fresh.home})
       expect(bin.fullCli).toBe(false)
       expect(bin.stderr).toContain('Created a default config')
-      expect({exitCode: bin.exitCode, stdout: bin.stdout, stderr: bin.stderr}).toEqual({exitCode: again.exitCode, stdout: again.stdout, stderr: again.stderr})
+      expect({exitCode: bin.exitCode, stdout: bin.stdout, stderr: bin.stderr}).toEqual({
+        exitCode: again.exitCode,
+        stdout: again.stdout,
+        stderr: again.stderr,
+      })
     } finally {
       fresh.cleanup()
     }
@@ -207,18 +291,34 @@ describe('commands without oclif print what oclif prints (bin/run.js against ocl
     await expectSame(['audit'], {lite: false, env: {FORCE_COLOR: '1', NO_COLOR: '1'}, normalize: pid})
     // colour off: no warning (vitest's own setting)
     await expectSame(['audit'], {lite: true, env: {FORCE_COLOR: '0', NO_COLOR: '1'}})
-    await expectSame(['api-key', 'list', '--json'], {lite: false, env: {FORCE_COLOR: '1', NODE_DISABLE_COLORS: '1'}, normalize: pid})
+    await expectSame(['api-key', 'list', '--json'], {
+      lite: false,
+      env: {FORCE_COLOR: '1', NODE_DISABLE_COLORS: '1'},
+      normalize: pid,
+    })
   })
 
   it('leaves JSON output to oclif when a user theme colours it (CONFIG_DIR/theme.json)', async () => {
     const configHome = path.join(home.home, 'xdg')
     fs.mkdirSync(path.join(configHome, 'meepagateway'), {recursive: true})
-    fs.writeFileSync(path.join(configHome, 'meepagateway', 'theme.json'), JSON.stringify({json: {key: 'red', string: 'green', brace: 'blue'}}))
+    fs.writeFileSync(
+      path.join(configHome, 'meepagateway', 'theme.json'),
+      JSON.stringify({json: {key: 'red', string: 'green', brace: 'blue'}}),
+    )
     try {
-      const colored = await expectSame(['agent', 'list', '--json'], {lite: false, env: {XDG_CONFIG_HOME: configHome, FORCE_COLOR: '1'}})
+      const colored = await expectSame(['agent', 'list', '--json'], {
+        lite: false,
+        env: {XDG_CONFIG_HOME: configHome, FORCE_COLOR: '1'},
+      })
       expect(colored.stdout).toContain('\u001B[')
-      await expectSame(['runs', '--json'], {lite: false, env: {MEEPAGATEWAY_CONFIG_DIR: path.join(configHome, 'meepagateway'), FORCE_COLOR: '1'}})
-      await expectSame(['agent', 'list', '--json'], {lite: true, env: {XDG_CONFIG_HOME: configHome, FORCE_COLOR: '1', MEEPAGATEWAY_DISABLE_THEME: 'true'}})
+      await expectSame(['runs', '--json'], {
+        lite: false,
+        env: {MEEPAGATEWAY_CONFIG_DIR: path.join(configHome, 'meepagateway'), FORCE_COLOR: '1'},
+      })
+      await expectSame(['agent', 'list', '--json'], {
+        lite: true,
+        env: {XDG_CONFIG_HOME: configHome, FORCE_COLOR: '1', MEEPAGATEWAY_DISABLE_THEME: 'true'},
+      })
     } finally {
       fs.rmSync(configHome, {recursive: true, force: true})
     }
@@ -230,8 +330,21 @@ describe('commands without oclif print what oclif prints (bin/run.js against ocl
         [[BIN], [viaOclifScript]].map(async (prefix) => {
           const gone = fs.mkdtempSync(path.join(home.home, 'gone-'))
           const quoted = ['--require', probe, ...prefix, ...argv].map((word) => `'${word}'`).join(' ')
-          const result = await execa('sh', ['-c', `cd '${gone}' && rmdir '${gone}' && exec '${process.execPath}' ${quoted}`], {env: {PATH: process.env.PATH ?? '', MEEPAGATEWAY_HOME: home.home}, extendEnv: false, reject: false, stdin: 'ignore'})
-          return {exitCode: result.exitCode, stdout: String(result.stdout), stderr: String(result.stderr).replace(/\n?FULL_CLI \w+\n?$/, '')}
+          const result = await execa(
+            'sh',
+            ['-c', `cd '${gone}' && rmdir '${gone}' && exec '${process.execPath}' ${quoted}`],
+            {
+              env: {PATH: process.env.PATH ?? '', MEEPAGATEWAY_HOME: home.home},
+              extendEnv: false,
+              reject: false,
+              stdin: 'ignore',
+            },
+          )
+          return {
+            exitCode: result.exitCode,
+            stdout: String(result.stdout),
+            stderr: String(result.stderr).replace(/\n?FULL_CLI \w+\n?$/, ''),
+          }
         }),
       )
       expect(ran[1]?.stderr, argv.join(' ')).toContain('WARNING: current directory does not exist')
@@ -255,7 +368,9 @@ describe('colour in human-readable output (chalk, src/cli/colour.ts), the same b
     expect(shown.stdout).toContain(`  ${green(home.workspace('boxed'))}\n`)
     expect(shown.stdout).toContain(`  ${red(path.join(home.home, 'config.yaml'))}`)
     // the same text once the colour is taken out
-    expect(tmpDir(shown.stdout).replace(new RegExp(`${String.fromCharCode(27)}\\[\\d+m`, 'g'), '')).toBe(tmpDir(plain.stdout))
+    expect(tmpDir(shown.stdout).replace(new RegExp(`${String.fromCharCode(27)}\\[\\d+m`, 'g'), '')).toBe(
+      tmpDir(plain.stdout),
+    )
   })
 
   it('no colour for a pipe, NO_COLOR, --no-color, FORCE_COLOR=0, or --json even when forced', async () => {
@@ -277,7 +392,10 @@ describe('colour in human-readable output (chalk, src/cli/colour.ts), the same b
     const shown = await expectSame(missing, {lite: true, env: {FORCE_COLOR: '1'}})
     expect(shown.stderr).toContain(` ${red('›')}   ${ESC}1m${red('Error')}${ESC}22m: config file not found`)
     expect(shown.stdout).toBe('')
-    for (const [argv, env] of [[missing, {NO_COLOR: '1'}], [[...missing, '--no-color'], {FORCE_COLOR: '1'}]] as Array<[string[], Record<string, string>]>) {
+    for (const [argv, env] of [
+      [missing, {NO_COLOR: '1'}],
+      [[...missing, '--no-color'], {FORCE_COLOR: '1'}],
+    ] as Array<[string[], Record<string, string>]>) {
       expect((await expectSame(argv, {lite: true, env})).stderr).not.toContain(ESC)
     }
   })
@@ -294,28 +412,60 @@ describe('colour in human-readable output (chalk, src/cli/colour.ts), the same b
 
   it('colour at a terminal (a pseudo-terminal from script(1)), none when its output is piped on', async () => {
     const atTerminal = (command: string) =>
-      execa('script', ['-qec', command, '/dev/null'], {env: {PATH: process.env.PATH ?? '', MEEPAGATEWAY_HOME: home.home, TERM: 'xterm'}, extendEnv: false, reject: false, stdin: 'ignore'})
+      execa('script', ['-qec', command, '/dev/null'], {
+        env: {PATH: process.env.PATH ?? '', MEEPAGATEWAY_HOME: home.home, TERM: 'xterm'},
+        extendEnv: false,
+        reject: false,
+        stdin: 'ignore',
+      })
     const command = `"${process.execPath}" "${BIN}" sandbox explain --agent boxed`
     expect(String((await atTerminal(command)).stdout)).toContain(green(home.workspace('boxed')))
     expect(String((await atTerminal(`${command} | cat`)).stdout)).not.toContain(ESC)
     // NO_COLOR at a terminal, for output and for an error (whose marker oclif would colour, asking supports-color)
     expect(String((await atTerminal(`NO_COLOR=1 ${command}`)).stdout)).not.toContain(ESC)
-    const error = String((await atTerminal(`NO_COLOR=1 "${process.execPath}" "${BIN}" config check --config '${path.join(home.home, 'nope.yaml')}'`)).stdout)
+    const error = String(
+      (
+        await atTerminal(
+          `NO_COLOR=1 "${process.execPath}" "${BIN}" config check --config '${path.join(home.home, 'nope.yaml')}'`,
+        )
+      ).stdout,
+    )
     expect(error).toContain('Error: config file not found')
     expect(error).not.toContain(ESC)
-    expect(String((await atTerminal(`"${process.execPath}" "${BIN}" config check --config '${path.join(home.home, 'nope.yaml')}'`)).stdout)).toContain(red('›'))
+    expect(
+      String(
+        (
+          await atTerminal(
+            `"${process.execPath}" "${BIN}" config check --config '${path.join(home.home, 'nope.yaml')}'`,
+          )
+        ).stdout,
+      ),
+    ).toContain(red('›'))
   })
 })
 
 describe('help pages without oclif', () => {
-  const pages = () => JSON.parse(fs.readFileSync(path.join(ROOT, 'dist', 'lite', 'help-pages.json'), 'utf8')) as {pages: Record<string, string>}
+  const pages = () =>
+    JSON.parse(fs.readFileSync(path.join(ROOT, 'dist', 'lite', 'help-pages.json'), 'utf8')) as {
+      pages: Record<string, string>
+    }
 
   it('has a page for the root, every topic and every command, each what oclif prints', async () => {
-    const manifest = JSON.parse(fs.readFileSync(path.join(ROOT, 'oclif.manifest.json'), 'utf8')) as {commands: Record<string, unknown>}
+    const manifest = JSON.parse(fs.readFileSync(path.join(ROOT, 'oclif.manifest.json'), 'utf8')) as {
+      commands: Record<string, unknown>
+    }
     const forms = Object.keys(pages().pages)
     for (const id of Object.keys(manifest.commands)) expect(forms).toContain(`${id.split(':').join(' ')} --help`)
     expect(forms).toEqual(expect.arrayContaining(['', '--help', 'agent', 'agent --help', 'container --help']))
-    for (const form of ['', '--help', 'agent', 'runs --help', 'send --help', 'container status --help', 'sandbox exec --help']) {
+    for (const form of [
+      '',
+      '--help',
+      'agent',
+      'runs --help',
+      'send --help',
+      'container status --help',
+      'sandbox exec --help',
+    ]) {
       const argv = form === '' ? [] : form.split(' ')
       const shown = await expectSame(argv, {lite: true})
       expect(shown.stdout).toContain('USAGE')
@@ -340,33 +490,68 @@ describe('help pages without oclif', () => {
 
 describe('the lite parser (src/cli/lite/parse.ts)', () => {
   const input = {
-    flags: {json: Flags.boolean(), agent: Flags.string({char: 'a'}), limit: Flags.integer({char: 'n', default: 20, min: 1, max: 100}), channel: Flags.string({default: 'cli'})},
+    flags: {
+      json: Flags.boolean(),
+      agent: Flags.string({char: 'a'}),
+      limit: Flags.integer({char: 'n', default: 20, min: 1, max: 100}),
+      channel: Flags.string({default: 'cli'}),
+    },
     args: {message: Args.string({required: true})},
     strict: true,
   }
 
   it('gives what oclif gives for plain argv: values, defaults, chars, --name=value, a lone "-" as an argument', () => {
-    expect(parseArgv(['-a', 'x', 'hello'], input)).toEqual({flags: {agent: 'x', limit: 20, channel: 'cli'}, args: {message: 'hello'}})
-    expect(parseArgv(['--limit=5', '--json', '-', '--agent', 'y'], input)).toEqual({flags: {limit: 5, json: true, agent: 'y', channel: 'cli'}, args: {message: '-'}})
+    expect(parseArgv(['-a', 'x', 'hello'], input)).toEqual({
+      flags: {agent: 'x', limit: 20, channel: 'cli'},
+      args: {message: 'hello'},
+    })
+    expect(parseArgv(['--limit=5', '--json', '-', '--agent', 'y'], input)).toEqual({
+      flags: {limit: 5, json: true, agent: 'y', channel: 'cli'},
+      args: {message: '-'},
+    })
   })
 
   it('defers everything else', () => {
-    for (const argv of [[], ['m', 'extra'], ['--limit', '0', 'm'], ['--limit', '101', 'm'], ['--limit', '1.5', 'm'], ['-a', '-b', 'm'], ['--agent=', 'm'], ['--agent=--json', 'm'], ['--agent=-n5', 'm'], ['--limit=-1', 'm'], ['--json=true', 'm'], ['-ax', 'm'], ['--', 'm'], ['--help'], ['m', '--agent', 'a', '--agent', 'b']]) {
+    for (const argv of [
+      [],
+      ['m', 'extra'],
+      ['--limit', '0', 'm'],
+      ['--limit', '101', 'm'],
+      ['--limit', '1.5', 'm'],
+      ['-a', '-b', 'm'],
+      ['--agent=', 'm'],
+      ['--agent=--json', 'm'],
+      ['--agent=-n5', 'm'],
+      ['--limit=-1', 'm'],
+      ['--json=true', 'm'],
+      ['-ax', 'm'],
+      ['--', 'm'],
+      ['--help'],
+      ['m', '--agent', 'a', '--agent', 'b'],
+    ]) {
       expect(() => parseArgv(argv, input), argv.join(' ')).toThrow(/left to oclif/)
     }
     expect(() => parseArgv(['m'], {...input, strict: false})).toThrow(/left to oclif/)
-    expect(() => parseArgv(['m'], {...input, flags: {...input.flags, tags: {...Flags.string(), multiple: true} as never}})).toThrow(/left to oclif/)
+    expect(() =>
+      parseArgv(['m'], {...input, flags: {...input.flags, tags: {...Flags.string(), multiple: true} as never}}),
+    ).toThrow(/left to oclif/)
   })
 
   it('names only commands that exist', () => {
-    const manifest = JSON.parse(fs.readFileSync(path.join(ROOT, 'oclif.manifest.json'), 'utf8')) as {commands: Record<string, unknown>}
+    const manifest = JSON.parse(fs.readFileSync(path.join(ROOT, 'oclif.manifest.json'), 'utf8')) as {
+      commands: Record<string, unknown>
+    }
     for (const id of LITE_COMMANDS) expect(Object.keys(manifest.commands)).toContain(id)
   })
 })
 
 describe('output to a reader that goes away', () => {
   it('ends quietly when the pipe closes early (| head)', async () => {
-    const result = await execa('sh', ['-c', `"${process.execPath}" "${BIN}" runs --json | head -c 1`], {env: {PATH: process.env.PATH ?? '', MEEPAGATEWAY_HOME: home.home}, extendEnv: false, reject: false})
+    const result = await execa('sh', ['-c', `"${process.execPath}" "${BIN}" runs --json | head -c 1`], {
+      env: {PATH: process.env.PATH ?? '', MEEPAGATEWAY_HOME: home.home},
+      extendEnv: false,
+      reject: false,
+    })
     expect(result.stdout).toBe('[')
     expect(String(result.stderr)).toBe('')
   })

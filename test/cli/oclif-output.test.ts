@@ -50,7 +50,11 @@ const oclif = createRequire(${JSON.stringify(path.join(ROOT, 'package.json'))})(
 `
 
 async function compare(env: Record<string, string>): Promise<{ours: unknown; oclif: unknown}> {
-  const result = await execa(process.execPath, ['-e', SCRIPT], {env: {PATH: process.env.PATH ?? '', ...env}, extendEnv: false, cwd: ROOT})
+  const result = await execa(process.execPath, ['-e', SCRIPT], {
+    env: {PATH: process.env.PATH ?? '', ...env},
+    extendEnv: false,
+    cwd: ROOT,
+  })
   return JSON.parse(result.stdout) as {ours: unknown; oclif: unknown}
 }
 

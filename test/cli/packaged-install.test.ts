@@ -16,18 +16,28 @@ describe('the packed CLI, installed globally', () => {
   let bin: string
   let home: string
   const run = (args: string[], env: Record<string, string> = {}) =>
-    execa(bin, args, {env: {PATH: `${path.join(prefix, 'bin')}:${process.env.PATH}`, MEEPAGATEWAY_HOME: home, ...env}, extendEnv: false, reject: false, timeout: 60_000})
+    execa(bin, args, {
+      env: {PATH: `${path.join(prefix, 'bin')}:${process.env.PATH}`, MEEPAGATEWAY_HOME: home, ...env},
+      extendEnv: false,
+      reject: false,
+      timeout: 60_000,
+    })
 
   beforeAll(async () => {
     prefix = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-global-'))
     home = path.join(prefix, 'home')
     // dist/ is fresh (the test setup built it): pack without running the build again
-    const {stdout} = await execa('npm', ['pack', '--ignore-scripts', '--json', '--pack-destination', prefix], {cwd: ROOT})
+    const {stdout} = await execa('npm', ['pack', '--ignore-scripts', '--json', '--pack-destination', prefix], {
+      cwd: ROOT,
+    })
     const [{filename}] = JSON.parse(stdout) as Array<{filename: string}>
     const pkg = path.join(prefix, 'lib', 'node_modules', 'meepagateway')
     fs.mkdirSync(pkg, {recursive: true})
     await execa('tar', ['-xzf', path.join(prefix, filename), '-C', pkg, '--strip-components=1'])
-    const {stdout: production} = await execa('npm', ['ls', '--omit=dev', '--all', '--parseable'], {cwd: ROOT, reject: false})
+    const {stdout: production} = await execa('npm', ['ls', '--omit=dev', '--all', '--parseable'], {
+      cwd: ROOT,
+      reject: false,
+    })
     for (const dir of production.split('\n').slice(1)) {
       const target = path.join(pkg, path.relative(ROOT, dir))
       if (fs.existsSync(target)) continue
@@ -42,22 +52,37 @@ describe('the packed CLI, installed globally', () => {
 
   it('ships the bundle, its code cache and the manifest, not the sources or dev tools', () => {
     const pkg = path.join(prefix, 'lib', 'node_modules', 'meepagateway')
-    for (const file of ['bin/run.js', 'bin/cli-bundle.cjs', 'dist/cli.cjs', 'dist/cli.cjs.v8cache', 'dist/agent-run.cjs', 'oclif.manifest.json', 'dist/native/meepa-sandbox']) {
+    for (const file of [
+      'bin/run.js',
+      'bin/cli-bundle.cjs',
+      'dist/cli.cjs',
+      'dist/cli.cjs.v8cache',
+      'dist/agent-run.cjs',
+      'oclif.manifest.json',
+      'dist/native/meepa-sandbox',
+    ]) {
       expect(fs.existsSync(path.join(pkg, file)), file).toBe(true)
     }
     expect(fs.existsSync(path.join(pkg, 'src'))).toBe(false)
-    for (const devOnly of ['typescript', 'tsx', 'esbuild', 'oclif', 'vitest']) expect(fs.existsSync(path.join(pkg, 'node_modules', devOnly)), devOnly).toBe(false)
+    for (const devOnly of ['typescript', 'tsx', 'esbuild', 'oclif', 'vitest'])
+      expect(fs.existsSync(path.join(pkg, 'node_modules', devOnly)), devOnly).toBe(false)
   })
 
   it('answers --help for every command and topic in the manifest', async () => {
-    const manifest = JSON.parse(fs.readFileSync(path.join(prefix, 'lib', 'node_modules', 'meepagateway', 'oclif.manifest.json'), 'utf8')) as {commands: Record<string, {hidden?: boolean}>}
+    const manifest = JSON.parse(
+      fs.readFileSync(path.join(prefix, 'lib', 'node_modules', 'meepagateway', 'oclif.manifest.json'), 'utf8'),
+    ) as {commands: Record<string, {hidden?: boolean}>}
     const ids = Object.keys(manifest.commands)
-    expect(ids).toEqual(expect.arrayContaining(['send', 'serve', 'config:check', 'sandbox:exec', 'container:status', 'help']))
+    expect(ids).toEqual(
+      expect.arrayContaining(['send', 'serve', 'config:check', 'sandbox:exec', 'container:status', 'help']),
+    )
     const topics = [...new Set(ids.filter((id) => id.includes(':')).map((id) => id.split(':')[0] as string))]
     const root = await run(['--help'])
     expect(root.exitCode).toBe(0)
     for (const topic of topics) expect(root.stdout).toContain(topic)
-    const results = await Promise.all([...ids, ...topics].map(async (id) => ({id, result: await run([...id.split(':'), '--help'])})))
+    const results = await Promise.all(
+      [...ids, ...topics].map(async (id) => ({id, result: await run([...id.split(':'), '--help'])})),
+    )
     for (const {id, result} of results) {
       expect(result.exitCode, `${id} --help: ${result.stderr}`).toBe(0)
       expect(result.stdout, id).toContain('USAGE')

@@ -39,7 +39,13 @@ afterAll(async () => {
 const agent = (maxIterations = 3) => resolveAgent({id: 'hostile', max_iterations: maxIterations} as never, {})
 const config = (): GatewayConfig =>
   ({
-    providers: {primary: 'fake', fallback: [], providers: {fake: {kind: 'openai', model: 'configured-model', base_url: llm.openaiBaseUrl, api_key_env: 'FAKE_LLM_KEY'}}},
+    providers: {
+      primary: 'fake',
+      fallback: [],
+      providers: {
+        fake: {kind: 'openai', model: 'configured-model', base_url: llm.openaiBaseUrl, api_key_env: 'FAKE_LLM_KEY'},
+      },
+    },
   }) as unknown as GatewayConfig
 
 const input = (maxIterations = 3): AgentRunInput => ({
@@ -55,9 +61,14 @@ const input = (maxIterations = 3): AgentRunInput => ({
 const REQUEST = {system: 's', messages: [{role: 'user', content: 'hi'}], tools: []}
 
 /** Runs `script` (Node, given the input's first line on stdin) in agent-run's place, against the real runner. */
-async function hostile(script: string, options: {maxIterations?: number; timeoutMs?: number; allowNetwork?: boolean; onStderr?: (line: string) => void} = {}) {
+async function hostile(
+  script: string,
+  options: {maxIterations?: number; timeoutMs?: number; allowNetwork?: boolean; onStderr?: (line: string) => void} = {},
+) {
   const file = path.join(dir, `hostile-${Math.random().toString(36).slice(2)}.cjs`)
-  fs.writeFileSync(file, `
+  fs.writeFileSync(
+    file,
+    `
 const rl = require('readline').createInterface({input: process.stdin})
 const lines = [], waiters = []
 const next = () => new Promise((resolve) => lines.length ? resolve(lines.shift()) : waiters.push(resolve))
@@ -65,13 +76,29 @@ rl.on('line', (line) => waiters.length ? waiters.shift()(line) : lines.push(line
 const send = (frame) => process.stdout.write(typeof frame === 'string' ? frame : JSON.stringify(frame) + '\\n')
 const REQUEST = ${JSON.stringify(REQUEST)}
 ;(async () => { const input = JSON.parse(await next()); ${script} })()
-`)
-  let launch: {argv: string[]; env: Record<string, string>; fd3?: string} = {argv: [process.execPath, file], env: {PATH: process.env.PATH ?? '/usr/bin:/bin'}}
+`,
+  )
+  let launch: {argv: string[]; env: Record<string, string>; fd3?: string} = {
+    argv: [process.execPath, file],
+    env: {PATH: process.env.PATH ?? '/usr/bin:/bin'},
+  }
   if (options.allowNetwork !== undefined) {
     // exactly how the host-sandbox runner starts agent-run, with this script in its place
     const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-channel-tmp-'))
-    const sandboxed = resolveAgent({id: 'hostile', file_access: {allow_network: options.allowNetwork, allow_listen: options.allowNetwork, allow_read: [dir]}} as never, {})
-    const policy = agentPolicy({agent: sandboxed, config: {...config(), agents: [sandboxed]} as GatewayConfig, home: path.join(dir, 'home'), workspace: dir, tmpDir: tmp})
+    const sandboxed = resolveAgent(
+      {
+        id: 'hostile',
+        file_access: {allow_network: options.allowNetwork, allow_listen: options.allowNetwork, allow_read: [dir]},
+      } as never,
+      {},
+    )
+    const policy = agentPolicy({
+      agent: sandboxed,
+      config: {...config(), agents: [sandboxed]} as GatewayConfig,
+      home: path.join(dir, 'home'),
+      workspace: dir,
+      tmpDir: tmp,
+    })
     const linux = await linuxLaunch(policy, agentEnvironment(dir, tmp), {command: [process.execPath, file]})
     if ('error' in linux) throw new Error(linux.error)
     launch = linux
@@ -98,7 +125,10 @@ describe('a hostile agent-run against the real runner', () => {
       const answer = JSON.parse(await next())
       send({type: 'result', output: {version: 1, ok: true, run_id: input.run_id, reply: {content: answer.response.content + ' / channel ' + input.llm_channel}, stop_reason: 'final', iterations: 1, tool_calls: [], usage: {input_tokens: 0, output_tokens: 0}, ms: 1}})
     `)
-    expect(output, JSON.stringify(output)).toMatchObject({ok: true, reply: {content: `hello from the host / channel ${LLM_CHANNEL_VERSION}`}})
+    expect(output, JSON.stringify(output)).toMatchObject({
+      ok: true,
+      reply: {content: `hello from the host / channel ${LLM_CHANNEL_VERSION}`},
+    })
     expect(llm.requests).toHaveLength(1)
     // the frame's model, provider and base_url were ignored
     expect(llm.requests[0]?.body.model).toBe('configured-model')
@@ -107,17 +137,61 @@ describe('a hostile agent-run against the real runner', () => {
 
   it.each([
     ['a line that is not JSON', `send('{"type": "llm_request", oops\\n')`, /not JSON/],
-    ['a frame of an unknown type (asking for the config)', `send({type: 'read_config', path: '/etc/passwd'})`, /unknown type "read_config"/],
-    ["another agent's data", `send({type: 'memory_search', agent: 'other', query: 'x'})`, /unknown type "memory_search"/],
-    ['a request with a role the loop never sends', `send({type: 'llm_request', id: 1, request: {...REQUEST, messages: [{role: 'system', content: 'x'}]}})`, /messages\[0\] has an unknown role "system"/],
-    ['a request without messages', `send({type: 'llm_request', id: 1, request: {system: 's', messages: [], tools: []}})`, /messages are not a non-empty array/],
-    ['a request whose id is not a positive integer', `send({type: 'llm_request', id: 'x', request: REQUEST})`, /id is not a positive integer/],
-    ['a second request while the first is unanswered', `send({type: 'llm_request', id: 1, request: REQUEST}); send({type: 'llm_request', id: 2, request: REQUEST}); await new Promise(() => {})`, /second llm_request while one was still unanswered/],
-    ['a result whose output is not the contract', `send({type: 'result', output: {ok: 'yes'}})`, /result frame without a valid output/],
-    ['a success result without a reply (the gateway would read reply.content)', `send({type: 'result', output: {version: 1, ok: true, run_id: input.run_id}})`, /result frame without a valid output/],
-    ['a success result whose usage is not numbers', `send({type: 'result', output: {version: 1, ok: true, run_id: input.run_id, reply: {content: 'x'}, stop_reason: 'final', iterations: 0, tool_calls: [], usage: null, ms: 1}})`, /result frame without a valid output/],
-    ['a failure result without an error', `send({type: 'result', output: {version: 1, ok: false, run_id: input.run_id}})`, /result frame without a valid output/],
-    ['a failure result with an error code the gateway does not know', `send({type: 'result', output: {version: 1, ok: false, run_id: input.run_id, error: {code: {}, message: 7, retryable: false}}})`, /result frame without a valid output/],
+    [
+      'a frame of an unknown type (asking for the config)',
+      `send({type: 'read_config', path: '/etc/passwd'})`,
+      /unknown type "read_config"/,
+    ],
+    [
+      "another agent's data",
+      `send({type: 'memory_search', agent: 'other', query: 'x'})`,
+      /unknown type "memory_search"/,
+    ],
+    [
+      'a request with a role the loop never sends',
+      `send({type: 'llm_request', id: 1, request: {...REQUEST, messages: [{role: 'system', content: 'x'}]}})`,
+      /messages\[0\] has an unknown role "system"/,
+    ],
+    [
+      'a request without messages',
+      `send({type: 'llm_request', id: 1, request: {system: 's', messages: [], tools: []}})`,
+      /messages are not a non-empty array/,
+    ],
+    [
+      'a request whose id is not a positive integer',
+      `send({type: 'llm_request', id: 'x', request: REQUEST})`,
+      /id is not a positive integer/,
+    ],
+    [
+      'a second request while the first is unanswered',
+      `send({type: 'llm_request', id: 1, request: REQUEST}); send({type: 'llm_request', id: 2, request: REQUEST}); await new Promise(() => {})`,
+      /second llm_request while one was still unanswered/,
+    ],
+    [
+      'a result whose output is not the contract',
+      `send({type: 'result', output: {ok: 'yes'}})`,
+      /result frame without a valid output/,
+    ],
+    [
+      'a success result without a reply (the gateway would read reply.content)',
+      `send({type: 'result', output: {version: 1, ok: true, run_id: input.run_id}})`,
+      /result frame without a valid output/,
+    ],
+    [
+      'a success result whose usage is not numbers',
+      `send({type: 'result', output: {version: 1, ok: true, run_id: input.run_id, reply: {content: 'x'}, stop_reason: 'final', iterations: 0, tool_calls: [], usage: null, ms: 1}})`,
+      /result frame without a valid output/,
+    ],
+    [
+      'a failure result without an error',
+      `send({type: 'result', output: {version: 1, ok: false, run_id: input.run_id}})`,
+      /result frame without a valid output/,
+    ],
+    [
+      'a failure result with an error code the gateway does not know',
+      `send({type: 'result', output: {version: 1, ok: false, run_id: input.run_id, error: {code: {}, message: 7, retryable: false}}})`,
+      /result frame without a valid output/,
+    ],
   ])('%s: E_RUN naming it, the run stopped at once', async (_name, script, message) => {
     llm.reset()
     llm.setDefault({text: 'answer', delayMs: 300})
@@ -128,29 +202,45 @@ describe('a hostile agent-run against the real runner', () => {
   })
 
   it('a line of more than 8 MiB without a newline is refused before it is buffered whole', async () => {
-    const {output, ms} = await hostile(`const mb = 'x'.repeat(1024 * 1024); for (let i = 0; i < 12; i++) send(mb); await new Promise(() => {})`)
-    expect(output).toMatchObject({ok: false, error: {code: 'E_RUN', message: expect.stringMatching(/line longer than 8388608 bytes/)}})
+    const {output, ms} = await hostile(
+      `const mb = 'x'.repeat(1024 * 1024); for (let i = 0; i < 12; i++) send(mb); await new Promise(() => {})`,
+    )
+    expect(output).toMatchObject({
+      ok: false,
+      error: {code: 'E_RUN', message: expect.stringMatching(/line longer than 8388608 bytes/)},
+    })
     expect(ms).toBeLessThan(5_000)
   })
 
   it("more requests than the agent's max_iterations: the extra one reaches no provider", async () => {
     llm.reset()
     llm.setDefault({text: 'answer'})
-    const {output} = await hostile(`for (let id = 1; id <= 5; id++) { send({type: 'llm_request', id, request: REQUEST}); await next() } await new Promise(() => {})`, {maxIterations: 2})
-    expect(output).toMatchObject({ok: false, error: {code: 'E_RUN', message: expect.stringMatching(/more llm_requests than the agent's max_iterations \(2\)/)}})
+    const {output} = await hostile(
+      `for (let id = 1; id <= 5; id++) { send({type: 'llm_request', id, request: REQUEST}); await next() } await new Promise(() => {})`,
+      {maxIterations: 2},
+    )
+    expect(output).toMatchObject({
+      ok: false,
+      error: {code: 'E_RUN', message: expect.stringMatching(/more llm_requests than the agent's max_iterations \(2\)/)},
+    })
     expect(llm.requests).toHaveLength(2)
   })
 
   it('a result written just before exiting is never lost (20 runs)', async () => {
     for (let i = 0; i < 20; i++) {
-      const {output} = await hostile(`process.stdout.write(JSON.stringify({type: 'result', output: {version: 1, ok: true, run_id: input.run_id, reply: {content: 'x'.repeat(200000)}, stop_reason: 'final', iterations: 0, tool_calls: [], usage: {input_tokens: 0, output_tokens: 0}, ms: 1}}) + '\\n', () => process.exit(0))`)
+      const {output} = await hostile(
+        `process.stdout.write(JSON.stringify({type: 'result', output: {version: 1, ok: true, run_id: input.run_id, reply: {content: 'x'.repeat(200000)}, stop_reason: 'final', iterations: 0, tool_calls: [], usage: {input_tokens: 0, output_tokens: 0}, ms: 1}}) + '\\n', () => process.exit(0))`,
+      )
       expect(output.ok, JSON.stringify(output).slice(0, 300)).toBe(true)
     }
   })
 
   it('exits without a result: E_RUN, not a hang', async () => {
     const {output, ms} = await hostile(`send({type: 'llm_request', id: 1, request: REQUEST}); process.exit(0)`)
-    expect(output).toMatchObject({ok: false, error: {code: 'E_RUN', message: expect.stringMatching(/exited with code 0 without a result/)}})
+    expect(output).toMatchObject({
+      ok: false,
+      error: {code: 'E_RUN', message: expect.stringMatching(/exited with code 0 without a result/)},
+    })
     expect(ms).toBeLessThan(5_000)
   })
 
@@ -164,16 +254,22 @@ describe('a hostile agent-run against the real runner', () => {
       send({type: 'llm_request', id: 1, request: REQUEST}); const line = await next()
       send({type: 'result', output: {version: 1, ok: true, run_id: input.run_id, reply: {content: line.includes(${JSON.stringify(KEY)}) ? 'LEAKED ' + line : 'CLEAN ' + line}, stop_reason: 'final', iterations: 0, tool_calls: [], usage: {input_tokens: 0, output_tokens: 0}, ms: 1}})
       process.exit(0)`)
-    expect(output, JSON.stringify(output)).toMatchObject({ok: true, reply: {content: expect.stringMatching(/^CLEAN .*\[REDACTED\]/)}})
+    expect(output, JSON.stringify(output)).toMatchObject({
+      ok: true,
+      reply: {content: expect.stringMatching(/^CLEAN .*\[REDACTED\]/)},
+    })
   })
 
   it("a flood of stderr (64 MiB of lines) does not flood the gateway's log", async () => {
     const logged: string[] = []
-    const {output} = await hostile(`
+    const {output} = await hostile(
+      `
       const chunk = ('x'.repeat(99) + '\\n').repeat(10_000)
       for (let i = 0; i < 64; i++) await new Promise((resolve) => process.stderr.write(chunk, resolve))
       send({type: 'result', output: {version: 1, ok: true, run_id: input.run_id, reply: {content: 'done'}, stop_reason: 'final', iterations: 0, tool_calls: [], usage: {input_tokens: 0, output_tokens: 0}, ms: 1}})
-      process.exit(0)`, {onStderr: (line) => logged.push(line)})
+      process.exit(0)`,
+      {onStderr: (line) => logged.push(line)},
+    )
     expect(output).toMatchObject({ok: true})
     expect(logged.join('\n').length).toBeLessThan(1024 * 1024)
     expect(logged.at(-1)).toMatch(/more than .* on stderr; the rest is not logged/)
@@ -209,15 +305,21 @@ describe.skipIf(landlockUnavailable() !== undefined)('agent-run itself under the
   it('with allow_network: false it has no network at all (TCP to the LLM, UDP), and its LLM calls still work through the channel', async () => {
     llm.reset()
     llm.enqueue({text: 'via the runner'})
-    const {output} = await hostile(`
+    const {output} = await hostile(
+      `
       send({type: 'llm_request', id: 1, request: REQUEST}); const answer = JSON.parse(await next()).response.content
-      ${PROBE.replaceAll('${PORT}', String(llm.port)).replace("reply: {content: tcp + ' / ' + udp}", "reply: {content: answer + ' / ' + tcp + ' / ' + udp}")}`, {allowNetwork: false})
-    expect(output, JSON.stringify(output)).toMatchObject({ok: true, reply: {content: expect.stringMatching(/^via the runner \/ tcp E(PERM|ACCES) /)}})
+      ${PROBE.replaceAll('${PORT}', String(llm.port)).replace("reply: {content: tcp + ' / ' + udp}", "reply: {content: answer + ' / ' + tcp + ' / ' + udp}")}`,
+      {allowNetwork: false},
+    )
+    expect(output, JSON.stringify(output)).toMatchObject({
+      ok: true,
+      reply: {content: expect.stringMatching(/^via the runner \/ tcp E(PERM|ACCES) /)},
+    })
     expect(output.ok && output.reply.content).toMatch(/udp E(PERM|ACCES)$/)
     expect(llm.requests).toHaveLength(1) // the runner's call, nothing from inside
   })
 
-  it('control: with allow_network (and allow_listen, which Node\'s UDP sockets need) the same program connects', async () => {
+  it("control: with allow_network (and allow_listen, which Node's UDP sockets need) the same program connects", async () => {
     const {output} = await hostile(PROBE.replaceAll('${PORT}', String(llm.port)), {allowNetwork: true})
     expect(output, JSON.stringify(output)).toMatchObject({ok: true, reply: {content: 'CONNECTED / UDP SENT'}})
   })
@@ -225,30 +327,60 @@ describe.skipIf(landlockUnavailable() !== undefined)('agent-run itself under the
 
 describe('a hostile runner against the shipped agent-run', () => {
   const agentRun = (stdin: string, timeout = 20_000) =>
-    execa(process.execPath, [BIN, 'agent-run'], {input: stdin, reject: false, timeout, env: {PATH: process.env.PATH ?? ''}, extendEnv: false})
+    execa(process.execPath, [BIN, 'agent-run'], {
+      input: stdin,
+      reject: false,
+      timeout,
+      env: {PATH: process.env.PATH ?? ''},
+      extendEnv: false,
+    })
   const channelInput = () => JSON.stringify({...input(), llm_channel: LLM_CHANNEL_VERSION})
   const lastFrame = (stdout: string) => JSON.parse(stdout.trim().split('\n').at(-1)!)
 
   it('asks for its LLM call on stdout, and ends with E_RUN when stdin closes instead of an answer', async () => {
     const result = await agentRun(`${channelInput()}\n`)
-    const frames = result.stdout.trim().split('\n').map((line) => JSON.parse(line))
-    expect(frames[0]).toMatchObject({type: 'llm_request', id: 1, request: {system: expect.any(String), messages: [{role: 'user', content: 'hi'}]}})
-    expect(frames.at(-1)).toMatchObject({type: 'result', output: {ok: false, error: {code: 'E_RUN', message: expect.stringMatching(/runner closed stdin/)}}})
+    const frames = result.stdout
+      .trim()
+      .split('\n')
+      .map((line) => JSON.parse(line))
+    expect(frames[0]).toMatchObject({
+      type: 'llm_request',
+      id: 1,
+      request: {system: expect.any(String), messages: [{role: 'user', content: 'hi'}]},
+    })
+    expect(frames.at(-1)).toMatchObject({
+      type: 'result',
+      output: {ok: false, error: {code: 'E_RUN', message: expect.stringMatching(/runner closed stdin/)}},
+    })
     expect(result.exitCode).toBe(1)
   })
 
   it.each([
     ['a line that is not JSON', 'garbage\n', /not JSON/],
-    ['an answer to a request it never made', `${JSON.stringify({type: 'llm_response', id: 7, ok: true, response: {content: 'x', tool_calls: [], usage: {}}})}\n`, /request 7, which is not waiting/],
-    ['an answer without a response', `${JSON.stringify({type: 'llm_response', id: 1, ok: true})}\n`, /without a valid response/],
+    [
+      'an answer to a request it never made',
+      `${JSON.stringify({type: 'llm_response', id: 7, ok: true, response: {content: 'x', tool_calls: [], usage: {}}})}\n`,
+      /request 7, which is not waiting/,
+    ],
+    [
+      'an answer without a response',
+      `${JSON.stringify({type: 'llm_response', id: 1, ok: true})}\n`,
+      /without a valid response/,
+    ],
   ])('answers %s from the runner with E_INPUT', async (_name, frame, message) => {
     const result = await agentRun(`${channelInput()}\n${frame}`)
-    expect(lastFrame(result.stdout)).toMatchObject({type: 'result', output: {ok: false, error: {code: 'E_INPUT', message: expect.stringMatching(message)}}})
+    expect(lastFrame(result.stdout)).toMatchObject({
+      type: 'result',
+      output: {ok: false, error: {code: 'E_INPUT', message: expect.stringMatching(message)}},
+    })
     expect(result.exitCode).toBe(2)
   })
 
   it('refuses a channel version it does not speak', async () => {
     const result = await agentRun(`${JSON.stringify({...input(), llm_channel: 99})}\n`)
-    expect(JSON.parse(result.stdout)).toMatchObject({ok: false, error: {code: 'E_INPUT', message: expect.stringMatching(/llm_channel 99 is not supported/)}})
+    expect(JSON.parse(result.stdout)).toMatchObject({
+      ok: false,
+      error: {code: 'E_INPUT', message: expect.stringMatching(/llm_channel 99 is not supported/)},
+    })
   })
 })

@@ -32,7 +32,11 @@ function scanAgentRuns(marker: string, secrets: string[]): Scan {
       if (whereHeld(pid, marker).memory) scan.runs++
       for (const secret of secrets) {
         const held = whereHeld(pid, secret)
-        scan.key = {environ: scan.key.environ || held.environ, cmdline: scan.key.cmdline || held.cmdline, memory: scan.key.memory || held.memory}
+        scan.key = {
+          environ: scan.key.environ || held.environ,
+          cmdline: scan.key.cmdline || held.cmdline,
+          memory: scan.key.memory || held.memory,
+        }
       }
     } catch {
       // a process that ended during the scan (another suite's run)
@@ -73,7 +77,13 @@ describe.runIf(isRoot)('no provider key in agent-run, at any level (scans /proc 
     })
 
   const homeWith = (agent: Record<string, unknown>, extra: Record<string, unknown> = {}) => {
-    const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a', connectors: [{type: 'discord', bot_token: '$CHAT_TOKEN'}], ...agent}], extra))
+    const home = makeHome(
+      fakeLlmConfig(
+        llm.openaiBaseUrl,
+        [{id: 'a', connectors: [{type: 'discord', bot_token: '$CHAT_TOKEN'}], ...agent}],
+        extra,
+      ),
+    )
     homes.push(home)
     return home
   }
@@ -82,7 +92,11 @@ describe.runIf(isRoot)('no provider key in agent-run, at any level (scans /proc 
     const home = homeWith(agent)
     const marker = `marker-${randomBytes(8).toString('hex')}`
     const scanned = scriptScan(marker)
-    const result = await runCli(['send', '--agent', 'a', '--json', `hello ${marker}`], {home: home.home, env: {FAKE_LLM_KEY: key, CHAT_TOKEN: chatToken}, timeoutMs: 180_000})
+    const result = await runCli(['send', '--agent', 'a', '--json', `hello ${marker}`], {
+      home: home.home,
+      env: {FAKE_LLM_KEY: key, CHAT_TOKEN: chatToken},
+      timeoutMs: 180_000,
+    })
     expect(result.stderr).not.toContain(key)
     expect(JSON.parse(result.stdout)).toMatchObject({ok: true, reply: {content: 'scanned'}})
     expect(llm.requests[0]?.headers.authorization).toBe(`Bearer ${key}`) // the host did call with the key
@@ -95,12 +109,21 @@ describe.runIf(isRoot)('no provider key in agent-run, at any level (scans /proc 
     const marker = `marker-${randomBytes(8).toString('hex')}`
     const scanned = scriptScan(marker)
     const input = {
-      version: 1, run_id: 'run_by_hand', workspace: home.workspace('a'), secrets: {},
-      agent: loadConfig({configPath: home.configPath, home: home.home, env: {FAKE_LLM_KEY: key, CHAT_TOKEN: chatToken}}).config.agents[0],
-      providers: loadConfig({configPath: home.configPath, home: home.home, env: {CHAT_TOKEN: chatToken}}).config.providers,
+      version: 1,
+      run_id: 'run_by_hand',
+      workspace: home.workspace('a'),
+      secrets: {},
+      agent: loadConfig({configPath: home.configPath, home: home.home, env: {FAKE_LLM_KEY: key, CHAT_TOKEN: chatToken}})
+        .config.agents[0],
+      providers: loadConfig({configPath: home.configPath, home: home.home, env: {CHAT_TOKEN: chatToken}}).config
+        .providers,
       message: {id: 'm', connector: 'cli', channel_id: 'c', user: {id: 'u', name: 'u'}, content: `hello ${marker}`},
     }
-    const result = await runCli(['agent-run'], {home: home.home, env: {FAKE_LLM_KEY: key, CHAT_TOKEN: chatToken}, input: `${JSON.stringify(input, null, 2)}\n`})
+    const result = await runCli(['agent-run'], {
+      home: home.home,
+      env: {FAKE_LLM_KEY: key, CHAT_TOKEN: chatToken},
+      input: `${JSON.stringify(input, null, 2)}\n`,
+    })
     expect(JSON.parse(result.stdout), result.stdout).toMatchObject({ok: true, reply: {content: 'scanned'}})
     const scan = await scanned
     expect(scan.runs).toBeGreaterThanOrEqual(1)
@@ -131,7 +154,11 @@ describe.runIf(isRoot)('no provider key in agent-run, at any level (scans /proc 
       const home = homeWith({container_mode: {enabled: true, network: 'none', timeout_seconds: 120}})
       const run = (content: string) =>
         runMessage({
-          loaded: loadConfig({configPath: home.configPath, home: home.home, env: {FAKE_LLM_KEY: key, CHAT_TOKEN: chatToken}}),
+          loaded: loadConfig({
+            configPath: home.configPath,
+            home: home.home,
+            env: {FAKE_LLM_KEY: key, CHAT_TOKEN: chatToken},
+          }),
           agentId: 'a',
           message: {id: 'm', connector: 'cli', channel_id: 'c', user: {id: 'u', name: 'u'}, content},
           standby: true,
@@ -143,7 +170,11 @@ describe.runIf(isRoot)('no provider key in agent-run, at any level (scans /proc 
       const marker = `marker-${randomBytes(8).toString('hex')}`
       const scanned = scriptScan(marker)
       const second = await runMessage({
-        loaded: loadConfig({configPath: home.configPath, home: home.home, env: {FAKE_LLM_KEY: key, CHAT_TOKEN: chatToken}}),
+        loaded: loadConfig({
+          configPath: home.configPath,
+          home: home.home,
+          env: {FAKE_LLM_KEY: key, CHAT_TOKEN: chatToken},
+        }),
         agentId: 'a',
         message: {id: 'm2', connector: 'cli', channel_id: 'c', user: {id: 'u', name: 'u'}, content: `hello ${marker}`},
         standby: true,

@@ -18,10 +18,14 @@ describe('send (unrestricted level) end to end', () => {
   })
   afterEach(() => home.cleanup())
 
-  const send = (message: string, ...flags: string[]) => runCli(['send', '--agent', 'meepa', ...flags, message], {home: home.home})
+  const send = (message: string, ...flags: string[]) =>
+    runCli(['send', '--agent', 'meepa', ...flags, message], {home: home.home})
 
   it('runs a tool call that writes a file in the workspace and prints the final reply', async () => {
-    llm.enqueue({toolCalls: [{name: 'write_file', arguments: {path: 'hello.txt', content: 'written by the agent'}}]}, {text: 'Done: hello.txt is written.'})
+    llm.enqueue(
+      {toolCalls: [{name: 'write_file', arguments: {path: 'hello.txt', content: 'written by the agent'}}]},
+      {text: 'Done: hello.txt is written.'},
+    )
     const result = await send('write hello.txt')
     expect(result.stderr).not.toContain('Error')
     expect(result.exitCode).toBe(0)
@@ -33,7 +37,10 @@ describe('send (unrestricted level) end to end', () => {
   })
 
   it('remembers with memory_store in one message and finds it with memory_search in the next', async () => {
-    llm.enqueue({toolCalls: [{name: 'memory_store', arguments: {content: 'The staging database lives on port 5433'}}]}, {text: 'Noted.'})
+    llm.enqueue(
+      {toolCalls: [{name: 'memory_store', arguments: {content: 'The staging database lives on port 5433'}}]},
+      {text: 'Noted.'},
+    )
     expect((await send('remember: staging db is on 5433')).exitCode).toBe(0)
     llm.enqueue({toolCalls: [{name: 'memory_search', arguments: {query: 'staging database port'}}]}, (request) => {
       const found = request.body.messages.at(-1).content as string
@@ -48,9 +55,16 @@ describe('send (unrestricted level) end to end', () => {
   it('falls back to the next provider after the primary answers 500 three times', async () => {
     const backup = await startFakeLlm()
     try {
-      const config = fakeLlmConfig(llm.openaiBaseUrl, [{id: 'meepa', file_access: {unrestricted: true}}]) as {providers: any}
+      const config = fakeLlmConfig(llm.openaiBaseUrl, [{id: 'meepa', file_access: {unrestricted: true}}]) as {
+        providers: any
+      }
       config.providers.fallback = ['backup']
-      config.providers.providers.backup = {kind: 'anthropic', api_key_env: 'FAKE_LLM_KEY', model: 'claude-fake', base_url: backup.anthropicBaseUrl}
+      config.providers.providers.backup = {
+        kind: 'anthropic',
+        api_key_env: 'FAKE_LLM_KEY',
+        model: 'claude-fake',
+        base_url: backup.anthropicBaseUrl,
+      }
       home.writeConfig(config)
       llm.enqueue({status: 500}, {status: 500}, {status: 500})
       backup.enqueue({text: 'answered by the fallback'})
@@ -77,7 +91,9 @@ describe('send (unrestricted level) end to end', () => {
   })
 
   it('stops at max_iterations with a reply that says so', async () => {
-    const config = fakeLlmConfig(llm.openaiBaseUrl, [{id: 'meepa', max_iterations: 2, file_access: {unrestricted: true}}])
+    const config = fakeLlmConfig(llm.openaiBaseUrl, [
+      {id: 'meepa', max_iterations: 2, file_access: {unrestricted: true}},
+    ])
     home.writeConfig(config)
     llm.setDefault({toolCalls: [{name: 'list_files', arguments: {}}]})
     const result = await send('loop forever', '--json')
@@ -89,9 +105,12 @@ describe('send (unrestricted level) end to end', () => {
   })
 
   it('keeps provider keys out of the environment of shell commands and out of the reply', async () => {
-    llm.enqueue({toolCalls: [{name: 'shell', arguments: {command: 'env; cat /proc/self/environ | tr "\\0" "\\n"'}}]}, (request) => ({
-      text: `env was: ${request.body.messages.at(-1).content}`,
-    }))
+    llm.enqueue(
+      {toolCalls: [{name: 'shell', arguments: {command: 'env; cat /proc/self/environ | tr "\\0" "\\n"'}}]},
+      (request) => ({
+        text: `env was: ${request.body.messages.at(-1).content}`,
+      }),
+    )
     const result = await send('print your env', '--json')
     const output = JSON.parse(result.stdout)
     expect(output.ok).toBe(true)
@@ -105,7 +124,9 @@ describe('send (unrestricted level) end to end', () => {
     // unrestricted gives no isolation: the operator's processes (send here) are readable by the agent's commands
     // up from the shell: agent-run, its keeper, then `send`, which holds the key to make the LLM calls
     const command = `p=$PPID; while [ "$p" -gt 1 ]; do tr "\\0" "\\n" < /proc/$p/environ 2>/dev/null | grep '^FAKE_LLM_KEY=' && break; p=$(awk '{print $4}' /proc/$p/stat); done`
-    llm.enqueue({toolCalls: [{name: 'shell', arguments: {command}}]}, (request) => ({text: `found: ${request.body.messages.at(-1).content}`}))
+    llm.enqueue({toolCalls: [{name: 'shell', arguments: {command}}]}, (request) => ({
+      text: `found: ${request.body.messages.at(-1).content}`,
+    }))
     const result = await send('find a key', '--json')
     const output = JSON.parse(result.stdout)
     expect(output.reply.content, result.stdout).toContain('FAKE_LLM_KEY=[REDACTED]')
@@ -126,9 +147,16 @@ describe('send (unrestricted level) end to end', () => {
 
   it("kills a shell command and what it started in the background at the tool's timeout", async () => {
     const sentinel = path.join(home.workspace('meepa'), 'late-tool')
-    llm.enqueue({toolCalls: [{name: 'shell', arguments: {command: `(sleep 2; touch ${sentinel}) & sleep 30`, timeout_seconds: 1}}]}, (request) => ({
-      text: request.body.messages.at(-1).content,
-    }))
+    llm.enqueue(
+      {
+        toolCalls: [
+          {name: 'shell', arguments: {command: `(sleep 2; touch ${sentinel}) & sleep 30`, timeout_seconds: 1}},
+        ],
+      },
+      (request) => ({
+        text: request.body.messages.at(-1).content,
+      }),
+    )
     const started = Date.now()
     const result = await send('run it')
     expect(result.stdout).toContain('command timed out after 1 s')
@@ -138,12 +166,17 @@ describe('send (unrestricted level) end to end', () => {
   })
 
   it('kills the whole run at the agent timeout: an E_TIMEOUT reply and no late side effect', async () => {
-    home.writeConfig(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'meepa', timeout_seconds: 2, file_access: {unrestricted: true}}]))
+    home.writeConfig(
+      fakeLlmConfig(llm.openaiBaseUrl, [{id: 'meepa', timeout_seconds: 2, file_access: {unrestricted: true}}]),
+    )
     const sentinel = path.join(home.workspace('meepa'), 'late-run')
     llm.enqueue({toolCalls: [{name: 'shell', arguments: {command: `(sleep 3; touch ${sentinel}) & sleep 31`}}]})
     const result = await send('run it', '--json')
     expect(result.exitCode).toBe(7)
-    expect(JSON.parse(result.stdout).error).toMatchObject({code: 'E_TIMEOUT', message: expect.stringContaining('longer than 2 s')})
+    expect(JSON.parse(result.stdout).error).toMatchObject({
+      code: 'E_TIMEOUT',
+      message: expect.stringContaining('longer than 2 s'),
+    })
     await sleep(3500)
     expect(fs.existsSync(sentinel)).toBe(false)
     expect(survivors('sleep 31')).toEqual([])
@@ -174,13 +207,21 @@ describe('agent-run stdin contract', () => {
     ['empty stdin', '', /no input on stdin/],
     ['not JSON', '{"version": 1,', /not valid JSON/],
     ['an array', '[1]', /one JSON object/],
-    ['missing fields', '{"version": 1, "run_id": "r1"}', /workspace: must be an absolute path.*agent: must be an object/],
+    [
+      'missing fields',
+      '{"version": 1, "run_id": "r1"}',
+      /workspace: must be an absolute path.*agent: must be an object/,
+    ],
     ['wrong version', '{"version": 2}', /version: must be 1/],
   ])('answers %s with E_INPUT on stdout, a non-zero exit and no stack trace', async (_name, input, message) => {
     const result = await agentRun(input)
     expect(result.exitCode).toBe(2)
     const output = JSON.parse(result.stdout)
-    expect(output).toMatchObject({version: 1, ok: false, error: {code: 'E_INPUT', message: expect.stringMatching(message)}})
+    expect(output).toMatchObject({
+      version: 1,
+      ok: false,
+      error: {code: 'E_INPUT', message: expect.stringMatching(message)},
+    })
     expect(result.stdout.split('\n').filter(Boolean)).toHaveLength(1)
     expect(result.stdout + result.stderr).not.toMatch(/\n\s+at /)
   })

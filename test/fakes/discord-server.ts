@@ -33,7 +33,12 @@ export interface FakeDiscord {
   readonly refused: number
   readonly connections: number
   /** Dispatches MESSAGE_CREATE from a human (or `author` you pass); returns the message id. */
-  userSays(message: {channelId: string; content: string; guildId?: string | null; author?: {id: string; username: string; bot?: boolean}}): string
+  userSays(message: {
+    channelId: string
+    content: string
+    guildId?: string | null
+    author?: {id: string; username: string; bot?: boolean}
+  }): string
   waitForPosts(count: number, timeoutMs?: number): Promise<DiscordPost[]>
   waitFor(check: () => boolean, what: string, timeoutMs?: number): Promise<void>
   dropConnections(): void
@@ -47,7 +52,14 @@ export interface FakeDiscordGuild {
 }
 
 const DEFAULT_GUILDS: FakeDiscordGuild[] = [
-  {id: '100', name: 'Test Guild', channels: [{id: '1001', name: 'general'}, {id: '1002', name: 'random'}]},
+  {
+    id: '100',
+    name: 'Test Guild',
+    channels: [
+      {id: '1001', name: 'general'},
+      {id: '1002', name: 'random'},
+    ],
+  },
   {id: '200', name: 'Other Guild', channels: [{id: '2001', name: 'elsewhere'}]},
 ]
 
@@ -72,7 +84,8 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
   const {notify, waitFor} = createWaiters('fake Discord')
   /** A DM channel with the human: not in any guild, so not announced at READY (as on Discord). */
   const dmChannelId = '3001'
-  const guildOf = (channelId: string) => guilds.find((guild) => guild.channels.some((channel) => channel.id === channelId))
+  const guildOf = (channelId: string) =>
+    guilds.find((guild) => guild.channels.some((channel) => channel.id === channelId))
 
   function messageObject(fields: {id: string; channelId: string; content: string; author: any}) {
     const guild = guildOf(fields.channelId)
@@ -135,10 +148,15 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
     if (req.method === 'POST' && postMatch) {
       const channelId = postMatch[1] as string
       const body = await readJson(req)
-      if (!guildOf(channelId) && channelId !== dmChannelId) return sendJson(res, 404, {message: 'Unknown Channel', code: 10003})
+      if (!guildOf(channelId) && channelId !== dmChannelId)
+        return sendJson(res, 404, {message: 'Unknown Channel', code: 10003})
       if (!body?.content) return sendJson(res, 400, {message: 'Cannot send an empty message', code: 50006})
       if (String(body.content).length > 2000) {
-        return sendJson(res, 400, {message: 'Invalid Form Body', code: 50035, errors: {content: {_errors: [{code: 'BASE_TYPE_MAX_LENGTH', message: 'Must be 2000 or fewer in length.'}]}}})
+        return sendJson(res, 400, {
+          message: 'Invalid Form Body',
+          code: 50035,
+          errors: {content: {_errors: [{code: 'BASE_TYPE_MAX_LENGTH', message: 'Must be 2000 or fewer in length.'}]}},
+        })
       }
       const id = String(++snowflake)
       posts.push({channelId, content: body.content, id, time: Date.now()})
@@ -185,7 +203,8 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
             identifies++
             session = {id: `session-${identifies}`, sequence: 0, socket: ws}
             sessions.set(session.id, session)
-            const send = (t: string, d: unknown) => ws.send(JSON.stringify({op: 0, t, s: ++(session as Session).sequence, d}))
+            const send = (t: string, d: unknown) =>
+              ws.send(JSON.stringify({op: 0, t, s: ++(session as Session).sequence, d}))
             send('READY', {
               v: 10,
               user: botUser,
@@ -205,7 +224,13 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
                 roles: [],
                 emojis: [],
                 members: [],
-                channels: guild.channels.map((channel, position) => ({id: channel.id, type: 0, name: channel.name, position, guild_id: guild.id})),
+                channels: guild.channels.map((channel, position) => ({
+                  id: channel.id,
+                  type: 0,
+                  name: channel.name,
+                  position,
+                  guild_id: guild.id,
+                })),
                 threads: [],
               })
             }
@@ -254,7 +279,12 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
     },
     userSays(message) {
       const id = String(++snowflake)
-      const fields = messageObject({id, channelId: message.channelId, content: message.content, author: message.author ?? human})
+      const fields = messageObject({
+        id,
+        channelId: message.channelId,
+        content: message.content,
+        author: message.author ?? human,
+      })
       if (message.guildId !== undefined) {
         if (message.guildId === null) delete (fields as {guild_id?: string}).guild_id
         else (fields as {guild_id?: string}).guild_id = message.guildId
@@ -263,7 +293,11 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
       return id
     },
     async waitForPosts(count, timeoutMs = 20_000) {
-      await waitFor(() => posts.length >= count, timeoutMs, () => `${count} posts (have ${posts.length})`)
+      await waitFor(
+        () => posts.length >= count,
+        timeoutMs,
+        () => `${count} posts (have ${posts.length})`,
+      )
       return posts.slice(0, count)
     },
     waitFor: (check, what, timeoutMs = 20_000) => waitFor(check, timeoutMs, what),

@@ -7,7 +7,12 @@ import type {AddressInfo} from 'node:net'
 import type {WebSocket, WebSocketServer} from 'ws'
 
 /** Sends `body` as JSON, or only the status when there is no body (e.g. 204). */
-export function sendJson(res: ServerResponse, status: number, body?: unknown, headers: Record<string, string> = {}): void {
+export function sendJson(
+  res: ServerResponse,
+  status: number,
+  body?: unknown,
+  headers: Record<string, string> = {},
+): void {
   if (res.destroyed) return // the client hung up: there is no one to answer
   if (body === undefined) {
     res.writeHead(status, headers)
@@ -44,7 +49,10 @@ export async function listenOnLoopback(server: Server, port = 0): Promise<number
 }
 
 /** Cuts the fake's WebSockets without a close handshake, then closes the server and its keep-alive connections. */
-export async function closeFakeServer(server: Server, websockets?: {wss: WebSocketServer; sockets: Iterable<WebSocket>}): Promise<void> {
+export async function closeFakeServer(
+  server: Server,
+  websockets?: {wss: WebSocketServer; sockets: Iterable<WebSocket>},
+): Promise<void> {
   if (websockets) {
     for (const socket of websockets.sockets) socket.terminate()
     websockets.wss.close()

@@ -19,7 +19,8 @@ describe('fake LLM server', () => {
   beforeEach(() => llm.reset())
 
   const askOpenAi = () => openai.chat.completions.create({model: 'gpt-x', messages: [{role: 'user', content: 'hi'}]})
-  const askAnthropic = () => anthropic.messages.create({model: 'claude-x', max_tokens: 50, messages: [{role: 'user', content: 'hi'}]})
+  const askAnthropic = () =>
+    anthropic.messages.create({model: 'claude-x', max_tokens: 50, messages: [{role: 'user', content: 'hi'}]})
 
   it('listens on 127.0.0.1 only', () => {
     expect(llm.openaiBaseUrl).toBe(`http://127.0.0.1:${llm.port}/v1`)
@@ -39,8 +40,14 @@ describe('fake LLM server', () => {
   })
 
   it('answers 500 "no scripted response" when the queue is empty and no default is set', async () => {
-    await expect(askOpenAi()).rejects.toMatchObject({status: 500, message: expect.stringContaining('fake LLM: no scripted response')})
-    await expect(askAnthropic()).rejects.toMatchObject({status: 500, message: expect.stringContaining('fake LLM: no scripted response')})
+    await expect(askOpenAi()).rejects.toMatchObject({
+      status: 500,
+      message: expect.stringContaining('fake LLM: no scripted response'),
+    })
+    await expect(askAnthropic()).rejects.toMatchObject({
+      status: 500,
+      message: expect.stringContaining('fake LLM: no scripted response'),
+    })
   })
 
   it('answers the default turn, as often as asked, once the queue is empty', async () => {
@@ -53,12 +60,15 @@ describe('fake LLM server', () => {
     expect((await askOpenAi()).choices[0].message.content).toBe('you said hi via openai')
   })
 
-  it('sends errors in each API\'s own shape, so the SDKs raise their typed errors', async () => {
+  it("sends errors in each API's own shape, so the SDKs raise their typed errors", async () => {
     llm.enqueue({status: 429, message: 'slow down'}, {status: 529, message: 'busy'})
     await expect(askOpenAi()).rejects.toBeInstanceOf(OpenAI.RateLimitError)
     const error = await askAnthropic().catch((caught: unknown) => caught)
     expect(error).toBeInstanceOf(Anthropic.APIError)
-    expect(error).toMatchObject({status: 529, error: {type: 'error', error: {type: 'overloaded_error', message: 'busy'}}})
+    expect(error).toMatchObject({
+      status: 529,
+      error: {type: 'error', error: {type: 'overloaded_error', message: 'busy'}},
+    })
   })
 
   it('checks the API key when asked to, answering 401', async () => {

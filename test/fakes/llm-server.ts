@@ -116,7 +116,8 @@ export async function startFakeLlm(options: FakeLlmOptions = {}): Promise<FakeLl
 
   const server = createServer((req, res) => {
     handle(req, res).catch((error: unknown) => {
-      if (!res.headersSent) sendJson(res, 500, {error: {message: `fake LLM crashed: ${String(error)}`, type: 'server_error'}})
+      if (!res.headersSent)
+        sendJson(res, 500, {error: {message: `fake LLM crashed: ${String(error)}`, type: 'server_error'}})
       else res.destroy()
     })
   })
@@ -124,7 +125,11 @@ export async function startFakeLlm(options: FakeLlmOptions = {}): Promise<FakeLl
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const path = (req.url ?? '/').split('?')[0]
     const api: FakeApi | undefined =
-      req.method === 'POST' && path === '/v1/chat/completions' ? 'openai' : req.method === 'POST' && path === '/v1/messages' ? 'anthropic' : undefined
+      req.method === 'POST' && path === '/v1/chat/completions'
+        ? 'openai'
+        : req.method === 'POST' && path === '/v1/messages'
+          ? 'anthropic'
+          : undefined
     const raw = await readBody(req)
     if (!api) {
       sendJson(res, 404, {error: {message: `fake LLM: no route ${req.method} ${path}`, type: 'not_found_error'}})
@@ -141,7 +146,12 @@ export async function startFakeLlm(options: FakeLlmOptions = {}): Promise<FakeLl
       api,
       method: req.method ?? 'POST',
       path,
-      headers: Object.fromEntries(Object.entries(req.headers).map(([name, value]) => [name, Array.isArray(value) ? value.join(', ') : (value ?? '')])),
+      headers: Object.fromEntries(
+        Object.entries(req.headers).map(([name, value]) => [
+          name,
+          Array.isArray(value) ? value.join(', ') : (value ?? ''),
+        ]),
+      ),
       body,
       stream: body?.stream === true,
       time: Date.now(),
@@ -173,7 +183,14 @@ export async function startFakeLlm(options: FakeLlmOptions = {}): Promise<FakeLl
       return
     }
     if ('status' in turn) {
-      sendError(res, api, turn.status, turn.message ?? `fake LLM: scripted HTTP ${turn.status}`, turn.body, turn.headers)
+      sendError(
+        res,
+        api,
+        turn.status,
+        turn.message ?? `fake LLM: scripted HTTP ${turn.status}`,
+        turn.body,
+        turn.headers,
+      )
       return
     }
     if (turn.incomplete === 'garbage') {
@@ -267,19 +284,27 @@ function openAiCompletion(answer: Answer): object {
     created: Math.floor(Date.now() / 1000),
     model: answer.model,
     system_fingerprint: null,
-    choices: [{
-      index: 0,
-      message: {
-        role: 'assistant',
-        content: answer.text === '' && answer.toolCalls.length > 0 ? null : answer.text,
-        refusal: null,
-        ...(answer.toolCalls.length > 0
-          ? {tool_calls: answer.toolCalls.map((call) => ({id: call.id, type: 'function', function: {name: call.name, arguments: call.argumentsJson}}))}
-          : {}),
+    choices: [
+      {
+        index: 0,
+        message: {
+          role: 'assistant',
+          content: answer.text === '' && answer.toolCalls.length > 0 ? null : answer.text,
+          refusal: null,
+          ...(answer.toolCalls.length > 0
+            ? {
+                tool_calls: answer.toolCalls.map((call) => ({
+                  id: call.id,
+                  type: 'function',
+                  function: {name: call.name, arguments: call.argumentsJson},
+                })),
+              }
+            : {}),
+        },
+        logprobs: null,
+        finish_reason: openAiFinishReason(answer),
       },
-      logprobs: null,
-      finish_reason: openAiFinishReason(answer),
-    }],
+    ],
     usage: openAiUsage(answer),
   }
 }
@@ -307,9 +332,19 @@ async function cutShort(res: ServerResponse, answer: Answer): Promise<boolean> {
 
 async function streamOpenAi(res: ServerResponse, answer: Answer, includeUsage: boolean): Promise<void> {
   startSse(res)
-  const base = {id: `chatcmpl-${answer.id}`, object: 'chat.completion.chunk', created: Math.floor(Date.now() / 1000), model: answer.model, system_fingerprint: null}
+  const base = {
+    id: `chatcmpl-${answer.id}`,
+    object: 'chat.completion.chunk',
+    created: Math.floor(Date.now() / 1000),
+    model: answer.model,
+    system_fingerprint: null,
+  }
   const chunk = (delta: object, finishReason: string | null = null, extra: object = {}) =>
-    writeSse(res, undefined, {...base, choices: [{index: 0, delta, logprobs: null, finish_reason: finishReason}], ...extra})
+    writeSse(res, undefined, {
+      ...base,
+      choices: [{index: 0, delta, logprobs: null, finish_reason: finishReason}],
+      ...extra,
+    })
 
   chunk({role: 'assistant', content: '', refusal: null})
   if (answer.streamError) {
@@ -343,7 +378,9 @@ function openaiProblem(body: any): string | undefined {
     if (open.size > 0) {
       return `An assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'. The following tool_call_ids did not have response messages: ${[...open].join(', ')}`
     }
-    open = new Set((message.role === 'assistant' ? message.tool_calls ?? [] : []).map((call: {id: string}) => call.id))
+    open = new Set(
+      (message.role === 'assistant' ? (message.tool_calls ?? []) : []).map((call: {id: string}) => call.id),
+    )
   }
   return undefined
 }
@@ -353,7 +390,12 @@ function openaiProblem(body: any): string | undefined {
 function anthropicContent(answer: Answer): object[] {
   return [
     ...(answer.text ? [{type: 'text', text: answer.text}] : []),
-    ...answer.toolCalls.map((call) => ({type: 'tool_use', id: call.id, name: call.name, input: parseOrRaw(call.argumentsJson)})),
+    ...answer.toolCalls.map((call) => ({
+      type: 'tool_use',
+      id: call.id,
+      name: call.name,
+      input: parseOrRaw(call.argumentsJson),
+    })),
   ]
 }
 
@@ -379,7 +421,12 @@ function anthropicMessage(answer: Answer): object {
     content: anthropicContent(answer),
     stop_reason: anthropicStopReason(answer),
     stop_sequence: null,
-    usage: {input_tokens: answer.usage.input_tokens, output_tokens: answer.usage.output_tokens, cache_creation_input_tokens: 0, cache_read_input_tokens: 0},
+    usage: {
+      input_tokens: answer.usage.input_tokens,
+      output_tokens: answer.usage.output_tokens,
+      cache_creation_input_tokens: 0,
+      cache_read_input_tokens: 0,
+    },
   }
 }
 
@@ -388,8 +435,19 @@ async function streamAnthropic(res: ServerResponse, answer: Answer): Promise<voi
   const event = (type: string, data: object) => writeSse(res, type, {type, ...data})
   event('message_start', {
     message: {
-      id: `msg_${answer.id}`, type: 'message', role: 'assistant', model: answer.model, content: [], stop_reason: null, stop_sequence: null,
-      usage: {input_tokens: answer.usage.input_tokens, output_tokens: 1, cache_creation_input_tokens: 0, cache_read_input_tokens: 0},
+      id: `msg_${answer.id}`,
+      type: 'message',
+      role: 'assistant',
+      model: answer.model,
+      content: [],
+      stop_reason: null,
+      stop_sequence: null,
+      usage: {
+        input_tokens: answer.usage.input_tokens,
+        output_tokens: 1,
+        cache_creation_input_tokens: 0,
+        cache_read_input_tokens: 0,
+      },
     },
   })
   event('ping', {})
@@ -401,18 +459,23 @@ async function streamAnthropic(res: ServerResponse, answer: Answer): Promise<voi
   let index = 0
   if (answer.text) {
     event('content_block_start', {index, content_block: {type: 'text', text: ''}})
-    for (const piece of pieces(answer.text)) event('content_block_delta', {index, delta: {type: 'text_delta', text: piece}})
+    for (const piece of pieces(answer.text))
+      event('content_block_delta', {index, delta: {type: 'text_delta', text: piece}})
     event('content_block_stop', {index})
     index++
   }
   if (await cutShort(res, answer)) return
   for (const call of answer.toolCalls) {
     event('content_block_start', {index, content_block: {type: 'tool_use', id: call.id, name: call.name, input: {}}})
-    for (const piece of pieces(call.argumentsJson)) event('content_block_delta', {index, delta: {type: 'input_json_delta', partial_json: piece}})
+    for (const piece of pieces(call.argumentsJson))
+      event('content_block_delta', {index, delta: {type: 'input_json_delta', partial_json: piece}})
     event('content_block_stop', {index})
     index++
   }
-  event('message_delta', {delta: {stop_reason: anthropicStopReason(answer), stop_sequence: null}, usage: {output_tokens: answer.usage.output_tokens}})
+  event('message_delta', {
+    delta: {stop_reason: anthropicStopReason(answer), stop_sequence: null},
+    usage: {output_tokens: answer.usage.output_tokens},
+  })
   event('message_stop', {})
   res.end()
 }
@@ -424,8 +487,10 @@ function anthropicProblem(body: any): string | undefined {
   if (!Array.isArray(body.messages) || body.messages.length === 0) return 'messages: at least one message is required'
   let open = new Set<string>()
   for (const [index, message] of body.messages.entries()) {
-    if (message.role !== 'user' && message.role !== 'assistant') return `messages.${index}.role: Input should be 'user' or 'assistant'`
-    const blocks: any[] = typeof message.content === 'string' ? [{type: 'text', text: message.content}] : message.content ?? []
+    if (message.role !== 'user' && message.role !== 'assistant')
+      return `messages.${index}.role: Input should be 'user' or 'assistant'`
+    const blocks: any[] =
+      typeof message.content === 'string' ? [{type: 'text', text: message.content}] : (message.content ?? [])
     if (blocks.length === 0) return `messages.${index}: all messages must have non-empty content`
     for (const block of blocks) {
       if (block.type === 'text' && block.text === '') return `messages.${index}: text content blocks must be non-empty`
@@ -436,7 +501,9 @@ function anthropicProblem(body: any): string | undefined {
     if (open.size > 0) {
       return `messages.${index}: \`tool_use\` ids were found without \`tool_result\` blocks immediately after: ${[...open].join(', ')}. Each \`tool_use\` block must have a corresponding \`tool_result\` block in the next message.`
     }
-    open = new Set(message.role === 'assistant' ? blocks.filter((block) => block.type === 'tool_use').map((block) => block.id) : [])
+    open = new Set(
+      message.role === 'assistant' ? blocks.filter((block) => block.type === 'tool_use').map((block) => block.id) : [],
+    )
   }
   return undefined
 }
@@ -450,24 +517,47 @@ export function presentedKey(request: FakeRequest): string | undefined {
 }
 
 const ANTHROPIC_ERROR_TYPES: Record<number, string> = {
-  400: 'invalid_request_error', 401: 'authentication_error', 403: 'permission_error', 404: 'not_found_error',
-  413: 'request_too_large', 429: 'rate_limit_error', 500: 'api_error', 529: 'overloaded_error',
+  400: 'invalid_request_error',
+  401: 'authentication_error',
+  403: 'permission_error',
+  404: 'not_found_error',
+  413: 'request_too_large',
+  429: 'rate_limit_error',
+  500: 'api_error',
+  529: 'overloaded_error',
 }
 
 /** Each API's own error envelope, so the SDKs build their typed errors from it. */
-function sendError(res: ServerResponse, api: FakeApi, status: number, message: string, body?: object, headers: Record<string, string> = {}): void {
+function sendError(
+  res: ServerResponse,
+  api: FakeApi,
+  status: number,
+  message: string,
+  body?: object,
+  headers: Record<string, string> = {},
+): void {
   if (api === 'anthropic') {
     const type = ANTHROPIC_ERROR_TYPES[status] ?? (status >= 500 ? 'api_error' : 'invalid_request_error')
-    sendJson(res, status, body ?? {type: 'error', error: {type, message}}, {'request-id': `req_err_${status}`, ...headers})
+    sendJson(res, status, body ?? {type: 'error', error: {type, message}}, {
+      'request-id': `req_err_${status}`,
+      ...headers,
+    })
   } else {
     const type = status === 429 ? 'requests' : status >= 500 ? 'server_error' : 'invalid_request_error'
     const code = status === 401 ? 'invalid_api_key' : status === 429 ? 'rate_limit_exceeded' : null
-    sendJson(res, status, body ?? {error: {message, type, param: null, code}}, {'x-request-id': `req_err_${status}`, ...headers})
+    sendJson(res, status, body ?? {error: {message, type, param: null, code}}, {
+      'x-request-id': `req_err_${status}`,
+      ...headers,
+    })
   }
 }
 
 function startSse(res: ServerResponse): void {
-  res.writeHead(200, {'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', connection: 'keep-alive'})
+  res.writeHead(200, {
+    'content-type': 'text/event-stream; charset=utf-8',
+    'cache-control': 'no-cache',
+    connection: 'keep-alive',
+  })
 }
 
 function writeSse(res: ServerResponse, event: string | undefined, data: object): void {
@@ -504,7 +594,9 @@ async function main(argv: string[]): Promise<void> {
   const textFlag = argv.indexOf('--text')
   const llm = await startFakeLlm()
   llm.setDefault({text: textFlag === -1 ? 'ok' : (argv[textFlag + 1] ?? 'ok')})
-  process.stdout.write(`${JSON.stringify({openaiBaseUrl: llm.openaiBaseUrl, anthropicBaseUrl: llm.anthropicBaseUrl})}\n`)
+  process.stdout.write(
+    `${JSON.stringify({openaiBaseUrl: llm.openaiBaseUrl, anthropicBaseUrl: llm.anthropicBaseUrl})}\n`,
+  )
   const stop = () => void llm.close().then(() => process.exit(0))
   process.once('SIGTERM', stop)
   process.once('SIGINT', stop)

@@ -48,7 +48,13 @@ export interface FakeMeepaChat {
   /** Open bot connections. */
   readonly connections: number
   /** Sends `message.created` from a human (or `user` you pass) to every connected bot; returns the message id. */
-  userSays(message: {channelId: string; content: string; id?: string; threadId?: string; user?: {id: string; username: string; bot?: boolean}}): string
+  userSays(message: {
+    channelId: string
+    content: string
+    id?: string
+    threadId?: string
+    user?: {id: string; username: string; bot?: boolean}
+  }): string
   waitForPosts(count: number, timeoutMs?: number): Promise<PostedMessage[]>
   waitForConnections(count: number, timeoutMs?: number): Promise<void>
   /** Total successful connections (ready frames sent) so far. */
@@ -123,10 +129,19 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
     if (!channel || channel.serverId !== serverId) return sendJson(res, 404, {error: 'channel not found'})
     const body = await readJson(req)
     if (postFailure !== undefined) return sendJson(res, postFailure, {error: 'scripted failure'})
-    if (!body || typeof body.content !== 'string' || !body.content) return sendJson(res, 400, {error: 'content is required'})
+    if (!body || typeof body.content !== 'string' || !body.content)
+      return sendJson(res, 400, {error: 'content is required'})
     if (body.content.length > 4000) return sendJson(res, 400, {error: 'content exceeds 4000 characters'})
     const id = `m${nextId++}`
-    const post: PostedMessage = {id, channelId, serverId, content: body.content, path: url.pathname, time: Date.now(), ...(body.threadId ? {threadId: body.threadId} : {})}
+    const post: PostedMessage = {
+      id,
+      channelId,
+      serverId,
+      content: body.content,
+      path: url.pathname,
+      time: Date.now(),
+      ...(body.threadId ? {threadId: body.threadId} : {}),
+    }
     posts.push(post)
     const message = messageObject({id, channelId, content: body.content, threadId: body.threadId, user: botUser})
     sendJson(res, 201, {data: message})
@@ -139,7 +154,9 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
     const url = new URL(req.url ?? '/', 'http://fake')
     if (url.pathname !== '/api/bot-gateway' || !authorized(req)) {
       if (url.pathname === '/api/bot-gateway') refused++
-      socket.end('HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n{"error":"unauthorized"}')
+      socket.end(
+        'HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n{"error":"unauthorized"}',
+      )
       notify()
       return
     }
@@ -165,7 +182,13 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
           type: 'ready',
           data: {
             user: {...botUser, status: 'online', createdAt: new Date().toISOString()},
-            servers: [{id: 'server-1', name: 'Test Server', channels: channels.filter((channel) => channel.serverId === 'server-1').map(channelObject)}],
+            servers: [
+              {
+                id: 'server-1',
+                name: 'Test Server',
+                channels: channels.filter((channel) => channel.serverId === 'server-1').map(channelObject),
+              },
+            ],
             dmChannels: channels.filter((channel) => channel.isDm).map(channelObject),
           },
         }),
@@ -176,7 +199,15 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
   })
 
   function channelObject(channel: FakeChannel) {
-    return {id: channel.id, serverId: channel.serverId, name: channel.name, displayName: channel.name, topic: null, isDm: channel.isDm, isPrivate: channel.isDm}
+    return {
+      id: channel.id,
+      serverId: channel.serverId,
+      name: channel.name,
+      displayName: channel.name,
+      topic: null,
+      isDm: channel.isDm,
+      isPrivate: channel.isDm,
+    }
   }
 
   const port = await listenOnLoopback(server, options.port)
@@ -197,24 +228,47 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
     },
     userSays(message) {
       const id = message.id ?? `u${nextId++}`
-      broadcast({type: 'message.created', data: messageObject({id, channelId: message.channelId, content: message.content, threadId: message.threadId, user: message.user ?? HUMAN})})
+      broadcast({
+        type: 'message.created',
+        data: messageObject({
+          id,
+          channelId: message.channelId,
+          content: message.content,
+          threadId: message.threadId,
+          user: message.user ?? HUMAN,
+        }),
+      })
       return id
     },
     async waitForPosts(count, timeoutMs = 20_000) {
-      await waitFor(() => posts.length >= count, timeoutMs, () => `${count} posts (have ${posts.length}: ${JSON.stringify(posts.map((post) => post.content.slice(0, 60)))})`)
+      await waitFor(
+        () => posts.length >= count,
+        timeoutMs,
+        () =>
+          `${count} posts (have ${posts.length}: ${JSON.stringify(posts.map((post) => post.content.slice(0, 60)))})`,
+      )
       return posts.slice(0, count)
     },
     waitForConnections(count, timeoutMs = 10_000) {
-      return waitFor(() => sockets.size >= count, timeoutMs, () => `${count} connections (have ${sockets.size})`)
+      return waitFor(
+        () => sockets.size >= count,
+        timeoutMs,
+        () => `${count} connections (have ${sockets.size})`,
+      )
     },
     waitForReadyCount(count, timeoutMs = 10_000) {
-      return waitFor(() => readyCount >= count, timeoutMs, () => `${count} ready frames (sent ${readyCount})`)
+      return waitFor(
+        () => readyCount >= count,
+        timeoutMs,
+        () => `${count} ready frames (sent ${readyCount})`,
+      )
     },
     dropConnections() {
       for (const socket of sockets) socket.terminate()
     },
     sendRaw(frame) {
-      for (const socket of sockets) if (socket.readyState === socket.OPEN) socket.send(typeof frame === 'string' ? frame : JSON.stringify(frame))
+      for (const socket of sockets)
+        if (socket.readyState === socket.OPEN) socket.send(typeof frame === 'string' ? frame : JSON.stringify(frame))
     },
     stopAnswering() {
       for (const socket of sockets) muted.add(socket)

@@ -35,7 +35,14 @@ export interface FakeSlack {
   /** Socket Mode connections that got `hello`, in total. */
   readonly helloCount: number
   /** Sends a `message` event (or `app_mention` with `mention: true`); returns its ts. */
-  userSays(message: {channel: string; text: string; user?: string; thread_ts?: string; mention?: boolean; ts?: string}): string
+  userSays(message: {
+    channel: string
+    text: string
+    user?: string
+    thread_ts?: string
+    mention?: boolean
+    ts?: string
+  }): string
   waitForPosts(count: number, timeoutMs?: number): Promise<SlackPost[]>
   waitForHelloCount(count: number, timeoutMs?: number): Promise<void>
   waitForCall(method: string, count?: number, timeoutMs?: number): Promise<void>
@@ -97,22 +104,52 @@ export async function startFakeSlack(options: {botToken: string; appToken: strin
     const botAuthed = token === options.botToken
     switch (method) {
       case 'auth.test':
-        return reply(res, botAuthed ? {ok: true, url: 'https://fake.slack.com/', team: 'Test Team', user: 'meepabot', team_id: 'T1', user_id: botUserId, bot_id: botId} : {ok: false, error: 'invalid_auth'})
+        return reply(
+          res,
+          botAuthed
+            ? {
+                ok: true,
+                url: 'https://fake.slack.com/',
+                team: 'Test Team',
+                user: 'meepabot',
+                team_id: 'T1',
+                user_id: botUserId,
+                bot_id: botId,
+              }
+            : {ok: false, error: 'invalid_auth'},
+        )
       case 'apps.connections.open':
         if (token !== options.appToken) return reply(res, {ok: false, error: 'invalid_auth'})
         return reply(res, {ok: true, url: `ws://127.0.0.1:${port}/link/?ticket=t${++sequence}`})
       case 'users.info':
         if (!botAuthed) return reply(res, {ok: false, error: 'invalid_auth'})
-        return reply(res, {ok: true, user: {id: params.user, name: 'alice', real_name: 'Alice Example', profile: {display_name: 'alice'}}})
+        return reply(res, {
+          ok: true,
+          user: {id: params.user, name: 'alice', real_name: 'Alice Example', profile: {display_name: 'alice'}},
+        })
       case 'chat.postMessage': {
         if (!botAuthed) return reply(res, {ok: false, error: 'invalid_auth'})
         if (!params.channel) return reply(res, {ok: false, error: 'channel_not_found'})
         if (!params.text) return reply(res, {ok: false, error: 'no_text'})
         if (String(params.text).length > 40_000) return reply(res, {ok: false, error: 'msg_too_long'})
         const ts = nextTs()
-        const post: SlackPost = {channel: params.channel, text: params.text, ts, time: Date.now(), ...(params.thread_ts ? {thread_ts: params.thread_ts} : {})}
+        const post: SlackPost = {
+          channel: params.channel,
+          text: params.text,
+          ts,
+          time: Date.now(),
+          ...(params.thread_ts ? {thread_ts: params.thread_ts} : {}),
+        }
         posts.push(post)
-        const message = {type: 'message', subtype: 'bot_message', text: params.text, user: botUserId, bot_id: botId, ts, ...(params.thread_ts ? {thread_ts: params.thread_ts} : {})}
+        const message = {
+          type: 'message',
+          subtype: 'bot_message',
+          text: params.text,
+          user: botUserId,
+          bot_id: botId,
+          ts,
+          ...(params.thread_ts ? {thread_ts: params.thread_ts} : {}),
+        }
         reply(res, {ok: true, channel: params.channel, ts, message})
         sendEnvelope({...message, channel: params.channel, channel_type: 'channel'})
         notify()
@@ -144,7 +181,14 @@ export async function startFakeSlack(options: {botToken: string; appToken: strin
         }
         notify()
       })
-      ws.send(JSON.stringify({type: 'hello', num_connections: sockets.size, debug_info: {host: 'fake', approximate_connection_time: 18060}, connection_info: {app_id: 'A1'}}))
+      ws.send(
+        JSON.stringify({
+          type: 'hello',
+          num_connections: sockets.size,
+          debug_info: {host: 'fake', approximate_connection_time: 18060},
+          connection_info: {app_id: 'A1'},
+        }),
+      )
       helloCount++
       notify()
     })
@@ -166,19 +210,37 @@ export async function startFakeSlack(options: {botToken: string; appToken: strin
     },
     userSays(message) {
       const ts = message.ts ?? nextTs()
-      const base = {user: message.user ?? 'UALICE', text: message.text, ts, channel: message.channel, ...(message.thread_ts ? {thread_ts: message.thread_ts} : {})}
+      const base = {
+        user: message.user ?? 'UALICE',
+        text: message.text,
+        ts,
+        channel: message.channel,
+        ...(message.thread_ts ? {thread_ts: message.thread_ts} : {}),
+      }
       sendEnvelope({type: message.mention ? 'app_mention' : 'message', ...base, channel_type: 'channel'})
       return ts
     },
     async waitForPosts(count, timeoutMs = 20_000) {
-      await waitFor(() => posts.length >= count, timeoutMs, () => `${count} posts (have ${posts.length})`)
+      await waitFor(
+        () => posts.length >= count,
+        timeoutMs,
+        () => `${count} posts (have ${posts.length})`,
+      )
       return posts.slice(0, count)
     },
     waitForHelloCount(count, timeoutMs = 10_000) {
-      return waitFor(() => helloCount >= count, timeoutMs, () => `${count} hello (sent ${helloCount})`)
+      return waitFor(
+        () => helloCount >= count,
+        timeoutMs,
+        () => `${count} hello (sent ${helloCount})`,
+      )
     },
     waitForCall(method, count = 1, timeoutMs = 10_000) {
-      return waitFor(() => calls.filter((call) => call === method).length >= count, timeoutMs, () => `${count} × ${method} (calls: ${calls.join(', ')})`)
+      return waitFor(
+        () => calls.filter((call) => call === method).length >= count,
+        timeoutMs,
+        () => `${count} × ${method} (calls: ${calls.join(', ')})`,
+      )
     },
     dropConnections() {
       for (const socket of sockets) socket.terminate()

@@ -12,8 +12,12 @@ import {describeRequiring} from './describe-requiring.js'
 export const BASE_IMAGE = 'debian:bookworm-slim'
 
 async function probe(): Promise<string | undefined> {
-  const version = await execa('docker', ['version', '--format', '{{.Server.Version}}'], {reject: false, timeout: 15_000})
-  if (version.exitCode !== 0) return `no Docker engine answers (${String(version.stderr || version.shortMessage).split('\n')[0]})`
+  const version = await execa('docker', ['version', '--format', '{{.Server.Version}}'], {
+    reject: false,
+    timeout: 15_000,
+  })
+  if (version.exitCode !== 0)
+    return `no Docker engine answers (${String(version.stderr || version.shortMessage).split('\n')[0]})`
   const base = await execa('docker', ['image', 'inspect', BASE_IMAGE], {reject: false, timeout: 15_000})
   if (base.exitCode !== 0) return `the base image ${BASE_IMAGE} is missing`
   return undefined
@@ -24,7 +28,9 @@ export const dockerAvailable = dockerMissingReason === undefined
 
 /** `describe` for suites that need the engine: skipped loudly, or failing under MEEPA_REQUIRE_DOCKER=1. */
 export function describeWithDocker(name: string, body: () => void): void {
-  const missingReason = dockerMissingReason && `${dockerMissingReason}; run scripts/ci/docker-up.sh as root to start an engine and make the base image`
+  const missingReason =
+    dockerMissingReason &&
+    `${dockerMissingReason}; run scripts/ci/docker-up.sh as root to start an engine and make the base image`
   describeRequiring({what: 'Docker', missingReason, requireEnv: 'MEEPA_REQUIRE_DOCKER'}, name, body)
 }
 
@@ -49,10 +55,21 @@ export interface DockerRecorder {
 export function dockerRecorder(dir: string): DockerRecorder {
   const log = path.join(dir, 'docker-calls.log')
   const bin = path.join(dir, 'docker-recording')
-  fs.writeFileSync(bin, `#!/bin/sh\nfor arg in "$@"; do printf '%s\\0' "$arg"; done >> '${log}'\nprintf '\\n' >> '${log}'\nexec '${realDockerPath()}' "$@"\n`, {mode: 0o755})
+  fs.writeFileSync(
+    bin,
+    `#!/bin/sh\nfor arg in "$@"; do printf '%s\\0' "$arg"; done >> '${log}'\nprintf '\\n' >> '${log}'\nexec '${realDockerPath()}' "$@"\n`,
+    {mode: 0o755},
+  )
   return {
     bin,
-    calls: () => (fs.existsSync(log) ? fs.readFileSync(log, 'utf8').split('\n').filter(Boolean).map((line) => line.split('\0').filter((arg, i, all) => i < all.length - 1 || arg !== '')) : []),
+    calls: () =>
+      fs.existsSync(log)
+        ? fs
+            .readFileSync(log, 'utf8')
+            .split('\n')
+            .filter(Boolean)
+            .map((line) => line.split('\0').filter((arg, i, all) => i < all.length - 1 || arg !== ''))
+        : [],
     clear: () => fs.rmSync(log, {force: true}),
   }
 }

@@ -20,7 +20,8 @@ export interface TestHome {
 export function makeHome(config?: unknown): TestHome {
   const home = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-home-'))
   const configPath = path.join(home, 'config.yaml')
-  const writeConfig = (value: unknown) => fs.writeFileSync(configPath, typeof value === 'string' ? value : YAML.stringify(value))
+  const writeConfig = (value: unknown) =>
+    fs.writeFileSync(configPath, typeof value === 'string' ? value : YAML.stringify(value))
   if (config !== undefined) writeConfig(config)
   return {
     home,
@@ -32,7 +33,11 @@ export function makeHome(config?: unknown): TestHome {
 }
 
 /** A config with one OpenAI-compatible provider pointed at a fake LLM and the given agents. */
-export function fakeLlmConfig(baseUrl: string, agents: Array<Record<string, unknown>>, extra: Record<string, unknown> = {}): Record<string, unknown> {
+export function fakeLlmConfig(
+  baseUrl: string,
+  agents: Array<Record<string, unknown>>,
+  extra: Record<string, unknown> = {},
+): Record<string, unknown> {
   return {
     providers: {
       primary: 'fake',
@@ -55,7 +60,12 @@ export async function runCli(
   options: {home: string; env?: Record<string, string>; input?: string; timeoutMs?: number},
 ): Promise<CliResult> {
   const result = await execa(process.execPath, [BIN, ...args], {
-    env: {MEEPAGATEWAY_HOME: options.home, FAKE_LLM_KEY: 'sk-fake-test-key-123456', MEEPA_RETRY_BASE_MS: '20', ...options.env},
+    env: {
+      MEEPAGATEWAY_HOME: options.home,
+      FAKE_LLM_KEY: 'sk-fake-test-key-123456',
+      MEEPA_RETRY_BASE_MS: '20',
+      ...options.env,
+    },
     input: options.input ?? '',
     reject: false,
     timeout: options.timeoutMs ?? 60_000,

@@ -18,8 +18,12 @@ export function landlockUnavailable(): string | undefined {
   if (process.platform !== 'linux') return `not Linux (${process.platform})`
   if (!fs.existsSync(HELPER)) return `the helper is not built (${HELPER})`
   try {
-    const probe = JSON.parse(execFileSync(HELPER, ['--probe'], {encoding: 'utf8', timeout: 10_000})) as {landlock: {abi: number; reason?: string}; seccomp: boolean}
-    if (probe.landlock.abi < 6) return `Landlock ABI ${probe.landlock.abi} < 6 (${probe.landlock.reason ?? 'old kernel'})`
+    const probe = JSON.parse(execFileSync(HELPER, ['--probe'], {encoding: 'utf8', timeout: 10_000})) as {
+      landlock: {abi: number; reason?: string}
+      seccomp: boolean
+    }
+    if (probe.landlock.abi < 6)
+      return `Landlock ABI ${probe.landlock.abi} < 6 (${probe.landlock.reason ?? 'old kernel'})`
     if (!probe.seccomp) return 'seccomp filters unavailable'
     return undefined
   } catch (error) {
@@ -30,7 +34,8 @@ export function landlockUnavailable(): string | undefined {
 export function requireLandlockOrSkip(suite: string): boolean {
   const reason = landlockUnavailable()
   if (!reason) return true
-  if (process.env.MEEPA_REQUIRE_LANDLOCK === '1') throw new Error(`${suite}: MEEPA_REQUIRE_LANDLOCK=1 but Landlock cannot be used here: ${reason}`)
+  if (process.env.MEEPA_REQUIRE_LANDLOCK === '1')
+    throw new Error(`${suite}: MEEPA_REQUIRE_LANDLOCK=1 but Landlock cannot be used here: ${reason}`)
   process.stderr.write(`\n!!! SKIPPING ${suite}: ${reason} (set MEEPA_REQUIRE_LANDLOCK=1 to make this a failure)\n\n`)
   return false
 }
@@ -61,7 +66,11 @@ export function makeEscapeWorld(llmBaseUrl: string, extraAgent: Record<string, u
   const operatorHome = path.join(root, 'operator-home')
   const home = path.join(root, 'gateway-home')
   const key = path.join(operatorHome, '.ssh', 'id_ed25519')
-  const shared = {read: path.join(root, 'shared-read'), readWrite: path.join(root, 'shared-rw'), blocked: path.join(root, 'shared-rw', 'blocked')}
+  const shared = {
+    read: path.join(root, 'shared-read'),
+    readWrite: path.join(root, 'shared-rw'),
+    blocked: path.join(root, 'shared-rw', 'blocked'),
+  }
   const write = (file: string, content: string) => {
     fs.mkdirSync(path.dirname(file), {recursive: true})
     fs.writeFileSync(file, content)
@@ -79,12 +88,20 @@ export function makeEscapeWorld(llmBaseUrl: string, extraAgent: Record<string, u
   fs.mkdirSync(workspace('open'), {recursive: true})
   const config = {
     _marker: CONFIG_MARKER,
-    providers: {primary: 'fake', providers: {fake: {kind: 'openai', api_key_env: 'FAKE_LLM_KEY', model: 'fake-model', base_url: llmBaseUrl}}},
+    providers: {
+      primary: 'fake',
+      providers: {fake: {kind: 'openai', api_key_env: 'FAKE_LLM_KEY', model: 'fake-model', base_url: llmBaseUrl}},
+    },
     agents: [
       {
         id: 'locked',
         timeout_seconds: 60,
-        file_access: {allow_network: false, allow_read: [shared.read], allow_read_write: [shared.readWrite], deny: ['private', shared.blocked]},
+        file_access: {
+          allow_network: false,
+          allow_read: [shared.read],
+          allow_read_write: [shared.readWrite],
+          deny: ['private', shared.blocked],
+        },
       },
       {id: 'open', timeout_seconds: 60},
       {id: 'other'},
@@ -92,11 +109,25 @@ export function makeEscapeWorld(llmBaseUrl: string, extraAgent: Record<string, u
     ],
   }
   fs.writeFileSync(path.join(home, 'config.yaml'), YAML.stringify(config).replace(/^_marker: (.*)$/m, '# $1'))
-  return {root, operatorHome, home, key, shared, workspace, cleanup: () => fs.rmSync(root, {recursive: true, force: true})}
+  return {
+    root,
+    operatorHome,
+    home,
+    key,
+    shared,
+    workspace,
+    cleanup: () => fs.rmSync(root, {recursive: true, force: true}),
+  }
 }
 
 /** A loopback TCP listener and UDP socket that count what reaches them. */
-export async function loopbackListeners(): Promise<{tcpPort: number; udpPort: number; tcpConnections: () => number; udpMessages: () => number; close: () => void}> {
+export async function loopbackListeners(): Promise<{
+  tcpPort: number
+  udpPort: number
+  tcpConnections: () => number
+  udpMessages: () => number
+  close: () => void
+}> {
   let tcp = 0
   let udp = 0
   const server = net.createServer((socket) => {

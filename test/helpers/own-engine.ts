@@ -30,7 +30,14 @@ export interface OwnEngine {
 function storageDriver(dir: string): string {
   const probe = path.join(dir, 'probe')
   for (const sub of ['lower', 'upper', 'work', 'merged']) fs.mkdirSync(path.join(probe, sub), {recursive: true})
-  const mounted = execaSyncOk('mount', ['-t', 'overlay', 'overlay', '-o', `lowerdir=${probe}/lower,upperdir=${probe}/upper,workdir=${probe}/work`, `${probe}/merged`])
+  const mounted = execaSyncOk('mount', [
+    '-t',
+    'overlay',
+    'overlay',
+    '-o',
+    `lowerdir=${probe}/lower,upperdir=${probe}/upper,workdir=${probe}/work`,
+    `${probe}/merged`,
+  ])
   if (mounted) execaSyncOk('umount', [`${probe}/merged`])
   fs.rmSync(probe, {recursive: true, force: true})
   return mounted ? 'overlay2' : 'vfs'
@@ -45,8 +52,20 @@ export async function startOwnEngine(): Promise<OwnEngine> {
   const dir = tempDir('meng-')
   const host = `unix://${dir}/docker.sock`
   const env = {DOCKER_HOST: host}
-  const args = ['--host', host, '--data-root', `${dir}/root`, '--exec-root', `${dir}/exec`, '--pidfile', `${dir}/pid`,
-    '--bridge=none', '--iptables=false', '--ip-masq=false', `--storage-driver=${storageDriver(dir)}`]
+  const args = [
+    '--host',
+    host,
+    '--data-root',
+    `${dir}/root`,
+    '--exec-root',
+    `${dir}/exec`,
+    '--pidfile',
+    `${dir}/pid`,
+    '--bridge=none',
+    '--iptables=false',
+    '--ip-masq=false',
+    `--storage-driver=${storageDriver(dir)}`,
+  ]
   const docker = async (dockerArgs: string[], options: {timeoutMs?: number} = {}) => {
     const result = await execa('docker', dockerArgs, {env, reject: false, timeout: options.timeoutMs ?? 30_000})
     return {stdout: String(result.stdout), exitCode: result.exitCode ?? -1}
@@ -63,7 +82,10 @@ export async function startOwnEngine(): Promise<OwnEngine> {
     void exited.then(() => (running = false))
     for (let i = 0; ; i++) {
       if ((await docker(['version', '--format', '{{.Server.Version}}'], {timeoutMs: 5000})).exitCode === 0) return
-      if (i > 150 || !running) throw new Error(`the test's own dockerd did not start: ${fs.readFileSync(path.join(dir, 'dockerd.log'), 'utf8').slice(-2000)}`)
+      if (i > 150 || !running)
+        throw new Error(
+          `the test's own dockerd did not start: ${fs.readFileSync(path.join(dir, 'dockerd.log'), 'utf8').slice(-2000)}`,
+        )
       await new Promise((resolve) => setTimeout(resolve, 200))
     }
   }
@@ -89,7 +111,8 @@ export async function startOwnEngine(): Promise<OwnEngine> {
         if (match && match[2]?.includes(dir)) left.push(Number(match[1]))
       }
       for (const pid of left) killQuietly(pid)
-      for (let i = 0; i < 100 && left.some((pid) => fs.existsSync(`/proc/${pid}`)); i++) await new Promise((resolve) => setTimeout(resolve, 50))
+      for (let i = 0; i < 100 && left.some((pid) => fs.existsSync(`/proc/${pid}`)); i++)
+        await new Promise((resolve) => setTimeout(resolve, 50))
       // the pid files too: a new dockerd takes a pid named there for a containerd still running
       for (const file of [`${dir}/pid`, `${dir}/exec/containerd/containerd.pid`]) fs.rmSync(file, {force: true})
       await launch()
@@ -129,7 +152,11 @@ export async function startOwnEngine(): Promise<OwnEngine> {
         if (match && match[2]?.includes(dir)) killQuietly(Number(match[1]))
       }
       // dockerd leaves its netns mount behind (and overlay mounts of a killed engine)
-      const mounts = fs.readFileSync('/proc/self/mounts', 'utf8').split('\n').map((line) => line.split(' ')[1] ?? '').filter((point) => point.startsWith(dir))
+      const mounts = fs
+        .readFileSync('/proc/self/mounts', 'utf8')
+        .split('\n')
+        .map((line) => line.split(' ')[1] ?? '')
+        .filter((point) => point.startsWith(dir))
       for (const point of mounts.reverse()) await execa('umount', ['-l', point], {reject: false})
       fs.rmSync(dir, {recursive: true, force: true})
     },

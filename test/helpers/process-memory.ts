@@ -5,14 +5,18 @@ import fs from 'node:fs'
  * sandbox or container.
  */
 export function agentRunPids(): number[] {
-  return fs.readdirSync('/proc').filter((entry) => /^\d+$/.test(entry)).map(Number).filter((pid) => {
-    try {
-      const argv = fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0')
-      return argv.some((arg) => arg.endsWith('bin/run.js')) && argv.includes('agent-run')
-    } catch {
-      return false
-    }
-  })
+  return fs
+    .readdirSync('/proc')
+    .filter((entry) => /^\d+$/.test(entry))
+    .map(Number)
+    .filter((pid) => {
+      try {
+        const argv = fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0')
+        return argv.some((arg) => arg.endsWith('bin/run.js')) && argv.includes('agent-run')
+      } catch {
+        return false
+      }
+    })
 }
 
 export interface Holdings {

@@ -29,7 +29,12 @@ export function agentRunsIn(workspace: string): number[] {
     try {
       // agent-run itself (node bin/run.js agent-run), not its keeper
       const argv = fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').filter(Boolean)
-      return fs.readlinkSync(`/proc/${pid}/cwd`) === workspace && argv.length === 3 && argv[1] === BIN && argv[2] === 'agent-run'
+      return (
+        fs.readlinkSync(`/proc/${pid}/cwd`) === workspace &&
+        argv.length === 3 &&
+        argv[1] === BIN &&
+        argv[2] === 'agent-run'
+      )
     } catch {
       return false
     }

@@ -25,15 +25,21 @@ export interface ServeProcessOptions {
  * Starts `node bin/run.js serve` (over dist/) and returns at once: `listening()` says whether it
  * serves yet. `prefix` runs it through a wrapper command (e.g. `prlimit --nofile=256:256`).
  */
-export function spawnServeProcess(options: ServeProcessOptions): Omit<ServeProcess, 'url'> & {listening(): string | undefined} {
+export function spawnServeProcess(
+  options: ServeProcessOptions,
+): Omit<ServeProcess, 'url'> & {listening(): string | undefined} {
   let output = ''
   const [command, ...wrapperArgs] = [...(options.prefix ?? []), process.execPath]
   const configArgs = options.configPath === undefined ? [] : ['--config', options.configPath]
-  const serve = execa(command as string, [...wrapperArgs, BIN, 'serve', ...configArgs, ...(options.args ?? ['--unrestricted'])], {
-    env: {MEEPAGATEWAY_HOME: options.home, FAKE_LLM_KEY: 'sk-fake-test-key-123456', ...options.env},
-    reject: false,
-    timeout: options.timeoutMs ?? 60_000,
-  })
+  const serve = execa(
+    command as string,
+    [...wrapperArgs, BIN, 'serve', ...configArgs, ...(options.args ?? ['--unrestricted'])],
+    {
+      env: {MEEPAGATEWAY_HOME: options.home, FAKE_LLM_KEY: 'sk-fake-test-key-123456', ...options.env},
+      reject: false,
+      timeout: options.timeoutMs ?? 60_000,
+    },
+  )
   serve.stdout?.on('data', (chunk) => (output += String(chunk)))
   serve.stderr?.on('data', (chunk) => (output += String(chunk)))
   return {process: serve, output: () => output, listening: () => /listening on (http:\/\/\S+)/.exec(output)?.[1]}
@@ -53,7 +59,10 @@ export async function startServeProcess(options: ServeProcessOptions): Promise<S
   return {process: serve.process, url: serve.listening() as string, output: serve.output}
 }
 
-/** A list to put each test's serve processes in: after each test they are SIGKILLed (a failed test leaves none running). */
+/**
+ * A list to put each test's serve processes in: after each test they are SIGKILLed (a failed test
+ * leaves none running).
+ */
 export function serveProcessesKilledAfterEach(): ResultPromise[] {
   const serves: ResultPromise[] = []
   afterEach(async () => {

@@ -14,11 +14,25 @@ export interface ServeProcess {
   stop(): Promise<{ms: number; exitCode: number | undefined}>
 }
 
-export async function startServe(options: {home: string; port: number; env?: Record<string, string>; apiKey?: string; waitForListening?: boolean}): Promise<ServeProcess & {apiKey: string}> {
-  const apiKey = options.apiKey ?? (JSON.parse((await runCli(['api-key', 'create', 'tests', '--json'], {home: options.home})).stdout) as {key: string}).key
+export async function startServe(options: {
+  home: string
+  port: number
+  env?: Record<string, string>
+  apiKey?: string
+  waitForListening?: boolean
+}): Promise<ServeProcess & {apiKey: string}> {
+  const apiKey =
+    options.apiKey ??
+    (JSON.parse((await runCli(['api-key', 'create', 'tests', '--json'], {home: options.home})).stdout) as {key: string})
+      .key
   let output = ''
   const child = execa(process.execPath, [BIN, 'serve'], {
-    env: {MEEPAGATEWAY_HOME: options.home, FAKE_LLM_KEY: 'sk-fake-test-key-123456', MEEPA_RETRY_BASE_MS: '20', ...options.env},
+    env: {
+      MEEPAGATEWAY_HOME: options.home,
+      FAKE_LLM_KEY: 'sk-fake-test-key-123456',
+      MEEPA_RETRY_BASE_MS: '20',
+      ...options.env,
+    },
     reject: false,
     timeout: 300_000,
     forceKillAfterDelay: false, // the shutdown's own timing is under test
@@ -33,7 +47,8 @@ export async function startServe(options: {home: string; port: number; env?: Rec
     waitForOutput: async (pattern, timeoutMs = 30_000) => {
       const until = Date.now() + timeoutMs
       while (!pattern.test(output)) {
-        if (Date.now() > until || child.exitCode !== null) throw new Error(`serve did not log ${pattern} within ${timeoutMs} ms; it said:\n${output.slice(-4000)}`)
+        if (Date.now() > until || child.exitCode !== null)
+          throw new Error(`serve did not log ${pattern} within ${timeoutMs} ms; it said:\n${output.slice(-4000)}`)
         await new Promise((resolve) => setTimeout(resolve, 100))
       }
     },

@@ -32,7 +32,10 @@ async function python(cwd: string, code: string): Promise<void> {
   await execa('python3', ['-c', code], {cwd})
 }
 
-/** `levels` nested directories named `name`, `perLevel` empty files in each; returns nothing (the path would be too long to use). */
+/**
+ * `levels` nested directories named `name`, `perLevel` empty files in each; returns nothing (the
+ * path would be too long to use).
+ */
 function deepTree(levels: number, perLevel: number, name = 'd'): string {
   return `import os
 for i in range(${levels}):
@@ -43,14 +46,17 @@ for i in range(${levels}):
 const helperBuilt = process.platform === 'linux' && fs.existsSync(HELPER)
 const root = process.getuid?.() === 0
 
-describe.runIf(helperBuilt)('measuring a run\'s files (limits.disk)', {timeout: 60_000}, () => {
+describe.runIf(helperBuilt)("measuring a run's files (limits.disk)", {timeout: 60_000}, () => {
   it('counts files below a path longer than PATH_MAX (25 nested 200-character directories)', async () => {
     const dir = scratch()
-    await python(dir, `import os
+    await python(
+      dir,
+      `import os
 for i in range(25):
     os.mkdir("x" * 200); os.chdir("x" * 200)
 for i in range(10):
-    open("big%d" % i, "wb").write(b"\\1" * ${MiB})`)
+    open("big%d" % i, "wb").write(b"\\1" * ${MiB})`,
+    )
     const usage = await measureTrees([dir])
     expect(usage.error).toBeUndefined()
     expect(usage.bytes).toBeGreaterThanOrEqual(10 * MiB)
@@ -103,20 +109,30 @@ for i in range(10):
     expect((await measureTrees([path.join(dir, 'file')])).error).toMatch(/Not a directory/)
   })
 
-  it.runIf(root && fs.existsSync('/usr/bin/setpriv'))('a directory the run locked (mode 000, non-root gateway) is an error naming it', async () => {
-    const dir = scratch()
-    await python(dir, `import os
+  it.runIf(root && fs.existsSync('/usr/bin/setpriv'))(
+    'a directory the run locked (mode 000, non-root gateway) is an error naming it',
+    async () => {
+      const dir = scratch()
+      await python(
+        dir,
+        `import os
 os.makedirs("a/locked"); open("a/locked/f", "w").write("x")
-os.chmod("a/locked", 0)`)
-    await execa('chown', ['-R', '65534:65534', dir])
-    const result = await execa('setpriv', ['--reuid=65534', '--regid=65534', '--clear-groups', HELPER, '--measure', dir], {reject: false})
-    expect(result.exitCode).toBe(1)
-    expect(result.stderr).toMatch(/cannot measure .*'locked' at depth 2: Permission denied/)
-  })
+os.chmod("a/locked", 0)`,
+      )
+      await execa('chown', ['-R', '65534:65534', dir])
+      const result = await execa(
+        'setpriv',
+        ['--reuid=65534', '--regid=65534', '--clear-groups', HELPER, '--measure', dir],
+        {reject: false},
+      )
+      expect(result.exitCode).toBe(1)
+      expect(result.stderr).toMatch(/cannot measure .*'locked' at depth 2: Permission denied/)
+    },
+  )
 })
 
-describe.runIf(helperBuilt)('removing a run\'s directory', {timeout: 120_000}, () => {
-  it('removes a tree of 1000 levels with files at each, past PATH_MAX and past the helper\'s open-descriptor budget', async () => {
+describe.runIf(helperBuilt)("removing a run's directory", {timeout: 120_000}, () => {
+  it("removes a tree of 1000 levels with files at each, past PATH_MAX and past the helper's open-descriptor budget", async () => {
     const dir = scratch()
     await python(dir, deepTree(1000, 3, 'level'))
     await removeTrees([dir])
@@ -146,21 +162,33 @@ describe.runIf(helperBuilt)('removing a run\'s directory', {timeout: 120_000}, (
     await execa('mount', ['-t', 'tmpfs', 'tmpfs', mount])
     mounts.push(mount)
     fs.writeFileSync(path.join(mount, 'mounted'), 'kept')
-    await expect(removeTrees([path.join(dir, 'tree')])).rejects.toThrow(/not removing another filesystem mounted at 'mnt' at depth 2/)
+    await expect(removeTrees([path.join(dir, 'tree')])).rejects.toThrow(
+      /not removing another filesystem mounted at 'mnt' at depth 2/,
+    )
     expect(fs.readFileSync(path.join(mount, 'mounted'), 'utf8')).toBe('kept')
     expect(fs.existsSync(path.join(dir, 'tree', 'other'))).toBe(false)
   })
 
-  it.runIf(root && fs.existsSync('/usr/bin/setpriv'))('as a non-root owner, removes directories the run made unreadable or read-only', async () => {
-    const dir = scratch()
-    await python(dir, `import os
+  it.runIf(root && fs.existsSync('/usr/bin/setpriv'))(
+    'as a non-root owner, removes directories the run made unreadable or read-only',
+    async () => {
+      const dir = scratch()
+      await python(
+        dir,
+        `import os
 os.makedirs("tree/locked/inner"); open("tree/locked/inner/f", "w").write("x")
 os.makedirs("tree/readonly"); open("tree/readonly/f", "w").write("x")
-os.chmod("tree/locked/inner", 0); os.chmod("tree/locked", 0); os.chmod("tree/readonly", 0o500)`)
-    await execa('chown', ['-R', '65534:65534', dir])
-    const result = await execa('setpriv', ['--reuid=65534', '--regid=65534', '--clear-groups', HELPER, '--remove', path.join(dir, 'tree')], {reject: false})
-    expect(result.stderr).toBe('')
-    expect(result.exitCode).toBe(0)
-    expect(fs.existsSync(path.join(dir, 'tree'))).toBe(false)
-  })
+os.chmod("tree/locked/inner", 0); os.chmod("tree/locked", 0); os.chmod("tree/readonly", 0o500)`,
+      )
+      await execa('chown', ['-R', '65534:65534', dir])
+      const result = await execa(
+        'setpriv',
+        ['--reuid=65534', '--regid=65534', '--clear-groups', HELPER, '--remove', path.join(dir, 'tree')],
+        {reject: false},
+      )
+      expect(result.stderr).toBe('')
+      expect(result.exitCode).toBe(0)
+      expect(fs.existsSync(path.join(dir, 'tree'))).toBe(false)
+    },
+  )
 })

@@ -33,7 +33,12 @@ function readCmdline(pid: string): string {
 
 /** Runs the keeper with a lifeline on fd 3 held by this process (as the runners do). */
 function keeper(argv: string[], input?: string) {
-  return execa(HELPER, ['--keeper-fd', '3', '--', ...argv], {stdio: ['pipe', 'pipe', 'pipe', 'pipe'], input, reject: false, detached: true})
+  return execa(HELPER, ['--keeper-fd', '3', '--', ...argv], {
+    stdio: ['pipe', 'pipe', 'pipe', 'pipe'],
+    input,
+    reject: false,
+    detached: true,
+  })
 }
 
 describe.runIf(process.platform === 'linux' && fs.existsSync(HELPER))('the keeper', {timeout: 30_000}, () => {
@@ -62,10 +67,17 @@ describe.runIf(process.platform === 'linux' && fs.existsSync(HELPER))('the keepe
   it('kills the whole run, double-forked and setsid descendants included, when its owner dies', async () => {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'keeper-'))
     // the owner: a shell holding the lifeline, killed with SIGKILL mid-run
-    const owner = execa('sh', ['-c', `exec ${HELPER} --keeper-fd 3 -- sh -c "(setsid sh -c 'echo \\$\\$ > ${dir}/pid; sleep 1; touch ${dir}/late' &) ; sleep 30" 3<&0`], {
-      stdin: 'pipe',
-      reject: false,
-    })
+    const owner = execa(
+      'sh',
+      [
+        '-c',
+        `exec ${HELPER} --keeper-fd 3 -- sh -c "(setsid sh -c 'echo \\$\\$ > ${dir}/pid; sleep 1; touch ${dir}/late' &) ; sleep 30" 3<&0`,
+      ],
+      {
+        stdin: 'pipe',
+        reject: false,
+      },
+    )
     const deadline = Date.now() + 5000
     while (!fs.existsSync(path.join(dir, 'pid')) && Date.now() < deadline) await sleep(20)
     const pid = Number(fs.readFileSync(path.join(dir, 'pid'), 'utf8'))
@@ -79,24 +91,45 @@ describe.runIf(process.platform === 'linux' && fs.existsSync(HELPER))('the keepe
     await owner
   })
 
-  it.runIf(fs.existsSync('/usr/bin/bwrap'))('stays the outermost owner with bubblewrap in front of the run (pid namespace, new session)', async () => {
-    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'keeper-'))
-    const run = `(setsid sh -c 'echo $$ > ${dir}/pid; sleep 1; touch ${dir}/late' &) ; sleep 30`
-    const child = keeper(['bwrap', '--unshare-pid', '--die-with-parent', '--new-session', '--bind', '/', '/', '--proc', '/proc', '--dev', '/dev', '--', 'sh', '-c', run])
-    const deadline = Date.now() + 5000
-    while (!fs.existsSync(path.join(dir, 'pid')) && Date.now() < deadline) await sleep(20)
-    const inside = fs.readdirSync('/proc').filter((pid) => /^\d+$/.test(pid) && alive(Number(pid)) && readCmdline(pid).includes(dir))
-    expect(inside.length).toBeGreaterThan(0)
-    // the owner's end of the lifeline goes away
-    ;(child.stdio[3] as NodeJS.ReadableStream & {destroy(): void}).destroy()
-    await child
-    await sleep(100)
-    expect(inside.filter((pid) => alive(Number(pid)))).toEqual([])
-    await sleep(1200)
-    expect(fs.existsSync(path.join(dir, 'late'))).toBe(false)
-  })
+  it.runIf(fs.existsSync('/usr/bin/bwrap'))(
+    'stays the outermost owner with bubblewrap in front of the run (pid namespace, new session)',
+    async () => {
+      const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'keeper-'))
+      const run = `(setsid sh -c 'echo $$ > ${dir}/pid; sleep 1; touch ${dir}/late' &) ; sleep 30`
+      const child = keeper([
+        'bwrap',
+        '--unshare-pid',
+        '--die-with-parent',
+        '--new-session',
+        '--bind',
+        '/',
+        '/',
+        '--proc',
+        '/proc',
+        '--dev',
+        '/dev',
+        '--',
+        'sh',
+        '-c',
+        run,
+      ])
+      const deadline = Date.now() + 5000
+      while (!fs.existsSync(path.join(dir, 'pid')) && Date.now() < deadline) await sleep(20)
+      const inside = fs
+        .readdirSync('/proc')
+        .filter((pid) => /^\d+$/.test(pid) && alive(Number(pid)) && readCmdline(pid).includes(dir))
+      expect(inside.length).toBeGreaterThan(0)
+      // the owner's end of the lifeline goes away
+      ;(child.stdio[3] as NodeJS.ReadableStream & {destroy(): void}).destroy()
+      await child
+      await sleep(100)
+      expect(inside.filter((pid) => alive(Number(pid)))).toEqual([])
+      await sleep(1200)
+      expect(fs.existsSync(path.join(dir, 'late'))).toBe(false)
+    },
+  )
 
-  it('--remove-dir removes the run\'s directory, never what a planted or swapped symlink in it points at', async () => {
+  it("--remove-dir removes the run's directory, never what a planted or swapped symlink in it points at", async () => {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'keeper-'))
     const tmp = path.join(dir, 'run-tmp')
     const victim = path.join(dir, 'victim')
@@ -106,7 +139,11 @@ describe.runIf(process.platform === 'linux' && fs.existsSync(HELPER))('the keepe
     fs.writeFileSync(path.join(tmp, 'sub', 'f'), 'x')
     // the run plants a link to the victim and keeps swapping a subdirectory for one, in the background, until killed
     const swap = `ln -s ${victim} ${tmp}/link; (while :; do mv ${tmp}/sub ${tmp}/sub2 2>/dev/null; ln -sfn ${victim} ${tmp}/sub; rm -f ${tmp}/sub; mv ${tmp}/sub2 ${tmp}/sub 2>/dev/null; done &) ; touch ${dir}/started; sleep 30`
-    const child = execa(HELPER, ['--keeper-fd', '3', '--remove-dir', tmp, '--', 'sh', '-c', swap], {stdio: ['pipe', 'pipe', 'pipe', 'pipe'], reject: false, detached: true})
+    const child = execa(HELPER, ['--keeper-fd', '3', '--remove-dir', tmp, '--', 'sh', '-c', swap], {
+      stdio: ['pipe', 'pipe', 'pipe', 'pipe'],
+      reject: false,
+      detached: true,
+    })
     const deadline = Date.now() + 5000
     while (!fs.existsSync(path.join(dir, 'started')) && Date.now() < deadline) await sleep(20)
     await sleep(200)
@@ -126,7 +163,11 @@ os.chdir(${JSON.stringify(tmp)})
 for i in range(1000):
     os.mkdir("level"); os.chdir("level"); open("f", "w").close()
 open(${JSON.stringify(path.join(dir, 'started'))}, "w").close()`
-    const child = execa(HELPER, ['--keeper-fd', '3', '--remove-dir', tmp, '--', 'sh', '-c', `python3 -c '${nest}'; sleep 30`], {stdio: ['pipe', 'pipe', 'pipe', 'pipe'], reject: false, detached: true})
+    const child = execa(
+      HELPER,
+      ['--keeper-fd', '3', '--remove-dir', tmp, '--', 'sh', '-c', `python3 -c '${nest}'; sleep 30`],
+      {stdio: ['pipe', 'pipe', 'pipe', 'pipe'], reject: false, detached: true},
+    )
     const deadline = Date.now() + 20_000
     while (!fs.existsSync(path.join(dir, 'started')) && Date.now() < deadline) await sleep(20)
     ;(child.stdio[3] as NodeJS.ReadableStream & {destroy(): void}).destroy()
@@ -137,11 +178,26 @@ open(${JSON.stringify(path.join(dir, 'started'))}, "w").close()`
 
   it('ends the run at the deadline its owner wrote, on its own monotonic clock: kills it, runs --on-orphan, says T', async () => {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'keeper-'))
-    const child = execa(HELPER, ['--keeper-fd', '3', '--on-orphan', 'touch', '--on-orphan', `${dir}/orphan-command-ran`, '--', 'sh', '-c', `sleep 2; touch ${dir}/late`], {
-      stdio: ['pipe', 'pipe', 'pipe', 'pipe'],
-      reject: false,
-      detached: true,
-    })
+    const child = execa(
+      HELPER,
+      [
+        '--keeper-fd',
+        '3',
+        '--on-orphan',
+        'touch',
+        '--on-orphan',
+        `${dir}/orphan-command-ran`,
+        '--',
+        'sh',
+        '-c',
+        `sleep 2; touch ${dir}/late`,
+      ],
+      {
+        stdio: ['pipe', 'pipe', 'pipe', 'pipe'],
+        reject: false,
+        detached: true,
+      },
+    )
     const lifeline = child.stdio[3] as Duplex
     const said: string[] = []
     lifeline.on('data', (chunk: Buffer) => said.push(chunk.toString()))
@@ -163,7 +219,11 @@ open(${JSON.stringify(path.join(dir, 'started'))}, "w").close()`
   })
 
   it('a run that ends before its deadline is not touched by it; nonsense on the lifeline is ignored', async () => {
-    const child = execa(HELPER, ['--keeper-fd', '3', '--', 'sh', '-c', 'sleep 0.5; exit 3'], {stdio: ['pipe', 'pipe', 'pipe', 'pipe'], reject: false, detached: true})
+    const child = execa(HELPER, ['--keeper-fd', '3', '--', 'sh', '-c', 'sleep 0.5; exit 3'], {
+      stdio: ['pipe', 'pipe', 'pipe', 'pipe'],
+      reject: false,
+      detached: true,
+    })
     const lifeline = child.stdio[3] as Duplex
     lifeline.write('Dsoon\nX12\nD-5\n')
     setKeeperDeadline(lifeline, 5000)

@@ -5,7 +5,13 @@ import os from 'node:os'
 import path from 'node:path'
 import {afterAll, beforeAll, describe, expect, it, onTestFinished} from 'vitest'
 import {canonicalEntry, canonicalPath, entryKind, isWithin} from '../../src/sandbox/paths.js'
-import {type AccessClass, compilePolicy, lowerToRules, type PolicyDeny, type PolicyGrant} from '../../src/sandbox/policy.js'
+import {
+  type AccessClass,
+  compilePolicy,
+  lowerToRules,
+  type PolicyDeny,
+  type PolicyGrant,
+} from '../../src/sandbox/policy.js'
 import {oracleCanonicalPath, oracleEntryKind, oracleIsWithin, oracleLowerToRules} from './lowering-oracle.js'
 import {seededRandom} from '../helpers/seeded-random.js'
 
@@ -39,7 +45,11 @@ function generateTree(root: string, rand: () => number): string[] {
       fs.mkdirSync(entry)
       dirs.push(entry)
     } else if (roll < 0.85) fs.writeFileSync(entry, 'x')
-    else fs.symlinkSync(rand() < 0.3 ? '/etc' : rand() < 0.5 && entries.length > 0 ? pick(entries) : path.join(root, 'dangling'), entry)
+    else
+      fs.symlinkSync(
+        rand() < 0.3 ? '/etc' : rand() < 0.5 && entries.length > 0 ? pick(entries) : path.join(root, 'dangling'),
+        entry,
+      )
     entries.push(entry)
   }
   return entries
@@ -66,7 +76,12 @@ function generateCase(root: string, rand: () => number): {grants: PolicyGrant[];
   }))
   const denies: PolicyDeny[] = Array.from({length: Math.floor(rand() * 10)}, (_, i) => {
     const target = candidates()
-    return {path: target, reason: `deny ${i}`, source: rand() < 0.5 ? 'config' : 'mandatory', exists: entryKind(target) !== 'missing'}
+    return {
+      path: target,
+      reason: `deny ${i}`,
+      source: rand() < 0.5 ? 'config' : 'mandatory',
+      exists: entryKind(target) !== 'missing',
+    }
   })
   return {grants, denies}
 }
@@ -78,11 +93,33 @@ describe('canonicalPath and entryKind are exactly the old ones (which built an e
     fs.symlinkSync('loop-b', path.join(root, 'loop-a'))
     fs.symlinkSync('loop-a', path.join(root, 'loop-b'))
     fs.writeFileSync(path.join(root, 'plain'), '')
-    const probes = [root, '/', '/etc/shadow', '/proc/self/fd/0', 'relative/missing', path.join(root, 'loop-a', 'x'), path.join(root, 'plain', 'under', 'file')]
-    for (const entry of [...entries, root]) probes.push(entry, `${entry}/`, path.join(entry, 'missing'), path.join(entry, 'missing', 'deeper'), path.join(entry, '..', 'x'))
+    const probes = [
+      root,
+      '/',
+      '/etc/shadow',
+      '/proc/self/fd/0',
+      'relative/missing',
+      path.join(root, 'loop-a', 'x'),
+      path.join(root, 'plain', 'under', 'file'),
+    ]
+    for (const entry of [...entries, root])
+      probes.push(
+        entry,
+        `${entry}/`,
+        path.join(entry, 'missing'),
+        path.join(entry, 'missing', 'deeper'),
+        path.join(entry, '..', 'x'),
+      )
     for (const probe of probes) {
-      expect({probe, canonical: canonicalPath(probe), kind: entryKind(probe)}).toEqual({probe, canonical: oracleCanonicalPath(probe), kind: oracleEntryKind(probe)})
-      expect({probe, entry: canonicalEntry(probe)}).toEqual({probe, entry: path.join(oracleCanonicalPath(path.dirname(path.resolve(probe))), path.basename(path.resolve(probe)))})
+      expect({probe, canonical: canonicalPath(probe), kind: entryKind(probe)}).toEqual({
+        probe,
+        canonical: oracleCanonicalPath(probe),
+        kind: oracleEntryKind(probe),
+      })
+      expect({probe, entry: canonicalEntry(probe)}).toEqual({
+        probe,
+        entry: path.join(oracleCanonicalPath(path.dirname(path.resolve(probe))), path.basename(path.resolve(probe))),
+      })
     }
   })
 })
@@ -90,7 +127,9 @@ describe('canonicalPath and entryKind are exactly the old ones (which built an e
 describe('isWithin is exactly the old one (which built `parent/` for every call)', () => {
   it('on every pair of generated paths, prefixes, trailing slashes and the root', () => {
     const parts = ['', '/', 'a', 'ab', 'a/b', 'a/', '/a', '/a/', '/a/b', '/ab', '/a/bc', '//a', 'a//b', '/a/b/']
-    for (const child of parts) for (const parent of parts) expect([child, parent, isWithin(child, parent)]).toEqual([child, parent, oracleIsWithin(child, parent)])
+    for (const child of parts)
+      for (const parent of parts)
+        expect([child, parent, isWithin(child, parent)]).toEqual([child, parent, oracleIsWithin(child, parent)])
   })
 })
 
@@ -137,14 +176,19 @@ describe('lowerToRules is exactly the old (quadratic) lowering', () => {
 
   it("on this machine's agent policies (system directories, /etc's secrets, the operator's dotfiles)", () => {
     const root = path.join(base, 'machine')
-    for (const dir of ['gw/agents/me', 'gw/agents/other', 'tmp/run', 'app', 'opHome/.ssh', 'opHome/notes']) fs.mkdirSync(path.join(root, dir), {recursive: true})
+    for (const dir of ['gw/agents/me', 'gw/agents/other', 'tmp/run', 'app', 'opHome/.ssh', 'opHome/notes'])
+      fs.mkdirSync(path.join(root, dir), {recursive: true})
     fs.writeFileSync(path.join(root, 'gw/config.yaml'), '')
     fs.writeFileSync(path.join(root, 'gw/agents/me/SOUL.md'), '')
     fs.mkdirSync(path.join(root, 'gw/agents/me/.git'))
     const configs = [
       {deny: [], allow_read: [], allow_read_write: []},
       {deny: ['/usr/share/doc', '/etc/ssl', '.git', 'missing/file'], allow_read: ['/opt'], allow_read_write: []},
-      {deny: ['/usr/bin/ssh', '/usr/lib/os-release'], allow_read: ['~'], allow_read_write: [path.join(root, 'opHome/notes')]},
+      {
+        deny: ['/usr/bin/ssh', '/usr/lib/os-release'],
+        allow_read: ['~'],
+        allow_read_write: [path.join(root, 'opHome/notes')],
+      },
       // not /tmp: other tests change it meanwhile
       {deny: ['~/.ssh'], allow_read: ['/var/lib', '/usr/share'], allow_read_write: ['/usr/share/..']},
     ]
@@ -167,7 +211,12 @@ describe('lowerToRules is exactly the old (quadratic) lowering', () => {
             policy.grants,
             policy.denies.filter((deny) => !policy.covered.some((cover) => cover.path === deny.path)),
           )
-          expect({index, operatorHome, namespaces, rules: policy.rules, lowered: policy.lowered}).toEqual({index, operatorHome, namespaces, ...expected})
+          expect({index, operatorHome, namespaces, rules: policy.rules, lowered: policy.lowered}).toEqual({
+            index,
+            operatorHome,
+            namespaces,
+            ...expected,
+          })
           expect(policy.rules.length).toBeGreaterThan(10)
         }
       }

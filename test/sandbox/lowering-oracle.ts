@@ -1,6 +1,16 @@
 import fs from 'node:fs'
 import path from 'node:path'
-import {ANCESTOR_RIGHTS, DEVICE_READ_RIGHTS, DEVICE_RW_RIGHTS, type FsRight, PTY_RIGHTS, READ_RIGHTS, READ_WRITE_RIGHTS, fileRightsOnly, sortRights} from '../../src/sandbox/landlock/rights.js'
+import {
+  ANCESTOR_RIGHTS,
+  DEVICE_READ_RIGHTS,
+  DEVICE_RW_RIGHTS,
+  type FsRight,
+  PTY_RIGHTS,
+  READ_RIGHTS,
+  READ_WRITE_RIGHTS,
+  fileRightsOnly,
+  sortRights,
+} from '../../src/sandbox/landlock/rights.js'
 import type {AccessClass, LoweredDirectory, PolicyDeny, PolicyGrant, PolicyRule} from '../../src/sandbox/policy.js'
 
 // The oracles: lowerToRules, canonicalPath, entryKind and isWithin as they were before they were
@@ -19,7 +29,10 @@ const RIGHTS_BY_ACCESS: Record<AccessClass, readonly FsRight[]> = {
 const entryKind = (file: string) => oracleEntryKind(file)
 const isStrictlyWithin = (child: string, parent: string) => child !== parent && oracleIsWithin(child, parent)
 
-export function oracleLowerToRules(grants: readonly PolicyGrant[], denies: readonly PolicyDeny[]): {rules: PolicyRule[]; lowered: LoweredDirectory[]} {
+export function oracleLowerToRules(
+  grants: readonly PolicyGrant[],
+  denies: readonly PolicyDeny[],
+): {rules: PolicyRule[]; lowered: LoweredDirectory[]} {
   const rules = new Map<string, PolicyRule>()
   const lowered = new Map<string, {denied: Set<string>; writable: boolean}>()
   const emit = (target: string, rights: readonly FsRight[], reason: string) => {
@@ -40,7 +53,11 @@ export function oracleLowerToRules(grants: readonly PolicyGrant[], denies: reado
       return
     }
     if (entryKind(dir) !== 'dir') return
-    emit(dir, rights.filter((right) => ANCESTOR_RIGHTS.includes(right)), `${reason} (listing only: a denied path lies beneath)`)
+    emit(
+      dir,
+      rights.filter((right) => ANCESTOR_RIGHTS.includes(right)),
+      `${reason} (listing only: a denied path lies beneath)`,
+    )
     const record = lowered.get(dir) ?? {denied: new Set<string>(), writable: false}
     for (const deny of inside) record.denied.add(deny.path)
     record.writable ||= rights.includes('make_reg')
@@ -75,7 +92,9 @@ export function oracleLowerToRules(grants: readonly PolicyGrant[], denies: reado
 function withoutRedundantRules(rules: PolicyRule[]): PolicyRule[] {
   const sorted = rules.sort((a, b) => a.path.localeCompare(b.path))
   return sorted.filter((rule) => {
-    const inherited = new Set(sorted.filter((other) => isStrictlyWithin(rule.path, other.path)).flatMap((other) => other.rights))
+    const inherited = new Set(
+      sorted.filter((other) => isStrictlyWithin(rule.path, other.path)).flatMap((other) => other.rights),
+    )
     return !rule.rights.every((right) => inherited.has(right))
   })
 }

@@ -3,7 +3,13 @@ import os from 'node:os'
 import path from 'node:path'
 import {afterEach, beforeEach, describe, expect, it} from 'vitest'
 import {READ_RIGHTS, READ_WRITE_RIGHTS, type FsRight} from '../../src/sandbox/landlock/rights.js'
-import {compilePolicy, effectiveRights, nodeInstallation, type PolicyFileAccess, type PolicyInput} from '../../src/sandbox/policy.js'
+import {
+  compilePolicy,
+  effectiveRights,
+  nodeInstallation,
+  type PolicyFileAccess,
+  type PolicyInput,
+} from '../../src/sandbox/policy.js'
 
 let root: string
 
@@ -72,7 +78,12 @@ function layout(fileAccess: Partial<PolicyFileAccess> = {}): PolicyInput {
 const expectListingAtMost = (rights: FsRight[]) => expect(rights.filter((right) => right !== 'read_dir')).toEqual([])
 const has = (rights: FsRight[], wanted: readonly FsRight[]) => wanted.every((right) => rights.includes(right))
 const canRead = (rights: FsRight[]) => rights.includes('read_file')
-const canWrite = (rights: FsRight[]) => rights.some((right) => ['write_file', 'make_reg', 'remove_file', 'truncate', 'make_dir', 'remove_dir', 'make_sym', 'refer'].includes(right))
+const canWrite = (rights: FsRight[]) =>
+  rights.some((right) =>
+    ['write_file', 'make_reg', 'remove_file', 'truncate', 'make_dir', 'remove_dir', 'make_sym', 'refer'].includes(
+      right,
+    ),
+  )
 
 describe('compilePolicy: baseline and mandatory denies', () => {
   it('gives the workspace and temp dir read-write, the app and Node read-only, and nothing else in the gateway home', () => {
@@ -135,7 +146,12 @@ describe('compilePolicy: baseline and mandatory denies', () => {
       gatewayHome: path.join(root, 'opHome/.meepagateway'),
       workspace: path.join(root, 'opHome/.meepagateway/agents/me'),
     })
-    expect(has(effectiveRights(policy.rules, path.join(root, 'opHome/.meepagateway/agents/me/SOUL.md')), ['read_file', 'write_file'])).toBe(true)
+    expect(
+      has(effectiveRights(policy.rules, path.join(root, 'opHome/.meepagateway/agents/me/SOUL.md')), [
+        'read_file',
+        'write_file',
+      ]),
+    ).toBe(true)
     expectListingAtMost(effectiveRights(policy.rules, path.join(root, 'opHome/.ssh/id_ed25519')))
   })
 })
@@ -145,7 +161,13 @@ describe('compilePolicy: config rules', () => {
     write('data/a/file')
     write('data/a/b/file')
     write('data/c/file')
-    const policy = compilePolicy(layout({allow_read: [path.join(root, 'data')], allow_read_write: [path.join(root, 'data/a')], deny: [path.join(root, 'data/a/b')]}))
+    const policy = compilePolicy(
+      layout({
+        allow_read: [path.join(root, 'data')],
+        allow_read_write: [path.join(root, 'data/a')],
+        deny: [path.join(root, 'data/a/b')],
+      }),
+    )
     const at = (relative: string) => effectiveRights(policy.rules, path.join(root, relative))
     expect(has(at('data/a/file'), ['read_file', 'write_file'])).toBe(true)
     expectListingAtMost(at('data/a/b/file'))
@@ -164,7 +186,9 @@ describe('compilePolicy: config rules', () => {
     fs.rmSync(path.join(root, 'later'), {recursive: true})
     mkdir('elsewhere')
     fs.symlinkSync(path.join(root, 'elsewhere'), path.join(root, 'later'))
-    expect(compilePolicy(input).grants.find((grant) => grant.reason.startsWith('allow_read'))?.path).toBe(path.join(root, 'elsewhere'))
+    expect(compilePolicy(input).grants.find((grant) => grant.reason.startsWith('allow_read'))?.path).toBe(
+      path.join(root, 'elsewhere'),
+    )
   })
 
   it('expands ~ to the operator home and resolves relative paths against the workspace', () => {
@@ -176,7 +200,9 @@ describe('compilePolicy: config rules', () => {
 
   it('skips a missing allow path without granting its parent', () => {
     write('data/present')
-    const policy = compilePolicy(layout({allow_read: [path.join(root, 'data/missing/deeper')], allow_read_write: [path.join(root, 'data/gone')]}))
+    const policy = compilePolicy(
+      layout({allow_read: [path.join(root, 'data/missing/deeper')], allow_read_write: [path.join(root, 'data/gone')]}),
+    )
     expect(effectiveRights(policy.rules, path.join(root, 'data/present'))).toEqual([])
     expect(effectiveRights(policy.rules, path.join(root, 'data'))).toEqual([])
     expect(policy.notes.join('\n')).toMatch(/missing\/deeper: does not exist, not granted/)
@@ -195,7 +221,9 @@ describe('compilePolicy: config rules', () => {
     write('data/public')
     fs.symlinkSync(path.join(root, 'data/real-secret'), path.join(root, 'data/link'))
     const policy = compilePolicy(layout({allow_read: [path.join(root, 'data')], deny: [path.join(root, 'data/link')]}))
-    expect(policy.denies.map((deny) => deny.path)).toEqual(expect.arrayContaining([path.join(root, 'data/real-secret'), path.join(root, 'data/link')]))
+    expect(policy.denies.map((deny) => deny.path)).toEqual(
+      expect.arrayContaining([path.join(root, 'data/real-secret'), path.join(root, 'data/link')]),
+    )
     expectListingAtMost(effectiveRights(policy.rules, path.join(root, 'data/real-secret')))
     expect(canRead(effectiveRights(policy.rules, path.join(root, 'data/public')))).toBe(true)
   })
@@ -213,7 +241,9 @@ describe('compilePolicy: config rules', () => {
     fs.symlinkSync(path.join(root, 'opHome'), path.join(root, 'gw/agents/me/data'))
     const policy = compilePolicy(input)
     expect(canRead(effectiveRights(policy.rules, path.join(root, 'opHome/notes/todo.txt')))).toBe(false)
-    expect(policy.notes.join('\n')).toMatch(/allow_read\[0\] data\/notes: not granted, it goes through the symlink .*data, which the agent can replace/)
+    expect(policy.notes.join('\n')).toMatch(
+      /allow_read\[0\] data\/notes: not granted, it goes through the symlink .*data, which the agent can replace/,
+    )
   })
 
   it('refuses a deny that covers the workspace itself', () => {
@@ -246,11 +276,17 @@ describe('compilePolicy with the namespace layer: covers instead of lowering', (
       {path: path.join(ws, 'token.txt'), kind: 'file', reason: 'deny: token.txt'},
     ])
     expect(policy.lowered).toEqual([])
-    expect(has(effectiveRights(policy.rules, ws), ['make_reg', 'make_dir', 'remove_file', 'remove_dir', 'refer'])).toBe(true)
+    expect(has(effectiveRights(policy.rules, ws), ['make_reg', 'make_dir', 'remove_file', 'remove_dir', 'refer'])).toBe(
+      true,
+    )
     // without the layer the same config lowers the workspace root, and says it costs writes
     const fallback = compilePolicy(layout({deny: ['private', 'token.txt']}))
     expect(fallback.covered).toEqual([])
-    expect(fallback.lowered).toContainEqual({path: ws, denied: [path.join(ws, 'private'), path.join(ws, 'token.txt')], writable: true})
+    expect(fallback.lowered).toContainEqual({
+      path: ws,
+      denied: [path.join(ws, 'private'), path.join(ws, 'token.txt')],
+      writable: true,
+    })
   })
 
   it('still lowers for a missing or symlinked denied entry, and never covers a deny with a grant beneath it', () => {
@@ -261,14 +297,18 @@ describe('compilePolicy with the namespace layer: covers instead of lowering', (
     // MEEPAGATEWAY_HOME lies inside the allow_read grant but holds the workspace: lowered, not covered
     expect(policy.covered.map((cover) => cover.path)).not.toContain(path.join(root, 'gw'))
     expect(policy.lowered.map((dir) => dir.path)).toContain(ws)
-    expect(policy.lowered.find((dir) => dir.path === ws)!.denied).toEqual(expect.arrayContaining([path.join(ws, 'missing'), path.join(ws, 'link')]))
+    expect(policy.lowered.find((dir) => dir.path === ws)!.denied).toEqual(
+      expect.arrayContaining([path.join(ws, 'missing'), path.join(ws, 'link')]),
+    )
     // the symlink's target is covered (it is the canonical deny), the link itself is not
     expect(policy.covered.map((cover) => cover.path)).toContain(path.join(ws, 'real'))
     expect(policy.covered.map((cover) => cover.path)).not.toContain(path.join(ws, 'link'))
   })
 
   it('grants the private devpts only with the layer', () => {
-    expect(compilePolicy({...layout(), namespaces: true, devices: []}).grants.some((grant) => grant.path === '/dev/pts')).toBe(true)
+    expect(
+      compilePolicy({...layout(), namespaces: true, devices: []}).grants.some((grant) => grant.path === '/dev/pts'),
+    ).toBe(true)
     expect(compilePolicy(layout()).grants.some((grant) => grant.path === '/dev/pts')).toBe(false)
   })
 })
@@ -310,7 +350,8 @@ describe('compilePolicy over generated trees', () => {
       const input = layout({allow_read: readRoots, allow_read_write: writeRoots, deny: denies})
       const policy = compilePolicy(input)
 
-      const under = (target: string, roots: string[]) => roots.some((candidate) => target === candidate || target.startsWith(candidate + path.sep))
+      const under = (target: string, roots: string[]) =>
+        roots.some((candidate) => target === candidate || target.startsWith(candidate + path.sep))
       const loweredDirs = new Set(policy.lowered.map((dir) => dir.path))
       for (const target of all) {
         const rights = effectiveRights(policy.rules, target)
@@ -327,7 +368,9 @@ describe('compilePolicy over generated trees', () => {
           continue
         }
         const wanted = under(target, writeRoots) ? READ_WRITE_RIGHTS : READ_RIGHTS
-        const expected = isDir ? wanted : wanted.filter((right) => ['execute', 'read_file', 'write_file', 'truncate'].includes(right))
+        const expected = isDir
+          ? wanted
+          : wanted.filter((right) => ['execute', 'read_file', 'write_file', 'truncate'].includes(right))
         expect(has(rights, expected), context).toBe(true)
         if (!under(target, writeRoots)) expect(canWrite(rights), context).toBe(false)
       }

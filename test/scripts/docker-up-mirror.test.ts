@@ -15,10 +15,16 @@ afterEach(() => fs.rmSync(aptEtc, {recursive: true, force: true}))
 
 const write = (file: string, text: string) => fs.writeFileSync(path.join(aptEtc, file), text)
 const mirror = (env: Record<string, string> = {}) =>
-  execFileSync('bash', [path.join(ROOT, 'scripts/ci/docker-up.sh'), '--print-mirror'], {env: {PATH: process.env.PATH, APT_ETC: aptEtc, ...env}, encoding: 'utf8'}).trim()
+  execFileSync('bash', [path.join(ROOT, 'scripts/ci/docker-up.sh'), '--print-mirror'], {
+    env: {PATH: process.env.PATH, APT_ETC: aptEtc, ...env},
+    encoding: 'utf8',
+  }).trim()
 
 it('takes the archive URI of a deb822 .sources file, skipping the security suite and disabled stanzas', () => {
-  write('sources.list.d/a-off.sources', 'Enabled: no\nTypes: deb\nURIs: http://disabled.example/debian\nSuites: bookworm\n')
+  write(
+    'sources.list.d/a-off.sources',
+    'Enabled: no\nTypes: deb\nURIs: http://disabled.example/debian\nSuites: bookworm\n',
+  )
   write(
     'sources.list.d/debian.sources',
     'Types: deb\nURIs: http://mirror.example/debian-security\nSuites: bookworm-security\n\nTypes: deb deb-src\n# a comment\nURIs: http://apt-proxy.example:3142/debian\nSuites: bookworm bookworm-updates\nComponents: main\n',
@@ -27,7 +33,10 @@ it('takes the archive URI of a deb822 .sources file, skipping the security suite
 })
 
 it('takes a one-line sources.list entry with options', () => {
-  write('sources.list', '# deb http://commented.example/debian bookworm main\ndeb [arch=amd64 signed-by=/k.gpg] http://ftp.de.debian.org/debian bookworm main\n')
+  write(
+    'sources.list',
+    '# deb http://commented.example/debian bookworm main\ndeb [arch=amd64 signed-by=/k.gpg] http://ftp.de.debian.org/debian bookworm main\n',
+  )
   expect(mirror()).toBe('http://ftp.de.debian.org/debian')
 })
 

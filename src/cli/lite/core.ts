@@ -86,10 +86,22 @@ export abstract class Command {
 
   async finally(_error: Error | undefined): Promise<void> {}
 
-  async parse(options: {flags?: Record<string, LiteFlag>; baseFlags?: Record<string, LiteFlag>; args?: Record<string, LiteArg>; enableJsonFlag?: boolean; strict?: boolean}): Promise<{flags: Record<string, unknown>; args: Record<string, unknown>}> {
+  async parse(options: {
+    flags?: Record<string, LiteFlag>
+    baseFlags?: Record<string, LiteFlag>
+    args?: Record<string, LiteArg>
+    enableJsonFlag?: boolean
+    strict?: boolean
+  }): Promise<{flags: Record<string, unknown>; args: Record<string, unknown>}> {
     // oclif's aggregateFlags: the JSON flag, then the base flags, then the command's own
-    const json: Record<string, LiteFlag> = options.enableJsonFlag ? {json: Flags.boolean({description: 'Format output as json.', helpGroup: 'GLOBAL'})} : {}
-    return parseArgv(this.argv, {flags: {...json, ...options.baseFlags, ...options.flags}, args: options.args ?? {}, strict: options.strict ?? true})
+    const json: Record<string, LiteFlag> = options.enableJsonFlag
+      ? {json: Flags.boolean({description: 'Format output as json.', helpGroup: 'GLOBAL'})}
+      : {}
+    return parseArgv(this.argv, {
+      flags: {...json, ...options.baseFlags, ...options.flags},
+      args: options.args ?? {},
+      strict: options.strict ?? true,
+    })
   }
 
   async catch(err: Error & {exitCode?: number}): Promise<unknown> {

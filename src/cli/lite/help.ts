@@ -19,7 +19,12 @@ export interface HelpPages {
 
 /** The argv forms that print a help page: none, `--help`, `TOPIC`, `TOPIC --help`, `COMMAND... --help`. */
 export function helpArgvForms(ids: {commands: string[]; topics: string[]}): string[][] {
-  return [[], ['--help'], ...ids.topics.flatMap((topic) => [topic.split(':'), [...topic.split(':'), '--help']]), ...ids.commands.map((id) => [...id.split(':'), '--help'])]
+  return [
+    [],
+    ['--help'],
+    ...ids.topics.flatMap((topic) => [topic.split(':'), [...topic.split(':'), '--help']]),
+    ...ids.commands.map((id) => [...id.split(':'), '--help']),
+  ]
 }
 
 /** oclif renders help for this process exactly as it did at build: 80 columns, no colour. */

@@ -1,4 +1,3 @@
-
 /**
  * What decides what a user sees of oclif (@oclif/core 4) — its CLIError and its JSON printer here,
  * its error printer in print-error.ts (loaded only to print one) — copied small, so a command started without oclif prints exactly what oclif prints
@@ -45,7 +44,8 @@ function circularSafe(): (this: unknown, key: string, value: unknown) => unknown
         stack.splice(position + 1)
         keys.splice(position, Number.POSITIVE_INFINITY, key)
       }
-      if (stack.includes(value)) value = stack[0] === value ? '[Circular ~]' : `[Circular ~.${keys.slice(0, stack.indexOf(value)).join('.')}]`
+      if (stack.includes(value))
+        value = stack[0] === value ? '[Circular ~]' : `[Circular ~.${keys.slice(0, stack.indexOf(value)).join('.')}]`
     } else {
       stack.push(value)
     }

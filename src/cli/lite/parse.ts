@@ -42,11 +42,25 @@ export interface LiteParseInput {
   strict: boolean
 }
 
-const UNDERSTOOD_FLAG_KEYS = new Set(['kind', 'type', 'char', 'default', 'required', 'min', 'max', 'description', 'summary', 'helpGroup'])
+const UNDERSTOOD_FLAG_KEYS = new Set([
+  'kind',
+  'type',
+  'char',
+  'default',
+  'required',
+  'min',
+  'max',
+  'description',
+  'summary',
+  'helpGroup',
+])
 const UNDERSTOOD_ARG_KEYS = new Set(['kind', 'required', 'default', 'description'])
 
 /** The flags and args oclif would give for argv, or DeferToOclif. */
-export function parseArgv(argv: readonly string[], input: LiteParseInput): {flags: Record<string, unknown>; args: Record<string, unknown>} {
+export function parseArgv(
+  argv: readonly string[],
+  input: LiteParseInput,
+): {flags: Record<string, unknown>; args: Record<string, unknown>} {
   if (!input.strict) throw new DeferToOclif('a non-strict command')
   for (const [name, flag] of Object.entries(input.flags)) {
     const unknown = Object.keys(flag).find((key) => !UNDERSTOOD_FLAG_KEYS.has(key))
@@ -65,7 +79,11 @@ export function parseArgv(argv: readonly string[], input: LiteParseInput): {flag
       continue
     }
     const long = /^--([a-z][a-z0-9-]*)(?:=(.*))?$/s.exec(token)
-    const name = long ? long[1] : /^-[a-zA-Z]$/.test(token) ? Object.keys(input.flags).find((key) => input.flags[key]?.char === token[1]) : undefined
+    const name = long
+      ? long[1]
+      : /^-[a-zA-Z]$/.test(token)
+        ? Object.keys(input.flags).find((key) => input.flags[key]?.char === token[1])
+        : undefined
     const flag = name === undefined ? undefined : input.flags[name]
     if (name === undefined || !flag) throw new DeferToOclif(`${token} is not a flag this path knows`)
     if (name in flags) throw new DeferToOclif(`--${name} given twice`)
@@ -78,7 +96,8 @@ export function parseArgv(argv: readonly string[], input: LiteParseInput): {flag
     const value = inline ?? argv[++i]
     // oclif rejects a value that names one of the command's flags, given inline too (`--agent=--json`,
     // `--agent=-n5`: "Flag --agent expects a value"); a value starting with '-' is oclif's either way
-    if (value === undefined || value === '' || value.startsWith('-')) throw new DeferToOclif(`--${name} without a plain value`)
+    if (value === undefined || value === '' || value.startsWith('-'))
+      throw new DeferToOclif(`--${name} without a plain value`)
     flags[name] = flagValue(name, flag, value)
   }
   for (const [name, flag] of Object.entries(input.flags)) {
@@ -106,6 +125,7 @@ function flagValue(name: string, flag: LiteFlag, value: string): unknown {
   // oclif's Flags.integer: an integer within min and max; its error messages are oclif's to print
   if (!/^-?\d+$/.test(value)) throw new DeferToOclif(`--${name} is not an integer`)
   const number = Number.parseInt(value, 10)
-  if ((flag.min !== undefined && number < flag.min) || (flag.max !== undefined && number > flag.max)) throw new DeferToOclif(`--${name} is out of range`)
+  if ((flag.min !== undefined && number < flag.min) || (flag.max !== undefined && number > flag.max))
+    throw new DeferToOclif(`--${name} is out of range`)
   return number
 }

@@ -19,14 +19,29 @@ interface PrintableError {
   cause?: unknown
 }
 
-/** oclif's prettyPrint (without DEBUG, which the lite CLI leaves to oclif): the error and its causes, wrapped to stderr's width. */
+/**
+ * oclif's prettyPrint (without DEBUG, which the lite CLI leaves to oclif): the error and its
+ * causes, wrapped to stderr's width.
+ */
 export function prettyPrint(error: Error): string {
   const printed: string[] = []
   let current: unknown = error
   let deep = false
   while (current && typeof current === 'object' && 'name' in current && 'message' in current) {
-    const {bang = current instanceof CLIError ? cliErrorMarker() : undefined, code, message, name, ref, suggestions} = current as PrintableError
-    const formatted = [message ? `${name || 'Error'}: ${message}` : undefined, code ? `Code: ${code}` : undefined, formatSuggestions(suggestions), ref ? `Reference: ${ref}` : undefined]
+    const {
+      bang = current instanceof CLIError ? cliErrorMarker() : undefined,
+      code,
+      message,
+      name,
+      ref,
+      suggestions,
+    } = current as PrintableError
+    const formatted = [
+      message ? `${name || 'Error'}: ${message}` : undefined,
+      code ? `Code: ${code}` : undefined,
+      formatSuggestions(suggestions),
+      ref ? `Reference: ${ref}` : undefined,
+    ]
       .filter(Boolean)
       .join('\n')
     let output = wrapAnsi(`${deep ? 'Caused by: ' : ''}${formatted}`, stderrWidth() - 6, {hard: true, trim: false})
@@ -61,7 +76,10 @@ function stderrWidth(): number {
   return width < 1 ? 80 : Math.max(width, 40)
 }
 
-/** A CLIError's marker (oclif's `bang`): red when oclif colours, that is when supports-color finds colour on both stdout and stderr. */
+/**
+ * A CLIError's marker (oclif's `bang`): red when oclif colours, that is when supports-color finds
+ * colour on both stdout and stderr.
+ */
 function cliErrorMarker(): string {
   const mark = process.platform === 'win32' ? '»' : '›'
   return supportsColor && supportsColorStderr ? `\u001B[31m${mark}\u001B[39m` : mark

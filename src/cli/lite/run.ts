@@ -25,7 +25,11 @@ export function oclifPrintsOtherwise(): boolean {
   // Node warns that FORCE_COLOR (the values that turn colour on) overrides them when oclif asks a
   // stream for its colours
   const {FORCE_COLOR, NO_COLOR, NODE_DISABLE_COLORS} = process.env
-  if (['', '1', 'true', '2', '3'].includes(FORCE_COLOR ?? '0') && (NO_COLOR !== undefined || NODE_DISABLE_COLORS !== undefined)) return true
+  if (
+    ['', '1', 'true', '2', '3'].includes(FORCE_COLOR ?? '0') &&
+    (NO_COLOR !== undefined || NODE_DISABLE_COLORS !== undefined)
+  )
+    return true
   try {
     process.cwd()
   } catch {
@@ -42,7 +46,8 @@ function userThemeExists(): boolean {
   const scoped = (name: string) => process.env[`MEEPAGATEWAY_${name}`]
   if (['1', 'true'].includes(scoped('DISABLE_THEME') ?? '')) return false
   const home = process.env.HOME || os.homedir() || os.tmpdir()
-  const configDir = scoped('CONFIG_DIR') || path.join(process.env.XDG_CONFIG_HOME || path.join(home, '.config'), 'meepagateway')
+  const configDir =
+    scoped('CONFIG_DIR') || path.join(process.env.XDG_CONFIG_HOME || path.join(home, '.config'), 'meepagateway')
   return fs.existsSync(path.resolve(configDir, 'theme.json'))
 }
 
@@ -57,7 +62,11 @@ export async function oclifUserAgent(version: string): Promise<string> {
 }
 
 /** `[TOPIC] COMMAND args…` for the one command of this bundle. */
-export async function runCommandWithoutOclif(argv: string[], id: string, CommandClass: CommandClass): Promise<number | undefined> {
+export async function runCommandWithoutOclif(
+  argv: string[],
+  id: string,
+  CommandClass: CommandClass,
+): Promise<number | undefined> {
   const words = id.split(':')
   if (oclifPrintsOtherwise() || words.some((word, index) => argv[index] !== word) || userThemeExists()) return undefined
   const command = new CommandClass(argv.slice(words.length), {bin: 'meepagateway'})
@@ -71,7 +80,11 @@ export async function runCommandWithoutOclif(argv: string[], id: string, Command
 }
 
 /** A help page as oclif prints it (see help.ts). */
-export async function printHelpPageWithoutOclif(argv: string[], root: string, version: string): Promise<number | undefined> {
+export async function printHelpPageWithoutOclif(
+  argv: string[],
+  root: string,
+  version: string,
+): Promise<number | undefined> {
   if (oclifPrintsOtherwise()) return undefined
   const page = renderedHelpPage(root, argv, await oclifUserAgent(version))
   if (page === undefined) return undefined
@@ -80,7 +93,9 @@ export async function printHelpPageWithoutOclif(argv: string[], root: string, ve
 }
 
 /** oclif's handle(): the error as oclif prints it, then exit with its code. */
-export async function exitLikeOclif(error: Error & {oclif?: {exit?: number}; skipOclifErrorHandling?: boolean}): Promise<never> {
+export async function exitLikeOclif(
+  error: Error & {oclif?: {exit?: number}; skipOclifErrorHandling?: boolean},
+): Promise<never> {
   if (error.message === 'SIGINT') process.exit(1)
   if (!error.skipOclifErrorHandling) writeToFd(2, `${(await import('./print-error.js')).prettyPrint(error)}\n`)
   process.exit(error.oclif?.exit ?? 1)

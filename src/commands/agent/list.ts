@@ -9,7 +9,9 @@ export default class AgentList extends BaseCommand<typeof AgentList> {
     const agents = listAgents(this.loadConfig())
     for (const agent of agents) {
       const workspace = agent.workspace_exists ? agent.workspace : `${agent.workspace} (not created yet)`
-      this.log(`${agent.id.padEnd(20)} ${agent.isolation.padEnd(13)} ${agent.connectors.join(',') || '-'}  ${workspace}`)
+      this.log(
+        `${agent.id.padEnd(20)} ${agent.isolation.padEnd(13)} ${agent.connectors.join(',') || '-'}  ${workspace}`,
+      )
     }
     if (agents.length === 0) this.log('no agents configured')
     return agents

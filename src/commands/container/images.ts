@@ -8,8 +8,12 @@ export default class ContainerImages extends BaseCommand<typeof ContainerImages>
   async run(): Promise<GatewayImage[]> {
     const images = await listGatewayImages(this.loadConfig())
     for (const image of images) {
-      const use = image.in_use ? `in use${image.used_by.length > 0 ? ` by ${image.used_by.join(', ')}` : ''}` : 'not in use'
-      this.log(`${`${image.repository}:${image.tag}`.padEnd(60)} ${megabytes(image.size_bytes).padStart(8)} ${age(image.age_seconds).padStart(6)}  ${use}`)
+      const use = image.in_use
+        ? `in use${image.used_by.length > 0 ? ` by ${image.used_by.join(', ')}` : ''}`
+        : 'not in use'
+      this.log(
+        `${`${image.repository}:${image.tag}`.padEnd(60)} ${megabytes(image.size_bytes).padStart(8)} ${age(image.age_seconds).padStart(6)}  ${use}`,
+      )
     }
     if (images.length === 0) this.log('no meepagateway images')
     return images

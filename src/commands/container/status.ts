@@ -17,12 +17,19 @@ export default class ContainerStatusCommand extends BaseCommand<typeof Container
         continue
       }
       const image = agent.isolation_image
-      const state = !image.present ? red('missing, run `container build`') : image.up_to_date ? green('up to date') : yellow(`stale (${image.reason}), run \`container build\``)
+      const state = !image.present
+        ? red('missing, run `container build`')
+        : image.up_to_date
+          ? green('up to date')
+          : yellow(`stale (${image.reason}), run \`container build\``)
       this.log(`agent ${agent.agent}: ${image.tag} ${state}`)
     }
     if (status.agents.length === 0) this.log('no agent has container_mode.enabled')
     this.log(`containers: ${status.containers.length === 0 ? 'none running' : ''}`)
-    for (const container of status.containers) this.log(`  ${container.name} ${container.state === 'running' ? green(container.state) : yellow(container.state)} agent=${container.agent ?? '-'} run=${container.run ?? '-'}`)
+    for (const container of status.containers)
+      this.log(
+        `  ${container.name} ${container.state === 'running' ? green(container.state) : yellow(container.state)} agent=${container.agent ?? '-'} run=${container.run ?? '-'}`,
+      )
     return status
   }
 }

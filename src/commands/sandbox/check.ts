@@ -19,12 +19,17 @@ export default class SandboxCheck extends BaseCommand<typeof SandboxCheck> {
       for (const probe of result.probes) {
         if (!probe.pass) failed++
         const mark = probe.skipped ? 'skip' : probe.pass ? 'pass' : 'FAIL'
-        this.log(`  ${mark.padEnd(4)}  ${probe.expect === 'denied' ? 'denied ' : 'allowed'}  ${probe.name}${probe.detail ? `  (${probe.detail})` : ''}`)
+        this.log(
+          `  ${mark.padEnd(4)}  ${probe.expect === 'denied' ? 'denied ' : 'allowed'}  ${probe.name}${probe.detail ? `  (${probe.detail})` : ''}`,
+        )
       }
     }
     if (failed > 0) {
       if (this.jsonEnabled()) process.exitCode = 9
-      else throw new GatewayError('E_SANDBOX', `${failed} sandbox probe${failed === 1 ? '' : 's'} failed`, {suggestions: ['run `meepagateway sandbox explain --agent ID` to see what the kernel enforces']})
+      else
+        throw new GatewayError('E_SANDBOX', `${failed} sandbox probe${failed === 1 ? '' : 's'} failed`, {
+          suggestions: ['run `meepagateway sandbox explain --agent ID` to see what the kernel enforces'],
+        })
     }
     return results
   }

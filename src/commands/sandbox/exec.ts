@@ -4,12 +4,17 @@ import {sandboxExec} from '../../runtime/host-sandbox/exec.js'
 
 export default class SandboxExec extends BaseCommand<typeof SandboxExec> {
   static summary = "run any command under an agent's host sandbox policy (exit status passed through)"
-  static description = 'The operator\'s debugging tool: the command gets exactly what the agent would get (files, network, environment). Put the command after "--": everything after it is passed through untouched.'
+  static description =
+    'The operator\'s debugging tool: the command gets exactly what the agent would get (files, network, environment). Put the command after "--": everything after it is passed through untouched.'
   static strict = false
   static enableJsonFlag = false
   static flags = {
     agent: Flags.string({char: 'a', description: 'agent id whose policy to apply', required: true}),
-    timeout: Flags.integer({description: 'kill the command (and everything it started) after this many seconds', default: 3600, min: 1}),
+    timeout: Flags.integer({
+      description: 'kill the command (and everything it started) after this many seconds',
+      default: 3600,
+      min: 1,
+    }),
   }
   static examples = [
     '<%= config.bin %> sandbox exec --agent meepa -- ls -la',

@@ -7,7 +7,10 @@ export default class SandboxExplain extends BaseCommand<typeof SandboxExplain> {
   static flags = {
     agent: Flags.string({char: 'a', description: 'agent id', required: true}),
   }
-  static examples = ['<%= config.bin %> sandbox explain --agent meepa', '<%= config.bin %> sandbox explain --agent meepa --json']
+  static examples = [
+    '<%= config.bin %> sandbox explain --agent meepa',
+    '<%= config.bin %> sandbox explain --agent meepa --json',
+  ]
 
   async run(): Promise<SandboxExplanation> {
     const explanation = await sandboxExplain(this.loadConfig(), this.flags.agent)
@@ -15,7 +18,10 @@ export default class SandboxExplain extends BaseCommand<typeof SandboxExplain> {
     const {green, red, yellow, bold} = await this.colours()
     this.log(`agent ${explanation.agent}, workspace ${explanation.workspace}`)
     this.log('resource limits (limits section):')
-    for (const limit of explanation.limits) this.log(`  ${limit.limit} ${limit.value}: ${limit.enforced ? green(limit.measured ? 'enforced by measurement, not by the kernel' : 'enforced') : red('NOT ENFORCED')}\n      ${limit.how}`)
+    for (const limit of explanation.limits)
+      this.log(
+        `  ${limit.limit} ${limit.value}: ${limit.enforced ? green(limit.measured ? 'enforced by measurement, not by the kernel' : 'enforced') : red('NOT ENFORCED')}\n      ${limit.how}`,
+      )
     this.log('')
     if (seatbelt) {
       this.log('macOS Seatbelt profile (sandbox-exec -p PROFILE with these -D parameters):')
@@ -33,7 +39,9 @@ export default class SandboxExplain extends BaseCommand<typeof SandboxExplain> {
         ? `namespaces: user, mount, PID, IPC via ${report.namespaces.tool} (private /proc and /dev/pts, denied paths covered)`
         : `namespaces: ${red('UNAVAILABLE')} (${report.namespaces.unavailable}): host processes are visible, no pseudo-terminals, a deny inside a writable tree costs its parents their create rights`,
     )
-    this.log(`status: ${report.enforced ? green('fully enforced') : `${report.best_effort ? yellow('BEST EFFORT, these are NOT enforced') : red('REFUSED, runs fail until fixed')}:`}`)
+    this.log(
+      `status: ${report.enforced ? green('fully enforced') : `${report.best_effort ? yellow('BEST EFFORT, these are NOT enforced') : red('REFUSED, runs fail until fixed')}:`}`,
+    )
     for (const gap of report.gaps) this.log(`  - ${report.best_effort ? yellow(gap) : red(gap)}`)
     if (report.namespaces.covered.length > 0) {
       this.log('')
@@ -45,7 +53,10 @@ export default class SandboxExplain extends BaseCommand<typeof SandboxExplain> {
     for (const rule of report.rules) this.log(`  ${green(rule.path)}\n      ${rule.rights.join(',')}  [${rule.reason}]`)
     this.log('')
     this.log(`${bold.red('denied')} (nothing else is reachable either: Landlock denies by default):`)
-    for (const deny of report.denies) this.log(`  ${red(deny.path)}${deny.exists ? '' : ' (missing)'}  [${deny.source}: ${deny.reason}]\n      ${deny.mechanism}`)
+    for (const deny of report.denies)
+      this.log(
+        `  ${red(deny.path)}${deny.exists ? '' : ' (missing)'}  [${deny.source}: ${deny.reason}]\n      ${deny.mechanism}`,
+      )
     this.log('')
     this.log(`network: ${report.network.mode}`)
     for (const mechanism of report.network.enforced_by) this.log(`  - ${mechanism}`)

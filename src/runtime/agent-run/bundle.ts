@@ -36,7 +36,8 @@ interface AgentRunLoader {
   compileAgentRun(): vm.Script
 }
 /** Required on first use: the CLI bundle holds this module for AGENT_RUN_FILES alone. */
-const loader = (): AgentRunLoader => createRequire(path.join(APP_ROOT, 'package.json'))(path.join(APP_ROOT, AGENT_RUN_FILES.loader)) as AgentRunLoader
+const loader = (): AgentRunLoader =>
+  createRequire(path.join(APP_ROOT, 'package.json'))(path.join(APP_ROOT, AGENT_RUN_FILES.loader)) as AgentRunLoader
 
 export const AGENT_RUN_BUNDLE = path.join(APP_ROOT, AGENT_RUN_FILES.bundle)
 

@@ -84,7 +84,8 @@ export class LineSplitter {
   }
 }
 
-const isObject = (value: unknown): value is Record<string, unknown> => typeof value === 'object' && value !== null && !Array.isArray(value)
+const isObject = (value: unknown): value is Record<string, unknown> =>
+  typeof value === 'object' && value !== null && !Array.isArray(value)
 
 function parseFrame(line: string): Record<string, unknown> {
   let value: unknown
@@ -98,7 +99,8 @@ function parseFrame(line: string): Record<string, unknown> {
 }
 
 const frameId = (frame: Record<string, unknown>): number => {
-  if (!Number.isSafeInteger(frame.id) || (frame.id as number) < 1) throw new FrameError(`a ${String(frame.type)} frame whose id is not a positive integer`)
+  if (!Number.isSafeInteger(frame.id) || (frame.id as number) < 1)
+    throw new FrameError(`a ${String(frame.type)} frame whose id is not a positive integer`)
   return frame.id as number
 }
 
@@ -117,14 +119,20 @@ export function parseAgentRunFrame(line: string): AgentRunFrame {
   if (!isObject(request)) throw new FrameError('an llm_request without a request object')
   const {system, messages, tools} = request
   if (typeof system !== 'string') throw new FrameError('an llm_request whose system is not a string')
-  if (!Array.isArray(messages) || messages.length === 0) throw new FrameError('an llm_request whose messages are not a non-empty array')
+  if (!Array.isArray(messages) || messages.length === 0)
+    throw new FrameError('an llm_request whose messages are not a non-empty array')
   messages.forEach((message, index) => {
     const problem = chatMessageProblem(message)
     if (problem) throw new FrameError(`an llm_request whose messages[${index}] ${problem}`)
   })
   if (!Array.isArray(tools)) throw new FrameError('an llm_request whose tools are not an array')
   tools.forEach((tool, index) => {
-    if (!isObject(tool) || typeof tool.name !== 'string' || typeof tool.description !== 'string' || !isObject(tool.parameters)) {
+    if (
+      !isObject(tool) ||
+      typeof tool.name !== 'string' ||
+      typeof tool.description !== 'string' ||
+      !isObject(tool.parameters)
+    ) {
       throw new FrameError(`an llm_request whose tools[${index}] is not {name, description, parameters}`)
     }
   })
@@ -150,13 +158,27 @@ function outputProblem(output: unknown): string | undefined {
   const number = (value: unknown) => typeof value === 'number' && Number.isFinite(value)
   if (output.ok === false) {
     const error = output.error
-    const valid = isObject(error) && typeof error.code === 'string' && typeof error.message === 'string' && typeof error.retryable === 'boolean'
-    return valid && (error.details === undefined || isObject(error.details)) ? undefined : 'error is not {code, message, retryable}'
+    const valid =
+      isObject(error) &&
+      typeof error.code === 'string' &&
+      typeof error.message === 'string' &&
+      typeof error.retryable === 'boolean'
+    return valid && (error.details === undefined || isObject(error.details))
+      ? undefined
+      : 'error is not {code, message, retryable}'
   }
   if (!isObject(output.reply) || typeof output.reply.content !== 'string') return 'reply is not {content}'
-  if (typeof output.stop_reason !== 'string' || !number(output.iterations) || !number(output.ms) || !Array.isArray(output.tool_calls)) return 'stop_reason, iterations, tool_calls or ms is missing'
+  if (
+    typeof output.stop_reason !== 'string' ||
+    !number(output.iterations) ||
+    !number(output.ms) ||
+    !Array.isArray(output.tool_calls)
+  )
+    return 'stop_reason, iterations, tool_calls or ms is missing'
   const usage = output.usage
-  return isObject(usage) && number(usage.input_tokens) && number(usage.output_tokens) ? undefined : 'usage is not {input_tokens, output_tokens}'
+  return isObject(usage) && number(usage.input_tokens) && number(usage.output_tokens)
+    ? undefined
+    : 'usage is not {input_tokens, output_tokens}'
 }
 
 function chatMessageProblem(message: unknown): string | undefined {
@@ -170,11 +192,15 @@ function chatMessageProblem(message: unknown): string | undefined {
       const calls = message.tool_calls
       if (calls === undefined) return undefined
       if (!Array.isArray(calls)) return 'has tool_calls that are not an array'
-      const bad = calls.findIndex((call) => !isObject(call) || !text(call.id) || !text(call.name) || !isObject(call.arguments))
+      const bad = calls.findIndex(
+        (call) => !isObject(call) || !text(call.id) || !text(call.name) || !isObject(call.arguments),
+      )
       return bad === -1 ? undefined : `has tool_calls[${bad}] that is not {id, name, arguments}`
     }
     case 'tool':
-      return text(message.tool_call_id) && text(message.name) && text(message.content) ? undefined : 'is a tool result without tool_call_id, name and content'
+      return text(message.tool_call_id) && text(message.name) && text(message.content)
+        ? undefined
+        : 'is a tool result without tool_call_id, name and content'
     default:
       return `has an unknown role ${JSON.stringify(message.role)}`
   }
@@ -187,7 +213,12 @@ export function parseLlmResponseFrame(line: string): LlmResponseFrame {
   const id = frameId(frame)
   if (frame.ok === true) {
     const response = frame.response
-    if (!isObject(response) || typeof response.content !== 'string' || !Array.isArray(response.tool_calls) || !isObject(response.usage)) {
+    if (
+      !isObject(response) ||
+      typeof response.content !== 'string' ||
+      !Array.isArray(response.tool_calls) ||
+      !isObject(response.usage)
+    ) {
       throw new FrameError('an llm_response without a valid response object')
     }
     return {type: 'llm_response', id, ok: true, response: response as unknown as ChatResponse}

@@ -5,5 +5,7 @@
  */
 export function withoutSecrets(env: NodeJS.ProcessEnv, secrets: Record<string, string>): NodeJS.ProcessEnv {
   const values = new Set(Object.values(secrets).filter((value) => value.length >= 6))
-  return Object.fromEntries(Object.entries(env).filter(([name, value]) => !(name in secrets) && !(value !== undefined && values.has(value))))
+  return Object.fromEntries(
+    Object.entries(env).filter(([name, value]) => !(name in secrets) && !(value !== undefined && values.has(value))),
+  )
 }

@@ -6,11 +6,14 @@ export const MAX_INPUT_BYTES = 8 * 1024 * 1024
 
 function inputError(message: string): GatewayError {
   return new GatewayError('E_INPUT', message, {
-    suggestions: ['agent-run reads one JSON object on stdin: {version: 1, run_id, agent, providers, secrets, message, workspace} (docs/agent-run.md)'],
+    suggestions: [
+      'agent-run reads one JSON object on stdin: {version: 1, run_id, agent, providers, secrets, message, workspace} (docs/agent-run.md)',
+    ],
   })
 }
 
-const isObject = (value: unknown): value is Record<string, unknown> => typeof value === 'object' && value !== null && !Array.isArray(value)
+const isObject = (value: unknown): value is Record<string, unknown> =>
+  typeof value === 'object' && value !== null && !Array.isArray(value)
 
 /** Validates the stdin object; every missing or mistyped field is named in one error. */
 export function parseAgentRunInput(text: string): AgentRunInput {
@@ -32,7 +35,10 @@ export function parseAgentRunInput(text: string): AgentRunInput {
   const agent = value.agent
   if (isObject(agent)) {
     expect(typeof agent.id === 'string', 'agent.id: must be a string')
-    expect(typeof agent.max_iterations === 'number' && agent.max_iterations >= 1, 'agent.max_iterations: must be a number >= 1')
+    expect(
+      typeof agent.max_iterations === 'number' && agent.max_iterations >= 1,
+      'agent.max_iterations: must be a number >= 1',
+    )
     expect(isObject(agent.file_access), 'agent.file_access: must be an object')
   } else problems.push('agent: must be an object')
   const providers = value.providers
@@ -42,15 +48,24 @@ export function parseAgentRunInput(text: string): AgentRunInput {
     expect(isObject(providers.providers), 'providers.providers: must be an object')
   } else problems.push('providers: must be an object')
   const secrets = value.secrets
-  expect(isObject(secrets) && Object.values(secrets).every((v) => typeof v === 'string'), 'secrets: must be an object of strings')
+  expect(
+    isObject(secrets) && Object.values(secrets).every((v) => typeof v === 'string'),
+    'secrets: must be an object of strings',
+  )
   const message = value.message
   if (isObject(message)) {
     for (const key of ['id', 'connector', 'channel_id', 'content'] as const) {
       expect(typeof message[key] === 'string', `message.${key}: must be a string`)
     }
-    expect(isObject(message.user) && typeof message.user.id === 'string' && typeof message.user.name === 'string', 'message.user: must be {id, name}')
+    expect(
+      isObject(message.user) && typeof message.user.id === 'string' && typeof message.user.name === 'string',
+      'message.user: must be {id, name}',
+    )
   } else problems.push('message: must be an object')
-  expect(value.timeout_ms === undefined || (typeof value.timeout_ms === 'number' && value.timeout_ms > 0), 'timeout_ms: must be a number > 0 when set')
+  expect(
+    value.timeout_ms === undefined || (typeof value.timeout_ms === 'number' && value.timeout_ms > 0),
+    'timeout_ms: must be a number > 0 when set',
+  )
   if (problems.length > 0) throw inputError(`invalid agent-run input: ${problems.join('; ')}`)
   return value as unknown as AgentRunInput
 }

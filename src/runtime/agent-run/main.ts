@@ -46,18 +46,33 @@ async function directLlm(input: AgentRunInput, env: NodeJS.ProcessEnv = process.
 }
 
 /** Runs one agent-run input; never throws: every failure becomes the contract's error object. */
-export async function executeAgentRun(input: AgentRunInput, log: (line: string) => void, llm: LlmAccess): Promise<AgentRunOutput> {
+export async function executeAgentRun(
+  input: AgentRunInput,
+  log: (line: string) => void,
+  llm: LlmAccess,
+): Promise<AgentRunOutput> {
   const secretValues = [...Object.values(input.secrets), ...Object.values(llm.keys)]
-  const redact = input.redact_secrets === false ? (text: string) => text : (text: string) => redactSecrets(text, secretValues)
+  const redact =
+    input.redact_secrets === false ? (text: string) => text : (text: string) => redactSecrets(text, secretValues)
   const [{runAgentLoop}, {openMemory}] = await loadRunModules()
   const oomKillsBefore = containerOomKills()
   let memory
   try {
     memory = openMemory(input.workspace, {onRecovered: log})
     const injected = new Set(input.env_secrets ?? [])
-    const hidden = {...llm.keys, ...Object.fromEntries(Object.entries(input.secrets).filter(([name]) => !injected.has(name)))}
+    const hidden = {
+      ...llm.keys,
+      ...Object.fromEntries(Object.entries(input.secrets).filter(([name]) => !injected.has(name))),
+    }
     const env = withoutSecrets(process.env, hidden)
-    const output = await runAgentLoop(input, {chat: (request) => llm.chat(request), memory, redact, log, env, signal: llm.aborted})
+    const output = await runAgentLoop(input, {
+      chat: (request) => llm.chat(request),
+      memory,
+      redact,
+      log,
+      env,
+      signal: llm.aborted,
+    })
     return killedForMemory(input, oomKillsBefore) ?? output
   } catch (error) {
     const output = killedForMemory(input, oomKillsBefore) ?? failureFromError(input.run_id, error)
@@ -82,9 +97,15 @@ function killedForMemory(input: AgentRunInput, before: number | undefined): Agen
 function channelMode(input: AgentRunInput): boolean {
   if (input.llm_channel === undefined) return false
   if (input.llm_channel === LLM_CHANNEL_VERSION) return true
-  throw new GatewayError('E_INPUT', `llm_channel ${JSON.stringify(input.llm_channel)} is not supported (this agent-run speaks ${LLM_CHANNEL_VERSION})`, {
-    suggestions: ['the gateway and the agent-run it starts come from different builds: rebuild the isolation image (meepagateway container build)'],
-  })
+  throw new GatewayError(
+    'E_INPUT',
+    `llm_channel ${JSON.stringify(input.llm_channel)} is not supported (this agent-run speaks ${LLM_CHANNEL_VERSION})`,
+    {
+      suggestions: [
+        'the gateway and the agent-run it starts come from different builds: rebuild the isolation image (meepagateway container build)',
+      ],
+    },
+  )
 }
 
 /**
@@ -134,7 +155,12 @@ export async function main(): Promise<void> {
   } catch (error) {
     const gatewayError = toGatewayError(error, 'E_INTERNAL')
     if (gatewayError.code === 'E_INTERNAL') log(`internal error: ${gatewayError.stack ?? gatewayError.message}`)
-    output = {version: 1, ok: false, run_id: runId, error: {code: gatewayError.code, message: gatewayError.message, retryable: false}}
+    output = {
+      version: 1,
+      ok: false,
+      run_id: runId,
+      error: {code: gatewayError.code, message: gatewayError.message, retryable: false},
+    }
   }
   const line = channel ? JSON.stringify({type: 'result', output} satisfies AgentRunFrame) : JSON.stringify(output)
   stdout.write(`${line}\n`, () => {

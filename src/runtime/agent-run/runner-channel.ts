@@ -95,7 +95,10 @@ export class StdinReader {
  */
 export class RunnerChannel {
   private nextId = 1
-  private readonly waiting = new Map<number, {resolve: (response: ChatResponse) => void; reject: (error: GatewayError) => void}>()
+  private readonly waiting = new Map<
+    number,
+    {resolve: (response: ChatResponse) => void; reject: (error: GatewayError) => void}
+  >()
   private broken: GatewayError | undefined
   private readonly controller = new AbortController()
   /** Fires when the channel is gone: the run has nobody to answer it. */
@@ -108,7 +111,13 @@ export class RunnerChannel {
     reader.attach({
       frame: (line) => this.receive(line),
       broken: (error) => this.close(new GatewayError('E_INPUT', `the runner sent ${error.message} on stdin`)),
-      end: () => this.close(new GatewayError('E_RUN', 'the runner closed stdin before the run finished (the gateway stopped or gave up on this run)')),
+      end: () =>
+        this.close(
+          new GatewayError(
+            'E_RUN',
+            'the runner closed stdin before the run finished (the gateway stopped or gave up on this run)',
+          ),
+        ),
     })
   }
 

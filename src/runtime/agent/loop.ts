@@ -31,7 +31,12 @@ export async function runAgentLoop(input: AgentRunInput, deps: AgentLoopDeps): P
 
   while (iterations < agent.max_iterations) {
     iterations++
-    const response = await deps.chat({system, messages: [...history, ...turn], tools: TOOL_DEFINITIONS, signal: deps.signal})
+    const response = await deps.chat({
+      system,
+      messages: [...history, ...turn],
+      tools: TOOL_DEFINITIONS,
+      signal: deps.signal,
+    })
     usage.input_tokens += response.usage.input_tokens
     usage.output_tokens += response.usage.output_tokens
     const content = deps.redact(response.content)
@@ -54,7 +59,13 @@ export async function runAgentLoop(input: AgentRunInput, deps: AgentLoopDeps): P
       const ms = Date.now() - toolStarted
       toolCalls.push({name: call.name, ok: result.ok, ms})
       deps.log(`tool ${call.name} ${result.ok ? 'ok' : 'failed'} in ${ms} ms`)
-      turn.push({role: 'tool', tool_call_id: call.id, name: call.name, content: result.output, ...(result.ok ? {} : {is_error: true})})
+      turn.push({
+        role: 'tool',
+        tool_call_id: call.id,
+        name: call.name,
+        content: result.output,
+        ...(result.ok ? {} : {is_error: true}),
+      })
     }
   }
 
@@ -69,7 +80,9 @@ export async function runAgentLoop(input: AgentRunInput, deps: AgentLoopDeps): P
     deps.memory.appendHistory(channel, turn)
   } catch (error) {
     // the reply is computed: a full disk or a broken memory.db costs the history, not the answer
-    deps.log(`could not save this conversation to memory.db (the reply is delivered anyway): ${(error as Error).message}`)
+    deps.log(
+      `could not save this conversation to memory.db (the reply is delivered anyway): ${(error as Error).message}`,
+    )
   }
   return {
     version: 1,

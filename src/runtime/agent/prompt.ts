@@ -13,7 +13,12 @@ function readOptional(file: string): string {
 }
 
 /** SOUL.md, MEMORY.md, the skills' names and descriptions, and where the agent is. */
-export function buildSystemPrompt(agent: AgentConfig, workspace: string, skills: Skill[], message: InboundMessage): string {
+export function buildSystemPrompt(
+  agent: AgentConfig,
+  workspace: string,
+  skills: Skill[],
+  message: InboundMessage,
+): string {
   const soul = readOptional(path.join(workspace, 'SOUL.md')) || `You are ${agent.name}, a helpful assistant.`
   const memory = readOptional(path.join(workspace, 'MEMORY.md'))
   const sections = [

@@ -35,7 +35,10 @@ export const TOOL_DEFINITIONS: ToolDefinition[] = [
     description: 'Run a shell command (/bin/sh -c) in the workspace. Returns exit code, stdout and stderr.',
     parameters: {
       type: 'object',
-      properties: {command: str, timeout_seconds: {type: 'number', description: `default ${DEFAULT_SHELL_TIMEOUT_SECONDS}`}},
+      properties: {
+        command: str,
+        timeout_seconds: {type: 'number', description: `default ${DEFAULT_SHELL_TIMEOUT_SECONDS}`},
+      },
       required: ['command'],
     },
   },
@@ -123,7 +126,8 @@ async function dispatch(name: string, args: Record<string, unknown>, context: To
       const target = resolvePath(workspace, typeof args.path === 'string' ? args.path : '.')
       const entries = fs.readdirSync(target, {withFileTypes: true}).sort((a, b) => a.name.localeCompare(b.name))
       const lines = entries.slice(0, LIST_LIMIT).map((entry) => (entry.isDirectory() ? `${entry.name}/` : entry.name))
-      if (entries.length > LIST_LIMIT) lines.push(`[... ${entries.length - LIST_LIMIT} more entries not shown (cap ${LIST_LIMIT}) ...]`)
+      if (entries.length > LIST_LIMIT)
+        lines.push(`[... ${entries.length - LIST_LIMIT} more entries not shown (cap ${LIST_LIMIT}) ...]`)
       return lines.length > 0 ? lines.join('\n') : '(empty directory)'
     }
     case 'memory_store': {
@@ -147,12 +151,17 @@ async function dispatch(name: string, args: Record<string, unknown>, context: To
       return fs.readFileSync(skill.file, 'utf8')
     }
     default:
-      throw new ToolInputError(`unknown tool "${name}"; available: ${TOOL_DEFINITIONS.map((tool) => tool.name).join(', ')}`)
+      throw new ToolInputError(
+        `unknown tool "${name}"; available: ${TOOL_DEFINITIONS.map((tool) => tool.name).join(', ')}`,
+      )
   }
 }
 
 async function runShell(command: string, timeout: unknown, context: ToolContext): Promise<string> {
-  const seconds = Math.min(typeof timeout === 'number' && timeout > 0 ? timeout : DEFAULT_SHELL_TIMEOUT_SECONDS, MAX_SHELL_TIMEOUT_SECONDS)
+  const seconds = Math.min(
+    typeof timeout === 'number' && timeout > 0 ? timeout : DEFAULT_SHELL_TIMEOUT_SECONDS,
+    MAX_SHELL_TIMEOUT_SECONDS,
+  )
   // inside the host sandbox this goes back through the helper (own process group, network layer)
   const argv = shellArgv(command, context.env)
   const throughHelper = argv[0] !== '/bin/sh'

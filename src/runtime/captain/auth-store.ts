@@ -23,7 +23,8 @@ export class CaptainAuthStore {
   constructor(private readonly db: GatewayDb) {}
 
   passwordHash(): string | undefined {
-    const row = this.db.prepare("SELECT value FROM captain_settings WHERE key = 'password_hash'").get() as {value: string} | undefined
+    const row = this.db.prepare("SELECT value FROM captain_settings WHERE key = 'password_hash'").get() as
+      {value: string} | undefined
     return row?.value
   }
 
@@ -31,7 +32,9 @@ export class CaptainAuthStore {
   setPasswordHash(hash: string): void {
     this.db.transaction(() => {
       this.db
-        .prepare("INSERT INTO captain_settings (key, value, updated_at) VALUES ('password_hash', ?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at")
+        .prepare(
+          "INSERT INTO captain_settings (key, value, updated_at) VALUES ('password_hash', ?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+        )
         .run(hash, Date.now())
       this.db.prepare('DELETE FROM captain_sessions').run()
     })()
@@ -43,7 +46,9 @@ export class CaptainAuthStore {
     this.db.prepare('DELETE FROM captain_sessions WHERE expires_at <= ?').run(now)
     // csrf_token is a column of the first schema; sessions are bearer tokens now and need none
     this.db
-      .prepare("INSERT INTO captain_sessions (token_hash, csrf_token, created_at, expires_at, last_seen_at) VALUES (?, '', ?, ?, ?)")
+      .prepare(
+        "INSERT INTO captain_sessions (token_hash, csrf_token, created_at, expires_at, last_seen_at) VALUES (?, '', ?, ?, ?)",
+      )
       .run(hashRandomToken(token), session.createdAt, session.expiresAt, now)
     return {token, session}
   }
@@ -58,7 +63,9 @@ export class CaptainAuthStore {
     let expiresAt = row.expires_at
     if (now - row.last_seen_at > 60_000) {
       expiresAt = now + SESSION_TTL_MS
-      this.db.prepare('UPDATE captain_sessions SET last_seen_at = ?, expires_at = ? WHERE token_hash = ?').run(now, expiresAt, hashRandomToken(token))
+      this.db
+        .prepare('UPDATE captain_sessions SET last_seen_at = ?, expires_at = ? WHERE token_hash = ?')
+        .run(now, expiresAt, hashRandomToken(token))
     }
     return {createdAt: row.created_at, expiresAt}
   }
@@ -71,13 +78,17 @@ export class CaptainAuthStore {
   createLoginLink(now = Date.now()): string {
     const secret = crypto.randomBytes(32).toString('base64url')
     this.db.prepare('DELETE FROM captain_login_links WHERE expires_at <= ?').run(now)
-    this.db.prepare('INSERT INTO captain_login_links (token_hash, created_at, expires_at) VALUES (?, ?, ?)').run(hashRandomToken(secret), now, now + LOGIN_LINK_TTL_MS)
+    this.db
+      .prepare('INSERT INTO captain_login_links (token_hash, created_at, expires_at) VALUES (?, ?, ?)')
+      .run(hashRandomToken(secret), now, now + LOGIN_LINK_TTL_MS)
     return secret
   }
 
   /** True once per live link secret: using it deletes it. */
   consumeLoginLink(secret: string, now = Date.now()): boolean {
-    const row = this.db.prepare('DELETE FROM captain_login_links WHERE token_hash = ? RETURNING expires_at').get(hashRandomToken(secret)) as {expires_at: number} | undefined
+    const row = this.db
+      .prepare('DELETE FROM captain_login_links WHERE token_hash = ? RETURNING expires_at')
+      .get(hashRandomToken(secret)) as {expires_at: number} | undefined
     return row !== undefined && row.expires_at > now
   }
 }

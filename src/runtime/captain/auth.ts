@@ -14,7 +14,8 @@ export const PASSWORD_ENV = 'MEEPAGATEWAY_PASSWORD'
  * Who made a request. Only an `Authorization: Bearer` header proves anything: cookies and HTTP
  * auth are attached by browsers on their own (to every port of 127.0.0.1), so they are ignored.
  */
-export type Principal = {kind: 'session'; token: string} | {kind: 'api-key'; keyId: string; name: string; admin: boolean}
+export type Principal =
+  {kind: 'session'; token: string} | {kind: 'api-key'; keyId: string; name: string; admin: boolean}
 
 /**
  * What a route needs: `admin` (a dashboard session or an admin key), `session` (the dashboard,
@@ -23,7 +24,9 @@ export type Principal = {kind: 'session'; token: string} | {kind: 'api-key'; key
 export type Need = 'admin' | 'session' | 'chat'
 
 export function principalLabel(principal: Principal): string {
-  return principal.kind === 'session' ? 'dashboard' : `${principal.admin ? 'admin' : 'chat'} key ${principal.keyId} (${principal.name})`
+  return principal.kind === 'session'
+    ? 'dashboard'
+    : `${principal.admin ? 'admin' : 'chat'} key ${principal.keyId} (${principal.name})`
 }
 
 export function clientOf(req: IncomingMessage): string {
@@ -74,7 +77,8 @@ export class CaptainAuth {
     if (fromEnv) {
       const stored = this.store.passwordHash()
       if (!stored || !(await verifyPassword(fromEnv, stored))) this.store.setPasswordHash(await hashPassword(fromEnv))
-      if (passwordProblem(fromEnv)) this.options.log(`captain: ${PASSWORD_ENV} is shorter than 8 characters; choose a longer password`)
+      if (passwordProblem(fromEnv))
+        this.options.log(`captain: ${PASSWORD_ENV} is shorter than 8 characters; choose a longer password`)
       return
     }
     if (!this.store.passwordHash()) this.setupCode = newSetupCode()
@@ -95,48 +99,95 @@ export class CaptainAuth {
 
   async login(req: IncomingMessage, password: unknown): Promise<string> {
     const stored = this.store.passwordHash()
-    if (!stored) throw new HttpError(409, 'E_AUTH', 'no dashboard password is set yet; use the setup code printed by `meepagateway serve`')
-    await this.checkSecret(req, 'login_failed', 'dashboard login with a wrong password', () => typeof password === 'string' && verifyPassword(password, stored))
+    if (!stored)
+      throw new HttpError(
+        409,
+        'E_AUTH',
+        'no dashboard password is set yet; use the setup code printed by `meepagateway serve`',
+      )
+    await this.checkSecret(
+      req,
+      'login_failed',
+      'dashboard login with a wrong password',
+      () => typeof password === 'string' && verifyPassword(password, stored),
+    )
     return this.store.createSession().token
   }
 
   /** First-time setup: the code from the terminal sets the password, once. */
   async setup(req: IncomingMessage, code: unknown, password: unknown): Promise<string> {
-    if (this.passwordSet || !this.setupCode) throw new HttpError(409, 'E_AUTH', 'the dashboard password is already set; log in instead')
+    if (this.passwordSet || !this.setupCode)
+      throw new HttpError(409, 'E_AUTH', 'the dashboard password is already set; log in instead')
     const setupCode = this.setupCode
-    await this.checkSecret(req, 'setup_failed', 'dashboard setup with a wrong setup code', () => typeof code === 'string' && sameSecret(normalizeCode(code), setupCode))
+    await this.checkSecret(
+      req,
+      'setup_failed',
+      'dashboard setup with a wrong setup code',
+      () => typeof code === 'string' && sameSecret(normalizeCode(code), setupCode),
+    )
     const problem = passwordProblem(password)
     if (problem) throw new HttpError(400, 'E_INPUT', problem)
     if (this.passwordSet) throw new HttpError(409, 'E_AUTH', 'the dashboard password is already set; log in instead')
     this.store.setPasswordHash(await hashPassword(password as string))
     this.setupCode = undefined
-    this.options.audit.record({event: 'password_set', principal: 'setup code', source: clientOf(req), summary: 'dashboard password set through the setup page'})
+    this.options.audit.record({
+      event: 'password_set',
+      principal: 'setup code',
+      source: clientOf(req),
+      summary: 'dashboard password set through the setup page',
+    })
     return this.store.createSession().token
   }
 
   /** Needs the dashboard (never a key) and the current password; answers with this browser's fresh session. */
   async changePassword(req: IncomingMessage, current: unknown, next: unknown): Promise<string> {
     if (this.passwordFromEnv) {
-      throw new HttpError(409, 'E_AUTH', `the password comes from ${PASSWORD_ENV}; change that variable and restart the gateway`)
+      throw new HttpError(
+        409,
+        'E_AUTH',
+        `the password comes from ${PASSWORD_ENV}; change that variable and restart the gateway`,
+      )
     }
     const problem = passwordProblem(next)
     if (problem) throw new HttpError(400, 'E_INPUT', problem.replace('"password"', '"new_password"'))
     const stored = this.store.passwordHash()
-    await this.checkSecret(req, 'password_change_failed', 'password change with a wrong current password', async () =>
-      Boolean(stored) && typeof current === 'string' && (await verifyPassword(current, stored as string)),
+    await this.checkSecret(
+      req,
+      'password_change_failed',
+      'password change with a wrong current password',
+      async () => Boolean(stored) && typeof current === 'string' && (await verifyPassword(current, stored as string)),
     )
     this.store.setPasswordHash(await hashPassword(next as string))
-    this.options.audit.record({event: 'password_changed', principal: 'dashboard', source: clientOf(req), summary: 'dashboard password changed; every session ended'})
+    this.options.audit.record({
+      event: 'password_changed',
+      principal: 'dashboard',
+      source: clientOf(req),
+      summary: 'dashboard password changed; every session ended',
+    })
     return this.store.createSession().token
   }
 
   /** A one-time link from `meepagateway dashboard link`: not rate-limited (the secret is 256 random bits). */
   loginWithLink(req: IncomingMessage, secret: unknown): string {
     if (typeof secret !== 'string' || !this.store.consumeLoginLink(secret)) {
-      this.recordThrottled('link failed', {event: 'login_failed', principal: 'anonymous', source: clientOf(req), summary: 'dashboard login with an unknown, used or expired link'})
-      throw new HttpError(401, 'E_AUTH', 'this login link is unknown, used or expired; run `meepagateway dashboard link` for a new one')
+      this.recordThrottled('link failed', {
+        event: 'login_failed',
+        principal: 'anonymous',
+        source: clientOf(req),
+        summary: 'dashboard login with an unknown, used or expired link',
+      })
+      throw new HttpError(
+        401,
+        'E_AUTH',
+        'this login link is unknown, used or expired; run `meepagateway dashboard link` for a new one',
+      )
     }
-    this.options.audit.record({event: 'login_link_used', principal: 'dashboard link', source: clientOf(req), summary: 'dashboard login with a one-time link'})
+    this.options.audit.record({
+      event: 'login_link_used',
+      principal: 'dashboard link',
+      source: clientOf(req),
+      summary: 'dashboard login with a one-time link',
+    })
     return this.store.createSession().token
   }
 
@@ -156,11 +207,17 @@ export class CaptainAuth {
     const token = bearerToken(req)
     const challenge = {'www-authenticate': 'Bearer realm="meepagateway"'}
     if (token === undefined) {
-      throw new HttpError(401, 'E_AUTH', 'log in to the dashboard, or send an API key as Authorization: Bearer cptn_... (cookies are not accepted)', challenge)
+      throw new HttpError(
+        401,
+        'E_AUTH',
+        'log in to the dashboard, or send an API key as Authorization: Bearer cptn_... (cookies are not accepted)',
+        challenge,
+      )
     }
     let principal: Principal
     if (token.startsWith(SESSION_TOKEN_PREFIX)) {
-      if (!this.store.findSession(token)) throw new HttpError(401, 'E_AUTH', 'the dashboard session ended; log in again', challenge)
+      if (!this.store.findSession(token))
+        throw new HttpError(401, 'E_AUTH', 'the dashboard session ended; log in again', challenge)
       principal = {kind: 'session', token}
     } else {
       const record = this.apiKeys.verify(token)
@@ -168,10 +225,19 @@ export class CaptainAuth {
       principal = {kind: 'api-key', keyId: record.id, name: record.name, admin: record.kind === 'admin'}
     }
     if (need === 'session' && principal.kind !== 'session') {
-      throw new HttpError(403, 'E_AUTH', 'only the dashboard, logged in with the password, may do this; API keys may not')
+      throw new HttpError(
+        403,
+        'E_AUTH',
+        'only the dashboard, logged in with the password, may do this; API keys may not',
+      )
     }
     if (need === 'admin' && principal.kind === 'api-key' && !principal.admin) {
-      throw new HttpError(403, 'E_AUTH', `${principal.keyId} is a chat key: it may only use POST /api/chat and read its own conversations`, {})
+      throw new HttpError(
+        403,
+        'E_AUTH',
+        `${principal.keyId} is a chat key: it may only use POST /api/chat and read its own conversations`,
+        {},
+      )
     }
     return principal
   }
@@ -182,25 +248,51 @@ export class CaptainAuth {
     state.count++
     this.throttled.set(key, state)
     if (Date.now() - state.lastRecordedAt < 60_000) return
-    this.options.audit.record({...entry, summary: `${entry.summary} (${state.count} time(s) since the last such entry)`})
+    this.options.audit.record({
+      ...entry,
+      summary: `${entry.summary} (${state.count} time(s) since the last such entry)`,
+    })
     this.throttled.set(key, {count: 0, lastRecordedAt: Date.now()})
   }
 
   /** Counts the attempt first (429 when over a limit), then checks; a wrong secret is audited and answers 401. */
-  private async checkSecret(req: IncomingMessage, event: string, what: string, check: () => boolean | Promise<boolean>): Promise<void> {
+  private async checkSecret(
+    req: IncomingMessage,
+    event: string,
+    what: string,
+    check: () => boolean | Promise<boolean>,
+  ): Promise<void> {
     const source = clientOf(req)
     const ticket = this.guard.begin(source)
     if (!ticket.ok) {
-      this.recordThrottled(`${event} refused`, {event, principal: 'anonymous', source, summary: `${what} refused: too many attempts`})
-      throw new HttpError(429, 'E_AUTH', `too many attempts; try again in ${ticket.retryAfterSeconds} s, or run \`meepagateway dashboard link\` on this machine`, {
-        'retry-after': String(ticket.retryAfterSeconds),
+      this.recordThrottled(`${event} refused`, {
+        event,
+        principal: 'anonymous',
+        source,
+        summary: `${what} refused: too many attempts`,
       })
+      throw new HttpError(
+        429,
+        'E_AUTH',
+        `too many attempts; try again in ${ticket.retryAfterSeconds} s, or run \`meepagateway dashboard link\` on this machine`,
+        {
+          'retry-after': String(ticket.retryAfterSeconds),
+        },
+      )
     }
     const checked = this.checking.then(check)
     this.checking = checked.catch(() => undefined)
     if (!(await checked)) {
       this.options.audit.record({event, principal: 'anonymous', source, summary: what})
-      throw new HttpError(401, 'E_AUTH', event === 'setup_failed' ? 'wrong setup code; it is printed in the terminal running `meepagateway serve`' : event === 'login_failed' ? 'wrong password' : 'the current password is wrong')
+      throw new HttpError(
+        401,
+        'E_AUTH',
+        event === 'setup_failed'
+          ? 'wrong setup code; it is printed in the terminal running `meepagateway serve`'
+          : event === 'login_failed'
+            ? 'wrong password'
+            : 'the current password is wrong',
+      )
     }
     ticket.succeeded()
   }

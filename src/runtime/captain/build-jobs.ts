@@ -68,7 +68,16 @@ export class BuildJobs {
     if (running) return {build: running, started: false}
     const id = `build_${crypto.randomBytes(6).toString('hex')}`
     const job: BuildJob = {
-      summary: {id, status: 'running', force: Boolean(options.force), started_at: Date.now(), finished_at: null, tag: null, result: null, error: null},
+      summary: {
+        id,
+        status: 'running',
+        force: Boolean(options.force),
+        started_at: Date.now(),
+        finished_at: null,
+        tag: null,
+        result: null,
+        error: null,
+      },
       events: [],
       listeners: new Set(),
       controller: new AbortController(),
@@ -102,11 +111,19 @@ export class BuildJobs {
     try {
       const context = containerImageContext(loaded.home, {cli, signal, onLog: log})
       // Build what the settings describe, even while container images are switched off for runs.
-      const plan = await planImages({...config, image_config: {...config.image_config, enabled: true}}, undefined, context)
+      const plan = await planImages(
+        {...config, image_config: {...config.image_config, enabled: true}},
+        undefined,
+        context,
+      )
       if (!plan.container) {
-        throw new GatewayError('E_CONFIG', `image_config.image is set (${config.image_config.image}), so there is nothing to build from image_config`, {
-          suggestions: ['clear image_config.image to build from base_image and packages'],
-        })
+        throw new GatewayError(
+          'E_CONFIG',
+          `image_config.image is set (${config.image_config.image}), so there is nothing to build from image_config`,
+          {
+            suggestions: ['clear image_config.image to build from base_image and packages'],
+          },
+        )
       }
       job.summary.tag = plan.container.tag
       log(`image ${plan.container.tag}`)
@@ -123,7 +140,11 @@ export class BuildJobs {
     } catch (error) {
       const gatewayError = toGatewayError(error, 'E_IMAGE')
       log(`build failed: ${gatewayError.message}`)
-      job.summary.error = {code: gatewayError.code, message: gatewayError.message, ...(gatewayError.suggestions.length ? {suggestions: gatewayError.suggestions} : {})}
+      job.summary.error = {
+        code: gatewayError.code,
+        message: gatewayError.message,
+        ...(gatewayError.suggestions.length ? {suggestions: gatewayError.suggestions} : {}),
+      }
       job.summary.status = 'failed'
     }
     job.summary.finished_at = Date.now()

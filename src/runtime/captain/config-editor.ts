@@ -27,9 +27,26 @@ export interface ConfigEditResult {
 }
 
 /** Agent fields the dashboard edits. Connectors and secrets hold tokens and stay in the file. */
-const AGENT_FIELDS = ['name', 'provider', 'model', 'max_iterations', 'timeout_seconds', 'container_mode', 'file_access'] as const
+const AGENT_FIELDS = [
+  'name',
+  'provider',
+  'model',
+  'max_iterations',
+  'timeout_seconds',
+  'container_mode',
+  'file_access',
+] as const
 const OBJECT_FIELDS = new Set(['container_mode', 'file_access'])
-const IMAGE_CONFIG_FIELDS = ['enabled', 'image', 'base_image', 'packages', 'env_vars', 'inject_credentials_env', 'inject_secrets_env', 'redact_secrets'] as const
+const IMAGE_CONFIG_FIELDS = [
+  'enabled',
+  'image',
+  'base_image',
+  'packages',
+  'env_vars',
+  'inject_credentials_env',
+  'inject_secrets_env',
+  'redact_secrets',
+] as const
 
 /**
  * Config changes from the dashboard: validated with the CLI's schema, written atomically with
@@ -63,7 +80,11 @@ export class ConfigEditor {
   catchUpToEdit(): void {
     const refused = this.catchUp()
     if (refused) {
-      throw new HttpError(409, 'E_CONFIG', `${this.current.path} holds a hand edit the gateway refused, so the dashboard does not edit it: ${refused}. Fix the file first (meepagateway config check names the problems)`)
+      throw new HttpError(
+        409,
+        'E_CONFIG',
+        `${this.current.path} holds a hand edit the gateway refused, so the dashboard does not edit it: ${refused}. Fix the file first (meepagateway config check names the problems)`,
+      )
     }
   }
 
@@ -91,7 +112,10 @@ export class ConfigEditor {
   writtenAgent(id: string): AgentConfig {
     const defaults = this.rawConfig().agent_defaults
     try {
-      return resolveAgent({...this.rawAgent(id), id}, defaults && typeof defaults === 'object' ? (defaults as Partial<AgentConfig>) : {})
+      return resolveAgent(
+        {...this.rawAgent(id), id},
+        defaults && typeof defaults === 'object' ? (defaults as Partial<AgentConfig>) : {},
+      )
     } catch {
       return {id} as AgentConfig // a file broken by hand since: overlay nothing rather than fail the page
     }
@@ -116,24 +140,40 @@ export class ConfigEditor {
     if (index < 0) throw new HttpError(404, 'E_AGENT_UNKNOWN', `unknown agent "${id}" in ${this.current.path}`)
     for (const [key, value] of Object.entries(patch)) {
       if (!(AGENT_FIELDS as readonly string[]).includes(key)) {
-        throw new HttpError(400, 'E_INPUT', `agents[${index}].${key}: the dashboard cannot change this field (it can change ${AGENT_FIELDS.join(', ')})`)
+        throw new HttpError(
+          400,
+          'E_INPUT',
+          `agents[${index}].${key}: the dashboard cannot change this field (it can change ${AGENT_FIELDS.join(', ')})`,
+        )
       }
       if (OBJECT_FIELDS.has(key) && value !== null && (typeof value !== 'object' || Array.isArray(value))) {
         throw new HttpError(400, 'E_INPUT', `agents[${index}].${key}: must be an object`)
       }
       if (!OBJECT_FIELDS.has(key) && value !== null && typeof value === 'object') {
-        throw new HttpError(400, 'E_INPUT', `agents[${index}].${key}: must be a ${key === 'name' || key === 'provider' || key === 'model' ? 'string' : 'number'}, not ${Array.isArray(value) ? 'an array' : 'an object'}`)
+        throw new HttpError(
+          400,
+          'E_INPUT',
+          `agents[${index}].${key}: must be a ${key === 'name' || key === 'provider' || key === 'model' ? 'string' : 'number'}, not ${Array.isArray(value) ? 'an array' : 'an object'}`,
+        )
       }
     }
     refuseReferences(patch, `agents[${index}]`)
     const imageRef = (patch.container_mode as {image?: unknown} | null | undefined)?.image
-    if (typeof imageRef === 'string' && imageRef.trim()) checkImageRef(imageRef.trim(), `agents[${index}].container_mode.image`)
+    if (typeof imageRef === 'string' && imageRef.trim())
+      checkImageRef(imageRef.trim(), `agents[${index}].container_mode.image`)
     const before = this.current.config.agents.find((agent) => agent.id === id)
     const writtenBefore = this.rawAgent(id)
-    const result = this.write(patchToEdits(['agents', index], patch), {section: 'agent', agentId: id}, writtenBefore, () => this.rawAgent(id))
+    const result = this.write(
+      patchToEdits(['agents', index], patch),
+      {section: 'agent', agentId: id},
+      writtenBefore,
+      () => this.rawAgent(id),
+    )
     const after = result.loaded.config.agents[index] as AgentConfig
     if (after.file_access.unrestricted && !before?.file_access.unrestricted && !after.container_mode.enabled) {
-      result.warnings.push(`agent ${id} now runs UNRESTRICTED: its shell and file tools can read and change anything this user can, including secrets`)
+      result.warnings.push(
+        `agent ${id} now runs UNRESTRICTED: its shell and file tools can read and change anything this user can, including secrets`,
+      )
     }
     return result
   }
@@ -144,7 +184,11 @@ export class ConfigEditor {
     const edits: ConfigEdit[] = []
     for (const key of Object.keys(body)) {
       if (!(IMAGE_CONFIG_FIELDS as readonly string[]).includes(key)) {
-        throw new HttpError(400, 'E_INPUT', `image_config.${key}: unknown field (known: ${IMAGE_CONFIG_FIELDS.join(', ')})`)
+        throw new HttpError(
+          400,
+          'E_INPUT',
+          `image_config.${key}: unknown field (known: ${IMAGE_CONFIG_FIELDS.join(', ')})`,
+        )
       }
     }
     refuseReferences(body, 'image_config')
@@ -155,7 +199,11 @@ export class ConfigEditor {
     for (const key of IMAGE_CONFIG_FIELDS) {
       const value = body[key]
       // whole values, not merged: a package removed in the form must disappear from the file
-      edits.push(value === undefined || value === null ? {path: ['image_config', key], delete: true} : {path: ['image_config', key], value})
+      edits.push(
+        value === undefined || value === null
+          ? {path: ['image_config', key], delete: true}
+          : {path: ['image_config', key], value},
+      )
     }
     return this.write(edits, {section: 'image_config'}, this.rawImageConfig(), () => this.rawImageConfig())
   }
@@ -168,17 +216,29 @@ export class ConfigEditor {
     return overlayReferences(resolved, written) as T
   }
 
-  private write(edits: ConfigEdit[], change: ConfigChange, writtenBefore: Record<string, unknown>, readAfter: () => Record<string, unknown>): ConfigEditResult {
+  private write(
+    edits: ConfigEdit[],
+    change: ConfigChange,
+    writtenBefore: Record<string, unknown>,
+    readAfter: () => Record<string, unknown>,
+  ): ConfigEditResult {
     const running = this.current.text
     const update = updateConfigFile(this.current.path, edits, {
       env: this.env,
       // a hand edit that landed after the catch-up above: not carried along unaudited
       checkRead: (text) => {
-        if (this.syncFile && text !== running) throw new HttpError(409, 'E_CONFIG', `${this.current.path} changed while this edit was being made; try again`)
+        if (this.syncFile && text !== running)
+          throw new HttpError(409, 'E_CONFIG', `${this.current.path} changed while this edit was being made; try again`)
       },
     })
     // Secret values were read from the environment at start-up; the file's references did not change
-    this.current = {...this.current, config: update.config, secrets: {...this.current.secrets, ...update.secrets}, created: false, text: update.text}
+    this.current = {
+      ...this.current,
+      config: update.config,
+      secrets: {...this.current.secrets, ...update.secrets},
+      created: false,
+      text: update.text,
+    }
     const restartRequired: string[] = []
     for (const listener of this.listeners) {
       const outcome = listener(this.current, change)
@@ -197,7 +257,10 @@ export class ConfigEditor {
   /** The file as the gateway runs it (watched), else as it reads now. */
   private rawConfig(): Record<string, unknown> {
     try {
-      const text = this.syncFile && this.current.text !== undefined ? this.current.text : fs.readFileSync(this.current.path, 'utf8')
+      const text =
+        this.syncFile && this.current.text !== undefined
+          ? this.current.text
+          : fs.readFileSync(this.current.path, 'utf8')
       const parsed = YAML.parse(text) as unknown
       return parsed && typeof parsed === 'object' ? (parsed as Record<string, unknown>) : {}
     } catch {
@@ -215,12 +278,17 @@ const ENV_REFERENCE = /^\$(?:\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)$
 function refuseReferences(value: unknown, at: string): void {
   if (typeof value === 'string') {
     if (value.startsWith('$')) {
-      throw new HttpError(400, 'E_INPUT', `${at}: values starting with "$" are environment references, which the API does not accept; write them in config.yaml by hand`)
+      throw new HttpError(
+        400,
+        'E_INPUT',
+        `${at}: values starting with "$" are environment references, which the API does not accept; write them in config.yaml by hand`,
+      )
     }
     return
   }
   if (Array.isArray(value)) value.forEach((item, index) => refuseReferences(item, `${at}[${index}]`))
-  else if (value && typeof value === 'object') for (const [key, item] of Object.entries(value)) refuseReferences(item, `${at}.${key}`)
+  else if (value && typeof value === 'object')
+    for (const [key, item] of Object.entries(value)) refuseReferences(item, `${at}.${key}`)
 }
 
 function checkImageRef(ref: string, at: string): void {
@@ -233,10 +301,14 @@ function checkImageRef(ref: string, at: string): void {
 
 function overlayReferences(resolved: unknown, written: unknown): unknown {
   if (typeof written === 'string' && ENV_REFERENCE.test(written)) return written
-  if (Array.isArray(resolved)) return resolved.map((item, index) => overlayReferences(item, Array.isArray(written) ? written[index] : undefined))
+  if (Array.isArray(resolved))
+    return resolved.map((item, index) => overlayReferences(item, Array.isArray(written) ? written[index] : undefined))
   if (resolved && typeof resolved === 'object') {
-    const source = written && typeof written === 'object' && !Array.isArray(written) ? (written as Record<string, unknown>) : {}
-    return Object.fromEntries(Object.entries(resolved).map(([key, item]) => [key, overlayReferences(item, source[key])]))
+    const source =
+      written && typeof written === 'object' && !Array.isArray(written) ? (written as Record<string, unknown>) : {}
+    return Object.fromEntries(
+      Object.entries(resolved).map(([key, item]) => [key, overlayReferences(item, source[key])]),
+    )
   }
   return resolved
 }

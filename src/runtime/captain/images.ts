@@ -1,7 +1,12 @@
 import type {GatewayConfig, ImageConfig} from '../config/types.js'
 import {GatewayError} from '../util/errors.js'
 import type {DockerCli} from '../../sandbox/docker/cli.js'
-import {CONTAINER_IMAGE_REPO, ISOLATION_IMAGE_REPO, generateContainerDockerfile, type PackageManager} from '../../sandbox/docker/dockerfile.js'
+import {
+  CONTAINER_IMAGE_REPO,
+  ISOLATION_IMAGE_REPO,
+  generateContainerDockerfile,
+  type PackageManager,
+} from '../../sandbox/docker/dockerfile.js'
 import {detectPackageManager, inspectImage, type ImageContext} from '../../sandbox/docker/images.js'
 
 export interface DockerfilePreview {
@@ -33,7 +38,12 @@ export async function previewDockerfile(imageConfig: ImageConfig, context: Image
     source = 'name'
     note = `could not look inside ${spec.baseImage} (${(error as Error).message.split('\n')[0]}); guessed ${manager} from its name`
   }
-  return {...pick(generateContainerDockerfile({...spec, packageManager: manager})), package_manager: manager, package_manager_source: source, ...(note ? {note} : {})}
+  return {
+    ...pick(generateContainerDockerfile({...spec, packageManager: manager})),
+    package_manager: manager,
+    package_manager_source: source,
+    ...(note ? {note} : {}),
+  }
 }
 
 function pick(generated: {dockerfile: string; tag: string}): {dockerfile: string; tag: string} {
@@ -44,13 +54,16 @@ function pick(generated: {dockerfile: string; tag: string}): {dockerfile: string
 export function withDraft(config: GatewayConfig, draft: unknown): ImageConfig {
   const base = config.image_config
   if (draft === undefined) return base
-  if (!draft || typeof draft !== 'object' || Array.isArray(draft)) throw new GatewayError('E_INPUT', 'draft must be a JSON object of image_config fields')
+  if (!draft || typeof draft !== 'object' || Array.isArray(draft))
+    throw new GatewayError('E_INPUT', 'draft must be a JSON object of image_config fields')
   const fields = draft as Partial<ImageConfig>
   return {
     ...base,
     ...(typeof fields.base_image === 'string' ? {base_image: fields.base_image.trim()} : {}),
     ...(Array.isArray(fields.packages) ? {packages: fields.packages.map(String)} : {}),
-    ...(fields.env_vars && typeof fields.env_vars === 'object' ? {env_vars: Object.fromEntries(Object.entries(fields.env_vars).map(([k, v]) => [k, String(v)]))} : {}),
+    ...(fields.env_vars && typeof fields.env_vars === 'object'
+      ? {env_vars: Object.fromEntries(Object.entries(fields.env_vars).map(([k, v]) => [k, String(v)]))}
+      : {}),
   }
 }
 
@@ -58,12 +71,20 @@ export function withDraft(config: GatewayConfig, draft: unknown): ImageConfig {
  * Removes one of the gateway's own images. Anything else is refused: the dashboard is not a
  * general Docker UI, and an operator's base images must survive a misclick.
  */
-export async function deleteGatewayImage(cli: DockerCli, tag: string, signal?: AbortSignal): Promise<{deleted: string}> {
+export async function deleteGatewayImage(
+  cli: DockerCli,
+  tag: string,
+  signal?: AbortSignal,
+): Promise<{deleted: string}> {
   const repository = tag.includes(':') ? tag.slice(0, tag.lastIndexOf(':')) : tag
   if (repository !== CONTAINER_IMAGE_REPO && repository !== ISOLATION_IMAGE_REPO) {
-    throw new GatewayError('E_USAGE', `${tag} is not an image the gateway built; the dashboard only deletes ${CONTAINER_IMAGE_REPO}:* and ${ISOLATION_IMAGE_REPO}:* images`, {
-      suggestions: [`delete other images with docker image rm ${tag}`],
-    })
+    throw new GatewayError(
+      'E_USAGE',
+      `${tag} is not an image the gateway built; the dashboard only deletes ${CONTAINER_IMAGE_REPO}:* and ${ISOLATION_IMAGE_REPO}:* images`,
+      {
+        suggestions: [`delete other images with docker image rm ${tag}`],
+      },
+    )
   }
   const info = await inspectImage(cli, tag, signal)
   if (!info) throw new GatewayError('E_NOT_FOUND', `no image ${tag} on this machine`)

@@ -94,7 +94,9 @@ export async function mountCaptain(router: Router, deps: CaptainDeps): Promise<C
   const announce = (origin: string) => {
     if (setupCode) {
       deps.log('captain: FIRST-TIME SETUP: no dashboard password is set')
-      deps.log(`captain: open ${origin}/setup and enter the setup code ${setupCode} (or set ${PASSWORD_ENV} and restart)`)
+      deps.log(
+        `captain: open ${origin}/setup and enter the setup code ${setupCode} (or set ${PASSWORD_ENV} and restart)`,
+      )
     } else {
       deps.log(`captain: dashboard at ${origin}${UI_BASE}`)
     }
@@ -107,7 +109,9 @@ export async function mountCaptain(router: Router, deps: CaptainDeps): Promise<C
     setupCode,
     chatCaller(req) {
       const principal = auth.authenticate(req, 'chat')
-      return principal.kind === 'session' ? {id: 'captain', name: 'dashboard'} : {id: principal.keyId, name: principal.name}
+      return principal.kind === 'session'
+        ? {id: 'captain', name: 'dashboard'}
+        : {id: principal.keyId, name: principal.name}
     },
     close: () => builds.abortAll(),
   }

@@ -21,7 +21,11 @@ export function mintDashboardLink(loaded: LoadedConfig): DashboardLink {
   const origin = dashboardOrigin(loaded)
   const secret = withGatewayDb(loaded.home, (db) => {
     const minted = new CaptainAuthStore(db).createLoginLink()
-    new AuditLog(db).record({event: 'login_link_created', principal: 'cli', summary: 'one-time dashboard login link created'})
+    new AuditLog(db).record({
+      event: 'login_link_created',
+      principal: 'cli',
+      summary: 'one-time dashboard login link created',
+    })
     return minted
   })
   return {url: `${origin}${UI_BASE}#login=${secret}`, expires_in_s: LOGIN_LINK_TTL_MS / 1000}
@@ -35,9 +39,16 @@ function dashboardOrigin(loaded: LoadedConfig): string {
   const running = runningListener(loaded.home)
   const {bind, port} = running ?? loaded.config.captain
   if (port === 0) {
-    throw new GatewayError('E_CONFIG', `captain.port is 0 in ${loaded.path}: the dashboard listens on a port chosen when the gateway starts, and no gateway of ${loaded.home} is running`, {
-      suggestions: ['start the gateway (meepagateway serve), then run meepagateway dashboard link again', 'or set captain.port in config.yaml to a fixed port'],
-    })
+    throw new GatewayError(
+      'E_CONFIG',
+      `captain.port is 0 in ${loaded.path}: the dashboard listens on a port chosen when the gateway starts, and no gateway of ${loaded.home} is running`,
+      {
+        suggestions: [
+          'start the gateway (meepagateway serve), then run meepagateway dashboard link again',
+          'or set captain.port in config.yaml to a fixed port',
+        ],
+      },
+    )
   }
   const host = bind === '0.0.0.0' || bind === '::' ? '127.0.0.1' : bind.includes(':') ? `[${bind}]` : bind
   return `http://${host}:${port}`

@@ -1,7 +1,12 @@
 import crypto from 'node:crypto'
 import {promisify} from 'node:util'
 
-const scrypt = promisify(crypto.scrypt) as (password: string, salt: Buffer, keylen: number, options: crypto.ScryptOptions) => Promise<Buffer>
+const scrypt = promisify(crypto.scrypt) as (
+  password: string,
+  salt: Buffer,
+  keylen: number,
+  options: crypto.ScryptOptions,
+) => Promise<Buffer>
 
 /** scrypt cost: N=2^15, r=8 takes ~50-100 ms and 32 MB per guess, which is what makes a stolen hash slow to attack. */
 const COST = {N: 2 ** 15, r: 8, p: 1}
@@ -23,7 +28,10 @@ export async function verifyPassword(password: string, stored: string): Promise<
   const cost = {N: Number(n), r: Number(r), p: Number(p)}
   if (![cost.N, cost.r, cost.p].every(Number.isSafeInteger)) return false
   const expectedKey = Buffer.from(expected, 'base64url')
-  const key = await scrypt(password.normalize('NFC'), Buffer.from(salt, 'base64url'), expectedKey.length, {...cost, maxmem: 128 * cost.N * cost.r * 2})
+  const key = await scrypt(password.normalize('NFC'), Buffer.from(salt, 'base64url'), expectedKey.length, {
+    ...cost,
+    maxmem: 128 * cost.N * cost.r * 2,
+  })
   return crypto.timingSafeEqual(key, expectedKey)
 }
 

@@ -34,7 +34,12 @@ export interface PasswordGuardLimits {
   globalWindowMs: number
 }
 
-export const DEFAULT_GUARD_LIMITS: PasswordGuardLimits = {perClient: 5, perClientWindowMs: 5 * 60_000, global: 20, globalWindowMs: 60_000}
+export const DEFAULT_GUARD_LIMITS: PasswordGuardLimits = {
+  perClient: 5,
+  perClientWindowMs: 5 * 60_000,
+  global: 20,
+  globalWindowMs: 60_000,
+}
 
 export type GuardTicket = {ok: true; succeeded(): void} | {ok: false; retryAfterSeconds: number}
 
@@ -59,7 +64,8 @@ export class PasswordGuard {
     const now = this.now()
     const mine = this.clients.get(client) ?? new Window(this.limits.perClientWindowMs)
     if (mine.count(now) >= this.limits.perClient) return {ok: false, retryAfterSeconds: mine.retryAfterSeconds(now)}
-    if (this.all.count(now) >= this.limits.global) return {ok: false, retryAfterSeconds: this.all.retryAfterSeconds(now)}
+    if (this.all.count(now) >= this.limits.global)
+      return {ok: false, retryAfterSeconds: this.all.retryAfterSeconds(now)}
     mine.add(now)
     this.all.add(now)
     this.clients.set(client, mine)

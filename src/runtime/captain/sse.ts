@@ -65,7 +65,12 @@ export class StreamLimiter {
   open(principal: string, req: IncomingMessage, res: ServerResponse): EventStream {
     const count = this.counts.get(principal) ?? 0
     if (count >= this.max) {
-      throw new HttpError(429, 'E_BUSY', `at most ${this.max} event streams may be open at once per session or key; close one first`, {'retry-after': '5'})
+      throw new HttpError(
+        429,
+        'E_BUSY',
+        `at most ${this.max} event streams may be open at once per session or key; close one first`,
+        {'retry-after': '5'},
+      )
     }
     this.counts.set(principal, count + 1)
     const stream = openEventStream(req, res)

@@ -21,17 +21,20 @@ const TYPES: Record<string, string> = {
  * injected markup from running script or sending data anywhere else.
  */
 const SECURITY_HEADERS = {
-  'content-security-policy': "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+  'content-security-policy':
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
   'x-content-type-options': 'nosniff',
   'referrer-policy': 'no-referrer',
   'x-frame-options': 'DENY',
 }
 
 export function mountStaticUi(router: Router, uiDir = UI_DIR): void {
-  const redirect = (location: string) => ({res}: {res: import('node:http').ServerResponse}) => {
-    res.writeHead(302, {location, 'cache-control': 'no-store'})
-    res.end()
-  }
+  const redirect =
+    (location: string) =>
+    ({res}: {res: import('node:http').ServerResponse}) => {
+      res.writeHead(302, {location, 'cache-control': 'no-store'})
+      res.end()
+    }
   router.get('/', redirect(UI_BASE))
   router.get('/setup', redirect(`${UI_BASE}#/setup`))
   // also matches `/captain` itself (a prefix route matches its own root)
@@ -40,7 +43,8 @@ export function mountStaticUi(router: Router, uiDir = UI_DIR): void {
     const relative = params['*'] || 'index.html'
     const file = path.resolve(uiDir, relative)
     const type = TYPES[path.extname(file)]
-    if (!file.startsWith(uiDir + path.sep) || !type) throw new HttpError(404, 'E_NOT_FOUND', `no dashboard file ${relative}`)
+    if (!file.startsWith(uiDir + path.sep) || !type)
+      throw new HttpError(404, 'E_NOT_FOUND', `no dashboard file ${relative}`)
     let body: Buffer
     try {
       body = fs.readFileSync(file)

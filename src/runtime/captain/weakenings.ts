@@ -12,7 +12,12 @@ const STRENGTH = {container: 2, 'host-sandbox': 1, unrestricted: 0} as const
 const NETWORK_REACH = {none: 0, bridge: 1, host: 2} as const
 
 function valueAt(config: unknown, field: string): unknown {
-  return field.split('.').reduce<unknown>((value, key) => (value && typeof value === 'object' ? (value as Record<string, unknown>)[key] : undefined), config)
+  return field
+    .split('.')
+    .reduce<unknown>(
+      (value, key) => (value && typeof value === 'object' ? (value as Record<string, unknown>)[key] : undefined),
+      config,
+    )
 }
 
 function shown(value: unknown): string {
@@ -38,9 +43,11 @@ const isolationLowered: Rule<AgentConfig> = (before, after) => {
   return STRENGTH[to] < STRENGTH[from] ? `isolation ${from} → ${to}` : undefined
 }
 
-const turnedOn: Rule<unknown> = (before, after, field) => (valueAt(after, field) === true && valueAt(before, field) !== true ? `${field} on` : undefined)
+const turnedOn: Rule<unknown> = (before, after, field) =>
+  valueAt(after, field) === true && valueAt(before, field) !== true ? `${field} on` : undefined
 
-const turnedOff: Rule<unknown> = (before, after, field) => (valueAt(after, field) === false && valueAt(before, field) !== false ? `${field} off` : undefined)
+const turnedOff: Rule<unknown> = (before, after, field) =>
+  valueAt(after, field) === false && valueAt(before, field) !== false ? `${field} off` : undefined
 
 const raised: Rule<unknown> = (before, after, field) => {
   const [from, to] = [valueAt(before, field), valueAt(after, field)]

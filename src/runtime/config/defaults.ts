@@ -13,13 +13,26 @@ export const DEFAULT_IMAGE_CONFIG: ImageConfig = {
   redact_secrets: true,
 }
 
-export const DEFAULT_GATEWAY: GatewayConfig['gateway'] = {max_concurrent_runs: 4, queue_limit: 50, shutdown_grace_seconds: 30}
+export const DEFAULT_GATEWAY: GatewayConfig['gateway'] = {
+  max_concurrent_runs: 4,
+  queue_limit: 50,
+  shutdown_grace_seconds: 30,
+}
 
 /** Built-in agent defaults: the last step of agent field > agent_defaults > built-in default. */
 export const DEFAULT_AGENT: Omit<AgentConfig, 'id' | 'name'> = {
   max_iterations: 20,
   timeout_seconds: 300,
-  container_mode: {enabled: false, image: '', memory_limit: '512m', timeout_seconds: 300, network: 'bridge', pids_limit: 256, cpus: 1, standby: true},
+  container_mode: {
+    enabled: false,
+    image: '',
+    memory_limit: '512m',
+    timeout_seconds: 300,
+    network: 'bridge',
+    pids_limit: 256,
+    cpus: 1,
+    standby: true,
+  },
   file_access: {
     unrestricted: false,
     allow_read: [],

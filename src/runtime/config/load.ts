@@ -22,7 +22,6 @@ export interface LoadConfigOptions {
   createIfMissing?: boolean
 }
 
-
 /**
  * What a command loads: the config, writing the commented default on first use and telling
  * `notice` so (and which key to set).
@@ -126,14 +125,22 @@ function parseConfigDocument(text: string, source: string): unknown {
 }
 
 /** The config a parsed document describes: environment substituted, validated, defaults filled in. */
-function configFromDocument(raw: unknown, source: string, env: NodeJS.ProcessEnv): {config: GatewayConfig; secrets: Record<string, string>} {
+function configFromDocument(
+  raw: unknown,
+  source: string,
+  env: NodeJS.ProcessEnv,
+): {config: GatewayConfig; secrets: Record<string, string>} {
   const secrets: Record<string, string> = {}
   const unset = new Map<string, string>()
   const substituted = substituteEnv(raw, '', env, secrets, unset)
   const problems = [...unset].map(([at, name]) => `${at}: environment variable ${name} is not set`)
   if (!validateConfigSchema(substituted)) {
     // a field whose variable is unset is already reported; its "$NAME" placeholder failing a pattern is noise
-    problems.push(...formatAjvErrors(validateConfigSchema.errors ?? []).filter((problem) => !unset.has(problem.slice(0, problem.indexOf(': ')))))
+    problems.push(
+      ...formatAjvErrors(validateConfigSchema.errors ?? []).filter(
+        (problem) => !unset.has(problem.slice(0, problem.indexOf(': '))),
+      ),
+    )
   }
   if (problems.length === 0) problems.push(...crossCheck(substituted as RawConfig))
   if (problems.length > 0) throw configError(source, problems)
@@ -187,7 +194,13 @@ function formatAjvErrors(errors: ErrorObject[]): string[] {
 const ENV_REFERENCE = /^\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))$/
 
 /** Replaces `$NAME` / `${NAME}` values; unset names are collected by the path that used them. */
-function substituteEnv(value: unknown, at: string, env: NodeJS.ProcessEnv, secrets: Record<string, string>, unset: Map<string, string>): unknown {
+function substituteEnv(
+  value: unknown,
+  at: string,
+  env: NodeJS.ProcessEnv,
+  secrets: Record<string, string>,
+  unset: Map<string, string>,
+): unknown {
   // baked into an image's layers, readable by anyone who can run it: never a place for the gateway's environment
   if (at === 'image_config.env_vars') return value
   if (typeof value === 'string') {
@@ -202,10 +215,14 @@ function substituteEnv(value: unknown, at: string, env: NodeJS.ProcessEnv, secre
     secrets[name] = resolved
     return resolved
   }
-  if (Array.isArray(value)) return value.map((item, index) => substituteEnv(item, `${at}[${index}]`, env, secrets, unset))
+  if (Array.isArray(value))
+    return value.map((item, index) => substituteEnv(item, `${at}[${index}]`, env, secrets, unset))
   if (value && typeof value === 'object') {
     return Object.fromEntries(
-      Object.entries(value).map(([key, item]) => [key, substituteEnv(item, at ? `${at}.${key}` : key, env, secrets, unset)]),
+      Object.entries(value).map(([key, item]) => [
+        key,
+        substituteEnv(item, at ? `${at}.${key}` : key, env, secrets, unset),
+      ]),
     )
   }
   return value
@@ -224,7 +241,8 @@ interface RawConfig {
 function crossCheck(raw: RawConfig): string[] {
   const problems: string[] = []
   const names = new Set(Object.keys(raw.providers.providers))
-  if (!names.has(raw.providers.primary)) problems.push(`providers.primary: "${raw.providers.primary}" is not defined in providers.providers`)
+  if (!names.has(raw.providers.primary))
+    problems.push(`providers.primary: "${raw.providers.primary}" is not defined in providers.providers`)
   for (const [index, name] of (raw.providers.fallback ?? []).entries()) {
     if (!names.has(name)) problems.push(`providers.fallback[${index}]: "${name}" is not defined in providers.providers`)
   }
@@ -233,7 +251,8 @@ function crossCheck(raw: RawConfig): string[] {
   }
   const seen = new Map<string, number>()
   for (const [index, agent] of (raw.agents ?? []).entries()) {
-    if (agent.provider && !names.has(agent.provider)) problems.push(`agents[${index}].provider: "${agent.provider}" is not defined in providers.providers`)
+    if (agent.provider && !names.has(agent.provider))
+      problems.push(`agents[${index}].provider: "${agent.provider}" is not defined in providers.providers`)
     const earlier = seen.get(agent.id)
     if (earlier === undefined) seen.set(agent.id, index)
     else problems.push(`agents[${index}].id: "${agent.id}" is already used by agents[${earlier}]`)
@@ -244,7 +263,11 @@ function crossCheck(raw: RawConfig): string[] {
 function resolveConfig(raw: RawConfig): GatewayConfig {
   const defaults = raw.agent_defaults ?? {}
   return {
-    providers: {primary: raw.providers.primary, fallback: raw.providers.fallback ?? [], providers: raw.providers.providers},
+    providers: {
+      primary: raw.providers.primary,
+      fallback: raw.providers.fallback ?? [],
+      providers: raw.providers.providers,
+    },
     captain: {...DEFAULT_CAPTAIN, ...raw.captain},
     image_config: {...DEFAULT_IMAGE_CONFIG, ...raw.image_config},
     gateway: {...DEFAULT_GATEWAY, ...raw.gateway},
@@ -254,7 +277,8 @@ function resolveConfig(raw: RawConfig): GatewayConfig {
 
 /** agent field > agent_defaults > built-in default; nested sections merge field by field. */
 export function resolveAgent(agent: RawAgent, defaults: Partial<AgentConfig>): AgentConfig {
-  const pick = <K extends keyof AgentConfig>(key: K): AgentConfig[K] | undefined => (agent[key] ?? defaults[key]) as AgentConfig[K] | undefined
+  const pick = <K extends keyof AgentConfig>(key: K): AgentConfig[K] | undefined =>
+    (agent[key] ?? defaults[key]) as AgentConfig[K] | undefined
   const limits = {...DEFAULT_AGENT.limits, ...defaults.limits, ...agent.limits}
   const resolved: AgentConfig = {
     id: agent.id,
@@ -262,7 +286,14 @@ export function resolveAgent(agent: RawAgent, defaults: Partial<AgentConfig>): A
     max_iterations: pick('max_iterations') ?? DEFAULT_AGENT.max_iterations,
     timeout_seconds: pick('timeout_seconds') ?? DEFAULT_AGENT.timeout_seconds,
     // one `limits` section for every level; container_mode's own limits, when set, still win there
-    container_mode: {...DEFAULT_AGENT.container_mode, memory_limit: limits.memory, pids_limit: limits.pids, cpus: limits.cpus, ...defaults.container_mode, ...agent.container_mode},
+    container_mode: {
+      ...DEFAULT_AGENT.container_mode,
+      memory_limit: limits.memory,
+      pids_limit: limits.pids,
+      cpus: limits.cpus,
+      ...defaults.container_mode,
+      ...agent.container_mode,
+    },
     limits,
     file_access: {...DEFAULT_AGENT.file_access, ...defaults.file_access, ...agent.file_access},
     connectors: (pick('connectors') ?? DEFAULT_AGENT.connectors).map((connector) =>
@@ -283,7 +314,9 @@ export function resolveAgent(agent: RawAgent, defaults: Partial<AgentConfig>): A
  */
 function collectProviderSecrets(config: GatewayConfig, env: NodeJS.ProcessEnv, secrets: Record<string, string>): void {
   const names = [
-    ...Object.values(config.providers.providers).flatMap((provider) => (provider.api_key_env ? [provider.api_key_env] : [])),
+    ...Object.values(config.providers.providers).flatMap((provider) =>
+      provider.api_key_env ? [provider.api_key_env] : [],
+    ),
     ...config.agents.flatMap((agent) => agent.secrets),
   ]
   for (const name of names) {

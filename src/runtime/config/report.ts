@@ -18,7 +18,9 @@ function mask(value: unknown, key: string, secretValues: Set<string>): unknown {
   if (typeof value === 'string') return secretValues.has(value) || SECRET_FIELD.test(key) ? MASK : value
   if (Array.isArray(value)) return value.map((item) => mask(item, key, secretValues))
   if (value && typeof value === 'object') {
-    return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, k === 'env_vars' ? v : mask(v, k, secretValues)]))
+    return Object.fromEntries(
+      Object.entries(value).map(([k, v]) => [k, k === 'env_vars' ? v : mask(v, k, secretValues)]),
+    )
   }
   return value
 }
@@ -26,8 +28,16 @@ function mask(value: unknown, key: string, secretValues: Set<string>): unknown {
 /** The resolved config for humans and --json; secret values never leave, only whether each is set. */
 export function describeConfig(loaded: LoadedConfig): ConfigReport {
   const masked = mask(loaded.config, '', new Set(Object.values(loaded.secrets))) as GatewayConfig
-  const keyNames = Object.values(loaded.config.providers.providers).flatMap((provider) => (provider.api_key_env ? [provider.api_key_env] : []))
-  const names = [...new Set([...keyNames, ...Object.keys(loaded.secrets), ...loaded.config.agents.flatMap((agent) => agent.secrets)])].sort()
+  const keyNames = Object.values(loaded.config.providers.providers).flatMap((provider) =>
+    provider.api_key_env ? [provider.api_key_env] : [],
+  )
+  const names = [
+    ...new Set([
+      ...keyNames,
+      ...Object.keys(loaded.secrets),
+      ...loaded.config.agents.flatMap((agent) => agent.secrets),
+    ]),
+  ].sort()
   return {
     path: loaded.path,
     home: loaded.home,

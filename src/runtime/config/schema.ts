@@ -79,7 +79,12 @@ const connectorSchema = {
       then: {
         additionalProperties: false,
         required: ['bot_token'],
-        properties: {type: {}, bot_token: {type: 'string', minLength: 1}, guild_ids: stringList, api_url: {type: 'string'}},
+        properties: {
+          type: {},
+          bot_token: {type: 'string', minLength: 1},
+          guild_ids: stringList,
+          api_url: {type: 'string'},
+        },
       },
     },
     {

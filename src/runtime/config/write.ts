@@ -13,7 +13,11 @@ export type ConfigPath = ReadonlyArray<string | number>
 export type ConfigEdit = {path: ConfigPath; value: unknown} | {path: ConfigPath; delete: true}
 
 /** writeWholeFile (util/), its failure said as a config error. */
-export function writeFileAtomic(file: string, content: string, options: Pick<WholeFileOptions, 'mode' | 'beforeRename'> = {}): void {
+export function writeFileAtomic(
+  file: string,
+  content: string,
+  options: Pick<WholeFileOptions, 'mode' | 'beforeRename'> = {},
+): void {
   try {
     writeWholeFile(file, content, options)
   } catch (error) {
@@ -32,9 +36,13 @@ export function writeFileAtomic(file: string, content: string, options: Pick<Who
 export function applyConfigEdits(text: string, edits: ReadonlyArray<ConfigEdit>): string {
   const document = YAML.parseDocument(text)
   if (document.errors.length > 0) {
-    throw new GatewayError('E_CONFIG', `config.yaml does not parse, so it cannot be edited: ${document.errors[0]?.message.split('\n')[0]}`, {
-      suggestions: ['fix the file by hand (meepagateway config check names the problem)'],
-    })
+    throw new GatewayError(
+      'E_CONFIG',
+      `config.yaml does not parse, so it cannot be edited: ${document.errors[0]?.message.split('\n')[0]}`,
+      {
+        suggestions: ['fix the file by hand (meepagateway config check names the problem)'],
+      },
+    )
   }
   for (const edit of edits) {
     if ('delete' in edit) {
@@ -63,7 +71,8 @@ function ensureParentMaps(document: Document, at: ConfigPath): void {
     const parent = at.slice(0, depth)
     const node = document.getIn(parent, true)
     if (node === undefined || isMap(node) || typeof at[depth] === 'number') continue
-    if (YAML.isScalar(node) && (node.value === null || node.value === undefined)) document.setIn(parent, document.createNode({}))
+    if (YAML.isScalar(node) && (node.value === null || node.value === undefined))
+      document.setIn(parent, document.createNode({}))
   }
 }
 
@@ -98,7 +107,11 @@ export interface ConfigFileUpdate {
 export function updateConfigFile(
   configPath: string,
   edits: ReadonlyArray<ConfigEdit>,
-  options: {env?: NodeJS.ProcessEnv; beforeRename?: (tempPath: string) => void; checkRead?: (text: string) => void} = {},
+  options: {
+    env?: NodeJS.ProcessEnv
+    beforeRename?: (tempPath: string) => void
+    checkRead?: (text: string) => void
+  } = {},
 ): ConfigFileUpdate {
   let current: string
   try {

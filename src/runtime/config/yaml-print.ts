@@ -13,7 +13,9 @@ export function printYaml(value: unknown): string {
 /** The same text written here, or undefined where only the library knows it. */
 export function plainYaml(value: unknown): string | undefined {
   const lines: string[] = []
-  return isCollection(value) && !isEmpty(value) && block(value, '', lines, new Set([value])) ? `${lines.join('\n')}\n` : undefined
+  return isCollection(value) && !isEmpty(value) && block(value, '', lines, new Set([value]))
+    ? `${lines.join('\n')}\n`
+    : undefined
 }
 
 type Collection = Record<string, unknown> | unknown[]
@@ -25,12 +27,14 @@ function isCollection(value: unknown): value is Collection {
   return proto === Object.prototype || proto === null
 }
 
-const isEmpty = (value: Collection) => (Array.isArray(value) ? value.length === 0 : Object.values(value).every((item) => item === undefined))
+const isEmpty = (value: Collection) =>
+  Array.isArray(value) ? value.length === 0 : Object.values(value).every((item) => item === undefined)
 
 /** Appends the block lines of a non-empty collection; false where the output would not be the library's. */
 function block(value: Collection, indent: string, lines: string[], seen: Set<object>): boolean {
   if (Array.isArray(value)) {
-    for (const item of value) if (!entry(`${indent}- `, item === undefined ? null : item, indent, lines, seen, true)) return false
+    for (const item of value)
+      if (!entry(`${indent}- `, item === undefined ? null : item, indent, lines, seen, true)) return false
     return true
   }
   for (const [key, item] of Object.entries(value)) {
@@ -42,7 +46,14 @@ function block(value: Collection, indent: string, lines: string[], seen: Set<obj
 }
 
 /** One map pair (`key:` head) or sequence item (`- ` head); nested collections go two spaces in. */
-function entry(head: string, item: unknown, indent: string, lines: string[], seen: Set<object>, inSequence: boolean): boolean {
+function entry(
+  head: string,
+  item: unknown,
+  indent: string,
+  lines: string[],
+  seen: Set<object>,
+  inSequence: boolean,
+): boolean {
   if (isCollection(item)) {
     if (seen.has(item)) return false // met twice: the library writes an anchor and an alias
     seen.add(item)
@@ -86,7 +97,8 @@ const NEEDS_QUOTES = /^[,[\]{}#&*!|>'"%@`]|^[?-]$|:$/
 function scalar(value: unknown): string | undefined {
   if (value === null) return 'null'
   if (typeof value === 'boolean') return value ? 'true' : 'false'
-  if (typeof value === 'number') return Number.isFinite(value) && !Object.is(value, -0) ? JSON.stringify(value) : undefined
+  if (typeof value === 'number')
+    return Number.isFinite(value) && !Object.is(value, -0) ? JSON.stringify(value) : undefined
   if (typeof value !== 'string' || !SIMPLE.test(value) || /^(?:---|\.\.\.)/.test(value)) return undefined
   return NEEDS_QUOTES.test(value) || CORE_SCALARS.some((pattern) => pattern.test(value)) ? `"${value}"` : value
 }

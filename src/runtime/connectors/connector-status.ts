@@ -28,7 +28,8 @@ export class ConnectorStatus {
     const quiet = state === 'connecting' && this.current === 'disconnected' && this.attempted
     this.attempted = true
     if (state === 'connected' || state === 'stopped') this.failure = undefined
-    else if (state === 'disconnected' || (state === 'connecting' && this.current === 'connected')) this.failure = detail ?? state
+    else if (state === 'disconnected' || (state === 'connecting' && this.current === 'connected'))
+      this.failure = detail ?? state
     this.connectingSince = state === 'connecting' ? (this.connectingSince ?? Date.now()) : undefined
     this.current = state
     if (quiet) return
@@ -42,7 +43,11 @@ export class ConnectorStatus {
    */
   problem(now = Date.now()): string | undefined {
     if (this.failure) return `${REFUSAL.test(this.failure) ? 'refused' : 'reconnecting'}: ${this.failure}`
-    if (this.current === 'connecting' && this.connectingSince !== undefined && now - this.connectingSince > FIRST_CONNECT_GRACE_MS) {
+    if (
+      this.current === 'connecting' &&
+      this.connectingSince !== undefined &&
+      now - this.connectingSince > FIRST_CONNECT_GRACE_MS
+    ) {
       return `still connecting after ${Math.round((now - this.connectingSince) / 1000)} s`
     }
     return undefined

@@ -46,7 +46,12 @@ export class DiscordConnector extends ReconnectingConnector {
   private buildClient(): Client {
     const extra = this.timings.clientOptions ?? {}
     return new Client({
-      intents: [GatewayIntentBits.Guilds, GatewayIntentBits.GuildMessages, GatewayIntentBits.MessageContent, GatewayIntentBits.DirectMessages],
+      intents: [
+        GatewayIntentBits.Guilds,
+        GatewayIntentBits.GuildMessages,
+        GatewayIntentBits.MessageContent,
+        GatewayIntentBits.DirectMessages,
+      ],
       partials: [Partials.Channel], // DM channels are not cached before their first message
       ...extra,
       rest: {...extra.rest, ...(this.config.api_url ? {api: this.config.api_url} : {})},
@@ -108,7 +113,8 @@ export class DiscordConnector extends ReconnectingConnector {
       send: async (text) => {
         const channel = await this.client?.channels.fetch(channelId)
         if (!channel?.isSendable()) throw new Error(`cannot send to Discord channel ${channelId}`)
-        for (const chunk of splitMessage(text, DISCORD_MESSAGE_LIMIT)) await channel.send({content: chunk, allowedMentions: {parse: []}})
+        for (const chunk of splitMessage(text, DISCORD_MESSAGE_LIMIT))
+          await channel.send({content: chunk, allowedMentions: {parse: []}})
       },
       startTyping: () => () => {},
     }
@@ -121,7 +127,9 @@ export class DiscordConnector extends ReconnectingConnector {
     if (!message.content.trim()) {
       if (!this.warnedEmptyContent && message.attachments.size === 0) {
         this.warnedEmptyContent = true
-        this.status.note('a message arrived with empty content: enable the MESSAGE CONTENT intent for the bot in the Discord developer portal')
+        this.status.note(
+          'a message arrived with empty content: enable the MESSAGE CONTENT intent for the bot in the Discord developer portal',
+        )
       }
       return
     }
@@ -130,16 +138,21 @@ export class DiscordConnector extends ReconnectingConnector {
       id: message.id,
       connector: 'discord',
       channel_id: message.channelId,
-      user: {id: message.author.id, name: message.member?.displayName ?? message.author.globalName ?? message.author.username},
+      user: {
+        id: message.author.id,
+        name: message.member?.displayName ?? message.author.globalName ?? message.author.username,
+      },
       content: message.content,
     }
     const channel = message.channel
     this.context.onMessage(inbound, {
       send: async (text) => {
         if (!channel.isSendable()) throw new Error(`cannot send to Discord channel ${message.channelId}`)
-        for (const chunk of splitMessage(text, DISCORD_MESSAGE_LIMIT)) await channel.send({content: chunk, allowedMentions: {parse: []}})
+        for (const chunk of splitMessage(text, DISCORD_MESSAGE_LIMIT))
+          await channel.send({content: chunk, allowedMentions: {parse: []}})
       },
-      startTyping: () => keepTyping(() => (channel.isSendable() ? channel.sendTyping() : undefined), this.timings.typingIntervalMs),
+      startTyping: () =>
+        keepTyping(() => (channel.isSendable() ? channel.sendTyping() : undefined), this.timings.typingIntervalMs),
     })
   }
 }
@@ -147,7 +160,8 @@ export class DiscordConnector extends ReconnectingConnector {
 function describeLoginError(error: unknown): string {
   const code = (error as {code?: string}).code
   if (code === 'TokenInvalid') return 'Discord refused the bot token (TokenInvalid); check bot_token'
-  if (code === 'DisallowedIntents') return 'Discord refused the intents: enable MESSAGE CONTENT for the bot in the developer portal'
+  if (code === 'DisallowedIntents')
+    return 'Discord refused the intents: enable MESSAGE CONTENT for the bot in the developer portal'
   return `login failed: ${(error as Error).message ?? String(error)}`
 }
 

@@ -15,7 +15,11 @@ export interface ConnectorTimings {
  * Platform libraries load only for platforms in use: discord.js alone adds ~50 MB of resident
  * memory, the Slack clients ~20 MB, to a gateway that may not need them.
  */
-export async function createConnector(config: ConnectorConfig, context: ConnectorContext, timings: ConnectorTimings = {}): Promise<Connector> {
+export async function createConnector(
+  config: ConnectorConfig,
+  context: ConnectorContext,
+  timings: ConnectorTimings = {},
+): Promise<Connector> {
   switch (config.type) {
     case 'meepachat': {
       const {MeepaChatConnector, DEFAULT_MEEPACHAT_TIMINGS} = await import('./meepachat.js')

@@ -184,7 +184,13 @@ export class MeepaChatConnector extends ReconnectingConnector {
     }
     switch (frame.type) {
       case 'ready':
-        this.onReady(frame.data as {user?: MeepaUser; servers?: Array<{id: string; channels?: MeepaChannel[]}>; dmChannels?: MeepaChannel[]})
+        this.onReady(
+          frame.data as {
+            user?: MeepaUser
+            servers?: Array<{id: string; channels?: MeepaChannel[]}>
+            dmChannels?: MeepaChannel[]
+          },
+        )
         break
       case 'message.created':
         this.onMessage(frame.data as MeepaMessage)
@@ -195,7 +201,8 @@ export class MeepaChatConnector extends ReconnectingConnector {
         break
       case 'server.added': {
         const server = frame.data as {id: string; channels?: MeepaChannel[]}
-        for (const channel of server?.channels ?? []) this.rememberChannel({...channel, serverId: channel.serverId ?? server.id})
+        for (const channel of server?.channels ?? [])
+          this.rememberChannel({...channel, serverId: channel.serverId ?? server.id})
         break
       }
       default:
@@ -203,16 +210,24 @@ export class MeepaChatConnector extends ReconnectingConnector {
     }
   }
 
-  private onReady(data: {user?: MeepaUser; servers?: Array<{id: string; channels?: MeepaChannel[]}>; dmChannels?: MeepaChannel[]}): void {
+  private onReady(data: {
+    user?: MeepaUser
+    servers?: Array<{id: string; channels?: MeepaChannel[]}>
+    dmChannels?: MeepaChannel[]
+  }): void {
     this.botUserId = data?.user?.id
     const servers = data?.servers ?? []
     for (const server of servers) {
-      for (const channel of server.channels ?? []) this.rememberChannel({...channel, serverId: channel.serverId ?? server.id})
+      for (const channel of server.channels ?? [])
+        this.rememberChannel({...channel, serverId: channel.serverId ?? server.id})
     }
     for (const channel of data?.dmChannels ?? []) this.rememberChannel({...channel, isDm: true})
     this.backoff.reset()
     const who = data?.user?.username ?? this.botUserId ?? 'unknown bot'
-    this.status.set('connected', `as ${who}, ${servers.length} server(s), ${data?.dmChannels?.length ?? 0} DM channel(s)`)
+    this.status.set(
+      'connected',
+      `as ${who}, ${servers.length} server(s), ${data?.dmChannels?.length ?? 0} DM channel(s)`,
+    )
   }
 
   private rememberChannel(channel: MeepaChannel): void {
@@ -243,9 +258,11 @@ export class MeepaChatConnector extends ReconnectingConnector {
   deliveryTo(channelId: string, threadId?: string): Delivery {
     return {
       send: async (text) => {
-        for (const chunk of splitMessage(text, MEEPACHAT_MESSAGE_LIMIT)) await this.postMessage(channelId, chunk, threadId)
+        for (const chunk of splitMessage(text, MEEPACHAT_MESSAGE_LIMIT))
+          await this.postMessage(channelId, chunk, threadId)
       },
-      startTyping: () => keepTyping(() => this.sendFrame({type: 'typing', data: {channelId}}), this.timings.typingIntervalMs),
+      startTyping: () =>
+        keepTyping(() => this.sendFrame({type: 'typing', data: {channelId}}), this.timings.typingIntervalMs),
     }
   }
 
@@ -269,7 +286,10 @@ export class MeepaChatConnector extends ReconnectingConnector {
           signal: AbortSignal.timeout(this.timings.requestTimeoutMs),
         })
       } catch (error) {
-        if (attempt >= 3) throw new Error(`cannot reach MeepaChat at ${new URL(url).origin}: ${(error as Error).message}`, {cause: error})
+        if (attempt >= 3)
+          throw new Error(`cannot reach MeepaChat at ${new URL(url).origin}: ${(error as Error).message}`, {
+            cause: error,
+          })
         await new Promise((resolve) => setTimeout(resolve, 500 * attempt))
         continue
       }
@@ -281,7 +301,12 @@ export class MeepaChatConnector extends ReconnectingConnector {
       const retryable = response.status === 429 || response.status >= 500
       if (retryable && attempt < 3) {
         const retryAfter = Number(response.headers.get('retry-after'))
-        await new Promise((resolve) => setTimeout(resolve, Number.isFinite(retryAfter) && retryAfter > 0 ? Math.min(retryAfter, 10) * 1000 : 500 * attempt))
+        await new Promise((resolve) =>
+          setTimeout(
+            resolve,
+            Number.isFinite(retryAfter) && retryAfter > 0 ? Math.min(retryAfter, 10) * 1000 : 500 * attempt,
+          ),
+        )
         continue
       }
       let detail = text.slice(0, 200)

@@ -77,7 +77,10 @@ export class SlackConnector extends ReconnectingConnector {
     const socket = this.socket
     this.socket = undefined
     if (socket) {
-      await Promise.race([socket.disconnect().catch(() => {}), new Promise((resolve) => setTimeout(resolve, 2000).unref())])
+      await Promise.race([
+        socket.disconnect().catch(() => {}),
+        new Promise((resolve) => setTimeout(resolve, 2000).unref()),
+      ])
     }
   }
 
@@ -201,10 +204,13 @@ export class SlackConnector extends ReconnectingConnector {
 
 function describeSlackError(error: unknown): string {
   const data = (error as {data?: {error?: string}}).data
-  if (data?.error === 'invalid_auth' || data?.error === 'not_authed') return `Slack refused the token (${data.error}); check bot_token and app_token`
+  if (data?.error === 'invalid_auth' || data?.error === 'not_authed')
+    return `Slack refused the token (${data.error}); check bot_token and app_token`
   if (data?.error) return `Slack answered ${data.error}`
   const {code, original} = error as {code?: string; original?: {cause?: {code?: string}; message?: string}}
-  if (code === 'slack_webapi_request_error') return `cannot reach the Slack API: ${original?.cause?.code ?? original?.message ?? 'request failed'}`
-  if (code === 'slack_webapi_http_error') return `the Slack API answered ${(error as {statusCode?: number}).statusCode ?? 'an HTTP error'}`
+  if (code === 'slack_webapi_request_error')
+    return `cannot reach the Slack API: ${original?.cause?.code ?? original?.message ?? 'request failed'}`
+  if (code === 'slack_webapi_http_error')
+    return `the Slack API answered ${(error as {statusCode?: number}).statusCode ?? 'an HTTP error'}`
   return (error as Error).message ?? String(error)
 }

@@ -28,9 +28,14 @@ export function apiKeyCaller(apiKeys: ApiKeys): (req: IncomingMessage) => ChatCa
     const key = bearerToken(req)
     const record = key ? apiKeys.verify(key) : undefined
     if (!record) {
-      throw new HttpError(401, 'E_AUTH', key ? 'unknown or revoked API key' : 'send an API key as Authorization: Bearer cptn_...', {
-        'www-authenticate': 'Bearer realm="meepagateway"',
-      })
+      throw new HttpError(
+        401,
+        'E_AUTH',
+        key ? 'unknown or revoked API key' : 'send an API key as Authorization: Bearer cptn_...',
+        {
+          'www-authenticate': 'Bearer realm="meepagateway"',
+        },
+      )
     }
     return {id: record.id, name: record.name}
   }
@@ -55,13 +60,17 @@ const MAX_MESSAGE_LENGTH = 100_000
  */
 export function mountWebChat(options: WebChatOptions): void {
   options.router.post('/api/chat', async ({req, res}) => {
-    if (!options.dispatcher.accepting) throw new HttpError(503, 'E_BUSY', 'the gateway is shutting down', {'retry-after': '30'})
+    if (!options.dispatcher.accepting)
+      throw new HttpError(503, 'E_BUSY', 'the gateway is shutting down', {'retry-after': '30'})
     const caller = options.caller(req)
     const body = await readJsonObject({req, res})
     const {agent, message, channel} = body
-    if (typeof agent !== 'string' || !agent) throw new HttpError(400, 'E_INPUT', 'field "agent" (the agent id) is required')
-    if (typeof message !== 'string' || !message.trim()) throw new HttpError(400, 'E_INPUT', 'field "message" must be a non-empty string')
-    if (message.length > MAX_MESSAGE_LENGTH) throw new HttpError(413, 'E_INPUT', `field "message" is longer than ${MAX_MESSAGE_LENGTH} characters`)
+    if (typeof agent !== 'string' || !agent)
+      throw new HttpError(400, 'E_INPUT', 'field "agent" (the agent id) is required')
+    if (typeof message !== 'string' || !message.trim())
+      throw new HttpError(400, 'E_INPUT', 'field "message" must be a non-empty string')
+    if (message.length > MAX_MESSAGE_LENGTH)
+      throw new HttpError(413, 'E_INPUT', `field "message" is longer than ${MAX_MESSAGE_LENGTH} characters`)
     if (channel !== undefined && (typeof channel !== 'string' || !channel || channel.length > 200)) {
       throw new HttpError(400, 'E_INPUT', 'field "channel" must be a string of 1 to 200 characters')
     }
@@ -83,9 +92,19 @@ export function mountWebChat(options: WebChatOptions): void {
     })
     const outcome = await ticket.done
     const status = outcome.rejectedBecause === 'stopping' ? 503 : STATUS_BY_OUTCOME[outcome.status]
-    const error = outcome.output && !outcome.output.ok ? {code: outcome.output.error.code} : outcome.status === 'rejected' ? {code: 'E_BUSY'} : undefined
+    const error =
+      outcome.output && !outcome.output.ok
+        ? {code: outcome.output.error.code}
+        : outcome.status === 'rejected'
+          ? {code: 'E_BUSY'}
+          : undefined
     const toolCalls = outcome.output?.ok ? {tool_calls: outcome.output.tool_calls} : {}
-    sendJson(res, status, {reply, run_id: outcome.runId, ...toolCalls, ...(error ? {error} : {})}, status === 429 ? {'retry-after': '30'} : {})
+    sendJson(
+      res,
+      status,
+      {reply, run_id: outcome.runId, ...toolCalls, ...(error ? {error} : {})},
+      status === 429 ? {'retry-after': '30'} : {},
+    )
   })
   const runs = options.runs
   if (runs) {
@@ -93,7 +112,11 @@ export function mountWebChat(options: WebChatOptions): void {
       const caller = options.caller(req)
       const limit = Math.min(Math.max(Number(url.searchParams.get('limit')) || 50, 1), 500)
       // like the reply, the list names a failure's code; its details (paths, provider errors) are the operator's
-      sendJson(res, 200, runs.listByUser('webchat', caller.id, limit).map(({error_message: _details, ...run}) => run))
+      sendJson(
+        res,
+        200,
+        runs.listByUser('webchat', caller.id, limit).map(({error_message: _details, ...run}) => run),
+      )
     })
   }
 }

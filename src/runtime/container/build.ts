@@ -1,5 +1,12 @@
 import type {DockerCli} from '../../sandbox/docker/cli.js'
-import {ensureContainerImage, ensureIsolationImage, planImages, type EnsureResult, type ImageContext, type ImagePlan} from '../../sandbox/docker/images.js'
+import {
+  ensureContainerImage,
+  ensureIsolationImage,
+  planImages,
+  type EnsureResult,
+  type ImageContext,
+  type ImagePlan,
+} from '../../sandbox/docker/images.js'
 import {findAgent} from '../config/load.js'
 import type {AgentConfig, LoadedConfig} from '../config/types.js'
 import {containerImageContext} from './context.js'
@@ -53,7 +60,11 @@ export function containerAgents(loaded: LoadedConfig, agentId?: string): AgentCo
 export async function buildContainerImages(options: ContainerBuildOptions): Promise<ContainerBuildResult> {
   const agents = containerAgents(options.loaded, options.agentId)
   if (agents.length === 0) {
-    return {images: [], built: 0, note: 'no agent has container_mode.enabled: true; nothing to build (use --agent ID to build for one anyway)'}
+    return {
+      images: [],
+      built: 0,
+      note: 'no agent has container_mode.enabled: true; nothing to build (use --agent ID to build for one anyway)',
+    }
   }
   const entries: ContainerBuildEntry[] = []
   const steps = agents.map((agent) => ({agent, plan: undefined as ImagePlan | undefined}))
@@ -77,7 +88,11 @@ export async function buildContainerImages(options: ContainerBuildOptions): Prom
     entries.push(entry)
     return entry
   }
-  const report = (result: EnsureResult): ImageBuildReport => ({tag: result.tag, built: result.built, reason: result.reason})
+  const report = (result: EnsureResult): ImageBuildReport => ({
+    tag: result.tag,
+    built: result.built,
+    reason: result.reason,
+  })
 
   const tasks = steps.map((step) => ({
     title: `agent ${step.agent.id}`,
@@ -136,7 +151,7 @@ export async function buildContainerImages(options: ContainerBuildOptions): Prom
       {renderer: 'default', exitOnError: true, concurrent: false},
     ).run()
   } else {
-    const log = options.display === 'lines' ? options.onLog ?? (() => {}) : () => {}
+    const log = options.display === 'lines' ? (options.onLog ?? (() => {})) : () => {}
     for (const agentTask of tasks) {
       for (const step of agentTask.steps) {
         const summary = await step.run((line) => log(`  ${line}`))
@@ -145,6 +160,9 @@ export async function buildContainerImages(options: ContainerBuildOptions): Prom
     }
   }
 
-  const built = entries.reduce((count, entry) => count + (entry.container_image?.built ? 1 : 0) + (entry.isolation_image.built ? 1 : 0), 0)
+  const built = entries.reduce(
+    (count, entry) => count + (entry.container_image?.built ? 1 : 0) + (entry.isolation_image.built ? 1 : 0),
+    0,
+  )
   return {images: entries, built}
 }

@@ -10,7 +10,9 @@ import {listGatewayImages, type GatewayImage} from './status.js'
  * every home on the engine (`container clean`). Containers of live runs are never touched.
  * Throws E_DOCKER_* when the engine cannot be reached; the caller decides whether that matters.
  */
-export async function removeOrphanContainers(options: {home?: string; dryRun?: boolean; cli?: DockerCli; signal?: AbortSignal} = {}): Promise<GatewayContainer[]> {
+export async function removeOrphanContainers(
+  options: {home?: string; dryRun?: boolean; cli?: DockerCli; signal?: AbortSignal} = {},
+): Promise<GatewayContainer[]> {
   const {removed} = await cleanOrphanContainers(options.cli ?? localEngineApi() ?? dockerCli(), options)
   return removed
 }
@@ -31,17 +33,27 @@ export interface ContainerCleanResult {
  * does not refer to (older than CLEAN_GRACE_SECONDS); with `all`, every meepagateway image not used
  * by a container. Idempotent: a second run finds nothing and succeeds.
  */
-export async function cleanContainers(loaded: LoadedConfig, options: {all?: boolean; dryRun?: boolean; cli?: DockerCli; signal?: AbortSignal} = {}): Promise<ContainerCleanResult> {
+export async function cleanContainers(
+  loaded: LoadedConfig,
+  options: {all?: boolean; dryRun?: boolean; cli?: DockerCli; signal?: AbortSignal} = {},
+): Promise<ContainerCleanResult> {
   // a local engine is asked over its API (no docker process per container or image), another through the CLI
   const docker = options.cli ?? localEngineApi() ?? dockerCli()
   const dryRun = options.dryRun === true
   const {removed: containers, refused} = await cleanOrphanContainers(docker, {dryRun, signal: options.signal})
   // In a dry run the orphans still exist; their images count as free, as they will be.
-  const images = await listGatewayImages(loaded, {cli: options.cli, signal: options.signal, ignoreContainers: new Set(containers.map((container) => container.id))})
+  const images = await listGatewayImages(loaded, {
+    cli: options.cli,
+    signal: options.signal,
+    ignoreContainers: new Set(containers.map((container) => container.id)),
+  })
   const result: ContainerCleanResult = {
     dry_run: dryRun,
     containers: containers.map(({name, agent, run, state}) => ({name, agent, run, state})),
-    kept_containers: refused.map(({container, reason}) => ({name: container.name, reason: `docker refused: ${reason}`})),
+    kept_containers: refused.map(({container, reason}) => ({
+      name: container.name,
+      reason: `docker refused: ${reason}`,
+    })),
     images: [],
     kept: [],
     reclaimed_bytes: 0,
@@ -61,7 +73,10 @@ export async function cleanContainers(loaded: LoadedConfig, options: {all?: bool
     result.images.push({ref, id: image.id, size_bytes: image.size_bytes})
   }
   // Several tags of one image free its size once.
-  result.reclaimed_bytes = [...new Map(result.images.map((image) => [image.id, image.size_bytes])).values()].reduce((sum, size) => sum + size, 0)
+  result.reclaimed_bytes = [...new Map(result.images.map((image) => [image.id, image.size_bytes])).values()].reduce(
+    (sum, size) => sum + size,
+    0,
+  )
   return result
 }
 
@@ -74,6 +89,7 @@ function keepReason(image: GatewayImage, all: boolean): string | undefined {
   if (image.used_by.length > 0) return `used by agent ${image.used_by.join(', ')}`
   // Images are shared by every gateway home on the engine, and this config only knows its own
   // agents: a fresh image may belong to another home's build or run that is starting right now.
-  if (image.tag !== '<none>' && image.age_seconds < CLEAN_GRACE_SECONDS) return `built less than ${CLEAN_GRACE_SECONDS / 60} minutes ago`
+  if (image.tag !== '<none>' && image.age_seconds < CLEAN_GRACE_SECONDS)
+    return `built less than ${CLEAN_GRACE_SECONDS / 60} minutes ago`
   return undefined
 }

@@ -9,7 +9,8 @@ let version: string | undefined
 
 /** The installed app's version (package.json): part of every isolation image tag. */
 export function appVersion(): string {
-  version ??= (JSON.parse(fs.readFileSync(path.join(APP_ROOT, 'package.json'), 'utf8')) as {version?: string}).version ?? '0.0.0'
+  version ??=
+    (JSON.parse(fs.readFileSync(path.join(APP_ROOT, 'package.json'), 'utf8')) as {version?: string}).version ?? '0.0.0'
   return version
 }
 

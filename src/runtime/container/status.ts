@@ -2,7 +2,13 @@ import type {DockerCli} from '../../sandbox/docker/cli.js'
 import {listGatewayContainers, type GatewayContainer} from '../../sandbox/docker/containers.js'
 import {LABEL} from '../../sandbox/docker/dockerfile.js'
 import {localEngineApi, type EngineApi} from '../../sandbox/docker/engine-api.js'
-import {isolationImageState, labelledImages, planImages, type ImageContext, type ImagePlan} from '../../sandbox/docker/images.js'
+import {
+  isolationImageState,
+  labelledImages,
+  planImages,
+  type ImageContext,
+  type ImagePlan,
+} from '../../sandbox/docker/images.js'
 import type {AgentConfig, LoadedConfig} from '../config/types.js'
 import {containerAgents} from './build.js'
 import {containerImageContext, loadDockerCli} from './context.js'
@@ -34,7 +40,10 @@ export interface ContainerStatus {
  * Engine API questions that do not depend on it (the ping, the containers) are asked first, and
  * the engine answers them while the config is read and validated.
  */
-export async function containerStatus(config: LoadedConfig | (() => LoadedConfig), options: {cli?: DockerCli; signal?: AbortSignal} = {}): Promise<ContainerStatus> {
+export async function containerStatus(
+  config: LoadedConfig | (() => LoadedConfig),
+  options: {cli?: DockerCli; signal?: AbortSignal} = {},
+): Promise<ContainerStatus> {
   const engine = options.cli ? undefined : localEngineApi()
   // only Engine API requests go out before the config: a docker CLI process started for a config
   // that turns out invalid could outlive this one
@@ -68,11 +77,22 @@ export async function containerStatus(config: LoadedConfig | (() => LoadedConfig
     throw error
   })
   const [agents, listed] = await Promise.all([statuses, listing])
-  const containers = listed.map(({name, agent, run, state, created, image}) => ({name, agent, run, state, created, image}))
+  const containers = listed.map(({name, agent, run, state, created, image}) => ({
+    name,
+    agent,
+    run,
+    state,
+    created,
+    image,
+  }))
   return {engine: {reachable: true, server_version: version.server, api_version: version.api}, agents, containers}
 }
 
-async function agentImageStatus(loaded: LoadedConfig, agent: AgentConfig, context: ImageContext): Promise<AgentImageStatus> {
+async function agentImageStatus(
+  loaded: LoadedConfig,
+  agent: AgentConfig,
+  context: ImageContext,
+): Promise<AgentImageStatus> {
   try {
     const plan = await planImages(loaded.config, agent, context)
     const state = await isolationImageState(plan, context)
@@ -81,10 +101,21 @@ async function agentImageStatus(loaded: LoadedConfig, agent: AgentConfig, contex
       container_mode: agent.container_mode.enabled,
       base: plan.baseRef,
       ...(plan.container ? {container_image: {tag: plan.container.tag, present: state.base !== undefined}} : {}),
-      isolation_image: {tag: plan.isolationTag, present: state.existing !== undefined, up_to_date: state.stale === undefined, ...(state.stale ? {reason: state.stale} : {})},
+      isolation_image: {
+        tag: plan.isolationTag,
+        present: state.existing !== undefined,
+        up_to_date: state.stale === undefined,
+        ...(state.stale ? {reason: state.stale} : {}),
+      },
     }
   } catch (error) {
-    return {agent: agent.id, container_mode: true, base: '', isolation_image: {tag: '', present: false, up_to_date: false}, error: toGatewayError(error).message}
+    return {
+      agent: agent.id,
+      container_mode: true,
+      base: '',
+      isolation_image: {tag: '', present: false, up_to_date: false},
+      error: toGatewayError(error).message,
+    }
   }
 }
 
@@ -113,15 +144,22 @@ export async function listGatewayImages(
   const docker = engine ?? options.cli ?? (await loadDockerCli())
   const infos = await labelledImages(docker, [`${LABEL.gateway}=1`], options.signal)
   if (infos.length === 0) return []
-  const [references, containers] = await Promise.all([referencedImages(loaded, {cli: options.cli, engine}, options.signal), listGatewayContainers(docker, {signal: options.signal})])
+  const [references, containers] = await Promise.all([
+    referencedImages(loaded, {cli: options.cli, engine}, options.signal),
+    listGatewayContainers(docker, {signal: options.signal}),
+  ])
   const images: GatewayImage[] = []
   for (const info of infos) {
     const tags = info.tags.length > 0 ? info.tags : ['<none>:<none>']
     // A rebuilt tag leaves the old image dangling (untagged): it is listed as <none> so clean can remove it.
     for (const ref of tags) {
       const [repository, tag] = splitRef(ref)
-      const usedBy = [...new Set(references.filter((reference) => reference.tags.includes(ref)).map((reference) => reference.agent))]
-      const users = containers.filter((container) => !options.ignoreContainers?.has(container.id) && container.imageId === info.id).length
+      const usedBy = [
+        ...new Set(references.filter((reference) => reference.tags.includes(ref)).map((reference) => reference.agent)),
+      ]
+      const users = containers.filter(
+        (container) => !options.ignoreContainers?.has(container.id) && container.imageId === info.id,
+      ).length
       images.push({
         repository,
         tag,
@@ -143,7 +181,11 @@ export async function listGatewayImages(
  * The gateway image tags the config refers to, per agent: what `container build` would produce.
  * Works out plans without building; an agent whose plan fails (base missing) refers to nothing.
  */
-export async function referencedImages(loaded: LoadedConfig, docker: {cli?: DockerCli; engine?: EngineApi}, signal?: AbortSignal): Promise<Array<{agent: string; tags: string[]}>> {
+export async function referencedImages(
+  loaded: LoadedConfig,
+  docker: {cli?: DockerCli; engine?: EngineApi},
+  signal?: AbortSignal,
+): Promise<Array<{agent: string; tags: string[]}>> {
   const context = containerImageContext(loaded.home, {...docker, signal})
   const references: Array<{agent: string; tags: string[]}> = []
   for (const agent of containerAgents(loaded)) {

@@ -5,7 +5,10 @@ import type {GatewayConfig, LoadedConfig} from '../config/types.js'
 
 /** Quiet time after the last change event before the file is read: an editor writes in several steps. */
 const SETTLE_MS = 150
-/** How often the file is read anyway: events are lost on some file systems, and a symlinked file's target is not watched. */
+/**
+ * How often the file is read anyway: events are lost on some file systems, and a symlinked file's
+ * target is not watched.
+ */
 const POLL_MS = 2000
 
 export interface ConfigWatchOptions {
@@ -70,11 +73,20 @@ export class ConfigWatch {
     try {
       parsed = parseConfigText(text, current.path, this.options.env ?? process.env)
     } catch (error) {
-      return this.refuse(text, (error as Error).message.replace(/:?\n\s*-\s*/g, (separator) => (separator.startsWith(':') ? ': ' : '; ')))
+      return this.refuse(
+        text,
+        (error as Error).message.replace(/:?\n\s*-\s*/g, (separator) => (separator.startsWith(':') ? ': ' : '; ')),
+      )
     }
     this.refused = undefined
     // variables named in the file are read from this process's environment, as at start-up
-    this.options.apply({...current, config: parsed.config, secrets: {...current.secrets, ...parsed.secrets}, created: false, text})
+    this.options.apply({
+      ...current,
+      config: parsed.config,
+      secrets: {...current.secrets, ...parsed.secrets},
+      created: false,
+      text,
+    })
     return undefined
   }
 
@@ -91,14 +103,18 @@ export class ConfigWatch {
         this.sync()
       } catch (error) {
         // applying failed half way (it should not): said, and the gateway goes on serving
-        this.options.log(`gateway: could not apply the change to ${this.options.current().path}: ${(error as Error).message}`)
+        this.options.log(
+          `gateway: could not apply the change to ${this.options.current().path}: ${(error as Error).message}`,
+        )
       }
     }, SETTLE_MS).unref()
   }
 
   private refuse(text: string, reason: string): string {
     if (this.refused?.text !== text || this.refused.reason !== reason) {
-      this.options.log(`gateway: config change refused, still serving the previous config: ${reason} (meepagateway config check shows the problems)`)
+      this.options.log(
+        `gateway: config change refused, still serving the previous config: ${reason} (meepagateway config check shows the problems)`,
+      )
     }
     this.refused = {text, reason}
     return reason
@@ -115,11 +131,16 @@ export class ConfigWatch {
   private stopWatching(error: Error): void {
     this.watcher?.close()
     this.watcher = undefined
-    this.options.log(`gateway: cannot watch ${path.dirname(this.options.current().path)} (${error.message}); config.yaml is read every ${POLL_MS / 1000} s instead`)
+    this.options.log(
+      `gateway: cannot watch ${path.dirname(this.options.current().path)} (${error.message}); config.yaml is read every ${POLL_MS / 1000} s instead`,
+    )
   }
 }
 
-/** What a running gateway set up once from the config (connectors, listener, queue): a change there waits for a restart. */
+/**
+ * What a running gateway set up once from the config (connectors, listener, queue): a change there
+ * waits for a restart.
+ */
 export function partsNeedingRestart(before: GatewayConfig, after: GatewayConfig): string[] {
   const parts: string[] = []
   const agentsBefore = new Map(before.agents.map((agent) => [agent.id, agent]))
@@ -128,13 +149,15 @@ export function partsNeedingRestart(before: GatewayConfig, after: GatewayConfig)
   for (const [id, agent] of agentsBefore) {
     const next = agentsAfter.get(id)
     if (!next) parts.push(`agent ${id} (removed)`)
-    else if (JSON.stringify(next.connectors) !== JSON.stringify(agent.connectors)) parts.push(`agent ${id}'s connectors`)
+    else if (JSON.stringify(next.connectors) !== JSON.stringify(agent.connectors))
+      parts.push(`agent ${id}'s connectors`)
   }
   for (const section of ['captain', 'gateway'] as const) {
     for (const [field, value] of Object.entries(after[section])) {
       // the listener reads allowed_hosts at every request
       if (section === 'captain' && field === 'allowed_hosts') continue
-      if (JSON.stringify(value) !== JSON.stringify((before[section] as Record<string, unknown>)[field])) parts.push(`${section}.${field}`)
+      if (JSON.stringify(value) !== JSON.stringify((before[section] as Record<string, unknown>)[field]))
+        parts.push(`${section}.${field}`)
     }
   }
   return parts

@@ -1,6 +1,13 @@
 import type {AgentRunOutput, InboundMessage} from '../shapes/agent-run-contract.js'
 import type {IsolationLevel} from '../config/types.js'
-import type {Delivery, DispatchExtras, DispatchOutcome, DispatchStatus, DispatchTicket, MessageDispatcher} from '../connectors/types.js'
+import type {
+  Delivery,
+  DispatchExtras,
+  DispatchOutcome,
+  DispatchStatus,
+  DispatchTicket,
+  MessageDispatcher,
+} from '../connectors/types.js'
 import type {RunMessageResult} from '../runners/run-message.js'
 import {failure} from '../agent-run/output.js'
 import {abortSignalName} from '../util/subprocess.js'
@@ -14,7 +21,13 @@ const ABORT_SETTLE_MS = 10_000
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms).unref())
 
 /** Runs one message for one agent: `runMessage` in production, a stub in queueing tests. */
-export type RunFunction = (request: {agentId: string; message: InboundMessage; runId: string; signal: AbortSignal; onLog?: (line: string) => void}) => Promise<RunMessageResult>
+export type RunFunction = (request: {
+  agentId: string
+  message: InboundMessage
+  runId: string
+  signal: AbortSignal
+  onLog?: (line: string) => void
+}) => Promise<RunMessageResult>
 
 export interface DispatcherOptions {
   queue: RunQueue
@@ -61,16 +74,28 @@ export class Dispatcher implements MessageDispatcher {
     let settle!: (outcome: DispatchOutcome) => void
     const done = new Promise<DispatchOutcome>((resolve) => (settle = resolve))
     const accepted = this.options.queue.submit(agentId, {
-      run: async () => settle(extras.signal?.aborted ? this.withdrawn(start, extras.signal) : (this.handedBack(start, extras) ?? (await this.execute(start, message, delivery, extras)))),
+      run: async () =>
+        settle(
+          extras.signal?.aborted
+            ? this.withdrawn(start, extras.signal)
+            : (this.handedBack(start, extras) ?? (await this.execute(start, message, delivery, extras))),
+        ),
       cancel: (reason) =>
         reason === 'withdrawn' && extras.signal
           ? settle(this.withdrawn(start, extras.signal))
-          : void this.reject(start, delivery, 'stopping', 'the gateway shut down before the run started').done.then(settle),
+          : void this.reject(start, delivery, 'stopping', 'the gateway shut down before the run started').done.then(
+              settle,
+            ),
       withdrawn: extras.signal,
     })
     if (!accepted) {
       this.options.log(`agent ${agentId}: queue full, told ${message.connector} user ${message.user.id} to try again`)
-      return this.reject(start, delivery, 'busy', `the agent's queue is full (${this.options.queue.waitingFor(agentId)} waiting)`)
+      return this.reject(
+        start,
+        delivery,
+        'busy',
+        `the agent's queue is full (${this.options.queue.waitingFor(agentId)} waiting)`,
+      )
     }
     return {runId, accepted: true, done}
   }
@@ -113,11 +138,21 @@ export class Dispatcher implements MessageDispatcher {
     // drain() waits for these too, so a "restarting" reply goes out before the connectors close
     this.rejections.add(delivered)
     void delivered.then(() => this.rejections.delete(delivered))
-    const done = delivered.then((): DispatchOutcome => ({runId: start.id, status: 'rejected', reply, rejectedBecause: because}))
+    const done = delivered.then((): DispatchOutcome => ({
+      runId: start.id,
+      status: 'rejected',
+      reply,
+      rejectedBecause: because,
+    }))
     return {runId: start.id, accepted: false, done}
   }
 
-  private async execute(queued: RunStart, message: InboundMessage, delivery: Delivery, extras: DispatchExtras): Promise<DispatchOutcome> {
+  private async execute(
+    queued: RunStart,
+    message: InboundMessage,
+    delivery: Delivery,
+    extras: DispatchExtras,
+  ): Promise<DispatchOutcome> {
     // the level now: a config change while the message waited applies to its run, and its record says so
     const start = {...queued, isolation: this.options.isolationFor(queued.agentId)}
     const controller = new AbortController()
@@ -132,7 +167,13 @@ export class Dispatcher implements MessageDispatcher {
     // a record that cannot be written (damaged or full disk) is logged; the message still runs
     this.writeRecord(start.id, () => this.options.records.start({...start, startedAt: started}))
     try {
-      const result = await this.options.run({agentId: start.agentId, message, runId: start.id, signal: controller.signal, onLog: extras.onLog})
+      const result = await this.options.run({
+        agentId: start.agentId,
+        message,
+        runId: start.id,
+        signal: controller.signal,
+        onLog: extras.onLog,
+      })
       output = result.output
       level = result.level
     } catch (error) {
@@ -144,9 +185,15 @@ export class Dispatcher implements MessageDispatcher {
     }
     const interrupted = controller.signal.aborted && !output.ok
     const durationMs = Date.now() - started
-    this.writeRecord(start.id, () => this.options.records.finish(start.id, output, {durationMs, isolation: level, interrupted}))
+    this.writeRecord(start.id, () =>
+      this.options.records.finish(start.id, output, {durationMs, isolation: level, interrupted}),
+    )
     const status: DispatchStatus = output.ok ? 'ok' : interrupted ? 'interrupted' : 'failed'
-    const reply = output.ok ? output.reply.content.trim() || EMPTY_REPLY : interrupted ? INTERRUPTED_REPLY : failureReply(output)
+    const reply = output.ok
+      ? output.reply.content.trim() || EMPTY_REPLY
+      : interrupted
+        ? INTERRUPTED_REPLY
+        : failureReply(output)
     this.options.log(
       `run ${start.id}: agent ${start.agentId} via ${start.connector} ${status} in ${durationMs} ms (${level})` +
         (output.ok ? '' : `: ${output.error.code} ${output.error.message.split('\n')[0]}`),
@@ -169,10 +216,18 @@ export class Dispatcher implements MessageDispatcher {
    */
   private withdrawn(start: RunStart, signal: AbortSignal): DispatchOutcome {
     const signalName = abortSignalName(signal.reason)
-    const output = failure(start.id, 'E_RUN', `the run was cancelled${signalName ? ` (${signalName})` : ''} before it started`, true, signalName ? {signal: signalName} : {})
+    const output = failure(
+      start.id,
+      'E_RUN',
+      `the run was cancelled${signalName ? ` (${signalName})` : ''} before it started`,
+      true,
+      signalName ? {signal: signalName} : {},
+    )
     this.writeRecord(start.id, () => this.options.records.start({...start, startedAt: Date.now()}))
     this.writeRecord(start.id, () => this.options.records.finish(start.id, output, {durationMs: 0, interrupted: true}))
-    this.options.log(`run ${start.id}: agent ${start.agentId} via ${start.connector} withdrawn by its sender before it started`)
+    this.options.log(
+      `run ${start.id}: agent ${start.agentId} via ${start.connector} withdrawn by its sender before it started`,
+    )
     return {runId: start.id, status: 'interrupted', reply: INTERRUPTED_REPLY, output}
   }
 

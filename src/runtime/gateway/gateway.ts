@@ -88,21 +88,28 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
         if (removed > 0) log(`gateway: removed ${removed} container(s) left behind by a previous gateway`)
       },
       (error: Error) => {
-        if (!orphanCheck.signal.aborted) log(`gateway: skipped the check for containers a previous gateway left behind: ${error.message.split('\n')[0]}`)
+        if (!orphanCheck.signal.aborted)
+          log(
+            `gateway: skipped the check for containers a previous gateway left behind: ${error.message.split('\n')[0]}`,
+          )
       },
     )
 
     const agents = new Map(config.agents.map((agent) => [agent.id, agent]))
     const health = new GatewayHealth({
       home: loaded.home,
-      usesContainers: () => [...agents.values()].some((agent) => isolationLevelFor(agent, options.unrestricted) === 'container'),
+      usesContainers: () =>
+        [...agents.values()].some((agent) => isolationLevelFor(agent, options.unrestricted) === 'container'),
       stateProblem: () => guarded.problem,
       connectors: () => connectors,
       probeEngine,
     })
     // the dashboard edits agents and image_config; runs started after an edit use the new config
     let live = loaded
-    const queue = new RunQueue({maxConcurrent: config.gateway.max_concurrent_runs, queueLimit: config.gateway.queue_limit})
+    const queue = new RunQueue({
+      maxConcurrent: config.gateway.max_concurrent_runs,
+      queueLimit: config.gateway.queue_limit,
+    })
     const run: RunFunction =
       options.run ??
       (({agentId, message, runId, signal, onLog}) =>
@@ -144,7 +151,12 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
           connectors.push(
             await createConnector(
               connectorConfig,
-              {name, agentId: agent.id, log, onMessage: (message, delivery) => void dispatcher.dispatch(agent.id, message, delivery)},
+              {
+                name,
+                agentId: agent.id,
+                log,
+                onMessage: (message, delivery) => void dispatcher.dispatch(agent.id, message, delivery),
+              },
               options.connectorTimings,
             ),
           )
@@ -176,13 +188,21 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       live = next
       // a standby started for the old config could serve the next message of an agent whose level changed
       void stopStandbyAgentRuns(loaded.home)
-      if ([...agents.values()].some((agent) => isolationLevelFor(agent, options.unrestricted) === 'container')) void stopStandbyContainers().catch(() => {})
+      if ([...agents.values()].some((agent) => isolationLevelFor(agent, options.unrestricted) === 'container'))
+        void stopStandbyContainers().catch(() => {})
       for (const agent of next.config.agents) if (agents.has(agent.id)) agents.set(agent.id, agent)
     }
     let captain: Captain | undefined
     if (config.captain.enabled) {
       assertSafeBind(config.captain.bind, hasCaptainPassword(db))
-      captain = await mountCaptain(router, {db, loaded, log, connectors: () => connectors, unrestricted: options.unrestricted, syncConfigFile: options.watchConfig ? () => watch?.sync() : undefined})
+      captain = await mountCaptain(router, {
+        db,
+        loaded,
+        log,
+        connectors: () => connectors,
+        unrestricted: options.unrestricted,
+        syncConfigFile: options.watchConfig ? () => watch?.sync() : undefined,
+      })
       captain.onConfigChange((next) => applyConfig(next))
     }
     if (options.watchConfig) {
@@ -193,19 +213,34 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
         apply: (next) => {
           const previous = live
           try {
-            auditFileEdit(audit, {text: previous.text ?? '', config: previous.config}, {text: next.text ?? '', config: next.config})
+            auditFileEdit(
+              audit,
+              {text: previous.text ?? '', config: previous.config},
+              {text: next.text ?? '', config: next.config},
+            )
           } catch (error) {
             // the file is the operator's: it runs as written even when gateway.db cannot take the entry
-            log(`gateway: could not write the audit entry of the change to ${next.path} (applied anyway): ${(error as Error).message}`)
+            log(
+              `gateway: could not write the audit entry of the change to ${next.path} (applied anyway): ${(error as Error).message}`,
+            )
           }
           applyConfig(next)
           captain?.replaceConfig(next)
           const restart = partsNeedingRestart(previous.config, next.config)
-          log(`gateway: applied the change to ${next.path}; the next message of each agent runs with it` + (restart.length > 0 ? `; a restart is needed for: ${restart.join(', ')}` : ''))
+          log(
+            `gateway: applied the change to ${next.path}; the next message of each agent runs with it` +
+              (restart.length > 0 ? `; a restart is needed for: ${restart.join(', ')}` : ''),
+          )
         },
       })
     }
-    mountWebChat({router, dispatcher, agentIds: () => [...agents.keys()], caller: captain?.chatCaller ?? apiKeyCaller(new ApiKeys(db)), runs: records})
+    mountWebChat({
+      router,
+      dispatcher,
+      agentIds: () => [...agents.keys()],
+      caller: captain?.chatCaller ?? apiKeyCaller(new ApiKeys(db)),
+      runs: records,
+    })
     const http: HttpListener = await startHttpListener({
       bind: config.captain.bind,
       port: options.port ?? config.captain.port,
@@ -222,7 +257,9 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     try {
       forgetListening = recordListening(loaded.home, {bind: config.captain.bind, port: http.port})
     } catch (error) {
-      log(`gateway: cannot record where it listens (${(error as Error).message}); dashboard link prints the port of the config`)
+      log(
+        `gateway: cannot record where it listens (${(error as Error).message}); dashboard link prints the port of the config`,
+      )
     }
     const localSend: LocalSendListener | undefined = await listenForLocalSend({
       home: loaded.home,
@@ -239,12 +276,14 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     })
 
     if (!isLoopbackBind(config.captain.bind) && config.captain.allowed_hosts.length === 0) {
-      log(`gateway: captain.bind is ${config.captain.bind}, but only requests naming 127.0.0.1/localhost are answered; list the names clients use in captain.allowed_hosts`)
+      log(
+        `gateway: captain.bind is ${config.captain.bind}, but only requests naming 127.0.0.1/localhost are answered; list the names clients use in captain.allowed_hosts`,
+      )
     }
     for (const connector of connectors) connector.start()
     health.watch()
-    const restartReplies = answerInterruptedRuns({records, connectors, log, signal: orphanCheck.signal}).catch((error: Error) =>
-      log(`gateway: could not send the replies owed from before the restart: ${error.message}`),
+    const restartReplies = answerInterruptedRuns({records, connectors, log, signal: orphanCheck.signal}).catch(
+      (error: Error) => log(`gateway: could not send the replies owed from before the restart: ${error.message}`),
     )
 
     let stopping: Promise<void> | undefined
@@ -256,7 +295,8 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       localSend?.close()
       watch?.close()
       const graceMs = stopOptions.graceMs ?? config.gateway.shutdown_grace_seconds * 1000
-      if (queue.running > 0) log(`gateway: stopping; waiting up to ${Math.round(graceMs / 1000)} s for ${queue.running} running run(s)`)
+      if (queue.running > 0)
+        log(`gateway: stopping; waiting up to ${Math.round(graceMs / 1000)} s for ${queue.running} running run(s)`)
       else log('gateway: stopping')
       // standbys go while runs drain: a hung engine must not add its wait to the grace period
       const standbysStopped = stopStandbyContainers()
@@ -266,9 +306,16 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       await restartReplies
       await Promise.all(connectors.map((connector) => connector.stop().catch(() => {})))
       // again: a run that ended during the drain may have prepared one
-      const left = [...(await standbysStopped.catch(() => [])), ...(await stopStandbyContainers().catch(() => [])), ...(await abandonEngineWork())]
+      const left = [
+        ...(await standbysStopped.catch(() => [])),
+        ...(await stopStandbyContainers().catch(() => [])),
+        ...(await abandonEngineWork()),
+      ]
       await Promise.all([agentRunsStopped, stopStandbyAgentRuns(loaded.home)])
-      if (left.length > 0) log(`gateway: the Docker engine did not answer; left container(s) ${[...new Set(left)].join(', ')} for the next start-up (or container clean) to remove`)
+      if (left.length > 0)
+        log(
+          `gateway: the Docker engine did not answer; left container(s) ${[...new Set(left)].join(', ')} for the next start-up (or container clean) to remove`,
+        )
       captain?.close() // ends running builds and so their event streams, which would hold the listener open
       await Promise.race([http.close(), new Promise((resolve) => setTimeout(resolve, 5000).unref())])
       forgetListening()

@@ -56,9 +56,10 @@ export class GatewayHealth {
     }
     const message = (error as Error).message ?? String(error)
     const code = (error as {code?: string}).code ?? ''
-    this.recordFailure = code === 'SQLITE_FULL' || /ENOSPC|database or disk is full/i.test(message)
-      ? `disk full: run records cannot be written (${message})`
-      : `state database unwritable: ${message}`
+    this.recordFailure =
+      code === 'SQLITE_FULL' || /ENOSPC|database or disk is full/i.test(message)
+        ? `disk full: run records cannot be written (${message})`
+        : `state database unwritable: ${message}`
   }
 
   reasons(): string[] {

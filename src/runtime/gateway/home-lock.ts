@@ -61,10 +61,14 @@ function tryLock(file: string): Database.Database | undefined {
   } catch (error) {
     db.close()
     if ((error as {code?: string}).code === 'SQLITE_BUSY') return undefined
-    throw new GatewayError('E_STATE', `the gateway home's lock file ${file} cannot be used: ${(error as Error).message}`, {
-      cause: error,
-      suggestions: [`remove ${file} (it holds nothing) while no \`meepagateway serve\` runs, then start serve again`],
-    })
+    throw new GatewayError(
+      'E_STATE',
+      `the gateway home's lock file ${file} cannot be used: ${(error as Error).message}`,
+      {
+        cause: error,
+        suggestions: [`remove ${file} (it holds nothing) while no \`meepagateway serve\` runs, then start serve again`],
+      },
+    )
   }
 }
 
@@ -75,9 +79,13 @@ function tryLock(file: string): Database.Database | undefined {
 function refuseNonRegularFile(file: string): void {
   const stat = fs.lstatSync(file, {throwIfNoEntry: false})
   if (!stat || stat.isFile()) return
-  throw new GatewayError('E_STATE', `the gateway home's lock file ${file} is not a regular file (${stat.isSymbolicLink() ? 'a symlink' : 'a directory or special file'})`, {
-    suggestions: [`remove ${file} (serve makes it again), then start serve again`],
-  })
+  throw new GatewayError(
+    'E_STATE',
+    `the gateway home's lock file ${file} is not a regular file (${stat.isSymbolicLink() ? 'a symlink' : 'a directory or special file'})`,
+    {
+      suggestions: [`remove ${file} (serve makes it again), then start serve again`],
+    },
+  )
 }
 
 /** The pid the pid file names, when that process is alive (a symlink or a FIFO there names none). */
@@ -99,11 +107,17 @@ function readPid(pidFile: string): number | undefined {
 
 function gatewayRunning(home: string, pid: number | undefined): GatewayError {
   const who = pid === undefined ? 'another gateway (its pid is not recorded)' : `another gateway (pid ${pid})`
-  return new GatewayError('E_GATEWAY_RUNNING', `${who} is already serving ${home}; this one exits and changes nothing`, {
-    details: pid === undefined ? {} : {pid},
-    suggestions: [
-      pid === undefined ? 'stop the running `meepagateway serve` first' : `stop it first (kill ${pid}), or use that gateway: \`meepagateway send\` hands messages to it`,
-      'to run a second gateway, give it a home of its own: MEEPAGATEWAY_HOME=/another/dir meepagateway serve',
-    ],
-  })
+  return new GatewayError(
+    'E_GATEWAY_RUNNING',
+    `${who} is already serving ${home}; this one exits and changes nothing`,
+    {
+      details: pid === undefined ? {} : {pid},
+      suggestions: [
+        pid === undefined
+          ? 'stop the running `meepagateway serve` first'
+          : `stop it first (kill ${pid}), or use that gateway: \`meepagateway send\` hands messages to it`,
+        'to run a second gateway, give it a home of its own: MEEPAGATEWAY_HOME=/another/dir meepagateway serve',
+      ],
+    },
+  )
 }

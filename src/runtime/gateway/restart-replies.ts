@@ -23,9 +23,12 @@ export async function answerInterruptedRuns(options: {
   await Promise.all(
     groupBy(owed, (run) => `${run.agent_id}\0${run.connector}`).map(async (runs) => {
       const first = runs[0] as RunRecord
-      const connector = options.connectors.find((candidate) => candidate.agentId === first.agent_id && candidate.type === first.connector)
+      const connector = options.connectors.find(
+        (candidate) => candidate.agentId === first.agent_id && candidate.type === first.connector,
+      )
       if (!connector) {
-        for (const run of runs) records.noteRestartReply(run.id, {failed: `agent ${run.agent_id} has no ${run.connector} connector any more`})
+        for (const run of runs)
+          records.noteRestartReply(run.id, {failed: `agent ${run.agent_id} has no ${run.connector} connector any more`})
         return
       }
       if (!(await connected(connector, options.signal))) return // still pending: the next start-up tries again
@@ -33,7 +36,9 @@ export async function answerInterruptedRuns(options: {
         try {
           await connector.deliveryTo(run.channel_id, run.thread_id ?? undefined).send(RESTARTED_REPLY)
           records.noteRestartReply(run.id, {sent: true})
-          log(`run ${run.id}: told ${run.connector} user ${run.user_id ?? '?'} that the gateway restarted before the run finished`)
+          log(
+            `run ${run.id}: told ${run.connector} user ${run.user_id ?? '?'} that the gateway restarted before the run finished`,
+          )
         } catch (error) {
           const reason = (error as Error).message.split('\n')[0] ?? 'unknown'
           records.noteRestartReply(run.id, {failed: reason})

@@ -46,7 +46,12 @@ async function serveLocked(options: ServeOptions, loaded: LoadedConfig): Promise
   const signals = options.signals ?? process
   const gateway = await startGateway({
     removeOrphans: async (signal) =>
-      (await removeOrphanContainers({home: loaded.home, signal: AbortSignal.any([signal, AbortSignal.timeout(ORPHAN_CHECK_TIMEOUT_MS)])})).length,
+      (
+        await removeOrphanContainers({
+          home: loaded.home,
+          signal: AbortSignal.any([signal, AbortSignal.timeout(ORPHAN_CHECK_TIMEOUT_MS)]),
+        })
+      ).length,
     ...options,
     loaded,
     log,
@@ -54,7 +59,8 @@ async function serveLocked(options: ServeOptions, loaded: LoadedConfig): Promise
   })
 
   // A long-running gateway must not die of one library's stray promise: report it and go on.
-  const onUnhandled = (reason: unknown) => log(`gateway: unexpected error (still running): ${reason instanceof Error ? reason.message : String(reason)}`)
+  const onUnhandled = (reason: unknown) =>
+    log(`gateway: unexpected error (still running): ${reason instanceof Error ? reason.message : String(reason)}`)
   process.on('unhandledRejection', onUnhandled)
 
   const stoppedBy = await new Promise<string>((resolve) => {

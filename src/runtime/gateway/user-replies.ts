@@ -1,11 +1,14 @@
 import type {AgentRunFailure} from '../shapes/agent-run-contract.js'
 
 /** What the sender reads; the operator gets the full story in the run record and the log. */
-export const BUSY_REPLY = "I'm busy with other messages right now, so I couldn't take this one. Please try again in a minute."
-export const RESTARTING_REPLY = 'The gateway is restarting, so I could not take this message. Please send it again in a minute.'
+export const BUSY_REPLY =
+  "I'm busy with other messages right now, so I couldn't take this one. Please try again in a minute."
+export const RESTARTING_REPLY =
+  'The gateway is restarting, so I could not take this message. Please send it again in a minute.'
 export const INTERRUPTED_REPLY = 'The gateway restarted before I finished this one. Please send it again.'
 /** Sent at start-up for a message whose run a crashed gateway left unfinished. */
-export const RESTARTED_REPLY = 'I was restarted before I finished working on your message, so I have no answer for it. Please send it again.'
+export const RESTARTED_REPLY =
+  'I was restarted before I finished working on your message, so I have no answer for it. Please send it again.'
 export const EMPTY_REPLY = '(The agent finished without writing a reply.)'
 
 /** A short, plain reply for a failed run, with the run id so the operator can find the record. */
@@ -14,7 +17,8 @@ export function failureReply(failure: AgentRunFailure): string {
   switch (failure.error.code) {
     case 'E_TIMEOUT':
       // the deadline passed while the gateway itself was stopped: the run was not slow
-      if (failure.error.details?.gateway_suspended_ms !== undefined) return `Sorry, I was paused when this message's time ran out, so it was stopped before I could answer. Please send it again.${reference}`
+      if (failure.error.details?.gateway_suspended_ms !== undefined)
+        return `Sorry, I was paused when this message's time ran out, so it was stopped before I could answer. Please send it again.${reference}`
       return `Sorry, that took too long and was stopped before I could answer.${reference}`
     case 'E_OOM':
       return `Sorry, that ran out of memory and was stopped before I could answer.${reference}`
@@ -30,8 +34,10 @@ export function failureReply(failure: AgentRunFailure): string {
     case 'E_DOCKER_HUNG':
     case 'E_DOCKER_DOWN':
       // the engine went away under a started run: what it did so far may stand
-      if (failure.error.details?.partly_ran) return `Sorry, I couldn't finish: the Docker engine stopped answering while I was working, so I was stopped, and part of the work may already have run. The operator has the details.${reference}`
-      if (failure.error.code === 'E_DOCKER_DOWN') return `Sorry, I couldn't run: the Docker engine is not answering. The operator has the details.${reference}`
+      if (failure.error.details?.partly_ran)
+        return `Sorry, I couldn't finish: the Docker engine stopped answering while I was working, so I was stopped, and part of the work may already have run. The operator has the details.${reference}`
+      if (failure.error.code === 'E_DOCKER_DOWN')
+        return `Sorry, I couldn't run: the Docker engine is not answering. The operator has the details.${reference}`
       return `Sorry, I couldn't finish: the Docker engine stopped answering, so I was stopped. The operator has the details.${reference}`
     case 'E_DOCKER':
     case 'E_DOCKER_MISSING':

@@ -49,13 +49,18 @@ interface Probe {
 
 // EXDEV: Landlock refuses a link or rename that would give a file more rights than it has. EBUSY,
 // EROFS: the namespace layer's read-only covers. ESRCH: a host pid is absent from the PID namespace.
-const DENIED_ERROR = /Permission denied|Operation not permitted|EACCES|EPERM|Invalid cross-device link|EXDEV|Device or resource busy|EBUSY|Read-only file system|EROFS|No such process|ESRCH/
+const DENIED_ERROR =
+  /Permission denied|Operation not permitted|EACCES|EPERM|Invalid cross-device link|EXDEV|Device or resource busy|EBUSY|Read-only file system|EROFS|No such process|ESRCH/
 const PROBE_TIMEOUT_MS = 15_000
 
 export async function sandboxCheck(loaded: LoadedConfig, agentId?: string): Promise<SandboxCheckResult[]> {
-  const ids = agentId ? [agentId] : loaded.config.agents.filter((agent) => isolationLevelFor(agent) === 'host-sandbox').map((agent) => agent.id)
+  const ids = agentId
+    ? [agentId]
+    : loaded.config.agents.filter((agent) => isolationLevelFor(agent) === 'host-sandbox').map((agent) => agent.id)
   if (ids.length === 0) {
-    throw new GatewayError('E_USAGE', 'no agent uses the host sandbox', {suggestions: ['pass --agent ID to check a specific agent']})
+    throw new GatewayError('E_USAGE', 'no agent uses the host sandbox', {
+      suggestions: ['pass --agent ID to check a specific agent'],
+    })
   }
   const results: SandboxCheckResult[] = []
   for (const id of ids) {
@@ -77,7 +82,12 @@ async function checkAgent(loaded: LoadedConfig, sandbox: AgentSandbox): Promise<
     const probes = buildProbes(loaded, sandbox, tcp.port, udp.port)
     const results: ProbeResult[] = []
     for (const probe of probes) results.push(await runProbe(sandbox, probe))
-    return {agent: sandbox.agent.id, landlock_abi: sandbox.probe.landlock.abi, network: sandbox.policy.network, probes: results}
+    return {
+      agent: sandbox.agent.id,
+      landlock_abi: sandbox.probe.landlock.abi,
+      network: sandbox.policy.network,
+      probes: results,
+    }
   } finally {
     tcp.close()
     udp.close()
@@ -108,15 +118,32 @@ function buildProbes(loaded: LoadedConfig, sandbox: AgentSandbox, tcpPort: numbe
       : {name: 'read the gateway config', expect: 'denied', skip: 'no config file'},
   )
   const db = path.join(loaded.home, 'gateway.db')
-  probes.push(existingFile(db) ? {name: 'read gateway.db', expect: 'denied', argv: readFirstByte(db)} : {name: 'read gateway.db', expect: 'denied', skip: 'no gateway.db yet'})
+  probes.push(
+    existingFile(db)
+      ? {name: 'read gateway.db', expect: 'denied', argv: readFirstByte(db)}
+      : {name: 'read gateway.db', expect: 'denied', skip: 'no gateway.db yet'},
+  )
   const outside = path.join(loaded.home, tag)
-  probes.push({name: 'write into MEEPAGATEWAY_HOME outside the workspace', expect: 'denied', argv: createFile(outside), cleanup: [outside]})
-  const other = loaded.config.agents.find((agent) => agent.id !== sandbox.agent.id && fs.existsSync(path.join(loaded.home, 'agents', agent.id)))
+  probes.push({
+    name: 'write into MEEPAGATEWAY_HOME outside the workspace',
+    expect: 'denied',
+    argv: createFile(outside),
+    cleanup: [outside],
+  })
+  const other = loaded.config.agents.find(
+    (agent) => agent.id !== sandbox.agent.id && fs.existsSync(path.join(loaded.home, 'agents', agent.id)),
+  )
   if (other) {
     const otherWs = path.join(loaded.home, 'agents', other.id)
     const soul = path.join(otherWs, 'SOUL.md')
-    if (existingFile(soul)) probes.push({name: `read another agent's workspace (${other.id})`, expect: 'denied', argv: readFirstByte(soul)})
-    probes.push({name: `write another agent's workspace (${other.id})`, expect: 'denied', argv: createFile(path.join(otherWs, tag)), cleanup: [path.join(otherWs, tag)]})
+    if (existingFile(soul))
+      probes.push({name: `read another agent's workspace (${other.id})`, expect: 'denied', argv: readFirstByte(soul)})
+    probes.push({
+      name: `write another agent's workspace (${other.id})`,
+      expect: 'denied',
+      argv: createFile(path.join(otherWs, tag)),
+      cleanup: [path.join(otherWs, tag)],
+    })
   } else probes.push({name: "read another agent's workspace", expect: 'denied', skip: 'no other agent workspace'})
 
   // forbidden: the operator's home
@@ -124,12 +151,23 @@ function buildProbes(loaded: LoadedConfig, sandbox: AgentSandbox, tcpPort: numbe
   probes.push(
     dotfile
       ? {name: `read an operator dotfile (${dotfile})`, expect: 'denied', argv: readFirstByte(dotfile)}
-      : {name: 'read an operator dotfile', expect: 'denied', skip: sandbox.agent.file_access.allow_home_dotfiles ? 'allow_home_dotfiles is true' : 'no readable dotfile in the home'},
+      : {
+          name: 'read an operator dotfile',
+          expect: 'denied',
+          skip: sandbox.agent.file_access.allow_home_dotfiles
+            ? 'allow_home_dotfiles is true'
+            : 'no readable dotfile in the home',
+        },
   )
 
   // forbidden: writes outside the workspace and temp dir
   const sharedTmp = path.join(os.tmpdir(), tag)
-  probes.push({name: `write outside the workspace (${sharedTmp})`, expect: 'denied', argv: createFile(sharedTmp), cleanup: [sharedTmp]})
+  probes.push({
+    name: `write outside the workspace (${sharedTmp})`,
+    expect: 'denied',
+    argv: createFile(sharedTmp),
+    cleanup: [sharedTmp],
+  })
   const inApp = path.join(APP_ROOT, tag)
   probes.push({name: 'write into the installed app', expect: 'denied', argv: createFile(inApp), cleanup: [inApp]})
 
@@ -138,10 +176,19 @@ function buildProbes(loaded: LoadedConfig, sandbox: AgentSandbox, tcpPort: numbe
     if (existingFile(deny.path)) {
       probes.push({name: `read denied ${deny.path}`, expect: 'denied', argv: readFirstByte(deny.path)})
       probes.push(renameAside(deny.path))
-      probes.push({name: `hard-link denied ${deny.path} into TMPDIR`, expect: 'denied', argv: sh(`ln ${quote(deny.path)} ${quote(path.join(tmpDir, tag))}`)})
+      probes.push({
+        name: `hard-link denied ${deny.path} into TMPDIR`,
+        expect: 'denied',
+        argv: sh(`ln ${quote(deny.path)} ${quote(path.join(tmpDir, tag))}`),
+      })
     } else {
       const inside = path.join(deny.path, tag)
-      probes.push({name: `create a file in denied ${deny.path}`, expect: 'denied', argv: createFile(inside), cleanup: [inside]})
+      probes.push({
+        name: `create a file in denied ${deny.path}`,
+        expect: 'denied',
+        argv: createFile(inside),
+        cleanup: [inside],
+      })
       probes.push(renameAside(deny.path))
     }
   }
@@ -150,29 +197,64 @@ function buildProbes(loaded: LoadedConfig, sandbox: AgentSandbox, tcpPort: numbe
   const socket = CONTAINER_SOCKETS.find((candidate) => fs.existsSync(candidate))
   probes.push(
     socket
-      ? {name: `connect to the container engine socket (${socket})`, expect: 'denied', argv: [node, '-e', nodeConnect(`{path: ${JSON.stringify(socket)}}`)]}
+      ? {
+          name: `connect to the container engine socket (${socket})`,
+          expect: 'denied',
+          argv: [node, '-e', nodeConnect(`{path: ${JSON.stringify(socket)}}`)],
+        }
       : {name: 'connect to the container engine socket', expect: 'denied', skip: 'no Docker socket on this machine'},
   )
-  probes.push({name: 'signal a process outside the sandbox (the gateway)', expect: 'denied', argv: sh(`kill -0 ${process.pid}`)})
+  probes.push({
+    name: 'signal a process outside the sandbox (the gateway)',
+    expect: 'denied',
+    argv: sh(`kill -0 ${process.pid}`),
+  })
   probes.push(
     sandbox.namespaces.available
-      ? {name: "host processes are invisible (the gateway's pid is absent from /proc)", expect: 'allowed', argv: sh(`test ! -e /proc/${process.pid} && ! ls /proc | grep -qx ${process.pid}`)}
-      : {name: 'host processes are invisible', expect: 'allowed', skip: `no PID namespace: ${sandbox.namespaces.reason}`},
+      ? {
+          name: "host processes are invisible (the gateway's pid is absent from /proc)",
+          expect: 'allowed',
+          argv: sh(`test ! -e /proc/${process.pid} && ! ls /proc | grep -qx ${process.pid}`),
+        }
+      : {
+          name: 'host processes are invisible',
+          expect: 'allowed',
+          skip: `no PID namespace: ${sandbox.namespaces.reason}`,
+        },
   )
   probes.push(
     sandbox.namespaces.available
-      ? {name: 'open a pseudo-terminal (private devpts)', expect: 'allowed', argv: [node, '-e', "require('fs').closeSync(require('fs').openSync('/dev/ptmx', 'r+'))"]}
+      ? {
+          name: 'open a pseudo-terminal (private devpts)',
+          expect: 'allowed',
+          argv: [node, '-e', "require('fs').closeSync(require('fs').openSync('/dev/ptmx', 'r+'))"],
+        }
       : {name: 'open a pseudo-terminal', expect: 'allowed', skip: `no private devpts: ${sandbox.namespaces.reason}`},
   )
   if (policy.listen === 'deny' && policy.network === 'allow') {
-    probes.push({name: 'listen on a TCP port (allow_listen: false)', expect: 'denied', argv: [node, '-e', "require('net').createServer().listen(0, '127.0.0.1', () => process.exit(0)).on('error', (e) => { console.error(e.message); process.exit(1) })"]})
+    probes.push({
+      name: 'listen on a TCP port (allow_listen: false)',
+      expect: 'denied',
+      argv: [
+        node,
+        '-e',
+        "require('net').createServer().listen(0, '127.0.0.1', () => process.exit(0)).on('error', (e) => { console.error(e.message); process.exit(1) })",
+      ],
+    })
   }
-  probes.push(commandExists('setsid') ? {name: 'leave the process group (setsid)', expect: 'denied', argv: ['setsid', '-w', 'true']} : {name: 'leave the process group', expect: 'denied', skip: 'no setsid binary'})
+  probes.push(
+    commandExists('setsid')
+      ? {name: 'leave the process group (setsid)', expect: 'denied', argv: ['setsid', '-w', 'true']}
+      : {name: 'leave the process group', expect: 'denied', skip: 'no setsid binary'},
+  )
   probes.push({
     name: 'no_new_privs set and no capabilities',
     expect: 'allowed',
     argv: ['cat', '/proc/self/status'],
-    verify: (out) => (/NoNewPrivs:\s*1/.test(out) && /CapEff:\s*0+\n/.test(out) && /CapBnd:\s*0+\n/.test(out) ? undefined : 'NoNewPrivs/CapEff/CapBnd not as expected'),
+    verify: (out) =>
+      /NoNewPrivs:\s*1/.test(out) && /CapEff:\s*0+\n/.test(out) && /CapBnd:\s*0+\n/.test(out)
+        ? undefined
+        : 'NoNewPrivs/CapEff/CapBnd not as expected',
   })
   const secretNames = Object.keys(loaded.secrets)
   const secretValues = Object.values(loaded.secrets).filter((value) => value.length >= 6)
@@ -181,41 +263,87 @@ function buildProbes(loaded: LoadedConfig, sandbox: AgentSandbox, tcpPort: numbe
     expect: 'allowed',
     argv: ['env'],
     verify: (out) => {
-      const leaked = secretNames.filter((name) => out.includes(`${name}=`)).concat(secretValues.some((value) => out.includes(value)) ? ['(a secret value)'] : [])
+      const leaked = secretNames
+        .filter((name) => out.includes(`${name}=`))
+        .concat(secretValues.some((value) => out.includes(value)) ? ['(a secret value)'] : [])
       return leaked.length > 0 ? `leaked: ${leaked.join(', ')}` : undefined
     },
   })
 
   // network
   if (policy.network === 'deny') {
-    probes.push({name: `TCP connect to 127.0.0.1:${tcpPort}`, expect: 'denied', argv: [node, '-e', nodeConnect(`{host: '127.0.0.1', port: ${tcpPort}}`)]})
+    probes.push({
+      name: `TCP connect to 127.0.0.1:${tcpPort}`,
+      expect: 'denied',
+      argv: [node, '-e', nodeConnect(`{host: '127.0.0.1', port: ${tcpPort}}`)],
+    })
     probes.push({name: `UDP send to 127.0.0.1:${udpPort}`, expect: 'denied', argv: [node, '-e', nodeUdp(udpPort)]})
   } else {
-    probes.push({name: `TCP connect to 127.0.0.1:${tcpPort}`, expect: 'allowed', argv: [node, '-e', nodeConnect(`{host: '127.0.0.1', port: ${tcpPort}}`)]})
-    probes.push({name: 'read the DNS configuration (/etc/resolv.conf and its target)', expect: 'allowed', argv: sh('cat /etc/resolv.conf >/dev/null')})
+    probes.push({
+      name: `TCP connect to 127.0.0.1:${tcpPort}`,
+      expect: 'allowed',
+      argv: [node, '-e', nodeConnect(`{host: '127.0.0.1', port: ${tcpPort}}`)],
+    })
+    probes.push({
+      name: 'read the DNS configuration (/etc/resolv.conf and its target)',
+      expect: 'allowed',
+      argv: sh('cat /etc/resolv.conf >/dev/null'),
+    })
     const bundle = ['/etc/ssl/certs/ca-certificates.crt', '/etc/pki/tls/certs/ca-bundle.crt'].find(existingFile)
-    if (bundle) probes.push({name: `read the TLS trust store (${bundle})`, expect: 'allowed', argv: readFirstByte(bundle)})
+    if (bundle)
+      probes.push({name: `read the TLS trust store (${bundle})`, expect: 'allowed', argv: readFirstByte(bundle)})
   }
 
   // allowed: what an agent needs
   const workspaceLowered = policy.lowered.some((dir) => dir.path === fs.realpathSync(workspace))
   probes.push(
     workspaceLowered
-      ? {name: 'create a file in the workspace root', expect: 'allowed', skip: 'a deny inside the workspace makes its root listing-only (see sandbox explain)'}
-      : {name: 'create and remove a file in the workspace', expect: 'allowed', argv: createFile(path.join(workspace, tag)), cleanup: [path.join(workspace, tag)]},
+      ? {
+          name: 'create a file in the workspace root',
+          expect: 'allowed',
+          skip: 'a deny inside the workspace makes its root listing-only (see sandbox explain)',
+        }
+      : {
+          name: 'create and remove a file in the workspace',
+          expect: 'allowed',
+          argv: createFile(path.join(workspace, tag)),
+          cleanup: [path.join(workspace, tag)],
+        },
   )
-  if (existingFile(path.join(workspace, 'SOUL.md'))) probes.push({name: 'read SOUL.md in the workspace', expect: 'allowed', argv: readFirstByte(path.join(workspace, 'SOUL.md'))})
+  if (existingFile(path.join(workspace, 'SOUL.md')))
+    probes.push({
+      name: 'read SOUL.md in the workspace',
+      expect: 'allowed',
+      argv: readFirstByte(path.join(workspace, 'SOUL.md')),
+    })
   probes.push({name: 'create and remove a file in TMPDIR', expect: 'allowed', argv: createFile(path.join(tmpDir, tag))})
-  probes.push({name: 'run /bin/sh and the system tools', expect: 'allowed', argv: sh('ls /usr/bin >/dev/null && echo ok | grep -q ok')})
+  probes.push({
+    name: 'run /bin/sh and the system tools',
+    expect: 'allowed',
+    argv: sh('ls /usr/bin >/dev/null && echo ok | grep -q ok'),
+  })
   probes.push({name: 'run Node', expect: 'allowed', argv: [node, '-e', 'process.exit(0)']})
   probes.push({name: 'write /dev/null', expect: 'allowed', argv: sh('echo x > /dev/null')})
   for (const grant of policy.grants.filter((entry) => entry.reason.startsWith('allow_read'))) {
     const rw = grant.access === 'read-write'
     const file = existingFile(grant.path) ? grant.path : undefined
-    if (!rw) probes.push({name: `read ${grant.path} (${grant.reason})`, expect: 'allowed', argv: file ? readFirstByte(file) : ['ls', grant.path]})
-    else if (file) probes.push({name: `write ${grant.path} (${grant.reason})`, expect: 'allowed', argv: sh(`: >> ${quote(file)}`)})
-    else if (policy.lowered.some((dir) => dir.path === grant.path)) probes.push({name: `create a file in ${grant.path}`, expect: 'allowed', skip: 'listing-only: a deny lies inside'})
-    else probes.push({name: `create and remove a file in ${grant.path} (${grant.reason})`, expect: 'allowed', argv: createFile(path.join(grant.path, tag)), cleanup: [path.join(grant.path, tag)]})
+    if (!rw)
+      probes.push({
+        name: `read ${grant.path} (${grant.reason})`,
+        expect: 'allowed',
+        argv: file ? readFirstByte(file) : ['ls', grant.path],
+      })
+    else if (file)
+      probes.push({name: `write ${grant.path} (${grant.reason})`, expect: 'allowed', argv: sh(`: >> ${quote(file)}`)})
+    else if (policy.lowered.some((dir) => dir.path === grant.path))
+      probes.push({name: `create a file in ${grant.path}`, expect: 'allowed', skip: 'listing-only: a deny lies inside'})
+    else
+      probes.push({
+        name: `create and remove a file in ${grant.path} (${grant.reason})`,
+        expect: 'allowed',
+        argv: createFile(path.join(grant.path, tag)),
+        cleanup: [path.join(grant.path, tag)],
+      })
   }
   return probes
 }
@@ -227,13 +355,20 @@ async function runProbe(sandbox: AgentSandbox, probe: Probe): Promise<ProbeResul
     const {child} = await spawnInSandbox(sandbox, probe.argv, {stdio: 'pipe', timeoutMs: PROBE_TIMEOUT_MS})
     const result = await child
     const stderr = String(result.stderr ?? '').trim()
-    if (result.exitCode === HELPER_SETUP_EXIT && stderr.startsWith('meepa-sandbox:')) return {...base, pass: false, detail: `the helper refused: ${stderr}`}
+    if (result.exitCode === HELPER_SETUP_EXIT && stderr.startsWith('meepa-sandbox:'))
+      return {...base, pass: false, detail: `the helper refused: ${stderr}`}
     if (probe.expect === 'denied') {
       if (result.exitCode === 0) return {...base, pass: false, detail: 'the operation SUCCEEDED'}
-      if (!DENIED_ERROR.test(stderr)) return {...base, pass: false, detail: `failed, but not with EACCES/EPERM: ${stderr.split('\n')[0] || `exit ${result.exitCode}`}`}
+      if (!DENIED_ERROR.test(stderr))
+        return {
+          ...base,
+          pass: false,
+          detail: `failed, but not with EACCES/EPERM: ${stderr.split('\n')[0] || `exit ${result.exitCode}`}`,
+        }
       return {...base, pass: true}
     }
-    if (result.exitCode !== 0) return {...base, pass: false, detail: stderr.split('\n')[0] || `exit ${result.exitCode ?? result.signal}`}
+    if (result.exitCode !== 0)
+      return {...base, pass: false, detail: stderr.split('\n')[0] || `exit ${result.exitCode ?? result.signal}`}
     const problem = probe.verify?.(String(result.stdout ?? ''))
     return problem ? {...base, pass: false, detail: problem} : {...base, pass: true}
   } finally {
@@ -272,7 +407,9 @@ function listenTcp(): Promise<{port: number; close: () => void}> {
   return new Promise((resolve, reject) => {
     const server = net.createServer((socket) => socket.destroy())
     server.once('error', reject)
-    server.listen(0, '127.0.0.1', () => resolve({port: (server.address() as net.AddressInfo).port, close: () => server.close()}))
+    server.listen(0, '127.0.0.1', () =>
+      resolve({port: (server.address() as net.AddressInfo).port, close: () => server.close()}),
+    )
   })
 }
 

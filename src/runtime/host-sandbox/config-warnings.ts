@@ -20,7 +20,9 @@ import {workspacePath} from '../workspace/location.js'
  */
 export async function sandboxConfigWarnings(loaded: LoadedConfig): Promise<Array<{agent: string; warning: string}>> {
   if (process.platform !== 'linux') return []
-  const agents = loaded.config.agents.filter((agent) => isolationLevelFor(agent) === 'host-sandbox' && fs.existsSync(workspacePath(loaded.home, agent.id)))
+  const agents = loaded.config.agents.filter(
+    (agent) => isolationLevelFor(agent) === 'host-sandbox' && fs.existsSync(workspacePath(loaded.home, agent.id)),
+  )
   if (agents.length === 0) return []
   // bwrap runs while the policies compile for the layer it nearly always finds; compiled again without it if not
   const probing = probeNamespaces({cacheFile: probeRecord(loaded.home, 'namespace')})
@@ -31,7 +33,18 @@ export async function sandboxConfigWarnings(loaded: LoadedConfig): Promise<Array
     const compileAll = (namespaces: boolean) =>
       agents.map((agent) => {
         try {
-          return {agent, policy: agentPolicy({agent, config: loaded.config, home: loaded.home, workspace: workspacePath(loaded.home, agent.id), tmpDir, configPath: loaded.path, namespaces})}
+          return {
+            agent,
+            policy: agentPolicy({
+              agent,
+              config: loaded.config,
+              home: loaded.home,
+              workspace: workspacePath(loaded.home, agent.id),
+              tmpDir,
+              configPath: loaded.path,
+              namespaces,
+            }),
+          }
         } catch (error) {
           return {agent, error: error as Error}
         }
@@ -46,7 +59,12 @@ export async function sandboxConfigWarnings(loaded: LoadedConfig): Promise<Array
       }
       const gaps = new Set(namespaceGaps(policy, namespaces))
       for (const warning of namespaces.available ? loweringWarnings(policy, namespaces) : gaps) {
-        warnings.push({agent: agent.id, warning: gaps.has(warning) ? `${warning} (${agent.file_access.best_effort ? 'accepted: best_effort is on' : 'runs are refused unless file_access.best_effort: true'})` : warning})
+        warnings.push({
+          agent: agent.id,
+          warning: gaps.has(warning)
+            ? `${warning} (${agent.file_access.best_effort ? 'accepted: best_effort is on' : 'runs are refused unless file_access.best_effort: true'})`
+            : warning,
+        })
       }
     }
   } finally {

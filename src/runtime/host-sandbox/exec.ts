@@ -4,7 +4,12 @@ import path from 'node:path'
 import {agentPolicy, sandboxPath} from './agent-policy.js'
 import {killProcessGroup, killProcessTree} from '../util/process-tree.js'
 import type {Subprocess} from '../util/subprocess.js'
-import {enforcementReport, kernelGaps, namespaceGaps, type EnforcementReport} from '../../sandbox/landlock/enforcement.js'
+import {
+  enforcementReport,
+  kernelGaps,
+  namespaceGaps,
+  type EnforcementReport,
+} from '../../sandbox/landlock/enforcement.js'
 import {probeKernel, requireHelper, type KernelProbe} from '../../sandbox/landlock/helper.js'
 import {sizeBytes} from '../config/size.js'
 import {serializeRules} from '../../sandbox/landlock/rules-file.js'
@@ -40,14 +45,25 @@ export interface AgentSandbox {
 
 function requireLinux(): void {
   if (process.platform !== 'linux') {
-    throw new GatewayError('E_ISOLATION_UNAVAILABLE', `the Landlock host sandbox runs on Linux; this is ${process.platform}`, {
-      suggestions: process.platform === 'darwin' ? ['on macOS the policy is compiled to a Seatbelt profile: see `sandbox explain --json`'] : [],
-    })
+    throw new GatewayError(
+      'E_ISOLATION_UNAVAILABLE',
+      `the Landlock host sandbox runs on Linux; this is ${process.platform}`,
+      {
+        suggestions:
+          process.platform === 'darwin'
+            ? ['on macOS the policy is compiled to a Seatbelt profile: see `sandbox explain --json`']
+            : [],
+      },
+    )
   }
 }
 
 /** Compiles an agent's policy and checks, fail-closed, that this kernel can enforce it. */
-export async function openAgentSandbox(loaded: LoadedConfig, agentId: string, options: {allowGaps?: boolean} = {}): Promise<AgentSandbox> {
+export async function openAgentSandbox(
+  loaded: LoadedConfig,
+  agentId: string,
+  options: {allowGaps?: boolean} = {},
+): Promise<AgentSandbox> {
   requireLinux()
   const agent = findAgent(loaded, agentId)
   const helper = requireHelper()
@@ -61,21 +77,36 @@ export async function openAgentSandbox(loaded: LoadedConfig, agentId: string, op
   const dispose = (log?: (line: string) => void) => removePrivateTmp(tmpDir, log)
   try {
     const namespaces = await probingNamespaces
-    const policy = agentPolicy({agent, config: loaded.config, home: loaded.home, workspace, tmpDir, configPath: loaded.path, namespaces: namespaces.available})
+    const policy = agentPolicy({
+      agent,
+      config: loaded.config,
+      home: loaded.home,
+      workspace,
+      tmpDir,
+      configPath: loaded.path,
+      namespaces: namespaces.available,
+    })
     const probe = await kernel
     const gaps = [...kernelGaps(probe, policy.network, policy.listen), ...namespaceGaps(policy, namespaces)]
     if (gaps.length > 0 && !policy.bestEffort && !options.allowGaps) {
       throw new GatewayError('E_SANDBOX', `the host sandbox cannot be enforced on this machine: ${gaps.join('; ')}`, {
         suggestions: [
           'upgrade the kernel (Landlock ABI 6 = Linux 6.12)',
-          ...(namespaceGaps(policy, namespaces).length > 0 ? ['install bubblewrap (apt-get install bubblewrap) and allow unprivileged user namespaces'] : []),
+          ...(namespaceGaps(policy, namespaces).length > 0
+            ? ['install bubblewrap (apt-get install bubblewrap) and allow unprivileged user namespaces']
+            : []),
           'use container mode for this agent',
           'or set file_access.best_effort: true to run with these gaps',
         ],
         details: {gaps},
       })
     }
-    const prefix = namespaces.available ? bwrapArgv(namespaces.bwrap!, policy, loaded.home, {path: tmpDir, bytes: sizeBytes(agent.limits.disk, 'limits.disk')}) : []
+    const prefix = namespaces.available
+      ? bwrapArgv(namespaces.bwrap!, policy, loaded.home, {
+          path: tmpDir,
+          bytes: sizeBytes(agent.limits.disk, 'limits.disk'),
+        })
+      : []
     const env: Record<string, string> = {...agentEnvironment(workspace, tmpDir), PATH: sandboxPath()}
     if (process.env.TERM) env.TERM = process.env.TERM
     return {agent, workspace, tmpDir, policy, helper, probe, namespaces, prefix, env, dispose}
@@ -100,7 +131,11 @@ export interface SandboxExecOptions {
  * caller can kill whole. execa is imported here, when a command starts: `sandbox explain` and
  * `config check` never load it.
  */
-export async function spawnInSandbox(sandbox: AgentSandbox, argv: string[], options: {stdio: 'inherit' | 'pipe'; timeoutMs: number}): Promise<{child: Subprocess}> {
+export async function spawnInSandbox(
+  sandbox: AgentSandbox,
+  argv: string[],
+  options: {stdio: 'inherit' | 'pipe'; timeoutMs: number},
+): Promise<{child: Subprocess}> {
   const {startSubprocess} = await import('../util/subprocess.js')
   const [file, ...args] = [...sandbox.prefix, sandbox.helper, '--rules-fd', '3', '--', ...argv]
   const child = startSubprocess(file!, args, {
@@ -120,12 +155,18 @@ export async function spawnInSandbox(sandbox: AgentSandbox, argv: string[], opti
  * its exit status.
  */
 export async function sandboxExec(options: SandboxExecOptions): Promise<{exitCode: number; timedOut: boolean}> {
-  if (options.argv.length === 0) throw new GatewayError('E_USAGE', 'no command given after "--"', {suggestions: ['meepagateway sandbox exec --agent ID -- CMD [ARGS...]']})
+  if (options.argv.length === 0)
+    throw new GatewayError('E_USAGE', 'no command given after "--"', {
+      suggestions: ['meepagateway sandbox exec --agent ID -- CMD [ARGS...]'],
+    })
   const sandbox = await openAgentSandbox(options.loaded, options.agentId)
   try {
     await reclaimWorkspace(sandbox.workspace)
     if (sandbox.policy.bestEffort) {
-      const gaps = [...kernelGaps(sandbox.probe, sandbox.policy.network, sandbox.policy.listen), ...namespaceGaps(sandbox.policy, sandbox.namespaces)]
+      const gaps = [
+        ...kernelGaps(sandbox.probe, sandbox.policy.network, sandbox.policy.listen),
+        ...namespaceGaps(sandbox.policy, sandbox.namespaces),
+      ]
       for (const gap of gaps) options.onLog?.(`sandbox: best effort, NOT enforced: ${gap}`)
     }
     options.onStart?.()
@@ -143,8 +184,14 @@ export async function sandboxExec(options: SandboxExecOptions): Promise<{exitCod
     killGroup() // whatever the command left running in the background
     if (result.timedOut) return {exitCode: 124, timedOut: true}
     // bwrap failed where a remembered probe said it works: the command never ran; once more, as the layer is now
-    if (result.exitCode === 1 && sandbox.prefix.length > 0 && (await rememberedLayerBroke(sandbox.namespaces, probeRecord(options.loaded.home, 'namespace')))) {
-      options.onLog?.('sandbox: bubblewrap no longer creates the namespaces here (its remembered probe was out of date); starting the command again without them')
+    if (
+      result.exitCode === 1 &&
+      sandbox.prefix.length > 0 &&
+      (await rememberedLayerBroke(sandbox.namespaces, probeRecord(options.loaded.home, 'namespace')))
+    ) {
+      options.onLog?.(
+        'sandbox: bubblewrap no longer creates the namespaces here (its remembered probe was out of date); starting the command again without them',
+      )
       await sandbox.dispose(options.onLog)
       return sandboxExec(options)
     }
@@ -172,9 +219,22 @@ export async function sandboxExplain(loaded: LoadedConfig, agentId: string): Pro
     const workspace = ensureWorkspace(loaded.home, agent.id).path
     const tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), `meepa-sandbox-${agent.id}-`))
     try {
-      const policy = agentPolicy({agent, config: loaded.config, home: loaded.home, workspace, tmpDir, configPath: loaded.path})
+      const policy = agentPolicy({
+        agent,
+        config: loaded.config,
+        home: loaded.home,
+        workspace,
+        tmpDir,
+        configPath: loaded.path,
+      })
       const seatbelt = seatbeltInvocation(policy, ['CMD'])
-      return {agent: agent.id, workspace, platform: process.platform, seatbelt, limits: limitsReport(agent, isolationLevelFor(agent))}
+      return {
+        agent: agent.id,
+        workspace,
+        platform: process.platform,
+        seatbelt,
+        limits: limitsReport(agent, isolationLevelFor(agent)),
+      }
     } finally {
       fs.rmSync(tmpDir, {recursive: true, force: true})
     }

@@ -3,7 +3,10 @@ import {GatewayError} from '../util/errors.js'
 
 /** True for addresses only this machine can reach: 127.0.0.0/8, ::1, localhost. */
 export function isLoopbackBind(bind: string): boolean {
-  const host = bind.trim().replace(/^\[|\]$/g, '').toLowerCase()
+  const host = bind
+    .trim()
+    .replace(/^\[|\]$/g, '')
+    .toLowerCase()
   if (host === 'localhost' || host === 'localhost.') return true
   if (net.isIPv4(host)) return host.startsWith('127.')
   if (net.isIPv6(host)) {
@@ -21,11 +24,15 @@ export function isLoopbackBind(bind: string): boolean {
  */
 export function assertSafeBind(bind: string, hasPassword: boolean): void {
   if (hasPassword || isLoopbackBind(bind)) return
-  throw new GatewayError('E_CONFIG', `refusing to serve the dashboard on ${bind}, which other machines can reach, while no dashboard password is set`, {
-    suggestions: [
-      'set MEEPAGATEWAY_PASSWORD in the environment of `meepagateway serve`',
-      'or set the password once on a loopback bind (captain.bind: 127.0.0.1) through the setup page, then change the bind',
-      'or keep captain.bind: 127.0.0.1 and reach it through an SSH tunnel',
-    ],
-  })
+  throw new GatewayError(
+    'E_CONFIG',
+    `refusing to serve the dashboard on ${bind}, which other machines can reach, while no dashboard password is set`,
+    {
+      suggestions: [
+        'set MEEPAGATEWAY_PASSWORD in the environment of `meepagateway serve`',
+        'or set the password once on a loopback bind (captain.bind: 127.0.0.1) through the setup page, then change the bind',
+        'or keep captain.bind: 127.0.0.1 and reach it through an SSH tunnel',
+      ],
+    },
+  )
 }

@@ -42,7 +42,9 @@ export function capConnections(server: http.Server, cap: number, onFull: (line: 
         evicted = candidate
         break
       }
-      onFull(`http: ${cap} connections are open (the cap); ${evicted ? 'closing the oldest idle one' : 'refusing a new one'} (a local process may be flooding the port)`)
+      onFull(
+        `http: ${cap} connections are open (the cap); ${evicted ? 'closing the oldest idle one' : 'refusing a new one'} (a local process may be flooding the port)`,
+      )
       if (!evicted) {
         socket.destroy()
         return

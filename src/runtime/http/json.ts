@@ -6,7 +6,12 @@ export const MAX_BODY_BYTES = 1024 * 1024
 /** Deeper bodies are refused: nothing the gateway accepts nests this far, and recursion over them could overflow. */
 const MAX_JSON_DEPTH = 32
 
-export function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
+export function sendJson(
+  res: ServerResponse,
+  status: number,
+  body: unknown,
+  headers: Record<string, string> = {},
+): void {
   const text = JSON.stringify(body)
   res.writeHead(status, {
     'content-type': 'application/json; charset=utf-8',
@@ -32,7 +37,10 @@ export interface BodyExchange {
  * `Content-Type: application/json` is read: a cross-site form or a body without a type (which a
  * browser sends without asking the server first) is refused before anything is parsed.
  */
-export async function readJsonObject({req, res}: BodyExchange, limit = MAX_BODY_BYTES): Promise<Record<string, unknown>> {
+export async function readJsonObject(
+  {req, res}: BodyExchange,
+  limit = MAX_BODY_BYTES,
+): Promise<Record<string, unknown>> {
   const type = req.headers['content-type'] ?? ''
   if (!/^application\/json\s*(;|$)/i.test(type)) {
     throw new HttpError(415, 'E_INPUT', 'send the body as JSON with Content-Type: application/json')
@@ -47,7 +55,8 @@ export async function readJsonObject({req, res}: BodyExchange, limit = MAX_BODY_
   if (!parsed || typeof parsed !== 'object' || Array.isArray(parsed)) {
     throw new HttpError(400, 'E_INPUT', 'the request body must be a JSON object')
   }
-  if (jsonDepth(parsed) > MAX_JSON_DEPTH) throw new HttpError(400, 'E_INPUT', `the request body nests deeper than ${MAX_JSON_DEPTH} levels`)
+  if (jsonDepth(parsed) > MAX_JSON_DEPTH)
+    throw new HttpError(400, 'E_INPUT', `the request body nests deeper than ${MAX_JSON_DEPTH} levels`)
   return parsed as Record<string, unknown>
 }
 
@@ -56,7 +65,9 @@ export async function readJsonObject({req, res}: BodyExchange, limit = MAX_BODY_
  * carry another request (the server lingers on it so that the client still reads the answer).
  */
 export function bodyTooLarge(limit: number): HttpError {
-  return new HttpError(413, 'E_INPUT', `the request body is larger than ${limit} bytes; send at most ${limit} bytes`, {connection: 'close'})
+  return new HttpError(413, 'E_INPUT', `the request body is larger than ${limit} bytes; send at most ${limit} bytes`, {
+    connection: 'close',
+  })
 }
 
 /**

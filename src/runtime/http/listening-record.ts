@@ -41,7 +41,11 @@ export function runningListener(home: string): ListeningRecord | undefined {
 function readRecord(file: string): ListeningRecord | undefined {
   try {
     const parsed = JSON.parse(fs.readFileSync(file, 'utf8')) as Partial<ListeningRecord>
-    const valid = Number.isInteger(parsed.pid) && typeof parsed.bind === 'string' && Number.isInteger(parsed.port) && (parsed.port as number) > 0
+    const valid =
+      Number.isInteger(parsed.pid) &&
+      typeof parsed.bind === 'string' &&
+      Number.isInteger(parsed.port) &&
+      (parsed.port as number) > 0
     return valid ? (parsed as ListeningRecord) : undefined
   } catch {
     return undefined // none, unreadable (a sandboxed caller), or torn by hand

@@ -55,7 +55,10 @@ export class Router {
   }
 
   /** The handler for a request, or the methods the path allows when only the method is wrong. */
-  match(method: string, pathname: string): {handler: RouteHandler; params: Record<string, string>} | {allowed: string[]} | undefined {
+  match(
+    method: string,
+    pathname: string,
+  ): {handler: RouteHandler; params: Record<string, string>} | {allowed: string[]} | undefined {
     const segments = splitPath(pathname)
     const allowed = new Set<string>()
     for (const route of this.routes) {
@@ -75,7 +78,8 @@ function splitPath(pathname: string): string[] {
 }
 
 function matchSegments(route: Route, segments: string[]): Record<string, string> | undefined {
-  if (route.prefix ? segments.length < route.segments.length : segments.length !== route.segments.length) return undefined
+  if (route.prefix ? segments.length < route.segments.length : segments.length !== route.segments.length)
+    return undefined
   const params: Record<string, string> = {}
   for (const [index, part] of route.segments.entries()) {
     const actual = segments[index] as string

@@ -74,10 +74,17 @@ export async function startHttpListener(options: StartHttpOptions): Promise<Http
   let closing = false
   const requestTimeout = options.requestTimeoutMs ?? REQUEST_TIMEOUT_MS
   // requestTimeout covers receiving the request only: web chat replies wait for a whole agent run
-  const server = http.createServer({requestTimeout, headersTimeout: Math.min(30_000, requestTimeout), connectionsCheckingInterval: Math.min(5_000, requestTimeout / 2)}, (req, res) => {
-    if (closing) res.setHeader('connection', 'close') // keep-alive clients reconnect elsewhere
-    void handle(req, res)
-  })
+  const server = http.createServer(
+    {
+      requestTimeout,
+      headersTimeout: Math.min(30_000, requestTimeout),
+      connectionsCheckingInterval: Math.min(5_000, requestTimeout / 2),
+    },
+    (req, res) => {
+      if (closing) res.setHeader('connection', 'close') // keep-alive clients reconnect elsewhere
+      void handle(req, res)
+    },
+  )
   server.keepAliveTimeout = 5_000
   // `Expect: 100-continue` is answered by the route: `100 Continue` when it reads the body, a final answer otherwise
   server.on('checkContinue', (req: http.IncomingMessage, res: http.ServerResponse) => server.emit('request', req, res))
@@ -89,7 +96,11 @@ export async function startHttpListener(options: StartHttpOptions): Promise<Http
     try {
       // before anything else: a rebound DNS name gets nothing, not even the login state
       if (!requestHostsAllowed(req, options.allowedHosts?.() ?? [])) {
-        throw new HttpError(421, 'E_AUTH', `this gateway does not answer to Host ${JSON.stringify(req.headers.host ?? '')}; use 127.0.0.1 or localhost, or add the name to captain.allowed_hosts`)
+        throw new HttpError(
+          421,
+          'E_AUTH',
+          `this gateway does not answer to Host ${JSON.stringify(req.headers.host ?? '')}; use 127.0.0.1 or localhost, or add the name to captain.allowed_hosts`,
+        )
       }
       // no route reads more; one that reads nothing must not hold the connection for the upload either
       if (Number(req.headers['content-length']) > MAX_BODY_BYTES) throw bodyTooLarge(MAX_BODY_BYTES)
@@ -97,7 +108,9 @@ export async function startHttpListener(options: StartHttpOptions): Promise<Http
       const found = router.match(req.method ?? 'GET', url.pathname)
       if (!found) throw new HttpError(404, 'E_NOT_FOUND', `no route for ${req.method} ${url.pathname}`)
       if ('allowed' in found) {
-        throw new HttpError(405, 'E_USAGE', `${req.method} is not allowed on ${url.pathname}`, {allow: found.allowed.join(', ')})
+        throw new HttpError(405, 'E_USAGE', `${req.method} is not allowed on ${url.pathname}`, {
+          allow: found.allowed.join(', '),
+        })
       }
       await found.handler({req, res, url, params: found.params})
     } catch (error) {
@@ -106,7 +119,9 @@ export async function startHttpListener(options: StartHttpOptions): Promise<Http
         return
       }
       if (req.readableAborted) {
-        failureLog(`http: ${req.method} ${req.url?.slice(0, 200)}: the client went away before the request arrived whole`)
+        failureLog(
+          `http: ${req.method} ${req.url?.slice(0, 200)}: the client went away before the request arrived whole`,
+        )
         return
       }
       if (error instanceof HttpError) {
@@ -126,7 +141,12 @@ export async function startHttpListener(options: StartHttpOptions): Promise<Http
         error.code === 'EADDRINUSE'
           ? [`another process (another gateway?) listens on ${where}`, 'stop it, or set captain.port in config.yaml']
           : [`check captain.bind and captain.port in config.yaml`]
-      reject(new GatewayError('E_CONFIG', `cannot listen on ${where}: ${error.code ?? error.message}`, {cause: error, suggestions: hint}))
+      reject(
+        new GatewayError('E_CONFIG', `cannot listen on ${where}: ${error.code ?? error.message}`, {
+          cause: error,
+          suggestions: hint,
+        }),
+      )
     }
     server.once('error', onError)
     server.listen(options.port, options.bind, () => {

@@ -1,5 +1,12 @@
 import type {Readable, Writable} from 'node:stream'
-import {FrameError, LineSplitter, LLM_CHANNEL_VERSION, MAX_FRAME_BYTES, parseAgentRunFrame, type LlmResponseFrame} from '../agent-run/channel.js'
+import {
+  FrameError,
+  LineSplitter,
+  LLM_CHANNEL_VERSION,
+  MAX_FRAME_BYTES,
+  parseAgentRunFrame,
+  type LlmResponseFrame,
+} from '../agent-run/channel.js'
 import type {AgentRunInput, AgentRunOutput} from '../shapes/agent-run-contract.js'
 import {failure} from '../agent-run/output.js'
 import type {AgentConfig, GatewayConfig} from '../config/types.js'
@@ -20,7 +27,11 @@ export interface HostLlm {
 }
 
 /** Provider keys an agent's chain uses: its provider (or the primary) and the fallbacks, nothing else. */
-export function providerKeysFor(agent: AgentConfig, config: GatewayConfig, available: Record<string, string>): Record<string, string> {
+export function providerKeysFor(
+  agent: AgentConfig,
+  config: GatewayConfig,
+  available: Record<string, string>,
+): Record<string, string> {
   const names = [agent.provider || config.providers.primary, ...config.providers.fallback].flatMap((name) => {
     const env = config.providers.providers[name]?.api_key_env
     return env && available[env] !== undefined ? [[env, available[env]] as const] : []
@@ -36,8 +47,16 @@ export function providerKeysFor(agent: AgentConfig, config: GatewayConfig, avail
 export function hostLlmFor(agent: AgentConfig, config: GatewayConfig, keys: Record<string, string>): HostLlm {
   const chain = createProviderChain(config.providers, keys, {provider: agent.provider, model: agent.model})
   const values = Object.values(keys)
-  const scrub = config.image_config?.redact_secrets === false || values.length === 0 ? (request: ChatRequest) => request : (request: ChatRequest) => redactRequest(request, values)
-  return {chat: (request) => chain.chat(scrub(request)), maxCalls: agent.max_iterations, secrets: values, warm: () => chain.warm()}
+  const scrub =
+    config.image_config?.redact_secrets === false || values.length === 0
+      ? (request: ChatRequest) => request
+      : (request: ChatRequest) => redactRequest(request, values)
+  return {
+    chat: (request) => chain.chat(scrub(request)),
+    maxCalls: agent.max_iterations,
+    secrets: values,
+    warm: () => chain.warm(),
+  }
 }
 
 function redactRequest(request: ChatRequest, secrets: string[]): ChatRequest {
@@ -124,9 +143,17 @@ export class AgentRunChannel {
   /** The result agent-run sent, or the failure it earned; undefined when it sent neither. */
   outcome(): AgentRunOutput | undefined {
     if (this.violation) {
-      return failure(this.input.run_id, 'E_RUN', `agent-run broke the LLM channel protocol: it sent ${this.violation}; the run was stopped`, false, {
-        suggestions: ['this is a bug in agent-run or something inside the sandbox took it over; see docs/agent-run.md for the protocol'],
-      })
+      return failure(
+        this.input.run_id,
+        'E_RUN',
+        `agent-run broke the LLM channel protocol: it sent ${this.violation}; the run was stopped`,
+        false,
+        {
+          suggestions: [
+            'this is a bug in agent-run or something inside the sandbox took it over; see docs/agent-run.md for the protocol',
+          ],
+        },
+      )
     }
     if (!this.result) return undefined
     return {...this.result, run_id: this.input.run_id, ...(this.result.ok ? {usage: {...this.spent}} : {})}
@@ -145,7 +172,8 @@ export class AgentRunChannel {
       }
       if (this.inFlight) throw new FrameError('a second llm_request while one was still unanswered')
       if (frame.id <= this.lastId) throw new FrameError(`an llm_request id ${frame.id} that was already used`)
-      if (++this.calls > this.llm.maxCalls) throw new FrameError(`more llm_requests than the agent's max_iterations (${this.llm.maxCalls})`)
+      if (++this.calls > this.llm.maxCalls)
+        throw new FrameError(`more llm_requests than the agent's max_iterations (${this.llm.maxCalls})`)
       this.lastId = frame.id
       this.inFlight = true
       void this.answer(frame.id, frame.request)

@@ -1,11 +1,24 @@
 import {Anthropic} from '@anthropic-ai/sdk'
-import type {ContentBlockParam, Message, MessageCreateParamsNonStreaming, MessageParam, Tool} from '@anthropic-ai/sdk/resources/messages/messages'
+import type {
+  ContentBlockParam,
+  Message,
+  MessageCreateParamsNonStreaming,
+  MessageParam,
+  Tool,
+} from '@anthropic-ai/sdk/resources/messages/messages'
 
 import type {ProviderConfig} from '../config/types.js'
 import {repairToolPairs} from './conversation.js'
 import {failureFromSdkError, incompleteStream, ProviderFailure} from './failure.js'
 import {preconnect, sdkClientOptions} from './http-fetch.js'
-import type {ChatMessage, ChatProvider, ChatRequest, ChatResponse, ToolCall, ToolDefinition} from '../shapes/provider-types.js'
+import type {
+  ChatMessage,
+  ChatProvider,
+  ChatRequest,
+  ChatResponse,
+  ToolCall,
+  ToolDefinition,
+} from '../shapes/provider-types.js'
 
 export const ANTHROPIC_DEFAULT_MAX_TOKENS = 4096
 
@@ -42,7 +55,9 @@ export function createAnthropicProvider(name: string, config: ProviderConfig, ap
         message = await stream.finalMessage()
       } catch (error) {
         const failure = failureFromSdkError(name, error, Anthropic)
-        throw failure.retryable || failure.status !== null || request.signal?.aborted ? failure : incompleteStream(name, 'message_stop', error)
+        throw failure.retryable || failure.status !== null || request.signal?.aborted
+          ? failure
+          : incompleteStream(name, 'message_stop', error)
       }
       if (!stopped) throw incompleteStream(name, 'message_stop')
       return fromMessage(name, message)
@@ -99,22 +114,31 @@ function toBlocks(message: ChatMessage): ContentBlockParam[] {
     case 'assistant':
       return [
         ...(message.content ? [{type: 'text' as const, text: message.content}] : []),
-        ...(message.tool_calls ?? []).map((call) => ({type: 'tool_use' as const, id: call.id, name: call.name, input: call.arguments})),
+        ...(message.tool_calls ?? []).map((call) => ({
+          type: 'tool_use' as const,
+          id: call.id,
+          name: call.name,
+          input: call.arguments,
+        })),
       ]
     case 'tool':
-      return [{
-        type: 'tool_result',
-        tool_use_id: message.tool_call_id,
-        // An empty tool_result is valid but leaves the model guessing; say so.
-        content: message.content || '(no output)',
-        ...(message.is_error ? {is_error: true} : {}),
-      }]
+      return [
+        {
+          type: 'tool_result',
+          tool_use_id: message.tool_call_id,
+          // An empty tool_result is valid but leaves the model guessing; say so.
+          content: message.content || '(no output)',
+          ...(message.is_error ? {is_error: true} : {}),
+        },
+      ]
   }
 }
 
 function fromMessage(provider: string, message: Message): ChatResponse {
   if (!Array.isArray(message?.content) || !message.stop_reason) {
-    throw new ProviderFailure(provider, 'the response is not a complete message (no content or stop_reason)', {retryable: true})
+    throw new ProviderFailure(provider, 'the response is not a complete message (no content or stop_reason)', {
+      retryable: true,
+    })
   }
   const texts: string[] = []
   const toolCalls: ToolCall[] = []
@@ -136,7 +160,8 @@ function fromMessage(provider: string, message: Message): ChatResponse {
     content: texts.join('\n'),
     tool_calls: toolCalls,
     usage: {
-      input_tokens: (usage?.input_tokens ?? 0) + (usage?.cache_creation_input_tokens ?? 0) + (usage?.cache_read_input_tokens ?? 0),
+      input_tokens:
+        (usage?.input_tokens ?? 0) + (usage?.cache_creation_input_tokens ?? 0) + (usage?.cache_read_input_tokens ?? 0),
       output_tokens: usage?.output_tokens ?? 0,
     },
     provider,

@@ -51,15 +51,31 @@ export interface SdkErrorClasses {
 
 /** Socket-level codes (Node's and undici's) of a connection that failed or broke: worth another attempt. */
 const NETWORK_CODES = new Set([
-  'ECONNREFUSED', 'ECONNRESET', 'ECONNABORTED', 'EPIPE', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENETUNREACH', 'ENETDOWN', 'EHOSTDOWN',
-  'ENOTFOUND', 'EAI_AGAIN', 'EADDRNOTAVAIL', 'ERR_STREAM_PREMATURE_CLOSE', 'UND_ERR_SOCKET', 'UND_ERR_CONNECT_TIMEOUT',
-  'UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT', 'UND_ERR_CLOSED',
+  'ECONNREFUSED',
+  'ECONNRESET',
+  'ECONNABORTED',
+  'EPIPE',
+  'ETIMEDOUT',
+  'EHOSTUNREACH',
+  'ENETUNREACH',
+  'ENETDOWN',
+  'EHOSTDOWN',
+  'ENOTFOUND',
+  'EAI_AGAIN',
+  'EADDRNOTAVAIL',
+  'ERR_STREAM_PREMATURE_CLOSE',
+  'UND_ERR_SOCKET',
+  'UND_ERR_CONNECT_TIMEOUT',
+  'UND_ERR_HEADERS_TIMEOUT',
+  'UND_ERR_BODY_TIMEOUT',
+  'UND_ERR_CLOSED',
 ])
 
 /** The error and its causes, outermost first. */
 function causeChain(error: unknown): unknown[] {
   const chain: unknown[] = []
-  for (let current = error, depth = 0; current && depth < 6; depth++, current = (current as {cause?: unknown}).cause) chain.push(current)
+  for (let current = error, depth = 0; current && depth < 6; depth++, current = (current as {cause?: unknown}).cause)
+    chain.push(current)
   return chain
 }
 
@@ -87,12 +103,19 @@ export function failureFromSdkError(provider: string, error: unknown, sdk?: SdkE
     return new ProviderFailure(provider, 'request timed out', {retryable: true, cause: error})
   }
   const chain = causeChain(error)
-  if ((sdk && error instanceof sdk.APIConnectionError) || chain.some((link) => NETWORK_CODES.has(String((link as {code?: unknown}).code)))) {
+  if (
+    (sdk && error instanceof sdk.APIConnectionError) ||
+    chain.some((link) => NETWORK_CODES.has(String((link as {code?: unknown}).code)))
+  ) {
     return new ProviderFailure(provider, `network error: ${networkReason(error)}`, {retryable: true, cause: error})
   }
   if (chain.some((link) => link instanceof SyntaxError)) {
     // A 200 whose body (or a stream event) is not what the API sends: a broken proxy or server, maybe transient.
-    return new ProviderFailure(provider, `the response did not parse: ${truncate((error as Error).message ?? String(error))}`, {retryable: true, cause: error})
+    return new ProviderFailure(
+      provider,
+      `the response did not parse: ${truncate((error as Error).message ?? String(error))}`,
+      {retryable: true, cause: error},
+    )
   }
   if (sdk && error instanceof sdk.APIError) {
     // An error event in the middle of a stream (e.g. Anthropic's overloaded_error): server-side and transient.
@@ -106,7 +129,10 @@ export function failureFromSdkError(provider: string, error: unknown, sdk?: SdkE
 /** A streamed answer that stopped before the API's terminal event: never a reply, always worth another attempt. */
 export function incompleteStream(provider: string, terminal: string, cause?: unknown): ProviderFailure {
   const why = cause instanceof Error ? `: ${truncate(cause.message)}` : ''
-  return new ProviderFailure(provider, `the streamed answer ended before ${terminal} (incomplete)${why}`, {retryable: true, cause})
+  return new ProviderFailure(provider, `the streamed answer ended before ${terminal} (incomplete)${why}`, {
+    retryable: true,
+    cause,
+  })
 }
 
 /** The server's own words: both APIs put a human message inside their error body. */

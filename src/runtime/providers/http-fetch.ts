@@ -30,21 +30,27 @@ export function sdkClientOptions(config: ProviderConfig): {maxRetries: 0; fetch:
 export async function httpFetch(input: string | URL | Request, init: RequestInit = {}): Promise<Response> {
   if (typeof input !== 'string' && !(input instanceof URL)) throw new TypeError('httpFetch takes a URL, not a Request')
   const url = new URL(input)
-  if (url.protocol !== 'http:' && url.protocol !== 'https:') throw new TypeError(`httpFetch cannot fetch ${url.protocol} URLs`)
+  if (url.protocol !== 'http:' && url.protocol !== 'https:')
+    throw new TypeError(`httpFetch cannot fetch ${url.protocol} URLs`)
   const signal = init.signal ?? undefined
   if (signal?.aborted) throw abortError(signal)
 
   const headers = new Headers(init.headers)
   if (!headers.has('accept-encoding')) headers.set('accept-encoding', 'gzip, deflate, br')
   const body = await requestBody(init.body)
-  if (typeof body === 'string' || body instanceof Uint8Array) headers.set('content-length', String(Buffer.byteLength(body)))
+  if (typeof body === 'string' || body instanceof Uint8Array)
+    headers.set('content-length', String(Buffer.byteLength(body)))
 
   const requestHeaders: Record<string, string> = {}
   headers.forEach((value, name) => {
     requestHeaders[name] = value
   })
   return new Promise<Response>((resolve, reject) => {
-    const request = (url.protocol === 'https:' ? https : http).request(url, {method: init.method ?? 'GET', headers: requestHeaders, agent: agents[url.protocol as 'http:' | 'https:']})
+    const request = (url.protocol === 'https:' ? https : http).request(url, {
+      method: init.method ?? 'GET',
+      headers: requestHeaders,
+      agent: agents[url.protocol as 'http:' | 'https:'],
+    })
     let response: http.IncomingMessage | undefined
     // The body stream must fail with the AbortError itself, or a reader sees a plain "aborted" reset.
     const onAbort = () => {
@@ -63,7 +69,8 @@ export async function httpFetch(input: string | URL | Request, init: RequestInit
       response.on('close', done)
       const status = response.statusCode ?? 0
       const responseHeaders = new Headers()
-      for (let i = 0; i + 1 < response.rawHeaders.length; i += 2) responseHeaders.append(response.rawHeaders[i]!, response.rawHeaders[i + 1]!)
+      for (let i = 0; i + 1 < response.rawHeaders.length; i += 2)
+        responseHeaders.append(response.rawHeaders[i]!, response.rawHeaders[i + 1]!)
       const nullBody = init.method === 'HEAD' || status === 204 || status === 205 || status === 304
       const decoded = nullBody ? null : decode(response, responseHeaders.get('content-encoding'))
       const result = new Response(decoded ? (Readable.toWeb(decoded) as ReadableStream<Uint8Array>) : null, {
@@ -157,7 +164,12 @@ async function requestBody(body: RequestInit['body']): Promise<string | Uint8Arr
 }
 
 function decode(response: http.IncomingMessage, encoding: string | null): Readable {
-  const stream = {gzip: zlib.createGunzip, 'x-gzip': zlib.createGunzip, deflate: zlib.createInflate, br: zlib.createBrotliDecompress}[encoding?.trim().toLowerCase() ?? '']
+  const stream = {
+    gzip: zlib.createGunzip,
+    'x-gzip': zlib.createGunzip,
+    deflate: zlib.createInflate,
+    br: zlib.createBrotliDecompress,
+  }[encoding?.trim().toLowerCase() ?? '']
   if (!stream) return response
   const decoder = stream()
   response.on('error', (error) => decoder.destroy(error))
@@ -166,5 +178,7 @@ function decode(response: http.IncomingMessage, encoding: string | null): Readab
 
 function abortError(signal: AbortSignal | undefined): Error {
   const reason: unknown = signal?.reason
-  return reason instanceof Error && reason.name === 'AbortError' ? reason : new DOMException('This operation was aborted', 'AbortError')
+  return reason instanceof Error && reason.name === 'AbortError'
+    ? reason
+    : new DOMException('This operation was aborted', 'AbortError')
 }

@@ -5,7 +5,14 @@ import {type AttemptRecord, chatWithRetries, type RetryOptions, retryOptions} fr
 import type {ChatProvider, ChatRequest, ChatResponse} from '../shapes/provider-types.js'
 
 export type {AttemptRecord} from './retry.js'
-export type {ChatMessage, ChatProvider, ChatRequest, ChatResponse, ToolCall, ToolDefinition} from '../shapes/provider-types.js'
+export type {
+  ChatMessage,
+  ChatProvider,
+  ChatRequest,
+  ChatResponse,
+  ToolCall,
+  ToolDefinition,
+} from '../shapes/provider-types.js'
 
 /** The agent loop's one door to the LLMs: the primary, then each fallback in order. */
 export interface ProviderChain {
@@ -43,7 +50,8 @@ export function createProviderChain(
 ): ProviderChain {
   const primary = override.provider || providers.primary
   requireDefined(providers, primary, override.provider ? 'agent provider' : 'providers.primary')
-  for (const [index, name] of (providers.fallback ?? []).entries()) requireDefined(providers, name, `providers.fallback[${index}]`)
+  for (const [index, name] of (providers.fallback ?? []).entries())
+    requireDefined(providers, name, `providers.fallback[${index}]`)
 
   const order = [...new Set([primary, ...(providers.fallback ?? [])])]
   const configs = new Map(order.map((name) => [name, providers.providers[name]]))
@@ -72,9 +80,15 @@ export function createProviderChain(
       const config = configs.get(primary)!
       const apiKey = apiKeyFor(primary, config, secrets)
       // with a key, the client is built and its first connection opened (no request is sent)
-      const client = apiKey instanceof MissingApiKey ? FACTORY_LOADERS[config.kind]() : instance(primary, config, apiKey).then((provider) => provider.preconnect?.())
+      const client =
+        apiKey instanceof MissingApiKey
+          ? FACTORY_LOADERS[config.kind]()
+          : instance(primary, config, apiKey).then((provider) => provider.preconnect?.())
       // Node loads undici (≈ 15 ms) on the first use of the fetch classes, which the SDKs build every request with.
-      client.then(() => new Headers(), () => {})
+      client.then(
+        () => new Headers(),
+        () => {},
+      )
     },
     async chat(request: ChatRequest): Promise<ChatResponse> {
       const attempts: AttemptRecord[] = []
@@ -103,13 +117,18 @@ function requireDefined(providers: ProvidersConfig, name: string, where: string)
   if (providers.providers[name]) return
   const defined = Object.keys(providers.providers)
   throw new GatewayError('E_CONFIG', `${where}: provider "${name}" is not defined under providers.providers`, {
-    suggestions: [defined.length > 0 ? `Use one of: ${defined.join(', ')}` : 'Define a provider under providers.providers'],
+    suggestions: [
+      defined.length > 0 ? `Use one of: ${defined.join(', ')}` : 'Define a provider under providers.providers',
+    ],
   })
 }
 
 /** A provider skipped because its key was not given: nothing was sent, so it is a configuration problem. */
 class MissingApiKey extends ProviderFailure {
-  constructor(provider: string, readonly envVar: string) {
+  constructor(
+    provider: string,
+    readonly envVar: string,
+  ) {
     super(provider, `no API key: the environment variable ${envVar} is not set`, {retryable: false})
   }
 }
@@ -120,7 +139,11 @@ function apiKeyFor(name: string, config: ProviderConfig, secrets: Record<string,
 }
 
 /** One error that says, per provider tried, how many attempts it got and why the last one failed. */
-function chainFailure(failures: ProviderFailure[], attempts: AttemptRecord[], configs: Map<string, ProviderConfig>): GatewayError {
+function chainFailure(
+  failures: ProviderFailure[],
+  attempts: AttemptRecord[],
+  configs: Map<string, ProviderConfig>,
+): GatewayError {
   const why = (failure: ProviderFailure) => {
     const count = attempts.filter((attempt) => attempt.provider === failure.provider).length
     return `${failure.message} (${count} ${count === 1 ? 'attempt' : 'attempts'})`

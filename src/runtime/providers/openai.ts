@@ -11,7 +11,14 @@ import type {ProviderConfig} from '../config/types.js'
 import {repairToolPairs} from './conversation.js'
 import {failureFromSdkError, incompleteStream, ProviderFailure} from './failure.js'
 import {preconnect, sdkClientOptions} from './http-fetch.js'
-import type {ChatMessage, ChatProvider, ChatRequest, ChatResponse, ToolCall, ToolDefinition} from '../shapes/provider-types.js'
+import type {
+  ChatMessage,
+  ChatProvider,
+  ChatRequest,
+  ChatResponse,
+  ToolCall,
+  ToolDefinition,
+} from '../shapes/provider-types.js'
 
 /**
  * `kind: openai`: Chat Completions through the official SDK, against api.openai.com or any
@@ -48,7 +55,9 @@ export function createOpenAiProvider(name: string, config: ProviderConfig, apiKe
         for await (const chunk of stream) assembler.add(chunk)
       } catch (error) {
         const failure = failureFromSdkError(name, error, OpenAI)
-        throw !assembler || failure.retryable || failure.status !== null || request.signal?.aborted ? failure : incompleteStream(name, 'its finish_reason', error)
+        throw !assembler || failure.retryable || failure.status !== null || request.signal?.aborted
+          ? failure
+          : incompleteStream(name, 'its finish_reason', error)
       }
       // A reply is complete only once a finish_reason arrived: otherwise the stream was cut short.
       if (!assembler.finished) throw incompleteStream(name, 'its finish_reason')
@@ -114,7 +123,10 @@ function fromCompletion(provider: string, config: ProviderConfig, completion: Ch
   return {
     content: choice.message.content ?? '',
     tool_calls: toolCalls,
-    usage: {input_tokens: completion.usage?.prompt_tokens ?? 0, output_tokens: completion.usage?.completion_tokens ?? 0},
+    usage: {
+      input_tokens: completion.usage?.prompt_tokens ?? 0,
+      output_tokens: completion.usage?.completion_tokens ?? 0,
+    },
     provider,
     model: completion.model || config.model,
     ...(choice.finish_reason ? {stop_reason: choice.finish_reason} : {}),

@@ -32,7 +32,10 @@ export interface AttemptRecord {
   message: string
 }
 
-export function retryOptions(overrides: Partial<RetryOptions> = {}, env: NodeJS.ProcessEnv = process.env): RetryOptions {
+export function retryOptions(
+  overrides: Partial<RetryOptions> = {},
+  env: NodeJS.ProcessEnv = process.env,
+): RetryOptions {
   const fromEnv = Number.parseInt(env.MEEPA_RETRY_BASE_MS ?? '', 10)
   return {
     baseDelayMs: overrides.baseDelayMs ?? (Number.isFinite(fromEnv) && fromEnv >= 0 ? fromEnv : DEFAULT_BASE_DELAY_MS),
@@ -79,7 +82,10 @@ export async function chatWithRetries(
     } catch (error) {
       throwIfCancelled(request.signal, attempts)
       failure = timeout.aborted
-        ? new ProviderFailure(provider.name, `no answer within ${timeoutMs / 1000}s (timeout_seconds)`, {retryable: true, cause: error})
+        ? new ProviderFailure(provider.name, `no answer within ${timeoutMs / 1000}s (timeout_seconds)`, {
+            retryable: true,
+            cause: error,
+          })
         : failureFromSdkError(provider.name, error)
     }
 

@@ -11,10 +11,16 @@ import {forgetRunProcess, recordRunProcess} from './run-processes.js'
 import {killProcessTree} from '../util/process-tree.js'
 import {abortSignalName, signalChild} from '../util/subprocess.js'
 import {keeperArgv, keeperHelper, keeperJoined, onKeeperDeadline, setKeeperDeadline} from '../../sandbox/keeper.js'
-import {cgroupPids, cgroupSupport, createRunCgroup, killRunCgroups, removeRunCgroups, type RunCgroup} from '../../sandbox/run-cgroup.js'
+import {
+  cgroupPids,
+  cgroupSupport,
+  createRunCgroup,
+  killRunCgroups,
+  removeRunCgroups,
+  type RunCgroup,
+} from '../../sandbox/run-cgroup.js'
 import {AgentRunChannel, type HostLlm} from '../llm-channel/host.js'
 import {DeadlineWatch} from './deadline-watch.js'
-
 
 /** argv that starts `meepagateway agent-run` with this Node; always the built app (tests build it first). */
 export function agentRunArgv(): string[] {
@@ -126,7 +132,10 @@ export class StartedAgentProcess {
   private readonly closed: Promise<{exitCode?: number; signal?: NodeJS.Signals}>
   private readonly cgroup: RunCgroup | undefined
   private readonly disk: DiskLimit | undefined
-  /** The keeper's lifeline: closing our end tells the keeper to kill the run; it reads the deadline there and writes 'J' and 'T'. */
+  /**
+   * The keeper's lifeline: closing our end tells the keeper to kill the run; it reads the deadline
+   * there and writes 'J' and 'T'.
+   */
   private readonly lifeline: Duplex | undefined
   private readonly joined: Promise<boolean>
   private readonly helper: string | undefined
@@ -159,18 +168,39 @@ export class StartedAgentProcess {
       })
       if (!this.cgroup && !toldLimitsUnenforced) {
         toldLimitsUnenforced = true
-        launch.onStderr?.(`limits.memory, limits.pids and limits.cpus are NOT enforced on this host: ${cgroupSupport().how}`)
+        launch.onStderr?.(
+          `limits.memory, limits.pids and limits.cpus are NOT enforced on this host: ${cgroupSupport().how}`,
+        )
       }
-      argv = keeperArgv(this.helper, keeperFd, {cgroups: this.cgroup?.dirs ?? [], joinWhileStarting, maxFileSize: this.disk?.bytes, removeDir: ownership.tmpDir}, argv)
+      argv = keeperArgv(
+        this.helper,
+        keeperFd,
+        {
+          cgroups: this.cgroup?.dirs ?? [],
+          joinWhileStarting,
+          maxFileSize: this.disk?.bytes,
+          removeDir: ownership.tmpDir,
+        },
+        argv,
+      )
       // before the spawn: a crash from here on leaves cgroups only the record names (the keeper's pid follows)
-      recordRunProcess(ownership.home, {runId: ownership.runId, cgroups: this.cgroup?.dirs ?? [], tmpDir: ownership.tmpDir}, launch.onStderr)
+      recordRunProcess(
+        ownership.home,
+        {runId: ownership.runId, cgroups: this.cgroup?.dirs ?? [], tmpDir: ownership.tmpDir},
+        launch.onStderr,
+      )
     }
     const [file, ...args] = argv
     const extraFds = (launch.fd3 === undefined ? 0 : 1) + (this.helper ? 1 : 0)
     try {
       if (!file) throw new Error('startAgentProcess: empty argv')
       // node:child_process, not execa: its option handling and result machinery cost every run ≈ 5 ms
-      this.child = spawn(file, args, {cwd: launch.cwd, env: launch.env, detached: true, stdio: Array<'pipe'>(3 + extraFds).fill('pipe')})
+      this.child = spawn(file, args, {
+        cwd: launch.cwd,
+        env: launch.env,
+        detached: true,
+        stdio: Array<'pipe'>(3 + extraFds).fill('pipe'),
+      })
     } catch (error) {
       this.release()
       throw error
@@ -197,7 +227,11 @@ export class StartedAgentProcess {
     // from here the keeper kills the run and removes its cgroups if this process dies; the record
     // covers the keeper dying too
     if (ownership && this.helper && this.child.pid) {
-      recordRunProcess(ownership.home, {runId: ownership.runId, keeperPid: this.child.pid, cgroups: this.cgroup?.dirs ?? [], tmpDir: ownership.tmpDir}, launch.onStderr)
+      recordRunProcess(
+        ownership.home,
+        {runId: ownership.runId, keeperPid: this.child.pid, cgroups: this.cgroup?.dirs ?? [], tmpDir: ownership.tmpDir},
+        launch.onStderr,
+      )
     }
   }
 
@@ -268,7 +302,15 @@ export class StartedAgentProcess {
       () => (killRun(), false),
     )
     // An agent-run that lingers after its result (it should exit at once) is not waited for.
-    const channel = new AgentRunChannel(child.stdin!, child.stdout!, input, options.llm, killRun, () => setTimeout(killRun, RESULT_EXIT_GRACE_MS).unref(), inputAllowed)
+    const channel = new AgentRunChannel(
+      child.stdin!,
+      child.stdout!,
+      input,
+      options.llm,
+      killRun,
+      () => setTimeout(killRun, RESULT_EXIT_GRACE_MS).unref(),
+      inputAllowed,
+    )
     void inputAllowed.then(() => options.onStarted?.())
 
     // the keeper ends the run at the deadline on its own too: this process may be stopped then
@@ -317,43 +359,80 @@ export class StartedAgentProcess {
     if (!this.lifeline) killProcessTree(child.pid)
     const stderrTail = this.stderrTail
 
-    if (disk && fullBefore !== undefined) return diskFull(input.run_id, disk.limit, fullBefore, disk.workspace, 'before')
+    if (disk && fullBefore !== undefined)
+      return diskFull(input.run_id, disk.limit, fullBefore, disk.workspace, 'before')
     if (deadline.reached) {
       // its answer may have come while this process was stopped: it is the run's, on time
       const answer = deadline.suspendedMs !== undefined ? channel.outcome() : undefined
-      return answer ?? deadline.failure(input.run_id, (seconds) => `the run took longer than ${seconds} s and was stopped`, {stderr_tail: stderrTail})
+      return (
+        answer ??
+        deadline.failure(input.run_id, (seconds) => `the run took longer than ${seconds} s and was stopped`, {
+          stderr_tail: stderrTail,
+        })
+      )
     }
     if (cancelled) {
-      return failure(input.run_id, 'E_RUN', `the run was cancelled${cancelled === 'abort' ? '' : ` (${cancelled})`}`, true, {
-        ...(result.exitCode === undefined ? {} : {exit_code: result.exitCode}),
-        ...(cancelled === 'abort' ? {} : {signal: cancelled}),
-      })
+      return failure(
+        input.run_id,
+        'E_RUN',
+        `the run was cancelled${cancelled === 'abort' ? '' : ` (${cancelled})`}`,
+        true,
+        {
+          ...(result.exitCode === undefined ? {} : {exit_code: result.exitCode}),
+          ...(cancelled === 'abort' ? {} : {signal: cancelled}),
+        },
+      )
     }
-    if (disk && diskAtEnd && (diskOver || diskAtEnd.over)) return diskFull(input.run_id, disk.limit, diskAtEnd.over ? diskAtEnd.usage : usageWhenOver, disk.workspace, 'during')
+    if (disk && diskAtEnd && (diskOver || diskAtEnd.over))
+      return diskFull(
+        input.run_id,
+        disk.limit,
+        diskAtEnd.over ? diskAtEnd.usage : usageWhenOver,
+        disk.workspace,
+        'during',
+      )
     const limits = this.launch.ownership?.limits
     if (cgroup && limits) {
       const oomKills = cgroup.oomKills() - this.oomBefore
       if (oomKills > 0) {
-        return failure(input.run_id, 'E_OOM', `the run ran out of memory: it reached limits.memory (${limits.memory}) and the kernel killed ${oomKills} of its processes`, false, {
-          oom_kills: oomKills,
-          stderr_tail: stderrTail,
-          suggestions: ['raise limits.memory for this agent', 'or ask for a task that needs less memory'],
-        })
+        return failure(
+          input.run_id,
+          'E_OOM',
+          `the run ran out of memory: it reached limits.memory (${limits.memory}) and the kernel killed ${oomKills} of its processes`,
+          false,
+          {
+            oom_kills: oomKills,
+            stderr_tail: stderrTail,
+            suggestions: ['raise limits.memory for this agent', 'or ask for a task that needs less memory'],
+          },
+        )
       }
       const pidsHits = cgroup.pidsLimitHits()
       if (pidsHits > 0) {
-        return failure(input.run_id, 'E_LIMIT', `the run reached limits.pids (${limits.pids} processes and threads): ${pidsHits} fork(s) were refused, and every process of the run was stopped`, false, {
-          pids_limit_hits: pidsHits,
-          suggestions: ['raise limits.pids for this agent if its work needs that many processes'],
-        })
+        return failure(
+          input.run_id,
+          'E_LIMIT',
+          `the run reached limits.pids (${limits.pids} processes and threads): ${pidsHits} fork(s) were refused, and every process of the run was stopped`,
+          false,
+          {
+            pids_limit_hits: pidsHits,
+            suggestions: ['raise limits.pids for this agent if its work needs that many processes'],
+          },
+        )
       }
     }
     const outcome = channel.outcome()
     if (!outcome && this.lifeline && result.signal && !this.keeperKilled) {
-      return failure(input.run_id, 'E_RUN', `the run's keeper (process ${child.pid}) was killed by ${result.signal} from outside the gateway, and its run ended with it`, false, {
-        keeper_signal: result.signal,
-        stderr_tail: stderrTail,
-      })
+      return failure(
+        input.run_id,
+        'E_RUN',
+        `the run's keeper (process ${child.pid}) was killed by ${result.signal} from outside the gateway, and its run ended with it`,
+        false,
+        {
+          keeper_signal: result.signal,
+          stderr_tail: stderrTail,
+        },
+      )
     }
     return outcome ?? parseAgentRunOutput(input.run_id, '', result.exitCode, stderrTail)
   }
@@ -366,6 +445,8 @@ export class StartedAgentProcess {
 function childClosed(child: ChildProcess): Promise<{exitCode?: number; signal?: NodeJS.Signals}> {
   child.on('error', () => {}) // a failed start or kill: what the run reports comes from its end
   return new Promise((resolve) =>
-    child.once('close', (code, signal) => resolve({exitCode: child.pid === undefined || code === null ? undefined : code, ...(signal ? {signal} : {})})),
+    child.once('close', (code, signal) =>
+      resolve({exitCode: child.pid === undefined || code === null ? undefined : code, ...(signal ? {signal} : {})}),
+    ),
   )
 }

@@ -20,7 +20,10 @@ export class DeadlineWatch {
   private readonly at: number
   private readonly timer: NodeJS.Timeout
 
-  constructor(private readonly timeoutMs: number, private readonly onReached: () => void) {
+  constructor(
+    private readonly timeoutMs: number,
+    private readonly onReached: () => void,
+  ) {
     this.at = performance.now() + timeoutMs
     this.timer = setTimeout(this.passed, timeoutMs)
   }
@@ -42,7 +45,11 @@ export class DeadlineWatch {
    * The run's E_TIMEOUT: `tookTooLong(seconds)` when the owner was running at the deadline, else
    * what happened while it was stopped.
    */
-  failure(runId: string, tookTooLong: (seconds: number) => string, details: Record<string, unknown> = {}): AgentRunOutput {
+  failure(
+    runId: string,
+    tookTooLong: (seconds: number) => string,
+    details: Record<string, unknown> = {},
+  ): AgentRunOutput {
     const seconds = Math.round(this.timeoutMs / 1000)
     if (this.suspendedMs === undefined) return failure(runId, 'E_TIMEOUT', tookTooLong(seconds), false, details)
     return failure(

@@ -69,7 +69,12 @@ export interface DiskWatch {
  * Measures `roots` (plus what `hidden` counts) until stopped and calls `onOver` (once) when they
  * exceed `limitBytes`.
  */
-export function watchDiskUsage(roots: string[], limitBytes: number, onOver: (usage: DiskUsage) => void, hidden?: () => Promise<number>): DiskWatch {
+export function watchDiskUsage(
+  roots: string[],
+  limitBytes: number,
+  onOver: (usage: DiskUsage) => void,
+  hidden?: () => Promise<number>,
+): DiskWatch {
   const stopped = new AbortController()
   let reported = false
   let timer: NodeJS.Timeout | undefined
@@ -103,7 +108,13 @@ export function mebibytes(bytes: number): string {
 }
 
 /** The E_DISK failure of a run whose workspace is (or went) over limits.disk, or could not be measured. */
-export function diskFull(runId: string, limit: string, usage: DiskUsage, workspace: string, when: 'before' | 'during'): AgentRunOutput {
+export function diskFull(
+  runId: string,
+  limit: string,
+  usage: DiskUsage,
+  workspace: string,
+  when: 'before' | 'during',
+): AgentRunOutput {
   const message = usage.error
     ? `the agent's files could not be measured against its limits.disk (${limit}), which counts as over it: ${usage.error}; ${when === 'before' ? 'the agent was not run' : 'the run was stopped'}`
     : when === 'before'

@@ -9,7 +9,11 @@ import {RUN_TMP_PREFIX} from './run-processes.js'
  * pid, so a later start-up knows it is stale once this process is gone (reapAbandonedRuns).
  * A removal that fails is logged: the run's result stands.
  */
-export async function withPrivateTmp<T>(runId: string, use: (dir: string) => Promise<T>, log?: (line: string) => void): Promise<T> {
+export async function withPrivateTmp<T>(
+  runId: string,
+  use: (dir: string) => Promise<T>,
+  log?: (line: string) => void,
+): Promise<T> {
   const dir = makePrivateTmp(runId)
   try {
     return await use(dir)
@@ -28,7 +32,9 @@ export async function removePrivateTmp(dir: string, log?: (line: string) => void
   try {
     await removeTrees([dir])
   } catch (error) {
-    log?.(`could not remove the run's TMPDIR (the next start-up of serve or send removes it): ${(error as Error).message}`)
+    log?.(
+      `could not remove the run's TMPDIR (the next start-up of serve or send removes it): ${(error as Error).message}`,
+    )
   }
 }
 

@@ -63,7 +63,9 @@ export function recordRunProcess(home: string, record: RunProcessRecord, log?: (
         startedAt: Date.now(),
       })
   } catch (error) {
-    log?.(`could not record the run's processes in gateway.db (a crash now would leave them to the keeper alone): ${(error as Error).message}`)
+    log?.(
+      `could not record the run's processes in gateway.db (a crash now would leave them to the keeper alone): ${(error as Error).message}`,
+    )
   }
 }
 
@@ -135,7 +137,8 @@ export async function reapAbandonedRuns(home: string): Promise<ReapResult> {
     }
     // processes this start-up cannot see or kill (another pid namespace, frozen by a keeper that died
     // mid-kill) stay where they are, frozen or not, and so does the record, for a start-up that can
-    for (const dir of cgroupsLeft) result.failures.push(`${dir}: processes of run ${row.run_id} are still in it, and this process cannot kill them`)
+    for (const dir of cgroupsLeft)
+      result.failures.push(`${dir}: processes of run ${row.run_id} are still in it, and this process cannot kill them`)
     if (cgroupsLeft.length > 0) continue
     if (row.container) result.containers.push(row.container)
     if (row.tmp_dir && fs.existsSync(row.tmp_dir)) {
@@ -171,7 +174,9 @@ async function removeStaleTmpDirs(result: ReapResult): Promise<void> {
     try {
       const stat = fs.lstatSync(path.join(root, name))
       if (!stat.isDirectory() || stat.uid !== process.getuid?.()) return false
-      return owner ? Number(owner) !== process.pid && !processAlive(Number(owner)) : Date.now() - stat.mtimeMs > UNOWNED_TMP_MAX_AGE_MS
+      return owner
+        ? Number(owner) !== process.pid && !processAlive(Number(owner))
+        : Date.now() - stat.mtimeMs > UNOWNED_TMP_MAX_AGE_MS
     } catch {
       return false // another start-up removed it first
     }

@@ -33,61 +33,93 @@ export interface Launch {
 export const hostSandboxRunner: Runner = {
   level: 'host-sandbox',
   run: (request: RunRequest) =>
-    withPrivateTmp(request.input.run_id, async (tmp): Promise<AgentRunOutput> => {
-      const runId = request.input.run_id
-      let launch: Launch
-      let namespaces: NamespaceProbe | undefined
-      try {
-        await reclaimWorkspace(request.input.workspace, request.signal)
-        namespaces = process.platform === 'linux' ? await probeNamespaces({cacheFile: probeRecord(request.home, 'namespace')}) : undefined
-        const compile = () =>
-          agentPolicy({
-            agent: request.input.agent,
-            config: request.config,
+    withPrivateTmp(
+      request.input.run_id,
+      async (tmp): Promise<AgentRunOutput> => {
+        const runId = request.input.run_id
+        let launch: Launch
+        let namespaces: NamespaceProbe | undefined
+        try {
+          await reclaimWorkspace(request.input.workspace, request.signal)
+          namespaces =
+            process.platform === 'linux'
+              ? await probeNamespaces({cacheFile: probeRecord(request.home, 'namespace')})
+              : undefined
+          const compile = () =>
+            agentPolicy({
+              agent: request.input.agent,
+              config: request.config,
+              home: request.home,
+              workspace: request.input.workspace,
+              tmpDir: tmp,
+              configPath: request.configPath,
+              namespaces: namespaces?.available,
+            })
+          let policy = compile()
+          if (prepareWorkspaceForPolicy(request.input.workspace, policy)) policy = compile()
+          for (const note of policy.notes) request.onLog?.(`sandbox: ${note}`)
+          const env = {...agentEnvironment(request.input.workspace, tmp), PATH: sandboxPath()}
+          if (process.platform === 'darwin') launch = {argv: seatbeltInvocation(policy, agentRunArgv()).argv, env}
+          else {
+            const policyGaps = namespaceGaps(policy, namespaces)
+            if (policy.bestEffort)
+              for (const gap of policyGaps) request.onLog?.(`sandbox: best effort, NOT enforced: ${gap}`)
+            const linux = await linuxLaunch(policy, env, {
+              bwrap: namespaces?.available
+                ? bwrapArgv(namespaces.bwrap!, policy, request.home, {
+                    path: tmp,
+                    bytes: sizeBytes(request.input.agent.limits.disk, 'limits.disk'),
+                  })
+                : [],
+              policyGaps,
+              home: request.home,
+            })
+            if ('error' in linux)
+              return failure(runId, 'E_SANDBOX', linux.error, false, {gaps: linux.gaps, fix: linux.fix})
+            launch = linux
+          }
+        } catch (error) {
+          return failureFromError(runId, error, 'E_SANDBOX')
+        }
+        const output = await runAgentProcess({
+          ...launch,
+          cwd: request.input.workspace,
+          input: request.input,
+          llm: request.llm,
+          timeoutMs: request.timeoutMs,
+          signal: request.signal,
+          onStderr: request.onLog,
+          onStarted: request.onStarted,
+          ownership: {
             home: request.home,
+            runId,
+            limits: request.input.agent.limits,
             workspace: request.input.workspace,
             tmpDir: tmp,
-            configPath: request.configPath,
-            namespaces: namespaces?.available,
-          })
-        let policy = compile()
-        if (prepareWorkspaceForPolicy(request.input.workspace, policy)) policy = compile()
-        for (const note of policy.notes) request.onLog?.(`sandbox: ${note}`)
-        const env = {...agentEnvironment(request.input.workspace, tmp), PATH: sandboxPath()}
-        if (process.platform === 'darwin') launch = {argv: seatbeltInvocation(policy, agentRunArgv()).argv, env}
-        else {
-          const policyGaps = namespaceGaps(policy, namespaces)
-          if (policy.bestEffort) for (const gap of policyGaps) request.onLog?.(`sandbox: best effort, NOT enforced: ${gap}`)
-          const linux = await linuxLaunch(policy, env, {bwrap: namespaces?.available ? bwrapArgv(namespaces.bwrap!, policy, request.home, {path: tmp, bytes: sizeBytes(request.input.agent.limits.disk, 'limits.disk')}) : [], policyGaps, home: request.home})
-          if ('error' in linux) return failure(runId, 'E_SANDBOX', linux.error, false, {gaps: linux.gaps, fix: linux.fix})
-          launch = linux
+          },
+        })
+        // bwrap failed where a remembered probe said it works: agent-run never started; once more, as the layer is now
+        if (
+          namespaces &&
+          bwrapFailed(output) &&
+          (await rememberedLayerBroke(namespaces, probeRecord(request.home, 'namespace')))
+        ) {
+          request.onLog?.(
+            'sandbox: bubblewrap no longer creates the namespaces here (its remembered probe was out of date); starting the run again without them',
+          )
+          return hostSandboxRunner.run(request)
         }
-      } catch (error) {
-        return failureFromError(runId, error, 'E_SANDBOX')
-      }
-      const output = await runAgentProcess({
-        ...launch,
-        cwd: request.input.workspace,
-        input: request.input,
-        llm: request.llm,
-        timeoutMs: request.timeoutMs,
-        signal: request.signal,
-        onStderr: request.onLog,
-        onStarted: request.onStarted,
-        ownership: {home: request.home, runId, limits: request.input.agent.limits, workspace: request.input.workspace, tmpDir: tmp},
-      })
-      // bwrap failed where a remembered probe said it works: agent-run never started; once more, as the layer is now
-      if (namespaces && bwrapFailed(output) && (await rememberedLayerBroke(namespaces, probeRecord(request.home, 'namespace')))) {
-        request.onLog?.('sandbox: bubblewrap no longer creates the namespaces here (its remembered probe was out of date); starting the run again without them')
-        return hostSandboxRunner.run(request)
-      }
-      return helperRefusal(output) ?? output
-    }, request.onLog),
+        return helperRefusal(output) ?? output
+      },
+      request.onLog,
+    ),
 }
 
 /** agent-run's output when bwrap itself failed before starting anything (its messages start with "bwrap: "). */
 function bwrapFailed(output: AgentRunOutput): boolean {
-  return !output.ok && output.error.code === 'E_RUN' && /^bwrap: /m.test(String(output.error.details?.stderr_tail ?? ''))
+  return (
+    !output.ok && output.error.code === 'E_RUN' && /^bwrap: /m.test(String(output.error.details?.stderr_tail ?? ''))
+  )
 }
 
 /**
@@ -102,7 +134,9 @@ export async function linuxLaunch(
 ): Promise<Launch | {error: string; gaps: string[]; fix: string}> {
   const {bwrap = [], policyGaps = [], command = agentRunArgv()} = options
   const helper = requireHelper()
-  const probe = await probeKernel(helper, {cacheFile: options.home === undefined ? undefined : probeRecord(options.home, 'kernel')})
+  const probe = await probeKernel(helper, {
+    cacheFile: options.home === undefined ? undefined : probeRecord(options.home, 'kernel'),
+  })
   const gaps = [...kernelGaps(probe, policy.network, policy.listen), ...policyGaps]
   if (gaps.length > 0 && !policy.bestEffort) {
     return {
@@ -128,5 +162,11 @@ function helperRefusal(output: AgentRunOutput): AgentRunOutput | undefined {
   const tail = String(output.error.details?.stderr_tail ?? '')
   const lines = tail.split('\n').filter((line) => line.startsWith('meepa-sandbox: '))
   if (lines.length === 0 || !output.error.message.includes(`code ${HELPER_SETUP_EXIT}`)) return undefined
-  return failure(output.run_id, 'E_SANDBOX', lines.map((line) => line.slice('meepa-sandbox: '.length)).join('; '), false, {stderr_tail: tail})
+  return failure(
+    output.run_id,
+    'E_SANDBOX',
+    lines.map((line) => line.slice('meepa-sandbox: '.length)).join('; '),
+    false,
+    {stderr_tail: tail},
+  )
 }

@@ -35,8 +35,10 @@ export async function abandonEngineWork(): Promise<string[]> {
   return (await import('./container/removals.js')).abandonEngineWork()
 }
 
-
-/** Asks the Docker engine whether it answers, for /healthz (see engine-probe.ts); loads Docker code only when called. */
+/**
+ * Asks the Docker engine whether it answers, for /healthz (see engine-probe.ts); loads Docker code
+ * only when called.
+ */
 export async function probeEngine(signal?: AbortSignal): Promise<void> {
   return (await import('./container/engine-probe.js')).probeEngine(signal)
 }

@@ -48,12 +48,26 @@ export interface AgentSecrets {
  * (the runner makes the LLM calls) unless the operator asks for them in the container with
  * image_config.inject_credentials_env, for the agent's own tools.
  */
-export function secretsFor(agent: AgentConfig, config: GatewayConfig, secrets: AgentSecrets, level: IsolationLevel): Record<string, string> {
+export function secretsFor(
+  agent: AgentConfig,
+  config: GatewayConfig,
+  secrets: AgentSecrets,
+  level: IsolationLevel,
+): Record<string, string> {
   const {available} = secrets
-  const providerKeys = new Set(Object.values(config.providers.providers).flatMap((provider) => (provider.api_key_env ? [provider.api_key_env] : [])))
+  const providerKeys = new Set(
+    Object.values(config.providers.providers).flatMap((provider) =>
+      provider.api_key_env ? [provider.api_key_env] : [],
+    ),
+  )
   const keysInside = level === 'container' && config.image_config.inject_credentials_env
-  const names = new Set([...agent.secrets.filter((name) => keysInside || !providerKeys.has(name)), ...(keysInside ? Object.keys(secrets.providerKeys) : [])])
-  return Object.fromEntries([...names].flatMap((name) => (available[name] === undefined ? [] : [[name, available[name]]])))
+  const names = new Set([
+    ...agent.secrets.filter((name) => keysInside || !providerKeys.has(name)),
+    ...(keysInside ? Object.keys(secrets.providerKeys) : []),
+  ])
+  return Object.fromEntries(
+    [...names].flatMap((name) => (available[name] === undefined ? [] : [[name, available[name]]])),
+  )
 }
 
 export function buildAgentRunInput(
@@ -93,7 +107,8 @@ function redactOutput(output: AgentRunOutput, secrets: string[]): AgentRunOutput
   const scrub = (value: unknown): unknown => {
     if (typeof value === 'string') return redactSecrets(value, secrets)
     if (Array.isArray(value)) return value.map(scrub)
-    if (value && typeof value === 'object') return Object.fromEntries(Object.entries(value).map(([key, item]) => [key, scrub(item)]))
+    if (value && typeof value === 'object')
+      return Object.fromEntries(Object.entries(value).map(([key, item]) => [key, scrub(item)]))
     return value
   }
   return scrub(output) as AgentRunOutput
@@ -105,7 +120,10 @@ export async function runMessage(options: RunMessageOptions): Promise<RunMessage
   const agent = findAgent(options.loaded, options.agentId)
   const runId = options.runId ?? newRunId()
   const level = isolationLevelFor(agent, options.unrestricted)
-  const secrets: AgentSecrets = {available: options.loaded.secrets, providerKeys: providerKeysFor(agent, options.loaded.config, options.loaded.secrets)}
+  const secrets: AgentSecrets = {
+    available: options.loaded.secrets,
+    providerKeys: providerKeysFor(agent, options.loaded.config, options.loaded.secrets),
+  }
   let output: AgentRunOutput
   try {
     const workspace = ensureWorkspace(options.loaded.home, agent.id).path
@@ -126,6 +144,7 @@ export async function runMessage(options: RunMessageOptions): Promise<RunMessage
   } catch (error) {
     output = failureFromError(runId, error)
   }
-  if (options.loaded.config.image_config.redact_secrets !== false) output = redactOutput(output, agentSecretValues(agent, secrets))
+  if (options.loaded.config.image_config.redact_secrets !== false)
+    output = redactOutput(output, agentSecretValues(agent, secrets))
   return {runId, level, output, ms: Date.now() - started}
 }

@@ -1,4 +1,8 @@
-import {startAgentProcess, type AgentProcessLaunch, type StartedAgentProcess} from '../run-lifecycle/agent-run-process.js'
+import {
+  startAgentProcess,
+  type AgentProcessLaunch,
+  type StartedAgentProcess,
+} from '../run-lifecycle/agent-run-process.js'
 import {makePrivateTmp, removePrivateTmp} from '../run-lifecycle/private-tmp.js'
 import {randomHex} from '../util/random.js'
 
@@ -27,7 +31,10 @@ const standbys = new Map<string, Standby>()
  * The slot's standby when it was started for the same `key` (the agent's launch, limits and
  * workspace) and is still waiting; undefined otherwise (one for another key, or that exited, is ended).
  */
-export function takeStandbyAgentRun(slot: string, key: string): {process: StartedAgentProcess; tmpDir: string} | undefined {
+export function takeStandbyAgentRun(
+  slot: string,
+  key: string,
+): {process: StartedAgentProcess; tmpDir: string} | undefined {
   const standby = unlist(slot)
   if (!standby) return undefined
   if (standby.key === key && standby.process.ready) return standby
@@ -39,7 +46,12 @@ export function takeStandbyAgentRun(slot: string, key: string): {process: Starte
  * Starts the slot's next agent-run unless one waits there. `launchFor` gets its private TMPDIR and
  * the id its keeper, cgroups and record go by (the run's own id comes with its input).
  */
-export function prepareStandbyAgentRun(slot: string, key: string, launchFor: (tmpDir: string, processId: string) => AgentProcessLaunch, log: (line: string) => void): void {
+export function prepareStandbyAgentRun(
+  slot: string,
+  key: string,
+  launchFor: (tmpDir: string, processId: string) => AgentProcessLaunch,
+  log: (line: string) => void,
+): void {
   const waiting = standbys.get(slot)
   if (waiting?.key === key && waiting.process.ready) return
   if (waiting) void dispose(unlist(slot)!)
@@ -84,6 +96,8 @@ async function dispose(standby: {process: StartedAgentProcess; tmpDir: string}):
 
 /** Ends the standby agent-runs of this process: those of one gateway home (it stops, or its config changed), or all. */
 export async function stopStandbyAgentRuns(home?: string): Promise<void> {
-  const ending = [...standbys.keys()].filter((slot) => home === undefined || slot.startsWith(`${home}\0`)).map((slot) => unlist(slot)!)
+  const ending = [...standbys.keys()]
+    .filter((slot) => home === undefined || slot.startsWith(`${home}\0`))
+    .map((slot) => unlist(slot)!)
   await Promise.all(ending.map(dispose))
 }

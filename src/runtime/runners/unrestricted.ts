@@ -21,10 +21,28 @@ export const unrestrictedRunner: Runner = {
       env: agentEnvironment(request.input.workspace, tmpDir),
       cwd: request.input.workspace,
       quietUntilInput: true,
-      ownership: {home: request.home, runId: processId, limits: request.input.agent.limits, workspace: request.input.workspace, tmpDir},
+      ownership: {
+        home: request.home,
+        runId: processId,
+        limits: request.input.agent.limits,
+        workspace: request.input.workspace,
+        tmpDir,
+      },
     })
-    const run = {input: request.input, llm: request.llm, timeoutMs: request.timeoutMs, signal: request.signal, onStderr: request.onLog, onStarted: request.onStarted}
-    const ahead = typeof request.standby === 'object' ? request.standby : request.standby ? {wanted: () => true, log: (line: string) => request.onLog?.(line)} : undefined
+    const run = {
+      input: request.input,
+      llm: request.llm,
+      timeoutMs: request.timeoutMs,
+      signal: request.signal,
+      onStderr: request.onLog,
+      onStarted: request.onStarted,
+    }
+    const ahead =
+      typeof request.standby === 'object'
+        ? request.standby
+        : request.standby
+          ? {wanted: () => true, log: (line: string) => request.onLog?.(line)}
+          : undefined
     try {
       // root's files in a container's workspace would stay root's past the next container run's check (owner.ts)
       await reclaimWorkspace(request.input.workspace, request.signal)
@@ -33,7 +51,12 @@ export const unrestrictedRunner: Runner = {
     }
     const standby = ahead ? takeStandbyAgentRun(slot, key) : undefined
     try {
-      if (!standby) return await withPrivateTmp(request.input.run_id, (tmp) => runAgentProcess({...launchFor(tmp, request.input.run_id), ...run}), request.onLog)
+      if (!standby)
+        return await withPrivateTmp(
+          request.input.run_id,
+          (tmp) => runAgentProcess({...launchFor(tmp, request.input.run_id), ...run}),
+          request.onLog,
+        )
       try {
         return await standby.process.run(run)
       } finally {
@@ -41,7 +64,14 @@ export const unrestrictedRunner: Runner = {
       }
     } finally {
       // once the reply is on its way; never once the gateway is stopping
-      if (ahead) setImmediate(() => ahead.wanted() && prepareStandbyAgentRun(slot, key, launchFor, (line) => ahead.log(`standby agent-run of agent ${request.input.agent.id}: ${line}`)))
+      if (ahead)
+        setImmediate(
+          () =>
+            ahead.wanted() &&
+            prepareStandbyAgentRun(slot, key, launchFor, (line) =>
+              ahead.log(`standby agent-run of agent ${request.input.agent.id}: ${line}`),
+            ),
+        )
     }
   },
 }

@@ -17,6 +17,9 @@ export async function readMessageArgument(argument: string, stdin: () => NodeJS.
     for await (const chunk of stdin()) chunks.push(Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk))
     content = Buffer.concat(chunks).toString('utf8')
   }
-  if (!content.trim()) throw new GatewayError('E_USAGE', 'the message is empty', {suggestions: ['pass the message as an argument, or "-" to read it from stdin']})
+  if (!content.trim())
+    throw new GatewayError('E_USAGE', 'the message is empty', {
+      suggestions: ['pass the message as an argument, or "-" to read it from stdin'],
+    })
   return content.trim()
 }

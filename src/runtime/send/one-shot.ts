@@ -19,7 +19,9 @@ export interface SendOptions {
  * `send` when no gateway took the message: the config loaded here (and written on first use,
  * said on `notice`), then the whole run in this process.
  */
-export async function sendOneShot(options: Omit<SendOptions, 'loaded'> & {configPath?: string; notice: (line: string) => void}): Promise<RunMessageResult> {
+export async function sendOneShot(
+  options: Omit<SendOptions, 'loaded'> & {configPath?: string; notice: (line: string) => void},
+): Promise<RunMessageResult> {
   const {configPath, notice, ...rest} = options
   return sendMessage({...rest, loaded: loadConfigForCommand(configPath, notice)})
 }
@@ -29,7 +31,9 @@ export async function sendMessage(options: SendOptions): Promise<RunMessageResul
   let reclaimed: Promise<void> | undefined
   // a reclaim that fails is reported, never the run's failure: it runs while the run does
   const reclaim = () =>
-    (reclaimed ??= reclaimAbandonedRuns(options.loaded.home, options.onLog).catch((error: unknown) => options.onLog?.(`could not reclaim what abandoned runs left: ${(error as Error).message}`)))
+    (reclaimed ??= reclaimAbandonedRuns(options.loaded.home, options.onLog).catch((error: unknown) =>
+      options.onLog?.(`could not reclaim what abandoned runs left: ${(error as Error).message}`),
+    ))
   const runId = newRunId()
   const user = os.userInfo().username
   try {
@@ -41,7 +45,13 @@ export async function sendMessage(options: SendOptions): Promise<RunMessageResul
       onLog: options.onLog,
       signal: options.signal,
       onStarted: () => void reclaim(),
-      message: {id: runId, connector: 'cli', channel_id: options.channel, user: {id: user, name: user}, content: options.content},
+      message: {
+        id: runId,
+        connector: 'cli',
+        channel_id: options.channel,
+        user: {id: user, name: user},
+        content: options.content,
+      },
     })
   } finally {
     await reclaim()

@@ -1,5 +1,5 @@
 /**
-  * agent-run's shell tool, inside the host sandbox, starts each command through the helper again:
+ * agent-run's shell tool, inside the host sandbox, starts each command through the helper again:
  *  - `--new-group`: the command gets a process group of its own (setsid is denied in the sandbox,
  *    so Node's `detached` cannot do it), and the tool's timeout can kill exactly that group;
  *  - `--deny-listen` with `allow_listen: false` in a container (on the host the outer layer already
@@ -15,5 +15,13 @@ export const SANDBOX_LISTEN_ENV = 'MEEPA_SANDBOX_LISTEN'
 export function shellArgv(command: string, env: NodeJS.ProcessEnv): string[] {
   const helper = env[SANDBOX_HELPER_ENV]
   if (!helper) return ['/bin/sh', '-c', command]
-  return [helper, '--new-group', ...(env[SANDBOX_LISTEN_ENV] === 'deny' ? ['--deny-listen'] : []), '--', '/bin/sh', '-c', command]
+  return [
+    helper,
+    '--new-group',
+    ...(env[SANDBOX_LISTEN_ENV] === 'deny' ? ['--deny-listen'] : []),
+    '--',
+    '/bin/sh',
+    '-c',
+    command,
+  ]
 }

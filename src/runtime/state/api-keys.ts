@@ -39,9 +39,13 @@ export class ApiKeys {
     const trimmed = name.trim()
     // the name appears in the audit log and serve's log: a line break there could forge entries
     if (!trimmed || trimmed.length > 100 || /\p{Cc}/u.test(trimmed)) {
-      throw new GatewayError('E_USAGE', 'an API key name must be 1 to 100 characters, without control characters (line breaks, tabs)', {
-        suggestions: ['meepagateway api-key create "deploy script"'],
-      })
+      throw new GatewayError(
+        'E_USAGE',
+        'an API key name must be 1 to 100 characters, without control characters (line breaks, tabs)',
+        {
+          suggestions: ['meepagateway api-key create "deploy script"'],
+        },
+      )
     }
     const id = `key_${crypto.randomBytes(6).toString('hex')}`
     const key = API_KEY_PREFIX + crypto.randomBytes(32).toString('base64url')
@@ -53,7 +57,9 @@ export class ApiKeys {
 
   list(): ApiKeyInfo[] {
     return this.db
-      .prepare('SELECT id, name, kind, key_prefix, created_at, last_used_at, revoked_at FROM api_keys ORDER BY created_at, rowid')
+      .prepare(
+        'SELECT id, name, kind, key_prefix, created_at, last_used_at, revoked_at FROM api_keys ORDER BY created_at, rowid',
+      )
       .all() as ApiKeyInfo[]
   }
 
@@ -73,7 +79,9 @@ export class ApiKeys {
   verify(key: string): ApiKeyInfo | undefined {
     if (!key.startsWith(API_KEY_PREFIX)) return undefined
     const row = this.db
-      .prepare('SELECT id, name, kind, key_prefix, created_at, last_used_at, revoked_at FROM api_keys WHERE key_hash = ?')
+      .prepare(
+        'SELECT id, name, kind, key_prefix, created_at, last_used_at, revoked_at FROM api_keys WHERE key_hash = ?',
+      )
       .get(hashRandomToken(key)) as ApiKeyInfo | undefined
     if (!row || row.revoked_at !== null) return undefined
     const now = Date.now()
@@ -89,7 +97,12 @@ export class ApiKeys {
 export function createApiKey(options: {home: string; name: string; admin?: boolean}): CreatedApiKey {
   return withGatewayDb(options.home, (db) => {
     const created = new ApiKeys(db).create(options.name, options.admin ? 'admin' : 'chat')
-    new AuditLog(db).record({event: 'api_key_created', principal: 'cli', summary: `${created.kind} key ${created.id} (${created.name}) created`, details: {id: created.id, kind: created.kind}})
+    new AuditLog(db).record({
+      event: 'api_key_created',
+      principal: 'cli',
+      summary: `${created.kind} key ${created.id} (${created.name}) created`,
+      details: {id: created.id, kind: created.kind},
+    })
     return created
   })
 }
@@ -101,7 +114,12 @@ export function listApiKeys(options: {home: string}): ApiKeyInfo[] {
 export function revokeApiKey(options: {home: string; id: string}): ApiKeyInfo {
   return withGatewayDb(options.home, (db) => {
     const revoked = new ApiKeys(db).revoke(options.id)
-    new AuditLog(db).record({event: 'api_key_revoked', principal: 'cli', summary: `${revoked.kind} key ${revoked.id} (${revoked.name}) revoked`, details: {id: revoked.id}})
+    new AuditLog(db).record({
+      event: 'api_key_revoked',
+      principal: 'cli',
+      summary: `${revoked.kind} key ${revoked.id} (${revoked.name}) revoked`,
+      details: {id: revoked.id},
+    })
     return revoked
   })
 }
@@ -111,7 +129,8 @@ export function revokeApiKey(options: {home: string; id: string}): ApiKeyInfo {
  * after it says so, once.
  */
 export function takeLegacyKeysNotice(db: GatewayDb): string | undefined {
-  const row = db.prepare("DELETE FROM captain_settings WHERE key = 'legacy_keys_notice' RETURNING value").get() as {value: string} | undefined
+  const row = db.prepare("DELETE FROM captain_settings WHERE key = 'legacy_keys_notice' RETURNING value").get() as
+    {value: string} | undefined
   if (!row) return undefined
   return (
     `gateway: the ${row.value} API key(s) created before keys had kinds are now CHAT keys (POST /api/chat only); ` +

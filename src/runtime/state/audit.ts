@@ -40,7 +40,15 @@ export class AuditLog {
     const level = entry.level ?? 'info'
     this.db
       .prepare('INSERT INTO audit (at, level, event, principal, source, summary, details) VALUES (?, ?, ?, ?, ?, ?, ?)')
-      .run(now, level, entry.event, entry.principal, entry.source ?? null, entry.summary, entry.details ? JSON.stringify(entry.details) : null)
+      .run(
+        now,
+        level,
+        entry.event,
+        entry.principal,
+        entry.source ?? null,
+        entry.summary,
+        entry.details ? JSON.stringify(entry.details) : null,
+      )
     const line = `audit${level === 'warning' ? ' WARNING' : ''}: ${entry.summary} (by ${entry.principal}${entry.source ? ` from ${entry.source}` : ''})`
     // one entry, one line: a name with a line break must not print a second, forged entry
     this.log?.(line.replace(/\p{Cc}/gu, (char) => JSON.stringify(char).slice(1, -1)))
@@ -51,7 +59,10 @@ export class AuditLog {
     const rows = this.db
       .prepare('SELECT * FROM (SELECT * FROM audit WHERE at >= ? ORDER BY id DESC LIMIT ?) ORDER BY id ASC')
       .all(options.since ?? 0, options.limit ?? 1000) as Array<Omit<AuditRecord, 'details'> & {details: string | null}>
-    return rows.map((row) => ({...row, details: row.details ? (JSON.parse(row.details) as Record<string, unknown>) : null}))
+    return rows.map((row) => ({
+      ...row,
+      details: row.details ? (JSON.parse(row.details) as Record<string, unknown>) : null,
+    }))
   }
 }
 
@@ -69,7 +80,9 @@ export function parseSince(text: string, now = Date.now()): number {
   }
   const time = Date.parse(text)
   if (Number.isNaN(time)) {
-    throw new GatewayError('E_USAGE', `--since ${JSON.stringify(text)} is neither a date nor a duration`, {suggestions: ['--since 24h', '--since 2026-01-01T00:00:00Z']})
+    throw new GatewayError('E_USAGE', `--since ${JSON.stringify(text)} is neither a date nor a duration`, {
+      suggestions: ['--since 24h', '--since 2026-01-01T00:00:00Z'],
+    })
   }
   return time
 }

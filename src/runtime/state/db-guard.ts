@@ -66,7 +66,9 @@ export class GuardedGatewayDb {
         this.current.prepare('VACUUM INTO ?').run(snapshot)
         this.current.close()
         this.current = undefined
-        this.log(`gateway: ${this.file} was ${change} while the gateway was running; copied the open database to ${snapshot}`)
+        this.log(
+          `gateway: ${this.file} was ${change} while the gateway was running; copied the open database to ${snapshot}`,
+        )
         if (change === 'deleted') {
           fs.renameSync(snapshot, this.file)
           this.log(`gateway: restored ${this.file} from the open database; nothing written before was lost`)
@@ -79,7 +81,9 @@ export class GuardedGatewayDb {
             const aside = `${this.file}.corrupt-${stamp}`
             fs.renameSync(this.file, aside)
             fs.renameSync(snapshot, this.file)
-            this.log(`gateway: the ${change === 'damaged' ? 'damaged' : 'new'} ${this.file} is not usable (${(error as Error).message.split('\n')[0]}); moved it to ${aside} and restored the open database`)
+            this.log(
+              `gateway: the ${change === 'damaged' ? 'damaged' : 'new'} ${this.file} is not usable (${(error as Error).message.split('\n')[0]}); moved it to ${aside} and restored the open database`,
+            )
           }
         }
       }
@@ -89,7 +93,8 @@ export class GuardedGatewayDb {
       this.problem = undefined
     } catch (error) {
       const problem = `gateway.db cannot be used: ${(error as Error).message.split('\n')[0]}`
-      if (problem !== this.problem) this.log(`gateway: ${problem}; run records are not kept until it is fixed (retrying every second)`)
+      if (problem !== this.problem)
+        this.log(`gateway: ${problem}; run records are not kept until it is fixed (retrying every second)`)
       this.problem = problem
     }
   }

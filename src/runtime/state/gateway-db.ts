@@ -161,7 +161,9 @@ export function openGatewayDb(home: string, options: {check?: boolean} = {}): Ga
     db.close()
     if (error instanceof GatewayError) throw error
     if (isSqliteDamage(error)) throw damagedDatabase(file, (error as Error).message)
-    throw new GatewayError('E_STATE', `cannot prepare the gateway database ${file}: ${(error as Error).message}`, {cause: error})
+    throw new GatewayError('E_STATE', `cannot prepare the gateway database ${file}: ${(error as Error).message}`, {
+      cause: error,
+    })
   }
   return db
 }

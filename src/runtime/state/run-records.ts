@@ -68,27 +68,33 @@ export class RunRecords {
    * Records how a started run ended; `interrupted` when the gateway stopped it. False when its row
    * is missing (its start was not recorded).
    */
-  finish(id: string, output: AgentRunOutput, options: {durationMs: number; isolation?: IsolationLevel; interrupted?: boolean}): boolean {
+  finish(
+    id: string,
+    output: AgentRunOutput,
+    options: {durationMs: number; isolation?: IsolationLevel; interrupted?: boolean},
+  ): boolean {
     const status: RunStatus = output.ok ? 'ok' : options.interrupted ? 'interrupted' : 'failed'
-    return this.db
-      .prepare(
-        `UPDATE runs SET status = @status, duration_ms = @durationMs, isolation = COALESCE(@isolation, isolation),
+    return (
+      this.db
+        .prepare(
+          `UPDATE runs SET status = @status, duration_ms = @durationMs, isolation = COALESCE(@isolation, isolation),
            error_code = @errorCode, error_message = @errorMessage, input_tokens = @inputTokens,
            output_tokens = @outputTokens, iterations = @iterations, tool_calls = @toolCalls
          WHERE id = @id`,
-      )
-      .run({
-        id,
-        status,
-        durationMs: Math.round(options.durationMs),
-        isolation: options.isolation ?? null,
-        errorCode: output.ok ? null : output.error.code,
-        errorMessage: output.ok ? null : output.error.message,
-        inputTokens: output.ok ? output.usage.input_tokens : null,
-        outputTokens: output.ok ? output.usage.output_tokens : null,
-        iterations: output.ok ? output.iterations : null,
-        toolCalls: output.ok ? output.tool_calls.length : null,
-      }).changes > 0
+        )
+        .run({
+          id,
+          status,
+          durationMs: Math.round(options.durationMs),
+          isolation: options.isolation ?? null,
+          errorCode: output.ok ? null : output.error.code,
+          errorMessage: output.ok ? null : output.error.message,
+          inputTokens: output.ok ? output.usage.input_tokens : null,
+          outputTokens: output.ok ? output.usage.output_tokens : null,
+          iterations: output.ok ? output.iterations : null,
+          toolCalls: output.ok ? output.tool_calls.length : null,
+        }).changes > 0
+    )
   }
 
   /** A message that never ran (queue full, gateway stopping): recorded so the operator sees the loss. */
@@ -117,7 +123,9 @@ export class RunRecords {
 
   /** Interrupted runs whose user has not been told yet, oldest first. */
   pendingRestartReplies(): RunRecord[] {
-    return this.db.prepare(`SELECT * FROM runs WHERE restart_reply = 'pending' ORDER BY started_at, rowid`).all() as RunRecord[]
+    return this.db
+      .prepare(`SELECT * FROM runs WHERE restart_reply = 'pending' ORDER BY started_at, rowid`)
+      .all() as RunRecord[]
   }
 
   /** Notes that the restart reply went out (or why it could not), so it is sent once. */

@@ -94,7 +94,13 @@ export class GatewayError extends Error {
     this.details = options.details ?? {}
   }
 
-  toJSON(): {code: ErrorCode; message: string; retryable: boolean; suggestions?: string[]; details?: Record<string, unknown>} {
+  toJSON(): {
+    code: ErrorCode
+    message: string
+    retryable: boolean
+    suggestions?: string[]
+    details?: Record<string, unknown>
+  } {
     return {
       code: this.code,
       message: this.message,

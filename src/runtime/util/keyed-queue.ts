@@ -44,7 +44,9 @@ export class KeyedQueue {
 
   async run<T>(key: string, task: () => Promise<T>, options: RunOptions = {}): Promise<T> {
     if (this.pending >= this.maxPending) {
-      throw new GatewayError('E_BUSY', `too many messages are waiting (${this.pending}); try again shortly`, {retryable: true})
+      throw new GatewayError('E_BUSY', `too many messages are waiting (${this.pending}); try again shortly`, {
+        retryable: true,
+      })
     }
     if (options.signal?.aborted) throw cancelled()
     const previous = this.tails.get(key) ?? Promise.resolve()
@@ -104,7 +106,8 @@ export class KeyedQueue {
 }
 
 function checkedLimit(value: number): number {
-  if (!Number.isInteger(value) || value < 1) throw new GatewayError('E_CONFIG', `a concurrency limit must be a whole number of at least 1, not ${value}`)
+  if (!Number.isInteger(value) || value < 1)
+    throw new GatewayError('E_CONFIG', `a concurrency limit must be a whole number of at least 1, not ${value}`)
   return value
 }
 

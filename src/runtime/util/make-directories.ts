@@ -10,7 +10,12 @@ import {GatewayError} from './errors.js'
 export function makeDirectories(dir: string, mode: number): void {
   const missing: string[] = []
   // only what does not exist is made (a directory that cannot be searched is its own error, named as it is)
-  for (let at = path.resolve(dir); !fs.statSync(at, {throwIfNoEntry: false}) && path.dirname(at) !== at; at = path.dirname(at)) missing.push(at)
+  for (
+    let at = path.resolve(dir);
+    !fs.statSync(at, {throwIfNoEntry: false}) && path.dirname(at) !== at;
+    at = path.dirname(at)
+  )
+    missing.push(at)
   // there, but a file (or a symlink to one): mkdir's own EEXIST, as `mkdir -p` says
   if (missing.length === 0 && !fs.statSync(dir).isDirectory()) fs.mkdirSync(dir)
   for (const each of missing.reverse()) {
@@ -18,7 +23,11 @@ export function makeDirectories(dir: string, mode: number): void {
       fs.mkdirSync(each, {mode})
     } catch (error) {
       // made meanwhile by another process: fine; a file or a dangling symlink in the way: not
-      if ((error as NodeJS.ErrnoException).code === 'EEXIST' && fs.statSync(each, {throwIfNoEntry: false})?.isDirectory()) continue
+      if (
+        (error as NodeJS.ErrnoException).code === 'EEXIST' &&
+        fs.statSync(each, {throwIfNoEntry: false})?.isDirectory()
+      )
+        continue
       throw error
     }
   }

@@ -19,7 +19,8 @@ export interface RecallOptions {
 export function recalled<T>(file: string, key: string, options: RecallOptions): T | undefined {
   try {
     const record = JSON.parse(readRecord(file)) as {key?: unknown; at?: unknown; answer?: T}
-    if (record.key === key && typeof record.at === 'number' && Math.abs(Date.now() - record.at) < options.maxAgeMs) return record.answer
+    if (record.key === key && typeof record.at === 'number' && Math.abs(Date.now() - record.at) < options.maxAgeMs)
+      return record.answer
   } catch {
     // none yet, damaged, unreadable, not a regular file or not ours alone: work it out again
   }
@@ -35,7 +36,8 @@ function readRecord(file: string): string {
   try {
     const stat = fs.fstatSync(fd)
     if (!stat.isFile() || stat.size > MAX_RECORD_BYTES) throw new Error(`${file} is not a record`)
-    if (stat.uid !== process.getuid?.() || (stat.mode & 0o022) !== 0) throw new Error(`${file} is writable by another user`)
+    if (stat.uid !== process.getuid?.() || (stat.mode & 0o022) !== 0)
+      throw new Error(`${file} is writable by another user`)
     const buffer = Buffer.alloc(stat.size)
     return buffer.subarray(0, fs.readSync(fd, buffer, 0, stat.size, 0)).toString('utf8')
   } finally {
@@ -52,7 +54,11 @@ export function remember(file: string, key: string, answer: unknown): void {
     // the cache directory, never the home (a command given --config does not create one)
     if (!fs.existsSync(path.dirname(file))) fs.mkdirSync(path.dirname(file), {mode: 0o700})
     // a new file of our own (O_EXCL never follows a symlink planted at the name), renamed over the record
-    const fd = fs.openSync(temp, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW, 0o600)
+    const fd = fs.openSync(
+      temp,
+      fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW,
+      0o600,
+    )
     try {
       fs.writeSync(fd, text)
     } finally {

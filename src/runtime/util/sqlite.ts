@@ -23,8 +23,11 @@ export function sqlitePackageDir(): string {
 
 function loadAddon(): object {
   const packageDir = sqlitePackageDir()
-  const file = ['Release', 'Debug'].map((build) => path.join(packageDir, 'build', build, 'better_sqlite3.node')).find((candidate) => fs.existsSync(candidate))
-  if (!file) throw new Error(`better-sqlite3's addon is not built in ${packageDir}/build: run \`npm rebuild better-sqlite3\``)
+  const file = ['Release', 'Debug']
+    .map((build) => path.join(packageDir, 'build', build, 'better_sqlite3.node'))
+    .find((candidate) => fs.existsSync(candidate))
+  if (!file)
+    throw new Error(`better-sqlite3's addon is not built in ${packageDir}/build: run \`npm rebuild better-sqlite3\``)
   const module = {exports: {}}
   process.dlopen(module, file)
   return module.exports

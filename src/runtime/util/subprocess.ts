@@ -39,7 +39,10 @@ export interface SubprocessOptions {
   stdio?: StdioOptions
   /** Written to stdin, which is then closed (needs stdio[0] 'pipe'). */
   input?: string
-  /** Whether piped stdout/stderr are kept for the result (default both); a caller reading a stream itself says false. */
+  /**
+   * Whether piped stdout/stderr are kept for the result (default both); a caller reading a stream
+   * itself says false.
+   */
   buffer?: {stdout?: boolean; stderr?: boolean}
   /** Also keep stdout and stderr interleaved as they came, in `all`. */
   all?: boolean
@@ -58,7 +61,10 @@ export interface SubprocessOptions {
   niceness?: number
 }
 
-/** The niceness of walks over a run's files (hand-overs, removals): the agent that made them many pays, not the others. */
+/**
+ * The niceness of walks over a run's files (hand-overs, removals): the agent that made them many
+ * pays, not the others.
+ */
 export const FILE_WALK_NICENESS = 19
 
 const DEFAULT_MAX_BUFFER = 64 * 1024 * 1024
@@ -75,7 +81,11 @@ export function startSubprocess(file: string, args: readonly string[], options: 
     stdio,
     detached: options.detached,
     // a descriptor past stderr (a keeper's lifeline, the helper's rules) is the caller's to use, never read here
-    buffer: {stdout: options.buffer?.stdout ?? true, stderr: options.buffer?.stderr ?? true, ...extraDescriptors(stdio, false)},
+    buffer: {
+      stdout: options.buffer?.stdout ?? true,
+      stderr: options.buffer?.stderr ?? true,
+      ...extraDescriptors(stdio, false),
+    },
     all: options.all,
     maxBuffer,
     timeout: options.timeoutMs,
@@ -144,15 +154,24 @@ function closePipesOnceCutOff(child: ChildProcess, options: SubprocessOptions, m
   child.once('error', done)
 }
 
-function resultOf(raw: Result, startError: NodeJS.ErrnoException | undefined, options: SubprocessOptions, maxBuffer: number): SubprocessResult {
+function resultOf(
+  raw: Result,
+  startError: NodeJS.ErrnoException | undefined,
+  options: SubprocessOptions,
+  maxBuffer: number,
+): SubprocessResult {
   const failure = raw as Result & {message?: string; isMaxBuffer?: boolean}
   // execa names the stream in its message only ("Command's stdout was larger than …")
-  const overflowed = failure.isMaxBuffer ? `${/Command's (\w+) was larger/.exec(failure.message ?? '')?.[1] ?? 'output'} exceeded ${maxBuffer} characters` : undefined
+  const overflowed = failure.isMaxBuffer
+    ? `${/Command's (\w+) was larger/.exec(failure.message ?? '')?.[1] ?? 'output'} exceeded ${maxBuffer} characters`
+    : undefined
   const message = startError
     ? startError.message
-    : raw.timedOut ? `timed out after ${options.timeoutMs} ms`
-    : raw.isCanceled ? 'cancelled'
-    : overflowed ?? (raw.signal ? `killed by ${raw.signal}` : `exit ${raw.exitCode}`)
+    : raw.timedOut
+      ? `timed out after ${options.timeoutMs} ms`
+      : raw.isCanceled
+        ? 'cancelled'
+        : (overflowed ?? (raw.signal ? `killed by ${raw.signal}` : `exit ${raw.exitCode}`))
   return {
     exitCode: startError ? undefined : raw.exitCode,
     signal: raw.signal as NodeJS.Signals | undefined,
@@ -184,7 +203,10 @@ export function signalChild(child: ChildProcess, signal: NodeJS.Signals): void {
   if (child.pid !== undefined) child.kill(signal)
 }
 
-/** The signal an abort carries (`send` forwarding SIGINT / SIGTERM aborts with its name); undefined for any other reason. */
+/**
+ * The signal an abort carries (`send` forwarding SIGINT / SIGTERM aborts with its name); undefined
+ * for any other reason.
+ */
 export function abortSignalName(reason: unknown): NodeJS.Signals | undefined {
   return typeof reason === 'string' && /^SIG[A-Z]+$/.test(reason) ? (reason as NodeJS.Signals) : undefined
 }

@@ -25,16 +25,21 @@ export async function withAgentLock<T>(
   const deadline = Date.now() + (options.waitMs ?? 15 * 60_000)
   let told = false
   for (;;) {
-    if (options.signal?.aborted) throw new GatewayError('E_RUN', 'the run was cancelled while it waited for its turn', {retryable: true})
+    if (options.signal?.aborted)
+      throw new GatewayError('E_RUN', 'the run was cancelled while it waited for its turn', {retryable: true})
     const owner = await tryAcquire(file)
     if (owner === undefined) break
     if (!told) options.onWait?.(owner)
     told = true
     if (Date.now() > deadline) {
-      throw new GatewayError('E_BUSY', `agent ${agentId} is busy with another run (process ${owner}) and did not become free in time`, {
-        retryable: true,
-        suggestions: ['try again when the current message is answered'],
-      })
+      throw new GatewayError(
+        'E_BUSY',
+        `agent ${agentId} is busy with another run (process ${owner}) and did not become free in time`,
+        {
+          retryable: true,
+          suggestions: ['try again when the current message is answered'],
+        },
+      )
     }
     await new Promise((resolve) => setTimeout(resolve, POLL_MS))
   }

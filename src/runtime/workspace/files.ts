@@ -18,9 +18,13 @@ export const MAX_WORKSPACE_FILE_BYTES = 1024 * 1024
 const {O_RDONLY, O_WRONLY, O_CREAT, O_EXCL, O_NOFOLLOW, O_NONBLOCK} = fs.constants
 
 function refuse(relative: string, problem: string): GatewayError {
-  return new GatewayError('E_WORKSPACE', `the workspace's ${relative} ${problem}; the gateway does not follow or open anything but regular files there`, {
-    suggestions: [`replace ${relative} with a regular file (e.g. delete it; the gateway recreates its own files)`],
-  })
+  return new GatewayError(
+    'E_WORKSPACE',
+    `the workspace's ${relative} ${problem}; the gateway does not follow or open anything but regular files there`,
+    {
+      suggestions: [`replace ${relative} with a regular file (e.g. delete it; the gateway recreates its own files)`],
+    },
+  )
 }
 
 function kindOf(stat: fs.Stats): string {
@@ -59,9 +63,12 @@ function realRoot(root: string): string {
   try {
     stat = fs.statSync(root)
   } catch {
-    throw new GatewayError('E_WORKSPACE', `the workspace ${root} does not exist`, {suggestions: ['run meepagateway agent create <id>']})
+    throw new GatewayError('E_WORKSPACE', `the workspace ${root} does not exist`, {
+      suggestions: ['run meepagateway agent create <id>'],
+    })
   }
-  if (!stat.isDirectory()) throw new GatewayError('E_WORKSPACE', `the workspace ${root} is ${kindOf(stat)}, not a directory`)
+  if (!stat.isDirectory())
+    throw new GatewayError('E_WORKSPACE', `the workspace ${root} is ${kindOf(stat)}, not a directory`)
   return fs.realpathSync(root)
 }
 
@@ -77,7 +84,10 @@ function newEntryOwner(root: string): {uid: number; gid: number} | undefined {
   return uid === 0 && gid === process.getgid?.() ? undefined : {uid, gid}
 }
 
-/** Gives what the gateway just made in the workspace to the root's owner; lchown never follows (at worst it re-owns, to the agent, what the agent swapped in). */
+/**
+ * Gives what the gateway just made in the workspace to the root's owner; lchown never follows (at
+ * worst it re-owns, to the agent, what the agent swapped in).
+ */
 export function giveToWorkspaceOwner(root: string, entry: string): void {
   const owner = newEntryOwner(root)
   if (owner) fs.lchownSync(entry, owner.uid, owner.gid)
@@ -98,7 +108,8 @@ function checkDirectories(root: string, parts: string[], relative: string, creat
       stat = fs.lstatSync(current)
     }
     if (!stat) return undefined
-    if (!stat.isDirectory()) throw refuse(relative, `has a parent (${path.relative(root, current)}) that is ${kindOf(stat)}`)
+    if (!stat.isDirectory())
+      throw refuse(relative, `has a parent (${path.relative(root, current)}) that is ${kindOf(stat)}`)
   }
   return current
 }
@@ -114,11 +125,16 @@ function openedPath(fd: number): string | undefined {
 
 function assertOpenedAt(fd: number, expected: string, relative: string): void {
   const actual = openedPath(fd)
-  if (actual !== undefined && actual !== expected) throw refuse(relative, 'changed while the gateway opened it (a link was swapped in)')
+  if (actual !== undefined && actual !== expected)
+    throw refuse(relative, 'changed while the gateway opened it (a link was swapped in)')
 }
 
 /** The file's text, or undefined when it does not exist; E_WORKSPACE for anything but a regular file. */
-export function readWorkspaceFile(root: string, relative: string, options: {maxBytes?: number} = {}): string | undefined {
+export function readWorkspaceFile(
+  root: string,
+  relative: string,
+  options: {maxBytes?: number} = {},
+): string | undefined {
   const maxBytes = options.maxBytes ?? MAX_WORKSPACE_FILE_BYTES
   const parts = partsOf(relative)
   const base = realRoot(root)
@@ -139,9 +155,11 @@ export function readWorkspaceFile(root: string, relative: string, options: {maxB
   try {
     const stat = fs.fstatSync(fd)
     if (!stat.isFile()) throw refuse(relative, `is ${kindOf(stat)}`)
-    if (stat.ino !== before.ino || stat.dev !== before.dev) throw refuse(relative, 'changed while the gateway opened it')
+    if (stat.ino !== before.ino || stat.dev !== before.dev)
+      throw refuse(relative, 'changed while the gateway opened it')
     // another name for the same file may be anywhere on this file system (gateway.db, another workspace)
-    if (stat.nlink > 1) throw refuse(relative, `has ${stat.nlink - 1} other hard link(s), so it may be a file from outside the workspace`)
+    if (stat.nlink > 1)
+      throw refuse(relative, `has ${stat.nlink - 1} other hard link(s), so it may be a file from outside the workspace`)
     assertOpenedAt(fd, file, relative)
     if (stat.size > maxBytes) throw refuse(relative, `is larger than ${maxBytes} bytes`)
     const buffer = Buffer.alloc(Math.min(stat.size, maxBytes) + 1)
@@ -163,7 +181,12 @@ export function readWorkspaceFile(root: string, relative: string, options: {maxB
  * over the old name, which replaces a planted link instead of writing through it. `exclusive`
  * keeps an existing entry (of any kind) and reports false.
  */
-export function writeWorkspaceFile(root: string, relative: string, content: string | Buffer, options: {mode?: number; exclusive?: boolean} = {}): boolean {
+export function writeWorkspaceFile(
+  root: string,
+  relative: string,
+  content: string | Buffer,
+  options: {mode?: number; exclusive?: boolean} = {},
+): boolean {
   const parts = partsOf(relative)
   const base = realRoot(root)
   const dir = checkDirectories(base, parts, relative, true) as string

@@ -11,9 +11,13 @@ const AGENT_ID = new RegExp(AGENT_ID_PATTERN)
 
 export function validateAgentId(id: string): string {
   if (!AGENT_ID.test(id)) {
-    throw new GatewayError('E_USAGE', `invalid agent id "${id}": ids are 1-63 characters of a-z, 0-9 and "-", starting with a letter or digit`, {
-      suggestions: ['for example: meepagateway agent create my-agent'],
-    })
+    throw new GatewayError(
+      'E_USAGE',
+      `invalid agent id "${id}": ids are 1-63 characters of a-z, 0-9 and "-", starting with a letter or digit`,
+      {
+        suggestions: ['for example: meepagateway agent create my-agent'],
+      },
+    )
   }
   return id
 }

@@ -45,7 +45,9 @@ export class Memory {
   }
 
   storeFact(content: string): Fact {
-    const row = this.db.prepare('INSERT INTO facts(content) VALUES (?) RETURNING id, content, created_at').get(content) as Fact
+    const row = this.db
+      .prepare('INSERT INTO facts(content) VALUES (?) RETURNING id, content, created_at')
+      .get(content) as Fact
     return row
   }
 
@@ -73,7 +75,9 @@ export class Memory {
   /** The channel's history, oldest first, starting at a user turn so tool results are never orphaned. */
   history(channel: string): ChatMessage[] {
     const rows = this.db
-      .prepare('SELECT message FROM (SELECT id, message FROM history WHERE channel = ? ORDER BY id DESC LIMIT ?) ORDER BY id ASC')
+      .prepare(
+        'SELECT message FROM (SELECT id, message FROM history WHERE channel = ? ORDER BY id DESC LIMIT ?) ORDER BY id ASC',
+      )
       .all(channel, HISTORY_LIMIT) as Array<{message: string}>
     const messages = rows.map((row) => JSON.parse(row.message) as ChatMessage)
     const firstUser = messages.findIndex((message) => message.role === 'user')
@@ -113,7 +117,9 @@ export function openMemory(workspace: string, options: {onRecovered?: (message: 
         if ((renameError as NodeJS.ErrnoException).code !== 'ENOENT') throw cannotOpen(file, error)
       }
     }
-    options.onRecovered?.(`the agent's memory ${file} was damaged (${(error as Error).message}); moved it to ${aside} (its facts and history are there) and started an empty one`)
+    options.onRecovered?.(
+      `the agent's memory ${file} was damaged (${(error as Error).message}); moved it to ${aside} (its facts and history are there) and started an empty one`,
+    )
     try {
       return new Memory(openChecked(file))
     } catch (retryError) {
@@ -129,7 +135,8 @@ function openChecked(file: string): Database.Database {
     db.pragma('busy_timeout = 5000')
     db.pragma('synchronous = NORMAL')
     const problems = (db.pragma('quick_check') as Array<{quick_check: string}>).map((row) => row.quick_check)
-    if (problems.join() !== 'ok') throw Object.assign(new Error(problems.slice(0, 3).join('; ')), {code: 'SQLITE_CORRUPT'})
+    if (problems.join() !== 'ok')
+      throw Object.assign(new Error(problems.slice(0, 3).join('; ')), {code: 'SQLITE_CORRUPT'})
     db.exec(SCHEMA)
     return db
   } catch (error) {

@@ -23,7 +23,11 @@ const unfinished = new Set<string>()
  * container's: the next container run walks it again).
  */
 export function reclaimWorkspace(workspace: string, signal?: AbortSignal): Promise<void> {
-  return handWorkspaceTo(workspace, {uid: process.getuid?.() ?? 0, gid: process.getgid?.() ?? 0}, {purpose: "a run as the gateway's own user", signal})
+  return handWorkspaceTo(
+    workspace,
+    {uid: process.getuid?.() ?? 0, gid: process.getgid?.() ?? 0},
+    {purpose: "a run as the gateway's own user", signal},
+  )
 }
 
 /**
@@ -40,7 +44,11 @@ export function reclaimWorkspace(workspace: string, signal?: AbortSignal): Promi
  * gateway writes there gets the root's owner (workspace/files.ts). A walk this process did not
  * finish is redone whatever the root says.
  */
-export async function handWorkspaceTo(workspace: string, owner: Owner, options: {purpose: string; signal?: AbortSignal}): Promise<void> {
+export async function handWorkspaceTo(
+  workspace: string,
+  owner: Owner,
+  options: {purpose: string; signal?: AbortSignal},
+): Promise<void> {
   if (process.getuid?.() !== 0) return
   const root = await fs.realpath(workspace)
   await handovers.run(root, () => handOver(root, owner, options), {signal: options.signal})
@@ -64,11 +72,20 @@ async function handOver(root: string, owner: Owner, options: {purpose: string; s
   }
   const why = result.timedOut
     ? `it took longer than ${HANDOVER_TIMEOUT_MS / 1000} s`
-    : result.isCanceled ? 'the run was cancelled' : result.stderr.trim().split('\n').slice(-3).join(' | ') || result.message
-  throw new GatewayError('E_WORKSPACE', `cannot hand the workspace ${root} to uid ${owner.uid} for ${options.purpose}: ${why}`, {
-    retryable: result.isCanceled,
-    suggestions: result.timedOut
-      ? [`remove files from ${root} (a workspace with millions of entries cannot be handed over in time)`, `or chown -R -P ${owner.uid}:${owner.gid} ${root} by hand`]
-      : ['check that `chown` (coreutils) is installed', `or chown -R -P ${owner.uid}:${owner.gid} ${root} by hand`],
-  })
+    : result.isCanceled
+      ? 'the run was cancelled'
+      : result.stderr.trim().split('\n').slice(-3).join(' | ') || result.message
+  throw new GatewayError(
+    'E_WORKSPACE',
+    `cannot hand the workspace ${root} to uid ${owner.uid} for ${options.purpose}: ${why}`,
+    {
+      retryable: result.isCanceled,
+      suggestions: result.timedOut
+        ? [
+            `remove files from ${root} (a workspace with millions of entries cannot be handed over in time)`,
+            `or chown -R -P ${owner.uid}:${owner.gid} ${root} by hand`,
+          ]
+        : ['check that `chown` (coreutils) is installed', `or chown -R -P ${owner.uid}:${owner.gid} ${root} by hand`],
+    },
+  )
 }

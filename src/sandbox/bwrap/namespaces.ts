@@ -55,14 +55,20 @@ export async function probeNamespaces(options: {cacheFile?: string} = {}): Promi
  * only claim the layer: the run then fails in bwrap (closed), it never runs with less than the
  * probe would have given.
  */
-const USERNS_SYSCTLS = ['/proc/sys/user/max_user_namespaces', '/proc/sys/kernel/unprivileged_userns_clone', '/proc/sys/kernel/apparmor_restrict_unprivileged_userns']
+const USERNS_SYSCTLS = [
+  '/proc/sys/user/max_user_namespaces',
+  '/proc/sys/kernel/unprivileged_userns_clone',
+  '/proc/sys/kernel/apparmor_restrict_unprivileged_userns',
+]
 
 async function probeOrRecall(cacheFile: string | undefined): Promise<NamespaceProbe> {
   const bwrap = findBwrap()
   if (!bwrap) return NO_BWRAP
   const identity = cacheFile ? fileIdentity(bwrap) : undefined
-  const key = identity && JSON.stringify([process.getuid?.(), bwrap, ...identity, bootId(), ...USERNS_SYSCTLS.map(readSmallFile)])
-  if (cacheFile && key && recalled<boolean>(cacheFile, key, PROBE_RECORD) === true) return {available: true, bwrap, recalled: true}
+  const key =
+    identity && JSON.stringify([process.getuid?.(), bwrap, ...identity, bootId(), ...USERNS_SYSCTLS.map(readSmallFile)])
+  if (cacheFile && key && recalled<boolean>(cacheFile, key, PROBE_RECORD) === true)
+    return {available: true, bwrap, recalled: true}
   const probe = await runProbe(bwrap)
   if (probe.available && cacheFile && key) remember(cacheFile, key, true)
   return probe
@@ -85,7 +91,8 @@ const PROBE_TIMEOUT_MS = 10_000
 const NO_BWRAP: NamespaceProbe = {available: false, reason: 'bubblewrap is not installed (apt-get install bubblewrap)'}
 
 function probeRefused(): NamespaceProbe | undefined {
-  if (process.platform !== 'linux') return {available: false, reason: `namespaces are Linux only (this is ${process.platform})`}
+  if (process.platform !== 'linux')
+    return {available: false, reason: `namespaces are Linux only (this is ${process.platform})`}
   if (process.env[NO_NAMESPACES_ENV]) return {available: false, reason: `disabled by ${NO_NAMESPACES_ENV}`}
   return undefined
 }
@@ -96,7 +103,11 @@ async function runProbe(bwrap: string): Promise<NamespaceProbe> {
   const {bwrapFailure} = await import('./bwrap-probe.js')
   const failure = await bwrapFailure(bwrap, [...namespaceOptions(), '--', '/bin/true'], PROBE_TIMEOUT_MS)
   if (failure === undefined) return {available: true, bwrap}
-  return {available: false, bwrap, reason: `bubblewrap cannot create the namespaces: ${failure} (unprivileged user namespaces disabled?)`}
+  return {
+    available: false,
+    bwrap,
+    reason: `bubblewrap cannot create the namespaces: ${failure} (unprivileged user namespaces disabled?)`,
+  }
 }
 
 function isExecutable(file: string): boolean {
@@ -121,9 +132,13 @@ function namespaceOptions(): string[] {
     '--unshare-pid',
     '--unshare-ipc',
     '--die-with-parent',
-    '--ro-bind', '/', '/',
-    '--proc', '/proc',
-    '--dev', '/dev',
+    '--ro-bind',
+    '/',
+    '/',
+    '--proc',
+    '/proc',
+    '--dev',
+    '/dev',
   ]
 }
 
@@ -140,7 +155,12 @@ const isRoot = () => process.getuid?.() === 0
  */
 export function namespaceRemounts(policy: Pick<SandboxPolicy, 'grants'>): string[] {
   const devices = isRoot() ? BWRAP_DEVICES.filter((device) => fs.existsSync(device)) : []
-  return [...devices, ...devGrants(policy).filter((grant) => grant.access !== 'read-write').map((grant) => grant.path)]
+  return [
+    ...devices,
+    ...devGrants(policy)
+      .filter((grant) => grant.access !== 'read-write')
+      .map((grant) => grant.path),
+  ]
 }
 
 /** Grants under /dev that the private /dev does not provide: bound from the host (the Codex suite's /dev/shm). */
@@ -158,7 +178,13 @@ export function emptyCoverFile(home: string): string {
   fs.rmSync(file, {force: true, recursive: true})
   makeHomeDirectories(home, home)
   try {
-    fs.closeSync(fs.openSync(file, fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_WRONLY | fs.constants.O_NOFOLLOW, 0))
+    fs.closeSync(
+      fs.openSync(
+        file,
+        fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_WRONLY | fs.constants.O_NOFOLLOW,
+        0,
+      ),
+    )
   } catch (error) {
     // a run started at the same moment made it first
     if ((error as NodeJS.ErrnoException).code === 'EEXIST' && isEmptyCover(file)) return file
@@ -193,14 +219,20 @@ export interface PrivateTmp {
  * `remount_ro` mounts read-only (a root gateway's bwrap keeps every capability already); the
  * helper drops it with the others before anything of the run executes.
  */
-export function bwrapArgv(bwrap: string, policy: Pick<SandboxPolicy, 'covered' | 'grants'>, home: string, privateTmp?: PrivateTmp): string[] {
+export function bwrapArgv(
+  bwrap: string,
+  policy: Pick<SandboxPolicy, 'covered' | 'grants'>,
+  home: string,
+  privateTmp?: PrivateTmp,
+): string[] {
   const binds: string[] = []
   const byDepth = [...policy.grants].sort((a, b) => a.path.length - b.path.length)
   const tmp = privateTmp && fs.realpathSync(privateTmp.path)
   for (const grant of byDepth) {
     if (isWithin(grant.path, '/dev')) continue
     if (grant.path === tmp) binds.push('--perms', '0700', '--size', String(privateTmp!.bytes), '--tmpfs', grant.path)
-    else if (grant.access === 'read-write' && !isWithin(grant.path, '/proc')) binds.push('--bind', grant.path, grant.path)
+    else if (grant.access === 'read-write' && !isWithin(grant.path, '/proc'))
+      binds.push('--bind', grant.path, grant.path)
   }
   for (const grant of devGrants({grants: byDepth})) binds.push('--dev-bind', grant.path, grant.path)
   const capabilities = !isRoot() && namespaceRemounts(policy).length > 0 ? ['--cap-add', 'CAP_SYS_ADMIN'] : []

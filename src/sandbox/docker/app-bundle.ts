@@ -45,7 +45,11 @@ const SKIP_DEPENDENCY_FILE = /(\.d\.[cm]?ts|\.map|\.[ao]|\.md|\.markdown)$/i
 export async function computeAppHash(source: AppBundleSource): Promise<string> {
   assertBuilt(source.appRoot)
   // read synchronously: a few small files, which the thread pool would only make slower
-  const [node, filesDigest, manifests] = [fs.statSync(source.nodePath), await runtimeFilesDigest(source.appRoot), runtimePackageManifests(source.appRoot)]
+  const [node, filesDigest, manifests] = [
+    fs.statSync(source.nodePath),
+    await runtimeFilesDigest(source.appRoot),
+    runtimePackageManifests(source.appRoot),
+  ]
   const hash = sha256Hash()
   hash.update(`node ${process.version} ${process.arch} ${node.size} ${node.mtimeMs}\n`)
   hash.update(`app ${filesDigest}\n`)
@@ -58,7 +62,10 @@ export async function computeAppHash(source: AppBundleSource): Promise<string> {
 
 /** Each runtime package with its package.json, in the recorded order. */
 function runtimePackageManifests(appRoot: string): Array<{pkg: string; manifest: Buffer}> {
-  return runtimePackages(appRoot).map((pkg) => ({pkg, manifest: fs.readFileSync(path.join(appRoot, pkg, 'package.json'))}))
+  return runtimePackages(appRoot).map((pkg) => ({
+    pkg,
+    manifest: fs.readFileSync(path.join(appRoot, pkg, 'package.json')),
+  }))
 }
 
 /**
@@ -126,10 +133,16 @@ function readAppDigestRecord(appRoot: string): AppDigestRecord | undefined {
  * hashed, so its stamp does not count).
  */
 function sameStamps(recorded: FileStamp[], current: FileStamp[]): boolean {
-  return recorded.length === current.length && recorded.every((stamp, i) => {
-    const now = current[i]!
-    return stamp.file === now.file && (stamp.file === AGENT_RUN_FILES.codeCache || (stamp.size === now.size && stamp.mtimeMs === now.mtimeMs))
-  })
+  return (
+    recorded.length === current.length &&
+    recorded.every((stamp, i) => {
+      const now = current[i]!
+      return (
+        stamp.file === now.file &&
+        (stamp.file === AGENT_RUN_FILES.codeCache || (stamp.size === now.size && stamp.mtimeMs === now.mtimeMs))
+      )
+    })
+  )
 }
 
 /**
@@ -144,7 +157,8 @@ export async function assembleAppBundle(source: AppBundleSource, dockerfile: str
   try {
     await fs.promises.mkdir(path.join(dir, 'node'))
     await placeFile(source.nodePath, path.join(dir, 'node', 'node'), counter)
-    for (const entry of runtimeEntries(source.appRoot)) await placeTree(path.join(source.appRoot, entry), path.join(dir, 'app', entry), counter)
+    for (const entry of runtimeEntries(source.appRoot))
+      await placeTree(path.join(source.appRoot, entry), path.join(dir, 'app', entry), counter)
     for (const pkg of runtimePackages(source.appRoot)) {
       await placeTree(path.join(source.appRoot, pkg), path.join(dir, 'deps', pkg), counter, {dependency: true})
     }
@@ -164,9 +178,13 @@ function runtimePackages(appRoot: string): string[] {
 
 function assertBuilt(appRoot: string): void {
   if (!fs.existsSync(path.join(appRoot, AGENT_RUN_FILES.packages))) {
-    throw new GatewayError('E_IMAGE', `the app at ${appRoot} is not built (no ${AGENT_RUN_FILES.packages}), so it cannot be put into the isolation image`, {
-      suggestions: [`run npm run build in ${appRoot}`],
-    })
+    throw new GatewayError(
+      'E_IMAGE',
+      `the app at ${appRoot} is not built (no ${AGENT_RUN_FILES.packages}), so it cannot be put into the isolation image`,
+      {
+        suggestions: [`run npm run build in ${appRoot}`],
+      },
+    )
   }
 }
 
@@ -175,7 +193,12 @@ function assertBuilt(appRoot: string): void {
  * skipped (nested packages are lockfile entries of their own), as are files nothing loads and,
  * for a native addon (binding.gyp), the vendored C sources in deps/.
  */
-async function placeTree(from: string, to: string, counter: {files: number; bytes: number}, options: {dependency?: boolean; below?: boolean} = {}): Promise<void> {
+async function placeTree(
+  from: string,
+  to: string,
+  counter: {files: number; bytes: number},
+  options: {dependency?: boolean; below?: boolean} = {},
+): Promise<void> {
   const info = await fs.promises.stat(from).catch(() => undefined)
   if (!info) return
   if (!info.isDirectory()) {
@@ -185,7 +208,8 @@ async function placeTree(from: string, to: string, counter: {files: number; byte
   }
   await fs.promises.mkdir(to, {recursive: true})
   const entries = await fs.promises.readdir(from, {withFileTypes: true})
-  const nativeAddon = options.dependency === true && !options.below && entries.some((entry) => entry.name === 'binding.gyp')
+  const nativeAddon =
+    options.dependency === true && !options.below && entries.some((entry) => entry.name === 'binding.gyp')
   for (const entry of entries) {
     if (SKIP_NAMES.has(entry.name)) continue
     if (options.dependency && entry.name === 'node_modules') continue
@@ -218,7 +242,8 @@ function stampFiles(dir: string, relative: string): FileStamp[] {
     return [] // not there (or not readable): not in the image either
   }
   if (!info.isDirectory()) return [{file: relative, size: info.size, mtimeMs: info.mtimeMs}]
-  const entries = fs.readdirSync(dir, {withFileTypes: true})
+  const entries = fs
+    .readdirSync(dir, {withFileTypes: true})
     .filter((entry) => !SKIP_NAMES.has(entry.name) && (entry.isDirectory() || entry.isFile()))
     .sort((a, b) => (a.name < b.name ? -1 : 1))
   return entries.flatMap((entry) => stampFiles(path.join(dir, entry.name), `${relative}/${entry.name}`))

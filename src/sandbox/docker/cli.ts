@@ -3,7 +3,15 @@ import path from 'node:path'
 import {startSubprocess, type Subprocess} from '../../runtime/util/subprocess.js'
 import {keeperArgv, keeperHelper} from '../keeper.js'
 import {DEFAULT_DOCKER_TIMEOUT_MS, PING_TIMEOUT_MS, type EngineVersion} from './engine.js'
-import {DOCKER_BIN_ENV, DockerCommandError, dockerCancelled, dockerDown, dockerHung, dockerMissing, engineErrorOf} from './errors.js'
+import {
+  DOCKER_BIN_ENV,
+  DockerCommandError,
+  dockerCancelled,
+  dockerDown,
+  dockerHung,
+  dockerMissing,
+  engineErrorOf,
+} from './errors.js'
 
 /**
  * The docker CLI as a child process, every call bounded by a deadline and an AbortSignal (read-only
@@ -12,16 +20,30 @@ import {DOCKER_BIN_ENV, DockerCommandError, dockerCancelled, dockerDown, dockerH
  * connection and never answers), so a call without a deadline could wedge the whole gateway.
  */
 
-
 /**
  * Variables the docker CLI itself reads. Everything else is left out of its environment, so the
  * CLI never holds a secret unless a run asks for one to be forwarded (see `DockerCallOptions.env`).
  */
 export const DOCKER_CLI_ENV_NAMES = [
-  'PATH', 'HOME', 'USER', 'XDG_RUNTIME_DIR', 'XDG_CONFIG_HOME',
-  'DOCKER_HOST', 'DOCKER_CONTEXT', 'DOCKER_CONFIG', 'DOCKER_CERT_PATH', 'DOCKER_TLS_VERIFY',
-  'DOCKER_API_VERSION', 'DOCKER_BUILDKIT', 'SSH_AUTH_SOCK',
-  'HTTP_PROXY', 'HTTPS_PROXY', 'NO_PROXY', 'http_proxy', 'https_proxy', 'no_proxy',
+  'PATH',
+  'HOME',
+  'USER',
+  'XDG_RUNTIME_DIR',
+  'XDG_CONFIG_HOME',
+  'DOCKER_HOST',
+  'DOCKER_CONTEXT',
+  'DOCKER_CONFIG',
+  'DOCKER_CERT_PATH',
+  'DOCKER_TLS_VERIFY',
+  'DOCKER_API_VERSION',
+  'DOCKER_BUILDKIT',
+  'SSH_AUTH_SOCK',
+  'HTTP_PROXY',
+  'HTTPS_PROXY',
+  'NO_PROXY',
+  'http_proxy',
+  'https_proxy',
+  'no_proxy',
 ]
 
 export interface DockerCliOptions {
@@ -94,7 +116,10 @@ export class DockerCli {
     // a missing docker must still fail as ENOENT (E_DOCKER_MISSING), not as the keeper's exit 127
     const helper = options.removeIfOwnerDies && this.found() ? keeperHelper() : undefined
     const [file, ...argv] = helper
-      ? keeperArgv(helper, 3, {onOrphan: [this.bin, 'rm', '--force', options.removeIfOwnerDies as string]}, [this.bin, ...args])
+      ? keeperArgv(helper, 3, {onOrphan: [this.bin, 'rm', '--force', options.removeIfOwnerDies as string]}, [
+          this.bin,
+          ...args,
+        ])
       : [this.bin, ...args]
     const stdin = options.input === undefined && !options.openStdin ? 'ignore' : 'pipe'
     const child = startSubprocess(file as string, argv, {
@@ -114,7 +139,12 @@ export class DockerCli {
 
   /** Whether the docker executable exists (an absolute path, or a name on the CLI's PATH). */
   private found(): boolean {
-    const candidates = this.bin.includes('/') ? [this.bin] : (this.env().PATH ?? '').split(':').filter(Boolean).map((dir) => path.join(dir, this.bin))
+    const candidates = this.bin.includes('/')
+      ? [this.bin]
+      : (this.env().PATH ?? '')
+          .split(':')
+          .filter(Boolean)
+          .map((dir) => path.join(dir, this.bin))
     return candidates.some((candidate) => {
       try {
         fs.accessSync(candidate, fs.constants.X_OK)
@@ -185,4 +215,3 @@ function forwardLines(child: Subprocess, onLine: (line: string, stream: 'stdout'
     })
   }
 }
-

@@ -41,15 +41,27 @@ export function homeLabel(home: string): string {
 }
 
 /** The gateway's containers (of one home, when given), asked over the Engine API or through the docker CLI. */
-export async function listGatewayContainers(docker: DockerCli | EngineApi, options: {home?: string; signal?: AbortSignal} = {}): Promise<GatewayContainer[]> {
+export async function listGatewayContainers(
+  docker: DockerCli | EngineApi,
+  options: {home?: string; signal?: AbortSignal} = {},
+): Promise<GatewayContainer[]> {
   const labels = [`${LABEL.gateway}=1`, ...(options.home ? [`${LABEL.home}=${homeLabel(options.home)}`] : [])]
-  const raw = docker instanceof EngineApi ? await docker.containers(labels, {signal: options.signal}) : await inspectLabelledContainers(docker, labels, options.signal)
+  const raw =
+    docker instanceof EngineApi
+      ? await docker.containers(labels, {signal: options.signal})
+      : await inspectLabelledContainers(docker, labels, options.signal)
   return raw.map(toGatewayContainer)
 }
 
-async function inspectLabelledContainers(cli: DockerCli, labels: string[], signal?: AbortSignal): Promise<RawContainer[]> {
+async function inspectLabelledContainers(
+  cli: DockerCli,
+  labels: string[],
+  signal?: AbortSignal,
+): Promise<RawContainer[]> {
   const filters = labels.flatMap((label) => ['--filter', `label=${label}`])
-  const ids = (await cli.check(['ps', '-a', '-q', '--no-trunc', ...filters], {signal})).stdout.split('\n').filter(Boolean)
+  const ids = (await cli.check(['ps', '-a', '-q', '--no-trunc', ...filters], {signal})).stdout
+    .split('\n')
+    .filter(Boolean)
   if (ids.length === 0) return []
   // A container may disappear between ps and inspect (its runner removed it): inspect prints the rest.
   const result = await cli.exec(['container', 'inspect', ...ids], {signal})
@@ -97,7 +109,11 @@ export function isOrphan(container: GatewayContainer, isAlive: (pid: number) => 
 }
 
 /** `docker rm -f` for many containers in one call; a container already gone is not an error. */
-export async function removeContainers(docker: DockerCli | EngineApi, ids: string[], signal?: AbortSignal): Promise<void> {
+export async function removeContainers(
+  docker: DockerCli | EngineApi,
+  ids: string[],
+  signal?: AbortSignal,
+): Promise<void> {
   if (ids.length === 0) return
   if (docker instanceof EngineApi) await Promise.all(ids.map((id) => docker.removeContainer(id, {signal})))
   else await docker.exec(['rm', '--force', '--volumes', ...ids], {signal})
@@ -108,7 +124,11 @@ export async function removeContainers(docker: DockerCli | EngineApi, ids: strin
  * refused each one it did not remove. One refusal does not stop the others; an engine that
  * cannot be reached (or does not answer) throws.
  */
-async function removeEachContainer(docker: DockerCli | EngineApi, ids: string[], signal?: AbortSignal): Promise<Map<string, string>> {
+async function removeEachContainer(
+  docker: DockerCli | EngineApi,
+  ids: string[],
+  signal?: AbortSignal,
+): Promise<Map<string, string>> {
   const refused = new Map<string, string>()
   if (docker instanceof EngineApi) {
     const results = await Promise.allSettled(ids.map((id) => docker.removeContainer(id, {signal})))
@@ -120,7 +140,8 @@ async function removeEachContainer(docker: DockerCli | EngineApi, ids: string[],
     }
     return refused
   }
-  if (ids.length === 0 || (await docker.exec(['rm', '--force', '--volumes', ...ids], {signal})).exitCode === 0) return refused
+  if (ids.length === 0 || (await docker.exec(['rm', '--force', '--volumes', ...ids], {signal})).exitCode === 0)
+    return refused
   // which of them: each alone (the CLI's exit says only that one failed)
   for (const id of ids) {
     const alone = await docker.exec(['rm', '--force', '--volumes', id], {signal})
@@ -137,11 +158,22 @@ export interface OrphanCleanup {
 }
 
 /** Finds and (unless dryRun) removes orphans of one home, or of every home when none is given. */
-export async function cleanOrphanContainers(docker: DockerCli | EngineApi, options: {home?: string; dryRun?: boolean; signal?: AbortSignal} = {}): Promise<OrphanCleanup> {
+export async function cleanOrphanContainers(
+  docker: DockerCli | EngineApi,
+  options: {home?: string; dryRun?: boolean; signal?: AbortSignal} = {},
+): Promise<OrphanCleanup> {
   const containers = await listGatewayContainers(docker, options)
   const orphans = containers.filter((container) => isOrphan(container))
-  const refusals = options.dryRun ? new Map<string, string>() : await removeEachContainer(docker, orphans.map((container) => container.id), options.signal)
+  const refusals = options.dryRun
+    ? new Map<string, string>()
+    : await removeEachContainer(
+        docker,
+        orphans.map((container) => container.id),
+        options.signal,
+      )
   const removed = orphans.filter((container) => !refusals.has(container.id))
-  const refused = orphans.flatMap((container) => (refusals.has(container.id) ? [{container, reason: refusals.get(container.id)!}] : []))
+  const refused = orphans.flatMap((container) =>
+    refusals.has(container.id) ? [{container, reason: refusals.get(container.id)!}] : [],
+  )
   return {removed, refused, kept: containers.filter((container) => !orphans.includes(container))}
 }

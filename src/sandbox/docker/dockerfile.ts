@@ -68,7 +68,9 @@ export function generateContainerDockerfile(spec: ContainerImageSpec): Generated
     const name = raw.trim()
     if (!PACKAGE.test(name)) {
       throw new GatewayError('E_CONFIG', `image_config.packages[${i}]: "${name}" is not a package name`, {
-        suggestions: ['use plain distribution package names such as "curl" or "python3", optionally pinned as "curl=7.88.1-10"'],
+        suggestions: [
+          'use plain distribution package names such as "curl" or "python3", optionally pinned as "curl=7.88.1-10"',
+        ],
       })
     }
   }
@@ -76,8 +78,14 @@ export function generateContainerDockerfile(spec: ContainerImageSpec): Generated
   const packages = [...new Set(spec.packages.map((p) => p.trim()))].sort()
   const envNames = Object.keys(spec.envVars).sort()
   for (const name of envNames) {
-    if (!ENV_NAME.test(name)) throw new GatewayError('E_CONFIG', `image_config.env_vars: "${name}" is not a valid variable name`, {suggestions: ['use letters, digits and _ , not starting with a digit']})
-    if (/[\n\r\0]/.test(spec.envVars[name] ?? '')) throw new GatewayError('E_CONFIG', `image_config.env_vars.${name}: the value contains a line break or NUL`, {suggestions: ['put multi-line values in a file in the workspace instead']})
+    if (!ENV_NAME.test(name))
+      throw new GatewayError('E_CONFIG', `image_config.env_vars: "${name}" is not a valid variable name`, {
+        suggestions: ['use letters, digits and _ , not starting with a digit'],
+      })
+    if (/[\n\r\0]/.test(spec.envVars[name] ?? ''))
+      throw new GatewayError('E_CONFIG', `image_config.env_vars.${name}: the value contains a line break or NUL`, {
+        suggestions: ['put multi-line values in a file in the workspace instead'],
+      })
   }
 
   const lines = [
@@ -105,9 +113,16 @@ function installLine(packages: string[], manager: PackageManager | null | undefi
     case 'apk':
       return `RUN apk add --no-cache ${list}`
     default:
-      throw new GatewayError('E_IMAGE', `cannot install packages on ${baseImage}: it has neither apt-get (Debian/Ubuntu) nor apk (Alpine)`, {
-        suggestions: ['use a Debian, Ubuntu or Alpine base_image', 'or build your own image and set container_mode.image (or image_config.image) to it'],
-      })
+      throw new GatewayError(
+        'E_IMAGE',
+        `cannot install packages on ${baseImage}: it has neither apt-get (Debian/Ubuntu) nor apk (Alpine)`,
+        {
+          suggestions: [
+            'use a Debian, Ubuntu or Alpine base_image',
+            'or build your own image and set container_mode.image (or image_config.image) to it',
+          ],
+        },
+      )
   }
 }
 
@@ -144,7 +159,9 @@ export function generateIsolationDockerfile(spec: IsolationDockerfileSpec): stri
       [LABEL.baseId, spec.baseId],
       [LABEL.appHash, spec.appHash],
       [LABEL.version, spec.version],
-    ].map(([k, v]) => `${k}=${quote(v ?? '')}`).join(' ')}`,
+    ]
+      .map(([k, v]) => `${k}=${quote(v ?? '')}`)
+      .join(' ')}`,
     '',
   ].join('\n')
 }
@@ -159,7 +176,10 @@ export function isolationImageTag(version: string, baseRef: string): string {
  * (long ones keep a hash of the whole text so two bases never share a tag).
  */
 export function dockerTag(text: string): string {
-  let tag = text.replace(/[^A-Za-z0-9_.-]+/g, '-').replace(/-{2,}/g, '-').replace(/^[.-]+/, '')
+  let tag = text
+    .replace(/[^A-Za-z0-9_.-]+/g, '-')
+    .replace(/-{2,}/g, '-')
+    .replace(/^[.-]+/, '')
   if (!tag) tag = 'x'
   if (tag.length > 128) tag = `${tag.slice(0, 111)}-${sha256(text).slice(0, 16)}`
   return tag

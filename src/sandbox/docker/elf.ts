@@ -16,7 +16,16 @@ export interface ElfRuntime {
   libc: 'glibc' | 'musl' | 'static' | 'unknown'
 }
 
-const MACHINES: Record<number, string> = {0x03: '386', 0x28: 'arm', 0x3e: 'amd64', 0xb7: 'arm64', 0x08: 'mips', 0x15: 'ppc64', 0x16: 's390x', 0xf3: 'riscv64'}
+const MACHINES: Record<number, string> = {
+  0x03: '386',
+  0x28: 'arm',
+  0x3e: 'amd64',
+  0xb7: 'arm64',
+  0x08: 'mips',
+  0x15: 'ppc64',
+  0x16: 's390x',
+  0xf3: 'riscv64',
+}
 const PT_INTERP = 3
 
 /** Parses the head of an ELF file; null when it is not ELF (e.g. a macOS Mach-O Node). */
@@ -26,7 +35,8 @@ export function parseElfRuntime(head: Buffer): ElfRuntime | null {
   const le = head[5] === 1
   const u16 = (offset: number) => (le ? head.readUInt16LE(offset) : head.readUInt16BE(offset))
   const u32 = (offset: number) => (le ? head.readUInt32LE(offset) : head.readUInt32BE(offset))
-  const word = (offset: number) => (is64 ? Number(le ? head.readBigUInt64LE(offset) : head.readBigUInt64BE(offset)) : u32(offset))
+  const word = (offset: number) =>
+    is64 ? Number(le ? head.readBigUInt64LE(offset) : head.readBigUInt64BE(offset)) : u32(offset)
 
   const machine = u16(18)
   const arch = MACHINES[machine] ?? `machine-${machine}`
@@ -41,7 +51,11 @@ export function parseElfRuntime(head: Buffer): ElfRuntime | null {
     if (u32(ph) !== PT_INTERP) continue
     const offset = word(ph + (is64 ? 0x08 : 0x04))
     const size = word(ph + (is64 ? 0x20 : 0x10))
-    if (offset + size <= head.length) interpreter = head.subarray(offset, offset + size).toString('latin1').replace(/\0+$/, '')
+    if (offset + size <= head.length)
+      interpreter = head
+        .subarray(offset, offset + size)
+        .toString('latin1')
+        .replace(/\0+$/, '')
     break
   }
   return {arch, interpreter, libc: libcOf(interpreter)}
@@ -68,6 +82,14 @@ function libcOf(interpreter: string | undefined): ElfRuntime['libc'] {
 
 /** Docker's name for the architecture Node reports in process.arch. */
 export function dockerArchOf(nodeArch: string): string {
-  const names: Record<string, string> = {x64: 'amd64', arm64: 'arm64', arm: 'arm', ia32: '386', ppc64: 'ppc64', s390x: 's390x', riscv64: 'riscv64'}
+  const names: Record<string, string> = {
+    x64: 'amd64',
+    arm64: 'arm64',
+    arm: 'arm',
+    ia32: '386',
+    ppc64: 'ppc64',
+    s390x: 's390x',
+    riscv64: 'riscv64',
+  }
   return names[nodeArch] ?? nodeArch
 }

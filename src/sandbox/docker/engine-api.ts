@@ -65,7 +65,10 @@ interface EngineAnswer {
 }
 
 export class EngineApi {
-  constructor(readonly socketPath: string, private readonly options: {apiVersion?: string; defaultTimeoutMs?: number} = {}) {}
+  constructor(
+    readonly socketPath: string,
+    private readonly options: {apiVersion?: string; defaultTimeoutMs?: number} = {},
+  ) {}
 
   /** Engine version, or E_DOCKER_DOWN / E_DOCKER_HUNG with the fix (same contract as DockerCli.ping). */
   async ping(options: EngineRequestOptions = {}): Promise<EngineVersion> {
@@ -75,7 +78,10 @@ export class EngineApi {
     const server = /^Docker\/(\S+)/.exec(pinged.headers.server ?? '')?.[1]
     const api = pinged.headers['api-version']
     if (server && api) return {server, api}
-    const version = parseJson<{Version?: string; ApiVersion?: string}>(await this.call('/version', {timeoutMs: PING_TIMEOUT_MS, ...options}), '/version')
+    const version = parseJson<{Version?: string; ApiVersion?: string}>(
+      await this.call('/version', {timeoutMs: PING_TIMEOUT_MS, ...options}),
+      '/version',
+    )
     return {server: version.Version ?? 'unknown', api: version.ApiVersion ?? 'unknown'}
   }
 
@@ -104,9 +110,16 @@ export class EngineApi {
    * Listed by label, then each inspected; one removed in between (its runner, another
    * `container clean`) is skipped.
    */
-  private async labelled<T>(kind: 'containers' | 'images', labels: string[], options: EngineRequestOptions): Promise<T[]> {
+  private async labelled<T>(
+    kind: 'containers' | 'images',
+    labels: string[],
+    options: EngineRequestOptions,
+  ): Promise<T[]> {
     const filters = encodeURIComponent(JSON.stringify({label: labels}))
-    const listed = parseJson<Array<{Id: string}>>(await this.call(`/${kind}/json?${kind === 'containers' ? 'all=1&' : ''}filters=${filters}`, options), `/${kind}/json`)
+    const listed = parseJson<Array<{Id: string}>>(
+      await this.call(`/${kind}/json?${kind === 'containers' ? 'all=1&' : ''}filters=${filters}`, options),
+      `/${kind}/json`,
+    )
     const inspected = await Promise.all(listed.map(({Id}) => this.found<T>(`/${kind}/${Id}/json`, options)))
     return inspected.filter((item): item is Awaited<T> => item !== undefined)
   }
@@ -122,7 +135,11 @@ export class EngineApi {
 
   /** `docker rm --force --volumes` of one container: gone already (404) or being removed (409) is done too. */
   async removeContainer(nameOrId: string, options: EngineRequestOptions = {}): Promise<void> {
-    await this.call(`/containers/${encodeURIComponent(nameOrId)}?force=1&v=1`, {...options, method: 'DELETE'}, (status) => status === 404 || status === 409)
+    await this.call(
+      `/containers/${encodeURIComponent(nameOrId)}?force=1&v=1`,
+      {...options, method: 'DELETE'},
+      (status) => status === 404 || status === 409,
+    )
   }
 
   /** A GET whose 404 means "not there". */
@@ -136,14 +153,22 @@ export class EngineApi {
    * Unversioned paths are the engine's own (newest) API version, the one its /_ping names, so no
    * round trip is spent negotiating; DOCKER_API_VERSION pins a version, as it does for the CLI.
    */
-  private async call(endpoint: string, options: EngineRequestOptions, answered: (status: number) => boolean = (status) => status === 404): Promise<EngineAnswer> {
+  private async call(
+    endpoint: string,
+    options: EngineRequestOptions,
+    answered: (status: number) => boolean = (status) => status === 404,
+  ): Promise<EngineAnswer> {
     const timeoutMs = options.timeoutMs ?? this.options.defaultTimeoutMs ?? DEFAULT_DOCKER_TIMEOUT_MS
     const deadline = AbortSignal.timeout(timeoutMs)
     const signal = options.signal ? AbortSignal.any([options.signal, deadline]) : deadline
     const method = options.method ?? 'GET'
     const request = `${method} ${endpoint.split('?')[0]}`
     try {
-      const answer = await this.send(method, `${this.options.apiVersion ? `/v${this.options.apiVersion}` : ''}${endpoint}`, signal)
+      const answer = await this.send(
+        method,
+        `${this.options.apiVersion ? `/v${this.options.apiVersion}` : ''}${endpoint}`,
+        signal,
+      )
       if (answer.status >= 400 && !answered(answer.status)) throw engineRefused(request, answer)
       return answer
     } catch (error) {
@@ -180,11 +205,16 @@ export class EngineApi {
   private transportError(error: unknown, request: string): GatewayError {
     const code = (error as NodeJS.ErrnoException).code
     const address = `unix://${this.socketPath}`
-    if (code === 'EACCES' || code === 'EPERM') return dockerPermission(`permission denied while trying to connect to the Docker daemon socket at ${address}`)
+    if (code === 'EACCES' || code === 'EPERM')
+      return dockerPermission(`permission denied while trying to connect to the Docker daemon socket at ${address}`)
     if (code === 'ENOENT' || code === 'ECONNREFUSED' || code === 'ENOTSOCK') {
       return dockerDown(`Cannot connect to the Docker daemon at ${address}. Is the docker daemon running? (${code})`)
     }
-    return new GatewayError('E_DOCKER', `the Docker engine at ${address} failed ${request}: ${(error as Error).message}`, {retryable: true, cause: error})
+    return new GatewayError(
+      'E_DOCKER',
+      `the Docker engine at ${address} failed ${request}: ${(error as Error).message}`,
+      {retryable: true, cause: error},
+    )
   }
 }
 
@@ -194,7 +224,8 @@ let localEngine: EngineApi | undefined
 export function localEngineApi(env: NodeJS.ProcessEnv = process.env): EngineApi | undefined {
   const socket = localEngineSocket(env)
   if (!socket) return undefined
-  if (localEngine?.socketPath !== socket) localEngine = new EngineApi(socket, {apiVersion: env.DOCKER_API_VERSION || undefined})
+  if (localEngine?.socketPath !== socket)
+    localEngine = new EngineApi(socket, {apiVersion: env.DOCKER_API_VERSION || undefined})
   return localEngine
 }
 
@@ -212,7 +243,8 @@ function parseHttpAnswer(raw: Buffer): EngineAnswer {
   if (headers['transfer-encoding']) throw new Error(`an HTTP/1.0 answer in ${headers['transfer-encoding']} encoding`)
   const body = raw.subarray(end + 4)
   const length = headers['content-length'] === undefined ? body.length : Number(headers['content-length'])
-  if (!(length <= body.length)) throw new Error(`the answer ended after ${body.length} of ${headers['content-length']} bytes`)
+  if (!(length <= body.length))
+    throw new Error(`the answer ended after ${body.length} of ${headers['content-length']} bytes`)
   return {status: Number(status), headers, body: body.subarray(0, length).toString('utf8')}
 }
 
@@ -220,7 +252,10 @@ function parseJson<T>(answer: EngineAnswer, endpoint: string): T {
   try {
     return JSON.parse(answer.body) as T
   } catch {
-    throw new GatewayError('E_DOCKER', `the Docker engine answered ${endpoint} with something that is not JSON: ${answer.body.slice(0, 200)}`)
+    throw new GatewayError(
+      'E_DOCKER',
+      `the Docker engine answered ${endpoint} with something that is not JSON: ${answer.body.slice(0, 200)}`,
+    )
   }
 }
 

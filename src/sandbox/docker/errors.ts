@@ -12,10 +12,17 @@ export const DOCKER_BIN_ENV = 'MEEPAGATEWAY_DOCKER_BIN'
 
 /** A docker call that exited non-zero for a reason other than the engine being unreachable. */
 export class DockerCommandError extends GatewayError {
-  constructor(readonly args: string[], readonly result: DockerResult) {
-    super('E_DOCKER', `docker ${args[0] ?? ''} failed (exit ${result.exitCode}): ${lastLines(result.stderr || result.stdout, 5)}`, {
-      details: {exit_code: result.exitCode, stderr_tail: result.stderr.slice(-4096)},
-    })
+  constructor(
+    readonly args: string[],
+    readonly result: DockerResult,
+  ) {
+    super(
+      'E_DOCKER',
+      `docker ${args[0] ?? ''} failed (exit ${result.exitCode}): ${lastLines(result.stderr || result.stdout, 5)}`,
+      {
+        details: {exit_code: result.exitCode, stderr_tail: result.stderr.slice(-4096)},
+      },
+    )
     this.name = 'DockerCommandError'
   }
 }
@@ -39,7 +46,8 @@ export function engineErrorOf(stderr: string): GatewayError | undefined {
   return undefined
 }
 
-const ENGINE_UNREACHABLE = /Cannot connect to the Docker daemon|Is the docker daemon running|error during connect|connect: no such file or directory|connect: connection refused|dial unix .*: connect/i
+const ENGINE_UNREACHABLE =
+  /Cannot connect to the Docker daemon|Is the docker daemon running|error during connect|connect: no such file or directory|connect: connection refused|dial unix .*: connect/i
 
 /**
  * The one line of a docker CLI's stderr that says why the engine cannot be reached, in its own
@@ -47,48 +55,68 @@ const ENGINE_UNREACHABLE = /Cannot connect to the Docker daemon|Is the docker da
  */
 function unreachableReason(text: string): string {
   const line = text.split('\n').find((candidate) => ENGINE_UNREACHABLE.test(candidate)) ?? lastLines(text, 1)
-  return line.trim().replace(/^docker: /, '').replace(/\?\.$/, '?')
+  return line
+    .trim()
+    .replace(/^docker: /, '')
+    .replace(/\?\.$/, '?')
 }
 
 export function dockerMissing(bin: string, fromEnv: boolean): GatewayError {
-  return new GatewayError('E_DOCKER_MISSING', fromEnv
-    ? `the docker CLI was not found at ${DOCKER_BIN_ENV}=${bin}`
-    : `the docker CLI (${bin}) was not found${bin.includes('/') ? '' : ' on PATH'}`, {
-    suggestions: [
-      'install Docker (Debian/Ubuntu: apt-get install docker.io; macOS: Docker Desktop or colima)',
-      `or point ${DOCKER_BIN_ENV} at the docker executable`,
-      'or turn container_mode off for the agent',
-    ],
-  })
+  return new GatewayError(
+    'E_DOCKER_MISSING',
+    fromEnv
+      ? `the docker CLI was not found at ${DOCKER_BIN_ENV}=${bin}`
+      : `the docker CLI (${bin}) was not found${bin.includes('/') ? '' : ' on PATH'}`,
+    {
+      suggestions: [
+        'install Docker (Debian/Ubuntu: apt-get install docker.io; macOS: Docker Desktop or colima)',
+        `or point ${DOCKER_BIN_ENV} at the docker executable`,
+        'or turn container_mode off for the agent',
+      ],
+    },
+  )
 }
 
 /** `reason`: the CLI's stderr, or what connecting to the socket said. */
 export function dockerDown(reason: string): GatewayError {
   const host = process.env.DOCKER_HOST
-  return new GatewayError('E_DOCKER_DOWN', `the Docker engine is not running or not reachable${host ? ` at DOCKER_HOST=${host}` : ''}: ${unreachableReason(reason)}`, {
-    retryable: true,
-    suggestions: [
-      'start the engine: sudo systemctl start docker (Docker Desktop: open the app)',
-      host ? `check DOCKER_HOST=${host}, or unset it to use the default socket` : 'check `docker info` works for this user',
-    ],
-  })
+  return new GatewayError(
+    'E_DOCKER_DOWN',
+    `the Docker engine is not running or not reachable${host ? ` at DOCKER_HOST=${host}` : ''}: ${unreachableReason(reason)}`,
+    {
+      retryable: true,
+      suggestions: [
+        'start the engine: sudo systemctl start docker (Docker Desktop: open the app)',
+        host
+          ? `check DOCKER_HOST=${host}, or unset it to use the default socket`
+          : 'check `docker info` works for this user',
+      ],
+    },
+  )
 }
 
 /** `request`: what went unanswered, e.g. "`docker ps`" or "GET /containers/json". */
 export function dockerHung(request: string, timeoutMs: number): GatewayError {
-  return new GatewayError('E_DOCKER_HUNG', `the Docker engine did not answer ${request} within ${Math.round(timeoutMs / 1000)} s; it seems hung`, {
-    retryable: true,
-    suggestions: [
-      'restart the engine: sudo systemctl restart docker (Docker Desktop: restart it)',
-      'check `timeout 10 docker info`, and the engine log (journalctl -u docker)',
-    ],
-  })
+  return new GatewayError(
+    'E_DOCKER_HUNG',
+    `the Docker engine did not answer ${request} within ${Math.round(timeoutMs / 1000)} s; it seems hung`,
+    {
+      retryable: true,
+      suggestions: [
+        'restart the engine: sudo systemctl restart docker (Docker Desktop: restart it)',
+        'check `timeout 10 docker info`, and the engine log (journalctl -u docker)',
+      ],
+    },
+  )
 }
 
 /** `reason`: the CLI's stderr, or what connecting to the socket said. */
 export function dockerPermission(reason: string): GatewayError {
   return new GatewayError('E_DOCKER', `this user may not use the Docker engine: ${lastLines(reason, 1)}`, {
-    suggestions: ['add the user to the docker group (sudo usermod -aG docker $USER, then log in again)', 'or run the gateway as a user that may use Docker'],
+    suggestions: [
+      'add the user to the docker group (sudo usermod -aG docker $USER, then log in again)',
+      'or run the gateway as a user that may use Docker',
+    ],
   })
 }
 

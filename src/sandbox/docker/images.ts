@@ -6,8 +6,16 @@ import {KeyedQueue} from '../../runtime/util/keyed-queue.js'
 import {assembleAppBundle, computeAppHash, type AppBundleSource} from './app-bundle.js'
 import type {DockerExec} from './cli.js'
 import {
-  CONTAINER_APP, CONTAINER_NODE, LABEL, generateContainerDockerfile, generateIsolationDockerfile, isolationImageTag,
-  validateImageRef, type ContainerImageSpec, type GeneratedDockerfile, type PackageManager,
+  CONTAINER_APP,
+  CONTAINER_NODE,
+  LABEL,
+  generateContainerDockerfile,
+  generateIsolationDockerfile,
+  isolationImageTag,
+  validateImageRef,
+  type ContainerImageSpec,
+  type GeneratedDockerfile,
+  type PackageManager,
 } from './dockerfile.js'
 import {dockerArchOf, readElfRuntime} from './elf.js'
 import {EngineApi} from './engine-api.js'
@@ -47,7 +55,8 @@ export interface ImageContext {
 }
 
 /** Where the isolation image's base comes from, strongest first. */
-export type IsolationBaseSource = 'container_mode.image' | 'image_config.image' | 'image_config' | 'image_config.base_image'
+export type IsolationBaseSource =
+  'container_mode.image' | 'image_config.image' | 'image_config' | 'image_config.base_image'
 
 export interface ImagePlan {
   agentId?: string
@@ -80,12 +89,17 @@ export async function inspectImage(cli: DockerExec, ref: string, signal?: AbortS
  * docker prints the images it found in argument order; when one is missing (or anything else
  * differs) the lines cannot be matched to refs, so each is asked alone.
  */
-export async function inspectImages(cli: DockerExec, refs: string[], signal?: AbortSignal): Promise<Array<ImageInfo | undefined>> {
+export async function inspectImages(
+  cli: DockerExec,
+  refs: string[],
+  signal?: AbortSignal,
+): Promise<Array<ImageInfo | undefined>> {
   for (const ref of refs) validateImageRef(ref, 'image')
   if (refs.length > 1 && new Set(refs).size === refs.length) {
     const result = await cli.exec(['image', 'inspect', '--format', '{{json .}}', ...refs], {signal})
     const lines = result.stdout.split('\n').filter((line) => line.trim() !== '')
-    if (result.exitCode === 0 && lines.length === refs.length) return lines.map((line) => imageInfoOf(JSON.parse(line) as RawImage))
+    if (result.exitCode === 0 && lines.length === refs.length)
+      return lines.map((line) => imageInfoOf(JSON.parse(line) as RawImage))
   }
   return Promise.all(refs.map((ref) => inspectImage(cli, ref, signal)))
 }
@@ -95,17 +109,23 @@ async function inspectImagesIn(context: ImageContext, refs: string[]): Promise<A
   const engine = context.engine
   if (!engine) return inspectImages(context.cli, refs, context.signal)
   for (const ref of refs) validateImageRef(ref, 'image') // a reference is part of the request path
-  return Promise.all(refs.map(async (ref) => {
-    const raw = await engine.inspectImage(ref, {signal: context.signal})
-    return raw && imageInfoOf(raw)
-  }))
+  return Promise.all(
+    refs.map(async (ref) => {
+      const raw = await engine.inspectImage(ref, {signal: context.signal})
+      return raw && imageInfoOf(raw)
+    }),
+  )
 }
 
 /**
  * Every image carrying all of these labels: over the Engine API when given (no docker process per
  * image), else through the CLI.
  */
-export async function labelledImages(docker: DockerExec | EngineApi, labels: string[], signal?: AbortSignal): Promise<ImageInfo[]> {
+export async function labelledImages(
+  docker: DockerExec | EngineApi,
+  labels: string[],
+  signal?: AbortSignal,
+): Promise<ImageInfo[]> {
   if (docker instanceof EngineApi) return (await docker.images(labels, {signal})).map(imageInfoOf)
   const args = ['image', 'ls', '--quiet', '--no-trunc', ...labels.flatMap((label) => ['--filter', `label=${label}`])]
   const listed = await docker.exec(args, {signal})
@@ -119,7 +139,11 @@ export async function labelledImages(docker: DockerExec | EngineApi, labels: str
  * `docker image rm REF`: undefined when it is removed or was gone already, else why docker refused
  * (a container uses it...).
  */
-export async function removeImage(docker: DockerExec | EngineApi, ref: string, signal?: AbortSignal): Promise<string | undefined> {
+export async function removeImage(
+  docker: DockerExec | EngineApi,
+  ref: string,
+  signal?: AbortSignal,
+): Promise<string | undefined> {
   validateImageRef(ref, 'image') // a reference is never a flag, nor more than one segment of a request path
   if (docker instanceof EngineApi) return docker.removeImage(ref, {signal})
   const removal = await docker.exec(['image', 'rm', ref], {signal})
@@ -129,7 +153,12 @@ export async function removeImage(docker: DockerExec | EngineApi, ref: string, s
 
 /** What `docker image inspect` (and the Engine API's /images/{name}/json) says of an image, as far as it is read. */
 export interface RawImage {
-  Id: string; RepoTags?: string[]; Architecture?: string; Os?: string; Size?: number; Created?: string
+  Id: string
+  RepoTags?: string[]
+  Architecture?: string
+  Os?: string
+  Size?: number
+  Created?: string
   Config?: {Env?: string[] | null; Labels?: Record<string, string> | null} | null
 }
 
@@ -147,7 +176,11 @@ function imageInfoOf(raw: RawImage): ImageInfo {
 }
 
 /** Which images an agent's container runs need (no building; may probe a base image once). */
-export async function planImages(config: GatewayConfig, agent: AgentConfig | undefined, context: ImageContext): Promise<ImagePlan> {
+export async function planImages(
+  config: GatewayConfig,
+  agent: AgentConfig | undefined,
+  context: ImageContext,
+): Promise<ImagePlan> {
   const imageConfig = config.image_config
   const agentImage = agent?.container_mode.image.trim()
   const base = (source: IsolationBaseSource, baseRef: string): ImagePlan => {
@@ -158,10 +191,20 @@ export async function planImages(config: GatewayConfig, agent: AgentConfig | und
   if (!imageConfig.enabled) return base('image_config.base_image', imageConfig.base_image)
   if (imageConfig.image.trim()) return base('image_config.image', imageConfig.image.trim())
 
-  const spec: ContainerImageSpec = {baseImage: imageConfig.base_image, packages: imageConfig.packages, envVars: imageConfig.env_vars}
+  const spec: ContainerImageSpec = {
+    baseImage: imageConfig.base_image,
+    packages: imageConfig.packages,
+    envVars: imageConfig.env_vars,
+  }
   if (spec.packages.length > 0) spec.packageManager = await detectPackageManager(spec.baseImage, context)
   const container = {...generateContainerDockerfile(spec), spec}
-  return {agentId: agent?.id, source: 'image_config', baseRef: container.tag, container, isolationTag: isolationImageTag(context.version, container.tag)}
+  return {
+    agentId: agent?.id,
+    source: 'image_config',
+    baseRef: container.tag,
+    container,
+    isolationTag: isolationImageTag(context.version, container.tag),
+  }
 }
 
 export interface EnsureResult {
@@ -173,15 +216,23 @@ export interface EnsureResult {
 }
 
 /** Builds the container image of a plan unless an image with its tag exists (the tag is the content hash). */
-export async function ensureContainerImage(plan: ImagePlan, context: ImageContext, options: {force?: boolean} = {}): Promise<EnsureResult | undefined> {
+export async function ensureContainerImage(
+  plan: ImagePlan,
+  context: ImageContext,
+  options: {force?: boolean} = {},
+): Promise<EnsureResult | undefined> {
   const container = plan.container
   if (!container) return undefined
   return builds.run(container.tag, async () => {
     const existing = await inspectImage(context.cli, container.tag, context.signal)
     if (existing && !options.force) return {tag: container.tag, built: false, reason: 'up to date', id: existing.id}
     await requireBase(context, container.spec.baseImage, 'image_config.base_image')
-    context.onLog?.(`building container image ${container.tag} from ${container.spec.baseImage}${container.spec.packages.length ? ` with ${container.spec.packages.join(', ')}` : ''}`)
-    await dockerBuild(context, ['--network', context.buildNetwork ?? 'host', '-t', container.tag, '-'], {input: container.dockerfile})
+    context.onLog?.(
+      `building container image ${container.tag} from ${container.spec.baseImage}${container.spec.packages.length ? ` with ${container.spec.packages.join(', ')}` : ''}`,
+    )
+    await dockerBuild(context, ['--network', context.buildNetwork ?? 'host', '-t', container.tag, '-'], {
+      input: container.dockerfile,
+    })
     const built = await inspectImage(context.cli, container.tag, context.signal)
     if (!built) throw new GatewayError('E_IMAGE', `docker build reported success but ${container.tag} does not exist`)
     return {tag: container.tag, built: true, reason: existing ? 'forced' : 'missing', id: built.id}
@@ -194,7 +245,11 @@ export async function ensureContainerImage(plan: ImagePlan, context: ImageContex
  * host's Node can run on the base at all (architecture, libc); after building, runs Node with
  * better-sqlite3 inside once, so a mismatch is reported here and never as a failed message.
  */
-export async function ensureIsolationImage(plan: ImagePlan, context: ImageContext, options: {force?: boolean; appHash?: string} = {}): Promise<EnsureResult> {
+export async function ensureIsolationImage(
+  plan: ImagePlan,
+  context: ImageContext,
+  options: {force?: boolean; appHash?: string} = {},
+): Promise<EnsureResult> {
   return builds.run(plan.isolationTag, async () => {
     const {base, existing, appHash, stale} = await isolationImageState(plan, context, options.appHash)
     if (!base) throw missingBase(plan)
@@ -204,7 +259,13 @@ export async function ensureIsolationImage(plan: ImagePlan, context: ImageContex
     await checkRuntimeFitsBase(plan.baseRef, base, context)
     context.onLog?.(`building isolation image ${plan.isolationTag} from ${plan.baseRef} (${reason})`)
     const basePath = base.env.find((entry) => entry.startsWith('PATH='))?.slice(5)
-    const dockerfile = generateIsolationDockerfile({baseRef: plan.baseRef, baseId: base.id, basePath, appHash, version: context.version})
+    const dockerfile = generateIsolationDockerfile({
+      baseRef: plan.baseRef,
+      baseId: base.id,
+      basePath,
+      appHash,
+      version: context.version,
+    })
     const bundle = await assembleAppBundle(context.app, dockerfile)
     try {
       context.onLog?.(`sending ${bundle.files} files (${Math.round(bundle.bytes / 1e6)} MB) to the engine`)
@@ -213,11 +274,13 @@ export async function ensureIsolationImage(plan: ImagePlan, context: ImageContex
       await bundle.remove()
     }
     const built = await inspectImage(context.cli, plan.isolationTag, context.signal)
-    if (!built) throw new GatewayError('E_IMAGE', `docker build reported success but ${plan.isolationTag} does not exist`)
+    if (!built)
+      throw new GatewayError('E_IMAGE', `docker build reported success but ${plan.isolationTag} does not exist`)
     await smokeTestIsolationImage(plan, context)
     // The image the tag pointed to before is now untagged; without this every upgrade would leave
     // one behind. Docker refuses (and we ignore) while a container still runs from it.
-    if (existing && existing.id !== built.id) await context.cli.exec(['image', 'rm', existing.id], {signal: context.signal}).catch(() => undefined)
+    if (existing && existing.id !== built.id)
+      await context.cli.exec(['image', 'rm', existing.id], {signal: context.signal}).catch(() => undefined)
     return {tag: plan.isolationTag, built: true, reason, id: built.id}
   })
 }
@@ -231,15 +294,23 @@ export interface IsolationImageState {
 }
 
 /** Whether the isolation image exists and was built from the current base and runtime. */
-export async function isolationImageState(plan: ImagePlan, context: ImageContext, appHash?: string): Promise<IsolationImageState> {
+export async function isolationImageState(
+  plan: ImagePlan,
+  context: ImageContext,
+  appHash?: string,
+): Promise<IsolationImageState> {
   const [[base, existing], hash] = await Promise.all([
     inspectImagesIn(context, [plan.baseRef, plan.isolationTag]),
     appHash ?? computeAppHash(context.app),
   ])
-  const stale = !base ? 'base image missing'
-    : !existing ? 'missing'
-      : existing.labels[LABEL.baseId] !== base.id ? 'base image changed'
-        : existing.labels[LABEL.appHash] !== hash ? 'meepagateway runtime changed'
+  const stale = !base
+    ? 'base image missing'
+    : !existing
+      ? 'missing'
+      : existing.labels[LABEL.baseId] !== base.id
+        ? 'base image changed'
+        : existing.labels[LABEL.appHash] !== hash
+          ? 'meepagateway runtime changed'
           : undefined
   return {base, existing, appHash: hash, stale}
 }
@@ -256,7 +327,10 @@ async function dockerBuild(context: ImageContext, args: string[], options: {inpu
   if (result.exitCode !== 0) {
     throw new GatewayError('E_IMAGE', `docker build failed: ${tail(result.stderr || result.stdout, 8)}`, {
       details: {stderr_tail: (result.stderr || result.stdout).slice(-4096)},
-      suggestions: ['check the package names in image_config.packages exist for the base image', 'check the build machine can reach the distribution mirror'],
+      suggestions: [
+        'check the package names in image_config.packages exist for the base image',
+        'check the build machine can reach the distribution mirror',
+      ],
     })
   }
 }
@@ -270,65 +344,142 @@ function isBuilderNoise(line: string): boolean {
 export async function checkRuntimeFitsBase(baseRef: string, base: ImageInfo, context: ImageContext): Promise<void> {
   const runtime = await readElfRuntime(context.app.nodePath)
   if (!runtime) {
-    throw new GatewayError('E_IMAGE', `this gateway's Node (${context.app.nodePath}) is not a Linux executable, so it cannot run inside a Linux container`, {
-      suggestions: ['run the gateway on a Linux host for container mode', 'or use the host sandbox (container_mode.enabled: false)'],
-    })
+    throw new GatewayError(
+      'E_IMAGE',
+      `this gateway's Node (${context.app.nodePath}) is not a Linux executable, so it cannot run inside a Linux container`,
+      {
+        suggestions: [
+          'run the gateway on a Linux host for container mode',
+          'or use the host sandbox (container_mode.enabled: false)',
+        ],
+      },
+    )
   }
   if (base.os !== 'linux' || base.arch !== runtime.arch || runtime.arch !== dockerArchOf(process.arch)) {
-    throw new GatewayError('E_IMAGE', `${baseRef} is built for ${base.os}/${base.arch} but this gateway's Node is linux/${runtime.arch}: it would fail with "exec format error"`, {
-      details: {base_arch: base.arch, base_os: base.os, runtime_arch: runtime.arch},
-      suggestions: [`use a linux/${runtime.arch} variant of the base: docker pull --platform linux/${runtime.arch} ${baseRef}`, `or run the gateway on a ${base.arch} host`],
-    })
+    throw new GatewayError(
+      'E_IMAGE',
+      `${baseRef} is built for ${base.os}/${base.arch} but this gateway's Node is linux/${runtime.arch}: it would fail with "exec format error"`,
+      {
+        details: {base_arch: base.arch, base_os: base.os, runtime_arch: runtime.arch},
+        suggestions: [
+          `use a linux/${runtime.arch} variant of the base: docker pull --platform linux/${runtime.arch} ${baseRef}`,
+          `or run the gateway on a ${base.arch} host`,
+        ],
+      },
+    )
   }
   if (!runtime.interpreter) return
   // The interpreter is glibc's (or musl's) dynamic loader: running it proves the base has that libc.
   const probe = await context.cli.exec(
-    ['run', '--rm', '--pull', 'never', '--network', 'none', '--log-driver', 'none', '--label', `${LABEL.gateway}=1`, '--entrypoint', runtime.interpreter, baseRef, '--version'],
+    [
+      'run',
+      '--rm',
+      '--pull',
+      'never',
+      '--network',
+      'none',
+      '--log-driver',
+      'none',
+      '--label',
+      `${LABEL.gateway}=1`,
+      '--entrypoint',
+      runtime.interpreter,
+      baseRef,
+      '--version',
+    ],
     {timeoutMs: PROBE_TIMEOUT_MS, signal: context.signal},
   )
-  if (probe.exitCode === 126 || probe.exitCode === 127 || /no such file or directory|exec format error|not found/i.test(probe.stderr)) {
-    throw new GatewayError('E_IMAGE', `${baseRef} has no ${runtime.interpreter}: its C library is not the ${runtime.libc} this gateway's Node and better-sqlite3 were built for (Alpine uses musl)`, {
-      details: {interpreter: runtime.interpreter, libc: runtime.libc, stderr_tail: probe.stderr.slice(-2048)},
-      suggestions: ['use a glibc base image such as debian:bookworm-slim or ubuntu:24.04 for image_config.base_image', 'gcompat on Alpine is not enough for the native better-sqlite3 addon'],
-    })
+  if (
+    probe.exitCode === 126 ||
+    probe.exitCode === 127 ||
+    /no such file or directory|exec format error|not found/i.test(probe.stderr)
+  ) {
+    throw new GatewayError(
+      'E_IMAGE',
+      `${baseRef} has no ${runtime.interpreter}: its C library is not the ${runtime.libc} this gateway's Node and better-sqlite3 were built for (Alpine uses musl)`,
+      {
+        details: {interpreter: runtime.interpreter, libc: runtime.libc, stderr_tail: probe.stderr.slice(-2048)},
+        suggestions: [
+          'use a glibc base image such as debian:bookworm-slim or ubuntu:24.04 for image_config.base_image',
+          'gcompat on Alpine is not enough for the native better-sqlite3 addon',
+        ],
+      },
+    )
   }
 }
 
 async function smokeTestIsolationImage(plan: ImagePlan, context: ImageContext): Promise<void> {
-  const probe = await context.cli.exec([
-    'run', '--rm', '--pull', 'never', '--network', 'none', '--log-driver', 'none', '--read-only', '--cap-drop', 'ALL',
-    '--label', `${LABEL.gateway}=1`, '-w', CONTAINER_APP, '--entrypoint', CONTAINER_NODE, plan.isolationTag,
-    // as agent-run loads it (by path, src/runtime/util/sqlite.ts): a libc or architecture mismatch fails here
-    '-e', "process.dlopen({exports: {}}, require('path').resolve('node_modules/better-sqlite3/build/Release/better_sqlite3.node'))",
-  ], {timeoutMs: PROBE_TIMEOUT_MS, signal: context.signal})
+  const probe = await context.cli.exec(
+    [
+      'run',
+      '--rm',
+      '--pull',
+      'never',
+      '--network',
+      'none',
+      '--log-driver',
+      'none',
+      '--read-only',
+      '--cap-drop',
+      'ALL',
+      '--label',
+      `${LABEL.gateway}=1`,
+      '-w',
+      CONTAINER_APP,
+      '--entrypoint',
+      CONTAINER_NODE,
+      plan.isolationTag,
+      // as agent-run loads it (by path, src/runtime/util/sqlite.ts): a libc or architecture mismatch fails here
+      '-e',
+      "process.dlopen({exports: {}}, require('path').resolve('node_modules/better-sqlite3/build/Release/better_sqlite3.node'))",
+    ],
+    {timeoutMs: PROBE_TIMEOUT_MS, signal: context.signal},
+  )
   if (probe.exitCode === 0) return
   await context.cli.exec(['image', 'rm', '--force', plan.isolationTag], {signal: context.signal}).catch(() => undefined)
   const missingLibrary = /error while loading shared libraries: ([^:]+)/.exec(probe.stderr)?.[1]
-  throw new GatewayError('E_IMAGE', missingLibrary
-    ? `Node cannot start on ${plan.baseRef}: the base lacks ${missingLibrary}`
-    : `Node with better-sqlite3 does not start on ${plan.baseRef}: ${tail(probe.stderr, 3)}`, {
-    details: {stderr_tail: probe.stderr.slice(-2048)},
-    suggestions: missingLibrary
-      ? [`add the package that provides ${missingLibrary} to image_config.packages (Debian: libstdc++6 for libstdc++.so.6)`, 'or use debian:bookworm-slim as the base']
-      : ['use debian:bookworm-slim (or another glibc base of the same architecture) as the base'],
-  })
+  throw new GatewayError(
+    'E_IMAGE',
+    missingLibrary
+      ? `Node cannot start on ${plan.baseRef}: the base lacks ${missingLibrary}`
+      : `Node with better-sqlite3 does not start on ${plan.baseRef}: ${tail(probe.stderr, 3)}`,
+    {
+      details: {stderr_tail: probe.stderr.slice(-2048)},
+      suggestions: missingLibrary
+        ? [
+            `add the package that provides ${missingLibrary} to image_config.packages (Debian: libstdc++6 for libstdc++.so.6)`,
+            'or use debian:bookworm-slim as the base',
+          ]
+        : ['use debian:bookworm-slim (or another glibc base of the same architecture) as the base'],
+    },
+  )
 }
 
 function missingBase(plan: ImagePlan): GatewayError {
   if (plan.container) {
-    return new GatewayError('E_IMAGE', `the container image ${plan.baseRef} has not been built yet`, {suggestions: ['run meepagateway container build']})
+    return new GatewayError('E_IMAGE', `the container image ${plan.baseRef} has not been built yet`, {
+      suggestions: ['run meepagateway container build'],
+    })
   }
-  return new GatewayError('E_IMAGE', `the image ${plan.baseRef} (from ${plan.source}) is not on this machine, and images are never pulled implicitly`, {
-    suggestions: [`docker pull ${plan.baseRef}`, `or set ${plan.source} to an image that exists (docker image ls)`],
-  })
+  return new GatewayError(
+    'E_IMAGE',
+    `the image ${plan.baseRef} (from ${plan.source}) is not on this machine, and images are never pulled implicitly`,
+    {
+      suggestions: [`docker pull ${plan.baseRef}`, `or set ${plan.source} to an image that exists (docker image ls)`],
+    },
+  )
 }
 
 async function requireBase(context: ImageContext, ref: string, where: string): Promise<ImageInfo> {
   const [info] = await inspectImagesIn(context, [ref])
   if (!info) {
-    throw new GatewayError('E_IMAGE', `the base image ${ref} (${where}) is not on this machine, and images are never pulled implicitly`, {
-      suggestions: [`docker pull ${ref}`, `or set ${where} to an image that exists (docker image ls)`],
-    })
+    throw new GatewayError(
+      'E_IMAGE',
+      `the base image ${ref} (${where}) is not on this machine, and images are never pulled implicitly`,
+      {
+        suggestions: [`docker pull ${ref}`, `or set ${where} to an image that exists (docker image ls)`],
+      },
+    )
   }
   return info
 }
@@ -343,11 +494,26 @@ export async function detectPackageManager(baseRef: string, context: ImageContex
   const cache = await readFactsCache(context.cacheDir)
   const known = cache[base.id]
   if (known && 'package_manager' in known) return known.package_manager
-  const probe = await context.cli.exec([
-    'run', '--rm', '--pull', 'never', '--network', 'none', '--log-driver', 'none', '--label', `${LABEL.gateway}=1`,
-    '--entrypoint', '/bin/sh', baseRef, '-c',
-    'if command -v apt-get >/dev/null 2>&1; then echo apt; elif command -v apk >/dev/null 2>&1; then echo apk; else echo none; fi',
-  ], {timeoutMs: PROBE_TIMEOUT_MS, signal: context.signal})
+  const probe = await context.cli.exec(
+    [
+      'run',
+      '--rm',
+      '--pull',
+      'never',
+      '--network',
+      'none',
+      '--log-driver',
+      'none',
+      '--label',
+      `${LABEL.gateway}=1`,
+      '--entrypoint',
+      '/bin/sh',
+      baseRef,
+      '-c',
+      'if command -v apt-get >/dev/null 2>&1; then echo apt; elif command -v apk >/dev/null 2>&1; then echo apk; else echo none; fi',
+    ],
+    {timeoutMs: PROBE_TIMEOUT_MS, signal: context.signal},
+  )
   const answer = probe.stdout.trim()
   const manager: PackageManager | null = answer === 'apt' || answer === 'apk' ? answer : null
   cache[base.id] = {package_manager: manager}
@@ -361,7 +527,10 @@ const memoryFacts: FactsCache = {}
 async function readFactsCache(cacheDir: string | undefined): Promise<FactsCache> {
   if (!cacheDir) return memoryFacts
   try {
-    return {...(JSON.parse(await fs.promises.readFile(path.join(cacheDir, 'docker-base-images.json'), 'utf8')) as FactsCache), ...memoryFacts}
+    return {
+      ...(JSON.parse(await fs.promises.readFile(path.join(cacheDir, 'docker-base-images.json'), 'utf8')) as FactsCache),
+      ...memoryFacts,
+    }
   } catch {
     return memoryFacts
   }

@@ -54,50 +54,83 @@ const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/
  * its exit code and OOMKilled. No value of any secret: argv is visible to every user in `ps`.
  */
 export function buildDockerRunArgs(spec: DockerRunSpec): string[] {
-  if (!SIZE.test(spec.memoryLimit)) throw new GatewayError('E_CONFIG', `container_mode.memory_limit: "${spec.memoryLimit}" must look like 512m or 2g`)
-  if (!Number.isInteger(spec.pidsLimit) || spec.pidsLimit < 1) throw new GatewayError('E_CONFIG', `container_mode.pids_limit: must be a whole number of at least 1, not ${spec.pidsLimit}`)
+  if (!SIZE.test(spec.memoryLimit))
+    throw new GatewayError('E_CONFIG', `container_mode.memory_limit: "${spec.memoryLimit}" must look like 512m or 2g`)
+  if (!Number.isInteger(spec.pidsLimit) || spec.pidsLimit < 1)
+    throw new GatewayError(
+      'E_CONFIG',
+      `container_mode.pids_limit: must be a whole number of at least 1, not ${spec.pidsLimit}`,
+    )
   if (spec.workspace.includes(':') || spec.workspace.includes(',')) {
-    throw new GatewayError('E_WORKSPACE', `the workspace path ${spec.workspace} contains ":" or ",", which docker -v cannot mount`, {
-      suggestions: ['move MEEPAGATEWAY_HOME to a path without ":" and ","'],
-    })
+    throw new GatewayError(
+      'E_WORKSPACE',
+      `the workspace path ${spec.workspace} contains ":" or ",", which docker -v cannot mount`,
+      {
+        suggestions: ['move MEEPAGATEWAY_HOME to a path without ":" and ","'],
+      },
+    )
   }
-  if (!(spec.cpus > 0)) throw new GatewayError('E_CONFIG', `container_mode.cpus: must be a number above 0, not ${spec.cpus}`)
+  if (!(spec.cpus > 0))
+    throw new GatewayError('E_CONFIG', `container_mode.cpus: must be a number above 0, not ${spec.cpus}`)
   for (const name of spec.forwardEnv) {
-    if (!ENV_NAME.test(name)) throw new GatewayError('E_CONFIG', `"${name}" is not a valid environment variable name to forward into the container`)
+    if (!ENV_NAME.test(name))
+      throw new GatewayError(
+        'E_CONFIG',
+        `"${name}" is not a valid environment variable name to forward into the container`,
+      )
   }
   const user = `${spec.uid}:${spec.gid}`
   return [
     'run',
-    '--name', spec.name,
+    '--name',
+    spec.name,
     '-i',
     // never reach a registry from a message run; images are built (or pulled) by `container build`
-    '--pull', 'never',
+    '--pull',
+    'never',
     // stdout carries the reply: keep it off the engine's disk (attach still streams it)
-    '--log-driver', 'none',
+    '--log-driver',
+    'none',
     '--read-only',
     '--cap-drop=ALL',
     '--security-opt=no-new-privileges',
-    '--memory', spec.memoryLimit,
-    '--memory-swap', spec.memoryLimit,
-    '--pids-limit', String(spec.pidsLimit),
-    '--cpus', String(spec.cpus),
+    '--memory',
+    spec.memoryLimit,
+    '--memory-swap',
+    spec.memoryLimit,
+    '--pids-limit',
+    String(spec.pidsLimit),
+    '--cpus',
+    String(spec.cpus),
     ...(spec.fileSizeLimit ? ['--ulimit', `fsize=${spec.fileSizeLimit}`] : []),
     // its own cgroup at /sys/fs/cgroup whatever the engine's default, where agent-run reads OOM kills
-    '--cgroupns', 'private',
+    '--cgroupns',
+    'private',
     '--init',
     // owned by the run user: with --cap-drop=ALL even root could not write a root-owned 0755 /tmp
-    '--tmpfs', `/tmp:rw,nosuid,nodev,exec,size=${CONTAINER_TMP_SIZE},uid=${spec.uid},gid=${spec.gid},mode=0700`,
-    '--user', user,
-    '-v', `${spec.workspace}:${CONTAINER_WORKSPACE}`,
-    '-w', CONTAINER_WORKSPACE,
-    '-e', `HOME=${CONTAINER_WORKSPACE}`,
-    '-e', 'TMPDIR=/tmp',
-    '-e', `${IN_CONTAINER_ENV}=1`,
-    ...(spec.sandboxHelper ? ['-e', `${SANDBOX_HELPER_ENV}=${spec.sandboxHelper}`, '-e', `${SANDBOX_LISTEN_ENV}=${spec.listen}`] : []),
+    '--tmpfs',
+    `/tmp:rw,nosuid,nodev,exec,size=${CONTAINER_TMP_SIZE},uid=${spec.uid},gid=${spec.gid},mode=0700`,
+    '--user',
+    user,
+    '-v',
+    `${spec.workspace}:${CONTAINER_WORKSPACE}`,
+    '-w',
+    CONTAINER_WORKSPACE,
+    '-e',
+    `HOME=${CONTAINER_WORKSPACE}`,
+    '-e',
+    'TMPDIR=/tmp',
+    '-e',
+    `${IN_CONTAINER_ENV}=1`,
+    ...(spec.sandboxHelper
+      ? ['-e', `${SANDBOX_HELPER_ENV}=${spec.sandboxHelper}`, '-e', `${SANDBOX_LISTEN_ENV}=${spec.listen}`]
+      : []),
     ...spec.forwardEnv.flatMap((name) => ['-e', name]),
-    '--network', spec.network,
+    '--network',
+    spec.network,
     ...Object.entries(spec.labels).flatMap(([key, value]) => ['--label', `${key}=${value}`]),
-    '--entrypoint', spec.entrypoint ?? CONTAINER_NODE,
+    '--entrypoint',
+    spec.entrypoint ?? CONTAINER_NODE,
     spec.image,
     ...(spec.command ?? [`${CONTAINER_APP}/bin/run.js`, 'agent-run']),
   ]

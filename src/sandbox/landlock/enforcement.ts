@@ -12,7 +12,12 @@ export interface EnforcementReport {
   platform: 'linux'
   kernel: {landlock_abi: number; landlock_unavailable?: string; seccomp: boolean; arch: string}
   network: {mode: 'allow' | 'deny'; listen: 'allow' | 'deny'; enforced_by: string[]}
-  namespaces: {available: boolean; tool?: string; unavailable?: string; covered: Array<{path: string; kind: 'dir' | 'file'; reason: string; mechanism: string}>}
+  namespaces: {
+    available: boolean
+    tool?: string
+    unavailable?: string
+    covered: Array<{path: string; kind: 'dir' | 'file'; reason: string; mechanism: string}>
+  }
   rules: Array<{path: string; rights: FsRight[]; reason: string; mechanism: string}>
   denies: Array<{path: string; reason: string; source: 'config' | 'mandatory'; exists: boolean; mechanism: string}>
   process: Array<{what: string; mechanism: string}>
@@ -23,17 +28,26 @@ export interface EnforcementReport {
   notes: string[]
 }
 
-export function kernelGaps(probe: KernelProbe, network: 'allow' | 'deny', listen: 'allow' | 'deny' = 'allow'): string[] {
+export function kernelGaps(
+  probe: KernelProbe,
+  network: 'allow' | 'deny',
+  listen: 'allow' | 'deny' = 'allow',
+): string[] {
   const gaps: string[] = []
   const abi = probe.landlock.abi
-  if (abi < 1) gaps.push(`file rules: Landlock is unavailable (${probe.landlock.errno ?? '?'}: ${probe.landlock.reason ?? 'unknown reason'})`)
+  if (abi < 1)
+    gaps.push(
+      `file rules: Landlock is unavailable (${probe.landlock.errno ?? '?'}: ${probe.landlock.reason ?? 'unknown reason'})`,
+    )
   else {
     if (abi < 3) gaps.push('truncate(2) of readable files (needs Landlock ABI 3, Linux 6.2)')
     if (abi < 5) gaps.push('ioctl on device files (needs Landlock ABI 5, Linux 6.10)')
     if (abi < 6) gaps.push('signals to processes outside the sandbox (needs Landlock ABI 6, Linux 6.12)')
   }
   if (!probe.seccomp) {
-    gaps.push('seccomp filter unavailable: unix sockets (the Docker socket), io_uring, leaving the process group, new user namespaces and set-user-ID bits are not blocked')
+    gaps.push(
+      'seccomp filter unavailable: unix sockets (the Docker socket), io_uring, leaving the process group, new user namespaces and set-user-ID bits are not blocked',
+    )
     if (network === 'deny') gaps.push('network off: UDP, raw and packet sockets are not blocked (no seccomp)')
     if (network === 'deny' && abi < 4) gaps.push('network off: TCP is not blocked (no seccomp and Landlock ABI < 4)')
     if (listen === 'deny' && network === 'allow') {
@@ -55,7 +69,10 @@ export function kernelGaps(probe: KernelProbe, network: 'allow' | 'deny', listen
  * rights. With the layer, only denies it cannot cover (missing entries, symlinks) still lower a
  * directory: by design, not a gap.
  */
-export function namespaceGaps(policy: Pick<SandboxPolicy, 'lowered'>, namespaces: NamespaceProbe | undefined): string[] {
+export function namespaceGaps(
+  policy: Pick<SandboxPolicy, 'lowered'>,
+  namespaces: NamespaceProbe | undefined,
+): string[] {
   if (!namespaces || namespaces.available) return []
   return [
     `file metadata outside the writable grants (chmod, chown, times, extended attributes, attribute flags) is not protected: Landlock has no right for it, and the read-only mount that refuses it needs the namespace layer, which is unavailable: ${namespaces.reason ?? 'not probed'}`,
@@ -64,7 +81,10 @@ export function namespaceGaps(policy: Pick<SandboxPolicy, 'lowered'>, namespaces
 }
 
 /** Every writable directory that a deny beneath it leaves listing-only, and why, for `config check` and the run log. */
-export function loweringWarnings(policy: Pick<SandboxPolicy, 'lowered'>, namespaces: NamespaceProbe | undefined): string[] {
+export function loweringWarnings(
+  policy: Pick<SandboxPolicy, 'lowered'>,
+  namespaces: NamespaceProbe | undefined,
+): string[] {
   return policy.lowered
     .filter((dir) => dir.writable)
     .map((dir) => {
@@ -75,7 +95,11 @@ export function loweringWarnings(policy: Pick<SandboxPolicy, 'lowered'>, namespa
     })
 }
 
-export function enforcementReport(policy: SandboxPolicy, probe: KernelProbe, namespaces?: NamespaceProbe): EnforcementReport {
+export function enforcementReport(
+  policy: SandboxPolicy,
+  probe: KernelProbe,
+  namespaces?: NamespaceProbe,
+): EnforcementReport {
   const abi = probe.landlock.abi
   const gaps = [...kernelGaps(probe, policy.network, policy.listen), ...namespaceGaps(policy, namespaces)]
   const inNamespaces = namespaces?.available === true
@@ -108,62 +132,111 @@ export function enforcementReport(policy: SandboxPolicy, probe: KernelProbe, nam
   })
 
   // agent-run's LLM calls go over stdin/stdout to the gateway, which makes them: the mode is the whole tree's.
-  const networkMechanisms: string[] = ['applies to agent-run and everything it starts; LLM calls go to the gateway over stdin/stdout and the gateway calls the provider']
+  const networkMechanisms: string[] = [
+    'applies to agent-run and everything it starts; LLM calls go to the gateway over stdin/stdout and the gateway calls the provider',
+  ]
   if (policy.network === 'deny') {
     if (abi >= 4) networkMechanisms.push('Landlock: TCP bind and connect handled, no port allowed')
-    if (probe.seccomp) networkMechanisms.push('seccomp: socket() denied for every address family (UDP, raw, packet, netlink included); socketpair(AF_UNIX) allowed')
-  } else networkMechanisms.push('not restricted (allow_network: true); only socket(AF_UNIX) and AF_VSOCK are denied by seccomp')
+    if (probe.seccomp)
+      networkMechanisms.push(
+        'seccomp: socket() denied for every address family (UDP, raw, packet, netlink included); socketpair(AF_UNIX) allowed',
+      )
+  } else
+    networkMechanisms.push(
+      'not restricted (allow_network: true); only socket(AF_UNIX) and AF_VSOCK are denied by seccomp',
+    )
   if (policy.network === 'allow' && policy.listen === 'deny') {
-    if (abi >= 4) networkMechanisms.push('no listening (allow_listen: false): Landlock handles TCP bind with no port allowed')
-    if (probe.seccomp) networkMechanisms.push('no listening: seccomp denies listen() and every AF_INET/AF_INET6 bind (TCP and UDP, port 0 included); outgoing connections still work')
-  } else if (policy.listen === 'allow') networkMechanisms.push('listening allowed (allow_listen: true): commands may bind ports on every interface the host has')
+    if (abi >= 4)
+      networkMechanisms.push('no listening (allow_listen: false): Landlock handles TCP bind with no port allowed')
+    if (probe.seccomp)
+      networkMechanisms.push(
+        'no listening: seccomp denies listen() and every AF_INET/AF_INET6 bind (TCP and UDP, port 0 included); outgoing connections still work',
+      )
+  } else if (policy.listen === 'allow')
+    networkMechanisms.push(
+      'listening allowed (allow_listen: true): commands may bind ports on every interface the host has',
+    )
 
   const processRules = [
-    {what: 'environment', mechanism: 'replaced by an explicit allow-list (PATH, HOME=workspace, TMPDIR, LANG); the agent\'s own secrets reach agent-run on stdin only'},
-    {what: 'provider API keys', mechanism: 'never inside: they stay in the gateway, which makes every LLM call for agent-run (docs/agent-run.md)'},
-    {what: 'privileges', mechanism: 'no_new_privs set; all capabilities and the bounding set dropped (root inside is an ordinary uid 0)'},
+    {
+      what: 'environment',
+      mechanism:
+        "replaced by an explicit allow-list (PATH, HOME=workspace, TMPDIR, LANG); the agent's own secrets reach agent-run on stdin only",
+    },
+    {
+      what: 'provider API keys',
+      mechanism: 'never inside: they stay in the gateway, which makes every LLM call for agent-run (docs/agent-run.md)',
+    },
+    {
+      what: 'privileges',
+      mechanism: 'no_new_privs set; all capabilities and the bounding set dropped (root inside is an ordinary uid 0)',
+    },
     {what: 'inherited file descriptors', mechanism: 'everything above 2 closed before exec'},
     {
       what: 'process tree',
       mechanism: inNamespaces
         ? 'a PID namespace whose init is bubblewrap, under the keeper: the keeper kills the run (its session, its cgroup, every descendant) when agent-run exits, at the deadline and when the gateway dies, and the kernel then kills every process left in the namespace; setsid is denied too'
         : probe.seccomp
-        ? 'new session under the keeper; setsid denied by seccomp, so every descendant stays in it, and the keeper kills the session, the run cgroup and every descendant when agent-run exits, at the deadline and when the gateway dies (setpgid stays allowed: each shell command gets its own group for the tool timeout)'
-        : 'new session; descendants CAN leave it (no seccomp)',
+          ? 'new session under the keeper; setsid denied by seccomp, so every descendant stays in it, and the keeper kills the session, the run cgroup and every descendant when agent-run exits, at the deadline and when the gateway dies (setpgid stays allowed: each shell command gets its own group for the tool timeout)'
+          : 'new session; descendants CAN leave it (no seccomp)',
     },
-    {what: 'signals and abstract unix sockets', mechanism: abi >= 6 ? 'Landlock scoping (ABI 6): nothing outside the sandbox can be signalled or reached' : 'NOT scoped (Landlock ABI < 6)'},
+    {
+      what: 'signals and abstract unix sockets',
+      mechanism:
+        abi >= 6
+          ? 'Landlock scoping (ABI 6): nothing outside the sandbox can be signalled or reached'
+          : 'NOT scoped (Landlock ABI < 6)',
+    },
     {
       what: 'file metadata outside the writable grants (chmod, chown, times, extended attributes, attribute flags)',
       mechanism: inNamespaces
-        ? 'refused (read-only file system): the host\'s / is bound read-only and only the read-write grants are bound writable over it; the host device nodes in the private /dev are read-only mounts too'
+        ? "refused (read-only file system): the host's / is bound read-only and only the read-write grants are bound writable over it; the host device nodes in the private /dev are read-only mounts too"
         : `NOT protected: Landlock has no right for it and the read-only mount needs the namespace layer (${namespaces?.reason ?? 'not used'})`,
     },
     {
       what: 'set-user-ID, set-group-ID and file capabilities',
       mechanism: [
-        probe.seccomp ? 'seccomp refuses every mode with S_ISUID or S_ISGID (chmod, fchmod, fchmodat, fchmodat2, creat, mknod, open and openat with O_CREAT; openat2 answers ENOSYS)' : 'setting the bits is NOT blocked (no seccomp)',
+        probe.seccomp
+          ? 'seccomp refuses every mode with S_ISUID or S_ISGID (chmod, fchmod, fchmodat, fchmodat2, creat, mknod, open and openat with O_CREAT; openat2 answers ENOSYS)'
+          : 'setting the bits is NOT blocked (no seccomp)',
         inNamespaces ? 'the workspace, TMPDIR and every grant are mounted nosuid,nodev' : '',
         'no capabilities, so no file capability can be set',
-      ].filter(Boolean).join('; '),
+      ]
+        .filter(Boolean)
+        .join('; '),
     },
-    {what: 'new user namespaces', mechanism: probe.seccomp ? 'denied by seccomp (clone and unshare with CLONE_NEWUSER; clone3 answers ENOSYS)' : 'NOT blocked (no seccomp)'},
+    {
+      what: 'new user namespaces',
+      mechanism: probe.seccomp
+        ? 'denied by seccomp (clone and unshare with CLONE_NEWUSER; clone3 answers ENOSYS)'
+        : 'NOT blocked (no seccomp)',
+    },
     {what: 'io_uring, TIOCSTI', mechanism: probe.seccomp ? 'denied by seccomp' : 'NOT blocked (no seccomp)'},
-    {what: 'mount and unmount (the covers stay in place)', mechanism: [landlock ? 'denied by Landlock' : '', probe.seccomp ? 'denied by seccomp' : '', 'no capabilities'].filter(Boolean).join('; ')},
+    {
+      what: 'mount and unmount (the covers stay in place)',
+      mechanism: [landlock ? 'denied by Landlock' : '', probe.seccomp ? 'denied by seccomp' : '', 'no capabilities']
+        .filter(Boolean)
+        .join('; '),
+    },
     {
       what: 'other processes',
       mechanism: inNamespaces
-        ? 'PID namespace with its own /proc (bubblewrap): only the run\'s own processes are visible; when its init dies the kernel kills all of them'
+        ? "PID namespace with its own /proc (bubblewrap): only the run's own processes are visible; when its init dies the kernel kills all of them"
         : `VISIBLE: no PID namespace (${namespaces?.reason ?? 'namespace layer not used'}), every host process and its command line can be listed`,
     },
     {
       what: 'pseudo-terminals',
-      mechanism: inNamespaces ? 'a private devpts instance: openpty and script work, no host terminal is reachable' : 'unavailable: /dev/ptmx is denied (the host\'s /dev/pts would expose other terminals)',
+      mechanism: inNamespaces
+        ? 'a private devpts instance: openpty and script work, no host terminal is reachable'
+        : "unavailable: /dev/ptmx is denied (the host's /dev/pts would expose other terminals)",
     },
   ]
 
   const limits = [
     ...(inNamespaces && policy.covered.length > 0
-      ? ['a covered path still shows in its parent\'s listing (as an empty, unreadable entry) and its mount is visible in /proc/self/mountinfo']
+      ? [
+          "a covered path still shows in its parent's listing (as an empty, unreadable entry) and its mount is visible in /proc/self/mountinfo",
+        ]
       : []),
     ...policy.lowered.map(
       (dir) =>
@@ -177,12 +250,20 @@ export function enforcementReport(policy: SandboxPolicy, probe: KernelProbe, nam
 
   return {
     platform: 'linux',
-    kernel: {landlock_abi: abi, ...(abi < 1 ? {landlock_unavailable: probe.landlock.reason ?? 'unknown'} : {}), seccomp: probe.seccomp, arch: probe.arch},
+    kernel: {
+      landlock_abi: abi,
+      ...(abi < 1 ? {landlock_unavailable: probe.landlock.reason ?? 'unknown'} : {}),
+      seccomp: probe.seccomp,
+      arch: probe.arch,
+    },
     network: {mode: policy.network, listen: policy.listen, enforced_by: networkMechanisms},
     namespaces: {
       available: inNamespaces,
       ...(inNamespaces ? {tool: namespaces!.bwrap} : {unavailable: namespaces?.reason ?? 'not probed'}),
-      covered: policy.covered.map((cover) => ({...cover, mechanism: cover.kind === 'dir' ? 'empty read-only tmpfs, mode 000' : 'empty read-only file, mode 000'})),
+      covered: policy.covered.map((cover) => ({
+        ...cover,
+        mechanism: cover.kind === 'dir' ? 'empty read-only tmpfs, mode 000' : 'empty read-only file, mode 000',
+      })),
     },
     rules,
     denies,

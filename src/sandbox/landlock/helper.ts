@@ -20,7 +20,10 @@ export function requireHelper(appRoot: string = APP_ROOT): string {
     fs.accessSync(helper, fs.constants.X_OK)
   } catch {
     throw new GatewayError('E_SANDBOX', `the host sandbox helper is missing: ${helper}`, {
-      suggestions: ['build it with `npm run build:native` (needs a C compiler: apt-get install gcc)', 'or run the agent in container mode'],
+      suggestions: [
+        'build it with `npm run build:native` (needs a C compiler: apt-get install gcc)',
+        'or run the agent in container mode',
+      ],
     })
   }
   return helper
@@ -34,10 +37,15 @@ let cached: Promise<KernelProbe> | undefined
  * A wrong record cannot weaken a run: the helper probes the kernel itself when it applies the
  * rules and refuses to run with a gap the policy does not accept.
  */
-export function probeKernel(helper: string = requireHelper(), options: {cacheFile?: string} = {}): Promise<KernelProbe> {
+export function probeKernel(
+  helper: string = requireHelper(),
+  options: {cacheFile?: string} = {},
+): Promise<KernelProbe> {
   cached ??= probeOrRecall(helper, options.cacheFile).catch((error: unknown) => {
     cached = undefined
-    throw new GatewayError('E_SANDBOX', `the sandbox helper's kernel probe failed: ${(error as Error).message}`, {cause: error})
+    throw new GatewayError('E_SANDBOX', `the sandbox helper's kernel probe failed: ${(error as Error).message}`, {
+      cause: error,
+    })
   })
   return cached
 }

@@ -7,19 +7,28 @@ import {namespaceRemounts} from '../bwrap/namespaces.js'
  * `env` is the command's complete environment: nothing else is inherited through the helper.
  */
 export function serializeRules(
-  policy: Pick<SandboxPolicy, 'rules' | 'network' | 'listen' | 'bestEffort'> & Partial<Pick<SandboxPolicy, 'namespaces' | 'grants'>>,
+  policy: Pick<SandboxPolicy, 'rules' | 'network' | 'listen' | 'bestEffort'> &
+    Partial<Pick<SandboxPolicy, 'namespaces' | 'grants'>>,
   env: Record<string, string>,
 ): string {
-  const lines = ['meepa-sandbox-rules 1', `best_effort ${policy.bestEffort ? 1 : 0}`, `network ${policy.network}`, `listen ${policy.listen}`]
+  const lines = [
+    'meepa-sandbox-rules 1',
+    `best_effort ${policy.bestEffort ? 1 : 0}`,
+    `network ${policy.network}`,
+    `listen ${policy.listen}`,
+  ]
   // inside bubblewrap's mount namespace only (namespaces.ts): outside it a remount would change the host's mounts
-  if (policy.namespaces) for (const mount of namespaceRemounts({grants: policy.grants ?? []})) lines.push(`remount_ro ${mount}`)
+  if (policy.namespaces)
+    for (const mount of namespaceRemounts({grants: policy.grants ?? []})) lines.push(`remount_ro ${mount}`)
   for (const rule of policy.rules) {
     assertOneLine(rule.path, `the path ${JSON.stringify(rule.path)}`)
-    if (!rule.path.startsWith('/')) throw new GatewayError('E_INTERNAL', `sandbox rule path is not absolute: ${rule.path}`)
+    if (!rule.path.startsWith('/'))
+      throw new GatewayError('E_INTERNAL', `sandbox rule path is not absolute: ${rule.path}`)
     lines.push(`path ${rule.rights.join(',')} ${rule.path}`)
   }
   for (const [name, value] of Object.entries(env)) {
-    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) throw new GatewayError('E_SANDBOX', `invalid environment variable name for the sandbox: ${name}`)
+    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name))
+      throw new GatewayError('E_SANDBOX', `invalid environment variable name for the sandbox: ${name}`)
     assertOneLine(value, `the value of ${name}`)
     lines.push(`env ${name}=${value}`)
   }
@@ -29,8 +38,12 @@ export function serializeRules(
 
 function assertOneLine(text: string, what: string): void {
   if (/[\n\r\0]/.test(text)) {
-    throw new GatewayError('E_SANDBOX', `${what} contains a newline or NUL byte and cannot be passed to the sandbox helper`, {
-      suggestions: ['rename the file or leave it out of file_access'],
-    })
+    throw new GatewayError(
+      'E_SANDBOX',
+      `${what} contains a newline or NUL byte and cannot be passed to the sandbox helper`,
+      {
+        suggestions: ['rename the file or leave it out of file_access'],
+      },
+    )
   }
 }

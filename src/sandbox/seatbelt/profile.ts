@@ -49,7 +49,10 @@ export interface SeatbeltInvocation {
   params: Record<string, string>
 }
 
-export function seatbeltProfile(policy: Pick<SandboxPolicy, 'grants' | 'denies' | 'network'>): {profile: string; params: Record<string, string>} {
+export function seatbeltProfile(policy: Pick<SandboxPolicy, 'grants' | 'denies' | 'network'>): {
+  profile: string
+  params: Record<string, string>
+} {
   const params: Record<string, string> = {}
   const denyParam = new Map<PolicyDeny, string>()
   policy.denies.forEach((deny, index) => {
@@ -84,16 +87,26 @@ export function seatbeltProfile(policy: Pick<SandboxPolicy, 'grants' | 'denies' 
 
   // Move-aside: a denied path and its ancestors cannot be renamed or unlinked to dodge the rule.
   // Grants that live inside a deny (the workspace inside MEEPAGATEWAY_HOME) stay exempt.
-  const grantParam = new Map(Object.entries(params).filter(([name]) => /^(READ|WRITE|DEVICE_RW|DEVICE_READ)_/.test(name)).map(([name, value]) => [value, name]))
+  const grantParam = new Map(
+    Object.entries(params)
+      .filter(([name]) => /^(READ|WRITE|DEVICE_RW|DEVICE_READ)_/.test(name))
+      .map(([name, value]) => [value, name]),
+  )
   policy.denies.forEach((deny) => {
     const name = denyParam.get(deny)!
     const exempt = policy.grants
       .filter((grant) => grant.path !== deny.path && isWithin(grant.path, deny.path))
-      .map((grant) => `
-    (require-not (subpath (param "${grantParam.get(darwinCanonical(grant.path))}")))`)
+      .map(
+        (grant) => `
+    (require-not (subpath (param "${grantParam.get(darwinCanonical(grant.path))}")))`,
+      )
       .join('')
-    lines.push(exempt ? `(deny file-write-unlink
-  (require-all (subpath (param "${name}"))${exempt}))` : `(deny file-write-unlink (subpath (param "${name}")))`)
+    lines.push(
+      exempt
+        ? `(deny file-write-unlink
+  (require-all (subpath (param "${name}"))${exempt}))`
+        : `(deny file-write-unlink (subpath (param "${name}")))`,
+    )
   })
   const ancestors = new Set<string>()
   for (const deny of policy.denies) {
@@ -113,8 +126,17 @@ export function seatbeltProfile(policy: Pick<SandboxPolicy, 'grants' | 'denies' 
 }
 
 /** argv for sandbox-exec, always by absolute path (never looked up on PATH). */
-export function seatbeltInvocation(policy: Pick<SandboxPolicy, 'grants' | 'denies' | 'network'>, command: string[]): SeatbeltInvocation {
+export function seatbeltInvocation(
+  policy: Pick<SandboxPolicy, 'grants' | 'denies' | 'network'>,
+  command: string[],
+): SeatbeltInvocation {
   const {profile, params} = seatbeltProfile(policy)
-  const argv = [SANDBOX_EXEC, '-p', profile, ...Object.entries(params).flatMap(([name, value]) => ['-D', `${name}=${value}`]), ...command]
+  const argv = [
+    SANDBOX_EXEC,
+    '-p',
+    profile,
+    ...Object.entries(params).flatMap(([name, value]) => ['-D', `${name}=${value}`]),
+    ...command,
+  ]
   return {argv, profile, params}
 }

@@ -13,7 +13,12 @@ describe('agent tools', () => {
   beforeEach(() => {
     workspace = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-tools-'))
     memory = openMemory(workspace)
-    context = {workspace, memory, env: {PATH: process.env.PATH}, redact: (text) => redactSecrets(text, ['hunter2-secret'])}
+    context = {
+      workspace,
+      memory,
+      env: {PATH: process.env.PATH},
+      redact: (text) => redactSecrets(text, ['hunter2-secret']),
+    }
   })
   afterEach(() => {
     memory.close()
@@ -22,7 +27,14 @@ describe('agent tools', () => {
 
   it('has exactly the contract tool names', () => {
     expect(TOOL_DEFINITIONS.map((tool) => tool.name)).toEqual([
-      'shell', 'read_file', 'write_file', 'list_files', 'memory_store', 'memory_search', 'memory_delete', 'skill_read',
+      'shell',
+      'read_file',
+      'write_file',
+      'list_files',
+      'memory_store',
+      'memory_search',
+      'memory_delete',
+      'skill_read',
     ])
   })
 
@@ -35,7 +47,11 @@ describe('agent tools', () => {
     expect((await runTool('shell', {command: 'exit 3'}, context)).output).toMatch(/^exit code: 3/)
     const sentinel = path.join(workspace, 'late')
     const started = Date.now()
-    const result = await runTool('shell', {command: `(sleep 2; touch ${sentinel}) & sleep 5`, timeout_seconds: 0.5}, context)
+    const result = await runTool(
+      'shell',
+      {command: `(sleep 2; touch ${sentinel}) & sleep 5`, timeout_seconds: 0.5},
+      context,
+    )
     expect(Date.now() - started).toBeLessThan(3000)
     expect(result.output).toMatch(/timed out after 0.5 s/)
     await new Promise((resolve) => setTimeout(resolve, 2500))
@@ -59,11 +75,16 @@ describe('agent tools', () => {
     expect((await runTool('write_file', {path: 'notes/a.txt', content: 'hi'}, context)).ok).toBe(true)
     expect(fs.readFileSync(path.join(workspace, 'notes/a.txt'), 'utf8')).toBe('hi')
     expect(await runTool('read_file', {path: 'notes/a.txt'}, context)).toEqual({ok: true, output: 'hi'})
-    expect((await runTool('list_files', {}, context)).output.split('\n')).toEqual(expect.arrayContaining(['notes/', 'memory.db']))
+    expect((await runTool('list_files', {}, context)).output.split('\n')).toEqual(
+      expect.arrayContaining(['notes/', 'memory.db']),
+    )
   })
 
   it('returns errors to the model instead of throwing', async () => {
-    expect(await runTool('read_file', {path: 'missing.txt'}, context)).toMatchObject({ok: false, output: expect.stringMatching(/^error: ENOENT/)})
+    expect(await runTool('read_file', {path: 'missing.txt'}, context)).toMatchObject({
+      ok: false,
+      output: expect.stringMatching(/^error: ENOENT/),
+    })
     expect(await runTool('read_file', {}, context)).toEqual({ok: false, output: 'error: "path" must be a string'})
     expect((await runTool('rm_rf', {}, context)).output).toMatch(/unknown tool "rm_rf"/)
   })
@@ -74,11 +95,18 @@ describe('agent tools', () => {
   })
 
   it('stores, searches and deletes memory, and reads skills', async () => {
-    expect((await runTool('memory_store', {content: 'the wifi password is in the drawer'}, context)).output).toBe('stored fact 1')
-    expect((await runTool('memory_search', {query: 'wifi'}, context)).output).toBe('[1] the wifi password is in the drawer')
+    expect((await runTool('memory_store', {content: 'the wifi password is in the drawer'}, context)).output).toBe(
+      'stored fact 1',
+    )
+    expect((await runTool('memory_search', {query: 'wifi'}, context)).output).toBe(
+      '[1] the wifi password is in the drawer',
+    )
     expect((await runTool('memory_delete', {id: 1}, context)).output).toBe('deleted fact 1')
     fs.mkdirSync(path.join(workspace, 'skills/deploy'), {recursive: true})
-    fs.writeFileSync(path.join(workspace, 'skills/deploy/SKILL.md'), '---\nname: deploy\ndescription: ship it\n---\nRun make deploy.')
+    fs.writeFileSync(
+      path.join(workspace, 'skills/deploy/SKILL.md'),
+      '---\nname: deploy\ndescription: ship it\n---\nRun make deploy.',
+    )
     expect((await runTool('skill_read', {name: 'deploy'}, context)).output).toContain('Run make deploy.')
     expect((await runTool('skill_read', {name: 'nope'}, context)).ok).toBe(false)
   })

@@ -6,7 +6,11 @@ import {RunRecords} from '../../../src/runtime/state/run-records.js'
 import {captainConfig, sessionHeaders, startCaptain, type CaptainHarness} from './helpers.js'
 
 const agents = [
-  {id: 'meepa', name: 'Meepa', connectors: [{type: 'discord', bot_token: 'discord-token-secret-value', guild_ids: ['42']}]},
+  {
+    id: 'meepa',
+    name: 'Meepa',
+    connectors: [{type: 'discord', bot_token: 'discord-token-secret-value', guild_ids: ['42']}],
+  },
   {id: 'boxed', container_mode: {enabled: true}},
 ]
 
@@ -23,8 +27,13 @@ describe('captain JSON API', () => {
     await start()
     const res = await harness.request('GET', '/api/captain/agents', {headers})
     expect(res.status).toBe(200)
-    expect(res.body.map((agent: any) => [agent.id, agent.isolation])).toEqual([['meepa', 'host-sandbox'], ['boxed', 'container']])
-    expect(res.body[0].connectors).toEqual([{name: 'meepa/discord', type: 'discord', state: 'not running', guild_ids: ['42']}])
+    expect(res.body.map((agent: any) => [agent.id, agent.isolation])).toEqual([
+      ['meepa', 'host-sandbox'],
+      ['boxed', 'container'],
+    ])
+    expect(res.body[0].connectors).toEqual([
+      {name: 'meepa/discord', type: 'discord', state: 'not running', guild_ids: ['42']},
+    ])
     const detail = await harness.request('GET', '/api/captain/agents/meepa', {headers})
     expect(detail.body.file_access.unrestricted).toBe(false)
     expect(JSON.stringify(res.body) + JSON.stringify(detail.body)).not.toContain('discord-token-secret-value')
@@ -32,7 +41,10 @@ describe('captain JSON API', () => {
   })
 
   it('shows the live state of each connector the gateway runs', async () => {
-    harness = await startCaptain({config: captainConfig(agents), deps: {connectors: () => [{name: 'meepa/discord', type: 'discord', agentId: 'meepa', state: 'connected'}]}})
+    harness = await startCaptain({
+      config: captainConfig(agents),
+      deps: {connectors: () => [{name: 'meepa/discord', type: 'discord', agentId: 'meepa', state: 'connected'}]},
+    })
     headers = sessionHeaders(await harness.login())
     const res = await harness.request('GET', '/api/captain/agents/meepa', {headers})
     expect(res.body.connectors[0]).toMatchObject({name: 'meepa/discord', state: 'connected'})
@@ -45,7 +57,10 @@ describe('captain JSON API', () => {
       changes.push(change)
       expect(loaded.config.agents[0]?.file_access.unrestricted).toBe(true)
     })
-    const res = await harness.request('PATCH', '/api/captain/agents/meepa', {body: {file_access: {unrestricted: true}, max_iterations: 7}, headers})
+    const res = await harness.request('PATCH', '/api/captain/agents/meepa', {
+      body: {file_access: {unrestricted: true}, max_iterations: 7},
+      headers,
+    })
     expect(res.status).toBe(200)
     expect(res.body.agent.isolation).toBe('unrestricted')
     expect(res.body.warnings.join(' ')).toMatch(/UNRESTRICTED/)
@@ -61,11 +76,17 @@ describe('captain JSON API', () => {
   it('refuses an invalid agent change with the schema problem and leaves config.yaml untouched', async () => {
     await start()
     const before = fs.readFileSync(harness.home.configPath, 'utf8')
-    const bad = await harness.request('PATCH', '/api/captain/agents/boxed', {body: {container_mode: {memory_limit: 'a lot', network: 'internet'}}, headers})
+    const bad = await harness.request('PATCH', '/api/captain/agents/boxed', {
+      body: {container_mode: {memory_limit: 'a lot', network: 'internet'}},
+      headers,
+    })
     expect(bad.status).toBe(400)
     expect(bad.body.error.code).toBe('E_CONFIG')
     expect(bad.body.error.details.problems).toEqual(
-      expect.arrayContaining(['agents[1].container_mode.memory_limit: must match ^[0-9]+[kmg]$', expect.stringContaining('agents[1].container_mode.network: must be one of')]),
+      expect.arrayContaining([
+        'agents[1].container_mode.memory_limit: must match ^[0-9]+[kmg]$',
+        expect.stringContaining('agents[1].container_mode.network: must be one of'),
+      ]),
     )
     const unknown = await harness.request('PATCH', '/api/captain/agents/boxed', {body: {connectors: []}, headers})
     expect(unknown.status).toBe(400)
@@ -82,27 +103,65 @@ describe('captain JSON API', () => {
     const res = await harness.request('PATCH', '/api/captain/agents/meepa', {body: {name: 'Still Meepa'}, headers})
     expect(res.status).toBe(200)
     const agentsNow = (await harness.request('GET', '/api/captain/agents', {headers})).body
-    expect(agentsNow.map((agent: any) => [agent.id, agent.name])).toEqual([['boxed', 'boxed'], ['meepa', 'Still Meepa']])
+    expect(agentsNow.map((agent: any) => [agent.id, agent.name])).toEqual([
+      ['boxed', 'boxed'],
+      ['meepa', 'Still Meepa'],
+    ])
   })
 
   it('reads and writes SOUL.md', async () => {
     await start()
-    const put = await harness.request('PUT', '/api/captain/agents/meepa/soul', {body: {content: '# Soul\nYou are a pirate.\n'}, headers})
+    const put = await harness.request('PUT', '/api/captain/agents/meepa/soul', {
+      body: {content: '# Soul\nYou are a pirate.\n'},
+      headers,
+    })
     expect(put.status).toBe(200)
-    expect(fs.readFileSync(path.join(harness.home.workspace('meepa'), 'SOUL.md'), 'utf8')).toBe('# Soul\nYou are a pirate.\n')
+    expect(fs.readFileSync(path.join(harness.home.workspace('meepa'), 'SOUL.md'), 'utf8')).toBe(
+      '# Soul\nYou are a pirate.\n',
+    )
     const get = await harness.request('GET', '/api/captain/agents/meepa/soul', {headers})
     expect(get.body).toMatchObject({agent_id: 'meepa', content: '# Soul\nYou are a pirate.\n', exists: true})
-    expect((await harness.request('PUT', '/api/captain/agents/meepa/soul', {body: {content: 5}, headers})).status).toBe(400)
+    expect((await harness.request('PUT', '/api/captain/agents/meepa/soul', {body: {content: 5}, headers})).status).toBe(
+      400,
+    )
   })
 
   it('lists run records, newest first, filtered by agent', async () => {
     await start()
     const records = new RunRecords(harness.db)
-    records.start({id: 'run_a', agentId: 'meepa', connector: 'webchat', channelId: 'c', isolation: 'host-sandbox', startedAt: 1000})
-    records.finish('run_a', {version: 1, ok: true, run_id: 'run_a', reply: {content: 'hi'}, stop_reason: 'final', iterations: 1, tool_calls: [], usage: {input_tokens: 1, output_tokens: 1}, ms: 5}, {durationMs: 5})
-    records.reject({id: 'run_b', agentId: 'boxed', connector: 'discord', channelId: 'c', isolation: 'container', startedAt: 2000}, 'E_BUSY', 'queue full')
+    records.start({
+      id: 'run_a',
+      agentId: 'meepa',
+      connector: 'webchat',
+      channelId: 'c',
+      isolation: 'host-sandbox',
+      startedAt: 1000,
+    })
+    records.finish(
+      'run_a',
+      {
+        version: 1,
+        ok: true,
+        run_id: 'run_a',
+        reply: {content: 'hi'},
+        stop_reason: 'final',
+        iterations: 1,
+        tool_calls: [],
+        usage: {input_tokens: 1, output_tokens: 1},
+        ms: 5,
+      },
+      {durationMs: 5},
+    )
+    records.reject(
+      {id: 'run_b', agentId: 'boxed', connector: 'discord', channelId: 'c', isolation: 'container', startedAt: 2000},
+      'E_BUSY',
+      'queue full',
+    )
     const all = await harness.request('GET', '/api/captain/runs', {headers})
-    expect(all.body.map((run: any) => [run.id, run.status])).toEqual([['run_b', 'rejected'], ['run_a', 'ok']])
+    expect(all.body.map((run: any) => [run.id, run.status])).toEqual([
+      ['run_b', 'rejected'],
+      ['run_a', 'ok'],
+    ])
     const one = await harness.request('GET', '/api/captain/runs?agent=meepa', {headers})
     expect(one.body.map((run: any) => run.id)).toEqual(['run_a'])
     expect((await harness.request('GET', '/api/captain/runs?limit=0', {headers})).status).toBe(400)
@@ -110,10 +169,16 @@ describe('captain JSON API', () => {
 
   it('PUT container/config validates packages with the schema and writes image_config', async () => {
     await start()
-    const bad = await harness.request('PUT', '/api/captain/container/config', {body: {base_image: 'debian:bookworm-slim', packages: ['curl; rm -rf /']}, headers})
+    const bad = await harness.request('PUT', '/api/captain/container/config', {
+      body: {base_image: 'debian:bookworm-slim', packages: ['curl; rm -rf /']},
+      headers,
+    })
     expect(bad.status).toBe(400)
     expect(bad.body.error.details.problems[0]).toContain('image_config.packages[0]')
-    const good = await harness.request('PUT', '/api/captain/container/config', {body: {enabled: true, base_image: 'debian:bookworm-slim', packages: ['jq', 'git'], env_vars: {LANG: 'C.UTF-8'}}, headers})
+    const good = await harness.request('PUT', '/api/captain/container/config', {
+      body: {enabled: true, base_image: 'debian:bookworm-slim', packages: ['jq', 'git'], env_vars: {LANG: 'C.UTF-8'}},
+      headers,
+    })
     expect(good.status).toBe(200)
     expect(good.body.image_config).toMatchObject({enabled: true, packages: ['jq', 'git'], redact_secrets: true})
     const text = fs.readFileSync(harness.home.configPath, 'utf8')
@@ -134,7 +199,11 @@ describe('captain JSON API', () => {
     expect(preview.body.dockerfile).toContain('apt-get install -y --no-install-recommends jq')
     expect(preview.body.package_manager_source).toBe('name') // no Docker here: guessed from the image name
     expect(preview.body.tag).not.toBe(saved.body.tag)
-    const bad = await harness.request('GET', `/api/captain/container/dockerfile?draft=${encodeURIComponent(JSON.stringify({packages: ['$(reboot)']}))}`, {headers})
+    const bad = await harness.request(
+      'GET',
+      `/api/captain/container/dockerfile?draft=${encodeURIComponent(JSON.stringify({packages: ['$(reboot)']}))}`,
+      {headers},
+    )
     expect(bad.status).toBe(400)
     expect(bad.body.error.message).toContain('is not a package name')
   })
@@ -151,22 +220,36 @@ describe('captain JSON API', () => {
     await start()
     const started = await harness.request('POST', '/api/captain/container/build', {body: {}, headers})
     expect(started.status).toBe(202)
-    const res = await fetch(harness.url + started.body.events_url, {headers: {authorization: headers.authorization as string}})
+    const res = await fetch(harness.url + started.body.events_url, {
+      headers: {authorization: headers.authorization as string},
+    })
     expect(res.headers.get('content-type')).toContain('text/event-stream')
     const text = await res.text() // the server ends the stream with the build
-    const events = [...text.matchAll(/id: (\d+)\nevent: (\w+)\ndata: (.*)\n\n/g)].map((m) => ({id: Number(m[1]), type: m[2], data: JSON.parse(m[3] as string)}))
+    const events = [...text.matchAll(/id: (\d+)\nevent: (\w+)\ndata: (.*)\n\n/g)].map((m) => ({
+      id: Number(m[1]),
+      type: m[2],
+      data: JSON.parse(m[3] as string),
+    }))
     const done = events.at(-1)
     expect(done?.type).toBe('done')
     expect(done?.data).toMatchObject({status: 'failed', error: {code: 'E_DOCKER_MISSING'}})
     expect(events.some((event) => event.type === 'log' && /build failed/.test(event.data.line))).toBe(true)
     // reconnecting after the last seen event replays only what came later
-    const again = await (await fetch(`${harness.url}${started.body.events_url}?after=${done!.id - 1}`, {headers: {authorization: headers.authorization as string}})).text()
+    const again = await (
+      await fetch(`${harness.url}${started.body.events_url}?after=${done!.id - 1}`, {
+        headers: {authorization: headers.authorization as string},
+      })
+    ).text()
     expect(again.match(/^event: /gm)).toHaveLength(1)
   })
 
   it('refuses to delete images the gateway did not build', async () => {
     await start()
-    const res = await harness.request('DELETE', `/api/captain/container/images/${encodeURIComponent('debian:bookworm-slim')}`, {headers})
+    const res = await harness.request(
+      'DELETE',
+      `/api/captain/container/images/${encodeURIComponent('debian:bookworm-slim')}`,
+      {headers},
+    )
     expect(res.status).toBe(400)
     expect(res.body.error.message).toContain('not an image the gateway built')
   })

@@ -40,7 +40,9 @@ describe('captain auth', () => {
     harness = await startCaptain()
     expect((await harness.request('GET', '/api/captain/agents')).status).toBe(401)
     expect((await harness.request('GET', '/api/captain/container/config')).status).toBe(401)
-    const forged = await harness.request('GET', '/api/captain/agents', {headers: {authorization: 'Bearer cps_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA'}})
+    const forged = await harness.request('GET', '/api/captain/agents', {
+      headers: {authorization: 'Bearer cps_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA'},
+    })
     expect(forged.status).toBe(401)
     expect(forged.body.error.code).toBe('E_AUTH')
     // an attacker holding every cookie of the operator's browser, and the session token itself as a
@@ -77,7 +79,10 @@ describe('captain auth', () => {
         expect(res.status, `${method} ${path} with ${Object.keys(headers)[0]}`).toBe(401)
       }
     }
-    expect((await harness.request('GET', '/api/captain/auth/session', {headers: {cookie: `captain_session=${token}`}})).body.authenticated).toBe(false)
+    expect(
+      (await harness.request('GET', '/api/captain/auth/session', {headers: {cookie: `captain_session=${token}`}})).body
+        .authenticated,
+    ).toBe(false)
     expect(harness.loaded.config.agents[0]!.file_access.unrestricted).toBe(false)
   })
 
@@ -85,7 +90,9 @@ describe('captain auth', () => {
     harness = await startCaptain()
     const session = await harness.login()
     expect((await harness.request('GET', '/api/captain/agents', {headers: sessionHeaders(session)})).status).toBe(200)
-    expect((await harness.request('POST', '/api/captain/auth/logout', {headers: sessionHeaders(session)})).status).toBe(200)
+    expect((await harness.request('POST', '/api/captain/auth/logout', {headers: sessionHeaders(session)})).status).toBe(
+      200,
+    )
     expect((await harness.request('GET', '/api/captain/agents', {headers: sessionHeaders(session)})).status).toBe(401)
   })
 
@@ -109,10 +116,16 @@ describe('captain auth', () => {
       expect(res.body.error.message).toContain('chat key')
     }
     expect((await harness.request('GET', '/api/captain/agents', {headers: adminKey})).status).toBe(200)
-    const put = await harness.request('PUT', '/api/captain/agents/meepa/soul', {body: {content: 'from a script'}, headers: adminKey})
+    const put = await harness.request('PUT', '/api/captain/agents/meepa/soul', {
+      body: {content: 'from a script'},
+      headers: adminKey,
+    })
     expect(put.status).toBe(200)
     for (const headers of [chatKey, adminKey]) {
-      const change = await harness.request('POST', '/api/captain/auth/password', {body: {current_password: PASSWORD, new_password: 'attacker password'}, headers})
+      const change = await harness.request('POST', '/api/captain/auth/password', {
+        body: {current_password: PASSWORD, new_password: 'attacker password'},
+        headers,
+      })
       expect(change.status).toBe(403)
     }
     expect((await harness.request('POST', '/api/captain/auth/login', {body: {password: PASSWORD}})).status).toBe(200)
@@ -128,13 +141,22 @@ describe('captain auth', () => {
     expect(revoked.status).toBe(401)
     expect(revoked.body.error.message).toContain('revoked')
     const session = await harness.login()
-    expect((await harness.request('GET', '/api/captain/agents', {headers: {...bearer, cookie: `captain_session=${session.token}`}})).status).toBe(401)
+    expect(
+      (
+        await harness.request('GET', '/api/captain/agents', {
+          headers: {...bearer, cookie: `captain_session=${session.token}`},
+        })
+      ).status,
+    ).toBe(401)
   })
 
   it('creates keys that are shown once, lists them by prefix, and revokes them from the API', async () => {
     harness = await startCaptain()
     const headers = sessionHeaders(await harness.login())
-    const created = await harness.request('POST', '/api/captain/auth/api-keys', {body: {name: 'ci', admin: true}, headers})
+    const created = await harness.request('POST', '/api/captain/auth/api-keys', {
+      body: {name: 'ci', admin: true},
+      headers,
+    })
     expect(created.status).toBe(201)
     expect(created.body.kind).toBe('admin')
     expect(created.body.key).toMatch(/^cptn_/)
@@ -152,7 +174,9 @@ describe('captain auth', () => {
   it('rate-limits failed logins per client: after 5 failures even the right password waits', async () => {
     harness = await startCaptain()
     for (let attempt = 0; attempt < 5; attempt++) {
-      expect((await harness.request('POST', '/api/captain/auth/login', {body: {password: `guess-${attempt}`}})).status).toBe(401)
+      expect(
+        (await harness.request('POST', '/api/captain/auth/login', {body: {password: `guess-${attempt}`}})).status,
+      ).toBe(401)
     }
     const limited = await harness.request('POST', '/api/captain/auth/login', {body: {password: PASSWORD}})
     expect(limited.status).toBe(429)
@@ -162,17 +186,31 @@ describe('captain auth', () => {
 
   it('counts 30 parallel guesses before checking any: only 5 are checked', async () => {
     harness = await startCaptain()
-    const answers = await Promise.all(Array.from({length: 30}, (_, index) => harness!.request('POST', '/api/captain/auth/login', {body: {password: `parallel-${index}`}})))
+    const answers = await Promise.all(
+      Array.from({length: 30}, (_, index) =>
+        harness!.request('POST', '/api/captain/auth/login', {body: {password: `parallel-${index}`}}),
+      ),
+    )
     const statuses = answers.map((answer) => answer.status)
     expect(statuses.filter((status) => status === 401)).toHaveLength(5)
     // and from 20 other loopback addresses: the global cap holds (20 guesses a minute in all)
     const fromAddress = (address: string) =>
       new Promise<number>((resolve, reject) => {
         const url = new URL(harness!.url)
-        const req = http.request({host: url.hostname, port: url.port, path: '/api/captain/auth/login', method: 'POST', localAddress: address, headers: {'content-type': 'application/json'}}, (res) => {
-          res.resume()
-          resolve(res.statusCode ?? 0)
-        })
+        const req = http.request(
+          {
+            host: url.hostname,
+            port: url.port,
+            path: '/api/captain/auth/login',
+            method: 'POST',
+            localAddress: address,
+            headers: {'content-type': 'application/json'},
+          },
+          (res) => {
+            res.resume()
+            resolve(res.statusCode ?? 0)
+          },
+        )
         req.on('error', reject)
         req.end(JSON.stringify({password: `from ${address}`}))
       })
@@ -206,28 +244,58 @@ describe('captain auth', () => {
 
   it('answers 415 to login, setup and password requests that are not application/json, before counting or checking', async () => {
     harness = await startCaptain()
-    for (const path of ['/api/captain/auth/login', '/api/captain/auth/setup', '/api/captain/auth/password', '/api/captain/auth/link']) {
-      for (const type of [undefined, 'text/plain', 'application/x-www-form-urlencoded', 'multipart/form-data; boundary=x']) {
-        const res = await fetch(harness.url + path, {method: 'POST', headers: type ? {'content-type': type} : {}, body: JSON.stringify({password: PASSWORD})})
+    for (const path of [
+      '/api/captain/auth/login',
+      '/api/captain/auth/setup',
+      '/api/captain/auth/password',
+      '/api/captain/auth/link',
+    ]) {
+      for (const type of [
+        undefined,
+        'text/plain',
+        'application/x-www-form-urlencoded',
+        'multipart/form-data; boundary=x',
+      ]) {
+        const res = await fetch(harness.url + path, {
+          method: 'POST',
+          headers: type ? {'content-type': type} : {},
+          body: JSON.stringify({password: PASSWORD}),
+        })
         // the password route needs a session first (401); the others refuse the type
         expect(res.status, `${path} ${type}`).toBe(path.endsWith('/password') ? 401 : 415)
       }
     }
     const session = await harness.login()
-    const res = await fetch(harness.url + '/api/captain/auth/password', {method: 'POST', headers: {...sessionHeaders(session), 'content-type': 'text/plain'}, body: '{}'})
+    const res = await fetch(harness.url + '/api/captain/auth/password', {
+      method: 'POST',
+      headers: {...sessionHeaders(session), 'content-type': 'text/plain'},
+      body: '{}',
+    })
     expect(res.status).toBe(415)
     expect(new AuditLog(harness.db).list().filter((entry) => entry.event === 'login_failed')).toHaveLength(0)
   })
 
   it('a password change needs the current password, is audited, and is not saved when rate-limited', async () => {
     harness = await startCaptain({env: {MEEPAGATEWAY_PASSWORD: ''}})
-    await harness.request('POST', '/api/captain/auth/setup', {body: {code: harness.captain.setupCode, password: 'first password'}})
+    await harness.request('POST', '/api/captain/auth/setup', {
+      body: {code: harness.captain.setupCode, password: 'first password'},
+    })
     const {body} = await harness.request('POST', '/api/captain/auth/login', {body: {password: 'first password'}})
     const headers = sessionHeaders({token: body.token})
     for (let attempt = 0; attempt < 5; attempt++) {
-      expect((await harness.request('POST', '/api/captain/auth/password', {body: {current_password: `wrong-${attempt}`, new_password: 'second password'}, headers})).status).toBe(401)
+      expect(
+        (
+          await harness.request('POST', '/api/captain/auth/password', {
+            body: {current_password: `wrong-${attempt}`, new_password: 'second password'},
+            headers,
+          })
+        ).status,
+      ).toBe(401)
     }
-    const limited = await harness.request('POST', '/api/captain/auth/password', {body: {current_password: 'first password', new_password: 'third password'}, headers})
+    const limited = await harness.request('POST', '/api/captain/auth/password', {
+      body: {current_password: 'first password', new_password: 'third password'},
+      headers,
+    })
     expect(limited.status).toBe(429)
     const store = new CaptainAuthStore(harness.db)
     expect(await verifyPassword('first password', store.passwordHash()!)).toBe(true)
@@ -238,7 +306,11 @@ describe('captain auth', () => {
 
   it('a one-time dashboard link logs in once, even while password logins are locked out', async () => {
     harness = await startCaptain()
-    const answers = await Promise.all(Array.from({length: 25}, (_, index) => harness!.request('POST', '/api/captain/auth/login', {body: {password: `neighbour-${index}`}})))
+    const answers = await Promise.all(
+      Array.from({length: 25}, (_, index) =>
+        harness!.request('POST', '/api/captain/auth/login', {body: {password: `neighbour-${index}`}}),
+      ),
+    )
     expect(answers.some((answer) => answer.status === 429)).toBe(true)
     expect((await harness.request('POST', '/api/captain/auth/login', {body: {password: PASSWORD}})).status).toBe(429)
     const secret = new CaptainAuthStore(harness.db).createLoginLink()
@@ -247,7 +319,9 @@ describe('captain auth', () => {
     expect((await harness.request('GET', '/api/captain/agents', {headers: sessionHeaders(used.body)})).status).toBe(200)
     expect((await harness.request('POST', '/api/captain/auth/link', {body: {secret}})).status).toBe(401)
     for (let attempt = 0; attempt < 30; attempt++) {
-      expect((await harness.request('POST', '/api/captain/auth/link', {body: {secret: `guess-${attempt}`}})).status).toBe(401)
+      expect(
+        (await harness.request('POST', '/api/captain/auth/link', {body: {secret: `guess-${attempt}`}})).status,
+      ).toBe(401)
     }
     // the link works whatever a neighbour did; its guesses are one audit line, not thirty
     expect(harness.logs.filter((line) => line.includes('unknown, used or expired link'))).toHaveLength(1)
@@ -264,39 +338,66 @@ describe('captain auth', () => {
     expect(hasCaptainPassword(harness.db, {})).toBe(false)
     const state = await harness.request('GET', '/api/captain/auth/session')
     expect(state.body).toMatchObject({authenticated: false, setup_required: true})
-    expect((await harness.request('POST', '/api/captain/auth/login', {body: {password: 'anything at all'}})).status).toBe(409)
-    expect((await harness.request('POST', '/api/captain/auth/setup', {body: {code: 'AAA-AAA-AAA', password: 'a good password'}})).status).toBe(401)
-    expect((await harness.request('POST', '/api/captain/auth/setup', {body: {code, password: 'short'}})).status).toBe(400)
-    const done = await harness.request('POST', '/api/captain/auth/setup', {body: {code: code.toLowerCase(), password: 'a good password'}})
+    expect(
+      (await harness.request('POST', '/api/captain/auth/login', {body: {password: 'anything at all'}})).status,
+    ).toBe(409)
+    expect(
+      (
+        await harness.request('POST', '/api/captain/auth/setup', {
+          body: {code: 'AAA-AAA-AAA', password: 'a good password'},
+        })
+      ).status,
+    ).toBe(401)
+    expect((await harness.request('POST', '/api/captain/auth/setup', {body: {code, password: 'short'}})).status).toBe(
+      400,
+    )
+    const done = await harness.request('POST', '/api/captain/auth/setup', {
+      body: {code: code.toLowerCase(), password: 'a good password'},
+    })
     expect(done.status).toBe(200)
     expect(done.body.token).toMatch(/^cps_/)
     expect(hasCaptainPassword(harness.db, {})).toBe(true)
     // the code is spent
-    expect((await harness.request('POST', '/api/captain/auth/setup', {body: {code, password: 'another password'}})).status).toBe(409)
-    expect((await harness.request('POST', '/api/captain/auth/login', {body: {password: 'a good password'}})).status).toBe(200)
+    expect(
+      (await harness.request('POST', '/api/captain/auth/setup', {body: {code, password: 'another password'}})).status,
+    ).toBe(409)
+    expect(
+      (await harness.request('POST', '/api/captain/auth/login', {body: {password: 'a good password'}})).status,
+    ).toBe(200)
   })
 
   it('a password change ends every other session', async () => {
     harness = await startCaptain({env: {MEEPAGATEWAY_PASSWORD: ''}})
-    await harness.request('POST', '/api/captain/auth/setup', {body: {code: harness.captain.setupCode, password: 'first password'}})
+    await harness.request('POST', '/api/captain/auth/setup', {
+      body: {code: harness.captain.setupCode, password: 'first password'},
+    })
     const login = async (password: string) => {
       const res = await harness!.request('POST', '/api/captain/auth/login', {body: {password}})
       return {token: res.body.token as string}
     }
     const laptop = await login('first password')
     const phone = await login('first password')
-    const changed = await harness.request('POST', '/api/captain/auth/password', {body: {current_password: 'first password', new_password: 'second password'}, headers: sessionHeaders(laptop)})
+    const changed = await harness.request('POST', '/api/captain/auth/password', {
+      body: {current_password: 'first password', new_password: 'second password'},
+      headers: sessionHeaders(laptop),
+    })
     expect(changed.status).toBe(200)
     expect((await harness.request('GET', '/api/captain/agents', {headers: sessionHeaders(phone)})).status).toBe(401)
-    expect((await harness.request('GET', '/api/captain/agents', {headers: sessionHeaders(changed.body)})).status).toBe(200)
-    expect((await harness.request('POST', '/api/captain/auth/login', {body: {password: 'first password'}})).status).toBe(401)
+    expect((await harness.request('GET', '/api/captain/agents', {headers: sessionHeaders(changed.body)})).status).toBe(
+      200,
+    )
+    expect(
+      (await harness.request('POST', '/api/captain/auth/login', {body: {password: 'first password'}})).status,
+    ).toBe(401)
   })
 })
 
 describe('serve bind safety', () => {
   it('knows loopback addresses', () => {
-    for (const bind of ['127.0.0.1', '127.1.2.3', '::1', '[::1]', 'localhost', '::ffff:127.0.0.1']) expect(isLoopbackBind(bind), bind).toBe(true)
-    for (const bind of ['0.0.0.0', '::', '10.0.0.5', '192.168.1.2', 'example.com', '::ffff:10.0.0.1']) expect(isLoopbackBind(bind), bind).toBe(false)
+    for (const bind of ['127.0.0.1', '127.1.2.3', '::1', '[::1]', 'localhost', '::ffff:127.0.0.1'])
+      expect(isLoopbackBind(bind), bind).toBe(true)
+    for (const bind of ['0.0.0.0', '::', '10.0.0.5', '192.168.1.2', 'example.com', '::ffff:10.0.0.1'])
+      expect(isLoopbackBind(bind), bind).toBe(false)
   })
 
   it('refuses a non-loopback bind without a password, and allows it with one', () => {

@@ -15,7 +15,9 @@ const PASSWORD = 'attack test password'
  * everything a page can from there, and the server replays whatever the browser sent it (every
  * cookie and header) and whatever the page reports back against the gateway.
  */
-async function startAgentServer(gatewayUrl: string): Promise<{url: string; received: string[]; replays: Array<{what: string; status: number}>; close(): Promise<void>}> {
+async function startAgentServer(
+  gatewayUrl: string,
+): Promise<{url: string; received: string[]; replays: Array<{what: string; status: number}>; close(): Promise<void>}> {
   const received: string[] = []
   const replays: Array<{what: string; status: number}> = []
   const replay = async (what: string, headers: Record<string, string>) => {
@@ -26,7 +28,11 @@ async function startAgentServer(gatewayUrl: string): Promise<{url: string; recei
       ['POST', '/api/chat', {agent: 'meepa', message: 'hello from the agent'}],
     ]
     for (const [method, route, body] of attempts) {
-      const res = await fetch(gatewayUrl + route, {method, headers: {...headers, ...(body ? {'content-type': 'application/json'} : {})}, body: body ? JSON.stringify(body) : undefined})
+      const res = await fetch(gatewayUrl + route, {
+        method,
+        headers: {...headers, ...(body ? {'content-type': 'application/json'} : {})},
+        body: body ? JSON.stringify(body) : undefined,
+      })
       replays.push({what: `${what}: ${method} ${route}`, status: res.status})
     }
   }
@@ -61,7 +67,8 @@ async function startAgentServer(gatewayUrl: string): Promise<{url: string; recei
   const server = http.createServer(async (req, res) => {
     received.push(JSON.stringify({url: req.url, headers: req.headers}))
     const forwarded: Record<string, string> = {}
-    for (const name of ['cookie', 'authorization']) if (typeof req.headers[name] === 'string') forwarded[name] = req.headers[name] as string
+    for (const name of ['cookie', 'authorization'])
+      if (typeof req.headers[name] === 'string') forwarded[name] = req.headers[name] as string
     if (Object.keys(forwarded).length > 0) await replay(`headers the browser sent to ${req.url}`, forwarded)
     if (req.url === '/report') {
       let body = ''
@@ -92,8 +99,15 @@ describeWithChromium('a logged-in dashboard visiting a page an agent serves on a
   let gateway: Gateway
 
   beforeAll(async () => {
-    home = makeHome(fakeLlmConfig('http://127.0.0.1:9/v1', [{id: 'meepa', name: 'Meepa'}], {captain: {enabled: true, bind: '127.0.0.1', port: 0}}))
-    const loaded = loadConfig({home: home.home, env: {...process.env, FAKE_LLM_KEY: 'sk-fake-test-key-123456', MEEPAGATEWAY_PASSWORD: PASSWORD}})
+    home = makeHome(
+      fakeLlmConfig('http://127.0.0.1:9/v1', [{id: 'meepa', name: 'Meepa'}], {
+        captain: {enabled: true, bind: '127.0.0.1', port: 0},
+      }),
+    )
+    const loaded = loadConfig({
+      home: home.home,
+      env: {...process.env, FAKE_LLM_KEY: 'sk-fake-test-key-123456', MEEPAGATEWAY_PASSWORD: PASSWORD},
+    })
     process.env.MEEPAGATEWAY_PASSWORD = PASSWORD
     try {
       gateway = await startGateway({loaded, port: 0, log: () => {}})
@@ -121,7 +135,12 @@ describeWithChromium('a logged-in dashboard visiting a page an agent serves on a
       // Every cookie of the operator's browser goes to the agent (browsers send 127.0.0.1's cookies to
       // every port): one left by an older dashboard, one of another local app.
       await context.addCookies([
-        {name: 'captain_session', value: 'left-by-the-cookie-based-dashboard-of-an-older-release', domain: '127.0.0.1', path: '/'},
+        {
+          name: 'captain_session',
+          value: 'left-by-the-cookie-based-dashboard-of-an-older-release',
+          domain: '127.0.0.1',
+          path: '/',
+        },
         {name: 'other_app', value: 'some-other-local-app-session', domain: '127.0.0.1', path: '/'},
       ])
       // the agent's reply linked its page; the operator clicks it, in the same tab and in a new one
@@ -130,7 +149,8 @@ describeWithChromium('a logged-in dashboard visiting a page an agent serves on a
       const tab = await context.newPage()
       await tab.goto(agent.url)
       const deadline = Date.now() + 20_000
-      while (agent.received.filter((entry) => entry.includes('"what":"done"')).length < 2 && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 100))
+      while (agent.received.filter((entry) => entry.includes('"what":"done"')).length < 2 && Date.now() < deadline)
+        await new Promise((resolve) => setTimeout(resolve, 100))
       expect(agent.received.filter((entry) => entry.includes('"what":"done"'))).toHaveLength(2)
 
       const everything = agent.received.join('\n')
@@ -150,7 +170,11 @@ describeWithChromium('a logged-in dashboard visiting a page an agent serves on a
       for (const replay of agent.replays) expect(replay.status, replay.what).toBe(401)
       const config = loadConfig({home: home.home, env: {FAKE_LLM_KEY: 'x'}}).config
       expect(config.agents[0]!.file_access.unrestricted).toBe(false)
-      expect(new AuditLog(gateway.db).list().filter((entry) => entry.event === 'config_change' || entry.event === 'api_key_created')).toEqual([])
+      expect(
+        new AuditLog(gateway.db)
+          .list()
+          .filter((entry) => entry.event === 'config_change' || entry.event === 'api_key_created'),
+      ).toEqual([])
       // and the operator's own tab is still logged in
       await page.goto(`${gateway.url}/captain/`)
       await page.waitForSelector('#agents-table')

@@ -25,16 +25,27 @@ describeWithChromium('Captain dashboard in a browser', () => {
   beforeAll(async () => {
     llm = await startFakeLlm()
     home = makeHome(
-      fakeLlmConfig(llm.openaiBaseUrl, [{id: 'meepa', name: 'Meepa', file_access: {unrestricted: true}}, {id: 'scout', name: 'Scout'}], {
-        captain: {enabled: true, bind: '127.0.0.1', port: 0},
-        image_config: {base_image: 'debian:bookworm-slim', packages: []},
-      }),
+      fakeLlmConfig(
+        llm.openaiBaseUrl,
+        [
+          {id: 'meepa', name: 'Meepa', file_access: {unrestricted: true}},
+          {id: 'scout', name: 'Scout'},
+        ],
+        {
+          captain: {enabled: true, bind: '127.0.0.1', port: 0},
+          image_config: {base_image: 'debian:bookworm-slim', packages: []},
+        },
+      ),
     )
     const loaded = loadConfig({home: home.home, env: {...process.env, FAKE_LLM_KEY: 'sk-fake-test-key-123456'}})
     gateway = await startGateway({loaded, port: 0, log: (line) => logs.push(line), watchConfig: true})
     // first-time setup with the code the gateway printed, as an operator would
     const code = /setup code ([A-Z0-9-]{11})/.exec(logs.join('\n'))?.[1]
-    const setup = await fetch(`${gateway.url}/api/captain/auth/setup`, {method: 'POST', headers: {'content-type': 'application/json'}, body: JSON.stringify({code, password: PASSWORD})})
+    const setup = await fetch(`${gateway.url}/api/captain/auth/setup`, {
+      method: 'POST',
+      headers: {'content-type': 'application/json'},
+      body: JSON.stringify({code, password: PASSWORD}),
+    })
     expect(setup.status).toBe(200)
   })
   afterAll(async () => {
@@ -119,7 +130,9 @@ describeWithChromium('Captain dashboard in a browser', () => {
     expect(await page.textContent('#unrestricted-warning')).toContain('NO isolation')
     await page.click('#save-agent')
     await page.getByText('now runs UNRESTRICTED').waitFor()
-    expect(loadConfig({home: home.home, env: {FAKE_LLM_KEY: 'x'}}).config.agents[1]?.file_access.unrestricted).toBe(true)
+    expect(loadConfig({home: home.home, env: {FAKE_LLM_KEY: 'x'}}).config.agents[1]?.file_access.unrestricted).toBe(
+      true,
+    )
     await page.fill('#soul', '# Soul\n\nYou are Scout, a careful explorer.\n')
     await page.click('#save-soul')
     await page.getByText('Saved', {exact: false}).first().waitFor()
@@ -134,20 +147,30 @@ describeWithChromium('Captain dashboard in a browser', () => {
     await logIn()
     const {page} = browser
     await page.click('a[data-nav="container"]')
-    await page.waitForFunction(() => document.querySelector('#dockerfile-preview')?.textContent?.includes('FROM debian:bookworm-slim'))
+    await page.waitForFunction(() =>
+      document.querySelector('#dockerfile-preview')?.textContent?.includes('FROM debian:bookworm-slim'),
+    )
     const before = await page.textContent('#dockerfile-preview')
     const tagBefore = await page.textContent('#dockerfile-tag')
     expect(before).not.toContain('apt-get')
     await page.fill('#package-input', 'jq')
     await page.click('#add-package')
-    await page.waitForFunction(() => document.querySelector('#dockerfile-preview')?.textContent?.includes('apt-get install -y --no-install-recommends jq'))
+    await page.waitForFunction(() =>
+      document
+        .querySelector('#dockerfile-preview')
+        ?.textContent?.includes('apt-get install -y --no-install-recommends jq'),
+    )
     expect(await page.textContent('#dockerfile-tag')).not.toBe(tagBefore)
     expect(await page.textContent('#packages')).toContain('jq')
     await page.click('#save-container')
     await page.getByText('Saved.').waitFor()
     expect(loadConfig({home: home.home, env: {FAKE_LLM_KEY: 'x'}}).config.image_config.packages).toEqual(['jq'])
     // the image panel follows the saved settings
-    await page.waitForFunction(() => document.querySelector('#dockerfile-tag')?.textContent === `tag: ${document.querySelector('#image-tag')?.textContent}`)
+    await page.waitForFunction(
+      () =>
+        document.querySelector('#dockerfile-tag')?.textContent ===
+        `tag: ${document.querySelector('#image-tag')?.textContent}`,
+    )
     await browser.screenshot('captain-container-preview')
     // back to no packages, so the build test needs no package mirror
     await page.click('[data-package="jq"] button')
@@ -159,7 +182,9 @@ describeWithChromium('Captain dashboard in a browser', () => {
   it('builds the container image, following the live log to the end, then deletes it', async (context) => {
     if (dockerMissingReason) {
       if (process.env.MEEPA_REQUIRE_DOCKER === '1') throw new Error(`MEEPA_REQUIRE_DOCKER=1 but ${dockerMissingReason}`)
-      process.stderr.write(`\n!!! SKIPPED the dashboard build test: ${dockerMissingReason}; run scripts/ci/docker-up.sh\n\n`)
+      process.stderr.write(
+        `\n!!! SKIPPED the dashboard build test: ${dockerMissingReason}; run scripts/ci/docker-up.sh\n\n`,
+      )
       context.skip()
     }
     await logIn()
@@ -171,7 +196,11 @@ describeWithChromium('Captain dashboard in a browser', () => {
     await page.click('#add-env')
     await page.fill('#env-vars .env-name', 'MEEPA_TEST_MARKER')
     await page.fill('#env-vars .env-value', marker)
-    await page.waitForFunction((value) => document.querySelector('#dockerfile-preview')?.textContent?.includes(`ENV MEEPA_TEST_MARKER="${value}"`), marker)
+    await page.waitForFunction(
+      (value) =>
+        document.querySelector('#dockerfile-preview')?.textContent?.includes(`ENV MEEPA_TEST_MARKER="${value}"`),
+      marker,
+    )
     const tag = (await page.textContent('#dockerfile-tag'))!.replace('tag: ', '').trim()
     await page.click('#build')
     await page.waitForSelector('#build-log:not([hidden])')
@@ -181,7 +210,10 @@ describeWithChromium('Captain dashboard in a browser', () => {
     expect(log).toContain(`building container image ${tag}`)
     expect(log).toContain(`built ${tag}`)
     await page.waitForSelector(`tr[data-image="${tag}"]`)
-    const inspect = await execa('docker', ['image', 'inspect', '--format', '{{json .Config.Env}}', tag], {reject: false, timeout: 30_000})
+    const inspect = await execa('docker', ['image', 'inspect', '--format', '{{json .Config.Env}}', tag], {
+      reject: false,
+      timeout: 30_000,
+    })
     expect(inspect.exitCode).toBe(0)
     expect(inspect.stdout).toContain(`MEEPA_TEST_MARKER=${marker}`)
     await browser.screenshot('captain-container-build')
@@ -195,7 +227,10 @@ describeWithChromium('Captain dashboard in a browser', () => {
 
   it('chats with an agent through the web chat connector and shows the tool calls with the reply', async () => {
     llm.reset()
-    llm.enqueue({toolCalls: [{name: 'write_file', arguments: {path: 'note.txt', content: 'written from the dashboard'}}]}, {text: 'I wrote note.txt for you.'})
+    llm.enqueue(
+      {toolCalls: [{name: 'write_file', arguments: {path: 'note.txt', content: 'written from the dashboard'}}]},
+      {text: 'I wrote note.txt for you.'},
+    )
     await logIn()
     const {page} = browser
     await page.click('a[data-nav="chat"]')
@@ -268,7 +303,9 @@ describeWithChromium('Captain first-time setup in a browser', () => {
       await page.fill('#setup-code', harness.captain.setupCode!.toLowerCase())
       await page.click('button[type=submit]')
       await page.waitForSelector('#agents-table')
-      expect((await harness.request('POST', '/api/captain/auth/login', {body: {password: 'a fine password'}})).status).toBe(200)
+      expect(
+        (await harness.request('POST', '/api/captain/auth/login', {body: {password: 'a fine password'}})).status,
+      ).toBe(200)
     } finally {
       await browser.close()
       await harness.close()

@@ -22,7 +22,9 @@ const FLAGS = [
 
 /** `describe` for browser suites: skipped loudly without Chromium, failing under MEEPA_REQUIRE_CHROMIUM=1. */
 export function describeWithChromium(name: string, body: () => void): void {
-  const missingReason = fs.existsSync(CHROMIUM) ? undefined : `${CHROMIUM} is missing; install Debian's chromium package (apt-get install chromium)`
+  const missingReason = fs.existsSync(CHROMIUM)
+    ? undefined
+    : `${CHROMIUM} is missing; install Debian's chromium package (apt-get install chromium)`
   describeRequiring({what: 'Chromium', missingReason, requireEnv: 'MEEPA_REQUIRE_CHROMIUM'}, name, body)
 }
 

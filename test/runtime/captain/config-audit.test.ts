@@ -24,23 +24,51 @@ function audited(before: Record<string, unknown>, after: Record<string, unknown>
   db = openGatewayDb(home.home)
   const audit = new AuditLog(db)
   const text = (value: Record<string, unknown>) => YAML.stringify({providers, ...value})
-  const loaded = (value: Record<string, unknown>) => ({text: text(value), config: parseConfigText(text(value), 'config.yaml', {}).config})
+  const loaded = (value: Record<string, unknown>) => ({
+    text: text(value),
+    config: parseConfigText(text(value), 'config.yaml', {}).config,
+  })
   auditFileEdit(audit, loaded(before), loaded(after))
-  return audit.list().map((entry) => ({level: entry.level, principal: entry.principal, source: entry.source, summary: entry.summary}))
+  return audit
+    .list()
+    .map((entry) => ({level: entry.level, principal: entry.principal, source: entry.source, summary: entry.summary}))
 }
 
 describe('auditFileEdit', () => {
   it('names an agent weakened through agent_defaults in that section, at WARNING', () => {
-    const entries = audited({agents: [{id: 'a'}, {id: 'b', container_mode: {enabled: true}}]}, {agent_defaults: {file_access: {unrestricted: true}}, agents: [{id: 'a'}, {id: 'b', container_mode: {enabled: true}}]})
+    const entries = audited(
+      {agents: [{id: 'a'}, {id: 'b', container_mode: {enabled: true}}]},
+      {
+        agent_defaults: {file_access: {unrestricted: true}},
+        agents: [{id: 'a'}, {id: 'b', container_mode: {enabled: true}}],
+      },
+    )
     expect(entries).toEqual([
-      {level: 'warning', principal: 'hand edit', source: 'file', summary: expect.stringMatching(/^agent_defaults changed: file_access: null → \{"unrestricted":true\} \(WEAKENS ISOLATION: agent a: isolation host-sandbox → unrestricted\)$/)},
+      {
+        level: 'warning',
+        principal: 'hand edit',
+        source: 'file',
+        summary: expect.stringMatching(
+          /^agent_defaults changed: file_access: null → \{"unrestricted":true\} \(WEAKENS ISOLATION: agent a: isolation host-sandbox → unrestricted\)$/,
+        ),
+      },
     ])
   })
 
   it('records an added agent against the built-in default, removed ones, and other sections; never connector tokens', () => {
     const entries = audited(
       {agents: [{id: 'old', connectors: [{type: 'discord', bot_token: 'token-before-0123'}]}]},
-      {gateway: {queue_limit: 5}, image_config: {redact_secrets: false}, agents: [{id: 'new', file_access: {unrestricted: true}, connectors: [{type: 'discord', bot_token: 'token-after-4567'}]}]},
+      {
+        gateway: {queue_limit: 5},
+        image_config: {redact_secrets: false},
+        agents: [
+          {
+            id: 'new',
+            file_access: {unrestricted: true},
+            connectors: [{type: 'discord', bot_token: 'token-after-4567'}],
+          },
+        ],
+      },
     )
     expect(entries.map((entry) => [entry.level, entry.summary.split(' changed')[0]])).toEqual([
       ['info', 'agent old'],

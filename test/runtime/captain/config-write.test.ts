@@ -13,7 +13,10 @@ describe('config writes', () => {
 
   it('keeps comments and untouched layout when a field is edited', () => {
     const text = captainConfig([{id: 'meepa', name: 'Meepa'}])
-    const edited = applyConfigEdits(text, patchToEdits(['agents', 0], {file_access: {unrestricted: true}, name: 'Renamed'}))
+    const edited = applyConfigEdits(
+      text,
+      patchToEdits(['agents', 0], {file_access: {unrestricted: true}, name: 'Renamed'}),
+    )
     expect(edited).toContain('# operator comment at the top')
     expect(edited).toContain('# the base we import locally')
     expect(edited).toContain('unrestricted: true')
@@ -23,7 +26,9 @@ describe('config writes', () => {
   })
 
   it('keeps the comment after a value it replaces', () => {
-    const edited = applyConfigEdits('image_config:\n  packages: []             # e.g. [git, python3]\n', [{path: ['image_config', 'packages'], value: ['jq']}])
+    const edited = applyConfigEdits('image_config:\n  packages: []             # e.g. [git, python3]\n', [
+      {path: ['image_config', 'packages'], value: ['jq']},
+    ])
     expect(edited).toContain('# e.g. [git, python3]')
     expect(edited).toContain('jq')
   })
@@ -31,9 +36,11 @@ describe('config writes', () => {
   it('validates with the config schema before writing: an invalid change leaves the file as it was', () => {
     home = makeHome(captainConfig())
     const before = fs.readFileSync(home.configPath, 'utf8')
-    expect(() => updateConfigFile(home!.configPath, [{path: ['agents', 0, 'container_mode', 'memory_limit'], value: 'lots'}], {env: {FAKE_LLM_KEY: 'x'}})).toThrow(
-      /agents\[0\]\.container_mode\.memory_limit: must match/,
-    )
+    expect(() =>
+      updateConfigFile(home!.configPath, [{path: ['agents', 0, 'container_mode', 'memory_limit'], value: 'lots'}], {
+        env: {FAKE_LLM_KEY: 'x'},
+      }),
+    ).toThrow(/agents\[0\]\.container_mode\.memory_limit: must match/)
     expect(fs.readFileSync(home.configPath, 'utf8')).toBe(before)
   })
 
@@ -65,7 +72,11 @@ describe('config writes', () => {
         beforeRename: () => process.kill(process.pid, 'SIGKILL'),
       })
     `
-    const result = await execa(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script, home.configPath], {reject: false, timeout: 30_000, cwd: ROOT})
+    const result = await execa(
+      process.execPath,
+      ['--import', 'tsx', '--input-type=module', '-e', script, home.configPath],
+      {reject: false, timeout: 30_000, cwd: ROOT},
+    )
     expect(result.signal).toBe('SIGKILL')
     expect(fs.readFileSync(home.configPath, 'utf8')).toBe(before)
     // the orphaned temp file is next to it, and the loader ignores it

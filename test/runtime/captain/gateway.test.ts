@@ -25,13 +25,21 @@ describe('captain inside the gateway', () => {
   })
 
   async function login(url: string): Promise<{token: string}> {
-    const res = await fetch(`${url}/api/captain/auth/login`, {method: 'POST', headers: {'content-type': 'application/json'}, body: JSON.stringify({password: PASSWORD})})
+    const res = await fetch(`${url}/api/captain/auth/login`, {
+      method: 'POST',
+      headers: {'content-type': 'application/json'},
+      body: JSON.stringify({password: PASSWORD}),
+    })
     expect(res.status).toBe(200)
     return {token: ((await res.json()) as {token: string}).token}
   }
 
   const chat = (url: string, headers: Record<string, string>) =>
-    fetch(`${url}/api/chat`, {method: 'POST', headers: {'content-type': 'application/json', ...headers}, body: JSON.stringify({agent: 'a1', message: 'hi'})})
+    fetch(`${url}/api/chat`, {
+      method: 'POST',
+      headers: {'content-type': 'application/json', ...headers},
+      body: JSON.stringify({agent: 'a1', message: 'hi'}),
+    })
 
   it('lets the dashboard use the web chat with its bearer session token, never with a cookie', async () => {
     test = await startTestGateway({agents: [{id: 'a1'}], run: stubRun()})
@@ -63,10 +71,14 @@ describe('captain inside the gateway', () => {
 
   it('refuses to start on a non-loopback captain.bind while no password is set', async () => {
     delete process.env.MEEPAGATEWAY_PASSWORD
-    const home = makeHome(fakeLlmConfig('http://127.0.0.1:9/v1', [{id: 'a1'}], {captain: {enabled: true, bind: '0.0.0.0', port: 0}}))
+    const home = makeHome(
+      fakeLlmConfig('http://127.0.0.1:9/v1', [{id: 'a1'}], {captain: {enabled: true, bind: '0.0.0.0', port: 0}}),
+    )
     try {
       const loaded = loadConfig({home: home.home, env: {FAKE_LLM_KEY: 'x'}})
-      await expect(startGateway({loaded, port: 0, log: () => {}})).rejects.toThrow(/refusing to serve the dashboard on 0\.0\.0\.0/)
+      await expect(startGateway({loaded, port: 0, log: () => {}})).rejects.toThrow(
+        /refusing to serve the dashboard on 0\.0\.0\.0/,
+      )
     } finally {
       process.env.MEEPAGATEWAY_PASSWORD = PASSWORD
       home.cleanup()

@@ -35,7 +35,11 @@ export interface CaptainHarness {
   logs: string[]
   close(): Promise<void>
   /** fetch against the harness with JSON in and out. */
-  request(method: string, path: string, options?: {body?: unknown; headers?: Record<string, string>}): Promise<{status: number; body: any; headers: Headers}>
+  request(
+    method: string,
+    path: string,
+    options?: {body?: unknown; headers?: Record<string, string>},
+  ): Promise<{status: number; body: any; headers: Headers}>
   /** Logs in with PASSWORD and returns the session token for later requests. */
   login(): Promise<{token: string}>
 }
@@ -43,7 +47,9 @@ export interface CaptainHarness {
 /** A Docker CLI that does not exist: container routes then fail the way they do without Docker. */
 export const NO_DOCKER = new DockerCli({bin: '/nonexistent/docker'})
 
-export async function startCaptain(options: {config?: string; env?: Record<string, string>; docker?: DockerCli; deps?: Partial<CaptainDeps>} = {}): Promise<CaptainHarness> {
+export async function startCaptain(
+  options: {config?: string; env?: Record<string, string>; docker?: DockerCli; deps?: Partial<CaptainDeps>} = {},
+): Promise<CaptainHarness> {
   const home = makeHome(options.config ?? captainConfig())
   const env = {MEEPAGATEWAY_PASSWORD: PASSWORD, FAKE_LLM_KEY: 'sk-test', ...options.env}
   for (const [key, value] of Object.entries(env)) if (value === '') delete (env as Record<string, string>)[key]
@@ -66,7 +72,12 @@ export async function startCaptain(options: {config?: string; env?: Record<strin
   const request: CaptainHarness['request'] = async (method, path, requestOptions = {}) => {
     const headers: Record<string, string> = {...requestOptions.headers}
     if (requestOptions.body !== undefined) headers['content-type'] = 'application/json'
-    const res = await fetch(http.url + path, {method, headers, body: requestOptions.body === undefined ? undefined : JSON.stringify(requestOptions.body), redirect: 'manual'})
+    const res = await fetch(http.url + path, {
+      method,
+      headers,
+      body: requestOptions.body === undefined ? undefined : JSON.stringify(requestOptions.body),
+      redirect: 'manual',
+    })
     const text = await res.text()
     let body: unknown = text
     try {

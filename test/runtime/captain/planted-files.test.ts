@@ -10,7 +10,11 @@ import {PASSWORD, sessionHeaders, startCaptain, type CaptainHarness} from './hel
 const isRoot = process.getuid?.() === 0
 
 /** What a sandboxed agent can plant in its own workspace, each in place of `name`. */
-function plant(workspace: string, kind: 'environ symlink' | 'fifo' | 'device' | 'dangling symlink', name = 'SOUL.md'): void {
+function plant(
+  workspace: string,
+  kind: 'environ symlink' | 'fifo' | 'device' | 'dangling symlink',
+  name = 'SOUL.md',
+): void {
   const file = path.join(workspace, name)
   fs.rmSync(file, {force: true})
   if (kind === 'environ symlink') fs.symlinkSync('/proc/self/environ', file)
@@ -133,7 +137,9 @@ describe('an agent racing the gateway while it creates memory.db', () => {
       await new Promise((resolve) => swapper.stdout.once('data', resolve))
       for (let attempt = 0; attempt < 40 && !fs.existsSync(target); attempt++) {
         // the agent deletes memory.db during its run; the operator then saves SOUL.md (ensureWorkspace)
-        for (const name of fs.readdirSync(workspace)) if (name.startsWith('memory.db') || name.startsWith('.swap')) fs.rmSync(path.join(workspace, name), {force: true})
+        for (const name of fs.readdirSync(workspace))
+          if (name.startsWith('memory.db') || name.startsWith('.swap'))
+            fs.rmSync(path.join(workspace, name), {force: true})
         try {
           ensureWorkspace(home, 'a1')
         } catch {
@@ -173,7 +179,10 @@ describe('the dashboard SOUL.md page with planted files', () => {
         expect(JSON.stringify(res.body)).not.toContain(PASSWORD)
       }
       plant(workspace, 'environ symlink')
-      const saved = await harness.request('PUT', '/api/captain/agents/meepa/soul', {body: {content: '# mine\n'}, headers})
+      const saved = await harness.request('PUT', '/api/captain/agents/meepa/soul', {
+        body: {content: '# mine\n'},
+        headers,
+      })
       expect(saved.status).toBe(200)
       expect(fs.lstatSync(path.join(workspace, 'SOUL.md')).isFile()).toBe(true)
       expect((await harness.request('GET', '/api/captain/agents/meepa/soul', {headers})).body.content).toBe('# mine\n')

@@ -3,7 +3,13 @@ import {DEFAULT_IMAGE_CONFIG} from '../../../src/runtime/config/defaults.js'
 import {resolveAgent} from '../../../src/runtime/config/load.js'
 import {CONFIG_SCHEMA} from '../../../src/runtime/config/schema.js'
 import type {ImageConfig} from '../../../src/runtime/config/types.js'
-import {agentWeakenings, AGENT_FIELD_AUDIT, IMAGE_CONFIG_FIELD_AUDIT, imageConfigWeakenings, NEUTRAL} from '../../../src/runtime/captain/weakenings.js'
+import {
+  agentWeakenings,
+  AGENT_FIELD_AUDIT,
+  IMAGE_CONFIG_FIELD_AUDIT,
+  imageConfigWeakenings,
+  NEUTRAL,
+} from '../../../src/runtime/captain/weakenings.js'
 
 /** Sections no API route changes (the operator edits them in config.yaml): config edits are not audited there. */
 const NOT_EDITED_THROUGH_THE_API = ['captain', 'gateway', 'providers']
@@ -20,7 +26,10 @@ function leaves(node: SchemaNode, prefix = ''): string[] {
 }
 
 const schema = CONFIG_SCHEMA as unknown as {properties: Record<string, SchemaNode & {items?: SchemaNode}>}
-const ruled = (table: Record<string, unknown>) => Object.keys(table).filter((field) => table[field] !== NEUTRAL).sort()
+const ruled = (table: Record<string, unknown>) =>
+  Object.keys(table)
+    .filter((field) => table[field] !== NEUTRAL)
+    .sort()
 
 type Raw = Record<string, unknown>
 /** A change that loosens each field the tables rule on: the agent (or image_config) before and after. */
@@ -39,7 +48,10 @@ const AGENT_LOOSENINGS: Record<string, {before?: Raw; after: Raw}> = {
   'file_access.allow_read_write': {after: {file_access: {allow_read_write: ['/home']}}},
   'file_access.deny': {before: {file_access: {deny: ['/srv/secret']}}, after: {file_access: {deny: []}}},
   'file_access.allow_home_dotfiles': {after: {file_access: {allow_home_dotfiles: true}}},
-  'file_access.allow_network': {before: {file_access: {allow_network: false}}, after: {file_access: {allow_network: true}}},
+  'file_access.allow_network': {
+    before: {file_access: {allow_network: false}},
+    after: {file_access: {allow_network: true}},
+  },
   'file_access.allow_listen': {after: {file_access: {allow_listen: true}}},
   'file_access.best_effort': {after: {file_access: {best_effort: true}}},
   'limits.memory': {after: {limits: {memory: '8g'}}},
@@ -65,32 +77,66 @@ const EVERY_CHANGE_WARNS = new Set(['base_image'])
 const agent = (raw: Raw = {}) => resolveAgent({id: 'a1', ...raw}, {})
 const image = (fields: Partial<ImageConfig> = {}): ImageConfig => ({...DEFAULT_IMAGE_CONFIG, ...fields})
 /** What a weakening of `field` reads like: the field named first, or the isolation level it lowers. */
-const names = (field: string) => (found: string) => found.startsWith(`${field} `) || (/^(container_mode\.enabled|file_access\.unrestricted)$/.test(field) && found.startsWith('isolation '))
+const names = (field: string) => (found: string) =>
+  found.startsWith(`${field} `) ||
+  (/^(container_mode\.enabled|file_access\.unrestricted)$/.test(field) && found.startsWith('isolation '))
 
 describe('the audit level of every config field', () => {
   it('classifies every field of the schema an API route can change (a new field fails here until it is)', () => {
     const sections = Object.keys(schema.properties).sort()
-    expect(sections, 'a new config section: audit its changes or list it as not edited through the API').toEqual(['agent_defaults', 'agents', 'image_config', ...NOT_EDITED_THROUGH_THE_API].sort())
+    expect(sections, 'a new config section: audit its changes or list it as not edited through the API').toEqual(
+      ['agent_defaults', 'agents', 'image_config', ...NOT_EDITED_THROUGH_THE_API].sort(),
+    )
     const agentFields = leaves(schema.properties.agents!.items!).sort()
     const unclassified = agentFields.filter((field) => !(field in AGENT_FIELD_AUDIT))
     expect(unclassified, 'add these agent fields to AGENT_FIELD_AUDIT in src/runtime/captain/weakenings.ts').toEqual([])
-    expect(Object.keys(AGENT_FIELD_AUDIT).sort(), 'AGENT_FIELD_AUDIT names fields the schema does not have').toEqual(agentFields)
+    expect(Object.keys(AGENT_FIELD_AUDIT).sort(), 'AGENT_FIELD_AUDIT names fields the schema does not have').toEqual(
+      agentFields,
+    )
     expect(leaves(schema.properties.agent_defaults!).every((field) => field in AGENT_FIELD_AUDIT)).toBe(true)
     const imageFields = leaves(schema.properties.image_config!).sort()
-    expect(imageFields.filter((field) => !(field in IMAGE_CONFIG_FIELD_AUDIT)), 'add these fields to IMAGE_CONFIG_FIELD_AUDIT').toEqual([])
+    expect(
+      imageFields.filter((field) => !(field in IMAGE_CONFIG_FIELD_AUDIT)),
+      'add these fields to IMAGE_CONFIG_FIELD_AUDIT',
+    ).toEqual([])
     expect(Object.keys(IMAGE_CONFIG_FIELD_AUDIT).sort()).toEqual(imageFields)
   })
 
   it('the fields the issue names as loosening isolation are ruled on, not neutral', () => {
-    for (const field of ['container_mode.user', 'container_mode.image', 'container_mode.network', 'container_mode.memory_limit', 'container_mode.pids_limit', 'container_mode.cpus', 'file_access.allow_listen', 'file_access.allow_network', 'file_access.allow_home_dotfiles', 'file_access.best_effort', 'file_access.unrestricted', 'file_access.allow_read', 'file_access.allow_read_write', 'file_access.deny', 'limits.memory', 'limits.pids', 'limits.cpus', 'limits.disk']) {
+    for (const field of [
+      'container_mode.user',
+      'container_mode.image',
+      'container_mode.network',
+      'container_mode.memory_limit',
+      'container_mode.pids_limit',
+      'container_mode.cpus',
+      'file_access.allow_listen',
+      'file_access.allow_network',
+      'file_access.allow_home_dotfiles',
+      'file_access.best_effort',
+      'file_access.unrestricted',
+      'file_access.allow_read',
+      'file_access.allow_read_write',
+      'file_access.deny',
+      'limits.memory',
+      'limits.pids',
+      'limits.cpus',
+      'limits.disk',
+    ]) {
       expect(AGENT_FIELD_AUDIT[field], field).not.toBe(NEUTRAL)
     }
-    for (const field of ['inject_credentials_env', 'inject_secrets_env', 'image', 'base_image']) expect(IMAGE_CONFIG_FIELD_AUDIT[field], field).not.toBe(NEUTRAL)
+    for (const field of ['inject_credentials_env', 'inject_secrets_env', 'image', 'base_image'])
+      expect(IMAGE_CONFIG_FIELD_AUDIT[field], field).not.toBe(NEUTRAL)
   })
 
   it('every ruled field warns when loosened, and says nothing when tightened back', () => {
-    expect(Object.keys(AGENT_LOOSENINGS).sort(), 'every ruled agent field needs a loosening example here').toEqual(ruled(AGENT_FIELD_AUDIT))
-    expect(Object.keys(IMAGE_LOOSENINGS).sort(), 'every ruled image_config field needs a loosening example here').toEqual(ruled(IMAGE_CONFIG_FIELD_AUDIT))
+    expect(Object.keys(AGENT_LOOSENINGS).sort(), 'every ruled agent field needs a loosening example here').toEqual(
+      ruled(AGENT_FIELD_AUDIT),
+    )
+    expect(
+      Object.keys(IMAGE_LOOSENINGS).sort(),
+      'every ruled image_config field needs a loosening example here',
+    ).toEqual(ruled(IMAGE_CONFIG_FIELD_AUDIT))
     for (const [field, change] of Object.entries(AGENT_LOOSENINGS)) {
       const [before, after] = [agent(change.before), agent(change.after)]
       expect(agentWeakenings(before, after).filter(names(field)), field).toHaveLength(1)
@@ -99,11 +145,23 @@ describe('the audit level of every config field', () => {
     for (const [field, change] of Object.entries(IMAGE_LOOSENINGS)) {
       const [before, after] = [image(change.before), image(change.after)]
       expect(imageConfigWeakenings(before, after).filter(names(field)), field).toHaveLength(1)
-      if (!EVERY_CHANGE_WARNS.has(field)) expect(imageConfigWeakenings(after, before).filter(names(field)), `${field} tightened`).toEqual([])
+      if (!EVERY_CHANGE_WARNS.has(field))
+        expect(imageConfigWeakenings(after, before).filter(names(field)), `${field} tightened`).toEqual([])
     }
   })
 
   it('a change of a neutral field gives up nothing', () => {
-    expect(agentWeakenings(agent(), agent({name: 'Renamed', provider: 'other', model: 'other-model', max_iterations: 500, container_mode: {standby: false}}))).toEqual([])
+    expect(
+      agentWeakenings(
+        agent(),
+        agent({
+          name: 'Renamed',
+          provider: 'other',
+          model: 'other-model',
+          max_iterations: 500,
+          container_mode: {standby: false},
+        }),
+      ),
+    ).toEqual([])
   })
 })

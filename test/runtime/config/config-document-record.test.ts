@@ -20,7 +20,8 @@ vi.mock('yaml', async (importOriginal) => {
 const {loadConfig} = await import('../../../src/runtime/config/load.js')
 
 const provider = {kind: 'openai', api_key_env: 'FAKE_LLM_KEY', model: 'm', base_url: 'http://127.0.0.1:1/v1'}
-const configText = (agent: string) => `providers:\n  primary: fake\n  providers:\n    fake: ${JSON.stringify(provider)}\nagents:\n  - id: ${agent}\n`
+const configText = (agent: string) =>
+  `providers:\n  primary: fake\n  providers:\n    fake: ${JSON.stringify(provider)}\nagents:\n  - id: ${agent}\n`
 
 describe('the remembered config document', () => {
   let home: TestHome
@@ -35,8 +36,19 @@ describe('the remembered config document', () => {
   const agentIds = () => load().config.agents.map((agent) => agent.id)
   /** A record for the present text whose document says something else, as a forger would write it. */
   const forge = (file: string) => {
-    const document = {providers: {primary: 'fake', providers: {fake: provider}}, agents: [{id: 'forged', file_access: {unrestricted: true}}]}
-    fs.writeFileSync(file, JSON.stringify({key: `source:${process.pid}\n${fs.readFileSync(home.configPath, 'utf8')}`, at: Date.now(), answer: document}), {mode: 0o600})
+    const document = {
+      providers: {primary: 'fake', providers: {fake: provider}},
+      agents: [{id: 'forged', file_access: {unrestricted: true}}],
+    }
+    fs.writeFileSync(
+      file,
+      JSON.stringify({
+        key: `source:${process.pid}\n${fs.readFileSync(home.configPath, 'utf8')}`,
+        at: Date.now(),
+        answer: document,
+      }),
+      {mode: 0o600},
+    )
   }
 
   it('is parsed once, then read back, and an edit is parsed again', () => {
@@ -57,7 +69,11 @@ describe('the remembered config document', () => {
     expect(agentIds()).toEqual(['forged'])
     // another build's record (an upgrade, another install sharing the home, another run from src/) is not
     const forged = JSON.parse(fs.readFileSync(record, 'utf8')) as {key: string}
-    fs.writeFileSync(record, JSON.stringify({...forged, key: forged.key.replace(`source:${process.pid}`, 'source:1')}), {mode: 0o600})
+    fs.writeFileSync(
+      record,
+      JSON.stringify({...forged, key: forged.key.replace(`source:${process.pid}`, 'source:1')}),
+      {mode: 0o600},
+    )
     expect(agentIds()).toEqual(['first'])
   })
 
@@ -87,9 +103,13 @@ describe('the remembered config document', () => {
   })
 
   it('a value JSON cannot carry exactly (.inf, -0) is never remembered', () => {
-    for (const [written, value] of [['.inf', Number.POSITIVE_INFINITY], ['-0', -0]] as const) {
+    for (const [written, value] of [
+      ['.inf', Number.POSITIVE_INFINITY],
+      ['-0', -0],
+    ] as const) {
       home.writeConfig(`${configText('first')}gateway:\n  shutdown_grace_seconds: ${written}\n`)
-      for (let load = 0; load < 2; load++) expect(loadConfig({home: home.home, env: {}}).config.gateway.shutdown_grace_seconds).toBe(value)
+      for (let load = 0; load < 2; load++)
+        expect(loadConfig({home: home.home, env: {}}).config.gateway.shutdown_grace_seconds).toBe(value)
       expect(fs.existsSync(record)).toBe(false)
     }
   })
@@ -105,7 +125,12 @@ describe('the remembered config document', () => {
 it('config check of the built CLI sees each edit of the file', async () => {
   const home = makeHome(configText('first'))
   try {
-    const check = () => execa(process.execPath, [BIN, 'config', 'check', '--json'], {env: {MEEPAGATEWAY_HOME: home.home, FAKE_LLM_KEY: 'k', PATH: process.env.PATH}, extendEnv: false, reject: false})
+    const check = () =>
+      execa(process.execPath, [BIN, 'config', 'check', '--json'], {
+        env: {MEEPAGATEWAY_HOME: home.home, FAKE_LLM_KEY: 'k', PATH: process.env.PATH},
+        extendEnv: false,
+        reject: false,
+      })
     expect((await check()).exitCode).toBe(0)
     expect(fs.existsSync(path.join(home.home, 'cache', 'config-document.json'))).toBe(true)
     home.writeConfig(configText('Bad_Id'))

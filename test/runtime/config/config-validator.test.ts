@@ -10,7 +10,11 @@ import {ROOT} from '../../helpers/home.js'
 const samples: unknown[] = [
   {},
   {providers: {primary: 'p', providers: {p: {kind: 'openai', model: 'm'}}}, agents: [{id: 'a'}]},
-  {providers: {primary: 'p', providers: {p: {kind: 'mystery', model: 7}}}, agents: [{id: 'Bad Id', container_mode: {memory_limit: 'lots', network: 'internet', standby: 'yes'}}], extra: 1},
+  {
+    providers: {primary: 'p', providers: {p: {kind: 'mystery', model: 7}}},
+    agents: [{id: 'Bad Id', container_mode: {memory_limit: 'lots', network: 'internet', standby: 'yes'}}],
+    extra: 1,
+  },
   {providers: {primary: 'p', providers: {}}, agents: 'none', captain: {port: -1}},
 ]
 

@@ -61,10 +61,16 @@ agents:
   })
 
   it('names unknown fields and unknown providers', () => {
-    expect(problemsOf(`providers: {primary: nope, providers: {fake: {kind: openai, model: m}}}\nagents: [{id: a, colour: red}]`)).toEqual([
-      'agents[0]: unknown field "colour"',
-    ])
-    expect(problemsOf(`providers: {primary: nope, fallback: [also-nope], providers: {fake: {kind: openai, model: m}}}\nagents: []`)).toEqual([
+    expect(
+      problemsOf(
+        `providers: {primary: nope, providers: {fake: {kind: openai, model: m}}}\nagents: [{id: a, colour: red}]`,
+      ),
+    ).toEqual(['agents[0]: unknown field "colour"'])
+    expect(
+      problemsOf(
+        `providers: {primary: nope, fallback: [also-nope], providers: {fake: {kind: openai, model: m}}}\nagents: []`,
+      ),
+    ).toEqual([
       'providers.primary: "nope" is not defined in providers.providers',
       'providers.fallback[0]: "also-nope" is not defined in providers.providers',
     ])
@@ -81,7 +87,11 @@ agents:
       'agents[0].connectors[1].bot_token: environment variable SLACK_BOT is not set',
       'agents[0].connectors[1].app_token: environment variable SLACK_APP is not set',
     ])
-    const {config, secrets} = parseConfigText(yaml, 'c', {DISCORD_TOKEN: 'discord-secret-value', SLACK_BOT: 'xoxb-1', SLACK_APP: 'xapp-1'})
+    const {config, secrets} = parseConfigText(yaml, 'c', {
+      DISCORD_TOKEN: 'discord-secret-value',
+      SLACK_BOT: 'xoxb-1',
+      SLACK_APP: 'xapp-1',
+    })
     expect(config.agents[0]?.connectors[0]).toEqual({type: 'discord', bot_token: 'discord-secret-value', guild_ids: []})
     expect(secrets).toEqual({DISCORD_TOKEN: 'discord-secret-value', SLACK_BOT: 'xoxb-1', SLACK_APP: 'xapp-1'})
   })
@@ -183,7 +193,10 @@ describe('config commands', () => {
   })
 
   it('exits 3 with the path of each problem for an invalid config, also under --json', async () => {
-    home.writeConfig({providers: {primary: 'fake', providers: {fake: provider}}, agents: [{id: 'a', max_iterations: 0}]})
+    home.writeConfig({
+      providers: {primary: 'fake', providers: {fake: provider}},
+      agents: [{id: 'a', max_iterations: 0}],
+    })
     const {error} = await runCommand('config check')
     expect(error?.oclif?.exit).toBe(3)
     expect(error?.message).toContain('agents[0].max_iterations: must be >= 1')

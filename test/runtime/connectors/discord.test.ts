@@ -12,13 +12,29 @@ let test: TestGateway | undefined
 fakeLlmForTests((started) => (llm = started))
 const closeAfterTest = closeAfterEachTest()
 
-async function gatewayWith(options: {token?: string; guildIds?: string[]; run?: Parameters<typeof startTestGateway>[0]['run']} = {}) {
+async function gatewayWith(
+  options: {token?: string; guildIds?: string[]; run?: Parameters<typeof startTestGateway>[0]['run']} = {},
+) {
   discord = closeAfterTest(await startFakeDiscord({token: TOKEN}))
-  test = closeAfterTest(await startTestGateway({
-    agents: [{id: 'disco', connectors: [{type: 'discord', bot_token: options.token ?? TOKEN, guild_ids: options.guildIds ?? [], api_url: discord.apiUrl}]}],
-    llmBaseUrl: llm.openaiBaseUrl,
-    run: options.run,
-  }))
+  test = closeAfterTest(
+    await startTestGateway({
+      agents: [
+        {
+          id: 'disco',
+          connectors: [
+            {
+              type: 'discord',
+              bot_token: options.token ?? TOKEN,
+              guild_ids: options.guildIds ?? [],
+              api_url: discord.apiUrl,
+            },
+          ],
+        },
+      ],
+      llmBaseUrl: llm.openaiBaseUrl,
+      run: options.run,
+    }),
+  )
   return test
 }
 
@@ -42,7 +58,10 @@ describe('Discord connector (real discord.js against a fake REST API and Gateway
   })
 
   it('sends a reply longer than 2000 characters as ordered chunks', async () => {
-    const long = Array.from({length: 200}, (_, i) => `row ${String(i).padStart(3, '0')} ${'word '.repeat(4).trim()}`).join('\n')
+    const long = Array.from(
+      {length: 200},
+      (_, i) => `row ${String(i).padStart(3, '0')} ${'word '.repeat(4).trim()}`,
+    ).join('\n')
     llm.setDefault({text: long})
     await gatewayWith()
     await test!.waitForLog(/disco\/discord: connected/)
@@ -80,7 +99,9 @@ describe('Discord connector (real discord.js against a fake REST API and Gateway
 
   it('reports a bad token, retries with backoff, and keeps the gateway serving', async () => {
     const gateway = await gatewayWith({token: 'bad.token', run: stubRun()})
-    await gateway.waitForLog(/disco\/discord: disconnected \(Discord refused the bot token \(TokenInvalid\); check bot_token; reconnecting in 50 ms\)/)
+    await gateway.waitForLog(
+      /disco\/discord: disconnected \(Discord refused the bot token \(TokenInvalid\); check bot_token; reconnecting in 50 ms\)/,
+    )
     await gateway.waitForLog(/reconnecting in 100 ms/)
     expect(discord.refused).toBeGreaterThanOrEqual(2)
     expect((await gateway.chat({agent: 'disco', message: 'ping'})).body.reply).toBe('echo: ping')

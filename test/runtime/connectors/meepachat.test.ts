@@ -19,14 +19,24 @@ const lastUserMessage = (request: {body: any}) => {
   return typeof last?.content === 'string' ? last.content : JSON.stringify(last?.content)
 }
 
-async function gatewayWith(options: {token?: string; run?: Parameters<typeof startTestGateway>[0]['run']; gateway?: Record<string, unknown>} = {}) {
+async function gatewayWith(
+  options: {
+    token?: string
+    run?: Parameters<typeof startTestGateway>[0]['run']
+    gateway?: Record<string, unknown>
+  } = {},
+) {
   chat = closeAfterTest(await startFakeMeepaChat({token: TOKEN}))
-  test = closeAfterTest(await startTestGateway({
-    agents: [{id: 'meepa', connectors: [{type: 'meepachat', url: chat.gatewayUrl, bot_token: options.token ?? TOKEN}]}],
-    llmBaseUrl: llm.openaiBaseUrl,
-    run: options.run,
-    gateway: options.gateway,
-  }))
+  test = closeAfterTest(
+    await startTestGateway({
+      agents: [
+        {id: 'meepa', connectors: [{type: 'meepachat', url: chat.gatewayUrl, bot_token: options.token ?? TOKEN}]},
+      ],
+      llmBaseUrl: llm.openaiBaseUrl,
+      run: options.run,
+      gateway: options.gateway,
+    }),
+  )
   return test
 }
 
@@ -38,11 +48,21 @@ describe('MeepaChat connector (fake MeepaChat server, real agent with the fake L
     await gateway.waitForLog(/meepa\/meepachat: connected \(as meepabot/)
     chat.userSays({channelId: 'general', content: 'hello bot'})
     const [reply] = await chat.waitForPosts(1)
-    expect(reply).toMatchObject({channelId: 'general', serverId: 'server-1', path: '/api/servers/server-1/channels/general/messages'})
+    expect(reply).toMatchObject({
+      channelId: 'general',
+      serverId: 'server-1',
+      path: '/api/servers/server-1/channels/general/messages',
+    })
     expect(reply?.content).toContain('You said: hello bot')
     expect(chat.frames.some((frame) => frame.type === 'typing' && frame.data?.channelId === 'general')).toBe(true)
     const [record] = new RunRecords(gateway.gateway.db).list()
-    expect(record).toMatchObject({agent_id: 'meepa', connector: 'meepachat', channel_id: 'general', status: 'ok', isolation: 'unrestricted'})
+    expect(record).toMatchObject({
+      agent_id: 'meepa',
+      connector: 'meepachat',
+      channel_id: 'general',
+      status: 'ok',
+      isolation: 'unrestricted',
+    })
     expect(record?.input_tokens).toBeGreaterThan(0)
   })
 
@@ -59,7 +79,10 @@ describe('MeepaChat connector (fake MeepaChat server, real agent with the fake L
   })
 
   it('sends a reply longer than 4000 characters as ordered chunks', async () => {
-    const long = Array.from({length: 400}, (_, i) => `paragraph ${String(i).padStart(3, '0')} ${'lorem ipsum '.repeat(2).trim()}`).join('\n')
+    const long = Array.from(
+      {length: 400},
+      (_, i) => `paragraph ${String(i).padStart(3, '0')} ${'lorem ipsum '.repeat(2).trim()}`,
+    ).join('\n')
     llm.setDefault({text: long})
     await gatewayWith()
     await chat.waitForReadyCount(1)
@@ -77,8 +100,16 @@ describe('MeepaChat connector (fake MeepaChat server, real agent with the fake L
     const seen: string[] = []
     await gatewayWith({run: stubRun({onStart: (content) => seen.push(content)})})
     await chat.waitForReadyCount(1)
-    chat.userSays({channelId: 'general', content: 'from another bot', user: {id: 'bot-2', username: 'otherbot', bot: true}})
-    chat.userSays({channelId: 'general', content: 'pretending to be me', user: {id: chat.botUser.id, username: 'meepabot'}})
+    chat.userSays({
+      channelId: 'general',
+      content: 'from another bot',
+      user: {id: 'bot-2', username: 'otherbot', bot: true},
+    })
+    chat.userSays({
+      channelId: 'general',
+      content: 'pretending to be me',
+      user: {id: chat.botUser.id, username: 'meepabot'},
+    })
     chat.userSays({channelId: 'general', content: 'once', id: 'dup-1'})
     chat.userSays({channelId: 'general', content: 'once', id: 'dup-1'})
     await chat.waitForPosts(1)
@@ -93,7 +124,10 @@ describe('MeepaChat connector (fake MeepaChat server, real agent with the fake L
     chat.sendRaw('not json at all')
     chat.sendRaw({type: 'message.created', data: null})
     chat.sendRaw({type: 'message.created', data: {id: 'weird', channelId: 'general', userId: 'user-1', content: 42}})
-    chat.sendRaw({type: 'message.created', data: {id: 'weird2', channelId: 'general', userId: 'user-1', content: 'x', user: 'not an object'}})
+    chat.sendRaw({
+      type: 'message.created',
+      data: {id: 'weird2', channelId: 'general', userId: 'user-1', content: 'x', user: 'not an object'},
+    })
     chat.sendRaw({type: 'server.added', data: {id: 's9', channels: 'nope'}})
     chat.sendRaw({type: 'something.new', data: {}})
     chat.userSays({channelId: 'general', content: 'still fine?'})
@@ -125,7 +159,9 @@ describe('MeepaChat connector (fake MeepaChat server, real agent with the fake L
 
   it('reports a bad token, retries with backoff, and keeps the gateway serving', async () => {
     const gateway = await gatewayWith({token: '11.wrong', run: stubRun()})
-    await gateway.waitForLog(/meepa\/meepachat: disconnected \(the server refused the bot token \(HTTP 401\); check bot_token; reconnecting in 50 ms\)/)
+    await gateway.waitForLog(
+      /meepa\/meepachat: disconnected \(the server refused the bot token \(HTTP 401\); check bot_token; reconnecting in 50 ms\)/,
+    )
     await gateway.waitForLog(/reconnecting in 100 ms/)
     expect(chat.refused).toBeGreaterThanOrEqual(2)
     const {status, body} = await gateway.chat({agent: 'meepa', message: 'still alive?'})
@@ -140,7 +176,9 @@ describe('MeepaChat connector (fake MeepaChat server, real agent with the fake L
     await chat.waitForReadyCount(1)
     chat.userSays({channelId: 'general', content: 'are you there?'})
     const [reply] = await chat.waitForPosts(1, 30_000)
-    expect(reply?.content).toMatch(/^Sorry, I can't reach my language model right now\. Please try again in a few minutes\. \(ref run_\w+\)$/)
+    expect(reply?.content).toMatch(
+      /^Sorry, I can't reach my language model right now\. Please try again in a few minutes\. \(ref run_\w+\)$/,
+    )
     const [record] = new RunRecords(gateway.gateway.db).list()
     expect(record).toMatchObject({status: 'failed', error_code: 'E_PROVIDER'})
     expect(record?.error_message).toMatch(/500/)
@@ -150,10 +188,14 @@ describe('MeepaChat connector (fake MeepaChat server, real agent with the fake L
   it('answers a run that hits the agent timeout with a timeout reply', async () => {
     llm.setDefault({text: 'too slow', delayMs: 5000})
     chat = closeAfterTest(await startFakeMeepaChat({token: TOKEN}))
-    test = closeAfterTest(await startTestGateway({
-      agents: [{id: 'meepa', timeout_seconds: 1, connectors: [{type: 'meepachat', url: chat.gatewayUrl, bot_token: TOKEN}]}],
-      llmBaseUrl: llm.openaiBaseUrl,
-    }))
+    test = closeAfterTest(
+      await startTestGateway({
+        agents: [
+          {id: 'meepa', timeout_seconds: 1, connectors: [{type: 'meepachat', url: chat.gatewayUrl, bot_token: TOKEN}]},
+        ],
+        llmBaseUrl: llm.openaiBaseUrl,
+      }),
+    )
     await chat.waitForReadyCount(1)
     chat.userSays({channelId: 'general', content: 'slow question'})
     const [reply] = await chat.waitForPosts(1, 15_000)
@@ -173,7 +215,9 @@ describe('MeepaChat connector (fake MeepaChat server, real agent with the fake L
     await stopping
     const contents = chat.posts.map((post) => `${post.channelId}: ${post.content}`)
     expect(contents).toContain('general: echo: first')
-    expect(contents).toContain('random: The gateway is restarting, so I could not take this message. Please send it again in a minute.')
+    expect(contents).toContain(
+      'random: The gateway is restarting, so I could not take this message. Please send it again in a minute.',
+    )
   })
 
   it('answers 30 messages to one agent in order', async () => {

@@ -15,11 +15,18 @@ const closeAfterTest = closeAfterEachTest()
 
 async function gatewayWith(options: {botToken?: string; run?: Parameters<typeof startTestGateway>[0]['run']} = {}) {
   slack = closeAfterTest(await startFakeSlack({botToken: BOT, appToken: APP}))
-  test = closeAfterTest(await startTestGateway({
-    agents: [{id: 'slacker', connectors: [{type: 'slack', bot_token: options.botToken ?? BOT, app_token: APP, api_url: slack.apiUrl}]}],
-    llmBaseUrl: llm.openaiBaseUrl,
-    run: options.run,
-  }))
+  test = closeAfterTest(
+    await startTestGateway({
+      agents: [
+        {
+          id: 'slacker',
+          connectors: [{type: 'slack', bot_token: options.botToken ?? BOT, app_token: APP, api_url: slack.apiUrl}],
+        },
+      ],
+      llmBaseUrl: llm.openaiBaseUrl,
+      run: options.run,
+    }),
+  )
   return test
 }
 
@@ -51,7 +58,10 @@ describe('Slack connector (real @slack/socket-mode + @slack/web-api against a fa
   })
 
   it('sends a reply longer than 4000 characters as ordered chunks in the thread', async () => {
-    const long = Array.from({length: 300}, (_, i) => `line ${String(i).padStart(3, '0')} ${'abc '.repeat(5).trim()}`).join('\n')
+    const long = Array.from(
+      {length: 300},
+      (_, i) => `line ${String(i).padStart(3, '0')} ${'abc '.repeat(5).trim()}`,
+    ).join('\n')
     llm.setDefault({text: long})
     await gatewayWith()
     await slack.waitForHelloCount(1)
@@ -77,7 +87,9 @@ describe('Slack connector (real @slack/socket-mode + @slack/web-api against a fa
 
   it('reports a bad token, retries with backoff, and keeps the gateway serving', async () => {
     const gateway = await gatewayWith({botToken: 'xoxb-wrong', run: stubRun()})
-    await gateway.waitForLog(/slacker\/slack: disconnected \(Slack refused the token \(invalid_auth\); check bot_token and app_token; reconnecting in 50 ms\)/)
+    await gateway.waitForLog(
+      /slacker\/slack: disconnected \(Slack refused the token \(invalid_auth\); check bot_token and app_token; reconnecting in 50 ms\)/,
+    )
     await slack.waitForCall('auth.test', 3)
     expect(slack.helloCount).toBe(0)
     expect((await gateway.chat({agent: 'slacker', message: 'ping'})).body.reply).toBe('echo: ping')

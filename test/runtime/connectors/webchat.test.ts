@@ -23,7 +23,12 @@ describe('HTTP listener and web chat', () => {
     expect(status).toBe(200)
     expect(body.reply).toBe('echo: hello')
     expect(body.run_id).toMatch(/^run_/)
-    expect(new RunRecords(test.gateway.db).get(body.run_id)).toMatchObject({agent_id: 'a1', connector: 'webchat', status: 'ok', input_tokens: 3})
+    expect(new RunRecords(test.gateway.db).get(body.run_id)).toMatchObject({
+      agent_id: 'a1',
+      connector: 'webchat',
+      status: 'ok',
+      input_tokens: 3,
+    })
   })
 
   it('refuses a missing, unknown or revoked key with 401', async () => {
@@ -41,10 +46,20 @@ describe('HTTP listener and web chat', () => {
 
   it('names the problem with bad input', async () => {
     test = await startTestGateway({agents: [{id: 'a1'}], run: stubRun()})
-    expect(await test.chat({message: 'x'})).toMatchObject({status: 400, body: {error: {message: expect.stringMatching(/"agent"/)}}})
+    expect(await test.chat({message: 'x'})).toMatchObject({
+      status: 400,
+      body: {error: {message: expect.stringMatching(/"agent"/)}},
+    })
     expect(await test.chat({agent: 'a1', message: ''})).toMatchObject({status: 400})
-    expect(await test.chat({agent: 'nobody', message: 'x'})).toMatchObject({status: 404, body: {error: {message: 'unknown agent "nobody"'}}})
-    const notJson = await fetch(`${test.gateway.url}/api/chat`, {method: 'POST', headers: {authorization: `Bearer ${test.apiKey}`, 'content-type': 'application/json'}, body: '{oops'})
+    expect(await test.chat({agent: 'nobody', message: 'x'})).toMatchObject({
+      status: 404,
+      body: {error: {message: 'unknown agent "nobody"'}},
+    })
+    const notJson = await fetch(`${test.gateway.url}/api/chat`, {
+      method: 'POST',
+      headers: {authorization: `Bearer ${test.apiKey}`, 'content-type': 'application/json'},
+      body: '{oops',
+    })
     expect(notJson.status).toBe(400)
     expect((await fetch(`${test.gateway.url}/api/chat`)).status).toBe(405)
     expect((await fetch(`${test.gateway.url}/nothing-here`)).status).toBe(404)
@@ -53,16 +68,33 @@ describe('HTTP listener and web chat', () => {
   it('answers a failed run with a short reply, 502 and the error code; the record has the full message', async () => {
     test = await startTestGateway({
       agents: [{id: 'a1'}],
-      run: async ({runId}) => ({runId, level: 'host-sandbox', ms: 1, output: {version: 1, ok: false, run_id: runId, error: {code: 'E_PROVIDER', message: 'anthropic: 529 overloaded; openai: ECONNREFUSED', retryable: true}}}),
+      run: async ({runId}) => ({
+        runId,
+        level: 'host-sandbox',
+        ms: 1,
+        output: {
+          version: 1,
+          ok: false,
+          run_id: runId,
+          error: {code: 'E_PROVIDER', message: 'anthropic: 529 overloaded; openai: ECONNREFUSED', retryable: true},
+        },
+      }),
     })
     const {status, body} = await test.chat({agent: 'a1', message: 'hi'})
     expect(status).toBe(502)
     expect(body.error.code).toBe('E_PROVIDER')
     expect(body.reply).toMatch(/can't reach my language model/)
     expect(body.reply).not.toMatch(/ECONNREFUSED/)
-    expect(new RunRecords(test.gateway.db).get(body.run_id)).toMatchObject({status: 'failed', error_code: 'E_PROVIDER', error_message: expect.stringMatching(/ECONNREFUSED/), isolation: 'host-sandbox'})
+    expect(new RunRecords(test.gateway.db).get(body.run_id)).toMatchObject({
+      status: 'failed',
+      error_code: 'E_PROVIDER',
+      error_message: expect.stringMatching(/ECONNREFUSED/),
+      isolation: 'host-sandbox',
+    })
     // the caller's own run list has the code too, but the details stay the operator's, as in the reply
-    const runs = (await (await fetch(`${test.gateway.url}/api/chat/runs`, {headers: {authorization: `Bearer ${test.apiKey}`}})).json()) as Array<Record<string, unknown>>
+    const runs = (await (
+      await fetch(`${test.gateway.url}/api/chat/runs`, {headers: {authorization: `Bearer ${test.apiKey}`}})
+    ).json()) as Array<Record<string, unknown>>
     expect(runs).toMatchObject([{id: body.run_id, status: 'failed', error_code: 'E_PROVIDER'}])
     expect(JSON.stringify(runs)).not.toMatch(/ECONNREFUSED|529/)
   })

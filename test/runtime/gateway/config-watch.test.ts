@@ -41,10 +41,16 @@ interface Setup {
   config: (agent: Record<string, unknown>) => string
 }
 
-/** A home whose one agent `a1` is as given, a secret file a sandboxed agent cannot read, an admin key, and `serve` (no --unrestricted). */
+/**
+ * A home whose one agent `a1` is as given, a secret file a sandboxed agent cannot read, an admin
+ * key, and `serve` (no --unrestricted).
+ */
 async function setUp(agent: Record<string, unknown>): Promise<Setup> {
   const port = await freePort()
-  const config = (fields: Record<string, unknown>) => YAML.stringify(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1', ...fields}], {captain: {enabled: true, bind: '127.0.0.1', port}}))
+  const config = (fields: Record<string, unknown>) =>
+    YAML.stringify(
+      fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1', ...fields}], {captain: {enabled: true, bind: '127.0.0.1', port}}),
+    )
   home = makeHome(config(agent))
   // in the home: a mandatory deny of the host sandbox, readable to an unrestricted run
   const secretPath = path.join(home.home, 'operator-secret.txt')
@@ -60,7 +66,10 @@ async function setUp(agent: Record<string, unknown>): Promise<Setup> {
 async function api(setup: Setup, method: string, route: string, body?: unknown): Promise<{status: number; body: any}> {
   const res = await fetch(setup.serve.url + route, {
     method,
-    headers: {authorization: `Bearer ${setup.adminKey}`, ...(body === undefined ? {} : {'content-type': 'application/json'})},
+    headers: {
+      authorization: `Bearer ${setup.adminKey}`,
+      ...(body === undefined ? {} : {'content-type': 'application/json'}),
+    },
     body: body === undefined ? undefined : JSON.stringify(body),
   })
   return {status: res.status, body: await res.json()}
@@ -68,7 +77,9 @@ async function api(setup: Setup, method: string, route: string, body?: unknown):
 
 /** Asks a1 (web chat) to read the secret file; the reply is the tool's output. */
 async function askForSecret(setup: Setup): Promise<{reply: string; isolation: string}> {
-  llm.enqueue({toolCalls: [{name: 'shell', arguments: {command: `cat ${setup.secretPath}`}}]}, (request) => ({text: String(request.body.messages.at(-1).content)}))
+  llm.enqueue({toolCalls: [{name: 'shell', arguments: {command: `cat ${setup.secretPath}`}}]}, (request) => ({
+    text: String(request.body.messages.at(-1).content),
+  }))
   const chat = await api(setup, 'POST', '/api/chat', {agent: 'a1', message: 'read it'})
   expect(chat.status, JSON.stringify(chat.body)).toBe(200)
   return {reply: chat.body.reply as string, isolation: runRecord(chat.body.run_id as string).isolation}
@@ -79,7 +90,8 @@ type RunRow = {isolation: string; connector: string; status: string}
 function runRow(where: string, ...values: string[]): RunRow | undefined {
   const db = new Database(path.join(home!.home, 'gateway.db'), {readonly: true})
   try {
-    return db.prepare(`SELECT isolation, connector, status FROM runs WHERE ${where}`).get(...values) as RunRow | undefined
+    return db.prepare(`SELECT isolation, connector, status FROM runs WHERE ${where}`).get(...values) as
+      RunRow | undefined
   } finally {
     db.close()
   }
@@ -88,7 +100,9 @@ function runRow(where: string, ...values: string[]): RunRow | undefined {
 const runRecord = (id: string) => runRow('id = ?', id) as RunRow
 const runningRecord = () => runRow("status = 'running'")
 
-async function auditEntries(): Promise<Array<{event: string; level: string; principal: string; source: string; summary: string}>> {
+async function auditEntries(): Promise<
+  Array<{event: string; level: string; principal: string; source: string; summary: string}>
+> {
   const result = await runCli(['audit', '--json'], {home: home!.home})
   expect(result.exitCode, result.stderr).toBe(0)
   return JSON.parse(result.stdout)
@@ -125,16 +139,28 @@ describe.skipIf(!landlock)('serve and hand edits of config.yaml', {timeout: 120_
     expect(await askForSecret(setup)).toEqual({reply: expect.stringContaining(SECRET), isolation: 'unrestricted'})
     const entries = (await auditEntries()).filter((entry) => entry.event === 'config_change')
     expect(entries).toEqual([
-      expect.objectContaining({level: 'warning', source: 'file', summary: expect.stringMatching(/^agent a1 changed: file_access: null → \{"unrestricted":true\} \(WEAKENS ISOLATION: isolation host-sandbox → unrestricted\)/)}),
+      expect.objectContaining({
+        level: 'warning',
+        source: 'file',
+        summary: expect.stringMatching(
+          /^agent a1 changed: file_access: null → \{"unrestricted":true\} \(WEAKENS ISOLATION: isolation host-sandbox → unrestricted\)/,
+        ),
+      }),
     ])
     expect(setup.serve.output()).toMatch(/audit WARNING: agent a1 changed: .* \(by hand edit from file\)/)
 
     // the dashboard, agent list and send say and do the same
     const shown = await api(setup, 'GET', '/api/captain/agents/a1')
-    expect(shown.body).toMatchObject({isolation: 'unrestricted', file_access: {unrestricted: true}, configured: {file_access: {unrestricted: true}}})
+    expect(shown.body).toMatchObject({
+      isolation: 'unrestricted',
+      file_access: {unrestricted: true},
+      configured: {file_access: {unrestricted: true}},
+    })
     const listed = await runCli(['agent', 'list', '--json'], {home: home!.home})
     expect(JSON.parse(listed.stdout)).toMatchObject([{id: 'a1', isolation: 'unrestricted'}])
-    llm.enqueue({toolCalls: [{name: 'shell', arguments: {command: `cat ${setup.secretPath}`}}]}, (request) => ({text: String(request.body.messages.at(-1).content)}))
+    llm.enqueue({toolCalls: [{name: 'shell', arguments: {command: `cat ${setup.secretPath}`}}]}, (request) => ({
+      text: String(request.body.messages.at(-1).content),
+    }))
     const sent = await runCli(['send', '--agent', 'a1', '--json', 'read it'], {home: home!.home, env: SEND_ENV})
     expect(sent.exitCode, sent.stderr).toBe(0)
     const output = JSON.parse(sent.stdout) as {run_id: string; reply: {content: string}}
@@ -158,8 +184,13 @@ describe.skipIf(!landlock)('serve and hand edits of config.yaml', {timeout: 120_
     const first = api(setup, 'POST', '/api/chat', {agent: 'a1', message: 'slow'})
     await waitFor('the first run', () => llm.requests.length >= 1)
     const second = api(setup, 'POST', '/api/chat', {agent: 'a1', message: 'read it'})
-    const waiting = async () => ((await (await fetch(`${setup.serve.url}/healthz`)).json()) as {runs: {waiting: number}}).runs.waiting
-    for (const deadline = Date.now() + 10_000; (await waiting()) !== 1; await new Promise((resolve) => setTimeout(resolve, 25))) {
+    const waiting = async () =>
+      ((await (await fetch(`${setup.serve.url}/healthz`)).json()) as {runs: {waiting: number}}).runs.waiting
+    for (
+      const deadline = Date.now() + 10_000;
+      (await waiting()) !== 1;
+      await new Promise((resolve) => setTimeout(resolve, 25))
+    ) {
       if (Date.now() > deadline) throw new Error('the second message was never queued')
     }
     fs.writeFileSync(home!.configPath, setup.config({file_access: {unrestricted: true}}))
@@ -189,7 +220,9 @@ describe.skipIf(!landlock)('serve and hand edits of config.yaml', {timeout: 120_
   it('send right after a hand edit runs in the gateway at the new level, before the watch has fired', async () => {
     const setup = await setUp({file_access: {unrestricted: true}})
     fs.writeFileSync(home!.configPath, setup.config({}))
-    llm.enqueue({toolCalls: [{name: 'shell', arguments: {command: `cat ${setup.secretPath}`}}]}, (request) => ({text: String(request.body.messages.at(-1).content)}))
+    llm.enqueue({toolCalls: [{name: 'shell', arguments: {command: `cat ${setup.secretPath}`}}]}, (request) => ({
+      text: String(request.body.messages.at(-1).content),
+    }))
     const sent = await runCli(['send', '--agent', 'a1', '--json', 'read it'], {home: home!.home, env: SEND_ENV})
     expect(sent.exitCode, sent.stderr).toBe(0)
     const output = JSON.parse(sent.stdout) as {run_id: string; reply: {content: string}}
@@ -203,12 +236,18 @@ describe.skipIf(!landlock)('serve and hand edits of config.yaml', {timeout: 120_
     const setup = await setUp({})
     const refusedText = setup.config({name: 'Renamed', file_access: {unrestricted: 'yes'}})
     replaceByRename(refusedText)
-    await waitFor('the refusal', () => /gateway: config change refused, still serving the previous config: invalid config \S+config\.yaml \(1 problem\): agents\[0\]\.file_access\.unrestricted: must be boolean/.test(setup.serve.output()))
+    await waitFor('the refusal', () =>
+      /gateway: config change refused, still serving the previous config: invalid config \S+config\.yaml \(1 problem\): agents\[0\]\.file_access\.unrestricted: must be boolean/.test(
+        setup.serve.output(),
+      ),
+    )
     expect(await askForSecret(setup)).toEqual({reply: expect.not.stringContaining(SECRET), isolation: 'host-sandbox'})
     const shown = await api(setup, 'GET', '/api/captain/agents/a1')
     expect(shown.body).toMatchObject({name: 'a1', isolation: 'host-sandbox', configured: {id: 'a1'}})
     expect(shown.body.configured.file_access).toBeUndefined() // what runs, not the refused text
-    expect((await api(setup, 'GET', '/api/captain/config')).body.refused).toMatch(/agents\[0\]\.file_access\.unrestricted: must be boolean/)
+    expect((await api(setup, 'GET', '/api/captain/config')).body.refused).toMatch(
+      /agents\[0\]\.file_access\.unrestricted: must be boolean/,
+    )
     const patch = await api(setup, 'PATCH', '/api/captain/agents/a1', {max_iterations: 6})
     expect(patch.status).toBe(409)
     expect(patch.body.error.message).toMatch(/refused/)
@@ -217,7 +256,10 @@ describe.skipIf(!landlock)('serve and hand edits of config.yaml', {timeout: 120_
 
     replaceByRename(setup.config({name: 'Renamed'}))
     await waitFor('the fixed edit applied', () => appliedCount(setup.serve) === 1)
-    expect((await api(setup, 'GET', '/api/captain/agents/a1')).body).toMatchObject({name: 'Renamed', isolation: 'host-sandbox'})
+    expect((await api(setup, 'GET', '/api/captain/agents/a1')).body).toMatchObject({
+      name: 'Renamed',
+      isolation: 'host-sandbox',
+    })
     expect((await api(setup, 'GET', '/api/captain/config')).body.refused).toBeNull()
     expect((await api(setup, 'PATCH', '/api/captain/agents/a1', {max_iterations: 6})).status).toBe(200)
     const entries = (await auditEntries()).filter((entry) => entry.event === 'config_change')
@@ -225,7 +267,10 @@ describe.skipIf(!landlock)('serve and hand edits of config.yaml', {timeout: 120_
       ['file', 'info', 'agent a1 changed: name: null → "Renamed"'],
       ['127.0.0.1', 'info', 'agent a1 changed: max_iterations: null → 6'],
     ])
-    expect(YAML.parse(fs.readFileSync(home!.configPath, 'utf8')).agents[0]).toMatchObject({name: 'Renamed', max_iterations: 6})
+    expect(YAML.parse(fs.readFileSync(home!.configPath, 'utf8')).agents[0]).toMatchObject({
+      name: 'Renamed',
+      max_iterations: 6,
+    })
   })
 
   it('a dashboard edit right after a hand edit applies and audits the hand edit first', async () => {

@@ -36,7 +36,9 @@ describe('/healthz and the chat connectors', () => {
     await waitFor('/healthz degraded', async () => (health = await healthz(test)).status === 503)
     expect(health.body.status).toBe('degraded')
     expect(health.body.reasons).toHaveLength(1)
-    expect(health.body.reasons?.[0]).toMatch(/^connector meepa\/meepachat reconnecting: (connect ECONNREFUSED 127\.0\.0\.1:\d+|connection closed \(code 1006\)); reconnecting in \d+ ms$/)
+    expect(health.body.reasons?.[0]).toMatch(
+      /^connector meepa\/meepachat reconnecting: (connect ECONNREFUSED 127\.0\.0\.1:\d+|connection closed \(code 1006\)); reconnecting in \d+ ms$/,
+    )
 
     chat = closeAfterTest(await startFakeMeepaChat({token: TOKEN, port}))
     await chat.waitForReadyCount(1, 10_000)
@@ -56,11 +58,18 @@ describe('/healthz and the chat connectors', () => {
     ])
     await chat.waitForReadyCount(1)
     let health = await healthz(test)
-    await waitFor('/healthz to name both refusals', async () => (health = await healthz(test)).body.reasons?.length === 2)
+    await waitFor(
+      '/healthz to name both refusals',
+      async () => (health = await healthz(test)).body.reasons?.length === 2,
+    )
     expect(health.status).toBe(503)
     expect(health.body.reasons).toEqual([
-      expect.stringMatching(/^connector meepa\/slack refused: Slack refused the token \(invalid_auth\); check bot_token and app_token; reconnecting in \d+ ms$/),
-      expect.stringMatching(/^connector meepa\/discord refused: Discord refused the bot token \(TokenInvalid\); check bot_token; reconnecting in \d+ ms$/),
+      expect.stringMatching(
+        /^connector meepa\/slack refused: Slack refused the token \(invalid_auth\); check bot_token and app_token; reconnecting in \d+ ms$/,
+      ),
+      expect.stringMatching(
+        /^connector meepa\/discord refused: Discord refused the bot token \(TokenInvalid\); check bot_token; reconnecting in \d+ ms$/,
+      ),
     ])
   })
 })

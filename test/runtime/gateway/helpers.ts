@@ -39,9 +39,19 @@ export async function startTestGateway(options: {
   /** Prepares the home before the gateway starts (e.g. state a previous gateway left). */
   beforeStart?: (home: TestHome) => void
 }): Promise<TestGateway> {
-  const home = makeHome(fakeLlmConfig(options.llmBaseUrl ?? 'http://127.0.0.1:9/v1', options.agents, options.gateway ? {gateway: options.gateway} : {}))
+  const home = makeHome(
+    fakeLlmConfig(
+      options.llmBaseUrl ?? 'http://127.0.0.1:9/v1',
+      options.agents,
+      options.gateway ? {gateway: options.gateway} : {},
+    ),
+  )
   options.beforeStart?.(home)
-  const loaded = loadConfig({configPath: home.configPath, home: home.home, env: {...process.env, FAKE_LLM_KEY: 'sk-fake-test-key-123456'}})
+  const loaded = loadConfig({
+    configPath: home.configPath,
+    home: home.home,
+    env: {...process.env, FAKE_LLM_KEY: 'sk-fake-test-key-123456'},
+  })
   const logs: string[] = []
   const logWaiters = new Set<() => void>()
   const gateway = await startGateway({
@@ -114,7 +124,9 @@ export function closeAfterEachTest(): <T extends Closable>(thing: T) => T {
 }
 
 /** A stub agent: replies `echo: <content>` after `delayMs`, or whatever `reply` returns. */
-export function stubRun(options: {delayMs?: number; reply?: (content: string) => string; onStart?: (content: string) => void} = {}): RunFunction {
+export function stubRun(
+  options: {delayMs?: number; reply?: (content: string) => string; onStart?: (content: string) => void} = {},
+): RunFunction {
   return async ({message, runId, signal}) => {
     options.onStart?.(message.content)
     const started = Date.now()
@@ -128,14 +140,34 @@ export function stubRun(options: {delayMs?: number; reply?: (content: string) =>
       })
     }
     if (signal.aborted) {
-      return {runId, level: 'unrestricted', ms: Date.now() - started, output: {version: 1, ok: false, run_id: runId, error: {code: 'E_RUN', message: 'the run was cancelled', retryable: true}}}
+      return {
+        runId,
+        level: 'unrestricted',
+        ms: Date.now() - started,
+        output: {
+          version: 1,
+          ok: false,
+          run_id: runId,
+          error: {code: 'E_RUN', message: 'the run was cancelled', retryable: true},
+        },
+      }
     }
     const content = options.reply ? options.reply(message.content) : `echo: ${message.content}`
     return {
       runId,
       level: 'unrestricted',
       ms: Date.now() - started,
-      output: {version: 1, ok: true, run_id: runId, reply: {content}, stop_reason: 'final', iterations: 1, tool_calls: [], usage: {input_tokens: 3, output_tokens: 2}, ms: Date.now() - started},
+      output: {
+        version: 1,
+        ok: true,
+        run_id: runId,
+        reply: {content},
+        stop_reason: 'final',
+        iterations: 1,
+        tool_calls: [],
+        usage: {input_tokens: 3, output_tokens: 2},
+        ms: Date.now() - started,
+      },
     }
   }
 }

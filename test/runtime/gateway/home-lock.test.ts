@@ -55,23 +55,34 @@ async function runRecords(): Promise<Array<{agent_id: string; status: string}>> 
   return JSON.parse(result.stdout)
 }
 
-
 describe('one gateway per home (the real CLI)', {timeout: 120_000}, () => {
   it('of two gateways started at the same instant, ten times, exactly one serves; the other exits 12 naming its pid', async () => {
-    const config = fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1'}], {captain: {enabled: true, bind: '127.0.0.1', port: await freePort()}})
+    const config = fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1'}], {
+      captain: {enabled: true, bind: '127.0.0.1', port: await freePort()},
+    })
     home = makeHome(config)
     const otherConfig = elsewhereConfig(config, await freePort())
     for (let round = 0; round < 10; round++) {
       // one reads the home's config.yaml, the other --config elsewhere with another port
       const pair = [spawnServe({home: home.home}), spawnServe({home: home.home, configPath: otherConfig})]
-      const loser = await waitFor('one serve to exit', () => pair.find((serve) => serve.process.exitCode !== null), 20_000)
+      const loser = await waitFor(
+        'one serve to exit',
+        () => pair.find((serve) => serve.process.exitCode !== null),
+        20_000,
+      )
       const winner = pair.find((serve) => serve !== loser)!
-      const url = await waitFor(`the other serve to listen (round ${round})`, () => winner.listening() || winner.process.exitCode !== null, 20_000)
+      const url = await waitFor(
+        `the other serve to listen (round ${round})`,
+        () => winner.listening() || winner.process.exitCode !== null,
+        20_000,
+      )
       expect(winner.process.exitCode, winner.output()).toBeNull()
       expect((await fetch(`${url}/healthz`)).status).toBe(200)
       const result = await loser.process
       expect(result.exitCode, loser.output()).toBe(12)
-      expect(unwrapped(result.stderr)).toContain(`another gateway (pid ${winner.process.pid}) is already serving ${home.home}`)
+      expect(unwrapped(result.stderr)).toContain(
+        `another gateway (pid ${winner.process.pid}) is already serving ${home.home}`,
+      )
       expect(result.stderr).toContain('E_GATEWAY_RUNNING')
       // it stopped before the config and the state: it never logged a start
       expect(loser.output()).not.toContain('gateway: starting')
@@ -85,7 +96,14 @@ describe('one gateway per home (the real CLI)', {timeout: 120_000}, () => {
     const chatServer = await startFakeMeepaChat({token: '5.token'})
     cleanups.push(() => chatServer.close())
     const connector = {type: 'meepachat', url: chatServer.gatewayUrl, bot_token: '5.token'}
-    const config = fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1', connectors: [connector]}, {id: 'a2', file_access: {unrestricted: true}}], {captain: {enabled: true, bind: '127.0.0.1', port: await freePort()}})
+    const config = fakeLlmConfig(
+      llm.openaiBaseUrl,
+      [
+        {id: 'a1', connectors: [connector]},
+        {id: 'a2', file_access: {unrestricted: true}},
+      ],
+      {captain: {enabled: true, bind: '127.0.0.1', port: await freePort()}},
+    )
     home = makeHome(config)
     const first = await startServeProcess({home: home.home, env: {MEEPA_RETRY_BASE_MS: '20'}})
     cleanups.push(async () => {
@@ -112,7 +130,9 @@ describe('one gateway per home (the real CLI)', {timeout: 120_000}, () => {
       const second = spawnServe({home: home.home, configPath})
       const result = await second.process
       expect(result.exitCode, second.output()).toBe(12)
-      expect(unwrapped(result.stderr)).toContain(`another gateway (pid ${first.process.pid}) is already serving ${home.home}`)
+      expect(unwrapped(result.stderr)).toContain(
+        `another gateway (pid ${first.process.pid}) is already serving ${home.home}`,
+      )
       expect(Date.now() - started).toBeLessThan(5000)
       expect((await runRecords()).map((record) => record.status)).toEqual(['running'])
     }
@@ -137,7 +157,9 @@ describe('one gateway per home (the real CLI)', {timeout: 120_000}, () => {
   })
 
   it('lets the next gateway serve at once after the first is SIGKILLed: the kernel drops the lock', async () => {
-    const config = fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1'}], {captain: {enabled: true, bind: '127.0.0.1', port: await freePort()}})
+    const config = fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1'}], {
+      captain: {enabled: true, bind: '127.0.0.1', port: await freePort()},
+    })
     home = makeHome(config)
     const first = await startServeProcess({home: home.home})
     first.process.kill('SIGKILL')
@@ -160,7 +182,9 @@ describe('lockGatewayHome', () => {
     const refused = await lockGatewayHome(home.home).catch((error: unknown) => error)
     expect(refused).toBeInstanceOf(GatewayError)
     expect(refused).toMatchObject({code: 'E_GATEWAY_RUNNING', exitCode: 12, details: {pid: process.pid}})
-    expect((refused as Error).message).toBe(`another gateway (pid ${process.pid}) is already serving ${home.home}; this one exits and changes nothing`)
+    expect((refused as Error).message).toBe(
+      `another gateway (pid ${process.pid}) is already serving ${home.home}; this one exits and changes nothing`,
+    )
     // the refused attempt closed its own connection without dropping the holder's lock
     await expect(lockGatewayHome(home.home)).rejects.toMatchObject({code: 'E_GATEWAY_RUNNING'})
     lock.release()
@@ -174,7 +198,10 @@ describe('lockGatewayHome', () => {
     const target = path.join(home.home, 'elsewhere.txt')
     fs.writeFileSync(target, '')
     fs.symlinkSync(target, path.join(home.home, 'serve.lock'))
-    await expect(lockGatewayHome(home.home)).rejects.toMatchObject({code: 'E_STATE', message: expect.stringMatching(/serve\.lock is not a regular file \(a symlink\)/)})
+    await expect(lockGatewayHome(home.home)).rejects.toMatchObject({
+      code: 'E_STATE',
+      message: expect.stringMatching(/serve\.lock is not a regular file \(a symlink\)/),
+    })
     expect(fs.readFileSync(target, 'utf8')).toBe('')
   })
 })

@@ -16,8 +16,13 @@ const RESTARTED = /I was restarted before I finished/
 const closeAfterTest = closeAfterEachTest()
 
 /** What a gateway killed mid-run leaves in gateway.db: a `running` row with where the message came from. */
-function leftRunning(home: TestHome, run: {id: string; agentId: string; connector: string; channelId: string; threadId?: string}): void {
-  withGatewayDb(home.home, (db) => new RunRecords(db).start({...run, isolation: 'unrestricted', userId: 'u1', messageId: 'm1'}))
+function leftRunning(
+  home: TestHome,
+  run: {id: string; agentId: string; connector: string; channelId: string; threadId?: string},
+): void {
+  withGatewayDb(home.home, (db) =>
+    new RunRecords(db).start({...run, isolation: 'unrestricted', userId: 'u1', messageId: 'm1'}),
+  )
 }
 
 describe('runs a crashed gateway left are answered at start-up', () => {
@@ -25,9 +30,15 @@ describe('runs a crashed gateway left are answered at start-up', () => {
     const discord = closeAfterTest(await startFakeDiscord({token: 'MTIz.discord.token'}))
     const test = closeAfterTest(
       await startTestGateway({
-        agents: [{id: 'disco', connectors: [{type: 'discord', bot_token: 'MTIz.discord.token', guild_ids: [], api_url: discord.apiUrl}]}],
+        agents: [
+          {
+            id: 'disco',
+            connectors: [{type: 'discord', bot_token: 'MTIz.discord.token', guild_ids: [], api_url: discord.apiUrl}],
+          },
+        ],
         run: stubRun(),
-        beforeStart: (home) => leftRunning(home, {id: 'run_left1', agentId: 'disco', connector: 'discord', channelId: '1001'}),
+        beforeStart: (home) =>
+          leftRunning(home, {id: 'run_left1', agentId: 'disco', connector: 'discord', channelId: '1001'}),
       }),
     )
     const [post] = await discord.waitForPosts(1)
@@ -41,13 +52,33 @@ describe('runs a crashed gateway left are answered at start-up', () => {
   })
 
   it('Slack: in the thread of the message; a run of an agent whose connector is gone is noted, not retried forever', async () => {
-    const slack = closeAfterTest(await startFakeSlack({botToken: 'xoxb-test-bot-token', appToken: 'xapp-1-test-app-token'}))
+    const slack = closeAfterTest(
+      await startFakeSlack({botToken: 'xoxb-test-bot-token', appToken: 'xapp-1-test-app-token'}),
+    )
     const test = closeAfterTest(
       await startTestGateway({
-        agents: [{id: 'slacker', connectors: [{type: 'slack', bot_token: 'xoxb-test-bot-token', app_token: 'xapp-1-test-app-token', api_url: slack.apiUrl}]}],
+        agents: [
+          {
+            id: 'slacker',
+            connectors: [
+              {
+                type: 'slack',
+                bot_token: 'xoxb-test-bot-token',
+                app_token: 'xapp-1-test-app-token',
+                api_url: slack.apiUrl,
+              },
+            ],
+          },
+        ],
         run: stubRun(),
         beforeStart: (home) => {
-          leftRunning(home, {id: 'run_left2', agentId: 'slacker', connector: 'slack', channelId: 'C100', threadId: '1600000000.000100'})
+          leftRunning(home, {
+            id: 'run_left2',
+            agentId: 'slacker',
+            connector: 'slack',
+            channelId: 'C100',
+            threadId: '1600000000.000100',
+          })
           leftRunning(home, {id: 'run_left3', agentId: 'removed-agent', connector: 'slack', channelId: 'C100'})
           leftRunning(home, {id: 'run_left4', agentId: 'slacker', connector: 'webchat', channelId: 'api-key1'})
         },

@@ -69,7 +69,10 @@ describe('RunQueue', () => {
     const queue = new RunQueue({maxConcurrent: 1, queueLimit: 10})
     const gate = deferred()
     const events: string[] = []
-    queue.submit('a', {run: async () => (events.push('ran 1'), await gate.promise), cancel: () => events.push('cancel 1')})
+    queue.submit('a', {
+      run: async () => (events.push('ran 1'), await gate.promise),
+      cancel: () => events.push('cancel 1'),
+    })
     queue.submit('a', {run: async () => void events.push('ran 2'), cancel: () => events.push('cancel 2')})
     queue.submit('b', {run: async () => void events.push('ran 3'), cancel: () => events.push('cancel 3')})
     await new Promise((resolve) => setTimeout(resolve, 5))

@@ -42,13 +42,22 @@ async function createKey(): Promise<string> {
 }
 
 function chat(url: string, key: string, body: Record<string, unknown>): Promise<Response> {
-  return fetch(`${url}/api/chat`, {method: 'POST', headers: {authorization: `Bearer ${key}`, 'content-type': 'application/json'}, body: JSON.stringify(body)})
+  return fetch(`${url}/api/chat`, {
+    method: 'POST',
+    headers: {authorization: `Bearer ${key}`, 'content-type': 'application/json'},
+    body: JSON.stringify(body),
+  })
 }
 
 describe('meepagateway serve (the real CLI)', {timeout: 90_000}, () => {
   it('lets a run in flight finish on SIGTERM, exits 0, and keeps --unrestricted out of the config', async () => {
     const port = await freePort()
-    home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1'}], {captain: {enabled: true, bind: '127.0.0.1', port}, gateway: {shutdown_grace_seconds: 20}}))
+    home = makeHome(
+      fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1'}], {
+        captain: {enabled: true, bind: '127.0.0.1', port},
+        gateway: {shutdown_grace_seconds: 20},
+      }),
+    )
     const configBefore = fs.readFileSync(home.configPath, 'utf8')
     const key = await createKey()
     const {url, output} = await startServe()
@@ -78,7 +87,12 @@ describe('meepagateway serve (the real CLI)', {timeout: 90_000}, () => {
 
   it('stops a run that outlasts the grace period, records it as interrupted, and still exits 0', async () => {
     const port = await freePort()
-    home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1'}], {captain: {enabled: true, bind: '127.0.0.1', port}, gateway: {shutdown_grace_seconds: 1}}))
+    home = makeHome(
+      fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1'}], {
+        captain: {enabled: true, bind: '127.0.0.1', port},
+        gateway: {shutdown_grace_seconds: 1},
+      }),
+    )
     const key = await createKey()
     const {url} = await startServe()
     llm.enqueue({text: 'too late', delayMs: 15_000})
@@ -100,16 +114,31 @@ describe('meepagateway serve (the real CLI)', {timeout: 90_000}, () => {
     const port = await freePort()
     const deadPort = await freePort()
     home = makeHome(
-      fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1', connectors: [{type: 'meepachat', url: `ws://127.0.0.1:${deadPort}/api/bot-gateway`, bot_token: '1.x'}]}], {captain: {enabled: true, bind: '127.0.0.1', port}}),
+      fakeLlmConfig(
+        llm.openaiBaseUrl,
+        [
+          {
+            id: 'a1',
+            connectors: [{type: 'meepachat', url: `ws://127.0.0.1:${deadPort}/api/bot-gateway`, bot_token: '1.x'}],
+          },
+        ],
+        {captain: {enabled: true, bind: '127.0.0.1', port}},
+      ),
     )
     const key = await createKey()
     const {url, output} = await startServe()
     const deadline = Date.now() + 10_000
-    while (!/a1\/meepachat: disconnected \(.*ECONNREFUSED.*reconnecting in 1 s\)/.test(output()) && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 50))
+    while (
+      !/a1\/meepachat: disconnected \(.*ECONNREFUSED.*reconnecting in 1 s\)/.test(output()) &&
+      Date.now() < deadline
+    )
+      await new Promise((resolve) => setTimeout(resolve, 50))
     expect(output()).toMatch(/connector a1\/meepachat: connecting \(ws:\/\/127\.0\.0\.1:\d+\/api\/bot-gateway\)/)
     expect(output()).toMatch(/a1\/meepachat: disconnected \(.*ECONNREFUSED.*reconnecting in 1 s\)/)
     llm.enqueue({text: 'web chat still works'})
-    expect(((await (await chat(url, key, {agent: 'a1', message: 'hi'})).json()) as {reply: string}).reply).toBe('web chat still works')
+    expect(((await (await chat(url, key, {agent: 'a1', message: 'hi'})).json()) as {reply: string}).reply).toBe(
+      'web chat still works',
+    )
     serve!.kill('SIGINT')
     expect((await serve!).exitCode).toBe(0)
   })
@@ -118,13 +147,27 @@ describe('meepagateway serve (the real CLI)', {timeout: 90_000}, () => {
     const deadPort = await freePort()
     // the bot token is also (carelessly) pasted into the URL path, which the connector logs
     home = makeHome(
-      fakeLlmConfig(llm.openaiBaseUrl, [
-        {id: 'a1', connectors: [{type: 'meepachat', url: `ws://127.0.0.1:${deadPort}/api/bot-gateway/sk-fake-test-key-123456`, bot_token: '$FAKE_LLM_KEY'}]},
-      ], {captain: {enabled: false, bind: '127.0.0.1', port: await freePort()}}),
+      fakeLlmConfig(
+        llm.openaiBaseUrl,
+        [
+          {
+            id: 'a1',
+            connectors: [
+              {
+                type: 'meepachat',
+                url: `ws://127.0.0.1:${deadPort}/api/bot-gateway/sk-fake-test-key-123456`,
+                bot_token: '$FAKE_LLM_KEY',
+              },
+            ],
+          },
+        ],
+        {captain: {enabled: false, bind: '127.0.0.1', port: await freePort()}},
+      ),
     )
     const {output} = await startServe()
     const deadline = Date.now() + 10_000
-    while (!output().includes('reconnecting in') && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 50))
+    while (!output().includes('reconnecting in') && Date.now() < deadline)
+      await new Promise((resolve) => setTimeout(resolve, 50))
     expect(output()).toContain('/api/bot-gateway/[REDACTED]')
     expect(output()).not.toContain('sk-fake-test-key-123456')
     serve!.kill('SIGTERM')
@@ -135,9 +178,19 @@ describe('meepagateway serve (the real CLI)', {timeout: 90_000}, () => {
     const port = await freePort()
     const chatServer = await startFakeMeepaChat({token: '5.token'})
     try {
-      home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1', connectors: [{type: 'meepachat', url: chatServer.gatewayUrl, bot_token: '5.token'}]}], {captain: {enabled: true, bind: '127.0.0.1', port}}))
+      home = makeHome(
+        fakeLlmConfig(
+          llm.openaiBaseUrl,
+          [{id: 'a1', connectors: [{type: 'meepachat', url: chatServer.gatewayUrl, bot_token: '5.token'}]}],
+          {captain: {enabled: true, bind: '127.0.0.1', port}},
+        ),
+      )
       let output = ''
-      serve = execa(process.execPath, [BIN, 'start', '--config', home.configPath, '--unrestricted'], {env: {MEEPAGATEWAY_HOME: home.home, FAKE_LLM_KEY: 'k'}, reject: false, timeout: 60_000})
+      serve = execa(process.execPath, [BIN, 'start', '--config', home.configPath, '--unrestricted'], {
+        env: {MEEPAGATEWAY_HOME: home.home, FAKE_LLM_KEY: 'k'},
+        reject: false,
+        timeout: 60_000,
+      })
       serve.stdout?.on('data', (chunk) => (output += String(chunk)))
       await chatServer.waitForReadyCount(1, 20_000)
       llm.enqueue({text: 'hello via the CLI'})
@@ -162,7 +215,10 @@ describe('meepagateway serve (the real CLI)', {timeout: 90_000}, () => {
     expect(((await response.json()) as {reply: string}).reply).toBe('sandboxed hello')
     serve!.kill('SIGTERM')
     expect((await serve!).exitCode).toBe(0)
-    expect(JSON.parse((await runCli(['runs', '--json'], {home: home.home})).stdout)[0]).toMatchObject({status: 'ok', isolation: 'host-sandbox'})
+    expect(JSON.parse((await runCli(['runs', '--json'], {home: home.home})).stdout)[0]).toMatchObject({
+      status: 'ok',
+      isolation: 'host-sandbox',
+    })
   })
 
   it('exits non-zero with the schema message on a config error', async () => {
@@ -183,19 +239,25 @@ describe('meepagateway serve (the real CLI)', {timeout: 90_000}, () => {
     while (llm.requests.length === requestsBefore) await new Promise((resolve) => setTimeout(resolve, 20))
     serve!.kill('SIGKILL')
     await serve!
-    expect(JSON.parse((await runCli(['runs', '--json'], {home: home.home})).stdout)[0]).toMatchObject({status: 'running'})
+    expect(JSON.parse((await runCli(['runs', '--json'], {home: home.home})).stdout)[0]).toMatchObject({
+      status: 'running',
+    })
     const second = await startServe()
     expect(second.output()).toMatch(/marked 1 run\(s\) left running by a previous gateway as interrupted/)
     serve!.kill('SIGTERM')
     await serve!
-    expect(JSON.parse((await runCli(['runs', '--json'], {home: home.home})).stdout)[0]).toMatchObject({status: 'interrupted'})
+    expect(JSON.parse((await runCli(['runs', '--json'], {home: home.home})).stdout)[0]).toMatchObject({
+      status: 'interrupted',
+    })
   })
 })
 
 describe('api-key and runs commands', {timeout: 90_000}, () => {
   it('creates, lists and revokes keys; a revoked key gets 401 from a running gateway', async () => {
     const port = await freePort()
-    home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1'}, {id: 'b2'}], {captain: {enabled: true, bind: '127.0.0.1', port}}))
+    home = makeHome(
+      fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1'}, {id: 'b2'}], {captain: {enabled: true, bind: '127.0.0.1', port}}),
+    )
     const created = await runCli(['api-key', 'create', 'laptop'], {home: home.home})
     expect(created.exitCode).toBe(0)
     const key = (/(cptn_\S+)/.exec(created.stdout) as RegExpExecArray)[1] as string
@@ -203,7 +265,9 @@ describe('api-key and runs commands', {timeout: 90_000}, () => {
     const list = JSON.parse((await runCli(['api-key', 'list', '--json'], {home: home.home})).stdout)
     expect(list).toHaveLength(1)
     expect(JSON.stringify(list)).not.toContain(key)
-    expect((await runCli(['api-key', 'list'], {home: home.home})).stdout).toMatch(/laptop\s+chat\s+cptn_\S{6}…\s.*active/)
+    expect((await runCli(['api-key', 'list'], {home: home.home})).stdout).toMatch(
+      /laptop\s+chat\s+cptn_\S{6}…\s.*active/,
+    )
 
     const {url} = await startServe()
     llm.setDefault({text: 'ok'})
@@ -215,7 +279,9 @@ describe('api-key and runs commands', {timeout: 90_000}, () => {
     llm.setDefault(undefined)
 
     const table = await runCli(['runs'], {home: home.home})
-    expect(table.stdout.split('\n')[0]).toMatch(/^STARTED \(UTC\)\s+RUN\s+AGENT\s+CONNECTOR\s+CHANNEL\s+ISOLATION\s+STATUS\s+DURATION\s+TOKENS IN\/OUT\s+ERROR/)
+    expect(table.stdout.split('\n')[0]).toMatch(
+      /^STARTED \(UTC\)\s+RUN\s+AGENT\s+CONNECTOR\s+CHANNEL\s+ISOLATION\s+STATUS\s+DURATION\s+TOKENS IN\/OUT\s+ERROR/,
+    )
     expect(table.stdout).toMatch(/b2\s+webchat\s+api-key_\w+\s+unrestricted\s+ok/)
     const onlyA = JSON.parse((await runCli(['runs', '--agent', 'a1', '--json'], {home: home.home})).stdout)
     expect(onlyA.map((run: {agent_id: string}) => run.agent_id)).toEqual(['a1'])

@@ -20,7 +20,8 @@ import {
 // inside the sandbox, and the test looks at the outcome on the host (content leaked? file written?).
 // EBUSY/EROFS: the namespace layer's read-only covers over denied paths; ESRCH: a host pid does not
 // exist in the run's PID namespace
-const DENIED = /Permission denied|Operation not permitted|EPERM|EACCES|Invalid cross-device link|Device or resource busy|Read-only file system|No such process/
+const DENIED =
+  /Permission denied|Operation not permitted|EPERM|EACCES|Invalid cross-device link|Device or resource busy|Read-only file system|No such process/
 const enabled = requireLandlockOrSkip('host sandbox escape tests (sandbox exec)')
 
 // One world for both suites below (they run one after the other): agents, operator files, listeners.
@@ -37,7 +38,10 @@ if (enabled) {
   })
 }
 const exec = (agent: string, script: string) =>
-  runCli(['sandbox', 'exec', '--agent', agent, '--', '/bin/sh', '-c', script], {home: world.home, env: {HOME: world.operatorHome}})
+  runCli(['sandbox', 'exec', '--agent', agent, '--', '/bin/sh', '-c', script], {
+    home: world.home,
+    env: {HOME: world.operatorHome},
+  })
 
 describe.skipIf(!enabled)('sandbox exec: escapes fail', () => {
   /**
@@ -45,7 +49,12 @@ describe.skipIf(!enabled)('sandbox exec: escapes fail', () => {
    * each one failed with EACCES/EPERM/EXDEV.
    */
   const expectDenied = async (agent: string, attacks: string[], leaked?: string) => {
-    const script = attacks.map((attack, index) => `out=$( (${attack}) 2>&1 ); echo "ATTACK ${index} rc=$? $(printf %s "$out" | tr '\\n' ' ' | head -c 400)"`).join('\n')
+    const script = attacks
+      .map(
+        (attack, index) =>
+          `out=$( (${attack}) 2>&1 ); echo "ATTACK ${index} rc=$? $(printf %s "$out" | tr '\\n' ' ' | head -c 400)"`,
+      )
+      .join('\n')
     const result = await exec(agent, script)
     expect(result.exitCode, result.stderr).toBe(0)
     const lines = result.stdout.split('\n').filter((line) => line.startsWith('ATTACK '))
@@ -80,14 +89,27 @@ describe.skipIf(!enabled)('sandbox exec: escapes fail', () => {
 
   it("cannot read or write another agent's workspace", async () => {
     const other = world.workspace('other')
-    await expectDenied('open', [`cat ${other}/notes.txt`, `echo pwned > ${other}/notes.txt`, `echo pwned > ${other}/new.txt`, `ls ${other}`], OTHER_MARKER)
+    await expectDenied(
+      'open',
+      [`cat ${other}/notes.txt`, `echo pwned > ${other}/notes.txt`, `echo pwned > ${other}/new.txt`, `ls ${other}`],
+      OTHER_MARKER,
+    )
     expect(fs.readFileSync(path.join(world.workspace('other'), 'notes.txt'), 'utf8')).toBe(OTHER_MARKER)
     expect(fs.existsSync(path.join(world.workspace('other'), 'new.txt'))).toBe(false)
   })
 
   it('cannot write outside the workspace and the temp dir', async () => {
-    const targets = [path.join(world.root, 'outside.txt'), path.join(world.home, 'planted.yaml'), path.join(world.shared.read, 'readme.txt'), '/etc/meepa-escape-test', '/tmp/meepa-escape-test']
-    await expectDenied('locked', targets.map((target) => `echo pwned > ${target}`))
+    const targets = [
+      path.join(world.root, 'outside.txt'),
+      path.join(world.home, 'planted.yaml'),
+      path.join(world.shared.read, 'readme.txt'),
+      '/etc/meepa-escape-test',
+      '/tmp/meepa-escape-test',
+    ]
+    await expectDenied(
+      'locked',
+      targets.map((target) => `echo pwned > ${target}`),
+    )
     for (const target of targets) {
       if (target.endsWith('readme.txt')) expect(fs.readFileSync(target, 'utf8')).toBe('shared read-only data')
       else expect(fs.existsSync(target)).toBe(false)
@@ -123,7 +145,15 @@ describe.skipIf(!enabled)('sandbox exec: escapes fail', () => {
   })
 
   it('cannot reach a denied path inside an allow_read_write tree', async () => {
-    await expectDenied('locked', [`cat ${world.shared.blocked}/inner.txt`, `echo pwned > ${world.shared.blocked}/inner.txt`, `mv ${world.shared.blocked} ${world.shared.readWrite}/aside`], DENIED_MARKER)
+    await expectDenied(
+      'locked',
+      [
+        `cat ${world.shared.blocked}/inner.txt`,
+        `echo pwned > ${world.shared.blocked}/inner.txt`,
+        `mv ${world.shared.blocked} ${world.shared.readWrite}/aside`,
+      ],
+      DENIED_MARKER,
+    )
     expect(fs.readFileSync(path.join(world.shared.blocked, 'inner.txt'), 'utf8')).toBe(DENIED_MARKER)
   })
 
@@ -138,7 +168,9 @@ describe.skipIf(!enabled)('sandbox exec: escapes fail', () => {
   it('cannot connect to the Docker socket', async () => {
     const socket = ['/var/run/docker.sock', '/run/docker.sock'].find((candidate) => fs.existsSync(candidate))
     if (!socket) return
-    await expectDenied('open', [`node -e "require('net').connect('${socket}').on('connect',()=>{console.log('CONNECTED');process.exit(0)}).on('error',e=>{console.error(e.message);process.exit(3)})"`])
+    await expectDenied('open', [
+      `node -e "require('net').connect('${socket}').on('connect',()=>{console.log('CONNECTED');process.exit(0)}).on('error',e=>{console.error(e.message);process.exit(3)})"`,
+    ])
   })
 
   it('finds no provider key in the environment of the command', async () => {
@@ -156,16 +188,21 @@ describe.skipIf(!enabled)('sandbox exec: escapes fail', () => {
 })
 
 describe.skipIf(!enabled)('sandbox exec: what agents need works', () => {
-
   it('reads and writes in the workspace and the temp dir', async () => {
-    const result = await exec('open', 'echo hello > made.txt && cat made.txt && mkdir -p sub && mv made.txt sub/ && echo tmp > "$TMPDIR/t" && cat "$TMPDIR/t"')
+    const result = await exec(
+      'open',
+      'echo hello > made.txt && cat made.txt && mkdir -p sub && mv made.txt sub/ && echo tmp > "$TMPDIR/t" && cat "$TMPDIR/t"',
+    )
     expect(result.stderr).toBe('')
     expect(result.stdout).toBe('hello\ntmp')
     expect(fs.readFileSync(path.join(world.workspace('open'), 'sub', 'made.txt'), 'utf8')).toBe('hello\n')
   })
 
   it('runs /bin/sh and the system tools', async () => {
-    const result = await exec('open', 'ls /usr/bin | grep -c . >/dev/null && echo abc | sed s/b/B/ && node -e "console.log(1+1)"')
+    const result = await exec(
+      'open',
+      'ls /usr/bin | grep -c . >/dev/null && echo abc | sed s/b/B/ && node -e "console.log(1+1)"',
+    )
     expect(result.stdout).toBe('aBc\n2')
     expect(result.exitCode).toBe(0)
   })
@@ -173,7 +210,10 @@ describe.skipIf(!enabled)('sandbox exec: what agents need works', () => {
   it('reads allow_read paths and writes allow_read_write paths, and edits files next to a denied entry', async () => {
     // shared-rw and the workspace root hold a denied entry, so they are listing-only: existing
     // files and subdirectories stay writable
-    const result = await exec('locked', `cat ${path.join(world.shared.read, 'readme.txt')} && echo more >> ${path.join(world.shared.readWrite, 'data.txt')} && echo edited > work/draft.txt && echo created > work/new.txt && cat work/new.txt >/dev/null`)
+    const result = await exec(
+      'locked',
+      `cat ${path.join(world.shared.read, 'readme.txt')} && echo more >> ${path.join(world.shared.readWrite, 'data.txt')} && echo edited > work/draft.txt && echo created > work/new.txt && cat work/new.txt >/dev/null`,
+    )
     expect(result.stderr).toBe('')
     expect(result.stdout).toBe('shared read-only data')
     expect(fs.readFileSync(path.join(world.shared.readWrite, 'data.txt'), 'utf8')).toBe('shared writable data\nmore\n')
@@ -181,8 +221,13 @@ describe.skipIf(!enabled)('sandbox exec: what agents need works', () => {
   })
 
   it('reads the DNS and TLS files and reaches 127.0.0.1 when the network is allowed', async () => {
-    const bundle = ['/etc/ssl/certs/ca-certificates.crt', '/etc/pki/tls/certs/ca-bundle.crt'].find((file) => fs.existsSync(file))
-    const result = await exec('open', `cat /etc/resolv.conf >/dev/null && cat /etc/hosts >/dev/null ${bundle ? `&& head -c 10 ${bundle} >/dev/null` : ''} && ${nodeTcp(net.tcpPort)}`)
+    const bundle = ['/etc/ssl/certs/ca-certificates.crt', '/etc/pki/tls/certs/ca-bundle.crt'].find((file) =>
+      fs.existsSync(file),
+    )
+    const result = await exec(
+      'open',
+      `cat /etc/resolv.conf >/dev/null && cat /etc/hosts >/dev/null ${bundle ? `&& head -c 10 ${bundle} >/dev/null` : ''} && ${nodeTcp(net.tcpPort)}`,
+    )
     expect(result.stderr).toBe('')
     expect(result.stdout).toContain('CONNECTED')
   })

@@ -7,7 +7,12 @@ import YAML from 'yaml'
 import {afterAll, beforeAll, describe, expect, it} from 'vitest'
 import {freePort} from '../../helpers/free-port.js'
 import {runCli} from '../../helpers/home.js'
-import {DENIED_MARKER, makeEscapeWorld, requireLandlockOrSkip, type EscapeWorld} from '../../helpers/landlock-support.js'
+import {
+  DENIED_MARKER,
+  makeEscapeWorld,
+  requireLandlockOrSkip,
+  type EscapeWorld,
+} from '../../helpers/landlock-support.js'
 
 // Issue 12 through `meepagateway sandbox exec` (the built CLI): each case is attempted inside the
 // sandbox and the outcome is checked, on the host where it matters.
@@ -30,11 +35,19 @@ function addAgent(target: EscapeWorld, agent: Record<string, unknown>): void {
   fs.writeFileSync(file, YAML.stringify(config))
 }
 const exec = (agent: string, script: string) =>
-  runCli(['sandbox', 'exec', '--agent', agent, '--', '/bin/sh', '-c', script], {home: world.home, env: {HOME: world.operatorHome}})
+  runCli(['sandbox', 'exec', '--agent', agent, '--', '/bin/sh', '-c', script], {
+    home: world.home,
+    env: {HOME: world.operatorHome},
+  })
 
 /** Each attempt in its own subshell, one line per attempt: `TRY n rc=N output`. */
 async function attempt(agent: string, attempts: string[]): Promise<Array<{rc: number; out: string}>> {
-  const script = attempts.map((line, index) => `out=$( (${line}) 2>&1 ); echo "TRY ${index} rc=$? $(printf %s "$out" | tr '\\r\\n' '  ' | head -c 300)"`).join('\n')
+  const script = attempts
+    .map(
+      (line, index) =>
+        `out=$( (${line}) 2>&1 ); echo "TRY ${index} rc=$? $(printf %s "$out" | tr '\\r\\n' '  ' | head -c 300)"`,
+    )
+    .join('\n')
   const result = await exec(agent, script)
   expect(result.exitCode, result.stderr).toBe(0)
   const lines = result.stdout.split('\n').filter((line) => line.startsWith('TRY '))
@@ -76,7 +89,9 @@ describe.skipIf(!enabled)('no listening unless file_access.allow_listen', () => 
       expect(result.out).not.toContain('LISTENING')
     }
     expect(await connects(port)).toBe(false)
-    const [udp] = await attempt('open', [py('import socket; s=socket.socket(type=socket.SOCK_DGRAM); s.sendto(b"x", ("127.0.0.1", 9)); print("SENT")')])
+    const [udp] = await attempt('open', [
+      py('import socket; s=socket.socket(type=socket.SOCK_DGRAM); s.sendto(b"x", ("127.0.0.1", 9)); print("SENT")'),
+    ])
     expect(udp).toEqual({rc: 0, out: 'SENT'})
   })
 
@@ -84,25 +99,28 @@ describe.skipIf(!enabled)('no listening unless file_access.allow_listen', () => 
   // (no bind() call for seccomp to refuse), and with the host network anyone who learns that port
   // can send to it: an unsolicited datagram from a third party is received. Outgoing UDP (DNS) needs
   // this socket; closing it needs a network namespace (allow_network: false) or a host firewall.
-  it.fails('a UDP socket that only sent does not receive datagrams from a third party (no UDP server without bind)', async () => {
-    const target = dgram.createSocket('udp4')
-    const stranger = dgram.createSocket('udp4')
-    await new Promise<void>((resolve) => target.bind(0, '127.0.0.1', resolve))
-    await new Promise<void>((resolve) => stranger.bind(0, '127.0.0.1', resolve))
-    // the first datagram tells us the sandboxed socket's port; a stranger then writes to it
-    target.on('message', (_message, from) => stranger.send('unsolicited', from.port, '127.0.0.1'))
-    try {
-      const [result] = await attempt('open', [
-        py(`import socket; s=socket.socket(type=socket.SOCK_DGRAM); s.sendto(b"x", ("127.0.0.1", ${target.address().port})); s.settimeout(3)
+  it.fails(
+    'a UDP socket that only sent does not receive datagrams from a third party (no UDP server without bind)',
+    async () => {
+      const target = dgram.createSocket('udp4')
+      const stranger = dgram.createSocket('udp4')
+      await new Promise<void>((resolve) => target.bind(0, '127.0.0.1', resolve))
+      await new Promise<void>((resolve) => stranger.bind(0, '127.0.0.1', resolve))
+      // the first datagram tells us the sandboxed socket's port; a stranger then writes to it
+      target.on('message', (_message, from) => stranger.send('unsolicited', from.port, '127.0.0.1'))
+      try {
+        const [result] = await attempt('open', [
+          py(`import socket; s=socket.socket(type=socket.SOCK_DGRAM); s.sendto(b"x", ("127.0.0.1", ${target.address().port})); s.settimeout(3)
 try: print("RECEIVED", s.recvfrom(100))
 except Exception as e: print("NOTHING", e)`),
-      ])
-      expect(result!.out).toMatch(/^NOTHING/)
-    } finally {
-      target.close()
-      stranger.close()
-    }
-  })
+        ])
+        expect(result!.out).toMatch(/^NOTHING/)
+      } finally {
+        target.close()
+        stranger.close()
+      }
+    },
+  )
 
   it('with allow_listen: true, TCP and UDP servers start and are reachable', async () => {
     const port = await freePort()
@@ -120,7 +138,8 @@ except Exception as e: print("NOTHING", e)`),
   })
 })
 
-const DENIED = /Permission denied|Operation not permitted|Read-only file system|Device or resource busy|Invalid cross-device link/
+const DENIED =
+  /Permission denied|Operation not permitted|Read-only file system|Device or resource busy|Invalid cross-device link/
 
 describe.skipIf(!enabled)('the run stays in its cgroups', () => {
   // clone3(CLONE_INTO_CGROUP) starts a child in any cgroup v2 directory the caller can name with an
@@ -166,7 +185,9 @@ describe.skipIf(!enabled)('deny inside allow, with the namespace layer', () => {
       'rm -rf private',
       'ln private/secret.txt work/hard.txt',
       'chmod 777 private',
-      py('import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); r = libc.umount2(b"private", 2); e = ctypes.get_errno(); print(os.strerror(e)) if r else print("UNMOUNTED"); exit(1 if r else 0)'),
+      py(
+        'import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); r = libc.umount2(b"private", 2); e = ctypes.get_errno(); print(os.strerror(e)) if r else print("UNMOUNTED"); exit(1 if r else 0)',
+      ),
       `cat ${world.shared.blocked}/inner.txt`,
       `mv ${world.shared.blocked} ${world.shared.readWrite}/aside`,
     ]
@@ -182,7 +203,14 @@ describe.skipIf(!enabled)('deny inside allow, with the namespace layer', () => {
   })
 
   it('covers a denied file with an empty unreadable read-only file: no read, no write, no rename, no delete', async () => {
-    const results = await attempt('lockedfile', ['cat secret.txt', 'echo pwned > secret.txt', 'mv secret.txt aside.txt', 'rm -f secret.txt', 'ln secret.txt hard.txt', 'echo beside > beside.txt && cat beside.txt'])
+    const results = await attempt('lockedfile', [
+      'cat secret.txt',
+      'echo pwned > secret.txt',
+      'mv secret.txt aside.txt',
+      'rm -f secret.txt',
+      'ln secret.txt hard.txt',
+      'echo beside > beside.txt && cat beside.txt',
+    ])
     for (const result of results.slice(0, -1)) {
       expect(result.rc, result.out).not.toBe(0)
       expect(result.out).toMatch(DENIED)
@@ -212,10 +240,13 @@ describe.skipIf(!enabled)('private /proc and /dev/pts', () => {
   it('opens pseudo-terminals on a private devpts: openpty and script work, the host terminals are not there', async () => {
     // a terminal of the host's own, open while the sandbox looks
     const hostTerminal = execa('script', ['-qec', 'sleep 20', '/dev/null'], {reject: false, stdin: 'pipe'})
-    for (let tries = 0; tries < 50 && !fs.readdirSync('/dev/pts').some((name) => /^\d+$/.test(name)); tries++) await new Promise((resolve) => setTimeout(resolve, 50))
+    for (let tries = 0; tries < 50 && !fs.readdirSync('/dev/pts').some((name) => /^\d+$/.test(name)); tries++)
+      await new Promise((resolve) => setTimeout(resolve, 50))
     expect(fs.readdirSync('/dev/pts').some((name) => /^\d+$/.test(name))).toBe(true)
     const results = await attempt('open', [
-      py('import os; m, s = os.openpty(); os.write(m, b"hi" + bytes([10])); print(os.ttyname(s), os.read(s, 3).decode().strip(), "via-pty")'),
+      py(
+        'import os; m, s = os.openpty(); os.write(m, b"hi" + bytes([10])); print(os.ttyname(s), os.read(s, 3).decode().strip(), "via-pty")',
+      ),
       'script -qec "echo inside-script" /dev/null',
       'ls /dev/pts | grep -v ptmx | wc -l',
     ])

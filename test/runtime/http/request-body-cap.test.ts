@@ -25,8 +25,16 @@ fakeLlmForTests((started) => (llm = started))
 beforeAll(async () => {
   const port = await freePort()
   home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1'}], {captain: {enabled: true, bind: '127.0.0.1', port}}))
-  adminKey = (JSON.parse((await runCli(['api-key', 'create', 'ops', '--admin', '--json'], {home: home.home})).stdout) as {key: string}).key
-  const started = await startServeProcess({home: home.home, configPath: home.configPath, env: {MEEPAGATEWAY_PASSWORD: 'request body cap password'}})
+  adminKey = (
+    JSON.parse((await runCli(['api-key', 'create', 'ops', '--admin', '--json'], {home: home.home})).stdout) as {
+      key: string
+    }
+  ).key
+  const started = await startServeProcess({
+    home: home.home,
+    configPath: home.configPath,
+    env: {MEEPAGATEWAY_PASSWORD: 'request body cap password'},
+  })
   serve = started.process
   base = started.url
 })
@@ -54,12 +62,39 @@ interface Answer {
 }
 
 /** curl, as an operator or a script sends a large body: `Expect: 100-continue` unless `expect` is false. */
-async function curl(method: string, route: string, body: Buffer, options: {expect: boolean; chunked?: boolean; key?: string}): Promise<Answer> {
+async function curl(
+  method: string,
+  route: string,
+  body: Buffer,
+  options: {expect: boolean; chunked?: boolean; key?: string},
+): Promise<Answer> {
   const file = path.join(home.home, `body-${body.length}`)
   fs.writeFileSync(file, body)
-  const headers = ['content-type: application/json', options.expect ? 'expect: 100-continue' : 'expect:', ...(options.chunked ? ['transfer-encoding: chunked'] : []), ...(options.key ? [`authorization: Bearer ${options.key}`] : [])]
+  const headers = [
+    'content-type: application/json',
+    options.expect ? 'expect: 100-continue' : 'expect:',
+    ...(options.chunked ? ['transfer-encoding: chunked'] : []),
+    ...(options.key ? [`authorization: Bearer ${options.key}`] : []),
+  ]
   const started = Date.now()
-  const result = await execa('curl', ['-sS', '-v', '-m', '15', '-X', method, ...headers.flatMap((header) => ['-H', header]), '--data-binary', `@${file}`, '-w', '\n%{http_code}', base + route], {reject: false})
+  const result = await execa(
+    'curl',
+    [
+      '-sS',
+      '-v',
+      '-m',
+      '15',
+      '-X',
+      method,
+      ...headers.flatMap((header) => ['-H', header]),
+      '--data-binary',
+      `@${file}`,
+      '-w',
+      '\n%{http_code}',
+      base + route,
+    ],
+    {reject: false},
+  )
   const lines = String(result.stdout).split('\n')
   const trace = String(result.stderr)
   return {
@@ -74,7 +109,12 @@ async function curl(method: string, route: string, body: Buffer, options: {expec
 }
 
 /** Node's http client on a connection of its own; with `expect` the body is sent only on `100 Continue`. */
-function nodeRequest(method: string, route: string, body: Buffer, options: {expect: boolean; key?: string}): Promise<Answer> {
+function nodeRequest(
+  method: string,
+  route: string,
+  body: Buffer,
+  options: {expect: boolean; key?: string},
+): Promise<Answer> {
   const started = Date.now()
   return new Promise((resolve) => {
     const events: string[] = []
@@ -116,7 +156,14 @@ function nodeRequest(method: string, route: string, body: Buffer, options: {expe
         clearTimeout(timer)
         events.push(`socket closed${hadError ? ' with an error' : ''}`)
         // the response's end may be emitted just after the socket closes
-        setImmediate(() => resolve({...answer, closedCleanly: responseEnded && !failed && !hadError, ms: Date.now() - started, trace: events.join('; ')}))
+        setImmediate(() =>
+          resolve({
+            ...answer,
+            closedCleanly: responseEnded && !failed && !hadError,
+            ms: Date.now() - started,
+            trace: events.join('; '),
+          }),
+        )
       })
     })
     if (!options.expect) req.end(body)
@@ -141,7 +188,15 @@ function writeAllThenRead(method: string, route: string, body: Buffer, options: 
       events.push('no answer within 15 s')
       socket.destroy()
     }, 15_000)
-    const head = [`${method} ${route} HTTP/1.1`, `host: ${hostname}:${port}`, 'content-type: application/json', `content-length: ${body.length}`, ...(options.key ? [`authorization: Bearer ${options.key}`] : []), '', ''].join('\r\n')
+    const head = [
+      `${method} ${route} HTTP/1.1`,
+      `host: ${hostname}:${port}`,
+      'content-type: application/json',
+      `content-length: ${body.length}`,
+      ...(options.key ? [`authorization: Bearer ${options.key}`] : []),
+      '',
+      '',
+    ].join('\r\n')
     socket.write(head)
     socket.write(body, (error) => {
       events.push(error ? `writing the body failed: ${error.message}` : 'body written')
@@ -158,7 +213,14 @@ function writeAllThenRead(method: string, route: string, body: Buffer, options: 
       const text = Buffer.concat(received).toString('utf8')
       const status = Number(/^HTTP\/1\.1 (\d{3})/.exec(text)?.[1] ?? 0)
       const answerBody = text.slice(text.indexOf('\r\n\r\n') + 4)
-      resolve({status, body: answerBody, continued: false, closedCleanly: !failed && status !== 0, ms: Date.now() - started, trace: events.join('; ')})
+      resolve({
+        status,
+        body: answerBody,
+        continued: false,
+        closedCleanly: !failed && status !== 0,
+        ms: Date.now() - started,
+        trace: events.join('; '),
+      })
     })
   })
 }
@@ -176,11 +238,51 @@ interface OversizedRequest {
 }
 
 const oversized: OversizedRequest[] = [
-  {name: 'POST /api/chat, 1.5 MB', method: 'POST', route: '/api/chat', fields: {agent: 'a1', message: 'hi'}, bytes: 1.5 * MAX_BODY, limit: MAX_BODY, admin: true},
-  {name: 'PATCH /api/captain/agents/a1, 2 MB', method: 'PATCH', route: '/api/captain/agents/a1', fields: {}, bytes: 2 * MAX_BODY, limit: MAX_BODY, admin: true},
-  {name: 'the login, 2 MB', method: 'POST', route: '/api/captain/auth/login', fields: {password: 'x'}, bytes: 2 * MAX_BODY, limit: LOGIN_MAX_BODY, admin: false},
-  {name: 'the login, 100 KB (over its own 16 KB cap)', method: 'POST', route: '/api/captain/auth/login', fields: {password: 'x'}, bytes: 100 * 1024, limit: LOGIN_MAX_BODY, admin: false},
-  {name: 'POST /api/captain/auth/logout (reads no body), 2 MB', method: 'POST', route: '/api/captain/auth/logout', fields: {}, bytes: 2 * MAX_BODY, limit: MAX_BODY, admin: false},
+  {
+    name: 'POST /api/chat, 1.5 MB',
+    method: 'POST',
+    route: '/api/chat',
+    fields: {agent: 'a1', message: 'hi'},
+    bytes: 1.5 * MAX_BODY,
+    limit: MAX_BODY,
+    admin: true,
+  },
+  {
+    name: 'PATCH /api/captain/agents/a1, 2 MB',
+    method: 'PATCH',
+    route: '/api/captain/agents/a1',
+    fields: {},
+    bytes: 2 * MAX_BODY,
+    limit: MAX_BODY,
+    admin: true,
+  },
+  {
+    name: 'the login, 2 MB',
+    method: 'POST',
+    route: '/api/captain/auth/login',
+    fields: {password: 'x'},
+    bytes: 2 * MAX_BODY,
+    limit: LOGIN_MAX_BODY,
+    admin: false,
+  },
+  {
+    name: 'the login, 100 KB (over its own 16 KB cap)',
+    method: 'POST',
+    route: '/api/captain/auth/login',
+    fields: {password: 'x'},
+    bytes: 100 * 1024,
+    limit: LOGIN_MAX_BODY,
+    admin: false,
+  },
+  {
+    name: 'POST /api/captain/auth/logout (reads no body), 2 MB',
+    method: 'POST',
+    route: '/api/captain/auth/logout',
+    fields: {},
+    bytes: 2 * MAX_BODY,
+    limit: MAX_BODY,
+    admin: false,
+  },
 ]
 
 interface Client {
@@ -197,12 +299,42 @@ interface Client {
 }
 
 const clients: Client[] = [
-  {name: 'curl with Expect: 100-continue', declaresLength: true, expects: true, send: (r, body, key) => curl(r.method, r.route, body, {expect: true, key})},
-  {name: 'curl without Expect', declaresLength: true, expects: false, send: (r, body, key) => curl(r.method, r.route, body, {expect: false, key})},
-  {name: 'curl, chunked (no length), with Expect', declaresLength: false, expects: true, send: (r, body, key) => curl(r.method, r.route, body, {expect: true, chunked: true, key})},
-  {name: 'curl, chunked (no length), without Expect', declaresLength: false, expects: false, send: (r, body, key) => curl(r.method, r.route, body, {expect: false, chunked: true, key})},
-  {name: "Node's http client with expect: 100-continue", declaresLength: true, expects: true, send: (r, body, key) => nodeRequest(r.method, r.route, body, {expect: true, key})},
-  {name: "Node's http client without Expect", declaresLength: true, expects: false, send: (r, body, key) => nodeRequest(r.method, r.route, body, {expect: false, key})},
+  {
+    name: 'curl with Expect: 100-continue',
+    declaresLength: true,
+    expects: true,
+    send: (r, body, key) => curl(r.method, r.route, body, {expect: true, key}),
+  },
+  {
+    name: 'curl without Expect',
+    declaresLength: true,
+    expects: false,
+    send: (r, body, key) => curl(r.method, r.route, body, {expect: false, key}),
+  },
+  {
+    name: 'curl, chunked (no length), with Expect',
+    declaresLength: false,
+    expects: true,
+    send: (r, body, key) => curl(r.method, r.route, body, {expect: true, chunked: true, key}),
+  },
+  {
+    name: 'curl, chunked (no length), without Expect',
+    declaresLength: false,
+    expects: false,
+    send: (r, body, key) => curl(r.method, r.route, body, {expect: false, chunked: true, key}),
+  },
+  {
+    name: "Node's http client with expect: 100-continue",
+    declaresLength: true,
+    expects: true,
+    send: (r, body, key) => nodeRequest(r.method, r.route, body, {expect: true, key}),
+  },
+  {
+    name: "Node's http client without Expect",
+    declaresLength: true,
+    expects: false,
+    send: (r, body, key) => nodeRequest(r.method, r.route, body, {expect: false, key}),
+  },
   {
     name: 'a client that writes the whole body before it reads',
     declaresLength: true,
@@ -227,7 +359,12 @@ describe('request bodies over the cap, against a real `serve`', {timeout: 60_000
         // a declared length over what any route reads is refused before routing; anything else at the route's own cap
         const limit = client.declaresLength && body.length > MAX_BODY ? MAX_BODY : request.limit
         expect(answer.status, what).toBe(413)
-        expect(JSON.parse(answer.body), what).toEqual({error: {code: 'E_INPUT', message: `the request body is larger than ${limit} bytes; send at most ${limit} bytes`}})
+        expect(JSON.parse(answer.body), what).toEqual({
+          error: {
+            code: 'E_INPUT',
+            message: `the request body is larger than ${limit} bytes; send at most ${limit} bytes`,
+          },
+        })
         expect(answer.closedCleanly, what).toBe(true)
         // a declared length over the cap is refused before the client is asked for the body
         if (client.declaresLength && client.expects) expect(answer.continued, what).toBe(false)
@@ -237,11 +374,16 @@ describe('request bodies over the cap, against a real `serve`', {timeout: 60_000
   }
 
   it('a body within the cap is still asked for with 100 Continue, and answered', async () => {
-    const login = await curl('POST', '/api/captain/auth/login', jsonBody(10, {password: 'wrong guess!'}), {expect: true})
+    const login = await curl('POST', '/api/captain/auth/login', jsonBody(10, {password: 'wrong guess!'}), {
+      expect: true,
+    })
     expect(login.status, login.trace).toBe(401)
     expect(login.continued, login.trace).toBe(true)
     llm.setDefault({text: 'hello from a1'})
-    const chat = await nodeRequest('POST', '/api/chat', Buffer.from(JSON.stringify({agent: 'a1', message: 'hi'})), {expect: true, key: adminKey})
+    const chat = await nodeRequest('POST', '/api/chat', Buffer.from(JSON.stringify({agent: 'a1', message: 'hi'})), {
+      expect: true,
+      key: adminKey,
+    })
     expect(chat.continued, chat.trace).toBe(true)
     expect(chat.status, chat.trace).toBe(200)
     expect(JSON.parse(chat.body)).toMatchObject({reply: 'hello from a1'})

@@ -1,7 +1,12 @@
 import {describe, expect, it} from 'vitest'
 import {anthropicBaseUrl} from '../../../src/runtime/providers/anthropic.js'
 import {retryAfterMs} from '../../../src/runtime/providers/failure.js'
-import {backoffDelayMs, DEFAULT_BASE_DELAY_MS, MAX_BACKOFF_MS, retryOptions} from '../../../src/runtime/providers/retry.js'
+import {
+  backoffDelayMs,
+  DEFAULT_BASE_DELAY_MS,
+  MAX_BACKOFF_MS,
+  retryOptions,
+} from '../../../src/runtime/providers/retry.js'
 
 const headers = (values: Record<string, string>) => new Headers(values)
 

@@ -12,7 +12,14 @@ const CUT_HISTORY: ChatMessage[] = [
   {role: 'tool', tool_call_id: 'old-1', name: 'shell', content: 'output of a call whose request was dropped'},
   {role: 'assistant', content: 'Done with the old task.'},
   {role: 'user', content: 'new question'},
-  {role: 'assistant', content: '', tool_calls: [{id: 'new-1', name: 'read_file', arguments: {path: 'a'}}, {id: 'new-2', name: 'read_file', arguments: {path: 'b'}}]},
+  {
+    role: 'assistant',
+    content: '',
+    tool_calls: [
+      {id: 'new-1', name: 'read_file', arguments: {path: 'a'}},
+      {id: 'new-2', name: 'read_file', arguments: {path: 'b'}},
+    ],
+  },
   {role: 'tool', tool_call_id: 'new-1', name: 'read_file', content: 'contents of a'},
   // new-2's result was never stored (the run was killed)
   {role: 'tool', tool_call_id: 'stray', name: 'shell', content: 'answers nothing'},
@@ -25,7 +32,13 @@ describe('repairToolPairs', () => {
       {role: 'user', content: 'new question'},
       CUT_HISTORY[3],
       CUT_HISTORY[4],
-      {role: 'tool', tool_call_id: 'new-2', name: 'read_file', content: 'No result was recorded for this tool call.', is_error: true},
+      {
+        role: 'tool',
+        tool_call_id: 'new-2',
+        name: 'read_file',
+        content: 'No result was recorded for this tool call.',
+        is_error: true,
+      },
       {role: 'user', content: 'and now?'},
     ])
   })
@@ -51,7 +64,13 @@ describe('cut history through the real SDKs', () => {
     const client = new OpenAI({apiKey: 'k', baseURL: llm.openaiBaseUrl, maxRetries: 0})
     llm.setDefault({text: 'unreachable'})
     await expect(
-      client.chat.completions.create({model: 'm', messages: [{role: 'tool', tool_call_id: 'old-1', content: 'x'}, {role: 'user', content: 'q'}]}),
+      client.chat.completions.create({
+        model: 'm',
+        messages: [
+          {role: 'tool', tool_call_id: 'old-1', content: 'x'},
+          {role: 'user', content: 'q'},
+        ],
+      }),
     ).rejects.toMatchObject({status: 400})
   })
 

@@ -9,10 +9,20 @@ export const SECRETS = {TEST_OPENAI_KEY: 'sk-openai-test', TEST_ANTHROPIC_KEY: '
 export function fakeProvider(llm: FakeLlm, api: FakeApi, extra: Partial<ProviderConfig> = {}): ProviderConfig {
   return api === 'openai'
     ? {kind: 'openai', model: 'gpt-test', base_url: llm.openaiBaseUrl, api_key_env: 'TEST_OPENAI_KEY', ...extra}
-    : {kind: 'anthropic', model: 'claude-test', base_url: llm.anthropicBaseUrl, api_key_env: 'TEST_ANTHROPIC_KEY', ...extra}
+    : {
+        kind: 'anthropic',
+        model: 'claude-test',
+        base_url: llm.anthropicBaseUrl,
+        api_key_env: 'TEST_ANTHROPIC_KEY',
+        ...extra,
+      }
 }
 
-export function providersConfig(primary: string, providers: Record<string, ProviderConfig>, fallback: string[] = []): ProvidersConfig {
+export function providersConfig(
+  primary: string,
+  providers: Record<string, ProviderConfig>,
+  fallback: string[] = [],
+): ProvidersConfig {
   return {primary, fallback, providers}
 }
 

@@ -20,14 +20,23 @@ describe('httpFetch', () => {
       const chunks: Buffer[] = []
       req.on('data', (chunk: Buffer) => chunks.push(chunk))
       req.on('end', () => {
-        seen.push({method: req.method ?? '', url: req.url ?? '', headers: req.headers, body: Buffer.concat(chunks).toString('utf8')})
+        seen.push({
+          method: req.method ?? '',
+          url: req.url ?? '',
+          headers: req.headers,
+          body: Buffer.concat(chunks).toString('utf8'),
+        })
         switch (req.url) {
           case '/gzip':
             res.writeHead(200, {'content-type': 'application/json', 'content-encoding': 'gzip'})
             res.end(zlib.gzipSync(JSON.stringify({hello: 'world'})))
             return
           case '/empty':
-            res.writeHead(204, [['x-request-id', 'req_1'], ['set-cookie', 'a=1'], ['set-cookie', 'b=2']])
+            res.writeHead(204, [
+              ['x-request-id', 'req_1'],
+              ['set-cookie', 'a=1'],
+              ['set-cookie', 'b=2'],
+            ])
             res.end()
             return
           case '/redirect':
@@ -53,7 +62,11 @@ describe('httpFetch', () => {
 
   it('sends the method, headers (Headers or a record) and a string body with its length', async () => {
     const body = JSON.stringify({model: 'm', note: 'héllo'})
-    const response = await httpFetch(`${base}/echo`, {method: 'POST', headers: new Headers({'content-type': 'application/json', authorization: 'Bearer k'}), body})
+    const response = await httpFetch(`${base}/echo`, {
+      method: 'POST',
+      headers: new Headers({'content-type': 'application/json', authorization: 'Bearer k'}),
+      body,
+    })
     expect(await response.text()).toBe('echo POST')
     const request = seen.at(-1)!
     expect(request.body).toBe(body)

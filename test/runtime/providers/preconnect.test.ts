@@ -33,7 +33,11 @@ afterEach(async () => {
   }
 })
 
-async function listen(server: http.Server | https.Server, onConnection?: (socket: Socket, index: number) => void, port = 0): Promise<{origin: string; seen: Seen}> {
+async function listen(
+  server: http.Server | https.Server,
+  onConnection?: (socket: Socket, index: number) => void,
+  port = 0,
+): Promise<{origin: string; seen: Seen}> {
   const seen: Seen = {connections: [], requests: 0, headers: []}
   server.on(server instanceof https.Server ? 'secureConnection' : 'connection', (socket: Socket) => {
     const entry: Seen['connections'][number] = {socket, accepted: Date.now()}
@@ -47,7 +51,11 @@ async function listen(server: http.Server | https.Server, onConnection?: (socket
     request.resume()
     // each API's smallest answer where the SDKs ask, plain text elsewhere
     const answer = ANSWERS[request.url ?? '']
-    request.on('end', () => (answer ? response.writeHead(200, {'content-type': 'application/json'}).end(JSON.stringify(answer)) : response.writeHead(200, {'content-type': 'text/plain'}).end('answer')))
+    request.on('end', () =>
+      answer
+        ? response.writeHead(200, {'content-type': 'application/json'}).end(JSON.stringify(answer))
+        : response.writeHead(200, {'content-type': 'text/plain'}).end('answer'),
+    )
   })
   servers.push(server)
   await new Promise<void>((resolve, reject) => {
@@ -57,7 +65,10 @@ async function listen(server: http.Server | https.Server, onConnection?: (socket
   const {port: bound} = server.address() as AddressInfo
   const scheme = server instanceof https.Server ? 'https' : 'http'
   // a default port is left out of the origin, as in a base_url such as https://api.openai.com/v1
-  return {origin: bound === (scheme === 'https' ? 443 : 80) ? `${scheme}://127.0.0.1` : `${scheme}://127.0.0.1:${bound}`, seen}
+  return {
+    origin: bound === (scheme === 'https' ? 443 : 80) ? `${scheme}://127.0.0.1` : `${scheme}://127.0.0.1:${bound}`,
+    seen,
+  }
 }
 
 async function portFree(port: number): Promise<boolean> {
@@ -69,8 +80,24 @@ async function portFree(port: number): Promise<boolean> {
 }
 
 const ANSWERS: Record<string, unknown> = {
-  '/v1/chat/completions': {id: 'c', object: 'chat.completion', created: 0, model: 'm', choices: [{index: 0, message: {role: 'assistant', content: 'hello'}, finish_reason: 'stop'}], usage: {prompt_tokens: 1, completion_tokens: 1, total_tokens: 2}},
-  '/v1/messages': {id: 'msg', type: 'message', role: 'assistant', model: 'm', content: [{type: 'text', text: 'hello'}], stop_reason: 'end_turn', stop_sequence: null, usage: {input_tokens: 1, output_tokens: 1}},
+  '/v1/chat/completions': {
+    id: 'c',
+    object: 'chat.completion',
+    created: 0,
+    model: 'm',
+    choices: [{index: 0, message: {role: 'assistant', content: 'hello'}, finish_reason: 'stop'}],
+    usage: {prompt_tokens: 1, completion_tokens: 1, total_tokens: 2},
+  },
+  '/v1/messages': {
+    id: 'msg',
+    type: 'message',
+    role: 'assistant',
+    model: 'm',
+    content: [{type: 'text', text: 'hello'}],
+    stop_reason: 'end_turn',
+    stop_sequence: null,
+    usage: {input_tokens: 1, output_tokens: 1},
+  },
 }
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
@@ -108,19 +135,22 @@ describe('preconnect', () => {
     expect(seen.connections).toHaveLength(1)
   })
 
-  it.runIf(process.getuid?.() === 0)('a base_url without a port (http://host): the first request has the Host header it has without preconnect', async (context) => {
-    if (!(await portFree(80))) return context.skip()
-    const {origin, seen} = await listen(http.createServer(), undefined, 80)
-    expect(origin).toBe('http://127.0.0.1')
-    await (await httpFetch(`${origin}/plain`)).text()
-    // the pooled connection expired, as between two messages of a gateway
-    for (const {socket} of seen.connections) socket.destroy()
-    await sleep(100)
-    preconnect(origin)
-    await until('the early connection', () => seen.connections.length === 2)
-    await (await httpFetch(`${origin}/early`)).text()
-    expect(seen.headers.map((headers) => headers.host)).toEqual(['127.0.0.1', '127.0.0.1'])
-  })
+  it.runIf(process.getuid?.() === 0)(
+    'a base_url without a port (http://host): the first request has the Host header it has without preconnect',
+    async (context) => {
+      if (!(await portFree(80))) return context.skip()
+      const {origin, seen} = await listen(http.createServer(), undefined, 80)
+      expect(origin).toBe('http://127.0.0.1')
+      await (await httpFetch(`${origin}/plain`)).text()
+      // the pooled connection expired, as between two messages of a gateway
+      for (const {socket} of seen.connections) socket.destroy()
+      await sleep(100)
+      preconnect(origin)
+      await until('the early connection', () => seen.connections.length === 2)
+      await (await httpFetch(`${origin}/early`)).text()
+      expect(seen.headers.map((headers) => headers.host)).toEqual(['127.0.0.1', '127.0.0.1'])
+    },
+  )
 
   it('a request node:http refuses at once (a header value it rejects) leaves no open early connection behind to hold the process', async () => {
     const {origin, seen} = await listen(http.createServer())
@@ -137,19 +167,23 @@ describe('preconnect', () => {
     expect(child.exitCode).toBe(0)
   })
 
-  it('an answer slower than the idle time (5 s of silence, as an LLM thinking) still arrives on the early connection', {timeout: 20_000}, async () => {
-    const server = http.createServer()
-    const {origin, seen} = await listen(server)
-    server.removeAllListeners('request')
-    server.on('request', (request: http.IncomingMessage, response: http.ServerResponse) => {
-      request.resume()
-      setTimeout(() => response.writeHead(200, {'content-type': 'text/plain'}).end('slow answer'), 6500)
-    })
-    preconnect(origin)
-    await until('the early connection', () => seen.connections.length === 1)
-    expect(await (await httpFetch(`${origin}/v1/slow`, {method: 'POST', body: '{}'})).text()).toBe('slow answer')
-    expect(seen.connections).toHaveLength(1)
-  })
+  it(
+    'an answer slower than the idle time (5 s of silence, as an LLM thinking) still arrives on the early connection',
+    {timeout: 20_000},
+    async () => {
+      const server = http.createServer()
+      const {origin, seen} = await listen(server)
+      server.removeAllListeners('request')
+      server.on('request', (request: http.IncomingMessage, response: http.ServerResponse) => {
+        request.resume()
+        setTimeout(() => response.writeHead(200, {'content-type': 'text/plain'}).end('slow answer'), 6500)
+      })
+      preconnect(origin)
+      await until('the early connection', () => seen.connections.length === 1)
+      expect(await (await httpFetch(`${origin}/v1/slow`, {method: 'POST', body: '{}'})).text()).toBe('slow answer')
+      expect(seen.connections).toHaveLength(1)
+    },
+  )
 
   it('a connection the server closed before the request is not used: the request connects again and succeeds', async () => {
     const {origin, seen} = await listen(http.createServer(), (socket, index) => {
@@ -177,7 +211,14 @@ describe('preconnect', () => {
   for (const kind of ['openai', 'anthropic'] as const) {
     it(`a provider chain's warm-up (${kind}) opens the connection its first call then uses, with no request`, async () => {
       const {origin, seen} = await listen(http.createServer())
-      const chain = createProviderChain({primary: 'p', fallback: [], providers: {p: {kind, model: 'm', api_key_env: 'K', base_url: kind === 'openai' ? `${origin}/v1` : origin}}} as never, {K: 'sk-test'})
+      const chain = createProviderChain(
+        {
+          primary: 'p',
+          fallback: [],
+          providers: {p: {kind, model: 'm', api_key_env: 'K', base_url: kind === 'openai' ? `${origin}/v1` : origin}},
+        } as never,
+        {K: 'sk-test'},
+      )
       chain.warm()
       await until('the early connection', () => seen.connections.length === 1)
       expect(seen.requests).toBe(0)
@@ -191,7 +232,15 @@ describe('preconnect', () => {
     const {origin, seen} = await listen(http.createServer())
     const module = path.join(ROOT, 'dist', 'runtime', 'providers', 'http-fetch.js')
     const started = Date.now()
-    const child = await execa(process.execPath, ['--input-type=module', '-e', `import {preconnect} from ${JSON.stringify(module)}; preconnect(${JSON.stringify(origin)}); setTimeout(() => {}, 300)`], {timeout: 10_000, reject: false})
+    const child = await execa(
+      process.execPath,
+      [
+        '--input-type=module',
+        '-e',
+        `import {preconnect} from ${JSON.stringify(module)}; preconnect(${JSON.stringify(origin)}); setTimeout(() => {}, 300)`,
+      ],
+      {timeout: 10_000, reject: false},
+    )
     expect(child.exitCode).toBe(0)
     expect(Date.now() - started).toBeLessThan(5000)
     expect(seen.connections).toHaveLength(1)
@@ -210,35 +259,90 @@ describe.runIf(fs.existsSync('/usr/bin/openssl'))('preconnect over TLS', () => {
 
   async function tlsServer() {
     if (!fs.existsSync(cert)) {
-      await execa('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-days', '1', '-subj', '/CN=127.0.0.1', '-addext', 'subjectAltName=IP:127.0.0.1', '-keyout', key, '-out', cert])
+      await execa('openssl', [
+        'req',
+        '-x509',
+        '-newkey',
+        'ec',
+        '-pkeyopt',
+        'ec_paramgen_curve:prime256v1',
+        '-nodes',
+        '-days',
+        '1',
+        '-subj',
+        '/CN=127.0.0.1',
+        '-addext',
+        'subjectAltName=IP:127.0.0.1',
+        '-keyout',
+        key,
+        '-out',
+        cert,
+      ])
     }
     return listen(https.createServer({cert: fs.readFileSync(cert), key: fs.readFileSync(key)}))
   }
 
   it('the early TLS connection serves the first request when the certificate is trusted', async () => {
     const {origin, seen} = await tlsServer()
-    const result = await execa(process.execPath, ['--input-type=module', '-e', client(origin, true)], {env: {NODE_EXTRA_CA_CERTS: cert}, timeout: 10_000})
+    const result = await execa(process.execPath, ['--input-type=module', '-e', client(origin, true)], {
+      env: {NODE_EXTRA_CA_CERTS: cert},
+      timeout: 10_000,
+    })
     expect(result.stdout).toBe('status 200 answer')
     expect(seen.connections).toHaveLength(1)
   })
 
-  it.runIf(process.getuid?.() === 0)('an https base_url without a port (https://api.openai.com/v1): the first request says Host: <host>, not <host>:80', async (context) => {
-    if (!(await portFree(443))) return context.skip()
-    const named = path.join(dir, 'localhost.pem')
-    const namedKey = path.join(dir, 'localhost-key.pem')
-    await execa('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-days', '1', '-subj', '/CN=localhost', '-addext', 'subjectAltName=DNS:localhost', '-keyout', namedKey, '-out', named])
-    const {seen} = await listen(https.createServer({cert: fs.readFileSync(named), key: fs.readFileSync(namedKey)}), undefined, 443)
-    const result = await execa(process.execPath, ['--input-type=module', '-e', client('https://localhost', true)], {env: {NODE_EXTRA_CA_CERTS: named}, timeout: 10_000})
-    expect(result.stdout).toBe('status 200 answer')
-    expect(seen.connections).toHaveLength(1)
-    expect(seen.headers[0]?.host).toBe('localhost')
-  })
+  it.runIf(process.getuid?.() === 0)(
+    'an https base_url without a port (https://api.openai.com/v1): the first request says Host: <host>, not <host>:80',
+    async (context) => {
+      if (!(await portFree(443))) return context.skip()
+      const named = path.join(dir, 'localhost.pem')
+      const namedKey = path.join(dir, 'localhost-key.pem')
+      await execa('openssl', [
+        'req',
+        '-x509',
+        '-newkey',
+        'ec',
+        '-pkeyopt',
+        'ec_paramgen_curve:prime256v1',
+        '-nodes',
+        '-days',
+        '1',
+        '-subj',
+        '/CN=localhost',
+        '-addext',
+        'subjectAltName=DNS:localhost',
+        '-keyout',
+        namedKey,
+        '-out',
+        named,
+      ])
+      const {seen} = await listen(
+        https.createServer({cert: fs.readFileSync(named), key: fs.readFileSync(namedKey)}),
+        undefined,
+        443,
+      )
+      const result = await execa(process.execPath, ['--input-type=module', '-e', client('https://localhost', true)], {
+        env: {NODE_EXTRA_CA_CERTS: named},
+        timeout: 10_000,
+      })
+      expect(result.stdout).toBe('status 200 answer')
+      expect(seen.connections).toHaveLength(1)
+      expect(seen.headers[0]?.host).toBe('localhost')
+    },
+  )
 
   it('an untrusted certificate fails the request exactly as without it: the early connection checks it too', async () => {
     const {origin, seen} = await tlsServer()
     const env = {NODE_EXTRA_CA_CERTS: ''}
-    const without = await execa(process.execPath, ['--input-type=module', '-e', client(origin, false)], {env, timeout: 10_000})
-    const withEarly = await execa(process.execPath, ['--input-type=module', '-e', client(origin, true)], {env, timeout: 10_000})
+    const without = await execa(process.execPath, ['--input-type=module', '-e', client(origin, false)], {
+      env,
+      timeout: 10_000,
+    })
+    const withEarly = await execa(process.execPath, ['--input-type=module', '-e', client(origin, true)], {
+      env,
+      timeout: 10_000,
+    })
     expect(without.stdout).toMatch(/^error [A-Z_]+$/)
     expect(withEarly.stdout).toBe(without.stdout)
     expect(seen.requests).toBe(0)

@@ -17,7 +17,12 @@ describe('retries', () => {
     {api: 'anthropic', stream: false},
     {api: 'anthropic', stream: true},
   ] as const)('retries a 500 and returns the answer that follows ($api, stream: $stream)', async ({api, stream}) => {
-    const chain = createProviderChain(providersConfig('main', {main: fakeProvider(llm, api, {stream})}), SECRETS, {}, QUICK)
+    const chain = createProviderChain(
+      providersConfig('main', {main: fakeProvider(llm, api, {stream})}),
+      SECRETS,
+      {},
+      QUICK,
+    )
     llm.enqueue({status: 500}, {text: 'recovered'})
     const response = await chain.chat(userRequest('hi'))
     expect(response.content).toBe('recovered')
@@ -25,24 +30,39 @@ describe('retries', () => {
   })
 
   it('retries 529 overloaded on the Anthropic API', async () => {
-    const chain = createProviderChain(providersConfig('main', {main: fakeProvider(llm, 'anthropic')}), SECRETS, {}, QUICK)
+    const chain = createProviderChain(
+      providersConfig('main', {main: fakeProvider(llm, 'anthropic')}),
+      SECRETS,
+      {},
+      QUICK,
+    )
     llm.enqueue({status: 529}, {status: 503}, {text: 'recovered'})
     expect((await chain.chat(userRequest('hi'))).content).toBe('recovered')
     expect(llm.requests).toHaveLength(3)
   })
 
-  it.each(['openai', 'anthropic'] as const)('never retries a 400 (%s): one request, and the error names the provider', async (api) => {
-    const chain = createProviderChain(providersConfig('main-llm', {'main-llm': fakeProvider(llm, api)}), SECRETS, {}, QUICK)
-    llm.enqueue({status: 400, message: 'prompt is too long'}, {text: 'must not be reached'})
-    const error = await gatewayErrorOf(chain.chat(userRequest('hi')))
-    expect(llm.requests).toHaveLength(1)
-    expect(error.code).toBe('E_PROVIDER')
-    expect(error.message).toContain('main-llm')
-    expect(error.message).toContain('HTTP 400')
-    expect(error.message).toContain('prompt is too long')
-    expect(error.retryable).toBe(false)
-    expect(error.details.attempts).toEqual([{provider: 'main-llm', status: 400, message: 'HTTP 400: prompt is too long'}])
-  })
+  it.each(['openai', 'anthropic'] as const)(
+    'never retries a 400 (%s): one request, and the error names the provider',
+    async (api) => {
+      const chain = createProviderChain(
+        providersConfig('main-llm', {'main-llm': fakeProvider(llm, api)}),
+        SECRETS,
+        {},
+        QUICK,
+      )
+      llm.enqueue({status: 400, message: 'prompt is too long'}, {text: 'must not be reached'})
+      const error = await gatewayErrorOf(chain.chat(userRequest('hi')))
+      expect(llm.requests).toHaveLength(1)
+      expect(error.code).toBe('E_PROVIDER')
+      expect(error.message).toContain('main-llm')
+      expect(error.message).toContain('HTTP 400')
+      expect(error.message).toContain('prompt is too long')
+      expect(error.retryable).toBe(false)
+      expect(error.details.attempts).toEqual([
+        {provider: 'main-llm', status: 400, message: 'HTTP 400: prompt is too long'},
+      ])
+    },
+  )
 
   it('does not retry a 401 either, and points at the key variable', async () => {
     llm.requireApiKey('the-right-key')
@@ -54,7 +74,12 @@ describe('retries', () => {
   })
 
   it('gives up after 1 + max_retries attempts (default 2 retries)', async () => {
-    const chain = createProviderChain(providersConfig('main', {main: fakeProvider(llm, 'anthropic')}), SECRETS, {}, QUICK)
+    const chain = createProviderChain(
+      providersConfig('main', {main: fakeProvider(llm, 'anthropic')}),
+      SECRETS,
+      {},
+      QUICK,
+    )
     llm.setDefault({status: 500, message: 'upstream exploded'})
     const error = await gatewayErrorOf(chain.chat(userRequest('hi')))
     expect(llm.requests).toHaveLength(3)
@@ -64,7 +89,12 @@ describe('retries', () => {
   })
 
   it('honours max_retries from the provider config', async () => {
-    const chain = createProviderChain(providersConfig('main', {main: fakeProvider(llm, 'openai', {max_retries: 0})}), SECRETS, {}, QUICK)
+    const chain = createProviderChain(
+      providersConfig('main', {main: fakeProvider(llm, 'openai', {max_retries: 0})}),
+      SECRETS,
+      {},
+      QUICK,
+    )
     llm.setDefault({status: 502})
     await gatewayErrorOf(chain.chat(userRequest('hi')))
     expect(llm.requests).toHaveLength(1)
@@ -109,15 +139,28 @@ describe('retries', () => {
     expect(error.suggestions.join(' ')).toContain(`127.0.0.1:${port}`)
   })
 
-  it.each(['openai', 'anthropic'] as const)('retries a stream that breaks off with an error event (%s)', async (api) => {
-    const chain = createProviderChain(providersConfig('main', {main: fakeProvider(llm, api, {stream: true})}), SECRETS, {}, QUICK)
-    llm.enqueue({text: 'partial', streamError: 'Overloaded'}, {text: 'whole answer'})
-    expect((await chain.chat(userRequest('hi'))).content).toBe('whole answer')
-    expect(llm.requests).toHaveLength(2)
-  })
+  it.each(['openai', 'anthropic'] as const)(
+    'retries a stream that breaks off with an error event (%s)',
+    async (api) => {
+      const chain = createProviderChain(
+        providersConfig('main', {main: fakeProvider(llm, api, {stream: true})}),
+        SECRETS,
+        {},
+        QUICK,
+      )
+      llm.enqueue({text: 'partial', streamError: 'Overloaded'}, {text: 'whole answer'})
+      expect((await chain.chat(userRequest('hi'))).content).toBe('whole answer')
+      expect(llm.requests).toHaveLength(2)
+    },
+  )
 
   it('retries a dropped connection', async () => {
-    const chain = createProviderChain(providersConfig('main', {main: fakeProvider(llm, 'anthropic')}), SECRETS, {}, QUICK)
+    const chain = createProviderChain(
+      providersConfig('main', {main: fakeProvider(llm, 'anthropic')}),
+      SECRETS,
+      {},
+      QUICK,
+    )
     llm.enqueue({disconnect: true}, {text: 'second time lucky'})
     expect((await chain.chat(userRequest('hi'))).content).toBe('second time lucky')
     expect(llm.requests).toHaveLength(2)
@@ -185,13 +228,20 @@ describe('fallback', () => {
   it('tries each fallback in order and names every provider in the final error', async () => {
     const providers = providersConfig(
       'one',
-      {one: fakeProvider(llm, 'anthropic'), two: fakeProvider(llm, 'openai', {max_retries: 1}), three: fakeProvider(llm, 'openai')},
+      {
+        one: fakeProvider(llm, 'anthropic'),
+        two: fakeProvider(llm, 'openai', {max_retries: 1}),
+        three: fakeProvider(llm, 'openai'),
+      },
       ['two', 'three'],
     )
     const chain = createProviderChain(providers, SECRETS, {}, QUICK)
     llm.enqueue(
-      {status: 500, message: 'one is down'}, {status: 500, message: 'one is down'}, {status: 500, message: 'one is down'},
-      {status: 503, message: 'two is busy'}, {status: 503, message: 'two is busy'},
+      {status: 500, message: 'one is down'},
+      {status: 500, message: 'one is down'},
+      {status: 500, message: 'one is down'},
+      {status: 503, message: 'two is busy'},
+      {status: 503, message: 'two is busy'},
       {status: 404, message: 'model not found'},
     )
     const error = await gatewayErrorOf(chain.chat(userRequest('hi')))
@@ -227,7 +277,10 @@ describe('fallback', () => {
 
 describe('configuration problems', () => {
   it('a missing API key names the variable to set, without sending anything', async () => {
-    const chain = createProviderChain(providersConfig('main', {main: fakeProvider(llm, 'anthropic', {api_key_env: 'MY_ANTHROPIC_KEY'})}), {})
+    const chain = createProviderChain(
+      providersConfig('main', {main: fakeProvider(llm, 'anthropic', {api_key_env: 'MY_ANTHROPIC_KEY'})}),
+      {},
+    )
     const error = await gatewayErrorOf(chain.chat(userRequest('hi')))
     expect(llm.requests).toHaveLength(0)
     expect(error.code).toBe('E_CONFIG')
@@ -253,7 +306,10 @@ describe('configuration problems', () => {
   })
 
   it('warm() sends nothing and changes no answer, with or without the key', async () => {
-    const missing = createProviderChain(providersConfig('main', {main: fakeProvider(llm, 'openai', {api_key_env: 'MY_OPENAI_KEY'})}), {})
+    const missing = createProviderChain(
+      providersConfig('main', {main: fakeProvider(llm, 'openai', {api_key_env: 'MY_OPENAI_KEY'})}),
+      {},
+    )
     missing.warm()
     expect((await gatewayErrorOf(missing.chat(userRequest('hi')))).code).toBe('E_CONFIG')
     const chain = createProviderChain(providersConfig('main', {main: fakeProvider(llm, 'openai')}), SECRETS)
@@ -265,17 +321,24 @@ describe('configuration problems', () => {
   })
 
   it('a provider without api_key_env (Ollama-style) sends a placeholder key', async () => {
-    const chain = createProviderChain(providersConfig('ollama', {ollama: fakeProvider(llm, 'openai', {api_key_env: undefined})}), {})
+    const chain = createProviderChain(
+      providersConfig('ollama', {ollama: fakeProvider(llm, 'openai', {api_key_env: undefined})}),
+      {},
+    )
     llm.enqueue({text: 'local model here'})
     expect((await chain.chat(userRequest('hi'))).content).toBe('local model here')
     expect(llm.requests[0].headers.authorization).toMatch(/^Bearer \S+/)
   })
 
   it('an unknown provider name is a config error at creation, listing the defined ones', () => {
-    const providers = providersConfig('main', {main: fakeProvider(llm, 'openai'), other: fakeProvider(llm, 'openai')}, ['nope'])
-    expect(() => createProviderChain(providers, SECRETS)).toThrow(/providers\.fallback\[0\]: provider "nope" is not defined/)
-    expect(() => createProviderChain(providersConfig('main', {main: fakeProvider(llm, 'openai')}), SECRETS, {provider: 'gone'})).toThrow(
-      /agent provider: provider "gone" is not defined/,
+    const providers = providersConfig('main', {main: fakeProvider(llm, 'openai'), other: fakeProvider(llm, 'openai')}, [
+      'nope',
+    ])
+    expect(() => createProviderChain(providers, SECRETS)).toThrow(
+      /providers\.fallback\[0\]: provider "nope" is not defined/,
     )
+    expect(() =>
+      createProviderChain(providersConfig('main', {main: fakeProvider(llm, 'openai')}), SECRETS, {provider: 'gone'}),
+    ).toThrow(/agent provider: provider "gone" is not defined/)
   })
 })

@@ -21,14 +21,21 @@ describe.each(MODES)('tool calling through the real $api SDK (stream: $stream)',
   it('returns the tool call, then sends its result back in the wire shape of the API', async () => {
     const providers = chain()
     llm.enqueue(
-      {text: 'Writing it now.', toolCalls: [{name: 'write_file', arguments: {path: 'notes/a.txt', content: 'hello "world"\n'}}], usage: {input_tokens: 21, output_tokens: 7}},
+      {
+        text: 'Writing it now.',
+        toolCalls: [{name: 'write_file', arguments: {path: 'notes/a.txt', content: 'hello "world"\n'}}],
+        usage: {input_tokens: 21, output_tokens: 7},
+      },
       {text: 'The file is written.', usage: {input_tokens: 40, output_tokens: 5}},
     )
 
     const first = await providers.chat(userRequest('write a file', [WRITE_FILE_TOOL]))
     expect(first.content).toBe('Writing it now.')
     expect(first.tool_calls).toHaveLength(1)
-    expect(first.tool_calls[0]).toMatchObject({name: 'write_file', arguments: {path: 'notes/a.txt', content: 'hello "world"\n'}})
+    expect(first.tool_calls[0]).toMatchObject({
+      name: 'write_file',
+      arguments: {path: 'notes/a.txt', content: 'hello "world"\n'},
+    })
     expect(first.tool_calls[0].id).toMatch(/\S/)
     expect(first.usage).toEqual({input_tokens: 21, output_tokens: 7})
     expect(first.provider).toBe('main')
@@ -53,14 +60,25 @@ describe.each(MODES)('tool calling through the real $api SDK (stream: $stream)',
     if (api === 'openai') {
       expect(llm.requests[1].headers.authorization).toBe(`Bearer ${SECRETS.TEST_OPENAI_KEY}`)
       expect(body.model).toBe('gpt-test')
-      expect(body.tools).toEqual([{type: 'function', function: {name: 'write_file', description: WRITE_FILE_TOOL.description, parameters: WRITE_FILE_TOOL.parameters}}])
+      expect(body.tools).toEqual([
+        {
+          type: 'function',
+          function: {
+            name: 'write_file',
+            description: WRITE_FILE_TOOL.description,
+            parameters: WRITE_FILE_TOOL.parameters,
+          },
+        },
+      ])
       expect(body.messages).toEqual([
         {role: 'system', content: 'You are a test agent.'},
         {role: 'user', content: 'write a file'},
         {
           role: 'assistant',
           content: 'Writing it now.',
-          tool_calls: [{id: call.id, type: 'function', function: {name: 'write_file', arguments: JSON.stringify(call.arguments)}}],
+          tool_calls: [
+            {id: call.id, type: 'function', function: {name: 'write_file', arguments: JSON.stringify(call.arguments)}},
+          ],
         },
         {role: 'tool', tool_call_id: call.id, content: 'wrote 14 bytes to notes/a.txt'},
       ])
@@ -70,7 +88,9 @@ describe.each(MODES)('tool calling through the real $api SDK (stream: $stream)',
       expect(body.model).toBe('claude-test')
       expect(body.max_tokens).toBe(4096)
       expect(body.system).toBe('You are a test agent.')
-      expect(body.tools).toEqual([{name: 'write_file', description: WRITE_FILE_TOOL.description, input_schema: WRITE_FILE_TOOL.parameters}])
+      expect(body.tools).toEqual([
+        {name: 'write_file', description: WRITE_FILE_TOOL.description, input_schema: WRITE_FILE_TOOL.parameters},
+      ])
       expect(body.messages).toEqual([
         {role: 'user', content: [{type: 'text', text: 'write a file'}]},
         {
@@ -80,7 +100,10 @@ describe.each(MODES)('tool calling through the real $api SDK (stream: $stream)',
             {type: 'tool_use', id: call.id, name: 'write_file', input: call.arguments},
           ],
         },
-        {role: 'user', content: [{type: 'tool_result', tool_use_id: call.id, content: 'wrote 14 bytes to notes/a.txt'}]},
+        {
+          role: 'user',
+          content: [{type: 'tool_result', tool_use_id: call.id, content: 'wrote 14 bytes to notes/a.txt'}],
+        },
       ])
     }
   })
@@ -108,7 +131,14 @@ describe.each(MODES)('tool calling through the real $api SDK (stream: $stream)',
     llm.enqueue({text: 'both done'})
     const history: ChatMessage[] = [
       {role: 'user', content: 'two things'},
-      {role: 'assistant', content: '', tool_calls: [{id: 'c1', name: 'read_file', arguments: {path: 'x'}}, {id: 'c2', name: 'shell', arguments: {command: 'false'}}]},
+      {
+        role: 'assistant',
+        content: '',
+        tool_calls: [
+          {id: 'c1', name: 'read_file', arguments: {path: 'x'}},
+          {id: 'c2', name: 'shell', arguments: {command: 'false'}},
+        ],
+      },
       {role: 'tool', tool_call_id: 'c1', name: 'read_file', content: 'contents of x'},
       {role: 'tool', tool_call_id: 'c2', name: 'shell', content: 'exit code 1', is_error: true},
     ]
@@ -117,7 +147,12 @@ describe.each(MODES)('tool calling through the real $api SDK (stream: $stream)',
 
     const {body} = llm.requests[0]
     if (api === 'openai') {
-      expect(body.messages.map((message: {role: string}) => message.role)).toEqual(['user', 'assistant', 'tool', 'tool'])
+      expect(body.messages.map((message: {role: string}) => message.role)).toEqual([
+        'user',
+        'assistant',
+        'tool',
+        'tool',
+      ])
       expect(body.messages[1].content).toBeNull()
       expect(body.tools).toBeUndefined()
     } else {
@@ -138,7 +173,11 @@ describe('malformed tool arguments', () => {
       llm2.enqueue({toolCalls: [{name: 'shell', arguments: '{"command": "ls"'}]})
       const chain = createProviderChain(providersConfig('main', {main: fakeProvider(llm2, 'openai')}), SECRETS)
       const response = await chain.chat(userRequest('list'))
-      expect(response.tool_calls[0]).toMatchObject({name: 'shell', arguments: {}, invalid_arguments: '{"command": "ls"'})
+      expect(response.tool_calls[0]).toMatchObject({
+        name: 'shell',
+        arguments: {},
+        invalid_arguments: '{"command": "ls"',
+      })
     } finally {
       await llm2.close()
     }

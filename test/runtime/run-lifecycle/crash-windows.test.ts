@@ -34,7 +34,8 @@ const leftovers: string[] = []
 afterEach(async () => {
   for (const dir of leftovers) {
     try {
-      for (const pid of fs.readFileSync(path.join(dir, 'cgroup.procs'), 'utf8').split('\n').filter(Boolean)) process.kill(Number(pid), 'SIGKILL')
+      for (const pid of fs.readFileSync(path.join(dir, 'cgroup.procs'), 'utf8').split('\n').filter(Boolean))
+        process.kill(Number(pid), 'SIGKILL')
       if (fs.existsSync(path.join(dir, 'freezer.state'))) fs.writeFileSync(path.join(dir, 'freezer.state'), 'THAWED')
     } catch {
       // gone
@@ -84,105 +85,150 @@ function runCgroupDirs(prefix: string): string[] {
     if (!match) continue
     const [, controllers, where] = match as unknown as [string, string, string]
     if (controllers === '') parents.push(path.join('/sys/fs/cgroup', where, 'meepa-runs'))
-    for (const controller of controllers.split(',')) if (['memory', 'pids', 'cpu', 'freezer'].includes(controller)) parents.push(path.join('/sys/fs/cgroup', controller, where, 'meepagateway'))
+    for (const controller of controllers.split(','))
+      if (['memory', 'pids', 'cpu', 'freezer'].includes(controller))
+        parents.push(path.join('/sys/fs/cgroup', controller, where, 'meepagateway'))
   }
   return parents.flatMap((parent) => {
     try {
-      return fs.readdirSync(parent).filter((name) => name.startsWith(prefix)).map((name) => path.join(parent, name))
+      return fs
+        .readdirSync(parent)
+        .filter((name) => name.startsWith(prefix))
+        .map((name) => path.join(parent, name))
     } catch {
       return []
     }
   })
 }
 
-describe.runIf(process.platform === 'linux' && root)('records and reclaim around the start of a run', {timeout: 120_000}, () => {
-  it.runIf(has('strace') && cgroups.mode !== 'none')(
-    'a send SIGKILLed after it made the run cgroups but before it spawned: the next send removes them (the record must exist by then)',
-    async () => {
-      const {home, env, tmp} = setup()
-      // SIGKILL at the first socketpair(): node:child_process makes the run's stdio pipes with it, right before fork
-      const killed = await execa('strace', ['-f', '-o', '/dev/null', '-e', 'trace=socketpair', '-e', 'inject=socketpair:signal=KILL:when=1', process.execPath, BIN, 'send', '--agent', 'a1', 'hi'], {
-        env: {MEEPAGATEWAY_HOME: home.home, FAKE_LLM_KEY: 'sk-fake-test-key-123456', ...env},
-        reject: false,
-      })
-      expect(killed.signal ?? killed.exitCode).toMatch(/SIGKILL|137/)
-      // the run's id: its TMPDIR (meepa-run-<pid>-<first 12 characters of the run id>-...) was made first
-      const left = fs.readdirSync(tmp).find((name) => name.startsWith('meepa-run-'))
-      expect(left).toBeDefined()
-      const prefix = /^meepa-run-\d+-(run_[0-9a-f]{8})-/.exec(left!)![1]!
-      const leaked = runCgroupDirs(prefix)
-      leftovers.push(...leaked)
-      expect(leaked.length).toBeGreaterThan(0) // the cgroups were made before the kill
-      llm.enqueue({text: 'hello'})
-      const next = await runCli(['send', '--agent', 'a1', 'hi'], {home: home.home, env})
-      expect(next.stdout.trim()).toBe('hello')
-      expect(runCgroupDirs(prefix), 'run cgroups nobody will ever remove').toEqual([])
-    },
-  )
-
-  it.runIf(has('unshare'))(
-    "a send per fresh pid namespace (docker run ... send): a crashed send's stale keeper pid is the next run's keeper pid, and the reclaim must not kill that run",
-    async () => {
-      const {home, env} = setup()
-      const inNamespace = (args: string[]) =>
-        execa('unshare', ['--pid', '--fork', '--kill-child', '--mount-proc', process.execPath, BIN, ...args], {
-          env: {MEEPAGATEWAY_HOME: home.home, FAKE_LLM_KEY: 'sk-fake-test-key-123456', MEEPA_RETRY_BASE_MS: '20', ...env},
-          reject: false,
-        })
-      // 1. a send whose run is busy is killed with its whole namespace (OOM, docker kill): keeper
-      // included, the record stays
-      const marker = uniqueMarker()
-      llm.enqueue({toolCalls: [{name: 'shell', arguments: {command: `sleep 30.${marker}`, timeout_seconds: 60}}]}, {text: 'never'})
-      const crashed = inNamespace(['send', '--agent', 'a1', 'go'])
-      const deadline = Date.now() + 30_000
-      while (processesWith(marker).length === 0 && Date.now() < deadline) await sleep(25)
-      expect(processesWith(marker).length).toBeGreaterThan(0)
-      crashed.kill('SIGKILL')
-      await crashed
-      const settle = Date.now() + 3000
-      while (processesWith(marker).length > 0 && Date.now() < settle) await sleep(25)
-      const db = openGatewayDb(home.home)
-      const rows = db.prepare('SELECT keeper_pid, cgroups FROM run_processes').all() as Array<{keeper_pid: number; cgroups: string}>
-      db.close()
-      expect(rows).toHaveLength(1)
-      // (whatever the reclaim leaves is cleaned up here for the machine)
-      leftovers.push(...(JSON.parse(rows[0]!.cgroups) as string[]))
-      // 2. the next send, in a fresh namespace of its own: its keeper gets the same pid
-      llm.reset() // the crashed run never asked for its second turn
-      llm.enqueue({text: 'hello'})
-      const next = await inNamespace(['send', '--agent', 'a1', 'hi'])
-      expect(next.stderr).toContain('killed what 1 run(s) of a process that is gone left running')
-      expect(next.stdout.trim(), next.stderr).toBe('hello')
-      expect(next.exitCode).toBe(0)
-    },
-  )
-
-  it.runIf(has('mount'))("a stale run's TMPDIR the reclaim cannot remove: send says so and answers, it does not crash", async () => {
-    const {home, env, tmp} = setup()
-    // what a crashed owner's run left: its TMPDIR holds something rmSync cannot remove (as root: a mount point;
-    // for a non-root operator, a directory the agent made read-only: EACCES)
-    const stale = fs.mkdtempSync(path.join(tmp, 'stale-'))
-    fs.mkdirSync(path.join(stale, 'm'))
-    execaSync('mount', ['-t', 'tmpfs', 'none', path.join(stale, 'm')])
-    mounts.push(path.join(stale, 'm'))
-    const db = openGatewayDb(home.home)
-    db.prepare(`INSERT INTO run_processes (run_id, owner_pid, owner_start, keeper_pid, cgroups, container, tmp_dir, started_at) VALUES (?, ?, NULL, NULL, '[]', NULL, ?, ?)`).run(
-      'run_stale',
-      4_000_000, // above pid_max: a dead owner
-      stale,
-      Date.now(),
+describe.runIf(process.platform === 'linux' && root)(
+  'records and reclaim around the start of a run',
+  {timeout: 120_000},
+  () => {
+    it.runIf(has('strace') && cgroups.mode !== 'none')(
+      'a send SIGKILLed after it made the run cgroups but before it spawned: the next send removes them (the record must exist by then)',
+      async () => {
+        const {home, env, tmp} = setup()
+        // SIGKILL at the first socketpair(): node:child_process makes the run's stdio pipes with it, right before fork
+        const killed = await execa(
+          'strace',
+          [
+            '-f',
+            '-o',
+            '/dev/null',
+            '-e',
+            'trace=socketpair',
+            '-e',
+            'inject=socketpair:signal=KILL:when=1',
+            process.execPath,
+            BIN,
+            'send',
+            '--agent',
+            'a1',
+            'hi',
+          ],
+          {
+            env: {MEEPAGATEWAY_HOME: home.home, FAKE_LLM_KEY: 'sk-fake-test-key-123456', ...env},
+            reject: false,
+          },
+        )
+        expect(killed.signal ?? killed.exitCode).toMatch(/SIGKILL|137/)
+        // the run's id: its TMPDIR (meepa-run-<pid>-<first 12 characters of the run id>-...) was made first
+        const left = fs.readdirSync(tmp).find((name) => name.startsWith('meepa-run-'))
+        expect(left).toBeDefined()
+        const prefix = /^meepa-run-\d+-(run_[0-9a-f]{8})-/.exec(left!)![1]!
+        const leaked = runCgroupDirs(prefix)
+        leftovers.push(...leaked)
+        expect(leaked.length).toBeGreaterThan(0) // the cgroups were made before the kill
+        llm.enqueue({text: 'hello'})
+        const next = await runCli(['send', '--agent', 'a1', 'hi'], {home: home.home, env})
+        expect(next.stdout.trim()).toBe('hello')
+        expect(runCgroupDirs(prefix), 'run cgroups nobody will ever remove').toEqual([])
+      },
     )
-    db.close()
-    llm.enqueue({text: 'hello'})
-    const result = await runCli(['send', '--agent', 'a1', 'hi'], {home: home.home, env})
-    expect(result.stderr).not.toMatch(/^\s+at /m) // no raw stack trace of an unhandled rejection
-    expect(result.stdout.trim(), result.stderr).toBe('hello')
-    expect(result.exitCode).toBe(0)
-    expect(result.stderr).toContain(`could not remove what an abandoned run left (remove it by hand): ${stale}`)
-  })
-})
 
-describe.runIf(process.platform === 'linux' && root && fs.existsSync('/sys/fs/cgroup/freezer/cgroup.procs') && has('unshare'))('a keeper killed after it froze its run, before its SIGKILLs', {timeout: 60_000}, () => {
+    it.runIf(has('unshare'))(
+      "a send per fresh pid namespace (docker run ... send): a crashed send's stale keeper pid is the next run's keeper pid, and the reclaim must not kill that run",
+      async () => {
+        const {home, env} = setup()
+        const inNamespace = (args: string[]) =>
+          execa('unshare', ['--pid', '--fork', '--kill-child', '--mount-proc', process.execPath, BIN, ...args], {
+            env: {
+              MEEPAGATEWAY_HOME: home.home,
+              FAKE_LLM_KEY: 'sk-fake-test-key-123456',
+              MEEPA_RETRY_BASE_MS: '20',
+              ...env,
+            },
+            reject: false,
+          })
+        // 1. a send whose run is busy is killed with its whole namespace (OOM, docker kill): keeper
+        // included, the record stays
+        const marker = uniqueMarker()
+        llm.enqueue(
+          {toolCalls: [{name: 'shell', arguments: {command: `sleep 30.${marker}`, timeout_seconds: 60}}]},
+          {text: 'never'},
+        )
+        const crashed = inNamespace(['send', '--agent', 'a1', 'go'])
+        const deadline = Date.now() + 30_000
+        while (processesWith(marker).length === 0 && Date.now() < deadline) await sleep(25)
+        expect(processesWith(marker).length).toBeGreaterThan(0)
+        crashed.kill('SIGKILL')
+        await crashed
+        const settle = Date.now() + 3000
+        while (processesWith(marker).length > 0 && Date.now() < settle) await sleep(25)
+        const db = openGatewayDb(home.home)
+        const rows = db.prepare('SELECT keeper_pid, cgroups FROM run_processes').all() as Array<{
+          keeper_pid: number
+          cgroups: string
+        }>
+        db.close()
+        expect(rows).toHaveLength(1)
+        // (whatever the reclaim leaves is cleaned up here for the machine)
+        leftovers.push(...(JSON.parse(rows[0]!.cgroups) as string[]))
+        // 2. the next send, in a fresh namespace of its own: its keeper gets the same pid
+        llm.reset() // the crashed run never asked for its second turn
+        llm.enqueue({text: 'hello'})
+        const next = await inNamespace(['send', '--agent', 'a1', 'hi'])
+        expect(next.stderr).toContain('killed what 1 run(s) of a process that is gone left running')
+        expect(next.stdout.trim(), next.stderr).toBe('hello')
+        expect(next.exitCode).toBe(0)
+      },
+    )
+
+    it.runIf(has('mount'))(
+      "a stale run's TMPDIR the reclaim cannot remove: send says so and answers, it does not crash",
+      async () => {
+        const {home, env, tmp} = setup()
+        // what a crashed owner's run left: its TMPDIR holds something rmSync cannot remove (as root: a mount point;
+        // for a non-root operator, a directory the agent made read-only: EACCES)
+        const stale = fs.mkdtempSync(path.join(tmp, 'stale-'))
+        fs.mkdirSync(path.join(stale, 'm'))
+        execaSync('mount', ['-t', 'tmpfs', 'none', path.join(stale, 'm')])
+        mounts.push(path.join(stale, 'm'))
+        const db = openGatewayDb(home.home)
+        db.prepare(
+          `INSERT INTO run_processes (run_id, owner_pid, owner_start, keeper_pid, cgroups, container, tmp_dir, started_at) VALUES (?, ?, NULL, NULL, '[]', NULL, ?, ?)`,
+        ).run(
+          'run_stale',
+          4_000_000, // above pid_max: a dead owner
+          stale,
+          Date.now(),
+        )
+        db.close()
+        llm.enqueue({text: 'hello'})
+        const result = await runCli(['send', '--agent', 'a1', 'hi'], {home: home.home, env})
+        expect(result.stderr).not.toMatch(/^\s+at /m) // no raw stack trace of an unhandled rejection
+        expect(result.stdout.trim(), result.stderr).toBe('hello')
+        expect(result.exitCode).toBe(0)
+        expect(result.stderr).toContain(`could not remove what an abandoned run left (remove it by hand): ${stale}`)
+      },
+    )
+  },
+)
+
+describe.runIf(
+  process.platform === 'linux' && root && fs.existsSync('/sys/fs/cgroup/freezer/cgroup.procs') && has('unshare'),
+)('a keeper killed after it froze its run, before its SIGKILLs', {timeout: 60_000}, () => {
   it('a reclaim from another pid namespace (cgroup.procs looks empty there) does not let the run go on: frozen again within 50 ms, the record kept, the operator told', async () => {
     const dir = path.join('/sys/fs/cgroup/freezer', `meepa-test-frozen-${process.pid}`)
     fs.mkdirSync(dir)
@@ -192,7 +238,10 @@ describe.runIf(process.platform === 'linux' && root && fs.existsSync('/sys/fs/cg
     const marker = uniqueMarker()
     // the agent's background process: it counts while it runs
     const ticks = path.join(home, 'ticks')
-    const victim = execa('sh', ['-c', `while :; do echo x >> ${ticks}; sleep 0.05; done # ${marker}`], {detached: true, reject: false})
+    const victim = execa('sh', ['-c', `while :; do echo x >> ${ticks}; sleep 0.05; done # ${marker}`], {
+      detached: true,
+      reject: false,
+    })
     await until(() => processesWith(marker).length === 1)
     const [pid] = processesWith(marker)
     fs.writeFileSync(path.join(dir, 'cgroup.procs'), String(pid))
@@ -201,11 +250,25 @@ describe.runIf(process.platform === 'linux' && root && fs.existsSync('/sys/fs/cg
     fs.writeFileSync(path.join(dir, 'freezer.state'), 'FROZEN')
     await until(() => fs.readFileSync(path.join(dir, 'freezer.state'), 'utf8').startsWith('FROZEN'))
     const db = openGatewayDb(home)
-    db.prepare(`INSERT INTO run_processes (run_id, owner_pid, owner_start, keeper_pid, cgroups, container, tmp_dir, started_at) VALUES ('run_frozen', 4000000, NULL, NULL, ?, NULL, NULL, ?)`).run(JSON.stringify([dir]), Date.now())
+    db.prepare(
+      `INSERT INTO run_processes (run_id, owner_pid, owner_start, keeper_pid, cgroups, container, tmp_dir, started_at) VALUES ('run_frozen', 4000000, NULL, NULL, ?, NULL, NULL, ?)`,
+    ).run(JSON.stringify([dir]), Date.now())
     db.close()
     // the next start-up's reclaim, in a pid namespace of its own
     const module = path.join(ROOT, 'dist', 'runtime', 'run-lifecycle', 'run-processes.js')
-    const reclaim = await execa('unshare', ['--pid', '--fork', '--mount-proc', process.execPath, '--input-type=module', '-e', `import {reapAbandonedRuns} from ${JSON.stringify(module)}; console.log(JSON.stringify(await reapAbandonedRuns(${JSON.stringify(home)})))`], {reject: false})
+    const reclaim = await execa(
+      'unshare',
+      [
+        '--pid',
+        '--fork',
+        '--mount-proc',
+        process.execPath,
+        '--input-type=module',
+        '-e',
+        `import {reapAbandonedRuns} from ${JSON.stringify(module)}; console.log(JSON.stringify(await reapAbandonedRuns(${JSON.stringify(home)})))`,
+      ],
+      {reject: false},
+    )
     expect(reclaim.exitCode, reclaim.stderr).toBe(0)
     const result = JSON.parse(reclaim.stdout) as {runs: string[]; failures: string[]}
     // frozen again: FROZEN, or FREEZING for as long as a task waits in the kernel on a frozen one
@@ -227,35 +290,42 @@ describe.runIf(process.platform === 'linux' && root && fs.existsSync('/sys/fs/cg
   })
 })
 
-describe.runIf(process.platform === 'linux' && fs.existsSync(HELPER))('limits.disk checked while agent-run starts', {timeout: 60_000}, () => {
-  it('a workspace already over limits.disk: the started stand-in never gets its input, and the run is E_DISK "already uses"', async () => {
-    const home = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-disk-before-'))
-    dirs.push(home)
-    const workspace = path.join(home, 'agents', 'a1')
-    const tmpDir = path.join(home, 'tmp')
-    fs.mkdirSync(workspace, {recursive: true})
-    fs.mkdirSync(tmpDir)
-    fs.writeFileSync(path.join(workspace, 'big'), Buffer.alloc(3 * 1024 * 1024, 1))
-    // planted in the workspace: a FIFO and a symlink loop; the measure must neither block nor follow them
-    execaSync('mkfifo', [path.join(workspace, 'fifo')])
-    fs.symlinkSync('.', path.join(workspace, 'loop'))
-    const runId = `run_disk${process.pid}`
-    const agent = resolveAgent({id: 'a1', limits: {memory: '512m', pids: 256, cpus: 1, disk: '1m'}} as never, {})
-    const input = {version: 1, run_id: runId, agent, message: {content: 'hi'}} as unknown as AgentRunInput
-    const started = Date.now()
-    const output = await runAgentProcess({
-      argv: ['sh', '-c', `read line; echo "$line" > ${workspace}/got-input`],
-      env: {PATH: process.env.PATH ?? '/usr/bin:/bin'},
-      cwd: workspace,
-      input,
-      llm: {chat: () => Promise.reject(new Error('no LLM here')), maxCalls: 1},
-      timeoutMs: 20_000,
-      quietUntilInput: true,
-      ownership: {home, runId, limits: agent.limits, workspace, tmpDir},
+describe.runIf(process.platform === 'linux' && fs.existsSync(HELPER))(
+  'limits.disk checked while agent-run starts',
+  {timeout: 60_000},
+  () => {
+    it('a workspace already over limits.disk: the started stand-in never gets its input, and the run is E_DISK "already uses"', async () => {
+      const home = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-disk-before-'))
+      dirs.push(home)
+      const workspace = path.join(home, 'agents', 'a1')
+      const tmpDir = path.join(home, 'tmp')
+      fs.mkdirSync(workspace, {recursive: true})
+      fs.mkdirSync(tmpDir)
+      fs.writeFileSync(path.join(workspace, 'big'), Buffer.alloc(3 * 1024 * 1024, 1))
+      // planted in the workspace: a FIFO and a symlink loop; the measure must neither block nor follow them
+      execaSync('mkfifo', [path.join(workspace, 'fifo')])
+      fs.symlinkSync('.', path.join(workspace, 'loop'))
+      const runId = `run_disk${process.pid}`
+      const agent = resolveAgent({id: 'a1', limits: {memory: '512m', pids: 256, cpus: 1, disk: '1m'}} as never, {})
+      const input = {version: 1, run_id: runId, agent, message: {content: 'hi'}} as unknown as AgentRunInput
+      const started = Date.now()
+      const output = await runAgentProcess({
+        argv: ['sh', '-c', `read line; echo "$line" > ${workspace}/got-input`],
+        env: {PATH: process.env.PATH ?? '/usr/bin:/bin'},
+        cwd: workspace,
+        input,
+        llm: {chat: () => Promise.reject(new Error('no LLM here')), maxCalls: 1},
+        timeoutMs: 20_000,
+        quietUntilInput: true,
+        ownership: {home, runId, limits: agent.limits, workspace, tmpDir},
+      })
+      expect(output.ok).toBe(false)
+      expect(!output.ok && output.error).toMatchObject({
+        code: 'E_DISK',
+        message: expect.stringContaining('already uses'),
+      })
+      expect(fs.existsSync(path.join(workspace, 'got-input'))).toBe(false)
+      expect(Date.now() - started).toBeLessThan(5000)
     })
-    expect(output.ok).toBe(false)
-    expect(!output.ok && output.error).toMatchObject({code: 'E_DISK', message: expect.stringContaining('already uses')})
-    expect(fs.existsSync(path.join(workspace, 'got-input'))).toBe(false)
-    expect(Date.now() - started).toBeLessThan(5000)
-  })
-})
+  },
+)

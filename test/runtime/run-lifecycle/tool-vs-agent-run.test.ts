@@ -32,11 +32,14 @@ describe.runIf(landlock)('a shell command against its own agent-run (host sandbo
   it('cannot forge the reply through /proc/PID/fd/1, read its memory or environment, or stop it', async () => {
     const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'victim'}]))
     try {
-      llm.enqueue({toolCalls: [{name: 'shell', arguments: {command: ATTACK, timeout_seconds: 20}}]}, (request) => ({text: `tool said: ${request.body.messages.at(-1).content}`}))
+      llm.enqueue({toolCalls: [{name: 'shell', arguments: {command: ATTACK, timeout_seconds: 20}}]}, (request) => ({
+        text: `tool said: ${request.body.messages.at(-1).content}`,
+      }))
       const result = await runCli(['send', '--agent', 'victim', 'attack'], {home: home.home})
       expect(result.stdout).not.toMatch(/^PWNED/)
       expect(result.stdout).toMatch(/tool said: .*agent-run pid: \d+/s)
-      for (const what of ['fd1', 'mem', 'environ', 'kill']) expect(result.stdout).toMatch(new RegExp(`${what}: .*(Permission denied|Operation not permitted|No such)`))
+      for (const what of ['fd1', 'mem', 'environ', 'kill'])
+        expect(result.stdout).toMatch(new RegExp(`${what}: .*(Permission denied|Operation not permitted|No such)`))
     } finally {
       home.cleanup()
     }

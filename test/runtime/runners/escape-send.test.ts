@@ -24,7 +24,8 @@ import {
 const enabled = requireLandlockOrSkip('host sandbox escape tests (send)')
 // EBUSY/EROFS: the namespace layer's read-only covers over denied paths; ESRCH: a host pid does not
 // exist in the run's PID namespace
-const DENIED = /EACCES|EPERM|Permission denied|Operation not permitted|Invalid cross-device link|EXDEV|Device or resource busy|EBUSY|Read-only file system|EROFS|No such process|ESRCH/
+const DENIED =
+  /EACCES|EPERM|Permission denied|Operation not permitted|Invalid cross-device link|EXDEV|Device or resource busy|EBUSY|Read-only file system|EROFS|No such process|ESRCH/
 
 describe.skipIf(!enabled)('send under the host sandbox', () => {
   let llm: FakeLlm
@@ -56,7 +57,10 @@ describe.skipIf(!enabled)('send under the host sandbox', () => {
   }
   const shell = (command: string): FakeToolCall => ({name: 'shell', arguments: {command}})
   const readFile = (file: string): FakeToolCall => ({name: 'read_file', arguments: {path: file}})
-  const writeFile = (file: string, content = 'pwned'): FakeToolCall => ({name: 'write_file', arguments: {path: file, content}})
+  const writeFile = (file: string, content = 'pwned'): FakeToolCall => ({
+    name: 'write_file',
+    arguments: {path: file, content},
+  })
 
   it("blocks the agent's own tools from the operator's key, the gateway's files and other agents", async () => {
     const results = await sendTools('open', [
@@ -66,7 +70,9 @@ describe.skipIf(!enabled)('send under the host sandbox', () => {
       readFile(path.join(world.workspace('other'), 'notes.txt')),
       writeFile(path.join(world.workspace('other'), 'notes.txt')),
       writeFile(path.join(world.root, 'outside.txt')),
-      shell(`cat ${world.key}; cat ${world.home}/config.yaml; cat ${world.workspace('other')}/notes.txt; echo x > ${world.root}/outside2.txt`),
+      shell(
+        `cat ${world.key}; cat ${world.home}/config.yaml; cat ${world.workspace('other')}/notes.txt; echo x > ${world.root}/outside2.txt`,
+      ),
     ])
     expect(results).toHaveLength(7)
     for (const output of results) {
@@ -109,12 +115,19 @@ describe.skipIf(!enabled)('send under the host sandbox', () => {
     const results = await sendTools('locked', [
       shell(`ps -e -o comm= | sort | tr '\\n' ' '; cat /proc/${process.pid}/cmdline`),
       shell(`python3 -c 'import os; m, s = os.openpty(); print("PTY", os.ttyname(s))'`),
-      shell('echo beside > beside.txt && mkdir newdir && mv beside.txt newdir/ && cat newdir/beside.txt && cat private/secret.txt'),
+      shell(
+        'echo beside > beside.txt && mkdir newdir && mv beside.txt newdir/ && cat newdir/beside.txt && cat private/secret.txt',
+      ),
       shell(`python3 -c 'import socket; socket.socket().bind(("127.0.0.1", 0))'`),
     ])
     // bwrap (the run's init), agent-run (node), the shell, ps, sort, tr: nothing of the host
     const [processes, cmdline] = results[0]!.split('\n')[1]!.split(' cat: ')
-    expect(processes!.trim().split(' ').every((name) => ['bwrap', 'node', 'sh', 'ps', 'sort', 'tr'].includes(name))).toBe(true)
+    expect(
+      processes!
+        .trim()
+        .split(' ')
+        .every((name) => ['bwrap', 'node', 'sh', 'ps', 'sort', 'tr'].includes(name)),
+    ).toBe(true)
     expect(cmdline).toMatch(/No such file or directory/)
     expect(results[1]).toMatch(/^exit code: 0\b[\s\S]*PTY \/dev\/pts\/\d+/)
     expect(results[2]).toMatch(/beside/)
@@ -139,7 +152,9 @@ describe.skipIf(!enabled)('send under the host sandbox', () => {
   it("keeps shell commands out of agent-run's memory (it holds the agent's secrets) and its signals", async () => {
     const results = await sendTools('open', [
       shell('cat /proc/$PPID/maps'),
-      shell(`/usr/bin/python3 -c "import re,sys; pid=int(sys.argv[1]); maps=open(f'/proc/{pid}/maps').read(); print('READ MEMORY')" $PPID`),
+      shell(
+        `/usr/bin/python3 -c "import re,sys; pid=int(sys.argv[1]); maps=open(f'/proc/{pid}/maps').read(); print('READ MEMORY')" $PPID`,
+      ),
       shell('kill -0 $PPID'),
     ])
     for (const output of results) {
@@ -151,7 +166,9 @@ describe.skipIf(!enabled)('send under the host sandbox', () => {
   })
 
   it('gives shell commands no provider key in their environment', async () => {
-    const [output] = await sendTools('open', [shell('env; cat /proc/$$/environ | tr "\\0" "\\n"; cat /proc/$PPID/environ')])
+    const [output] = await sendTools('open', [
+      shell('env; cat /proc/$$/environ | tr "\\0" "\\n"; cat /proc/$PPID/environ'),
+    ])
     expect(output).not.toContain('FAKE_LLM_KEY')
     expect(output).not.toContain('sk-fake-test-key-123456')
     expect(output).toContain(`HOME=${world.workspace('open')}`)
@@ -160,7 +177,9 @@ describe.skipIf(!enabled)('send under the host sandbox', () => {
   it('lets the agent work: workspace, temp dir, system tools, allow_read and allow_read_write, network when allowed', async () => {
     const open = await sendTools('open', [
       writeFile('notes/today.md', 'hello'),
-      shell('cat notes/today.md && echo tmp > "$TMPDIR/t" && cat "$TMPDIR/t" && ls /usr/bin | grep -q . && cat /etc/resolv.conf > /dev/null && echo OK'),
+      shell(
+        'cat notes/today.md && echo tmp > "$TMPDIR/t" && cat "$TMPDIR/t" && ls /usr/bin | grep -q . && cat /etc/resolv.conf > /dev/null && echo OK',
+      ),
       shell(nodeTcp(net.tcpPort)),
     ])
     expect(open[0]).toContain('wrote 5 bytes')
@@ -182,7 +201,10 @@ describe.skipIf(!enabled)('send under the host sandbox', () => {
     const command = `sh -c 'sleep 6; echo late > bg-sentinel' ${timeoutMarker} & ${regroup} & sh -c 'sleep 6; echo late > fg-sentinel' ${timeoutMarker}`
     llm.enqueue({toolCalls: [shell(command)]}, {text: 'done'})
     const started = Date.now()
-    const result = await runCli(['send', '--agent', 'sleepy', 'go'], {home: world.home, env: {HOME: world.operatorHome}})
+    const result = await runCli(['send', '--agent', 'sleepy', 'go'], {
+      home: world.home,
+      env: {HOME: world.operatorHome},
+    })
     expect(result.exitCode).toBe(7)
     expect(result.stderr).toMatch(/longer than 3 s/)
     expect(Date.now() - started).toBeLessThan(6000 + 3000)
@@ -197,7 +219,14 @@ describe.skipIf(!enabled)('send under the host sandbox', () => {
   }, 30_000)
 
   it("keeps the shell tool's own timeout working inside the sandbox (the command and its children are killed)", async () => {
-    llm.enqueue({toolCalls: [{name: 'shell', arguments: {command: `sleep 20 & sleep 20; echo after-${timeoutMarker}`, timeout_seconds: 2}}]}, {text: 'done'})
+    llm.enqueue(
+      {
+        toolCalls: [
+          {name: 'shell', arguments: {command: `sleep 20 & sleep 20; echo after-${timeoutMarker}`, timeout_seconds: 2}},
+        ],
+      },
+      {text: 'done'},
+    )
     const started = Date.now()
     const result = await runCli(['send', '--agent', 'open', 'go'], {home: world.home, env: {HOME: world.operatorHome}})
     expect(result.exitCode, result.stderr).toBe(0)

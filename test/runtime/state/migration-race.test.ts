@@ -30,17 +30,23 @@ function previousReleaseHome(): string {
   return home
 }
 
-it('processes opening a gateway.db of the previous release at the same time all open it (the upgrade migration runs once)', {timeout: 60_000}, async () => {
-  const module = path.join(ROOT, 'dist', 'runtime', 'state', 'gateway-db.js')
-  const failures: string[] = []
-  for (let attempt = 0; attempt < 5; attempt++) {
-    const home = previousReleaseHome()
-    const at = Date.now() + 400 // all three start their open at the same moment
-    const script = `import {openGatewayDb} from ${JSON.stringify(module)}
+it(
+  'processes opening a gateway.db of the previous release at the same time all open it (the upgrade migration runs once)',
+  {timeout: 60_000},
+  async () => {
+    const module = path.join(ROOT, 'dist', 'runtime', 'state', 'gateway-db.js')
+    const failures: string[] = []
+    for (let attempt = 0; attempt < 5; attempt++) {
+      const home = previousReleaseHome()
+      const at = Date.now() + 400 // all three start their open at the same moment
+      const script = `import {openGatewayDb} from ${JSON.stringify(module)}
       while (Date.now() < ${at}) {}
       try { openGatewayDb(${JSON.stringify(home)}).close(); console.log('ok') } catch (error) { console.log(error.message) }`
-    const results = await Promise.all([0, 1, 2].map(() => execa(process.execPath, ['--input-type=module', '-e', script], {reject: false})))
-    failures.push(...results.map((result) => result.stdout).filter((out) => out !== 'ok'))
-  }
-  expect(failures).toEqual([])
-})
+      const results = await Promise.all(
+        [0, 1, 2].map(() => execa(process.execPath, ['--input-type=module', '-e', script], {reject: false})),
+      )
+      failures.push(...results.map((result) => result.stdout).filter((out) => out !== 'ok'))
+    }
+    expect(failures).toEqual([])
+  },
+)

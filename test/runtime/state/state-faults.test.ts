@@ -27,17 +27,32 @@ afterEach(async () => {
   for (const cleanup of cleanups.splice(0).reverse()) await cleanup()
 })
 
-const lastUserMessage = (request: FakeRequest) => String((request.body.messages as Array<{role: string; content: unknown}>).filter((message) => message.role === 'user').at(-1)?.content ?? '')
+const lastUserMessage = (request: FakeRequest) =>
+  String(
+    (request.body.messages as Array<{role: string; content: unknown}>)
+      .filter((message) => message.role === 'user')
+      .at(-1)?.content ?? '',
+  )
 
 async function setup(options: {meepachat?: boolean} = {}) {
   const port = await freePort()
   const chat = options.meepachat ? await startFakeMeepaChat({token: TOKEN}) : undefined
   if (chat) cleanups.push(() => chat.close())
   const home = makeHome(
-    fakeLlmConfig(llm.openaiBaseUrl, [{id: 'meepa', file_access: {unrestricted: true}, connectors: chat ? [{type: 'meepachat', url: chat.gatewayUrl, bot_token: TOKEN}] : []}], {
-      captain: {enabled: true, bind: '127.0.0.1', port},
-      gateway: {shutdown_grace_seconds: 3},
-    }),
+    fakeLlmConfig(
+      llm.openaiBaseUrl,
+      [
+        {
+          id: 'meepa',
+          file_access: {unrestricted: true},
+          connectors: chat ? [{type: 'meepachat', url: chat.gatewayUrl, bot_token: TOKEN}] : [],
+        },
+      ],
+      {
+        captain: {enabled: true, bind: '127.0.0.1', port},
+        gateway: {shutdown_grace_seconds: 3},
+      },
+    ),
   )
   cleanups.push(() => home.cleanup())
   const dbFile = path.join(home.home, 'gateway.db')
@@ -53,7 +68,13 @@ async function setup(options: {meepachat?: boolean} = {}) {
   const runs = () => {
     const db = new Database(dbFile, {readonly: true})
     try {
-      return db.prepare('SELECT * FROM runs ORDER BY started_at').all() as Array<{id: string; status: string; channel_id: string; thread_id: string | null; restart_reply: string | null}>
+      return db.prepare('SELECT * FROM runs ORDER BY started_at').all() as Array<{
+        id: string
+        status: string
+        channel_id: string
+        thread_id: string | null
+        restart_reply: string | null
+      }>
     } finally {
       db.close()
     }
@@ -73,7 +94,9 @@ describe('gateway.db at start-up', () => {
     const {home, dbFile} = await setup()
     expect((await runCli(['api-key', 'create', 'tests'], {home: home.home})).exitCode).toBe(0)
     const db = new Database(dbFile)
-    const insert = db.prepare(`INSERT INTO runs (id, agent_id, connector, channel_id, isolation, status, started_at) VALUES (?, 'meepa', 'cli', 'c', 'unrestricted', 'ok', ?)`)
+    const insert = db.prepare(
+      `INSERT INTO runs (id, agent_id, connector, channel_id, isolation, status, started_at) VALUES (?, 'meepa', 'cli', 'c', 'unrestricted', 'ok', ?)`,
+    )
     for (let i = 0; i < 300; i++) insert.run(`run_${i}`, Date.now())
     db.close()
     const size = fs.statSync(dbFile).size
@@ -118,7 +141,10 @@ describe('gateway.db under a running gateway', () => {
     expect((await first.chat('meepa', 'one')).reply).toBe('pong')
     fs.writeFileSync(`${dbFile}.new`, 'garbage '.repeat(1000))
     fs.renameSync(`${dbFile}.new`, dbFile)
-    await first.waitForOutput(/is not usable .*moved it to .*gateway\.db\.corrupt-.* and restored the open database/, 10_000)
+    await first.waitForOutput(
+      /is not usable .*moved it to .*gateway\.db\.corrupt-.* and restored the open database/,
+      10_000,
+    )
     expect((await first.chat('meepa', 'two')).reply).toBe('pong')
     expect(fs.readdirSync(home.home).filter((name) => name.startsWith('gateway.db.corrupt-'))).toHaveLength(1)
     await first.stop()
@@ -199,7 +225,9 @@ describe('gateway.db under a running gateway', () => {
 
 describe('runs a crashed gateway left', () => {
   it('after serve is SIGKILLed mid-run, the next start-up tells the user in their thread, once', async () => {
-    llm.setDefault((request) => (lastUserMessage(request).includes('slow') ? {text: 'too late', delayMs: 60_000} : {text: 'pong'}))
+    llm.setDefault((request) =>
+      lastUserMessage(request).includes('slow') ? {text: 'too late', delayMs: 60_000} : {text: 'pong'},
+    )
     const {chat, serve, runs} = await setup({meepachat: true})
     const first = await serve()
     await chat!.waitForReadyCount(1)
@@ -214,7 +242,8 @@ describe('runs a crashed gateway left', () => {
     const [notice] = await chat!.waitForPosts(1, 20_000)
     expect(notice).toMatchObject({channelId: 'general', threadId: 'parent-1'})
     expect(notice?.content).toMatch(RESTARTED)
-    for (let i = 0; i < 50 && !runs()[0]?.restart_reply?.startsWith('sent'); i++) await new Promise((resolve) => setTimeout(resolve, 100))
+    for (let i = 0; i < 50 && !runs()[0]?.restart_reply?.startsWith('sent'); i++)
+      await new Promise((resolve) => setTimeout(resolve, 100))
     const [record] = runs()
     expect(record?.status).toBe('interrupted')
     expect(record?.restart_reply).toMatch(/^sent \d{4}-/)
@@ -242,8 +271,12 @@ describe('a damaged memory.db', () => {
     expect(result.stdout).toContain('pong')
     expect(result.stderr).toContain(memory)
     expect(result.stderr).toMatch(/moved it to .*memory\.db\.corrupt-/)
-    const [aside] = fs.readdirSync(home.workspace('meepa')).filter((name) => name.startsWith('memory.db.corrupt-') && !/-(wal|shm)$/.test(name))
-    expect(fs.readFileSync(path.join(home.workspace('meepa'), aside as string), 'utf8')).toContain('not a database at all')
+    const [aside] = fs
+      .readdirSync(home.workspace('meepa'))
+      .filter((name) => name.startsWith('memory.db.corrupt-') && !/-(wal|shm)$/.test(name))
+    expect(fs.readFileSync(path.join(home.workspace('meepa'), aside as string), 'utf8')).toContain(
+      'not a database at all',
+    )
     // the new one is a working database holding this turn
     const db = new Database(memory, {readonly: true})
     expect((db.prepare('SELECT count(*) AS n FROM history').get() as {n: number}).n).toBeGreaterThan(0)

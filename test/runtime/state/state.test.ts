@@ -19,7 +19,13 @@ afterEach(() => {
   fs.rmSync(home, {recursive: true, force: true})
 })
 
-const start = (id: string, agentId = 'a1') => ({id, agentId, connector: 'meepachat', channelId: 'general', isolation: 'unrestricted' as const})
+const start = (id: string, agentId = 'a1') => ({
+  id,
+  agentId,
+  connector: 'meepachat',
+  channelId: 'general',
+  isolation: 'unrestricted' as const,
+})
 
 describe('gateway.db', () => {
   it('uses WAL and a busy timeout, and is private to the operator', () => {
@@ -57,10 +63,16 @@ describe('gateway.db read-only (runs)', () => {
       const old = new Database(path.join(fresh, 'gateway.db'))
       expect(old.pragma('user_version', {simple: true})).toBe(MIGRATIONS.length)
       old.pragma('user_version = 0')
-      old.exec('DROP TABLE runs; DROP TABLE api_keys; DROP TABLE captain_settings; DROP TABLE captain_sessions; DROP TABLE audit; DROP TABLE captain_login_links; DROP TABLE run_processes')
+      old.exec(
+        'DROP TABLE runs; DROP TABLE api_keys; DROP TABLE captain_settings; DROP TABLE captain_sessions; DROP TABLE audit; DROP TABLE captain_login_links; DROP TABLE run_processes',
+      )
       old.exec(MIGRATIONS[0]!.sql)
       old.pragma('user_version = 1')
-      old.prepare(`INSERT INTO runs (id, agent_id, connector, channel_id, isolation, status, started_at) VALUES ('r0', 'a', 'cli', 'c', 'unrestricted', 'ok', 1)`).run()
+      old
+        .prepare(
+          `INSERT INTO runs (id, agent_id, connector, channel_id, isolation, status, started_at) VALUES ('r0', 'a', 'cli', 'c', 'unrestricted', 'ok', 1)`,
+        )
+        .run()
       old.close()
       expect(listRuns({home: fresh})).toEqual([expect.objectContaining({id: 'r0', restart_reply: null})])
       expect(readGatewayDb(fresh, (reader) => reader.pragma('user_version', {simple: true}))).toBe(MIGRATIONS.length)
@@ -72,7 +84,10 @@ describe('gateway.db read-only (runs)', () => {
   it('reports a damaged database as a read-write open does', () => {
     const damaged = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-state-'))
     try {
-      fs.writeFileSync(path.join(damaged, 'gateway.db'), 'this is not a database, but it is long enough to have a header at all '.repeat(20))
+      fs.writeFileSync(
+        path.join(damaged, 'gateway.db'),
+        'this is not a database, but it is long enough to have a header at all '.repeat(20),
+      )
       expect(() => listRuns({home: damaged})).toThrow(/the gateway database .* is damaged/)
     } finally {
       fs.rmSync(damaged, {recursive: true, force: true})
@@ -84,14 +99,40 @@ describe('run records', () => {
   it('records a run from start to a successful end with usage', () => {
     const records = new RunRecords(db)
     records.start(start('r1'))
-    records.finish('r1', {version: 1, ok: true, run_id: 'r1', reply: {content: 'hi'}, stop_reason: 'final', iterations: 2, tool_calls: [{name: 'shell', ok: true, ms: 3}], usage: {input_tokens: 11, output_tokens: 7}, ms: 40}, {durationMs: 42})
-    expect(records.get('r1')).toMatchObject({status: 'ok', duration_ms: 42, input_tokens: 11, output_tokens: 7, iterations: 2, tool_calls: 1, error_code: null})
+    records.finish(
+      'r1',
+      {
+        version: 1,
+        ok: true,
+        run_id: 'r1',
+        reply: {content: 'hi'},
+        stop_reason: 'final',
+        iterations: 2,
+        tool_calls: [{name: 'shell', ok: true, ms: 3}],
+        usage: {input_tokens: 11, output_tokens: 7},
+        ms: 40,
+      },
+      {durationMs: 42},
+    )
+    expect(records.get('r1')).toMatchObject({
+      status: 'ok',
+      duration_ms: 42,
+      input_tokens: 11,
+      output_tokens: 7,
+      iterations: 2,
+      tool_calls: 1,
+      error_code: null,
+    })
   })
 
   it('records a failed run with its error code and message', () => {
     const records = new RunRecords(db)
     records.start(start('r1'))
-    records.finish('r1', {version: 1, ok: false, run_id: 'r1', error: {code: 'E_TIMEOUT', message: 'took too long', retryable: false}}, {durationMs: 5})
+    records.finish(
+      'r1',
+      {version: 1, ok: false, run_id: 'r1', error: {code: 'E_TIMEOUT', message: 'took too long', retryable: false}},
+      {durationMs: 5},
+    )
     expect(records.get('r1')).toMatchObject({status: 'failed', error_code: 'E_TIMEOUT', error_message: 'took too long'})
   })
 
@@ -99,7 +140,11 @@ describe('run records', () => {
     const records = new RunRecords(db)
     records.start(start('r1'))
     records.start(start('r2'))
-    records.finish('r2', {version: 1, ok: false, run_id: 'r2', error: {code: 'E_PROVIDER', message: 'down', retryable: true}}, {durationMs: 5})
+    records.finish(
+      'r2',
+      {version: 1, ok: false, run_id: 'r2', error: {code: 'E_PROVIDER', message: 'down', retryable: true}},
+      {durationMs: 5},
+    )
     expect(records.markStaleInterrupted()).toBe(1)
     expect(records.get('r1')).toMatchObject({status: 'interrupted', error_code: 'E_RUN'})
     expect(records.get('r2')?.status).toBe('failed')
@@ -121,7 +166,9 @@ describe('API keys', () => {
     expect(keys.verify(created.key)?.id).toBe(created.id)
     db.close()
     const raw = fs.readFileSync(path.join(home, 'gateway.db'))
-    const wal = fs.existsSync(path.join(home, 'gateway.db-wal')) ? fs.readFileSync(path.join(home, 'gateway.db-wal')) : Buffer.alloc(0)
+    const wal = fs.existsSync(path.join(home, 'gateway.db-wal'))
+      ? fs.readFileSync(path.join(home, 'gateway.db-wal'))
+      : Buffer.alloc(0)
     expect(raw.includes(created.key)).toBe(false)
     expect(wal.includes(created.key)).toBe(false)
     const check = new Database(path.join(home, 'gateway.db'), {readonly: true})

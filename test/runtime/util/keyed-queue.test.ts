@@ -10,12 +10,14 @@ const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
 /** Runs a task that records when it started and ended. */
 function recorder() {
   const spans: Array<{key: string; start: number; end: number}> = []
-  const task = (key: string, ms = 40) => async () => {
-    const start = Date.now()
-    await sleep(ms)
-    spans.push({key, start, end: Date.now()})
-    return key
-  }
+  const task =
+    (key: string, ms = 40) =>
+    async () => {
+      const start = Date.now()
+      await sleep(ms)
+      spans.push({key, start, end: Date.now()})
+      return key
+    }
   const overlap = (a: string, b: string) => {
     const x = spans.find((span) => span.key === a)!
     const y = spans.find((span) => span.key === b)!
@@ -47,7 +49,11 @@ describe('KeyedQueue', () => {
 
   it('keeps going after a task fails', async () => {
     const queue = new KeyedQueue({concurrency: 1})
-    await expect(queue.run('a', async () => { throw new Error('boom') })).rejects.toThrow('boom')
+    await expect(
+      queue.run('a', async () => {
+        throw new Error('boom')
+      }),
+    ).rejects.toThrow('boom')
     await expect(queue.run('a', async () => 'next')).resolves.toBe('next')
     expect(queue.stats()).toEqual({running: 0, pending: 0, keys: 0})
   })
@@ -81,7 +87,10 @@ describe('withAgentLock (across processes)', () => {
   it('makes a second holder wait until the first is done', async () => {
     const dir = home()
     const {task, overlap} = recorder()
-    await Promise.all([withAgentLock(dir, 'a', task('first', 150)), sleep(20).then(() => withAgentLock(dir, 'a', task('second', 10)))])
+    await Promise.all([
+      withAgentLock(dir, 'a', task('first', 150)),
+      sleep(20).then(() => withAgentLock(dir, 'a', task('second', 10))),
+    ])
     expect(overlap('first', 'second')).toBe(false)
     expect(fs.existsSync(path.join(dir, 'locks', 'agent-a.lock'))).toBe(false)
   })

@@ -12,12 +12,27 @@ const PATH = process.env.PATH ?? '/usr/bin:/bin'
 
 describe('startSubprocess', () => {
   it('gives the exit status, buffered output without its final newline, and the input it was fed', async () => {
-    const result = await startSubprocess('sh', ['-c', 'cat; echo err >&2; exit 3'], {env: {PATH}, stdio: ['pipe', 'pipe', 'pipe'], input: 'hello\n'})
-    expect(result).toMatchObject({exitCode: 3, stdout: 'hello', stderr: 'err', failed: true, timedOut: false, isCanceled: false, message: 'exit 3'})
+    const result = await startSubprocess('sh', ['-c', 'cat; echo err >&2; exit 3'], {
+      env: {PATH},
+      stdio: ['pipe', 'pipe', 'pipe'],
+      input: 'hello\n',
+    })
+    expect(result).toMatchObject({
+      exitCode: 3,
+      stdout: 'hello',
+      stderr: 'err',
+      failed: true,
+      timedOut: false,
+      isCanceled: false,
+      message: 'exit 3',
+    })
   })
 
   it('keeps stdout and stderr interleaved in arrival order with `all`', async () => {
-    const result = await startSubprocess('sh', ['-c', 'echo one; sleep 0.05; echo two >&2; sleep 0.05; echo three'], {env: {PATH}, all: true})
+    const result = await startSubprocess('sh', ['-c', 'echo one; sleep 0.05; echo two >&2; sleep 0.05; echo three'], {
+      env: {PATH},
+      all: true,
+    })
     expect(result.all).toBe('one\ntwo\nthree')
     expect(result.exitCode).toBe(0)
     expect(result.failed).toBe(false)
@@ -44,7 +59,10 @@ describe('startSubprocess', () => {
       await new Promise((resolve) => setTimeout(resolve, 200))
       console.log(JSON.stringify({received, codes: [cancelled.code, timed.code]}))
     `
-    const child = spawn(process.execPath, ['--input-type=module', '-e', script], {detached: true, stdio: ['ignore', 'pipe', 'inherit']})
+    const child = spawn(process.execPath, ['--input-type=module', '-e', script], {
+      detached: true,
+      stdio: ['ignore', 'pipe', 'inherit'],
+    })
     let stdout = ''
     child.stdout.on('data', (chunk: Buffer) => (stdout += chunk.toString()))
     const code = await new Promise((resolve) => child.on('close', resolve))
@@ -55,7 +73,11 @@ describe('startSubprocess', () => {
   it('kills at the deadline, even when a process it started holds the pipes open', async () => {
     const started = Date.now()
     // the background sleep keeps stdout open after its parent is killed
-    const child = startSubprocess('sh', ['-c', 'sleep 30 & echo $!; sleep 30'], {env: {PATH}, timeoutMs: 300, detached: true})
+    const child = startSubprocess('sh', ['-c', 'sleep 30 & echo $!; sleep 30'], {
+      env: {PATH},
+      timeoutMs: 300,
+      detached: true,
+    })
     const result = await child
     expect(result).toMatchObject({timedOut: true, signal: 'SIGTERM', exitCode: undefined, failed: true})
     expect(Date.now() - started).toBeLessThan(5_000)
@@ -65,7 +87,11 @@ describe('startSubprocess', () => {
   })
 
   it('SIGKILLs a child that ignores the first signal after forceKillAfterMs', async () => {
-    const result = await startSubprocess('sh', ['-c', "trap '' TERM; echo ready; sleep 30"], {env: {PATH}, timeoutMs: 300, forceKillAfterMs: 300})
+    const result = await startSubprocess('sh', ['-c', "trap '' TERM; echo ready; sleep 30"], {
+      env: {PATH},
+      timeoutMs: 300,
+      forceKillAfterMs: 300,
+    })
     expect(result).toMatchObject({timedOut: true, signal: 'SIGKILL'})
   })
 
@@ -75,7 +101,9 @@ describe('startSubprocess', () => {
     setTimeout(() => controller.abort(), 100)
     expect(await child).toMatchObject({isCanceled: true, signal: 'SIGTERM', failed: true})
     expect(processAlive(child.pid!)).toBe(false)
-    expect(await startSubprocess('sleep', ['30'], {env: {PATH}, signal: AbortSignal.abort()})).toMatchObject({isCanceled: true})
+    expect(await startSubprocess('sleep', ['30'], {env: {PATH}, signal: AbortSignal.abort()})).toMatchObject({
+      isCanceled: true,
+    })
   })
 
   it('kills a child whose output passes maxBuffer and keeps what came before', async () => {
@@ -94,7 +122,11 @@ describe('startSubprocess', () => {
     })
 
     it('output cut at maxBuffer is reported as failed, never as a clean exit', async () => {
-      const child = startSubprocess('sh', ['-c', '(sleep 0.2; head -c 300000 /dev/zero | tr "\\000" z) & exit 0'], {env: {PATH}, maxBuffer: 64 * 1024, detached: true})
+      const child = startSubprocess('sh', ['-c', '(sleep 0.2; head -c 300000 /dev/zero | tr "\\000" z) & exit 0'], {
+        env: {PATH},
+        maxBuffer: 64 * 1024,
+        detached: true,
+      })
       const result = await child
       expect(result.stdout.length).toBeLessThanOrEqual(64 * 1024)
       expect(result).toMatchObject({exitCode: 0, failed: true})
@@ -110,7 +142,11 @@ describe('startSubprocess', () => {
   })
 
   it('leaves an unbuffered stream to the caller and survives a child that exits without reading its stdin', async () => {
-    const child = startSubprocess('sh', ['-c', 'echo streamed; exit 0'], {env: {PATH}, stdio: ['pipe', 'pipe', 'pipe'], buffer: {stdout: false}})
+    const child = startSubprocess('sh', ['-c', 'echo streamed; exit 0'], {
+      env: {PATH},
+      stdio: ['pipe', 'pipe', 'pipe'],
+      buffer: {stdout: false},
+    })
     const chunks: Buffer[] = []
     child.stdout!.on('data', (chunk: Buffer) => chunks.push(chunk))
     // written after the child is gone: EPIPE must not escape as an uncaught error

@@ -17,7 +17,8 @@ import {requireLandlockOrSkip} from '../../helpers/landlock-support.js'
  * and /healthz and every other agent waited for it (issue 27: 2.2 s with 332,000 files).
  */
 const enabled = requireLandlockOrSkip('workspace hand-over responsiveness tests') && process.getuid?.() === 0
-if (process.getuid?.() !== 0) process.stderr.write('\n!!! SKIPPING workspace hand-over responsiveness tests: they need a root gateway\n\n')
+if (process.getuid?.() !== 0)
+  process.stderr.write('\n!!! SKIPPING workspace hand-over responsiveness tests: they need a root gateway\n\n')
 const C = UNPRIVILEGED_CONTAINER_UID
 /** Enough that the old synchronous walk held the event loop ≈ 1 s on the project machine. */
 const DIRECTORIES = 250
@@ -60,7 +61,7 @@ function fillLikeAContainer(workspace: string): string {
   execFileSync('/bin/sh', ['-c', script, 'sh', workspace])
   outside = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-handover-outside-'))
   const victim = path.join(outside, 'victim')
-  fs.writeFileSync(victim, 'not the agent\'s')
+  fs.writeFileSync(victim, "not the agent's")
   fs.chownSync(victim, C, C)
   fs.symlinkSync(victim, path.join(workspace, 'd1', 'planted-link'))
   execFileSync('chown', ['-R', '-P', '-h', `${C}:${C}`, workspace])
@@ -70,10 +71,13 @@ function fillLikeAContainer(workspace: string): string {
 describe.skipIf(!enabled)('a large workspace hand-back (root gateway, host sandbox)', {timeout: 180_000}, () => {
   it('/healthz keeps answering while the gateway takes back a 250,000-file workspace; no link is followed', async () => {
     const port = await freePort()
-    home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'big'}], {captain: {enabled: true, bind: '127.0.0.1', port}}))
+    home = makeHome(
+      fakeLlmConfig(llm.openaiBaseUrl, [{id: 'big'}], {captain: {enabled: true, bind: '127.0.0.1', port}}),
+    )
     const workspace = home.workspace('big')
     const victim = fillLikeAContainer(workspace)
-    const key = JSON.parse((await runCli(['api-key', 'create', 'tests', '--json'], {home: home.home})).stdout).key as string
+    const key = JSON.parse((await runCli(['api-key', 'create', 'tests', '--json'], {home: home.home})).stdout)
+      .key as string
     serve = await startServeProcess({home: home.home, configPath: home.configPath, args: [], timeoutMs: 170_000})
 
     llm.setDefault({text: 'taken back'})
@@ -105,7 +109,10 @@ describe.skipIf(!enabled)('a large workspace hand-back (root gateway, host sandb
     // the walk ran long enough that blocking would show, and /healthz answered throughout
     expect(handedBackAt).toBeDefined()
     expect(handedBackAt! - sent).toBeGreaterThan(MAX_HEALTHZ_MS)
-    expect(Math.max(...duringWalk), `/healthz answer times during the walk: ${duringWalk.map(Math.round).join(', ')} ms`).toBeLessThan(MAX_HEALTHZ_MS)
+    expect(
+      Math.max(...duringWalk),
+      `/healthz answer times during the walk: ${duringWalk.map(Math.round).join(', ')} ms`,
+    ).toBeLessThan(MAX_HEALTHZ_MS)
     expect(duringWalk.length).toBeGreaterThan(5)
 
     // the hand-back is whole, and the planted link was re-owned itself, never followed

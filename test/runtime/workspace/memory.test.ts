@@ -49,7 +49,9 @@ describe('memory.db', () => {
   })
 
   it('survives SIGKILL mid-write: the database opens and keeps every committed row', async () => {
-    const child = execa(process.execPath, ['--import', 'tsx', path.join(ROOT, 'test/fixtures/memory-writer.ts'), dir], {reject: false})
+    const child = execa(process.execPath, ['--import', 'tsx', path.join(ROOT, 'test/fixtures/memory-writer.ts'), dir], {
+      reject: false,
+    })
     const committed: number[] = []
     await new Promise<void>((resolve) => {
       child.stdout?.on('data', (chunk: Buffer) => {

@@ -20,7 +20,8 @@ import {writeWorkspaceFile} from '../../../src/runtime/workspace/files.js'
  * workspace back, every write to what the container made fails with EACCES.
  */
 const enabled = requireLandlockOrSkip('workspace owner hand-back tests') && process.getuid?.() === 0
-if (process.getuid?.() !== 0) process.stderr.write('\n!!! SKIPPING workspace owner hand-back tests: they need a root gateway\n\n')
+if (process.getuid?.() !== 0)
+  process.stderr.write('\n!!! SKIPPING workspace owner hand-back tests: they need a root gateway\n\n')
 const C = UNPRIVILEGED_CONTAINER_UID
 
 /** Writes the host-sandbox run attempts: append to a file the container made, create in its directory. */
@@ -43,7 +44,11 @@ describe.skipIf(!enabled)('host sandbox after a container run (root gateway)', (
   let llm: FakeLlm
   const homes: TestHome[] = []
   const newHome = (containerMode: boolean) => {
-    const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'box', container_mode: {enabled: containerMode, network: 'none', timeout_seconds: 60}}]))
+    const home = makeHome(
+      fakeLlmConfig(llm.openaiBaseUrl, [
+        {id: 'box', container_mode: {enabled: containerMode, network: 'none', timeout_seconds: 60}},
+      ]),
+    )
     homes.push(home)
     return home
   }
@@ -102,7 +107,9 @@ describe.skipIf(!enabled)('host sandbox after a container run (root gateway)', (
     await sendShell(home, 'true')
     const workspace = home.workspace('box')
     simulateContainerRun(workspace)
-    const result = await runCli(['sandbox', 'exec', '--agent', 'box', '--', '/bin/sh', '-c', HOST_WRITES], {home: home.home})
+    const result = await runCli(['sandbox', 'exec', '--agent', 'box', '--', '/bin/sh', '-c', HOST_WRITES], {
+      home: home.home,
+    })
     expect(result.exitCode, result.stderr).toBe(0)
     expectHostWritesLanded(workspace, result.stdout)
   })
@@ -111,19 +118,31 @@ describe.skipIf(!enabled)('host sandbox after a container run (root gateway)', (
     let home: TestHome
     afterAll(async () => {
       if (!home) return
-      const ids = (await execa('docker', ['ps', '-a', '-q', '--filter', `label=meepagateway.home=${homeLabel(home.home)}`], {reject: false})).stdout.split('\n').filter(Boolean)
+      const ids = (
+        await execa('docker', ['ps', '-a', '-q', '--filter', `label=meepagateway.home=${homeLabel(home.home)}`], {
+          reject: false,
+        })
+      ).stdout
+        .split('\n')
+        .filter(Boolean)
       if (ids.length > 0) await execa('docker', ['rm', '-f', ...ids], {reject: false})
     })
 
     it('a container run, then the operator turns container mode off: the host-sandbox run writes what the container made', async () => {
       home = newHome(true)
       // the container's shell commands cannot set a setuid bit at all (the helper's seccomp filter)
-      const inside = await sendShell(home, 'id -u; echo container > made-by-container.txt && mkdir container-dir && cp /bin/true setuid-tool && (chmod 4755 setuid-tool || echo REFUSED) && echo MADE')
+      const inside = await sendShell(
+        home,
+        'id -u; echo container > made-by-container.txt && mkdir container-dir && cp /bin/true setuid-tool && (chmod 4755 setuid-tool || echo REFUSED) && echo MADE',
+      )
       expect(inside).toContain(`${C}\n`)
       expect(inside).toContain('MADE')
       expect(inside).toMatch(/Operation not permitted[\s\S]*REFUSED/)
       // nor change a file outside its grants: the image's files are a read-only root file system
-      const outside = await sendShell(home, 'for f in /etc/passwd /usr/bin/env /workspace/../etc/hostname; do chmod 600 $f || echo REFUSED; touch -d 2001-01-01 $f || echo REFUSED; done; stat -c %a /etc/passwd')
+      const outside = await sendShell(
+        home,
+        'for f in /etc/passwd /usr/bin/env /workspace/../etc/hostname; do chmod 600 $f || echo REFUSED; touch -d 2001-01-01 $f || echo REFUSED; done; stat -c %a /etc/passwd',
+      )
       expect(outside.match(/REFUSED/g)).toHaveLength(6)
       expect(outside).toMatch(/Read-only file system/)
       expect(outside).toMatch(/644\s*$/)
@@ -136,7 +155,11 @@ describe.skipIf(!enabled)('host sandbox after a container run (root gateway)', (
       expect(fs.statSync(path.join(workspace, 'setuid-tool')).mode & 0o6000).toBe(0)
 
       // and back to a container: it gets the workspace (the host run's files included) again
-      home.writeConfig(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'box', container_mode: {enabled: true, network: 'none', timeout_seconds: 60}}]))
+      home.writeConfig(
+        fakeLlmConfig(llm.openaiBaseUrl, [
+          {id: 'box', container_mode: {enabled: true, network: 'none', timeout_seconds: 60}},
+        ]),
+      )
       const again = await sendShell(home, 'echo container2 >> container-dir/from-host.txt && echo AGAIN')
       expect(again).toContain('AGAIN')
       expect(fs.readFileSync(path.join(workspace, 'container-dir', 'from-host.txt'), 'utf8')).toBe('host\ncontainer2\n')
@@ -151,15 +174,19 @@ describe.skipIf(process.getuid?.() !== 0)('hand-overs of a root gateway (in proc
   })
   afterAll(() => home.cleanup())
   const handedToContainer = () => {
-    const workspace = ensureWorkspace(home.home, `box${fs.readdirSync(path.join(home.home, 'agents'), {withFileTypes: true}).length}`).path
+    const workspace = ensureWorkspace(
+      home.home,
+      `box${fs.readdirSync(path.join(home.home, 'agents'), {withFileTypes: true}).length}`,
+    ).path
     execFileSync('chown', ['-R', `${C}:${C}`, workspace])
     return workspace
   }
   beforeAll(() => fs.mkdirSync(path.join(home.home, 'agents'), {recursive: true}))
 
-  it('what the gateway recreates or writes in a container\'s workspace belongs to the container\'s uid (memory.db stays the agent\'s)', () => {
+  it("what the gateway recreates or writes in a container's workspace belongs to the container's uid (memory.db stays the agent's)", () => {
     const workspace = handedToContainer()
-    for (const entry of ['memory.db', 'SOUL.md', 'MEMORY.md', 'skills']) fs.rmSync(path.join(workspace, entry), {recursive: true})
+    for (const entry of ['memory.db', 'SOUL.md', 'MEMORY.md', 'skills'])
+      fs.rmSync(path.join(workspace, entry), {recursive: true})
     const again = ensureWorkspace(home.home, path.basename(workspace))
     expect(again.created.sort()).toEqual(['MEMORY.md', 'SOUL.md', 'memory.db', 'skills/'])
     writeWorkspaceFile(workspace, 'skills/new/SKILL.md', '# new')
@@ -192,12 +219,19 @@ describe.skipIf(process.getuid?.() !== 0)('hand-overs of a root gateway (in proc
     fs.mkdirSync(many)
     execFileSync('mount', ['-t', 'tmpfs', '-o', 'size=256m', 'tmpfs', many])
     try {
-      execFileSync('/bin/sh', ['-c', 'cd "$1" && for d in $(seq 60); do mkdir "d$d" && (cd "d$d" && seq 1000 | xargs touch); done', 'sh', many])
+      execFileSync('/bin/sh', [
+        '-c',
+        'cd "$1" && for d in $(seq 60); do mkdir "d$d" && (cd "d$d" && seq 1000 | xargs touch); done',
+        'sh',
+        many,
+      ])
       const cancel = new AbortController()
       const handing = handWorkspaceTo(workspace, {uid: C, gid: C}, {purpose: 'the container', signal: cancel.signal})
       setTimeout(() => cancel.abort(), 30)
       const started = performance.now()
-      await expect(handing).rejects.toThrow(/cannot hand the workspace .* to uid 65532 for the container: the run was cancelled/)
+      await expect(handing).rejects.toThrow(
+        /cannot hand the workspace .* to uid 65532 for the container: the run was cancelled/,
+      )
       expect(performance.now() - started).toBeLessThan(1000)
       expect(fs.lstatSync(workspace).uid).toBe(0)
       await handWorkspaceTo(workspace, {uid: C, gid: C}, {purpose: 'the container'})

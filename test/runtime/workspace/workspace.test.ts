@@ -20,7 +20,7 @@ describe('agent workspaces', () => {
     home.cleanup()
   })
 
-  it('creates SOUL.md, MEMORY.md, memory.db and skills/, and a second create keeps the operator\'s edits', async () => {
+  it("creates SOUL.md, MEMORY.md, memory.db and skills/, and a second create keeps the operator's edits", async () => {
     const first = await runCommand<{created: string[]}>('agent create helper --json')
     expect(first.result?.created.sort()).toEqual(['.', 'MEMORY.md', 'SOUL.md', 'memory.db', 'skills/'])
     const ws = home.workspace('helper')
@@ -31,11 +31,14 @@ describe('agent workspaces', () => {
     expect(fs.readFileSync(path.join(ws, 'SOUL.md'), 'utf8')).toBe('my own soul')
   })
 
-  it.each(['../escape', 'a/b', 'UPPER', '-leading', '', 'x'.repeat(64), '..'])('rejects the id %j without touching the disk', async (id) => {
-    expect(() => ensureWorkspace(home.home, id)).toThrow(/invalid agent id/)
-    expect(fs.existsSync(path.join(home.home, 'escape'))).toBe(false)
-    expect(fs.existsSync(path.join(home.home, 'agents'))).toBe(false)
-  })
+  it.each(['../escape', 'a/b', 'UPPER', '-leading', '', 'x'.repeat(64), '..'])(
+    'rejects the id %j without touching the disk',
+    async (id) => {
+      expect(() => ensureWorkspace(home.home, id)).toThrow(/invalid agent id/)
+      expect(fs.existsSync(path.join(home.home, 'escape'))).toBe(false)
+      expect(fs.existsSync(path.join(home.home, 'agents'))).toBe(false)
+    },
+  )
 
   it('exits 2 for an invalid id on the command line', async () => {
     const {error} = await runCommand(['agent', 'create', '../x'])
@@ -45,10 +48,15 @@ describe('agent workspaces', () => {
   it('lists agents with isolation level and workspace state as JSON', async () => {
     home.writeConfig({
       providers: {primary: 'p', providers: {p: {kind: 'openai', model: 'm'}}},
-      agents: [{id: 'one'}, {id: 'two', container_mode: {enabled: true}}, {id: 'three', file_access: {unrestricted: true}}],
+      agents: [
+        {id: 'one'},
+        {id: 'two', container_mode: {enabled: true}},
+        {id: 'three', file_access: {unrestricted: true}},
+      ],
     })
     await runCommand('agent create one')
-    const {result} = await runCommand<Array<{id: string; isolation: string; workspace_exists: boolean}>>('agent list --json')
+    const {result} =
+      await runCommand<Array<{id: string; isolation: string; workspace_exists: boolean}>>('agent list --json')
     expect(result?.map(({id, isolation, workspace_exists}) => ({id, isolation, workspace_exists}))).toEqual([
       {id: 'one', isolation: 'host-sandbox', workspace_exists: true},
       {id: 'two', isolation: 'container', workspace_exists: false},
@@ -64,9 +72,14 @@ describe('agent workspaces', () => {
       fs.rmSync(path.join(home.home, 'agents'), {recursive: true, force: true})
       const at = String(Date.now() + 400)
       const racers = await Promise.all(
-        Array.from({length: 2}, () => execa(process.execPath, ['--input-type=module', '-e', script, home.home, at], {reject: false})),
+        Array.from({length: 2}, () =>
+          execa(process.execPath, ['--input-type=module', '-e', script, home.home, at], {reject: false}),
+        ),
       )
-      expect(racers.map((racer) => racer.exitCode), racers.map((racer) => racer.stderr).join('\n')).toEqual([0, 0])
+      expect(
+        racers.map((racer) => racer.exitCode),
+        racers.map((racer) => racer.stderr).join('\n'),
+      ).toEqual([0, 0])
       expect(fs.readdirSync(home.workspace('racer')).sort()).toEqual(['MEMORY.md', 'SOUL.md', 'memory.db', 'skills'])
     }
   })

@@ -47,7 +47,10 @@ describe.skipIf(process.platform !== 'linux' || !hasBwrap)('the namespace probe 
     expect(await probeInFreshProcess()).toMatchObject({probe: {available: true}, ranBwrap: true})
     expect(fs.statSync(record).mode & 0o777).toBe(0o600)
     expect(fs.statSync(path.dirname(record)).mode & 0o777).toBe(0o700)
-    expect(await probeInFreshProcess()).toMatchObject({probe: {available: true, bwrap: expect.stringMatching(/bwrap$/)}, ranBwrap: false})
+    expect(await probeInFreshProcess()).toMatchObject({
+      probe: {available: true, bwrap: expect.stringMatching(/bwrap$/)},
+      ranBwrap: false,
+    })
   })
 
   it('probes again when the record is of another machine state, too old, damaged or not asked for', async () => {
@@ -55,7 +58,10 @@ describe.skipIf(process.platform !== 'linux' || !hasBwrap)('the namespace probe 
     const good = JSON.parse(fs.readFileSync(record, 'utf8')) as {key: string; at: number}
     expect(good.key).toContain(fs.readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim())
 
-    fs.writeFileSync(record, JSON.stringify({...good, key: good.key.replace(/"[0-9a-f-]{36}"/, '"00000000-0000-0000-0000-000000000000"')}))
+    fs.writeFileSync(
+      record,
+      JSON.stringify({...good, key: good.key.replace(/"[0-9a-f-]{36}"/, '"00000000-0000-0000-0000-000000000000"')}),
+    )
     expect(await probeInFreshProcess()).toMatchObject({probe: {available: true}, ranBwrap: true})
     expect(JSON.parse(fs.readFileSync(record, 'utf8')).key).toBe(good.key) // rewritten for this boot
 
@@ -71,7 +77,12 @@ describe.skipIf(process.platform !== 'linux' || !hasBwrap)('the namespace probe 
   it('reads the record safely: a FIFO, a symlink to a device or a huge file there is no record, and nothing blocks', async () => {
     const target = path.join(home, 'huge')
     fs.writeFileSync(target, Buffer.alloc(1 << 20, 0x20))
-    for (const plant of [() => execFileSync('mkfifo', [record]), () => fs.symlinkSync('/dev/zero', record), () => fs.symlinkSync(target, record), () => fs.copyFileSync(target, record)]) {
+    for (const plant of [
+      () => execFileSync('mkfifo', [record]),
+      () => fs.symlinkSync('/dev/zero', record),
+      () => fs.symlinkSync(target, record),
+      () => fs.copyFileSync(target, record),
+    ]) {
       fs.rmSync(record, {force: true})
       plant()
       expect(await probeInFreshProcess()).toMatchObject({probe: {available: true}, ranBwrap: true})
@@ -84,7 +95,10 @@ describe.skipIf(process.platform !== 'linux' || !hasBwrap)('the namespace probe 
   it('never remembers a failure, and the record cannot switch on a layer the operator switched off', async () => {
     fs.rmSync(record, {force: true})
     bwrapRuns.fail = 'setting up uid map: Permission denied'
-    expect((await probeInFreshProcess()).probe).toMatchObject({available: false, reason: expect.stringContaining('Permission denied')})
+    expect((await probeInFreshProcess()).probe).toMatchObject({
+      available: false,
+      reason: expect.stringContaining('Permission denied'),
+    })
     expect(fs.existsSync(record)).toBe(false)
 
     bwrapRuns.fail = undefined

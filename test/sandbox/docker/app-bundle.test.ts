@@ -4,7 +4,12 @@ import path from 'node:path'
 import {expect, it} from 'vitest'
 import {containerImageContext} from '../../../src/runtime/container/context.js'
 import {AGENT_RUN_FILES} from '../../../src/runtime/agent-run/bundle.js'
-import {APP_DIGEST_RECORD, assembleAppBundle, computeAppHash, recordAppDigest} from '../../../src/sandbox/docker/app-bundle.js'
+import {
+  APP_DIGEST_RECORD,
+  assembleAppBundle,
+  computeAppHash,
+  recordAppDigest,
+} from '../../../src/sandbox/docker/app-bundle.js'
 
 // The isolation image holds what starts agent-run and nothing else of the app: a container runs
 // only agent-run, and the gateway's own code and dependencies (connectors, dashboard, CLI) have
@@ -13,18 +18,26 @@ it('the isolation image gets agent-run, the packages it loads and the sandbox he
   const home = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-bundle-home-'))
   const bundle = await assembleAppBundle(containerImageContext(home).app, 'FROM scratch\n')
   try {
-    const files = fs.readdirSync(path.join(bundle.dir, 'app'), {recursive: true, encoding: 'utf8'}).concat(
-      fs.readdirSync(path.join(bundle.dir, 'deps'), {recursive: true, encoding: 'utf8'}),
+    const files = fs
+      .readdirSync(path.join(bundle.dir, 'app'), {recursive: true, encoding: 'utf8'})
+      .concat(fs.readdirSync(path.join(bundle.dir, 'deps'), {recursive: true, encoding: 'utf8'}))
+    expect(files).toEqual(
+      expect.arrayContaining([
+        'bin/run.js',
+        'dist/agent-run.cjs',
+        'dist/agent-run.cjs.v8cache',
+        'dist/native/meepa-sandbox',
+        'node_modules/better-sqlite3/build/Release/better_sqlite3.node',
+      ]),
     )
-    expect(files).toEqual(expect.arrayContaining([
-      'bin/run.js',
-      'dist/agent-run.cjs',
-      'dist/agent-run.cjs.v8cache',
-      'dist/native/meepa-sandbox',
-      'node_modules/better-sqlite3/build/Release/better_sqlite3.node',
-    ]))
     // better-sqlite3's JavaScript is in the bundle and its addon is loaded by path: no `bindings` lookup package either
-    expect(files.filter((file) => /^(dist\/(commands|runtime\/(gateway|connectors|captain))|node_modules\/(@oclif|discord\.js|@slack|execa|ajv|bindings|file-uri-to-path))\//.test(file))).toEqual([])
+    expect(
+      files.filter((file) =>
+        /^(dist\/(commands|runtime\/(gateway|connectors|captain))|node_modules\/(@oclif|discord\.js|@slack|execa|ajv|bindings|file-uri-to-path))\//.test(
+          file,
+        ),
+      ),
+    ).toEqual([])
     expect(bundle.bytes).toBeLessThan(20e6 + fs.statSync(process.execPath).size)
   } finally {
     await bundle.remove()

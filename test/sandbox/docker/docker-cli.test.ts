@@ -12,13 +12,20 @@ describe('docker CLI layer: every failure of the engine is a clear error with th
   it('a docker CLI that is not on PATH gives E_DOCKER_MISSING', async () => {
     const cli = new DockerCli({baseEnv: {PATH: '/nonexistent-bin'}})
     const error = await cli.ping().catch((caught: unknown) => caught)
-    expect(error).toMatchObject({code: 'E_DOCKER_MISSING', exitCode: 10, message: expect.stringContaining('not found on PATH')})
+    expect(error).toMatchObject({
+      code: 'E_DOCKER_MISSING',
+      exitCode: 10,
+      message: expect.stringContaining('not found on PATH'),
+    })
     expect((error as {suggestions: string[]}).suggestions.join(' ')).toMatch(/install Docker/)
   })
 
   it('a configured docker binary that does not exist names the setting', async () => {
     const cli = new DockerCli({baseEnv: {PATH: process.env.PATH, MEEPAGATEWAY_DOCKER_BIN: '/opt/nowhere/docker'}})
-    await expect(cli.ping()).rejects.toMatchObject({code: 'E_DOCKER_MISSING', message: expect.stringContaining('MEEPAGATEWAY_DOCKER_BIN=/opt/nowhere/docker')})
+    await expect(cli.ping()).rejects.toMatchObject({
+      code: 'E_DOCKER_MISSING',
+      message: expect.stringContaining('MEEPAGATEWAY_DOCKER_BIN=/opt/nowhere/docker'),
+    })
   })
 
   describe.skipIf(!hasDockerCli)('with the docker CLI installed', () => {
@@ -43,7 +50,11 @@ describe('docker CLI layer: every failure of the engine is a clear error with th
     it('an engine that is not running gives E_DOCKER_DOWN, naming DOCKER_HOST and how to start it', async () => {
       const cli = new DockerCli({baseEnv: {PATH: process.env.PATH, DOCKER_HOST: `unix://${dir}/absent.sock`}})
       const error = await cli.ping().catch((caught: unknown) => caught)
-      expect(error).toMatchObject({code: 'E_DOCKER_DOWN', retryable: true, message: expect.stringContaining('absent.sock')})
+      expect(error).toMatchObject({
+        code: 'E_DOCKER_DOWN',
+        retryable: true,
+        message: expect.stringContaining('absent.sock'),
+      })
       expect((error as {suggestions: string[]}).suggestions.join(' ')).toMatch(/systemctl start docker/)
     })
 
@@ -62,12 +73,16 @@ describe('docker CLI layer: every failure of the engine is a clear error with th
       const controller = new AbortController()
       const started = Date.now()
       setTimeout(() => controller.abort(), 200)
-      await expect(cli.exec(['info'], {signal: controller.signal, timeoutMs: 60_000})).rejects.toMatchObject({code: 'E_DOCKER'})
+      await expect(cli.exec(['info'], {signal: controller.signal, timeoutMs: 60_000})).rejects.toMatchObject({
+        code: 'E_DOCKER',
+      })
       expect(Date.now() - started).toBeLessThan(5000)
     })
 
     it('the docker CLI gets no variable of the operator beyond the ones docker reads', () => {
-      const cli = new DockerCli({baseEnv: {PATH: '/usr/bin', HOME: '/root', DOCKER_HOST: 'unix:///x.sock', OPENAI_API_KEY: 'sk-secret'}})
+      const cli = new DockerCli({
+        baseEnv: {PATH: '/usr/bin', HOME: '/root', DOCKER_HOST: 'unix:///x.sock', OPENAI_API_KEY: 'sk-secret'},
+      })
       expect(cli.env()).toEqual({PATH: '/usr/bin', HOME: '/root', DOCKER_HOST: 'unix:///x.sock'})
     })
   })
@@ -96,7 +111,11 @@ describe('runtime compatibility facts from the Node binary', () => {
       head.write(interp, 200, 'latin1')
       return head
     }
-    expect(parseElfRuntime(elf('/lib/ld-musl-aarch64.so.1'))).toEqual({arch: 'arm64', interpreter: '/lib/ld-musl-aarch64.so.1', libc: 'musl'})
+    expect(parseElfRuntime(elf('/lib/ld-musl-aarch64.so.1'))).toEqual({
+      arch: 'arm64',
+      interpreter: '/lib/ld-musl-aarch64.so.1',
+      libc: 'musl',
+    })
     expect(parseElfRuntime(elf('/lib/ld-linux-aarch64.so.1'))?.libc).toBe('glibc')
     expect(parseElfRuntime(Buffer.from('cffaedfe0c000001', 'hex'))).toBeNull()
   })

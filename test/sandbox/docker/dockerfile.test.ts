@@ -1,7 +1,17 @@
 import {describe, expect, it} from 'vitest'
-import {dockerTag, generateContainerDockerfile, generateIsolationDockerfile, isolationImageTag} from '../../../src/sandbox/docker/dockerfile.js'
+import {
+  dockerTag,
+  generateContainerDockerfile,
+  generateIsolationDockerfile,
+  isolationImageTag,
+} from '../../../src/sandbox/docker/dockerfile.js'
 
-const spec = {baseImage: 'debian:bookworm-slim', packages: ['python3', 'git'], envVars: {LANG: 'C.UTF-8'}, packageManager: 'apt' as const}
+const spec = {
+  baseImage: 'debian:bookworm-slim',
+  packages: ['python3', 'git'],
+  envVars: {LANG: 'C.UTF-8'},
+  packageManager: 'apt' as const,
+}
 
 describe('container image Dockerfile (pure, previewable)', () => {
   it('installs the packages with apt-get on a Debian base, sorted, and sets env_vars', () => {
@@ -32,11 +42,15 @@ describe('container image Dockerfile (pure, previewable)', () => {
   })
 
   it('refuses packages on a base with neither apt-get nor apk, saying what to do', () => {
-    expect(() => generateContainerDockerfile({...spec, packageManager: null})).toThrow(expect.objectContaining({code: 'E_IMAGE', message: expect.stringContaining('neither apt-get')}))
+    expect(() => generateContainerDockerfile({...spec, packageManager: null})).toThrow(
+      expect.objectContaining({code: 'E_IMAGE', message: expect.stringContaining('neither apt-get')}),
+    )
   })
 
   it('refuses a package name a shell would interpret, naming the entry', () => {
-    expect(() => generateContainerDockerfile({...spec, packages: ['git', 'curl; rm -rf /']})).toThrow(expect.objectContaining({code: 'E_CONFIG', message: expect.stringContaining('image_config.packages[1]')}))
+    expect(() => generateContainerDockerfile({...spec, packages: ['git', 'curl; rm -rf /']})).toThrow(
+      expect.objectContaining({code: 'E_CONFIG', message: expect.stringContaining('image_config.packages[1]')}),
+    )
   })
 
   it('keeps env values literal: quotes, backslashes and $ cannot break out or expand', () => {
@@ -47,13 +61,21 @@ describe('container image Dockerfile (pure, previewable)', () => {
   })
 
   it('refuses a base image that is not an image reference', () => {
-    expect(() => generateContainerDockerfile({...spec, baseImage: 'debian\nRUN evil'})).toThrow(expect.objectContaining({code: 'E_CONFIG'}))
+    expect(() => generateContainerDockerfile({...spec, baseImage: 'debian\nRUN evil'})).toThrow(
+      expect.objectContaining({code: 'E_CONFIG'}),
+    )
   })
 })
 
 describe('isolation image', () => {
   it('adds Node and the app to the base and labels the base ID and app hash', () => {
-    const text = generateIsolationDockerfile({baseRef: 'meepa-sandbox:abc', baseId: 'sha256:1', basePath: '/opt/conda/bin:/usr/bin', appHash: 'h1', version: '0.1.0'})
+    const text = generateIsolationDockerfile({
+      baseRef: 'meepa-sandbox:abc',
+      baseId: 'sha256:1',
+      basePath: '/opt/conda/bin:/usr/bin',
+      appHash: 'h1',
+      version: '0.1.0',
+    })
     expect(text).toContain('FROM meepa-sandbox:abc\n')
     expect(text).toContain('COPY node/node /opt/meepagateway/bin/node')
     expect(text).toContain('ENV PATH="/opt/conda/bin:/usr/bin:/opt/meepagateway/bin"')
@@ -62,9 +84,14 @@ describe('isolation image', () => {
   })
 
   it('is tagged meepagateway-isolated:<version>-<base-tag>, always a valid Docker tag', () => {
-    expect(isolationImageTag('0.1.0', 'meepa-sandbox:0123abcd')).toBe('meepagateway-isolated:0.1.0-meepa-sandbox-0123abcd')
+    expect(isolationImageTag('0.1.0', 'meepa-sandbox:0123abcd')).toBe(
+      'meepagateway-isolated:0.1.0-meepa-sandbox-0123abcd',
+    )
     expect(isolationImageTag('0.1.0', 'debian:bookworm-slim')).toBe('meepagateway-isolated:0.1.0-debian-bookworm-slim')
-    const long = isolationImageTag('0.1.0', `registry.example.com:5000/team/${'x'.repeat(200)}@sha256:${'f'.repeat(64)}`)
+    const long = isolationImageTag(
+      '0.1.0',
+      `registry.example.com:5000/team/${'x'.repeat(200)}@sha256:${'f'.repeat(64)}`,
+    )
     expect(long.split(':')[1]).toMatch(/^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$/)
     expect(dockerTag('.-weird//name')).toBe('weird-name')
     expect(dockerTag(`a${'b'.repeat(200)}1`)).not.toBe(dockerTag(`a${'b'.repeat(200)}2`))

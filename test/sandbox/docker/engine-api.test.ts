@@ -31,7 +31,9 @@ describe('which engines are asked over the API', () => {
     const home = tempDir('meepa-docker-config-')
     try {
       expect(localEngineSocket({HOME: home})).toBe(DEFAULT_DOCKER_SOCKET)
-      expect(localEngineSocket({HOME: home, DOCKER_HOST: 'unix:///run/user/1000/docker.sock'})).toBe('/run/user/1000/docker.sock')
+      expect(localEngineSocket({HOME: home, DOCKER_HOST: 'unix:///run/user/1000/docker.sock'})).toBe(
+        '/run/user/1000/docker.sock',
+      )
       expect(localEngineSocket({HOME: home, DOCKER_HOST: 'tcp://127.0.0.1:2375'})).toBeUndefined()
       expect(localEngineSocket({HOME: home, DOCKER_HOST: 'ssh://me@box'})).toBeUndefined()
       expect(localEngineSocket({HOME: home, DOCKER_CONTEXT: 'remote'})).toBeUndefined()
@@ -71,10 +73,16 @@ describe('Engine API client: deadlines, cancellation and errors', () => {
       paths.push(req.url ?? '')
       const url = (req.url ?? '').replace(/^\/v\d+\.\d+\//, '/') // versioned or not, as the engine's router
       if (url === '/_ping') return res.writeHead(200, {'API-Version': '1.40', ...serverHeader}).end('OK')
-      if (url === '/version') return res.writeHead(200, {'Content-Type': 'application/json'}).end(JSON.stringify({Version: '19.03.0', ApiVersion: '1.40'}))
-      if (url === '/images/known:1/json') return res.writeHead(200).end(JSON.stringify({Id: 'sha256:abc', RepoTags: ['known:1']}))
-      if (url === '/images/large:1/json') return res.writeHead(200).end(JSON.stringify({Id: 'sha256:large', Config: {Env: LARGE_ENV}}))
-      if (url.startsWith('/containers/json')) return res.writeHead(500).end(JSON.stringify({message: 'the list is broken'}))
+      if (url === '/version')
+        return res
+          .writeHead(200, {'Content-Type': 'application/json'})
+          .end(JSON.stringify({Version: '19.03.0', ApiVersion: '1.40'}))
+      if (url === '/images/known:1/json')
+        return res.writeHead(200).end(JSON.stringify({Id: 'sha256:abc', RepoTags: ['known:1']}))
+      if (url === '/images/large:1/json')
+        return res.writeHead(200).end(JSON.stringify({Id: 'sha256:large', Config: {Env: LARGE_ENV}}))
+      if (url.startsWith('/containers/json'))
+        return res.writeHead(500).end(JSON.stringify({message: 'the list is broken'}))
       res.writeHead(404).end(JSON.stringify({message: 'no such image'}))
     })
     await listen(fakeServer, fakeSocket)
@@ -87,14 +95,20 @@ describe('Engine API client: deadlines, cancellation and errors', () => {
     fs.rmSync(dir, {recursive: true, force: true})
   })
 
-  it("speaks the engine's own API version (unversioned paths) unless DOCKER_API_VERSION pins one, and reads 404 as \"no such image\"", async () => {
+  it('speaks the engine\'s own API version (unversioned paths) unless DOCKER_API_VERSION pins one, and reads 404 as "no such image"', async () => {
     const engine = new EngineApi(fakeSocket)
     // no Server header (not Docker's): from /version
     expect(await engine.ping()).toEqual({server: '19.03.0', api: '1.40'})
     expect(await engine.inspectImage('known:1')).toMatchObject({Id: 'sha256:abc'})
     expect(await engine.inspectImage('absent:1')).toBeUndefined()
     expect((await engine.inspectImage('large:1'))?.Config?.Env).toEqual(LARGE_ENV) // an answer of many reads, whole
-    expect(paths).toEqual(['/_ping', '/version', '/images/known:1/json', '/images/absent:1/json', '/images/large:1/json'])
+    expect(paths).toEqual([
+      '/_ping',
+      '/version',
+      '/images/known:1/json',
+      '/images/absent:1/json',
+      '/images/large:1/json',
+    ])
     // Docker's /_ping names its release: no /version (it costs the engine ≈ 7 ms)
     paths.length = 0
     serverHeader = {Server: 'Docker/19.03.1 (linux)'}
@@ -117,7 +131,9 @@ describe('Engine API client: deadlines, cancellation and errors', () => {
 
   it('an error the engine answers with is E_DOCKER with its message', async () => {
     await expect(new EngineApi(fakeSocket).containers(['meepagateway=1'])).rejects.toMatchObject({
-      code: 'E_DOCKER', exitCode: 10, message: expect.stringContaining('the list is broken'),
+      code: 'E_DOCKER',
+      exitCode: 10,
+      message: expect.stringContaining('the list is broken'),
     })
   })
 
@@ -126,7 +142,11 @@ describe('Engine API client: deadlines, cancellation and errors', () => {
     const started = Date.now()
     const error = await engine.ping({timeoutMs: 800}).catch((caught: unknown) => caught)
     expect(Date.now() - started).toBeLessThan(3000)
-    expect(error).toMatchObject({code: 'E_DOCKER_HUNG', exitCode: 10, message: expect.stringContaining('did not answer')})
+    expect(error).toMatchObject({
+      code: 'E_DOCKER_HUNG',
+      exitCode: 10,
+      message: expect.stringContaining('did not answer'),
+    })
     expect((error as {suggestions: string[]}).suggestions.join(' ')).toMatch(/restart/)
     expect(held.length).toBeGreaterThan(0) // it really reached the hung socket
   })
@@ -135,15 +155,23 @@ describe('Engine API client: deadlines, cancellation and errors', () => {
     const controller = new AbortController()
     const started = Date.now()
     setTimeout(() => controller.abort(), 200)
-    await expect(new EngineApi(hungSocket).inspectImage(BASE_IMAGE, {signal: controller.signal, timeoutMs: 60_000})).rejects.toMatchObject({
-      code: 'E_DOCKER', message: expect.stringContaining('cancelled'),
+    await expect(
+      new EngineApi(hungSocket).inspectImage(BASE_IMAGE, {signal: controller.signal, timeoutMs: 60_000}),
+    ).rejects.toMatchObject({
+      code: 'E_DOCKER',
+      message: expect.stringContaining('cancelled'),
     })
     expect(Date.now() - started).toBeLessThan(3000)
   })
 
   it('no engine at the socket gives E_DOCKER_DOWN (exit 10), as the CLI does', async () => {
     const error = await new EngineApi(path.join(dir, 'absent.sock')).ping().catch((caught: unknown) => caught)
-    expect(error).toMatchObject({code: 'E_DOCKER_DOWN', exitCode: 10, retryable: true, message: expect.stringContaining('absent.sock')})
+    expect(error).toMatchObject({
+      code: 'E_DOCKER_DOWN',
+      exitCode: 10,
+      retryable: true,
+      message: expect.stringContaining('absent.sock'),
+    })
     expect((error as {suggestions: string[]}).suggestions.join(' ')).toMatch(/systemctl start docker/)
   })
 })
@@ -153,18 +181,35 @@ describe('`container clean` when the engine refuses one removal', () => {
   let server: http.Server
   const deleted: string[] = []
   // two containers left behind (their owner is gone); the engine will not remove the first
-  const left = (id: string) => ({Id: id, Name: `/meepa-${id}`, Created: '2026-01-01T00:00:00Z', Image: 'sha256:img', State: {Status: 'exited', Running: false}, Config: {Image: BASE_IMAGE, Labels: {meepagateway: '1', 'meepagateway.agent': 'box', 'meepagateway.pid': '999999999'}}})
+  const left = (id: string) => ({
+    Id: id,
+    Name: `/meepa-${id}`,
+    Created: '2026-01-01T00:00:00Z',
+    Image: 'sha256:img',
+    State: {Status: 'exited', Running: false},
+    Config: {
+      Image: BASE_IMAGE,
+      Labels: {meepagateway: '1', 'meepagateway.agent': 'box', 'meepagateway.pid': '999999999'},
+    },
+  })
   beforeAll(async () => {
-    home = makeHome(fakeLlmConfig('http://127.0.0.1:9/v1', [{id: 'box', container_mode: {enabled: true, network: 'host'}}]))
+    home = makeHome(
+      fakeLlmConfig('http://127.0.0.1:9/v1', [{id: 'box', container_mode: {enabled: true, network: 'host'}}]),
+    )
     server = http.createServer((req, res) => {
       const url = req.url ?? ''
       if (req.method === 'DELETE') {
         deleted.push(url.split('?')[0]!)
-        return url.startsWith('/containers/stuck') ? res.writeHead(500).end(JSON.stringify({message: 'driver failed to remove root filesystem'})) : res.writeHead(204).end()
+        return url.startsWith('/containers/stuck')
+          ? res.writeHead(500).end(JSON.stringify({message: 'driver failed to remove root filesystem'}))
+          : res.writeHead(204).end()
       }
-      if (url === '/_ping') return res.writeHead(200, {'API-Version': '1.41', Server: 'Docker/20.10.24 (linux)'}).end('OK')
-      if (url.startsWith('/containers/json')) return res.writeHead(200).end(JSON.stringify([{Id: 'stuck'}, {Id: 'gone'}]))
-      if (url === '/containers/stuck/json' || url === '/containers/gone/json') return res.writeHead(200).end(JSON.stringify(left(url.split('/')[2]!)))
+      if (url === '/_ping')
+        return res.writeHead(200, {'API-Version': '1.41', Server: 'Docker/20.10.24 (linux)'}).end('OK')
+      if (url.startsWith('/containers/json'))
+        return res.writeHead(200).end(JSON.stringify([{Id: 'stuck'}, {Id: 'gone'}]))
+      if (url === '/containers/stuck/json' || url === '/containers/gone/json')
+        return res.writeHead(200).end(JSON.stringify(left(url.split('/')[2]!)))
       if (url.startsWith('/images/json')) return res.writeHead(200).end('[]')
       res.writeHead(404).end(JSON.stringify({message: 'not here'}))
     })
@@ -176,14 +221,22 @@ describe('`container clean` when the engine refuses one removal', () => {
     home.cleanup()
   })
 
-  it('removes the others, keeps that one with the engine\'s reason, and goes on to the images (exit 0)', async () => {
-    const result = await runCli(['container', 'clean', '--json'], {home: home.home, env: {DOCKER_HOST: `unix://${home.home}/engine.sock`}})
+  it("removes the others, keeps that one with the engine's reason, and goes on to the images (exit 0)", async () => {
+    const result = await runCli(['container', 'clean', '--json'], {
+      home: home.home,
+      env: {DOCKER_HOST: `unix://${home.home}/engine.sock`},
+    })
     expect(result.exitCode, result.stderr).toBe(0)
     const cleaned = JSON.parse(result.stdout)
     expect(cleaned.containers.map((container: {name: string}) => container.name)).toEqual(['meepa-gone'])
-    expect(cleaned.kept_containers).toEqual([{name: 'meepa-stuck', reason: 'docker refused: driver failed to remove root filesystem'}])
+    expect(cleaned.kept_containers).toEqual([
+      {name: 'meepa-stuck', reason: 'docker refused: driver failed to remove root filesystem'},
+    ])
     expect(deleted.sort()).toEqual(['/containers/gone', '/containers/stuck'])
-    const text = await runCli(['container', 'clean'], {home: home.home, env: {DOCKER_HOST: `unix://${home.home}/engine.sock`}})
+    const text = await runCli(['container', 'clean'], {
+      home: home.home,
+      env: {DOCKER_HOST: `unix://${home.home}/engine.sock`},
+    })
     expect(text.stdout).toContain('kept container meepa-stuck: docker refused: driver failed to remove root filesystem')
   })
 })
@@ -193,7 +246,9 @@ describe('`container status` without the engine', () => {
   let hungServer: net.Server
   const held: net.Socket[] = []
   beforeAll(async () => {
-    home = makeHome(fakeLlmConfig('http://127.0.0.1:9/v1', [{id: 'boxed', container_mode: {enabled: true, network: 'host'}}]))
+    home = makeHome(
+      fakeLlmConfig('http://127.0.0.1:9/v1', [{id: 'boxed', container_mode: {enabled: true, network: 'host'}}]),
+    )
     hungServer = net.createServer((socket) => held.push(socket))
     await listen(hungServer, path.join(home.home, 'hung.sock'))
   })
@@ -205,10 +260,17 @@ describe('`container status` without the engine', () => {
 
   it('an engine that accepts and never answers: exit 10 with E_DOCKER_HUNG at the ping deadline (10 s), not a hang', async () => {
     const started = Date.now()
-    const result = await runCli(['container', 'status', '--json'], {home: home.home, env: {DOCKER_HOST: `unix://${home.home}/hung.sock`}, timeoutMs: 30_000})
+    const result = await runCli(['container', 'status', '--json'], {
+      home: home.home,
+      env: {DOCKER_HOST: `unix://${home.home}/hung.sock`},
+      timeoutMs: 30_000,
+    })
     expect(Date.now() - started).toBeLessThan(20_000)
     expect(result.exitCode).toBe(10)
-    expect(JSON.parse(result.stdout).error).toMatchObject({code: 'E_DOCKER_HUNG', message: expect.stringContaining('did not answer')})
+    expect(JSON.parse(result.stdout).error).toMatchObject({
+      code: 'E_DOCKER_HUNG',
+      message: expect.stringContaining('did not answer'),
+    })
     expect(held.length).toBeGreaterThan(0)
   }, 30_000)
 
@@ -218,7 +280,11 @@ describe('`container status` without the engine', () => {
     fs.writeFileSync(config, 'agents: [{id: "Not An Id"}]\n')
     for (const socket of ['hung.sock', 'absent.sock']) {
       const started = Date.now()
-      const result = await runCli(['container', 'status', '--json', '--config', config], {home: home.home, env: {DOCKER_HOST: `unix://${home.home}/${socket}`}, timeoutMs: 30_000})
+      const result = await runCli(['container', 'status', '--json', '--config', config], {
+        home: home.home,
+        env: {DOCKER_HOST: `unix://${home.home}/${socket}`},
+        timeoutMs: 30_000,
+      })
       expect(Date.now() - started, socket).toBeLessThan(5_000)
       expect(result.exitCode, socket).toBe(3)
       expect(JSON.parse(result.stdout).error, socket).toMatchObject({code: 'E_CONFIG'})
@@ -226,10 +292,16 @@ describe('`container status` without the engine', () => {
   })
 
   it('a missing socket exits 10 with E_DOCKER_DOWN and the fix', async () => {
-    const result = await runCli(['container', 'status', '--json'], {home: home.home, env: {DOCKER_HOST: `unix://${home.home}/absent.sock`}})
+    const result = await runCli(['container', 'status', '--json'], {
+      home: home.home,
+      env: {DOCKER_HOST: `unix://${home.home}/absent.sock`},
+    })
     expect(result.exitCode).toBe(10)
     const error = JSON.parse(result.stdout).error
-    expect(error).toMatchObject({code: 'E_DOCKER_DOWN', message: expect.stringContaining(`DOCKER_HOST=unix://${home.home}/absent.sock`)})
+    expect(error).toMatchObject({
+      code: 'E_DOCKER_DOWN',
+      message: expect.stringContaining(`DOCKER_HOST=unix://${home.home}/absent.sock`),
+    })
     expect(error.suggestions).toEqual(expect.arrayContaining([expect.stringContaining('systemctl start docker')]))
   })
 })
@@ -243,8 +315,23 @@ describeWithDocker('Engine API client against the real engine', () => {
   beforeAll(async () => {
     dir = tempDir('meepa-engine-api-real-')
     engine = new EngineApi(DEFAULT_DOCKER_SOCKET)
-    const created = await docker(['create', '--name', containerName, '--network', 'none', '--label', 'meepagateway=1',
-      '--label', `meepagateway.home=${homeLabel(dir)}`, '--label', 'meepagateway.agent=api', '--label', 'meepagateway.pid=999999999', BASE_IMAGE, 'true'])
+    const created = await docker([
+      'create',
+      '--name',
+      containerName,
+      '--network',
+      'none',
+      '--label',
+      'meepagateway=1',
+      '--label',
+      `meepagateway.home=${homeLabel(dir)}`,
+      '--label',
+      'meepagateway.agent=api',
+      '--label',
+      'meepagateway.pid=999999999',
+      BASE_IMAGE,
+      'true',
+    ])
     if (created.exitCode !== 0) throw new Error(`docker create: ${created.stderr}`)
   }, 120_000)
   afterAll(async () => {
@@ -253,15 +340,27 @@ describeWithDocker('Engine API client against the real engine', () => {
   }, 120_000)
 
   it('reports the version the CLI reports', async () => {
-    const server = JSON.parse((await docker(['version', '--format', '{{json .Server}}'])).stdout) as {Version: string; ApiVersion: string}
+    const server = JSON.parse((await docker(['version', '--format', '{{json .Server}}'])).stdout) as {
+      Version: string
+      ApiVersion: string
+    }
     expect(await engine.ping()).toEqual({server: server.Version, api: server.ApiVersion})
     expect(await cli.ping()).toEqual(await engine.ping())
   })
 
   it('inspects an image as `docker image inspect` does, and a missing one as undefined', async () => {
-    const viaCli = JSON.parse((await docker(['image', 'inspect', '--format', '{{json .}}', BASE_IMAGE])).stdout) as Record<string, unknown>
+    const viaCli = JSON.parse(
+      (await docker(['image', 'inspect', '--format', '{{json .}}', BASE_IMAGE])).stdout,
+    ) as Record<string, unknown>
     const viaApi = await engine.inspectImage(BASE_IMAGE)
-    expect(viaApi).toMatchObject({Id: viaCli.Id, RepoTags: viaCli.RepoTags, Architecture: viaCli.Architecture, Os: viaCli.Os, Size: viaCli.Size, Created: viaCli.Created})
+    expect(viaApi).toMatchObject({
+      Id: viaCli.Id,
+      RepoTags: viaCli.RepoTags,
+      Architecture: viaCli.Architecture,
+      Os: viaCli.Os,
+      Size: viaCli.Size,
+      Created: viaCli.Created,
+    })
     expect(viaApi?.Config?.Env).toEqual((viaCli.Config as {Env: string[]}).Env)
     expect(await engine.inspectImage(`meepa-test-absent:${unique}`)).toBeUndefined()
   })
@@ -269,7 +368,13 @@ describeWithDocker('Engine API client against the real engine', () => {
   it("lists a home's gateway containers exactly as the CLI path does", async () => {
     const viaApi = await listGatewayContainers(engine, {home: dir})
     expect(viaApi.map((container) => container.name)).toEqual([containerName])
-    expect(viaApi[0]).toMatchObject({agent: 'api', state: 'created', running: false, ownerPid: 999_999_999, image: BASE_IMAGE})
+    expect(viaApi[0]).toMatchObject({
+      agent: 'api',
+      state: 'created',
+      running: false,
+      ownerPid: 999_999_999,
+      image: BASE_IMAGE,
+    })
     expect(viaApi).toEqual(await listGatewayContainers(cli, {home: dir}))
     expect(await listGatewayContainers(engine, {home: path.join(dir, 'other')})).toEqual([])
   })
@@ -277,7 +382,11 @@ describeWithDocker('Engine API client against the real engine', () => {
   it('lists labelled images as the CLI path does, and removes a tag as `docker image rm` does: gone, gone already, refused while a container uses it', async () => {
     const label = `meepa-test-api-images=${unique}`
     const tag = `meepa-test-api-rmi:${unique}`
-    const built = await execa('docker', ['build', '--network', 'none', '-t', tag, '-'], {input: `FROM ${BASE_IMAGE}\nLABEL ${label}\n`, reject: false, timeout: 120_000})
+    const built = await execa('docker', ['build', '--network', 'none', '-t', tag, '-'], {
+      input: `FROM ${BASE_IMAGE}\nLABEL ${label}\n`,
+      reject: false,
+      timeout: 120_000,
+    })
     expect(built.exitCode, built.stderr).toBe(0)
     const user = `meepa-test-api-rmi-user-${unique}`
     try {
@@ -322,20 +431,32 @@ describeWithDocker('`container status` on a local engine', () => {
   let bin: string
   let log: string
   beforeAll(() => {
-    home = makeHome(fakeLlmConfig('http://127.0.0.1:9/v1', [{id: 'boxed', container_mode: {enabled: true, network: 'host', image: BASE_IMAGE}}]))
+    home = makeHome(
+      fakeLlmConfig('http://127.0.0.1:9/v1', [
+        {id: 'boxed', container_mode: {enabled: true, network: 'host', image: BASE_IMAGE}},
+      ]),
+    )
     // a `docker` first on PATH that logs every start, then runs the real one
     bin = path.join(home.home, 'bin')
     log = path.join(home.home, 'docker-starts.log')
     fs.mkdirSync(bin)
-    fs.writeFileSync(path.join(bin, 'docker'), `#!/bin/sh\necho "$*" >> '${log}'\nexec '${realDockerPath()}' "$@"\n`, {mode: 0o755})
+    fs.writeFileSync(path.join(bin, 'docker'), `#!/bin/sh\necho "$*" >> '${log}'\nexec '${realDockerPath()}' "$@"\n`, {
+      mode: 0o755,
+    })
   })
   afterAll(() => home.cleanup())
 
   it('starts no docker process and reports the engine and API versions', async () => {
-    const result = await runCli(['container', 'status', '--json'], {home: home.home, env: {PATH: `${bin}:${process.env.PATH}`}})
+    const result = await runCli(['container', 'status', '--json'], {
+      home: home.home,
+      env: {PATH: `${bin}:${process.env.PATH}`},
+    })
     expect(result.exitCode).toBe(0)
     const status = JSON.parse(result.stdout)
-    const server = JSON.parse((await docker(['version', '--format', '{{json .Server}}'])).stdout) as {Version: string; ApiVersion: string}
+    const server = JSON.parse((await docker(['version', '--format', '{{json .Server}}'])).stdout) as {
+      Version: string
+      ApiVersion: string
+    }
     expect(status.engine).toEqual({reachable: true, server_version: server.Version, api_version: server.ApiVersion})
     expect(status.agents).toEqual([expect.objectContaining({agent: 'boxed', base: BASE_IMAGE})])
     expect(fs.existsSync(log) ? fs.readFileSync(log, 'utf8') : '').toBe('')

@@ -19,7 +19,8 @@ import {startOwnEngine, type OwnEngine} from '../../helpers/own-engine.js'
 
 const TIMEOUT_SECONDS = 6
 const DEADLINE_MS = (TIMEOUT_SECONDS + 5) * 1000
-const ENGINE_HUNG = 'the Docker engine did not answer; the container may still be running and will be removed when the engine answers'
+const ENGINE_HUNG =
+  'the Docker engine did not answer; the container may still be running and will be removed when the engine answers'
 
 /** "RUN: <command>" makes the agent run it in its shell, then answer with its output; anything else gets "pong". */
 function scripted(request: FakeRequest): ScriptedTurn {
@@ -27,7 +28,8 @@ function scripted(request: FakeRequest): ScriptedTurn {
   const last = messages.at(-1)
   if (last?.role === 'tool') return {text: `tool said: ${String(last.content)}`}
   const content = typeof last?.content === 'string' ? last.content : ''
-  if (content.startsWith('RUN: ')) return {toolCalls: [{name: 'shell', arguments: {command: content.slice(5), timeout_seconds: 60}}]}
+  if (content.startsWith('RUN: '))
+    return {toolCalls: [{name: 'shell', arguments: {command: content.slice(5), timeout_seconds: 60}}]}
   return {text: 'pong'}
 }
 
@@ -39,21 +41,37 @@ describeWithDocker('a hung or dying Docker engine under a running gateway (own e
   let port: number
 
   const containers = async (...filters: string[]) =>
-    (await engine.docker(['ps', '-a', '--format', '{{.Names}} {{.Label "meepagateway.run"}} {{.State}}', '--filter', `label=meepagateway.home=${homeLabel(home.home)}`, ...filters.flatMap((filter) => ['--filter', filter])]))
-      .stdout.split('\n').filter(Boolean)
+    (
+      await engine.docker([
+        'ps',
+        '-a',
+        '--format',
+        '{{.Names}} {{.Label "meepagateway.run"}} {{.State}}',
+        '--filter',
+        `label=meepagateway.home=${homeLabel(home.home)}`,
+        ...filters.flatMap((filter) => ['--filter', filter]),
+      ])
+    ).stdout
+      .split('\n')
+      .filter(Boolean)
   const until = async (what: string, check: () => Promise<boolean> | boolean, timeoutMs = 30_000) => {
     const deadline = Date.now() + timeoutMs
     while (!(await check())) {
-      if (Date.now() > deadline) throw new Error(`${what}: not within ${timeoutMs} ms; serve said:\n${serve?.output().slice(-3000)}`)
+      if (Date.now() > deadline)
+        throw new Error(`${what}: not within ${timeoutMs} ms; serve said:\n${serve?.output().slice(-3000)}`)
       await new Promise((resolve) => setTimeout(resolve, 200))
     }
   }
   /** Resolves once the agent's run asked the LLM for `content`: its container is up and running agent-run. */
-  const runStarted = (content: string) => until(`a run of "${content}" reached the LLM`, () => llm.requests.some((request) => JSON.stringify(request.body.messages).includes(content)))
+  const runStarted = (content: string) =>
+    until(`a run of "${content}" reached the LLM`, () =>
+      llm.requests.some((request) => JSON.stringify(request.body.messages).includes(content)),
+    )
   const record = (runId: string) => {
     const db = new Database(path.join(home.home, 'gateway.db'), {readonly: true})
     try {
-      return db.prepare('SELECT * FROM runs WHERE id = ?').get(runId) as {status: string; error_code: string; error_message: string} | undefined
+      return db.prepare('SELECT * FROM runs WHERE id = ?').get(runId) as
+        {status: string; error_code: string; error_message: string} | undefined
     } finally {
       db.close()
     }
@@ -65,17 +83,29 @@ describeWithDocker('a hung or dying Docker engine under a running gateway (own e
     llm = await startFakeLlm()
     llm.setDefault(scripted)
     port = await freePort()
-    const containerAgent = (id: string, standby: boolean) => ({id, container_mode: {enabled: true, network: 'host', memory_limit: '512m', timeout_seconds: TIMEOUT_SECONDS, standby}})
-    home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [
-      containerAgent('boxed', false),
-      containerAgent('warm', true),
-      // its image (the same base, named explicitly) has not been checked by this gateway yet
-      {id: 'fresh', container_mode: {...containerAgent('fresh', false).container_mode, image: 'debian:bookworm-slim'}},
-      {id: 'quick', file_access: {unrestricted: true}},
-    ], {
-      gateway: {max_concurrent_runs: 1, shutdown_grace_seconds: 3},
-      captain: {enabled: true, bind: '127.0.0.1', port},
-    }))
+    const containerAgent = (id: string, standby: boolean) => ({
+      id,
+      container_mode: {enabled: true, network: 'host', memory_limit: '512m', timeout_seconds: TIMEOUT_SECONDS, standby},
+    })
+    home = makeHome(
+      fakeLlmConfig(
+        llm.openaiBaseUrl,
+        [
+          containerAgent('boxed', false),
+          containerAgent('warm', true),
+          // its image (the same base, named explicitly) has not been checked by this gateway yet
+          {
+            id: 'fresh',
+            container_mode: {...containerAgent('fresh', false).container_mode, image: 'debian:bookworm-slim'},
+          },
+          {id: 'quick', file_access: {unrestricted: true}},
+        ],
+        {
+          gateway: {max_concurrent_runs: 1, shutdown_grace_seconds: 3},
+          captain: {enabled: true, bind: '127.0.0.1', port},
+        },
+      ),
+    )
     serve = await startServe({home: home.home, port, env: engine.env})
     // the first message builds the isolation image in the test's engine
     const first = await serve.chat('boxed', 'hello')
@@ -120,7 +150,10 @@ describeWithDocker('a hung or dying Docker engine under a running gateway (own e
 
   it('the same with a standby container: the message it was waiting for ends within timeout + 5 s', async () => {
     expect((await serve!.chat('warm', 'hello')).reply).toBe('pong')
-    await until('a standby container waits', async () => (await containers('label=meepagateway.run=standby', 'status=running')).length === 1)
+    await until(
+      'a standby container waits',
+      async () => (await containers('label=meepagateway.run=standby', 'status=running')).length === 1,
+    )
     engine.stop()
     const stuck = await serve!.chat('warm', 'RUN: echo from-standby')
     expect(stuck.ms).toBeLessThan(DEADLINE_MS)
@@ -145,7 +178,10 @@ describeWithDocker('a hung or dying Docker engine under a running gateway (own e
 
   it('SIGTERM to serve with a hung engine, a run and a standby: stops within the 3 s grace + 5 s; the next start-up removes what was left', async () => {
     expect((await serve!.chat('warm', 'hello')).reply).toBe('pong')
-    await until('a standby container waits', async () => (await containers('label=meepagateway.run=standby', 'status=running')).length === 1)
+    await until(
+      'a standby container waits',
+      async () => (await containers('label=meepagateway.run=standby', 'status=running')).length === 1,
+    )
     const chat = serve!.chat('boxed', 'RUN: sleep 30')
     await runStarted('RUN: sleep 30')
     engine.stop()
@@ -160,25 +196,33 @@ describeWithDocker('a hung or dying Docker engine under a running gateway (own e
     expect(serve.output()).toMatch(/removed [12] container\(s\) left behind by a previous gateway/)
   }, 120_000)
 
-  it('/healthz asks the engine itself, with no run: a stopped engine is named at once, in the CLI\'s words, and ok once it answers', async () => {
+  it("/healthz asks the engine itself, with no run: a stopped engine is named at once, in the CLI's words, and ok once it answers", async () => {
     await until('/healthz ok', async () => (await serve!.healthz()).status === 200)
     engine.stop()
     let health = await serve!.healthz()
     await until('/healthz degraded without a run', async () => (health = await serve!.healthz()).status === 503, 15_000)
     expect(health.body.status).toBe('degraded')
-    expect(health.body.reasons).toEqual([expect.stringMatching(/^engine down: the Docker engine did not answer GET \/_ping within 3 s; it seems hung \(since [0-9T:.-]+Z\)$/)])
+    expect(health.body.reasons).toEqual([
+      expect.stringMatching(
+        /^engine down: the Docker engine did not answer GET \/_ping within 3 s; it seems hung \(since [0-9T:.-]+Z\)$/,
+      ),
+    ])
     engine.resume()
     await until('/healthz ok once the engine answers', async () => (await serve!.healthz()).status === 200, 15_000)
   }, 60_000)
 
-  it('serve stopped (SIGSTOP) past a container run\'s deadline: the container ends itself, nothing it would write later appears', async () => {
+  it("serve stopped (SIGSTOP) past a container run's deadline: the container ends itself, nothing it would write later appears", async () => {
     const chat = serve!.chat('boxed', 'RUN: sleep 13; touch /workspace/AFTER_DEADLINE')
     await runStarted('RUN: sleep 13; touch /workspace/AFTER_DEADLINE')
     const stoppedAt = Date.now()
     serve!.process.kill('SIGSTOP')
     try {
       // agent-run ends itself 2 s past the 6 s deadline; the keeper removes the container 5 s past it
-      await until('the run\'s container to stop while serve is stopped', async () => (await containers('label=meepagateway.agent=boxed', 'status=running')).length === 0, 15_000)
+      await until(
+        "the run's container to stop while serve is stopped",
+        async () => (await containers('label=meepagateway.agent=boxed', 'status=running')).length === 0,
+        15_000,
+      )
       expect(Date.now() - stoppedAt).toBeLessThan((TIMEOUT_SECONDS + 3) * 1000)
       await new Promise((resolve) => setTimeout(resolve, 15_000 - (Date.now() - stoppedAt)))
     } finally {
@@ -187,7 +231,7 @@ describeWithDocker('a hung or dying Docker engine under a running gateway (own e
     expect(fs.existsSync(path.join(home.workspace('boxed'), 'AFTER_DEADLINE'))).toBe(false)
     const {reply} = await chat
     expect(reply).toMatch(/^Sorry, I was paused when this message's time ran out/)
-    await until('the run\'s container is removed', async () => (await containers()).length === 0)
+    await until("the run's container is removed", async () => (await containers()).length === 0)
   }, 90_000)
 
   it('an engine that dies mid-message is reported as such, not as a container that never started', async () => {
@@ -197,7 +241,9 @@ describeWithDocker('a hung or dying Docker engine under a running gateway (own e
     const died = await chat
     expect(died.ms).toBeLessThan(DEADLINE_MS)
     // the user hears that part of it may have run
-    expect(died.reply).toMatch(/^Sorry, I couldn't finish: the Docker engine stopped answering while I was working, so I was stopped, and part of the work may already have run\./)
+    expect(died.reply).toMatch(
+      /^Sorry, I couldn't finish: the Docker engine stopped answering while I was working, so I was stopped, and part of the work may already have run\./,
+    )
     const failed = record(runIdOf(died.reply) as string)
     expect(failed?.error_message).not.toMatch(/before the container started/)
     expect(failed?.error_message).toMatch(/stopped answering during the run|did not answer/)
@@ -206,8 +252,19 @@ describeWithDocker('a hung or dying Docker engine under a running gateway (own e
     let health = await serve!.healthz()
     expect(health.status).toBe(503)
     // short and clean: the reason the docker CLI gives, without its "See 'docker run --help'"
-    await until('the engine probe names the dead engine', async () => /^engine down: the Docker engine is not running or not reachable/.test((health = await serve!.healthz()).body.reasons?.[0] ?? ''), 15_000)
-    expect(health.body.reasons).toEqual([expect.stringMatching(/^engine down: the Docker engine is not running or not reachable at DOCKER_HOST=unix:\/\/\S+: Cannot connect to the Docker daemon at unix:\/\/\S+\. Is the docker daemon running\?( \((ECONNREFUSED|ENOENT)\))? \(since [0-9T:.-]+Z\)$/)])
+    await until(
+      'the engine probe names the dead engine',
+      async () =>
+        /^engine down: the Docker engine is not running or not reachable/.test(
+          (health = await serve!.healthz()).body.reasons?.[0] ?? '',
+        ),
+      15_000,
+    )
+    expect(health.body.reasons).toEqual([
+      expect.stringMatching(
+        /^engine down: the Docker engine is not running or not reachable at DOCKER_HOST=unix:\/\/\S+: Cannot connect to the Docker daemon at unix:\/\/\S+\. Is the docker daemon running\?( \((ECONNREFUSED|ENOENT)\))? \(since [0-9T:.-]+Z\)$/,
+      ),
+    ])
     expect(health.body.reasons?.[0]).not.toMatch(/\||--help/)
 
     // the engine comes back: what the run left is removed before anything else starts there
@@ -219,10 +276,25 @@ describeWithDocker('a hung or dying Docker engine under a running gateway (own e
     expect(next.reply, serve!.output().slice(-4000)).toBe('pong')
     const deadRunContainer = containerNameFor(runIdOf(died.reply) as string)
     expect(serve!.output()).toContain(`the Docker engine answers again: removed container ${deadRunContainer}`)
-    const events = (await engine.docker(['events', '--since', String(restartedAt), '--until', String(Math.ceil(Date.now() / 1000)), '--filter', 'type=container', '--format', '{{.Action}} {{.Actor.Attributes.name}}'])).stdout.split('\n')
+    const events = (
+      await engine.docker([
+        'events',
+        '--since',
+        String(restartedAt),
+        '--until',
+        String(Math.ceil(Date.now() / 1000)),
+        '--filter',
+        'type=container',
+        '--format',
+        '{{.Action}} {{.Actor.Attributes.name}}',
+      ])
+    ).stdout.split('\n')
     const removed = events.indexOf(`destroy ${deadRunContainer}`)
     expect(removed, events.join('\n')).toBeGreaterThanOrEqual(0)
-    expect(events.findIndex((event) => event.startsWith('create ')), events.join('\n')).toBeGreaterThan(removed)
+    expect(
+      events.findIndex((event) => event.startsWith('create ')),
+      events.join('\n'),
+    ).toBeGreaterThan(removed)
     await until('nothing of the dead run is left', async () => (await containers()).length === 0)
   }, 180_000)
 })

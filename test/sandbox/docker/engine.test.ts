@@ -11,7 +11,13 @@ import {removeOrphanContainers} from '../../../src/runtime/container/clean.js'
 import {DockerCli} from '../../../src/sandbox/docker/cli.js'
 import {homeLabel} from '../../../src/sandbox/docker/containers.js'
 import {computeAppHash} from '../../../src/sandbox/docker/app-bundle.js'
-import {detectPackageManager, ensureIsolationImage, inspectImages, planImages, type ImageContext} from '../../../src/sandbox/docker/images.js'
+import {
+  detectPackageManager,
+  ensureIsolationImage,
+  inspectImages,
+  planImages,
+  type ImageContext,
+} from '../../../src/sandbox/docker/images.js'
 import {BASE_IMAGE, describeWithDocker, dockerRecorder, tempDir, type DockerRecorder} from '../../helpers/docker-env.js'
 
 /*
@@ -33,7 +39,10 @@ async function loadEdited(source: string, tag: string, edit: (config: Record<str
   const dir = tempDir('meepa-image-edit-')
   try {
     await execa('sh', ['-c', `docker save '${source}' | tar -x -C '${dir}'`])
-    const manifest = JSON.parse(fs.readFileSync(path.join(dir, 'manifest.json'), 'utf8')) as Array<{Config: string; RepoTags: string[]}>
+    const manifest = JSON.parse(fs.readFileSync(path.join(dir, 'manifest.json'), 'utf8')) as Array<{
+      Config: string
+      RepoTags: string[]
+    }>
     const configFile = path.join(dir, manifest[0]!.Config)
     const config = JSON.parse(fs.readFileSync(configFile, 'utf8')) as Record<string, unknown>
     edit(config)
@@ -49,7 +58,12 @@ async function loadEdited(source: string, tag: string, edit: (config: Record<str
 function gatewayConfig(imageConfig: Partial<GatewayConfig['image_config']> = {}): GatewayConfig {
   return {image_config: {...DEFAULT_IMAGE_CONFIG, ...imageConfig}} as GatewayConfig
 }
-const agent = (image = '') => ({...DEFAULT_AGENT, id: 'a', name: 'a', container_mode: {...DEFAULT_AGENT.container_mode, enabled: true, image}})
+const agent = (image = '') => ({
+  ...DEFAULT_AGENT,
+  id: 'a',
+  name: 'a',
+  container_mode: {...DEFAULT_AGENT.container_mode, enabled: true, image},
+})
 
 describeWithDocker('container images (real engine)', () => {
   const throwaway: string[] = []
@@ -89,13 +103,23 @@ describeWithDocker('container images (real engine)', () => {
     expect(Date.now() - started).toBeLessThan(1000)
     expect(builds()).toEqual([])
     // base and isolation image in one docker process (each docker start costs tens of ms)
-    expect(recorder.calls().filter((call) => call[0] === 'image' && call[1] === 'inspect')).toEqual([['image', 'inspect', '--format', '{{json .}}', base, plan.isolationTag]])
+    expect(recorder.calls().filter((call) => call[0] === 'image' && call[1] === 'inspect')).toEqual([
+      ['image', 'inspect', '--format', '{{json .}}', base, plan.isolationTag],
+    ])
 
-    expect(await ensureIsolationImage(plan, context, {appHash: 'changed-dist'})).toMatchObject({built: true, reason: 'meepagateway runtime changed'})
+    expect(await ensureIsolationImage(plan, context, {appHash: 'changed-dist'})).toMatchObject({
+      built: true,
+      reason: 'meepagateway runtime changed',
+    })
 
     await buildImage(base, `FROM ${BASE_IMAGE}\nLABEL meepa.test=two\n`)
-    expect(await ensureIsolationImage(plan, context, {appHash: 'changed-dist'})).toMatchObject({built: true, reason: 'base image changed'})
-    const labels = JSON.parse((await docker(['image', 'inspect', '--format', '{{json .Config.Labels}}', plan.isolationTag])).stdout)
+    expect(await ensureIsolationImage(plan, context, {appHash: 'changed-dist'})).toMatchObject({
+      built: true,
+      reason: 'base image changed',
+    })
+    const labels = JSON.parse(
+      (await docker(['image', 'inspect', '--format', '{{json .Config.Labels}}', plan.isolationTag])).stdout,
+    )
     const baseId = (await docker(['image', 'inspect', '--format', '{{.Id}}', base])).stdout.trim()
     expect(labels['meepagateway.base-id']).toBe(baseId)
   }, 600_000)
@@ -118,7 +142,9 @@ describeWithDocker('container images (real engine)', () => {
     await execa('sh', ['-c', `tar -C '${dir}' -c . | docker import - '${base}'`])
     throwaway.push(base)
     recorder.clear()
-    const error = await ensureIsolationImage(await planImages(gatewayConfig(), agent(base), context), context).catch((caught: unknown) => caught)
+    const error = await ensureIsolationImage(await planImages(gatewayConfig(), agent(base), context), context).catch(
+      (caught: unknown) => caught,
+    )
     expect(error).toMatchObject({code: 'E_IMAGE', message: expect.stringMatching(/has no \/lib.*ld-linux.*C library/)})
     expect((error as {suggestions: string[]}).suggestions.join(' ')).toContain('debian:bookworm-slim')
     expect(builds()).toEqual([])
@@ -130,7 +156,9 @@ describeWithDocker('container images (real engine)', () => {
     await loadEdited(BASE_IMAGE, base, (config) => (config.architecture = foreign))
     throwaway.push(base)
     recorder.clear()
-    const error = await ensureIsolationImage(await planImages(gatewayConfig(), agent(base), context), context).catch((caught: unknown) => caught)
+    const error = await ensureIsolationImage(await planImages(gatewayConfig(), agent(base), context), context).catch(
+      (caught: unknown) => caught,
+    )
     expect(error).toMatchObject({code: 'E_IMAGE', message: expect.stringContaining(`linux/${foreign}`)})
     expect((error as {message: string}).message).toContain('exec format error')
     expect((error as {suggestions: string[]}).suggestions.join(' ')).toContain('--platform')
@@ -141,7 +169,10 @@ describeWithDocker('container images (real engine)', () => {
     recorder.clear()
     const plan = await planImages(gatewayConfig(), agent(`meepa-test-absent:${unique}`), context)
     const error = await ensureIsolationImage(plan, context).catch((caught: unknown) => caught)
-    expect(error).toMatchObject({code: 'E_IMAGE', suggestions: [expect.stringContaining('docker pull'), expect.any(String)]})
+    expect(error).toMatchObject({
+      code: 'E_IMAGE',
+      suggestions: [expect.stringContaining('docker pull'), expect.any(String)],
+    })
     expect(recorder.calls().filter((call) => call.includes('pull') && call[0] === 'pull')).toEqual([])
   }, 600_000)
 
@@ -151,7 +182,9 @@ describeWithDocker('container images (real engine)', () => {
     expect(await detectPackageManager(BASE_IMAGE, {...context, cli: new DockerCli({bin: recorder.bin})})).toBe('apt')
     expect(recorder.calls().filter((call) => call[0] === 'run')).toHaveLength(1)
     const baseId = (await docker(['image', 'inspect', '--format', '{{.Id}}', BASE_IMAGE])).stdout.trim()
-    expect(JSON.parse(fs.readFileSync(path.join(cacheDir, 'docker-base-images.json'), 'utf8'))[baseId]).toEqual({package_manager: 'apt'})
+    expect(JSON.parse(fs.readFileSync(path.join(cacheDir, 'docker-base-images.json'), 'utf8'))[baseId]).toEqual({
+      package_manager: 'apt',
+    })
   }, 600_000)
 })
 
@@ -159,17 +192,27 @@ describeWithDocker('container commands (real engine)', () => {
   let llm: FakeLlm
   let home: TestHome
   let recorder: DockerRecorder
-  const cli = (...args: string[]) => runCli(['container', ...args], {home: home.home, env: {MEEPAGATEWAY_DOCKER_BIN: recorder.bin}, timeoutMs: 600_000})
+  const cli = (...args: string[]) =>
+    runCli(['container', ...args], {home: home.home, env: {MEEPAGATEWAY_DOCKER_BIN: recorder.bin}, timeoutMs: 600_000})
   // as an operator runs it: no injected binary, so a local engine is asked over its API; a docker
   // it starts is still recorded
-  const onLocalEngine = (...args: string[]) => runCli(['container', ...args], {home: home.home, env: {PATH: `${path.dirname(recorder.bin)}/path:${process.env.PATH}`}, timeoutMs: 600_000})
+  const onLocalEngine = (...args: string[]) =>
+    runCli(['container', ...args], {
+      home: home.home,
+      env: {PATH: `${path.dirname(recorder.bin)}/path:${process.env.PATH}`},
+      timeoutMs: 600_000,
+    })
   // 'plain' refers to the isolation image of the bare base, which the send tests use meanwhile:
   // `container clean` below must keep it.
   const config = (packages: string[]) =>
-    fakeLlmConfig(llm.openaiBaseUrl, [
-      {id: 'box', container_mode: {enabled: true, network: 'host'}},
-      {id: 'plain', container_mode: {enabled: true, network: 'host', image: BASE_IMAGE}},
-    ], {image_config: {enabled: true, packages}})
+    fakeLlmConfig(
+      llm.openaiBaseUrl,
+      [
+        {id: 'box', container_mode: {enabled: true, network: 'host'}},
+        {id: 'plain', container_mode: {enabled: true, network: 'host', image: BASE_IMAGE}},
+      ],
+      {image_config: {enabled: true, packages}},
+    )
 
   beforeAll(async () => {
     llm = await startFakeLlm()
@@ -204,7 +247,11 @@ describeWithDocker('container commands (real engine)', () => {
     expect(second.exitCode).toBe(0)
     const result = JSON.parse(second.stdout)
     expect(result.built).toBe(0)
-    expect(result.images[0]).toMatchObject({agents: ['box'], container_image: {built: false, reason: 'up to date'}, isolation_image: {built: false, reason: 'up to date'}})
+    expect(result.images[0]).toMatchObject({
+      agents: ['box'],
+      container_image: {built: false, reason: 'up to date'},
+      isolation_image: {built: false, reason: 'up to date'},
+    })
     expect(result.images[1]).toMatchObject({agents: ['plain'], isolation_image: {built: false, reason: 'up to date'}})
     expect(recorder.calls().filter((call) => call[0] === 'build' || call[0] === 'run')).toEqual([])
     // The CLI process includes oclif start-up (without the release manifest in a dev tree it loads every command).
@@ -217,23 +264,43 @@ describeWithDocker('container commands (real engine)', () => {
     const status = JSON.parse(result.stdout)
     expect(status.engine).toMatchObject({reachable: true, server_version: expect.any(String)})
     expect(status.agents).toEqual([
-      expect.objectContaining({agent: 'box', isolation_image: expect.objectContaining({present: true, up_to_date: true})}),
-      expect.objectContaining({agent: 'plain', base: BASE_IMAGE, isolation_image: expect.objectContaining({present: true, up_to_date: true})}),
+      expect.objectContaining({
+        agent: 'box',
+        isolation_image: expect.objectContaining({present: true, up_to_date: true}),
+      }),
+      expect.objectContaining({
+        agent: 'plain',
+        base: BASE_IMAGE,
+        isolation_image: expect.objectContaining({present: true, up_to_date: true}),
+      }),
     ])
     expect(status.containers).toEqual([])
   }, 600_000)
 
   it('`container status` exits 10 with the fix when the engine is down', async () => {
-    const result = await runCli(['container', 'status', '--json'], {home: home.home, env: {DOCKER_HOST: `unix://${home.home}/none.sock`}})
+    const result = await runCli(['container', 'status', '--json'], {
+      home: home.home,
+      env: {DOCKER_HOST: `unix://${home.home}/none.sock`},
+    })
     expect(result.exitCode).toBe(10)
-    expect(JSON.parse(result.stdout).error).toMatchObject({code: 'E_DOCKER_DOWN', suggestions: expect.arrayContaining([expect.stringContaining('start')])})
+    expect(JSON.parse(result.stdout).error).toMatchObject({
+      code: 'E_DOCKER_DOWN',
+      suggestions: expect.arrayContaining([expect.stringContaining('start')]),
+    })
   }, 600_000)
 
   it('`container images` lists the images with size, age and the agent using them', async () => {
     const boxImage = JSON.parse((await cli('status', '--json')).stdout).agents[0].isolation_image.tag as string
     const result = await cli('images', '--json')
     expect(result.exitCode).toBe(0)
-    const images = JSON.parse(result.stdout) as Array<{repository: string; tag: string; size_bytes: number; age_seconds: number; used_by: string[]; in_use: boolean}>
+    const images = JSON.parse(result.stdout) as Array<{
+      repository: string
+      tag: string
+      size_bytes: number
+      age_seconds: number
+      used_by: string[]
+      in_use: boolean
+    }>
     const isolation = images.find((image) => `${image.repository}:${image.tag}` === boxImage)
     expect(isolation).toMatchObject({used_by: ['box'], in_use: true})
     expect(isolation!.size_bytes).toBeGreaterThan(50_000_000)
@@ -243,7 +310,9 @@ describeWithDocker('container commands (real engine)', () => {
   it('a changed package list gives a new tag, and the package is usable in the next run', async () => {
     const before = JSON.parse((await cli('status', '--json')).stdout).agents[0]
     llm.reset()
-    llm.enqueue({toolCalls: [{name: 'shell', arguments: {command: 'jq --version'}}]}, (request) => ({text: String(request.body.messages.at(-1).content)}))
+    llm.enqueue({toolCalls: [{name: 'shell', arguments: {command: 'jq --version'}}]}, (request) => ({
+      text: String(request.body.messages.at(-1).content),
+    }))
     const without = await runCli(['send', '--agent', 'box', 'jq?'], {home: home.home})
     expect(without.stdout).toMatch(/jq: not found|exit code: 127/)
 
@@ -256,15 +325,28 @@ describeWithDocker('container commands (real engine)', () => {
     expect(after.isolation_image.tag).not.toBe(before.isolation_image.tag)
     expect(after.dockerfile).toContain('apt-get install -y --no-install-recommends jq')
 
-    llm.enqueue({toolCalls: [{name: 'shell', arguments: {command: 'echo \'{"a": 41}\' | jq ".a + 1"'}}]}, (request) => ({text: String(request.body.messages.at(-1).content)}))
+    llm.enqueue(
+      {toolCalls: [{name: 'shell', arguments: {command: 'echo \'{"a": 41}\' | jq ".a + 1"'}}]},
+      (request) => ({text: String(request.body.messages.at(-1).content)}),
+    )
     const withJq = await runCli(['send', '--agent', 'box', 'jq!'], {home: home.home})
     expect(withJq.exitCode).toBe(0)
     expect(withJq.stdout).toContain('exit code: 0\n42')
   }, 600_000)
 
   it('removes containers left behind at start-up and by `container clean`, never a live run', async () => {
-    const labels = (pid: number) => ['--label', 'meepagateway=1', '--label', 'meepagateway.agent=box', '--label', `meepagateway.home=${homeLabel(home.home)}`, '--label', `meepagateway.pid=${pid}`]
-    const run = (name: string, pid: number) => docker(['run', '-d', '--name', name, '--network', 'none', ...labels(pid), BASE_IMAGE, 'sleep', '300'])
+    const labels = (pid: number) => [
+      '--label',
+      'meepagateway=1',
+      '--label',
+      'meepagateway.agent=box',
+      '--label',
+      `meepagateway.home=${homeLabel(home.home)}`,
+      '--label',
+      `meepagateway.pid=${pid}`,
+    ]
+    const run = (name: string, pid: number) =>
+      docker(['run', '-d', '--name', name, '--network', 'none', ...labels(pid), BASE_IMAGE, 'sleep', '300'])
     const deadOwner = `meepa-test-orphan-${unique}`
     const liveOwner = `meepa-test-live-${unique}`
     const exited = `meepa-test-exited-${unique}`
@@ -282,7 +364,9 @@ describeWithDocker('container commands (real engine)', () => {
       expect((await docker(['inspect', liveOwner])).exitCode).toBe(0)
       const clean = await cli('clean', '--json')
       expect(clean.exitCode).toBe(0)
-      expect(JSON.parse(clean.stdout).containers.map((container: {name: string}) => container.name)).toContain(liveOwner)
+      expect(JSON.parse(clean.stdout).containers.map((container: {name: string}) => container.name)).toContain(
+        liveOwner,
+      )
       expect((await docker(['inspect', liveOwner])).exitCode).not.toBe(0)
     } finally {
       await docker(['rm', '-f', deadOwner, liveOwner, exited])
@@ -291,16 +375,41 @@ describeWithDocker('container commands (real engine)', () => {
 
   it('`serve` removes containers a crashed gateway of its home left behind, at start-up', async () => {
     const orphan = `meepa-test-serve-orphan-${unique}`
-    await docker(['run', '-d', '--name', orphan, '--network', 'none', '--label', 'meepagateway=1', '--label', 'meepagateway.agent=box',
-      '--label', `meepagateway.home=${homeLabel(home.home)}`, '--label', 'meepagateway.pid=999999999', BASE_IMAGE, 'sleep', '300'])
+    await docker([
+      'run',
+      '-d',
+      '--name',
+      orphan,
+      '--network',
+      'none',
+      '--label',
+      'meepagateway=1',
+      '--label',
+      'meepagateway.agent=box',
+      '--label',
+      `meepagateway.home=${homeLabel(home.home)}`,
+      '--label',
+      'meepagateway.pid=999999999',
+      BASE_IMAGE,
+      'sleep',
+      '300',
+    ])
     const serveHome = path.join(home.home, 'serve-config.yaml')
-    fs.writeFileSync(serveHome, fs.readFileSync(home.configPath, 'utf8') + '\ncaptain: {enabled: false, bind: 127.0.0.1, port: 0}\n')
-    const serve = execa(process.execPath, [BIN, 'serve', '--unrestricted', '--config', serveHome], {env: {MEEPAGATEWAY_HOME: home.home}, reject: false, all: true})
+    fs.writeFileSync(
+      serveHome,
+      fs.readFileSync(home.configPath, 'utf8') + '\ncaptain: {enabled: false, bind: 127.0.0.1, port: 0}\n',
+    )
+    const serve = execa(process.execPath, [BIN, 'serve', '--unrestricted', '--config', serveHome], {
+      env: {MEEPAGATEWAY_HOME: home.home},
+      reject: false,
+      all: true,
+    })
     try {
       let output = ''
       serve.all?.on('data', (chunk) => (output += String(chunk)))
       const deadline = Date.now() + 60_000
-      while (!output.includes('removed 1 container(s) left behind') && Date.now() < deadline && serve.exitCode === null) await new Promise((r) => setTimeout(r, 100))
+      while (!output.includes('removed 1 container(s) left behind') && Date.now() < deadline && serve.exitCode === null)
+        await new Promise((r) => setTimeout(r, 100))
       expect(output).toContain('gateway: removed 1 container(s) left behind by a previous gateway')
       expect((await docker(['inspect', orphan])).exitCode).not.toBe(0)
     } finally {
@@ -323,7 +432,8 @@ describeWithDocker('container commands (real engine)', () => {
       expect((await docker(['image', 'inspect', danglingId])).exitCode).toBe(0)
       expect(dry.images.map((image: {ref: string}) => image.ref)).toEqual(expect.arrayContaining([danglingId, old]))
       // over the Engine API: the same answer, and the same images listed, without one docker process
-      const listed = (result: Awaited<ReturnType<typeof cli>>) => (JSON.parse(result.stdout) as Array<Record<string, unknown>>).map(({age_seconds: _, ...image}) => image)
+      const listed = (result: Awaited<ReturnType<typeof cli>>) =>
+        (JSON.parse(result.stdout) as Array<Record<string, unknown>>).map(({age_seconds: _, ...image}) => image)
       const imagesViaCli = listed(await cli('images', '--json'))
       recorder.clear()
       expect(JSON.parse((await onLocalEngine('clean', '--dry-run', '--json')).stdout)).toEqual(dry)
@@ -335,10 +445,12 @@ describeWithDocker('container commands (real engine)', () => {
       expect(clean.exitCode).toBe(0)
       const result = JSON.parse(clean.stdout)
       expect(result.images.map((image: {ref: string}) => image.ref)).toEqual(expect.arrayContaining([danglingId, old]))
-      expect(result.kept).toEqual(expect.arrayContaining([
-        expect.objectContaining({ref: leftover, reason: expect.stringContaining('minutes ago')}),
-        expect.objectContaining({reason: 'used by agent box'}),
-      ]))
+      expect(result.kept).toEqual(
+        expect.arrayContaining([
+          expect.objectContaining({ref: leftover, reason: expect.stringContaining('minutes ago')}),
+          expect.objectContaining({reason: 'used by agent box'}),
+        ]),
+      )
       expect((await docker(['image', 'inspect', old])).exitCode).not.toBe(0)
 
       const again = await cli('clean', '--json')

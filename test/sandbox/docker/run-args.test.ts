@@ -1,6 +1,10 @@
 import {describe, expect, it} from 'vitest'
 import {DEFAULT_IMAGE_CONFIG} from '../../../src/runtime/config/defaults.js'
-import {UNPRIVILEGED_CONTAINER_UID, containerUser, injectedSecretNames} from '../../../src/runtime/runners/container/runner.js'
+import {
+  UNPRIVILEGED_CONTAINER_UID,
+  containerUser,
+  injectedSecretNames,
+} from '../../../src/runtime/runners/container/runner.js'
 import {buildDockerRunArgs, containerNameFor, type DockerRunSpec} from '../../../src/sandbox/docker/run-args.js'
 import {isOrphan, type GatewayContainer} from '../../../src/sandbox/docker/containers.js'
 
@@ -26,7 +30,9 @@ describe('docker run argv (docs/isolation.md)', () => {
   const args = buildDockerRunArgs(spec)
 
   it('hardens the container: read-only root, no capabilities, no new privileges, init, limits', () => {
-    expect(args).toEqual(expect.arrayContaining(['--read-only', '--cap-drop=ALL', '--security-opt=no-new-privileges', '--init', '-i']))
+    expect(args).toEqual(
+      expect.arrayContaining(['--read-only', '--cap-drop=ALL', '--security-opt=no-new-privileges', '--init', '-i']),
+    )
     expect(flag(args, '--memory')).toBe('512m')
     expect(flag(args, '--memory-swap')).toBe('512m')
     expect(flag(args, '--pids-limit')).toBe('256')
@@ -47,7 +53,10 @@ describe('docker run argv (docs/isolation.md)', () => {
   })
 
   it('never picks uid 0 for a root gateway unless container_mode.user says so', () => {
-    expect(containerUser(undefined, {uid: 0, gid: 0})).toEqual({uid: UNPRIVILEGED_CONTAINER_UID, gid: UNPRIVILEGED_CONTAINER_UID})
+    expect(containerUser(undefined, {uid: 0, gid: 0})).toEqual({
+      uid: UNPRIVILEGED_CONTAINER_UID,
+      gid: UNPRIVILEGED_CONTAINER_UID,
+    })
     expect(containerUser(undefined, {uid: 1000, gid: 1001})).toEqual({uid: 1000, gid: 1001})
     expect(containerUser('0', {uid: 0, gid: 0})).toEqual({uid: 0, gid: 0})
     expect(containerUser('1234:55', {uid: 0, gid: 0})).toEqual({uid: 1234, gid: 55})
@@ -65,7 +74,10 @@ describe('docker run argv (docs/isolation.md)', () => {
   })
 
   it('forwards secrets by name only: no value ever appears in argv', () => {
-    expect(args.slice(args.indexOf('GITHUB_TOKEN') - 1, args.indexOf('GITHUB_TOKEN') + 1)).toEqual(['-e', 'GITHUB_TOKEN'])
+    expect(args.slice(args.indexOf('GITHUB_TOKEN') - 1, args.indexOf('GITHUB_TOKEN') + 1)).toEqual([
+      '-e',
+      'GITHUB_TOKEN',
+    ])
     expect(args.some((arg) => arg.startsWith('GITHUB_TOKEN='))).toBe(false)
   })
 
@@ -78,15 +90,22 @@ describe('docker run argv (docs/isolation.md)', () => {
   it('refuses a memory limit, pids limit or workspace docker would misread', () => {
     expect(() => buildDockerRunArgs({...spec, memoryLimit: '512MB'})).toThrow(/memory_limit/)
     expect(() => buildDockerRunArgs({...spec, pidsLimit: 0})).toThrow(/pids_limit/)
-    expect(() => buildDockerRunArgs({...spec, workspace: '/a:b/ws'})).toThrow(expect.objectContaining({code: 'E_WORKSPACE'}))
+    expect(() => buildDockerRunArgs({...spec, workspace: '/a:b/ws'})).toThrow(
+      expect.objectContaining({code: 'E_WORKSPACE'}),
+    )
   })
 })
 
 describe('which secrets are also set in the container environment', () => {
-  const config = (credentials: boolean, secrets: boolean) => ({
-    providers: {primary: 'p', fallback: [], providers: {p: {kind: 'openai' as const, model: 'm', api_key_env: 'OPENAI_API_KEY'}}},
-    image_config: {...DEFAULT_IMAGE_CONFIG, inject_credentials_env: credentials, inject_secrets_env: secrets},
-  }) as never
+  const config = (credentials: boolean, secrets: boolean) =>
+    ({
+      providers: {
+        primary: 'p',
+        fallback: [],
+        providers: {p: {kind: 'openai' as const, model: 'm', api_key_env: 'OPENAI_API_KEY'}},
+      },
+      image_config: {...DEFAULT_IMAGE_CONFIG, inject_credentials_env: credentials, inject_secrets_env: secrets},
+    }) as never
   const secrets = {OPENAI_API_KEY: 'sk-1234567', GITHUB_TOKEN: 'ghp-1234567', DOCKER_HOST: 'tcp://evil:2375'}
 
   it('provider keys with inject_credentials_env, other secrets with inject_secrets_env', () => {
@@ -102,7 +121,16 @@ describe('which secrets are also set in the container environment', () => {
 })
 
 describe('orphan containers', () => {
-  const container = (over: Partial<GatewayContainer>): GatewayContainer => ({id: 'c', name: 'n', image: 'i', imageId: 'sha256:1', state: 'running', running: true, created: '', ...over})
+  const container = (over: Partial<GatewayContainer>): GatewayContainer => ({
+    id: 'c',
+    name: 'n',
+    image: 'i',
+    imageId: 'sha256:1',
+    state: 'running',
+    running: true,
+    created: '',
+    ...over,
+  })
 
   it('a stopped container, or one whose runner process is gone, is an orphan', () => {
     expect(isOrphan(container({running: false, state: 'exited'}), () => true)).toBe(true)

@@ -37,7 +37,10 @@ describe.skipIf(!enabled)('meepa-sandbox helper', () => {
     return child
   }
   const rules = (options: {network?: 'allow' | 'deny'; bestEffort?: boolean; env?: Record<string, string>} = {}) =>
-    serializeRules({rules: baseRules(), network: options.network ?? 'deny', listen: 'deny', bestEffort: options.bestEffort ?? false}, options.env ?? {PATH: '/usr/bin:/bin'})
+    serializeRules(
+      {rules: baseRules(), network: options.network ?? 'deny', listen: 'deny', bestEffort: options.bestEffort ?? false},
+      options.env ?? {PATH: '/usr/bin:/bin'},
+    )
 
   it('probes the kernel and prints JSON', async () => {
     const result = await execa(HELPER, ['--probe'], {timeout: 10_000})
@@ -47,23 +50,41 @@ describe.skipIf(!enabled)('meepa-sandbox helper', () => {
   })
 
   it('gives the command exactly the environment from the rules', async () => {
-    const result = await run(rules({env: {PATH: '/usr/bin:/bin', HOME: dir, ONLY: 'this'}}), ['/usr/bin/env'], {SECRET_FROM_PARENT: 'leak'})
+    const result = await run(rules({env: {PATH: '/usr/bin:/bin', HOME: dir, ONLY: 'this'}}), ['/usr/bin/env'], {
+      SECRET_FROM_PARENT: 'leak',
+    })
     expect(result.exitCode).toBe(0)
     expect(result.stdout.split('\n').sort()).toEqual([`HOME=${dir}`, 'ONLY=this', 'PATH=/usr/bin:/bin'])
   })
 
   it('closes inherited descriptors above 2 and starts a new session', async () => {
-    const result = await run(rules(), ['/bin/sh', '-c', 'ls /proc/self/fd | sort -n | tr "\\n" " "; echo; ps -o sid= -p $$; echo $$'], {PATH: '/usr/bin:/bin'}, true)
+    const result = await run(
+      rules(),
+      ['/bin/sh', '-c', 'ls /proc/self/fd | sort -n | tr "\\n" " "; echo; ps -o sid= -p $$; echo $$'],
+      {PATH: '/usr/bin:/bin'},
+      true,
+    )
     const [fds, sid, pid] = result.stdout.split('\n').map((line) => line.trim())
     // 0-2, plus the fd ls itself opens to list the directory
-    expect(fds!.split(' ').filter(Boolean).map(Number).filter((fd) => fd > 3)).toEqual([])
+    expect(
+      fds!
+        .split(' ')
+        .filter(Boolean)
+        .map(Number)
+        .filter((fd) => fd > 3),
+    ).toEqual([])
     expect(sid).toBe(pid)
   })
 
   it('refuses truncated rules, unknown rights and relative paths (exit 125, nothing runs)', async () => {
     const full = rules()
     const truncated = full.slice(0, full.indexOf('end'))
-    for (const text of [truncated, full.replace('read_file', 'read_everything'), full.replace(`path ${READ_RIGHTS.join(',')} /usr`, 'path read_file usr'), 'garbage\nend\n']) {
+    for (const text of [
+      truncated,
+      full.replace('read_file', 'read_everything'),
+      full.replace(`path ${READ_RIGHTS.join(',')} /usr`, 'path read_file usr'),
+      'garbage\nend\n',
+    ]) {
       const result = await run(text, ['/bin/sh', '-c', `touch ${dir}/ran`])
       expect(result.exitCode).toBe(125)
       expect(result.stderr).toMatch(/^meepa-sandbox: /)
@@ -86,18 +107,31 @@ describe.skipIf(!enabled)('meepa-sandbox helper', () => {
   })
 
   it('runs with best_effort and prints every gap', async () => {
-    const result = await run(rules({bestEffort: true}), ['/bin/sh', '-c', `echo ok > ${dir}/best-effort`], {MEEPA_SANDBOX_FAKE_ABI: '4', PATH: '/usr/bin:/bin'})
+    const result = await run(rules({bestEffort: true}), ['/bin/sh', '-c', `echo ok > ${dir}/best-effort`], {
+      MEEPA_SANDBOX_FAKE_ABI: '4',
+      PATH: '/usr/bin:/bin',
+    })
     expect(result.exitCode).toBe(0)
     expect(result.stderr).toContain('best effort, NOT enforced: signals to processes outside the sandbox')
     expect(fs.readFileSync(path.join(dir, 'best-effort'), 'utf8')).toBe('ok\n')
   })
 
   it('adds a network-off layer with --deny-network, keeping the environment', async () => {
-    const result = await execa(HELPER, ['--deny-network', '--', 'node', '-e', "require('net').connect(9,'127.0.0.1').on('error',e=>{console.log(e.code);process.exit(3)})"], {
-      reject: false,
-      timeout: 15_000,
-      env: {KEEP: 'me'},
-    })
+    const result = await execa(
+      HELPER,
+      [
+        '--deny-network',
+        '--',
+        'node',
+        '-e',
+        "require('net').connect(9,'127.0.0.1').on('error',e=>{console.log(e.code);process.exit(3)})",
+      ],
+      {
+        reject: false,
+        timeout: 15_000,
+        env: {KEEP: 'me'},
+      },
+    )
     expect(result.stdout).toBe('EPERM')
     expect(result.exitCode).toBe(3)
     const env = await execa(HELPER, ['--deny-network', '--', 'env'], {timeout: 15_000, env: {KEEP: 'me'}})
@@ -113,9 +147,15 @@ describe.skipIf(!enabled)('meepa-sandbox helper', () => {
       'try: socket.socket().listen(); print("LISTENING")',
       'except OSError as e: print(e.errno)',
     ].join('\n')
-    const denied = await execa(HELPER, ['--new-group', '--deny-listen', '--', 'python3', '-c', script], {reject: false, timeout: 15_000})
+    const denied = await execa(HELPER, ['--new-group', '--deny-listen', '--', 'python3', '-c', script], {
+      reject: false,
+      timeout: 15_000,
+    })
     expect(denied.stdout.split('\n')).toEqual(['1', '1', '1', '1'])
-    const allowed = await execa(HELPER, ['--new-group', '--', 'python3', '-c', script], {reject: false, timeout: 15_000})
+    const allowed = await execa(HELPER, ['--new-group', '--', 'python3', '-c', script], {
+      reject: false,
+      timeout: 15_000,
+    })
     expect(allowed.stdout.split('\n')).toEqual(['BOUND', 'BOUND', 'BOUND', 'LISTENING'])
   })
 })

@@ -7,7 +7,15 @@ import {GatewayError} from '../../util/errors.js'
 import {defaultConfigPath, gatewayHome} from '../../util/paths.js'
 import {signalExitCode} from '../../send/input.js'
 import {buildIdentity} from '../../util/build-identity.js'
-import {LOCAL_SEND_VERSION, localSendDir, sameRunDigest, type LocalSendAnswer, type LocalSendHello, type LocalSendRequest, type LocalSendSignal} from './protocol.js'
+import {
+  LOCAL_SEND_VERSION,
+  localSendDir,
+  sameRunDigest,
+  type LocalSendAnswer,
+  type LocalSendHello,
+  type LocalSendRequest,
+  type LocalSendSignal,
+} from './protocol.js'
 
 /** The gateway answers `accepted` or `declined` at once; one that says nothing by then is stopped or hung. */
 const ANSWER_DEADLINE_MS = 10_000
@@ -41,7 +49,10 @@ export async function sendThroughGateway(options: SendThroughGatewayOptions): Pr
   const env = options.env ?? process.env
   const home = gatewayHome(env)
   const configPath = path.resolve(options.configPath ?? defaultConfigPath(home))
-  const debug = env.DEBUG !== undefined || env.MEEPAGATEWAY_DEBUG !== undefined ? (line: string) => process.stderr.write(`send: ${line}\n`) : () => {}
+  const debug =
+    env.DEBUG !== undefined || env.MEEPAGATEWAY_DEBUG !== undefined
+      ? (line: string) => process.stderr.write(`send: ${line}\n`)
+      : () => {}
   let gateway: OwnGateway
   try {
     gateway = ownGateway(home)
@@ -62,7 +73,14 @@ export async function sendThroughGateway(options: SendThroughGatewayOptions): Pr
   }
 }
 
-async function talk(gateway: OwnGateway, configText: string, configPath: string, options: SendThroughGatewayOptions, env: NodeJS.ProcessEnv, debug: (line: string) => void): Promise<AgentRunOutput | undefined> {
+async function talk(
+  gateway: OwnGateway,
+  configText: string,
+  configPath: string,
+  options: SendThroughGatewayOptions,
+  env: NodeJS.ProcessEnv,
+  debug: (line: string) => void,
+): Promise<AgentRunOutput | undefined> {
   // node:net (and the stream modules under it) only once a gateway left its token: a one-shot send never loads it
   const socket: Socket = process.getBuiltinModule('node:net').connect(gateway.socketPath)
   socket.on('error', () => {})
@@ -91,19 +109,34 @@ async function talk(gateway: OwnGateway, configText: string, configPath: string,
   let accepted = false
   const stopped = (what: string) => {
     const signal = options.signal?.aborted ? String(options.signal.reason) : undefined
-    return new GatewayError('E_RUN', `the gateway ${what}; its run is stopped as soon as it sees send gone, and may have done part of its work`, {
-      suggestions: ['see the gateway log (meepagateway serve) for why', 'send the message again'],
-      // interrupted by the operator: the status of an interrupted send (130, 143), as ever
-      ...(signal ? {exitCode: signalExitCode(signal)} : {}),
-    })
+    return new GatewayError(
+      'E_RUN',
+      `the gateway ${what}; its run is stopped as soon as it sees send gone, and may have done part of its work`,
+      {
+        suggestions: ['see the gateway log (meepagateway serve) for why', 'send the message again'],
+        // interrupted by the operator: the status of an interrupted send (130, 143), as ever
+        ...(signal ? {exitCode: signalExitCode(signal)} : {}),
+      },
+    )
   }
-  let deadline = setTimeout(() => settle({error: stopped(`did not answer within ${ANSWER_DEADLINE_MS / 1000} s`)}), ANSWER_DEADLINE_MS)
+  let deadline = setTimeout(
+    () => settle({error: stopped(`did not answer within ${ANSWER_DEADLINE_MS / 1000} s`)}),
+    ANSWER_DEADLINE_MS,
+  )
   const forward = () => {
     const frame: LocalSendSignal = {type: 'signal', signal: options.signal?.reason as LocalSendSignal['signal']}
     socket.write(`${JSON.stringify(frame)}\n`)
     // the run's own answer (cancelled, with its exit status) normally comes well before this
     clearTimeout(deadline)
-    deadline = setTimeout(() => settle({error: stopped(`did not end the run within ${SIGNALLED_DEADLINE_MS / 1000} s of ${String(options.signal?.reason)}`)}), SIGNALLED_DEADLINE_MS)
+    deadline = setTimeout(
+      () =>
+        settle({
+          error: stopped(
+            `did not end the run within ${SIGNALLED_DEADLINE_MS / 1000} s of ${String(options.signal?.reason)}`,
+          ),
+        }),
+      SIGNALLED_DEADLINE_MS,
+    )
   }
   options.signal?.addEventListener('abort', forward)
   // a Ctrl-C while connecting: the gateway stops the run as soon as it takes it
@@ -129,7 +162,9 @@ async function talk(gateway: OwnGateway, configText: string, configPath: string,
       else if (frame.type === 'result') settle({output: frame.output})
       else if (frame.type === 'declined' || !accepted) {
         // nothing ran: send runs the message itself
-        debug(`the gateway did not run the message (${frame.type === 'declined' ? frame.reason : frame.type === 'refused' ? frame.message : 'no answer'}); running it here`)
+        debug(
+          `the gateway did not run the message (${frame.type === 'declined' ? frame.reason : frame.type === 'refused' ? frame.message : 'no answer'}); running it here`,
+        )
         settle({})
       }
     }
@@ -162,7 +197,10 @@ interface OwnGateway {
 function ownGateway(home: string): OwnGateway {
   const uid = process.getuid?.()
   const mine = (stats: fs.Stats) => (uid === undefined || stats.uid === uid) && (stats.mode & 0o077) === 0
-  const dirFd = fs.openSync(localSendDir(home), fs.constants.O_RDONLY | fs.constants.O_DIRECTORY | fs.constants.O_NOFOLLOW)
+  const dirFd = fs.openSync(
+    localSendDir(home),
+    fs.constants.O_RDONLY | fs.constants.O_DIRECTORY | fs.constants.O_NOFOLLOW,
+  )
   try {
     const dir = process.platform === 'linux' ? `/proc/self/fd/${dirFd}` : localSendDir(home)
     if (!mine(fs.fstatSync(dirFd))) throw new Error("not this user's gateway")

@@ -85,7 +85,8 @@ export function shapesRuns(name: string, env: NodeJS.ProcessEnv = {}): boolean {
  * differs, and declines.
  */
 export function processContext(): string {
-  if (process.platform !== 'linux') return JSON.stringify([process.getuid?.(), process.getgid?.(), process.getgroups?.(), process.umask()])
+  if (process.platform !== 'linux')
+    return JSON.stringify([process.getuid?.(), process.getgid?.(), process.getgroups?.(), process.umask()])
   const read = (file: string) => {
     try {
       return fs.readFileSync(file, 'utf8')
@@ -124,7 +125,12 @@ export function runsCgroup(procSelfCgroup: string): string {
  * setups apart, and nobody gains by a collision (the token decides who may ask, and any run it
  * asks for is the operator's).
  */
-export function sameRunDigest(token: string, configText: string, env: NodeJS.ProcessEnv, context: string = processContext()): string {
+export function sameRunDigest(
+  token: string,
+  configText: string,
+  env: NodeJS.ProcessEnv,
+  context: string = processContext(),
+): string {
   const words = new Set(configText.match(/[A-Za-z_][A-Za-z0-9_]*/g) ?? [])
   const pairs = Object.entries(env)
     .filter(([name, value]) => value !== undefined && (shapesRuns(name, env) || words.has(name)))
@@ -137,7 +143,8 @@ function hash128(text: string): string {
   const lanes = [0x811c9dc5, 0x050c5d1f, 0x9747b28c, 0x2545f491]
   for (let index = 0; index < text.length; index++) {
     const code = text.charCodeAt(index)
-    for (let lane = 0; lane < 4; lane++) lanes[lane] = Math.imul((lanes[lane] as number) ^ (code + lane * 0x9e37), 0x01000193 + lane * 2)
+    for (let lane = 0; lane < 4; lane++)
+      lanes[lane] = Math.imul((lanes[lane] as number) ^ (code + lane * 0x9e37), 0x01000193 + lane * 2)
   }
   return lanes.map((lane) => (lane >>> 0).toString(16).padStart(8, '0')).join('')
 }

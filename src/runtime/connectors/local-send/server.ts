@@ -6,7 +6,16 @@ import {LineSplitter} from '../../agent-run/channel.js'
 import type {MessageDispatcher} from '../types.js'
 import {randomHex} from '../../util/random.js'
 import {buildIdentity} from '../../util/build-identity.js'
-import {LOCAL_SEND_VERSION, localSendDir, localSendSocket, localSendToken, sameRunDigest, type LocalSendAnswer, type LocalSendHello, type LocalSendRequest} from './protocol.js'
+import {
+  LOCAL_SEND_VERSION,
+  localSendDir,
+  localSendSocket,
+  localSendToken,
+  sameRunDigest,
+  type LocalSendAnswer,
+  type LocalSendHello,
+  type LocalSendRequest,
+} from './protocol.js'
 import {makeDirectories} from '../../util/make-directories.js'
 
 /** Before the token is checked a line may be this long: an unauthenticated client holds next to nothing. */
@@ -61,12 +70,22 @@ export async function listenForLocalSend(options: LocalSendOptions): Promise<Loc
     return undefined
   }
   const token = randomHex(32)
-  const context: ConnectionContext = {...options, token, tokenBytes: Buffer.from(token), build: buildIdentity(), refused: refusalLog(options)}
+  const context: ConnectionContext = {
+    ...options,
+    token,
+    tokenBytes: Buffer.from(token),
+    build: buildIdentity(),
+    refused: refusalLog(options),
+  }
   let connections = 0
   const server = net.createServer((socket) => {
     connections++
     socket.once('close', () => connections--)
-    if (connections > MAX_CONNECTIONS) return void answerAndEnd(socket, {type: 'declined', reason: `the gateway is serving ${MAX_CONNECTIONS} connections already`})
+    if (connections > MAX_CONNECTIONS)
+      return void answerAndEnd(socket, {
+        type: 'declined',
+        reason: `the gateway is serving ${MAX_CONNECTIONS} connections already`,
+      })
     serveConnection(socket, context)
   })
   const listening = await new Promise<boolean>((resolve) => {
@@ -124,7 +143,9 @@ function refusalLog(options: LocalSendOptions): (reason: string) => void {
   return (reason) => {
     const now = Date.now()
     if (now - last < REFUSAL_LOG_EVERY_MS) return void unlogged++
-    options.log(`gateway: refused a send over ${localSendSocket(options.home)}: ${reason}${unlogged > 0 ? ` (and ${unlogged} more since the last such line)` : ''}`)
+    options.log(
+      `gateway: refused a send over ${localSendSocket(options.home)}: ${reason}${unlogged > 0 ? ` (and ${unlogged} more since the last such line)` : ''}`,
+    )
     last = now
     unlogged = 0
   }
@@ -212,7 +233,8 @@ function serveConnection(socket: net.Socket, context: ConnectionContext): void {
 function signalFrom(line: string, run: AbortController): void {
   try {
     const frame = JSON.parse(line) as {type?: unknown; signal?: unknown}
-    if (frame.type === 'signal' && (frame.signal === 'SIGINT' || frame.signal === 'SIGTERM') && !run.signal.aborted) run.abort(frame.signal)
+    if (frame.type === 'signal' && (frame.signal === 'SIGINT' || frame.signal === 'SIGTERM') && !run.signal.aborted)
+      run.abort(frame.signal)
   } catch {
     // not a signal: ignored, the run goes on
   }
@@ -227,7 +249,8 @@ function checkHello(line: string, expected: Buffer): string | undefined {
     return 'the request is not JSON'
   }
   const token = Buffer.from(typeof value?.token === 'string' ? value.token : '')
-  if (token.length !== expected.length || !crypto.timingSafeEqual(token, expected)) return "the request does not carry this gateway's token"
+  if (token.length !== expected.length || !crypto.timingSafeEqual(token, expected))
+    return "the request does not carry this gateway's token"
   return undefined
 }
 
@@ -240,15 +263,31 @@ function parseRequest(line: string): LocalSendRequest | string {
     return 'the request is not JSON'
   }
   const strings = ['agent', 'channel', 'content', 'config_path', 'digest', 'build'] as const
-  if (value?.type !== 'send' || strings.some((field) => typeof value[field] !== 'string') || typeof value.unrestricted !== 'boolean') return 'the request is malformed'
+  if (
+    value?.type !== 'send' ||
+    strings.some((field) => typeof value[field] !== 'string') ||
+    typeof value.unrestricted !== 'boolean'
+  )
+    return 'the request is malformed'
   if (typeof value.user?.id !== 'string' || typeof value.user.name !== 'string') return 'the request is malformed'
   return value as LocalSendRequest
 }
 
-async function handle(request: LocalSendRequest, context: ConnectionContext, answer: (frame: LocalSendAnswer) => void, signal: AbortSignal): Promise<void> {
+async function handle(
+  request: LocalSendRequest,
+  context: ConnectionContext,
+  answer: (frame: LocalSendAnswer) => void,
+  signal: AbortSignal,
+): Promise<void> {
   const declined = declineReason(request, context)
   if (declined) return answer({type: 'declined', reason: declined})
-  const message: InboundMessage = {id: `cli_${randomHex(6)}`, connector: 'cli', channel_id: request.channel, user: request.user, content: request.content}
+  const message: InboundMessage = {
+    id: `cli_${randomHex(6)}`,
+    connector: 'cli',
+    channel_id: request.channel,
+    user: request.user,
+    content: request.content,
+  }
   const quiet = {send: async () => {}, startTyping: () => () => {}}
   const ticket = context.dispatcher.dispatch(request.agent, message, quiet, {
     signal,
@@ -259,7 +298,11 @@ async function handle(request: LocalSendRequest, context: ConnectionContext, ans
   if (ticket.accepted) answer({type: 'accepted', run_id: ticket.runId})
   const outcome = await ticket.done
   // nothing ran (not taken, the gateway stopped while it waited, or it would now be another run): `send` runs it
-  if (!outcome.output) return answer({type: 'declined', reason: `the gateway did not run it (${outcome.notRunBecause ?? outcome.rejectedBecause ?? outcome.status})`})
+  if (!outcome.output)
+    return answer({
+      type: 'declined',
+      reason: `the gateway did not run it (${outcome.notRunBecause ?? outcome.rejectedBecause ?? outcome.status})`,
+    })
   answer({type: 'result', output: outcome.output})
 }
 
@@ -274,11 +317,17 @@ function declineReason(request: LocalSendRequest, context: ConnectionContext): s
 /** Why the gateway's run of the request would not be the run `send` would make itself. */
 function notTheSameRun(request: LocalSendRequest, context: ConnectionContext): string | undefined {
   const config = context.config()
-  if (request.version !== LOCAL_SEND_VERSION) return `this gateway speaks version ${LOCAL_SEND_VERSION} of the send socket`
-  if (request.build !== context.build) return 'the gateway runs another build of meepagateway (restart it after an upgrade)'
-  if (request.unrestricted !== context.unrestricted) return context.unrestricted ? 'the gateway runs every agent unrestricted' : '--unrestricted is for this invocation only'
+  if (request.version !== LOCAL_SEND_VERSION)
+    return `this gateway speaks version ${LOCAL_SEND_VERSION} of the send socket`
+  if (request.build !== context.build)
+    return 'the gateway runs another build of meepagateway (restart it after an upgrade)'
+  if (request.unrestricted !== context.unrestricted)
+    return context.unrestricted
+      ? 'the gateway runs every agent unrestricted'
+      : '--unrestricted is for this invocation only'
   if (request.config_path !== config.path) return `the gateway runs with ${config.path}`
-  if (config.text === undefined || request.digest !== sameRunDigest(context.token, config.text, process.env)) return "the config file, the environment or the process context differs from the gateway's"
+  if (config.text === undefined || request.digest !== sameRunDigest(context.token, config.text, process.env))
+    return "the config file, the environment or the process context differs from the gateway's"
   if (!context.agentIds().includes(request.agent)) return 'no such agent in the gateway'
   return undefined
 }

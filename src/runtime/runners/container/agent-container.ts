@@ -30,8 +30,18 @@ export function startAgentContainer(
   shape: RunShape,
   options: {name: string; run: string; clientTimeoutMs: number},
 ): AgentContainer {
-  const args = buildDockerRunArgs({...shape.spec, name: options.name, labels: {...shape.spec.labels, [LABEL.run]: options.run}})
-  const child = cli.spawn(args, {openStdin: true, streamStdout: true, env: shape.cliEnv, timeoutMs: options.clientTimeoutMs, removeIfOwnerDies: options.name})
+  const args = buildDockerRunArgs({
+    ...shape.spec,
+    name: options.name,
+    labels: {...shape.spec.labels, [LABEL.run]: options.run},
+  })
+  const child = cli.spawn(args, {
+    openStdin: true,
+    streamStdout: true,
+    env: shape.cliEnv,
+    timeoutMs: options.clientTimeoutMs,
+    removeIfOwnerDies: options.name,
+  })
   const container: AgentContainer = {name: options.name, key: shape.key, child, stderrTail: '', log: () => {}}
   const secretValues = Object.values(shape.cliEnv)
   child.stderr?.on('data', (chunk: Buffer) => {

@@ -54,7 +54,11 @@ export function watchEngineOwingRemovals(cli: DockerCli): void {
 }
 
 /** Removes one owed container; throws while the engine does not answer. */
-async function removeOwed(name: string, owed: {cli: DockerCli; log: (line: string) => void}, timeoutMs: number): Promise<void> {
+async function removeOwed(
+  name: string,
+  owed: {cli: DockerCli; log: (line: string) => void},
+  timeoutMs: number,
+): Promise<void> {
   await removeContainers(owed.cli, [name], AbortSignal.any([AbortSignal.timeout(timeoutMs), giveUp.signal]))
   owedRemovals.delete(name)
   reportEngineAnswered()
@@ -83,10 +87,14 @@ export async function removeOwedContainers(cli: DockerCli): Promise<void> {
       await removeOwed(name, owed, ENGINE_PING_TIMEOUT_MS)
     } catch (error) {
       watchEngineOwingRemovals(cli)
-      throw new GatewayError('E_DOCKER_DOWN', `container ${name} of an earlier run is still to be removed and the Docker engine does not answer (${toGatewayError(error).message.split('\n')[0]}); nothing new is started there until it is`, {
-        retryable: true,
-        suggestions: ['check `timeout 10 docker info`; start or restart the engine: sudo systemctl restart docker'],
-      })
+      throw new GatewayError(
+        'E_DOCKER_DOWN',
+        `container ${name} of an earlier run is still to be removed and the Docker engine does not answer (${toGatewayError(error).message.split('\n')[0]}); nothing new is started there until it is`,
+        {
+          retryable: true,
+          suggestions: ['check `timeout 10 docker info`; start or restart the engine: sudo systemctl restart docker'],
+        },
+      )
     }
   }
 }

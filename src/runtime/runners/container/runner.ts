@@ -5,7 +5,12 @@ import {dockerCli, type DockerCli} from '../../../sandbox/docker/cli.js'
 import {dockerMissing, engineErrorOf} from '../../../sandbox/docker/errors.js'
 import {homeLabel} from '../../../sandbox/docker/containers.js'
 import {CONTAINER_APP, LABEL, sha256} from '../../../sandbox/docker/dockerfile.js'
-import {ensureContainerImage, ensureIsolationImage, planImages, type ImageContext} from '../../../sandbox/docker/images.js'
+import {
+  ensureContainerImage,
+  ensureIsolationImage,
+  planImages,
+  type ImageContext,
+} from '../../../sandbox/docker/images.js'
 import {CONTAINER_WORKSPACE, containerNameFor} from '../../../sandbox/docker/run-args.js'
 import type {AgentRunOutput} from '../../shapes/agent-run-contract.js'
 import {withAgentLock} from '../../workspace/agent-lock.js'
@@ -24,7 +29,14 @@ import {dockerEngineProblem, reportEngineAnswered, reportEngineProblem} from './
 import {engineAnswers, ENGINE_PING_TIMEOUT_MS} from './engine-watch.js'
 import {startAgentContainer, type AgentContainer, type RunShape} from './agent-container.js'
 import {prepareStandby, STANDBY_IDLE_MS, takeStandby} from './standby-pool.js'
-import {engineApiFor, removeOwedContainers, removeWhenEngineAnswers, scheduleRemoval, trackRemoval, watchEngineOwingRemovals} from './removals.js'
+import {
+  engineApiFor,
+  removeOwedContainers,
+  removeWhenEngineAnswers,
+  scheduleRemoval,
+  trackRemoval,
+  watchEngineOwingRemovals,
+} from './removals.js'
 import {forgetRunProcess, recordRunProcess} from '../../run-lifecycle/run-processes.js'
 import {sizeBytes} from '../../config/size.js'
 import {diskFull, diskUsage, overLimit, watchDiskUsage, type DiskUsage} from '../../run-lifecycle/disk-limit.js'
@@ -58,7 +70,8 @@ const KILL_TIMEOUT_MS = 2_000
 const CLIENT_EXIT_AFTER_KILL_MS = 3_000
 
 /** What the user and the operator are told when the engine stopped answering during a run. */
-export const ENGINE_HUNG_MESSAGE = 'the Docker engine did not answer; the container may still be running and will be removed when the engine answers'
+export const ENGINE_HUNG_MESSAGE =
+  'the Docker engine did not answer; the container may still be running and will be removed when the engine answers'
 /** Said of a run whose engine died under it: its commands may have done part of their work. */
 const PARTLY_RAN = 'the run may have partly run (its commands may have changed files in the workspace)'
 /**
@@ -85,22 +98,43 @@ export async function runInContainer(request: RunRequest, options: {cli?: Docker
     })
     const whole = runQueue.run(
       request.input.agent.id,
-      () => withAgentLock(request.home, request.input.agent.id, () => runOnce(request, cli, log, answer), {
-        signal: request.signal,
-        onWait: (pid) => log(`agent ${request.input.agent.id} is busy with another run (process ${pid}); waiting for it to finish`),
-      }),
+      () =>
+        withAgentLock(request.home, request.input.agent.id, () => runOnce(request, cli, log, answer), {
+          signal: request.signal,
+          onWait: (pid) =>
+            log(`agent ${request.input.agent.id} is busy with another run (process ${pid}); waiting for it to finish`),
+        }),
       {signal: request.signal},
     )
-    void trackRemoval(whole.then(() => {}, () => {}))
+    void trackRemoval(
+      whole.then(
+        () => {},
+        () => {},
+      ),
+    )
     const output = await Promise.race([answered, whole])
     // a hung engine would only leave one more docker client hanging
     if (request.standby && request.input.agent.container_mode.standby && !dockerEngineProblem()) {
-      prepareStandby(standbySlot(request), cli, async (signal) => {
-        const image = await readyIsolationImage(request.config, request.input.agent, imageContextFor(request.home, cli, {signal}))
-        const shape = await runShape(request, image, signal)
-        const name = containerNameFor(`standby_${randomHex(8)}`)
-        return () => startAgentContainer(cli, shape, {name, run: 'standby', clientTimeoutMs: STANDBY_IDLE_MS + request.timeoutMs + CLIENT_GRACE_MS})
-      }, log)
+      prepareStandby(
+        standbySlot(request),
+        cli,
+        async (signal) => {
+          const image = await readyIsolationImage(
+            request.config,
+            request.input.agent,
+            imageContextFor(request.home, cli, {signal}),
+          )
+          const shape = await runShape(request, image, signal)
+          const name = containerNameFor(`standby_${randomHex(8)}`)
+          return () =>
+            startAgentContainer(cli, shape, {
+              name,
+              run: 'standby',
+              clientTimeoutMs: STANDBY_IDLE_MS + request.timeoutMs + CLIENT_GRACE_MS,
+            })
+        },
+        log,
+      )
     }
     return output
   } catch (error) {
@@ -129,7 +163,11 @@ export interface ReadyImage {
 }
 
 /** The isolation image of the agent: its container image and the runtime, each built when missing or stale. */
-export async function readyIsolationImage(config: GatewayConfig, agent: AgentConfig, context: ImageContext): Promise<ReadyImage> {
+export async function readyIsolationImage(
+  config: GatewayConfig,
+  agent: AgentConfig,
+  context: ImageContext,
+): Promise<ReadyImage> {
   const key = JSON.stringify([config.image_config, agent.container_mode.image, context.cacheDir])
   const verified = verifiedImages.get(key)
   if (verified && Date.now() - verified.at < VERIFIED_IMAGE_TTL_MS) return verified.image
@@ -142,24 +180,42 @@ export async function readyIsolationImage(config: GatewayConfig, agent: AgentCon
 }
 
 /** Image checks over the engine's API where there is one (see engineApiFor). */
-function imageContextFor(home: string, cli: DockerCli, options: {signal: AbortSignal; onLog?: (line: string) => void}): ImageContext {
+function imageContextFor(
+  home: string,
+  cli: DockerCli,
+  options: {signal: AbortSignal; onLog?: (line: string) => void},
+): ImageContext {
   return containerImageContext(home, {cli, ...options, engine: engineApiFor(cli)})
 }
 
-async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) => void, onAnswer: (output: AgentRunOutput) => void = () => {}): Promise<AgentRunOutput> {
+async function runOnce(
+  request: RunRequest,
+  cli: DockerCli,
+  log: (line: string) => void,
+  onAnswer: (output: AgentRunOutput) => void = () => {},
+): Promise<AgentRunOutput> {
   const {input} = request
   const {agent} = input
   const runId = input.run_id
   const diskLimit = sizeBytes(agent.limits.disk, 'limits.disk')
   const usageBefore = await diskUsage([request.input.workspace], diskLimit)
-  if (overLimit(usageBefore, diskLimit)) return diskFull(runId, agent.limits.disk, usageBefore, request.input.workspace, 'before')
+  if (overLimit(usageBefore, diskLimit))
+    return diskFull(runId, agent.limits.disk, usageBefore, request.input.workspace, 'before')
   await removeOwedContainers(cli)
   const deadline = Date.now() + request.timeoutMs
-  const image = await readyBeforeDeadline(cli, deadline, request.signal, (signal) => readyIsolationImage(request.config, agent, imageContextFor(request.home, cli, {signal, onLog: log})))
+  const image = await readyBeforeDeadline(cli, deadline, request.signal, (signal) =>
+    readyIsolationImage(request.config, agent, imageContextFor(request.home, cli, {signal, onLog: log})),
+  )
   const shape = await runShape(request, image, request.signal)
   const standby = takeStandby(standbySlot(request), shape.key)
   if (standby) log(`running in standby container ${standby.name}, started before this message arrived`)
-  const container = standby ?? startAgentContainer(cli, shape, {name: containerNameFor(runId), run: runId, clientTimeoutMs: request.timeoutMs + CLIENT_GRACE_MS})
+  const container =
+    standby ??
+    startAgentContainer(cli, shape, {
+      name: containerNameFor(runId),
+      run: runId,
+      clientTimeoutMs: request.timeoutMs + CLIENT_GRACE_MS,
+    })
   container.log = cappedLog(log)
   const {name, child} = container
   // the keeper removes the container if this process dies; the record covers the keeper dying too
@@ -172,9 +228,23 @@ async function runOnce(request: RunRequest, cli: DockerCli, log: (line: string) 
     void cli.exec(['kill', name], {timeoutMs: KILL_TIMEOUT_MS}).catch(() => {})
   })
   try {
-    const output = await runInStartedContainer(request, cli, container, shape.spec.forwardEnv, onAnswer, Boolean(standby))
+    const output = await runInStartedContainer(
+      request,
+      cli,
+      container,
+      shape.spec.forwardEnv,
+      onAnswer,
+      Boolean(standby),
+    )
     const atEnd = await diskWatch.stop()
-    if (atEnd.over || overWhileRunning) return diskFull(runId, agent.limits.disk, atEnd.over ? atEnd.usage : overWhileRunning!, request.input.workspace, 'during')
+    if (atEnd.over || overWhileRunning)
+      return diskFull(
+        runId,
+        agent.limits.disk,
+        atEnd.over ? atEnd.usage : overWhileRunning!,
+        request.input.workspace,
+        'during',
+      )
     return output
   } finally {
     void diskWatch.stop()
@@ -202,7 +272,12 @@ async function runInStartedContainer(
   const channel = new AgentRunChannel(
     child.stdin!,
     child.stdout!,
-    {...input, workspace: CONTAINER_WORKSPACE, env_secrets: forwardEnv, timeout_ms: request.timeoutMs + CONTAINER_SELF_DEADLINE_MARGIN_MS},
+    {
+      ...input,
+      workspace: CONTAINER_WORKSPACE,
+      env_secrets: forwardEnv,
+      timeout_ms: request.timeoutMs + CONTAINER_SELF_DEADLINE_MARGIN_MS,
+    },
     request.llm,
     () => {
       channelBroken = true
@@ -231,7 +306,10 @@ async function runInStartedContainer(
           return false
         },
       )
-      const exited = await Promise.race([child.then(() => true), sleep(answered ? CLIENT_EXIT_AFTER_KILL_MS : 0, false, {ref: false})])
+      const exited = await Promise.race([
+        child.then(() => true),
+        sleep(answered ? CLIENT_EXIT_AFTER_KILL_MS : 0, false, {ref: false}),
+      ])
       if (!exited) {
         engineSilent = true
         signalChild(child, 'SIGKILL')
@@ -287,30 +365,55 @@ async function runInStartedContainer(
         : deadline.suspendedMs === undefined
           ? `the run took longer than ${Math.round(request.timeoutMs / 1000)} s (container_mode.timeout_seconds) and `
           : 'the run reached its deadline while the gateway was stopped (suspended), and '
-    return failure(runId, 'E_DOCKER_HUNG', `${why}${ENGINE_HUNG_MESSAGE}; ${PARTLY_RAN}`, true, {stderr_tail: stderrTail, partly_ran: true})
+    return failure(runId, 'E_DOCKER_HUNG', `${why}${ENGINE_HUNG_MESSAGE}; ${PARTLY_RAN}`, true, {
+      stderr_tail: stderrTail,
+      partly_ran: true,
+    })
   }
   // what is left of the run's timeout + 5 s, at least 3 s: a busy engine is not a hung one
-  const state = await collectContainer(cli, name, log, Math.max(3_000, containerStarted + request.timeoutMs + 5_000 - Date.now()))
+  const state = await collectContainer(
+    cli,
+    name,
+    log,
+    Math.max(3_000, containerStarted + request.timeoutMs + 5_000 - Date.now()),
+  )
   if (state === 'engine-lost') {
     // docker run could not reach the engine at all: nothing was started (agent-run never spoke, and no standby was waiting)
     const engineError = fromStandby || channel.spoke ? undefined : engineErrorOf(stderrTail)
     if (engineError) throw engineError
     // the container existed (it was started) but the engine went away before saying how it ended
-    return failure(runId, 'E_DOCKER_DOWN', `the Docker engine stopped answering during the run (docker run exit ${result.exitCode ?? 'unknown'}); ${PARTLY_RAN}; the container may still be running and will be removed when the engine answers, before anything else starts there`, true, {stderr_tail: stderrTail, partly_ran: true})
+    return failure(
+      runId,
+      'E_DOCKER_DOWN',
+      `the Docker engine stopped answering during the run (docker run exit ${result.exitCode ?? 'unknown'}); ${PARTLY_RAN}; the container may still be running and will be removed when the engine answers, before anything else starts there`,
+      true,
+      {stderr_tail: stderrTail, partly_ran: true},
+    )
   }
-  if (state?.oomKilled) return outOfMemory(runId, agent.container_mode.memory_limit, {stderr_tail: stderrTail, exit_code: state.exitCode})
+  if (state?.oomKilled)
+    return outOfMemory(runId, agent.container_mode.memory_limit, {stderr_tail: stderrTail, exit_code: state.exitCode})
   if (stopped === 'timeout') {
-    return deadline.failure(runId, (seconds) => `the run took longer than ${seconds} s (container_mode.timeout_seconds) and its container was killed`, {stderr_tail: stderrTail})
+    return deadline.failure(
+      runId,
+      (seconds) =>
+        `the run took longer than ${seconds} s (container_mode.timeout_seconds) and its container was killed`,
+      {stderr_tail: stderrTail},
+    )
   }
-  if (stopped === 'cancelled') return failure(runId, 'E_RUN', 'the run was cancelled and its container was killed', true)
+  if (stopped === 'cancelled')
+    return failure(runId, 'E_RUN', 'the run was cancelled and its container was killed', true)
   const exitCode = result.exitCode
   if (!state) {
     // The container never existed: docker itself refused (engine down, bad image, name clash).
     const engineError = engineErrorOf(stderrTail)
     if (engineError) throw engineError
-    throw new GatewayError('E_DOCKER', `docker run failed before the container started (exit ${exitCode ?? 'unknown'}): ${stderrTail.trim().split('\n').slice(-3).join(' | ')}`, {
-      details: {stderr_tail: stderrTail},
-    })
+    throw new GatewayError(
+      'E_DOCKER',
+      `docker run failed before the container started (exit ${exitCode ?? 'unknown'}): ${stderrTail.trim().split('\n').slice(-3).join(' | ')}`,
+      {
+        details: {stderr_tail: stderrTail},
+      },
+    )
   }
   return channel.outcome() ?? parseAgentRunOutput(runId, '', state.exitCode, stderrTail)
 }
@@ -357,7 +460,12 @@ async function runShape(request: RunRequest, image: ReadyImage, signal: AbortSig
  * How a container that did not answer ended (OOMKilled, exit code), then removed: undefined when
  * it was never created. Waits for the removal: "nothing left behind" matters most after a kill.
  */
-async function collectContainer(cli: DockerCli, name: string, log: (line: string) => void, timeoutMs: number): Promise<{oomKilled: boolean; exitCode: number} | 'engine-lost' | undefined> {
+async function collectContainer(
+  cli: DockerCli,
+  name: string,
+  log: (line: string) => void,
+  timeoutMs: number,
+): Promise<{oomKilled: boolean; exitCode: number} | 'engine-lost' | undefined> {
   let state: {oomKilled: boolean; exitCode: number} | undefined
   try {
     const inspected = await cli.exec(['container', 'inspect', '--format', '{{json .State}}', name], {timeoutMs})
@@ -380,14 +488,21 @@ async function collectContainer(cli: DockerCli, name: string, log: (line: string
  * Resolves with the image once it is ready. Past the run's deadline the engine is asked whether
  * it still answers: a hung one fails the run now; an answering one (a first build) is waited for.
  */
-async function readyBeforeDeadline<T>(cli: DockerCli, deadline: number, signal: AbortSignal | undefined, work: (signal: AbortSignal) => Promise<T>): Promise<T> {
+async function readyBeforeDeadline<T>(
+  cli: DockerCli,
+  deadline: number,
+  signal: AbortSignal | undefined,
+  work: (signal: AbortSignal) => Promise<T>,
+): Promise<T> {
   const controller = new AbortController()
   const onAbort = () => controller.abort(signal?.reason)
   signal?.addEventListener('abort', onAbort, {once: true})
   if (signal?.aborted) onAbort()
   const ready = work(controller.signal)
   let timer: NodeJS.Timeout | undefined
-  const late = new Promise<'late'>((resolve) => (timer = setTimeout(() => resolve('late'), Math.max(0, deadline - Date.now()))))
+  const late = new Promise<'late'>(
+    (resolve) => (timer = setTimeout(() => resolve('late'), Math.max(0, deadline - Date.now()))),
+  )
   try {
     if ((await Promise.race([ready, late])) !== 'late') return ready
     if (await engineAnswers(cli)) return await ready
@@ -395,10 +510,14 @@ async function readyBeforeDeadline<T>(cli: DockerCli, deadline: number, signal: 
     ready.catch(() => {})
     reportEngineProblem(`the Docker engine did not answer within ${ENGINE_PING_TIMEOUT_MS / 1000} s`)
     watchEngineOwingRemovals(cli)
-    throw new GatewayError('E_DOCKER_HUNG', `the run's deadline passed while its container was being prepared and the Docker engine did not answer; nothing was started`, {
-      retryable: true,
-      suggestions: ['check `timeout 10 docker info`; restart the engine: sudo systemctl restart docker'],
-    })
+    throw new GatewayError(
+      'E_DOCKER_HUNG',
+      `the run's deadline passed while its container was being prepared and the Docker engine did not answer; nothing was started`,
+      {
+        retryable: true,
+        suggestions: ['check `timeout 10 docker info`; restart the engine: sudo systemctl restart docker'],
+      },
+    )
   } finally {
     clearTimeout(timer)
     signal?.removeEventListener('abort', onAbort)
@@ -412,10 +531,21 @@ async function readyBeforeDeadline<T>(cli: DockerCli, deadline: number, signal: 
  * would change what the CLI does, not just what the container sees.
  */
 export function injectedSecretNames(config: GatewayConfig, secrets: Record<string, string>): string[] {
-  const credentials = new Set(Object.values(config.providers.providers).flatMap((provider) => (provider.api_key_env ? [provider.api_key_env] : [])))
+  const credentials = new Set(
+    Object.values(config.providers.providers).flatMap((provider) =>
+      provider.api_key_env ? [provider.api_key_env] : [],
+    ),
+  )
   return Object.keys(secrets)
-    .filter((name) => (credentials.has(name) ? config.image_config.inject_credentials_env : config.image_config.inject_secrets_env))
-    .filter((name) => !/^(DOCKER_|XDG_)/.test(name) && !['PATH', 'HOME', 'USER', 'TMPDIR', 'SSH_AUTH_SOCK'].includes(name) && !/_PROXY$/i.test(name))
+    .filter((name) =>
+      credentials.has(name) ? config.image_config.inject_credentials_env : config.image_config.inject_secrets_env,
+    )
+    .filter(
+      (name) =>
+        !/^(DOCKER_|XDG_)/.test(name) &&
+        !['PATH', 'HOME', 'USER', 'TMPDIR', 'SSH_AUTH_SOCK'].includes(name) &&
+        !/_PROXY$/i.test(name),
+    )
     .sort()
 }
 
@@ -423,7 +553,10 @@ export function injectedSecretNames(config: GatewayConfig, secrets: Record<strin
 export const UNPRIVILEGED_CONTAINER_UID = 65532
 
 /** container_mode.user, else the gateway's own uid:gid, else (gateway is root) an unprivileged uid. */
-export function containerUser(configured: string | undefined, own = {uid: process.getuid?.() ?? 1000, gid: process.getgid?.() ?? 1000}): {uid: number; gid: number} {
+export function containerUser(
+  configured: string | undefined,
+  own = {uid: process.getuid?.() ?? 1000, gid: process.getgid?.() ?? 1000},
+): {uid: number; gid: number} {
   if (configured) {
     const [uid, gid = uid] = configured.split(':').map(Number)
     return {uid: uid!, gid: gid!}
@@ -436,7 +569,9 @@ function canonicalWorkspace(workspace: string): string {
   try {
     return fs.realpathSync(workspace)
   } catch {
-    throw new GatewayError('E_WORKSPACE', `the workspace ${workspace} does not exist`, {suggestions: ['run meepagateway agent create, or send a message (it creates the workspace)']})
+    throw new GatewayError('E_WORKSPACE', `the workspace ${workspace} does not exist`, {
+      suggestions: ['run meepagateway agent create, or send a message (it creates the workspace)'],
+    })
   }
 }
 

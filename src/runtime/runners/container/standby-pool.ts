@@ -3,7 +3,14 @@ import type {DockerCli} from '../../../sandbox/docker/cli.js'
 import {toGatewayError} from '../../util/errors.js'
 import {signalChild} from '../../util/subprocess.js'
 import type {AgentContainer} from './agent-container.js'
-import {containerRemovalsSettled, giveUpRemovals, owedRemovalNames, scheduleRemoval, track, trackRemoval} from './removals.js'
+import {
+  containerRemovalsSettled,
+  giveUpRemovals,
+  owedRemovalNames,
+  scheduleRemoval,
+  track,
+  trackRemoval,
+} from './removals.js'
 
 /**
  * Standby containers: after a gateway's run, the agent's next container is started at once and
@@ -46,7 +53,10 @@ function discard({container, cli}: {container: AgentContainer; cli: DockerCli}):
   void trackRemoval(
     (async () => {
       await scheduleRemoval(cli, container.name, () => {})
-      const exited = await Promise.race([container.child.then(() => true), sleep(DISCARD_CLIENT_WAIT_MS, false, {ref: false})])
+      const exited = await Promise.race([
+        container.child.then(() => true),
+        sleep(DISCARD_CLIENT_WAIT_MS, false, {ref: false}),
+      ])
       if (!exited) signalChild(container.child, 'SIGKILL')
       if (!owedRemovalNames().includes(container.name)) await scheduleRemoval(cli, container.name, () => {})
     })().finally(() => discarding.delete(container)),
@@ -64,7 +74,12 @@ let standbyPreparation = new AbortController()
  * Starts the slot's standby unless it has one: `prepare` readies what the container needs (its
  * image, under the pool's signal) and returns how to start it, called only if the slot is still free.
  */
-export function prepareStandby(slot: string, cli: DockerCli, prepare: (signal: AbortSignal) => Promise<() => AgentContainer>, log: (line: string) => void): void {
+export function prepareStandby(
+  slot: string,
+  cli: DockerCli,
+  prepare: (signal: AbortSignal) => Promise<() => AgentContainer>,
+  log: (line: string) => void,
+): void {
   const preparing = (async () => {
     if (standbys.has(slot)) return
     const start = await prepare(standbyPreparation.signal)
@@ -79,7 +94,10 @@ export function prepareStandby(slot: string, cli: DockerCli, prepare: (signal: A
     expiry.unref()
     standbys.set(slot, {container, cli, expiry})
   })()
-  void track(preparingStandbys, preparing.catch((error: unknown) => log(`could not start a standby container: ${toGatewayError(error).message}`)))
+  void track(
+    preparingStandbys,
+    preparing.catch((error: unknown) => log(`could not start a standby container: ${toGatewayError(error).message}`)),
+  )
 }
 
 /** How long stopping the standbys may wait for the engine before their docker clients are killed. */
@@ -93,7 +111,12 @@ const STOP_STANDBYS_TIMEOUT_MS = 3_000
 export async function stopStandbyContainers(options: {timeoutMs?: number} = {}): Promise<string[]> {
   const timeoutMs = options.timeoutMs ?? STOP_STANDBYS_TIMEOUT_MS
   // an earlier call is already removing (or gave up on) the rest
-  if (standbys.size === 0 && preparingStandbys.size === 0 && [...discarding].every((container) => givenUp.has(container))) return []
+  if (
+    standbys.size === 0 &&
+    preparingStandbys.size === 0 &&
+    [...discarding].every((container) => givenUp.has(container))
+  )
+    return []
   const preparation = standbyPreparation
   const stopping = (async () => {
     await Promise.race([Promise.all([...preparingStandbys]), sleep(timeoutMs, undefined, {ref: false})])

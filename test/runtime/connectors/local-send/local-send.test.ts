@@ -48,18 +48,34 @@ async function startServe(env: Record<string, string> = SEND_ENV, args: string[]
   return serve
 }
 
-const send = (agent: string, message: string, options: {env?: Record<string, string>; flags?: string[]; input?: string} = {}) =>
-  runCli(['send', '--agent', agent, ...(options.flags ?? []), message], {home: home!.home, env: options.env, input: options.input})
+const send = (
+  agent: string,
+  message: string,
+  options: {env?: Record<string, string>; flags?: string[]; input?: string} = {},
+) =>
+  runCli(['send', '--agent', agent, ...(options.flags ?? []), message], {
+    home: home!.home,
+    env: options.env,
+    input: options.input,
+  })
 
 /** `send` as a child the test can signal. */
 const sendProcess = (agent: string, message: string) =>
-  execa(process.execPath, [BIN, 'send', '--agent', agent, message], {env: {MEEPAGATEWAY_HOME: home!.home, FAKE_LLM_KEY: 'sk-fake-test-key-123456', ...SEND_ENV}, reject: false})
+  execa(process.execPath, [BIN, 'send', '--agent', agent, message], {
+    env: {MEEPAGATEWAY_HOME: home!.home, FAKE_LLM_KEY: 'sk-fake-test-key-123456', ...SEND_ENV},
+    reject: false,
+  })
 
 /** The runs the gateway recorded (a one-shot `send` records none there). */
 function recordedRuns(): Array<{id: string; connector: string; status: string; agent_id: string}> {
   const db = new Database(path.join(home!.home, 'gateway.db'), {readonly: true})
   try {
-    return db.prepare('SELECT id, connector, status, agent_id FROM runs ORDER BY started_at').all() as Array<{id: string; connector: string; status: string; agent_id: string}>
+    return db.prepare('SELECT id, connector, status, agent_id FROM runs ORDER BY started_at').all() as Array<{
+      id: string
+      connector: string
+      status: string
+      agent_id: string
+    }>
   } finally {
     db.close()
   }
@@ -84,7 +100,9 @@ describe('send through a running gateway', {timeout: 90_000}, () => {
     expect(first.exitCode, first.stderr).toBe(0)
     const [a, b] = [JSON.parse(alone.stdout), JSON.parse(first.stdout)]
     expect({...b, run_id: 'x', ms: 0}).toEqual({...a, run_id: 'x', ms: 0})
-    expect(recordedRuns()).toEqual([expect.objectContaining({id: b.run_id, connector: 'cli', status: 'ok', agent_id: 'free'})])
+    expect(recordedRuns()).toEqual([
+      expect.objectContaining({id: b.run_id, connector: 'cli', status: 'ok', agent_id: 'free'}),
+    ])
     expect(serve.output()).toContain(`run ${b.run_id}: agent free via cli ok`)
 
     // the next message's agent-run is already running, and it is the one that serves that message
@@ -131,7 +149,12 @@ describe('send through a running gateway', {timeout: 90_000}, () => {
     expect((await send('free', 'hi')).exitCode).toBe(0)
     expect(recordedRuns()).toHaveLength(1)
     // the file edited by hand since the gateway started: the gateway catches up with it (config-watch.test.ts) and runs it
-    home.writeConfig(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'free', file_access: {unrestricted: true}, max_iterations: 3}, {id: 'boxed'}]))
+    home.writeConfig(
+      fakeLlmConfig(llm.openaiBaseUrl, [
+        {id: 'free', file_access: {unrestricted: true}, max_iterations: 3},
+        {id: 'boxed'},
+      ]),
+    )
     expect((await send('free', 'hi')).exitCode).toBe(0)
     expect(recordedRuns()).toHaveLength(2)
   })
@@ -160,7 +183,9 @@ describe('send through a running gateway', {timeout: 90_000}, () => {
       await waitFor('the tool command', () => processesWith(`3${marker}.5`).length > 0).catch(async (error) => {
         running.kill('SIGKILL')
         const result = await running
-        throw new Error(`${(error as Error).message}: ${String(result.stdout)} ${String(result.stderr)} ${serve.output()}`)
+        throw new Error(
+          `${(error as Error).message}: ${String(result.stdout)} ${String(result.stderr)} ${serve.output()}`,
+        )
       })
       running.kill(signal)
       const result = await running
@@ -170,7 +195,10 @@ describe('send through a running gateway', {timeout: 90_000}, () => {
       }
       await waitFor('the run to be stopped', () => processesWith(`3${marker}.5`).length === 0, 5000)
     }
-    await waitFor('both records to end', () => recordedRuns().every((run) => run.status !== 'running') && recordedRuns())
+    await waitFor(
+      'both records to end',
+      () => recordedRuns().every((run) => run.status !== 'running') && recordedRuns(),
+    )
     expect(recordedRuns().map((run) => run.status)).toEqual(['interrupted', 'interrupted'])
   })
 
@@ -189,7 +217,11 @@ describe('send through a running gateway', {timeout: 90_000}, () => {
     const result = await running
     expect(result.exitCode).toBe(8)
     expect(result.stderr).toMatch(/the gateway stopped before it sent the result/)
-    await waitFor('the run and the standby to die with their owner', () => processesWith(`3${marker}.5`).length === 0 && agentRunsIn(workspace).length === 0, 5000)
+    await waitFor(
+      'the run and the standby to die with their owner',
+      () => processesWith(`3${marker}.5`).length === 0 && agentRunsIn(workspace).length === 0,
+      5000,
+    )
     // its socket and token are left behind: the next send finds nobody answering and runs the message itself
     expect(fs.existsSync(localSendToken(home.home))).toBe(true)
     llm.reset() // the turn after the tool call never came
@@ -219,7 +251,9 @@ describe('send through a running gateway', {timeout: 90_000}, () => {
   })
 
   it('an agent whose timeout is shorter than the time its standby waited still gets its whole timeout (counted from its message)', async () => {
-    home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'free', file_access: {unrestricted: true}, timeout_seconds: 1}]))
+    home = makeHome(
+      fakeLlmConfig(llm.openaiBaseUrl, [{id: 'free', file_access: {unrestricted: true}, timeout_seconds: 1}]),
+    )
     const workspace = home.workspace('free')
     await startServe()
     llm.setDefault({text: 'in time'})
@@ -243,47 +277,88 @@ describe('who may hand the gateway a message', {timeout: 90_000}, () => {
     return text.split('\n').filter(Boolean)
   }
 
-  it('the socket and its token are the operator\'s alone (0600 in a 0700 directory), and a request without the token runs nothing', async () => {
+  it("the socket and its token are the operator's alone (0600 in a 0700 directory), and a request without the token runs nothing", async () => {
     home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'free', file_access: {unrestricted: true}}]))
     const serve = await startServe()
     expect(fs.statSync(path.dirname(localSendSocket(home.home))).mode & 0o777).toBe(0o700)
     expect(fs.statSync(localSendSocket(home.home)).mode & 0o777).toBe(0o600)
     expect(fs.statSync(localSendToken(home.home)).mode & 0o777).toBe(0o600)
     llm.setDefault({text: 'should not run'})
-    const request = {type: 'send', version: 1, agent: 'free', channel: 'cli', content: 'hi', user: {id: 'x', name: 'x'}, unrestricted: false, config_path: home.configPath, digest: 'x'}
-    for (const token of [undefined, '', 'guess', fs.readFileSync(localSendToken(home.home), 'utf8').replace(/.$/, (last) => (last === '0' ? '1' : '0'))]) {
+    const request = {
+      type: 'send',
+      version: 1,
+      agent: 'free',
+      channel: 'cli',
+      content: 'hi',
+      user: {id: 'x', name: 'x'},
+      unrestricted: false,
+      config_path: home.configPath,
+      digest: 'x',
+    }
+    for (const token of [
+      undefined,
+      '',
+      'guess',
+      fs.readFileSync(localSendToken(home.home), 'utf8').replace(/.$/, (last) => (last === '0' ? '1' : '0')),
+    ]) {
       const answer = await ask({...request, token})
-      expect(answer).toEqual([JSON.stringify({type: 'refused', message: "the request does not carry this gateway's token"})])
+      expect(answer).toEqual([
+        JSON.stringify({type: 'refused', message: "the request does not carry this gateway's token"}),
+      ])
     }
     expect(await ask('not json')).toEqual([JSON.stringify({type: 'refused', message: 'the request is not JSON'})])
     expect(llm.requests).toHaveLength(0)
     expect(serve.output()).toMatch(/refused a send over .*send\.sock: the request does not carry this gateway's token/)
   })
 
-  it.skipIf(!requireLandlockOrSkip('send through the gateway from inside the host sandbox'))('a sandboxed agent cannot hand the gateway a message for an unrestricted agent: it can neither read the token nor connect without it', async () => {
-    home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'free', file_access: {unrestricted: true}}, {id: 'boxed'}]))
-    expect((await runCli(['agent', 'create', 'boxed'], {home: home.home})).exitCode).toBe(0)
-    await startServe()
-    llm.setDefault({text: 'ESCAPED through the gateway'})
-    // our own CLI, run inside the sandbox against the gateway's home
-    const viaCli = await runCli(['sandbox', 'exec', '--agent', 'boxed', '--', 'env', `MEEPAGATEWAY_HOME=${home.home}`, process.execPath, BIN, 'send', '--agent', 'free', 'hi'], {home: home.home})
-    expect(viaCli.exitCode, viaCli.stdout + viaCli.stderr).not.toBe(0)
-    expect(viaCli.stdout).not.toContain('ESCAPED')
-    // by hand: read the token, or connect and try without it
-    const script = `
+  it.skipIf(!requireLandlockOrSkip('send through the gateway from inside the host sandbox'))(
+    'a sandboxed agent cannot hand the gateway a message for an unrestricted agent: it can neither read the token nor connect without it',
+    async () => {
+      home = makeHome(
+        fakeLlmConfig(llm.openaiBaseUrl, [{id: 'free', file_access: {unrestricted: true}}, {id: 'boxed'}]),
+      )
+      expect((await runCli(['agent', 'create', 'boxed'], {home: home.home})).exitCode).toBe(0)
+      await startServe()
+      llm.setDefault({text: 'ESCAPED through the gateway'})
+      // our own CLI, run inside the sandbox against the gateway's home
+      const viaCli = await runCli(
+        [
+          'sandbox',
+          'exec',
+          '--agent',
+          'boxed',
+          '--',
+          'env',
+          `MEEPAGATEWAY_HOME=${home.home}`,
+          process.execPath,
+          BIN,
+          'send',
+          '--agent',
+          'free',
+          'hi',
+        ],
+        {home: home.home},
+      )
+      expect(viaCli.exitCode, viaCli.stdout + viaCli.stderr).not.toBe(0)
+      expect(viaCli.stdout).not.toContain('ESCAPED')
+      // by hand: read the token, or connect and try without it
+      const script = `
       const fs = require('node:fs'), net = require('node:net')
       try { console.log('TOKEN:' + fs.readFileSync(${JSON.stringify(localSendToken(home.home))}, 'utf8')) } catch (e) { console.log('no token: ' + e.code) }
       const socket = net.connect(${JSON.stringify(localSendSocket(home.home))})
       socket.on('error', (e) => console.log('no socket: ' + e.code))
       socket.on('connect', () => socket.write(JSON.stringify({type: 'send', version: 1, token: 'x', agent: 'free', channel: 'c', content: 'hi', user: {id: 'a', name: 'a'}, unrestricted: false, config_path: '', digest: ''}) + '\\n'))
       socket.on('data', (d) => process.stdout.write('ANSWER:' + d))`
-    const byHand = await runCli(['sandbox', 'exec', '--agent', 'boxed', '--', process.execPath, '-e', script], {home: home.home})
-    expect(byHand.stdout).not.toContain('TOKEN:')
-    expect(byHand.stdout).toMatch(/no token: (EACCES|ENOENT|EPERM)/)
-    expect(byHand.stdout).toMatch(/no socket: (EACCES|ENOENT|EPERM|ECONNREFUSED)|ANSWER:\{"type":"refused"/)
-    expect(llm.requests).toHaveLength(0)
-    expect(recordedRuns()).toEqual([])
-  })
+      const byHand = await runCli(['sandbox', 'exec', '--agent', 'boxed', '--', process.execPath, '-e', script], {
+        home: home.home,
+      })
+      expect(byHand.stdout).not.toContain('TOKEN:')
+      expect(byHand.stdout).toMatch(/no token: (EACCES|ENOENT|EPERM)/)
+      expect(byHand.stdout).toMatch(/no socket: (EACCES|ENOENT|EPERM|ECONNREFUSED)|ANSWER:\{"type":"refused"/)
+      expect(llm.requests).toHaveLength(0)
+      expect(recordedRuns()).toEqual([])
+    },
+  )
 })
 
 describe('the client side', {timeout: 90_000}, () => {
@@ -295,7 +370,15 @@ describe('the client side', {timeout: 90_000}, () => {
     const open = () => fs.readdirSync('/proc/self/fd').length
     const before = open()
     for (let index = 0; index < 5; index++) {
-      expect(await sendThroughGateway({agentId: 'free', channel: 'cli', content: 'hi', configPath: path.join(home.home, 'missing.yaml'), env})).toBeUndefined()
+      expect(
+        await sendThroughGateway({
+          agentId: 'free',
+          channel: 'cli',
+          content: 'hi',
+          configPath: path.join(home.home, 'missing.yaml'),
+          env,
+        }),
+      ).toBeUndefined()
     }
     expect(open()).toBe(before)
   })
@@ -318,7 +401,10 @@ describe('what the gateway takes, and what it leaves to send', {timeout: 90_000}
     expect(result.exitCode, String(result.stderr)).toBe(130)
     expect(String(result.stderr)).toMatch(/cancelled \(SIGINT\) before it started/)
     expect((await ahead).stdout).toContain(`ahead-${marker}`)
-    await waitFor('both records', () => recordedRuns().length === 2 && recordedRuns().every((run) => run.status !== 'running'))
+    await waitFor(
+      'both records',
+      () => recordedRuns().length === 2 && recordedRuns().every((run) => run.status !== 'running'),
+    )
     expect(recordedRuns().map((run) => run.status)).toEqual(['ok', 'interrupted'])
     expect(llm.requests).toHaveLength(2) // the dropped message never reached the model
   })
@@ -328,10 +414,16 @@ describe('what the gateway takes, and what it leaves to send', {timeout: 90_000}
     await startServe()
     llm.setDefault({text: 'ok'})
     // 32 connections that never say a word (any local process of this user can open them)
-    const idle = await Promise.all(Array.from({length: 32}, () => new Promise<net.Socket>((resolve) => {
-      const socket = net.connect(localSendSocket(home!.home), () => resolve(socket))
-      socket.on('error', () => resolve(socket))
-    })))
+    const idle = await Promise.all(
+      Array.from(
+        {length: 32},
+        () =>
+          new Promise<net.Socket>((resolve) => {
+            const socket = net.connect(localSendSocket(home!.home), () => resolve(socket))
+            socket.on('error', () => resolve(socket))
+          }),
+      ),
+    )
     const crowded = await send('free', 'hi')
     expect(crowded.exitCode, crowded.stderr).toBe(0)
     expect(crowded.stdout.trim()).toBe('ok')
@@ -374,7 +466,11 @@ describe('what the gateway takes, and what it leaves to send', {timeout: 90_000}
     home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'free', file_access: {unrestricted: true}}]))
     await startServe()
     llm.setDefault({text: 'ok'})
-    for (const [file, mode] of [[localSendToken(home.home), 0o644], [localSendDir(home.home), 0o755], [localSendSocket(home.home), 0o666]] as const) {
+    for (const [file, mode] of [
+      [localSendToken(home.home), 0o644],
+      [localSendDir(home.home), 0o755],
+      [localSendSocket(home.home), 0o666],
+    ] as const) {
       const before = fs.statSync(file).mode & 0o777
       fs.chmodSync(file, mode)
       try {
@@ -393,7 +489,11 @@ describe('a gateway in this process', {timeout: 90_000}, () => {
   const saved: Record<string, string | undefined> = {}
   /** The gateway reads its environment as send does: this process's, made equal to what runCli gives send. */
   function sendEnvironment(): void {
-    for (const [name, value] of Object.entries({MEEPAGATEWAY_HOME: home!.home, FAKE_LLM_KEY: 'sk-fake-test-key-123456', ...SEND_ENV})) {
+    for (const [name, value] of Object.entries({
+      MEEPAGATEWAY_HOME: home!.home,
+      FAKE_LLM_KEY: 'sk-fake-test-key-123456',
+      ...SEND_ENV,
+    })) {
       saved[name] = process.env[name]
       process.env[name] = value
     }
@@ -412,7 +512,9 @@ describe('a gateway in this process', {timeout: 90_000}, () => {
     sendEnvironment()
     const loaded = loadConfig({configPath: home.configPath, home: home.home})
     // the file changes before the gateway is up: the agent is sandboxed now, the gateway still runs what it parsed
-    home.writeConfig(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'free', max_iterations: 4, file_access: {unrestricted: true}}]))
+    home.writeConfig(
+      fakeLlmConfig(llm.openaiBaseUrl, [{id: 'free', max_iterations: 4, file_access: {unrestricted: true}}]),
+    )
     const gateway = await startGateway({loaded, port: 0, log})
     try {
       llm.setDefault({text: 'ok'})
@@ -431,7 +533,11 @@ describe('a gateway in this process', {timeout: 90_000}, () => {
     home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'free', file_access: {unrestricted: true}}]))
     const workspace = home.workspace('free')
     sendEnvironment()
-    const gateway = await startGateway({loaded: loadConfig({configPath: home.configPath, home: home.home}), port: 0, log})
+    const gateway = await startGateway({
+      loaded: loadConfig({configPath: home.configPath, home: home.home}),
+      port: 0,
+      log,
+    })
     llm.enqueue(shell('sleep 1'), {text: 'done during the stop'})
     const running = send('free', 'sleep a second')
     await waitFor('the run', () => recordedRuns().length === 1)
@@ -448,7 +554,10 @@ describe('send and a gateway that misbehaves or is run elsewhere', {timeout: 90_
     await startServe()
     llm.enqueue(shell('umask; touch made-here && stat -c %a made-here'), (request) => ({text: lastToolResult(request)}))
     const env = {MEEPAGATEWAY_HOME: home.home, FAKE_LLM_KEY: 'sk-fake-test-key-123456', ...SEND_ENV}
-    const wrapped = await execa('sh', ['-c', `umask 077; exec "${process.execPath}" "${BIN}" send --agent free hi`], {env, reject: false})
+    const wrapped = await execa('sh', ['-c', `umask 077; exec "${process.execPath}" "${BIN}" send --agent free hi`], {
+      env,
+      reject: false,
+    })
     expect(wrapped.exitCode, String(wrapped.stderr)).toBe(0)
     expect(String(wrapped.stdout)).toMatch(/0077[\s\S]*600/)
     expect(recordedRuns()).toEqual([])
@@ -483,7 +592,8 @@ describe('send and a gateway that misbehaves or is run elsewhere', {timeout: 90_
     // each message gets its own answers, whichever run asks first
     llm.setDefault((request) => {
       const messages = request.body.messages as Array<{role: string; content: unknown}>
-      if (messages.some((message) => message.role === 'user' && message.content === 'waits its turn')) return {text: 'run by send itself'}
+      if (messages.some((message) => message.role === 'user' && message.content === 'waits its turn'))
+        return {text: 'run by send itself'}
       return messages.at(-1)?.role === 'tool' ? {text: lastToolResult(request)} : shell('sleep 2; echo first-done')
     })
     const first = send('free', 'the run ahead')

@@ -38,7 +38,9 @@ function toolResult(llm: FakeLlm, index = 1): string {
 
 /** Scripts one shell tool call, then a final answer quoting its output. */
 function scriptShell(llm: FakeLlm, command: string, timeoutSeconds = 60): void {
-  llm.enqueue({toolCalls: [{name: 'shell', arguments: {command, timeout_seconds: timeoutSeconds}}]}, (request) => ({text: `tool said: ${request.body.messages.at(-1).content}`}))
+  llm.enqueue({toolCalls: [{name: 'shell', arguments: {command, timeout_seconds: timeoutSeconds}}]}, (request) => ({
+    text: `tool said: ${request.body.messages.at(-1).content}`,
+  }))
 }
 
 /** Text between `== name ==` and the next marker in a probe's output. */
@@ -55,14 +57,22 @@ describeWithDocker('container mode: a fresh hardened container per message (real
   let recorder: DockerRecorder
   const homes: TestHome[] = []
 
-  const containerAgent = (id: string, containerMode: Record<string, unknown> = {}, extra: Record<string, unknown> = {}) => ({
+  const containerAgent = (
+    id: string,
+    containerMode: Record<string, unknown> = {},
+    extra: Record<string, unknown> = {},
+  ) => ({
     id,
     secrets: ['GITHUB_TOKEN'],
     container_mode: {enabled: true, network: 'host', memory_limit: '512m', timeout_seconds: 60, ...containerMode},
     ...extra,
   })
   const newHome = (agents: Array<Record<string, unknown>>, imageConfig: Record<string, unknown> = {}) => {
-    const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, agents, {image_config: {inject_credentials_env: false, inject_secrets_env: false, ...imageConfig}}))
+    const home = makeHome(
+      fakeLlmConfig(llm.openaiBaseUrl, agents, {
+        image_config: {inject_credentials_env: false, inject_secrets_env: false, ...imageConfig},
+      }),
+    )
     homes.push(home)
     return home
   }
@@ -73,7 +83,9 @@ describeWithDocker('container mode: a fresh hardened container per message (real
       timeoutMs: 240_000,
     })
   const gatewayContainers = async (home: TestHome) =>
-    (await execa('docker', ['ps', '-a', '-q', '--filter', `label=meepagateway.home=${homeLabel(home.home)}`])).stdout.split('\n').filter(Boolean)
+    (await execa('docker', ['ps', '-a', '-q', '--filter', `label=meepagateway.home=${homeLabel(home.home)}`])).stdout
+      .split('\n')
+      .filter(Boolean)
 
   beforeAll(async () => {
     llm = await startFakeLlm()
@@ -95,22 +107,25 @@ describeWithDocker('container mode: a fresh hardened container per message (real
       // a file the gateway (root here) made earlier: the container's uid must still be able to write it
       fs.mkdirSync(home.workspace('box'), {recursive: true})
       fs.writeFileSync(path.join(home.workspace('box'), 'made-by-gateway.txt'), 'old\n', {mode: 0o644})
-      scriptShell(llm, [
-        'echo "== root =="; touch /escape 2>&1 || true',
-        'echo "== status =="; grep -E "^(CapEff|CapBnd|NoNewPrivs|Seccomp):" /proc/self/status',
-        'echo "== memory =="; cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max',
-        'echo "== tmp-write =="; echo ok > /tmp/probe && cat /tmp/probe',
-        'echo "== tmp-size =="; df -k /tmp | tail -1 | awk "{print \\$2}"',
-        'echo "== tmp-cap =="; { head -c 300000000 /dev/zero > /tmp/big; } 2>&1 || true; rm -f /tmp/big',
-        'echo "== workspace =="; echo persisted > /workspace/from-container.txt && echo written; pwd; echo "$HOME $TMPDIR"',
-        'echo "== socket =="; for s in /var/run/docker.sock /run/docker.sock; do test -e $s && echo "present $s"; done; echo checked',
-        'echo "== environ =="; cat /proc/[0-9]*/environ 2>/dev/null | tr "\\0" "\\n" | sort -u',
-        'echo "== user =="; id -u; id -g',
-        'echo "== gateway-file =="; echo new >> /workspace/made-by-gateway.txt && echo appended',
-        'echo "== cpu =="; cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us /sys/fs/cgroup/cpu/cpu.cfs_period_us 2>/dev/null || cat /sys/fs/cgroup/cpu.max',
-        `echo "== listen =="; node -e '${LISTEN_PROBE}'`,
-        'echo "== end =="',
-      ].join('\n'))
+      scriptShell(
+        llm,
+        [
+          'echo "== root =="; touch /escape 2>&1 || true',
+          'echo "== status =="; grep -E "^(CapEff|CapBnd|NoNewPrivs|Seccomp):" /proc/self/status',
+          'echo "== memory =="; cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max',
+          'echo "== tmp-write =="; echo ok > /tmp/probe && cat /tmp/probe',
+          'echo "== tmp-size =="; df -k /tmp | tail -1 | awk "{print \\$2}"',
+          'echo "== tmp-cap =="; { head -c 300000000 /dev/zero > /tmp/big; } 2>&1 || true; rm -f /tmp/big',
+          'echo "== workspace =="; echo persisted > /workspace/from-container.txt && echo written; pwd; echo "$HOME $TMPDIR"',
+          'echo "== socket =="; for s in /var/run/docker.sock /run/docker.sock; do test -e $s && echo "present $s"; done; echo checked',
+          'echo "== environ =="; cat /proc/[0-9]*/environ 2>/dev/null | tr "\\0" "\\n" | sort -u',
+          'echo "== user =="; id -u; id -g',
+          'echo "== gateway-file =="; echo new >> /workspace/made-by-gateway.txt && echo appended',
+          'echo "== cpu =="; cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us /sys/fs/cgroup/cpu/cpu.cfs_period_us 2>/dev/null || cat /sys/fs/cgroup/cpu.max',
+          `echo "== listen =="; node -e '${LISTEN_PROBE}'`,
+          'echo "== end =="',
+        ].join('\n'),
+      )
       recorder.clear()
       result = await send(home, 'box', 'probe your sandbox', '--json')
       probe = toolResult(llm)
@@ -118,7 +133,10 @@ describeWithDocker('container mode: a fresh hardened container per message (real
 
     it('answers through the container', () => {
       expect(result.exitCode).toBe(0)
-      expect(JSON.parse(result.stdout)).toMatchObject({ok: true, reply: {content: expect.stringContaining('tool said: exit code: 0')}})
+      expect(JSON.parse(result.stdout)).toMatchObject({
+        ok: true,
+        reply: {content: expect.stringContaining('tool said: exit code: 0')},
+      })
     })
 
     it('has a read-only root: writing to / fails', () => {
@@ -174,18 +192,21 @@ describeWithDocker('container mode: a fresh hardened container per message (real
     it('with injection off, no secret is in /proc/1/environ or any process environment', () => {
       const environ = section(probe, 'environ')
       expect(environ).toContain('HOME=/workspace') // the probe really read the environments
-      for (const leak of [SECRET, PROVIDER_KEY, 'GITHUB_TOKEN', 'FAKE_LLM_KEY', '[REDACTED]']) expect(environ).not.toContain(leak)
+      for (const leak of [SECRET, PROVIDER_KEY, 'GITHUB_TOKEN', 'FAKE_LLM_KEY', '[REDACTED]'])
+        expect(environ).not.toContain(leak)
     })
 
     it('never puts a secret in the docker argv', () => {
       const calls = recorder.calls()
       expect(calls.some((call) => call[0] === 'run' && call.includes('--read-only'))).toBe(true)
-      for (const call of calls) for (const arg of call) for (const secret of [SECRET, PROVIDER_KEY]) expect(arg).not.toContain(secret)
+      for (const call of calls)
+        for (const arg of call) for (const secret of [SECRET, PROVIDER_KEY]) expect(arg).not.toContain(secret)
     })
 
     it('leaves no container behind', async () => {
       // after a successful run the container is removed once the reply is out: allow it a moment
-      for (let i = 0; i < 50 && (await gatewayContainers(home)).length > 0; i++) await new Promise((resolve) => setTimeout(resolve, 100))
+      for (let i = 0; i < 50 && (await gatewayContainers(home)).length > 0; i++)
+        await new Promise((resolve) => setTimeout(resolve, 100))
       expect(await gatewayContainers(home)).toEqual([])
     })
   })
@@ -221,7 +242,9 @@ describeWithDocker('container mode: a fresh hardened container per message (real
     // this checks the wall around agent-run
     const home = newHome([containerAgent('box')])
     // The needle is assembled at run time, so the command text itself never holds the key.
-    scriptShell(llm, `node -e '
+    scriptShell(
+      llm,
+      `node -e '
       const fs = require("fs"); const needle = Buffer.from(${JSON.stringify(PROVIDER_KEY.split('-'))}.join("-"))
       const pid = fs.readdirSync("/proc").find((p) => /^[0-9]+$/.test(p) && p !== "1" &&
         fs.readFileSync("/proc/" + p + "/cmdline", "utf8").split("\\0").filter(Boolean).pop() === "agent-" + "run")
@@ -235,7 +258,8 @@ describeWithDocker('container mode: a fresh hardened container per message (real
           }
         }
       } catch (e) { error = e.code }
-      console.log("agent-run pid", pid, "chunks", chunks, "error", error, verdict)'`)
+      console.log("agent-run pid", pid, "chunks", chunks, "error", error, verdict)'`,
+    )
     const result = await send(home, 'box', 'read your parent', '--json')
     expect(result.exitCode).toBe(0)
     const output = toolResult(llm)
@@ -261,19 +285,37 @@ describeWithDocker('container mode: a fresh hardened container per message (real
     expect(output).toMatchObject({ok: true, iterations: 3})
     expect(output.reply.content).toMatch(/refused E(CONNREFUSED|NETUNREACH)/)
     expect(output.reply.content).not.toContain('CONNECTED')
-    expect(fs.readFileSync(path.join(home.workspace('offline'), 'offline.txt'), 'utf8')).toBe('written without a network')
+    expect(fs.readFileSync(path.join(home.workspace('offline'), 'offline.txt'), 'utf8')).toBe(
+      'written without a network',
+    )
     expect(llm.requests).toHaveLength(3)
     const runs = recorder.calls().filter((args) => args[0] === 'run')
     expect(runs.at(-1)?.join(' ')).toContain('--network none')
   })
 
   it('with network: none, only the loopback interface exists (the runner argv, with a probe command)', async () => {
-    const image = (await execa('docker', ['image', 'ls', '--format', '{{.Repository}}:{{.Tag}}', 'meepagateway-isolated'])).stdout.split('\n').find((ref) => ref.endsWith('-debian-bookworm-slim'))
+    const image = (
+      await execa('docker', ['image', 'ls', '--format', '{{.Repository}}:{{.Tag}}', 'meepagateway-isolated'])
+    ).stdout
+      .split('\n')
+      .find((ref) => ref.endsWith('-debian-bookworm-slim'))
     expect(image).toBeDefined()
     const workspace = fs.mkdtempSync(path.join(process.env.TMPDIR ?? '/tmp', 'meepa-netns-'))
     const args = buildDockerRunArgs({
-      name: `meepa-netprobe-${process.pid}`, image: image!, workspace, uid: process.getuid!(), gid: process.getgid!(), memoryLimit: '128m', pidsLimit: 64, cpus: 1,
-      network: 'none', listen: 'deny', labels: {meepagateway: '1'}, forwardEnv: [], entrypoint: '/bin/sh', command: ['-c', "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"],
+      name: `meepa-netprobe-${process.pid}`,
+      image: image!,
+      workspace,
+      uid: process.getuid!(),
+      gid: process.getgid!(),
+      memoryLimit: '128m',
+      pidsLimit: 64,
+      cpus: 1,
+      network: 'none',
+      listen: 'deny',
+      labels: {meepagateway: '1'},
+      forwardEnv: [],
+      entrypoint: '/bin/sh',
+      command: ['-c', "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"],
     })
     const run = await execa('docker', args, {reject: false, input: '', timeout: 60_000})
     await execa('docker', ['rm', '-f', `meepa-netprobe-${process.pid}`], {reject: false})
@@ -311,7 +353,8 @@ describeWithDocker('container mode: a fresh hardened container per message (real
   it('files below a path longer than PATH_MAX count toward limits.disk: E_DISK', async () => {
     llm.reset()
     // perl (perl-base is in the Debian base image): the shell's cd builds full paths, which stop at PATH_MAX
-    const hide = 'for (1..25) { mkdir "x" x 200 or die; chdir "x" x 200 or die } for (1..10) { open my $f, ">", "big$_" or die; print $f "\\0" x (7 << 20) } print "hidden"'
+    const hide =
+      'for (1..25) { mkdir "x" x 200 or die; chdir "x" x 200 or die } for (1..10) { open my $f, ">", "big$_" or die; print $f "\\0" x (7 << 20) } print "hidden"'
     scriptShell(llm, `perl -e '${hide}'; echo " exit $?"`)
     const home = newHome([containerAgent('filler', {}, {limits: {disk: '8m'}})])
     try {
@@ -353,7 +396,11 @@ describeWithDocker('container mode: a fresh hardened container per message (real
   describe('concurrency', () => {
     /** Start and end (ms) of each run, as the runs themselves recorded them in the workspace. */
     const spans = (home: TestHome, agent: string) =>
-      fs.readFileSync(path.join(home.workspace(agent), 'spans'), 'utf8').trim().split('\n').map((line) => line.split(' ').map(Number) as [number, number])
+      fs
+        .readFileSync(path.join(home.workspace(agent), 'spans'), 'utf8')
+        .trim()
+        .split('\n')
+        .map((line) => line.split(' ').map(Number) as [number, number])
     const overlap = ([a0, a1]: [number, number], [b0, b1]: [number, number]) => a0 < b1 && b0 < a1
 
     beforeAll(() => {
@@ -362,7 +409,14 @@ describeWithDocker('container mode: a fresh hardened container per message (real
       llm.setDefault((request) =>
         request.body.messages.at(-1).role === 'tool'
           ? {text: 'done'}
-          : {toolCalls: [{name: 'shell', arguments: {command: 's=$(date +%s%3N); sleep 2; echo "$s $(date +%s%3N)" >> /workspace/spans'}}]},
+          : {
+              toolCalls: [
+                {
+                  name: 'shell',
+                  arguments: {command: 's=$(date +%s%3N); sleep 2; echo "$s $(date +%s%3N)" >> /workspace/spans'},
+                },
+              ],
+            },
       )
     })
     afterAll(() => llm.setDefault(undefined))
@@ -370,7 +424,10 @@ describeWithDocker('container mode: a fresh hardened container per message (real
     it('two messages to one agent run one after the other', async () => {
       const home = newHome([containerAgent('solo')])
       const results = await Promise.all([send(home, 'solo', 'first'), send(home, 'solo', 'second')])
-      expect(results.map((result) => result.exitCode), JSON.stringify(results.map((result) => result.stderr.slice(-600)))).toEqual([0, 0])
+      expect(
+        results.map((result) => result.exitCode),
+        JSON.stringify(results.map((result) => result.stderr.slice(-600))),
+      ).toEqual([0, 0])
       const [first, second] = spans(home, 'solo')
       expect(first && second).toBeTruthy()
       expect(overlap(first!, second!)).toBe(false)
@@ -389,7 +446,10 @@ describe.skipIf(!fs.existsSync(realDockerPath()))('container mode without a reac
   it('a send to a container agent fails with E_DOCKER_DOWN and how to start the engine', async () => {
     const home = makeHome(fakeLlmConfig('http://127.0.0.1:9/v1', [{id: 'box', container_mode: {enabled: true}}]))
     try {
-      const result = await runCli(['send', '--agent', 'box', 'hello', '--json'], {home: home.home, env: {DOCKER_HOST: `unix://${home.home}/no-engine.sock`}})
+      const result = await runCli(['send', '--agent', 'box', 'hello', '--json'], {
+        home: home.home,
+        env: {DOCKER_HOST: `unix://${home.home}/no-engine.sock`},
+      })
       expect(result.exitCode).toBe(10)
       const {error} = JSON.parse(result.stdout)
       expect(error.code).toBe('E_DOCKER_DOWN')

@@ -26,11 +26,16 @@ describeWithDocker('container mode: standby containers of a running gateway (rea
   let llm: FakeLlm
   let home: TestHome
   const logs: string[] = []
-  const agent = (containerMode: Record<string, unknown> = {}) => ({id: 'warm', container_mode: {enabled: true, network: 'host', memory_limit: '512m', timeout_seconds: 3, ...containerMode}})
+  const agent = (containerMode: Record<string, unknown> = {}) => ({
+    id: 'warm',
+    container_mode: {enabled: true, network: 'host', memory_limit: '512m', timeout_seconds: 3, ...containerMode},
+  })
 
   const send = async (command: string): Promise<{result: RunMessageResult; ms: number}> => {
     llm.reset() // a run that timed out left its final turn queued
-    llm.enqueue({toolCalls: [{name: 'shell', arguments: {command}}]}, (request) => ({text: `tool said: ${request.body.messages.at(-1).content}`}))
+    llm.enqueue({toolCalls: [{name: 'shell', arguments: {command}}]}, (request) => ({
+      text: `tool said: ${request.body.messages.at(-1).content}`,
+    }))
     const started = Date.now()
     const result = await runMessage({
       loaded: loadConfig({configPath: home.configPath, home: home.home}),
@@ -48,10 +53,23 @@ describeWithDocker('container mode: standby containers of a running gateway (rea
     return {host: match[1], age: Number(match[2]), tmp: (match[3] ?? '').trim(), limit: match[4]}
   }
   const containers = async (filter: string[] = []) =>
-    (await execa('docker', ['ps', '-a', '--format', '{{.Names}}', '--filter', `label=meepagateway.home=${homeLabel(home.home)}`, ...filter])).stdout.split('\n').filter(Boolean)
+    (
+      await execa('docker', [
+        'ps',
+        '-a',
+        '--format',
+        '{{.Names}}',
+        '--filter',
+        `label=meepagateway.home=${homeLabel(home.home)}`,
+        ...filter,
+      ])
+    ).stdout
+      .split('\n')
+      .filter(Boolean)
   const standbyReady = async () => {
     for (let i = 0; i < 150; i++) {
-      if ((await containers(['--filter', 'label=meepagateway.run=standby', '--filter', 'status=running'])).length === 1) return
+      if ((await containers(['--filter', 'label=meepagateway.run=standby', '--filter', 'status=running'])).length === 1)
+        return
       await new Promise((resolve) => setTimeout(resolve, 200))
     }
     throw new Error('no standby container started within 30 s')
@@ -102,7 +120,8 @@ describeWithDocker('container mode: standby containers of a running gateway (rea
     expect(logs.join('\n')).not.toMatch(/standby container/)
     expect(Number(changed.limit)).toBe(256 * 1024 * 1024)
     expect(changed.age).toBeLessThan(30)
-    for (let i = 0; i < 50 && (await containers()).includes(stale as string); i++) await new Promise((resolve) => setTimeout(resolve, 200))
+    for (let i = 0; i < 50 && (await containers()).includes(stale as string); i++)
+      await new Promise((resolve) => setTimeout(resolve, 200))
     expect(await containers()).not.toContain(stale)
   }, 120_000)
 
@@ -128,14 +147,23 @@ describeWithDocker('`serve` with a container agent (real engine)', () => {
     const llm = await startFakeLlm()
     llm.setDefault({text: 'pong'})
     const port = await freePort()
-    const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'boxed', container_mode: {enabled: true, network: 'host'}}], {captain: {enabled: true, bind: '127.0.0.1', port}}))
+    const home = makeHome(
+      fakeLlmConfig(llm.openaiBaseUrl, [{id: 'boxed', container_mode: {enabled: true, network: 'host'}}], {
+        captain: {enabled: true, bind: '127.0.0.1', port},
+      }),
+    )
     try {
       const {key} = JSON.parse((await runCli(['api-key', 'create', 'tests', '--json'], {home: home.home})).stdout)
       let output = ''
-      const serve = execa(process.execPath, [BIN, 'serve'], {env: {MEEPAGATEWAY_HOME: home.home, FAKE_LLM_KEY: 'sk-fake-test-key-123456'}, reject: false, timeout: 120_000})
+      const serve = execa(process.execPath, [BIN, 'serve'], {
+        env: {MEEPAGATEWAY_HOME: home.home, FAKE_LLM_KEY: 'sk-fake-test-key-123456'},
+        reject: false,
+        timeout: 120_000,
+      })
       serve.stderr?.on('data', (chunk) => (output += String(chunk)))
       serve.stdout?.on('data', (chunk) => (output += String(chunk)))
-      for (let i = 0; i < 200 && !output.includes('listening on'); i++) await new Promise((resolve) => setTimeout(resolve, 100))
+      for (let i = 0; i < 200 && !output.includes('listening on'); i++)
+        await new Promise((resolve) => setTimeout(resolve, 100))
       const chat = async () => {
         const response = await fetch(`http://127.0.0.1:${port}/api/chat`, {
           method: 'POST',
@@ -146,10 +174,15 @@ describeWithDocker('`serve` with a container agent (real engine)', () => {
         return ((await response.json()) as {reply: string}).reply
       }
       const containers = async () =>
-        (await execa('docker', ['ps', '-a', '-q', '--filter', `label=meepagateway.home=${homeLabel(home.home)}`])).stdout.split('\n').filter(Boolean)
+        (
+          await execa('docker', ['ps', '-a', '-q', '--filter', `label=meepagateway.home=${homeLabel(home.home)}`])
+        ).stdout
+          .split('\n')
+          .filter(Boolean)
 
       expect(await chat()).toBe('pong')
-      for (let i = 0; i < 150 && (await containers()).length === 0; i++) await new Promise((resolve) => setTimeout(resolve, 200))
+      for (let i = 0; i < 150 && (await containers()).length === 0; i++)
+        await new Promise((resolve) => setTimeout(resolve, 200))
       await new Promise((resolve) => setTimeout(resolve, 1000))
       expect(await chat()).toBe('pong')
       expect(output).toMatch(/running in standby container meepa-standby_/)
