@@ -74,6 +74,7 @@ const DRAIN_AFTER_KILL_MS = 1000
 export function startSubprocess(file: string, args: readonly string[], options: SubprocessOptions): Subprocess {
   const stdio = options.stdio ?? ['ignore', 'pipe', 'pipe']
   const maxBuffer = options.maxBuffer ?? DEFAULT_MAX_BUFFER
+  const cut = new AbortController()
   const subprocess = execa(file, args, {
     env: options.env,
     extendEnv: false,
@@ -88,8 +89,8 @@ export function startSubprocess(file: string, args: readonly string[], options: 
     },
     all: options.all,
     maxBuffer,
-    timeout: options.timeoutMs,
-    cancelSignal: options.signal,
+    // the deadline and the cancel reach execa only once the child exists (startedOnly below)
+    cancelSignal: cut.signal,
     killSignal: options.killSignal ?? 'SIGTERM',
     forceKillAfterDelay: options.forceKillAfterMs ?? false,
     encoding: 'utf8',
@@ -99,6 +100,7 @@ export function startSubprocess(file: string, args: readonly string[], options: 
     cleanup: false,
   } as Options)
   const child = subprocess as unknown as ChildProcess
+  const deadline = startedOnly(child, options, cut)
   if (options.niceness !== undefined && child.pid !== undefined) {
     try {
       os.setPriority(child.pid, options.niceness)
@@ -113,11 +115,39 @@ export function startSubprocess(file: string, args: readonly string[], options: 
   })
   closePipesOnceCutOff(child, options, maxBuffer)
   if (options.input !== undefined) child.stdin?.end(options.input)
-  const result = Promise.resolve(subprocess).then((raw) => resultOf(raw, startError, options, maxBuffer))
+  const result = Promise.resolve(subprocess).then((raw) =>
+    resultOf(raw, startError, options, maxBuffer, deadline.passed),
+  )
   for (const method of ['then', 'catch', 'finally'] as const) {
     Reflect.defineProperty(child, method, {value: result[method].bind(result), configurable: true, writable: true})
   }
   return child as unknown as Subprocess
+}
+
+/**
+ * The deadline and the cancel, for a child that started only: execa ends a child with
+ * ChildProcess.kill(), which on Node 20, for a spawn that failed (ENOENT) before its 'error' came,
+ * signals the caller's whole process group (see signalChild).
+ */
+function startedOnly(child: ChildProcess, options: SubprocessOptions, cut: AbortController): {passed: boolean} {
+  const deadline = {passed: false}
+  if (child.pid === undefined) return deadline
+  const cancel = () => cut.abort()
+  const timer =
+    options.timeoutMs === undefined
+      ? undefined
+      : setTimeout(() => {
+          deadline.passed = true
+          cut.abort()
+        }, options.timeoutMs)
+  options.signal?.addEventListener('abort', cancel, {once: true})
+  if (options.signal?.aborted) cancel()
+  // 'close', not 'exit': a process the child left may hold its pipes, and the deadline holds for them too
+  child.once('close', () => {
+    clearTimeout(timer)
+    options.signal?.removeEventListener('abort', cancel)
+  })
+  return deadline
 }
 
 /**
@@ -159,6 +189,8 @@ function resultOf(
   startError: NodeJS.ErrnoException | undefined,
   options: SubprocessOptions,
   maxBuffer: number,
+  /** The deadline passed (execa saw only a cancel: the deadline is ours, see startedOnly). */
+  timedOut: boolean,
 ): SubprocessResult {
   const failure = raw as Result & {message?: string; isMaxBuffer?: boolean}
   // execa names the stream in its message only ("Command's stdout was larger than …")
@@ -167,7 +199,7 @@ function resultOf(
     : undefined
   const message = startError
     ? startError.message
-    : raw.timedOut
+    : timedOut
       ? `timed out after ${options.timeoutMs} ms`
       : raw.isCanceled
         ? 'cancelled'
@@ -179,9 +211,9 @@ function resultOf(
     stderr: text(raw.stderr),
     ...(options.all ? {all: text(raw.all)} : {}),
     code: startError?.code,
-    failed: raw.failed,
-    timedOut: raw.timedOut,
-    isCanceled: raw.isCanceled,
+    failed: raw.failed || timedOut,
+    timedOut,
+    isCanceled: raw.isCanceled && !timedOut,
     message,
   }
 }
