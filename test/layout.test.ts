@@ -65,23 +65,7 @@ const BELOW_RUNNERS = [
   'llm-channel',
 ]
 const GATEWAY_SIDE = ['gateway', 'connectors', 'http', 'captain']
-const RUNTIME = [
-  'util',
-  'config',
-  'shapes',
-  'state',
-  'workspace',
-  'providers',
-  'agent',
-  'agent-run',
-  'llm-channel',
-  'run-lifecycle',
-  'host-sandbox',
-  'container',
-  'runners',
-  'send',
-  ...GATEWAY_SIDE,
-]
+const RUNTIME = [...BELOW_RUNNERS, 'run-lifecycle', 'host-sandbox', 'container', 'runners', 'send', ...GATEWAY_SIDE]
 const MAY_IMPORT: Record<string, {runtime: string[]; sandbox: boolean}> = {
   commands: {runtime: RUNTIME, sandbox: false},
   cli: {runtime: RUNTIME, sandbox: false},
