@@ -15,6 +15,9 @@ import type {RunRecords, RunStart} from '../state/run-records.js'
 import type {RunQueue} from './run-queue.js'
 import {BUSY_REPLY, EMPTY_REPLY, INTERRUPTED_REPLY, RESTARTING_REPLY, failureReply} from './user-replies.js'
 
+/** A message waiting for its turn: its level is not known until then (the config may change meanwhile). */
+type QueuedRun = Omit<RunStart, 'isolation'>
+
 /** How long aborted runs get to report back before shutdown goes on without them. */
 const ABORT_SETTLE_MS = 10_000
 
@@ -25,6 +28,8 @@ export type RunFunction = (request: {
   agentId: string
   message: InboundMessage
   runId: string
+  /** The level the dispatcher recorded for this run: the runner uses it, never works it out again. */
+  isolation: IsolationLevel
   signal: AbortSignal
   onLog?: (line: string) => void
 }) => Promise<RunMessageResult>
@@ -33,7 +38,7 @@ export interface DispatcherOptions {
   queue: RunQueue
   records: RunRecords
   run: RunFunction
-  /** The level a run of this agent will use, recorded before it starts. */
+  /** The level a run of this agent uses now: asked once per message, when its record is written. */
   isolationFor: (agentId: string) => IsolationLevel
   newRunId: () => string
   log: (line: string) => void
@@ -59,7 +64,7 @@ export class Dispatcher implements MessageDispatcher {
 
   dispatch(agentId: string, message: InboundMessage, delivery: Delivery, extras: DispatchExtras = {}): DispatchTicket {
     const runId = this.options.newRunId()
-    const start: RunStart = {
+    const start: QueuedRun = {
       id: runId,
       agentId,
       connector: message.connector,
@@ -67,7 +72,6 @@ export class Dispatcher implements MessageDispatcher {
       threadId: message.thread_id,
       messageId: message.id,
       userId: message.user.id,
-      isolation: this.options.isolationFor(agentId),
     }
     if (this.stopping) return this.reject(start, delivery, 'stopping', 'the gateway is shutting down')
 
@@ -131,7 +135,8 @@ export class Dispatcher implements MessageDispatcher {
     this.endGrace?.()
   }
 
-  private reject(start: RunStart, delivery: Delivery, because: 'busy' | 'stopping', reason: string): DispatchTicket {
+  private reject(queued: QueuedRun, delivery: Delivery, because: 'busy' | 'stopping', reason: string): DispatchTicket {
+    const start = this.recorded(queued)
     this.writeRecord(start.id, () => this.options.records.reject(start, 'E_BUSY', reason))
     const reply = because === 'busy' ? BUSY_REPLY : RESTARTING_REPLY
     const delivered = this.deliver(start, delivery, reply)
@@ -148,13 +153,13 @@ export class Dispatcher implements MessageDispatcher {
   }
 
   private async execute(
-    queued: RunStart,
+    queued: QueuedRun,
     message: InboundMessage,
     delivery: Delivery,
     extras: DispatchExtras,
   ): Promise<DispatchOutcome> {
     // the level now: a config change while the message waited applies to its run, and its record says so
-    const start = {...queued, isolation: this.options.isolationFor(queued.agentId)}
+    const start = this.recorded(queued)
     const controller = new AbortController()
     const forward = () => controller.abort(extras.signal?.reason)
     extras.signal?.addEventListener('abort', forward)
@@ -171,6 +176,7 @@ export class Dispatcher implements MessageDispatcher {
         agentId: start.agentId,
         message,
         runId: start.id,
+        isolation: start.isolation,
         signal: controller.signal,
         onLog: extras.onLog,
       })
@@ -203,7 +209,7 @@ export class Dispatcher implements MessageDispatcher {
   }
 
   /** A message whose sender would now run it differently from this gateway: back to the sender unrun. */
-  private handedBack(start: RunStart, extras: DispatchExtras): DispatchOutcome | undefined {
+  private handedBack(start: QueuedRun, extras: DispatchExtras): DispatchOutcome | undefined {
     const reason = extras.notRunBecause?.()
     if (reason === undefined) return undefined
     this.options.log(`run ${start.id}: agent ${start.agentId} via ${start.connector} handed back unrun: ${reason}`)
@@ -214,7 +220,8 @@ export class Dispatcher implements MessageDispatcher {
    * A message its sender gave up on (Ctrl-C, `send` gone) before its run started: recorded as
    * interrupted, nothing ran.
    */
-  private withdrawn(start: RunStart, signal: AbortSignal): DispatchOutcome {
+  private withdrawn(queued: QueuedRun, signal: AbortSignal): DispatchOutcome {
+    const start = this.recorded(queued)
     const signalName = abortSignalName(signal.reason)
     const output = failure(
       start.id,
@@ -229,6 +236,11 @@ export class Dispatcher implements MessageDispatcher {
       `run ${start.id}: agent ${start.agentId} via ${start.connector} withdrawn by its sender before it started`,
     )
     return {runId: start.id, status: 'interrupted', reply: INTERRUPTED_REPLY, output}
+  }
+
+  /** The run's record as it starts: the level is worked out here, once, when the message's turn comes. */
+  private recorded(queued: QueuedRun): RunStart {
+    return {...queued, isolation: this.options.isolationFor(queued.agentId)}
   }
 
   /** `write` returns false when it wrote nothing (a finish whose start was lost): not a sign of health. */

@@ -112,12 +112,13 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     })
     const run: RunFunction =
       options.run ??
-      (({agentId, message, runId, signal, onLog}) =>
+      (({agentId, message, runId, isolation, signal, onLog}) =>
         runMessage({
           loaded: live,
           agentId,
           message,
           runId,
+          level: isolation,
           signal,
           unrestricted: options.unrestricted,
           standby: {wanted: () => dispatcher.accepting, log: (line) => log(`gateway: ${line}`)},
@@ -130,9 +131,10 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       queue,
       records,
       run,
+      // from the config the run will use; an agent no longer in it never runs (runMessage refuses it)
       isolationFor: (agentId) => {
-        const agent = agents.get(agentId)
-        return agent ? isolationLevelFor(agent, options.unrestricted) : 'unrestricted'
+        const agent = live.config.agents.find((candidate) => candidate.id === agentId) ?? agents.get(agentId)
+        return agent ? isolationLevelFor(agent, options.unrestricted) : 'host-sandbox'
       },
       newRunId,
       log,

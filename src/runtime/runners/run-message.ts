@@ -15,6 +15,8 @@ export interface RunMessageOptions {
   agentId: string
   message: InboundMessage
   unrestricted?: boolean
+  /** The level already worked out for this message (the gateway records it first); else from the agent. */
+  level?: IsolationLevel
   signal?: AbortSignal
   onLog?: (line: string) => void
   runId?: string
@@ -119,7 +121,7 @@ export async function runMessage(options: RunMessageOptions): Promise<RunMessage
   const started = Date.now()
   const agent = findAgent(options.loaded, options.agentId)
   const runId = options.runId ?? newRunId()
-  const level = isolationLevelFor(agent, options.unrestricted)
+  const level = options.level ?? isolationLevelFor(agent, options.unrestricted)
   const secrets: AgentSecrets = {
     available: options.loaded.secrets,
     providerKeys: providerKeysFor(agent, options.loaded.config, options.loaded.secrets),

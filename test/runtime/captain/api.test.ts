@@ -4,6 +4,7 @@ import {afterEach, describe, expect, it} from 'vitest'
 import type {ConfigChange} from '../../../src/runtime/captain/index.js'
 import {RunRecords} from '../../../src/runtime/state/run-records.js'
 import {captainConfig, sessionHeaders, startCaptain, type CaptainHarness} from './helpers.js'
+import {successfulOutput} from '../../helpers/agent-run-output.js'
 
 const agents = [
   {
@@ -137,21 +138,7 @@ describe('captain JSON API', () => {
       isolation: 'host-sandbox',
       startedAt: 1000,
     })
-    records.finish(
-      'run_a',
-      {
-        version: 1,
-        ok: true,
-        run_id: 'run_a',
-        reply: {content: 'hi'},
-        stop_reason: 'final',
-        iterations: 1,
-        tool_calls: [],
-        usage: {input_tokens: 1, output_tokens: 1},
-        ms: 5,
-      },
-      {durationMs: 5},
-    )
+    records.finish('run_a', successfulOutput('run_a', 'hi'), {durationMs: 5})
     records.reject(
       {id: 'run_b', agentId: 'boxed', connector: 'discord', channelId: 'c', isolation: 'container', startedAt: 2000},
       'E_BUSY',

@@ -27,7 +27,7 @@ describe('HTTP listener and web chat', () => {
       agent_id: 'a1',
       connector: 'webchat',
       status: 'ok',
-      input_tokens: 3,
+      input_tokens: 1,
     })
   })
 

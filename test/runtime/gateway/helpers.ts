@@ -4,6 +4,7 @@ import type {ConnectorTimings} from '../../../src/runtime/connectors/index.js'
 import type {RunFunction} from '../../../src/runtime/gateway/dispatcher.js'
 import {startGateway, type Gateway} from '../../../src/runtime/gateway/gateway.js'
 import {ApiKeys} from '../../../src/runtime/state/api-keys.js'
+import {successfulOutput} from '../../helpers/agent-run-output.js'
 import {fakeLlmConfig, makeHome, type TestHome} from '../../helpers/home.js'
 
 /** Connector timings short enough for tests: reconnects in tens of ms, no identify throttle. */
@@ -157,17 +158,7 @@ export function stubRun(
       runId,
       level: 'unrestricted',
       ms: Date.now() - started,
-      output: {
-        version: 1,
-        ok: true,
-        run_id: runId,
-        reply: {content},
-        stop_reason: 'final',
-        iterations: 1,
-        tool_calls: [],
-        usage: {input_tokens: 3, output_tokens: 2},
-        ms: Date.now() - started,
-      },
+      output: successfulOutput(runId, content),
     }
   }
 }

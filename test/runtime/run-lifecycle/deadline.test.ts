@@ -12,6 +12,7 @@ import {processesWith, uniqueMarker} from '../../helpers/processes.js'
 import {startServe, type ServeProcess} from '../../helpers/serve.js'
 import {waitFor} from '../../helpers/wait-for.js'
 import {HELPER, requireLandlockOrSkip} from '../../helpers/landlock-support.js'
+import {successfulOutput} from '../../helpers/agent-run-output.js'
 
 /*
  * Issue 28, criterion 6: no run outlives what its user was told. The keeper ends a run at its
@@ -144,17 +145,7 @@ describe.runIf(process.platform === 'linux')(
     it('is delivered, not reported as having taken too long', async () => {
       const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'deadline-'))
       const agentRun = path.join(dir, 'agent-run.mjs')
-      const output = {
-        version: 1,
-        ok: true,
-        run_id: 'run_paused',
-        reply: {content: 'on time'},
-        stop_reason: 'final',
-        iterations: 1,
-        tool_calls: [],
-        usage: {input_tokens: 0, output_tokens: 0},
-        ms: 1,
-      }
+      const output = successfulOutput('run_paused', 'on time')
       fs.writeFileSync(
         agentRun,
         `
