@@ -24,6 +24,7 @@ import {assertSafeBind, hasCaptainPassword, isLoopbackBind, mountCaptain, type C
 import {auditFileEdit} from '../captain/config-audit.js'
 import {AuditLog} from '../state/audit.js'
 import {ConfigWatch, partsNeedingRestart} from './config-watch.js'
+import {receiveInbox} from './inbox.js'
 
 export interface GatewayOptions {
   loaded: LoadedConfig
@@ -112,11 +113,13 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     })
     const run: RunFunction =
       options.run ??
-      (({agentId, message, runId, signal, onLog}) =>
-        runMessage({
-          loaded: live,
+      (async ({agentId, message, runId, signal, onLog, files}) => {
+        const loadedForRun = live
+        const attachments = files ? await receiveInbox(loadedForRun, agentId, message.id, files, signal) : undefined
+        const result = await runMessage({
+          loaded: loadedForRun,
           agentId,
-          message,
+          message: attachments ? {...message, attachments} : message,
           runId,
           signal,
           unrestricted: options.unrestricted,
@@ -125,7 +128,9 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
             log(`run ${runId}: ${line}`)
             onLog?.(line)
           },
-        }))
+        })
+        return attachments ? {...result, attachments} : result
+      })
     const dispatcher = new Dispatcher({
       queue,
       records,
@@ -155,7 +160,8 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
                 name,
                 agentId: agent.id,
                 log,
-                onMessage: (message, delivery) => void dispatcher.dispatch(agent.id, message, delivery),
+                onMessage: (message, delivery, files) =>
+                  void dispatcher.dispatch(agent.id, message, delivery, files?.length ? {files} : {}),
               },
               options.connectorTimings,
             ),
