@@ -89,6 +89,10 @@ export function isPublicAddress(address: string): boolean {
   return family !== undefined && !NON_PUBLIC.check(address, family)
 }
 
+function duration(ms: number): string {
+  return ms < 1000 ? `${ms} ms` : `${Math.round(ms / 1000)} s`
+}
+
 function hostOf(url: URL): string {
   return url.hostname.replace(/^\[|\]$/g, '')
 }
@@ -150,7 +154,7 @@ function get(url: URL, origin: AllowedOrigin, options: DownloadOptions, signal: 
       ...(origin.publicOnly ? {lookup: publicLookup(options.lookup ?? dns.lookup)} : {}),
     })
     request.on('timeout', () => {
-      state.idle = new DownloadRefused('timeout', `nothing arrived for ${Math.round(idle / 1000)} s`)
+      state.idle = new DownloadRefused('timeout', `nothing arrived for ${duration(idle)}`)
       request.destroy(state.idle)
     })
     request.on('response', (response) => resolve(Object.assign(state, {response, request})))
@@ -158,15 +162,9 @@ function get(url: URL, origin: AllowedOrigin, options: DownloadOptions, signal: 
   })
 }
 
-function describeFailure(error: unknown, signal: AbortSignal, totalMs: number): DownloadRefused {
+function describeFailure(error: unknown, signal: AbortSignal): DownloadRefused {
   if (error instanceof DownloadRefused) return error
-  if (signal.aborted) {
-    const reason = signal.reason as Error | undefined
-    if (reason instanceof DownloadRefused) return reason
-    return reason?.name === 'TimeoutError'
-      ? new DownloadRefused('timeout', `the download took longer than ${Math.round(totalMs / 1000)} s`)
-      : new DownloadRefused('network', 'the download was cancelled')
-  }
+  if (signal.reason instanceof DownloadRefused) return signal.reason
   const cause = (error as {cause?: unknown}).cause
   if (cause instanceof DownloadRefused) return cause
   return new DownloadRefused('network', `the download failed: ${(error as Error).message}`)
@@ -179,7 +177,6 @@ function describeFailure(error: unknown, signal: AbortSignal, totalMs: number): 
  */
 export async function* downloadFile(url: string, options: DownloadOptions): AsyncGenerator<Buffer> {
   const totalMs = options.totalTimeoutMs ?? DEFAULT_TOTAL_TIMEOUT_MS
-  const signal = AbortSignal.any([AbortSignal.timeout(totalMs), ...(options.signal ? [options.signal] : [])])
   let current: URL
   try {
     current = new URL(url)
@@ -187,6 +184,16 @@ export async function* downloadFile(url: string, options: DownloadOptions): Asyn
     throw new DownloadRefused('origin', 'the attachment has no valid URL')
   }
   const maxRedirects = options.maxRedirects ?? DEFAULT_MAX_REDIRECTS
+  // our own timer, not AbortSignal.timeout: the whole download, body included, ends at it
+  const controller = new AbortController()
+  const signal = controller.signal
+  const timer = setTimeout(
+    () => controller.abort(new DownloadRefused('timeout', `the download took longer than ${duration(totalMs)}`)),
+    totalMs,
+  )
+  const cancel = () => controller.abort(new DownloadRefused('network', 'the download was cancelled'))
+  if (options.signal?.aborted) cancel()
+  options.signal?.addEventListener('abort', cancel)
   let active: Response | undefined
   try {
     for (let redirects = 0; ; redirects++) {
@@ -194,7 +201,7 @@ export async function* downloadFile(url: string, options: DownloadOptions): Asyn
       try {
         active = await get(current, origin, options, signal)
       } catch (error) {
-        throw describeFailure(error, signal, totalMs)
+        throw describeFailure(error, signal)
       }
       const {response} = active
       const status = response.statusCode ?? 0
@@ -220,15 +227,18 @@ export async function* downloadFile(url: string, options: DownloadOptions): Asyn
     const response = active.response
     try {
       for await (const chunk of response) {
+        if (signal.aborted) throw signal.reason
         received += (chunk as Buffer).length
         if (received > options.maxBytes) throw new DownloadRefused('too-large', `it is over ${options.maxBytes} bytes`)
         yield chunk as Buffer
       }
     } catch (error) {
-      throw active.idle ?? describeFailure(error, signal, totalMs)
+      throw active.idle ?? describeFailure(error, signal)
     }
     if (!response.complete) throw new DownloadRefused('network', 'the server closed the connection mid-file')
   } finally {
+    clearTimeout(timer)
+    options.signal?.removeEventListener('abort', cancel)
     active?.request.destroy()
   }
 }
