@@ -25,6 +25,7 @@ import {auditFileEdit} from '../captain/config-audit.js'
 import {AuditLog} from '../state/audit.js'
 import {ConfigWatch, partsNeedingRestart} from './config-watch.js'
 import {receiveInbox} from './inbox.js'
+import {attachmentCaps} from '../config/attachment-caps.js'
 
 export interface GatewayOptions {
   loaded: LoadedConfig
@@ -246,6 +247,8 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       agentIds: () => [...agents.keys()],
       caller: captain?.chatCaller ?? apiKeyCaller(new ApiKeys(db)),
       runs: records,
+      maxAttachmentBytes: () =>
+        Math.max(0, ...live.config.agents.map((agent) => attachmentCaps(agent.attachments).totalBytes)),
     })
     const http: HttpListener = await startHttpListener({
       bind: config.captain.bind,

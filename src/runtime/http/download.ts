@@ -35,6 +35,8 @@ export interface DownloadOptions {
   /** The whole download. */
   totalTimeoutMs?: number
   maxRedirects?: number
+  /** Sees the final response's headers before the body: throwing a DownloadRefused refuses it. */
+  onResponse?: (headers: http.IncomingHttpHeaders) => void
   /** Tests resolve a name to a private address here; production uses the system resolver. */
   lookup?: typeof dns.lookup
 }
@@ -221,6 +223,7 @@ export async function* downloadFile(url: string, options: DownloadOptions): Asyn
       const declared = Number(response.headers['content-length'])
       if (Number.isFinite(declared) && declared > options.maxBytes)
         throw new DownloadRefused('too-large', `it is ${declared} bytes`)
+      options.onResponse?.(response.headers)
       break
     }
     let received = 0

@@ -4,6 +4,7 @@ import {describe, expect, it} from 'vitest'
 import type {FakeLlm} from '../../fakes/llm-server.js'
 import {startFakeMeepaChat, type FakeMeepaChat} from '../../fakes/meepachat-server.js'
 import {RunRecords, runFilesOf} from '../../../src/runtime/state/run-records.js'
+import {lastUserText} from '../../helpers/attachments.js'
 import {fakeLlmForTests} from '../../helpers/fake-llm-for-tests.js'
 import {closeAfterEachTest, startTestGateway} from '../gateway/helpers.js'
 
@@ -11,16 +12,6 @@ const TOKEN = '11.meepa-secret'
 let llm: FakeLlm
 fakeLlmForTests((started) => (llm = started), {resetBeforeEach: true})
 const closeAfterTest = closeAfterEachTest()
-
-/** The text of the user message the model got in its first request of the run. */
-function userText(request: {body: any}): string {
-  const last = [...request.body.messages].reverse().find((message: any) => message.role === 'user')
-  if (typeof last.content === 'string') return last.content
-  return last.content
-    .filter((part: any) => part.type === 'text')
-    .map((part: any) => part.text)
-    .join('\n')
-}
 
 async function gatewayWith(attachments?: Record<string, unknown>) {
   const chat: FakeMeepaChat = closeAfterTest(await startFakeMeepaChat({token: TOKEN}))
@@ -66,7 +57,7 @@ describe('MeepaChat attachments in (fake MeepaChat server, real agent with the f
     expect(fs.readFileSync(path.join(workspace, 'inbox/msg-7/server.log'))).toEqual(log)
     // separators and leading dots are gone: the name stays inside inbox/<message id>/
     expect(fs.readFileSync(path.join(workspace, 'inbox/msg-7/_.._.bashrc'))).toEqual(csv)
-    const text = userText(llm.requests[0] as never)
+    const text = lastUserText(llm.requests[0] as never)
     expect(text).toContain("what's wrong here?")
     expect(text).toContain('inbox/msg-7/server.log (text/plain, 23 bytes)')
     expect(text).toContain('inbox/msg-7/_.._.bashrc (text/csv, 8 bytes)')
@@ -88,7 +79,7 @@ describe('MeepaChat attachments in (fake MeepaChat server, real agent with the f
     })
     const [reply] = await chat.waitForPosts(1)
     expect(reply?.content).toBe('a file, thanks')
-    expect(userText(llm.requests[0] as never)).toMatch(/inbox\/u\d+\/only\.txt/)
+    expect(lastUserText(llm.requests[0] as never)).toMatch(/inbox\/u\d+\/only\.txt/)
   })
 
   it('skips a file over the cap, a lying Content-Length and a foreign URL, says which and why, and still runs', async () => {
@@ -115,7 +106,7 @@ describe('MeepaChat attachments in (fake MeepaChat server, real agent with the f
     expect(reply?.content).toContain('evil.txt was not received: its storedPath is not a path on the MeepaChat server')
     expect(reply?.content).toContain('ok.txt was not received: a message may carry 3 file(s) (attachments.max_files)')
     expect(fs.readdirSync(path.join(workspace, 'inbox/msg-9'))).toEqual([])
-    const text = userText(llm.requests[0] as never)
+    const text = lastUserText(llm.requests[0] as never)
     expect(text).toContain('big.bin (application/octet-stream, 10 bytes): not received: it is larger than')
     expect(chat.files.downloads.map((download) => download.path)).toEqual(['/uploads/big.bin', '/uploads/endless.bin'])
   })
