@@ -107,6 +107,11 @@ export class RunRecords {
     recordRunFiles(this.db, runId, files)
   }
 
+  /** Like list(), each record with the files that came in or went out with it. */
+  listWithFiles(options: {agentId?: string; limit?: number} = {}): RunRecordWithFiles[] {
+    return withFiles(this.db, this.list(options))
+  }
+
   start(run: RunStart): void {
     this.db
       .prepare(
