@@ -61,6 +61,8 @@ export async function startFakeSlack(options: {
   appToken: string
   /** The bot token's scopes (auth.test's x-oauth-scopes); without files:read a file download gets the sign-in page. */
   scopes?: string[]
+  /** False: auth.test does not name the scopes (the connector learns of a missing one only at the download). */
+  announceScopes?: boolean
 }): Promise<FakeSlack> {
   const scopes = options.scopes ?? ['chat:write', 'app_mentions:read', 'channels:history', 'users:read', 'files:read']
   const files = createFakeFiles()
@@ -126,7 +128,7 @@ export async function startFakeSlack(options: {
     const botAuthed = token === options.botToken
     switch (method) {
       case 'auth.test':
-        res.setHeader('x-oauth-scopes', scopes.join(','))
+        if (options.announceScopes !== false) res.setHeader('x-oauth-scopes', scopes.join(','))
         return reply(
           res,
           botAuthed

@@ -13,8 +13,8 @@ let llm: FakeLlm
 fakeLlmForTests((started) => (llm = started), {resetBeforeEach: true})
 const closeAfterTest = closeAfterEachTest()
 
-async function gatewayWith(scopes?: string[]) {
-  const slack: FakeSlack = closeAfterTest(await startFakeSlack({botToken: BOT, appToken: APP, scopes}))
+async function gatewayWith(scopes?: string[], announceScopes?: boolean) {
+  const slack: FakeSlack = closeAfterTest(await startFakeSlack({botToken: BOT, appToken: APP, scopes, announceScopes}))
   const test = closeAfterTest(
     await startTestGateway({
       agents: [{id: 'slacker', connectors: [{type: 'slack', bot_token: BOT, app_token: APP, api_url: slack.apiUrl}]}],
@@ -83,5 +83,17 @@ describe('Slack files in (real Slack clients against the fake Slack)', () => {
     expect(reply?.text).toContain('c.txt was not received: the Slack app lacks the files:read scope')
     expect(slack.files.downloads).toEqual([])
     expect(lastUserText(llm.requests[0] as never)).toContain('files:read')
+  })
+
+  it('takes Slack’s sign-in page in place of a file for the missing files:read scope, and says so', async () => {
+    llm.setDefault({text: 'answered'})
+    const {slack, test, workspace} = await gatewayWith(['chat:write', 'channels:history'], false)
+    const ts = slack.userSays({channel: 'C1', text: 'look', files: [slackFile(slack, 'F4', 'd.txt', 3)]})
+    const [reply] = await slack.waitForPosts(1)
+    expect(reply?.text).toContain(
+      'd.txt was not received: it could not be downloaded: the Slack app lacks the files:read scope',
+    )
+    await test.waitForLog(/slacker\/slack: .*sign-in page.*files:read/)
+    expect(fs.readdirSync(path.join(workspace, 'inbox', ts))).toEqual([])
   })
 })
