@@ -40,3 +40,11 @@ export function report(name: string, result: Record<string, unknown>): void {
   fs.writeFileSync(path.join(dir, `${name}.json`), `${JSON.stringify(record, null, 2)}\n`)
   console.log(JSON.stringify(record, null, 2))
 }
+
+/** A bench config's `providers`: one fake OpenAI-compatible provider at `baseUrl` (key in FAKE_LLM_KEY). */
+export function fakeProviders(baseUrl: string): Record<string, unknown> {
+  return {
+    primary: 'fake',
+    providers: {fake: {kind: 'openai', api_key_env: 'FAKE_LLM_KEY', model: 'fake', base_url: baseUrl}},
+  }
+}

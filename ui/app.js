@@ -422,6 +422,25 @@ async function overviewPage() {
   state.pollTimer = setInterval(() => refresh().catch(() => {}), 10000)
 }
 
+/** A run's files, one line each: direction, name, size and type, or why it was skipped (never the content). */
+function runFiles(files) {
+  if (!files || files.length === 0) return ''
+  return files.map((file) =>
+    h(
+      'div',
+      {class: file.skipped_reason ? 'hint' : ''},
+      `${file.direction === 'in' ? '↓' : '↑'} ${file.name} (${formatBytes(file.size)}, ${file.content_type})` +
+        (file.skipped_reason ? ` skipped: ${file.skipped_reason}` : ''),
+    ),
+  )
+}
+
+function formatBytes(bytes) {
+  if (bytes < 1024) return `${bytes} B`
+  if (bytes < 1024 * 1024) return `${(bytes / 1024).toFixed(1)} KB`
+  return `${(bytes / 1024 / 1024).toFixed(1)} MB`
+}
+
 function runsTable(runs, withAgent) {
   if (runs.length === 0) return h('div', {class: 'empty'}, 'No runs yet.')
   return h(
@@ -440,6 +459,7 @@ function runsTable(runs, withAgent) {
         h('th', {}, 'Outcome'),
         h('th', {}, 'Time'),
         h('th', {}, 'Tools'),
+        h('th', {}, 'Files'),
       ),
     ),
     h(
@@ -461,6 +481,7 @@ function runsTable(runs, withAgent) {
           ),
           h('td', {class: 'num'}, duration(run.duration_ms)),
           h('td', {class: 'num'}, run.tool_calls ?? ''),
+          h('td', {}, runFiles(run.files)),
         ),
       ),
     ),

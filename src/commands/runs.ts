@@ -1,10 +1,11 @@
 import {Flags} from '@oclif/core'
 import {BaseCommand} from './base-command.js'
 import {gatewayHome} from '../runtime/util/paths.js'
-import {listRuns, type RunRecord} from '../runtime/state/run-records.js'
+import {listRuns, type RunFile, type RunRecordWithFiles} from '../runtime/state/run-records.js'
 
 export default class Runs extends BaseCommand<typeof Runs> {
-  static summary = 'list run records (newest first): agent, connector, channel, isolation, outcome, duration, tokens'
+  static summary =
+    'list run records (newest first): agent, connector, channel, isolation, outcome, duration, tokens, files'
   static flags = {
     agent: Flags.string({char: 'a', description: 'only runs of this agent'}),
     limit: Flags.integer({char: 'n', description: 'how many runs to show', default: 20, min: 1, max: 10_000}),
@@ -15,7 +16,7 @@ export default class Runs extends BaseCommand<typeof Runs> {
     '<%= config.bin %> runs --json',
   ]
 
-  async run(): Promise<RunRecord[]> {
+  async run(): Promise<RunRecordWithFiles[]> {
     const runs = listRuns({home: gatewayHome(), agentId: this.flags.agent, limit: this.flags.limit})
     if (runs.length === 0) {
       this.log(this.flags.agent ? `no runs recorded for agent ${this.flags.agent}` : 'no runs recorded yet')
@@ -31,6 +32,7 @@ export default class Runs extends BaseCommand<typeof Runs> {
       run.status,
       run.duration_ms === null ? '-' : `${run.duration_ms} ms`,
       run.input_tokens === null ? '-' : `${run.input_tokens}/${run.output_tokens}`,
+      filesSummary(run.files),
       run.error_code ? `${run.error_code}: ${oneLine(run.error_message ?? '')}` : '',
     ])
     const header = [
@@ -43,6 +45,7 @@ export default class Runs extends BaseCommand<typeof Runs> {
       'STATUS',
       'DURATION',
       'TOKENS IN/OUT',
+      'FILES',
       'ERROR',
     ]
     const widths = header.map((title, column) =>
@@ -54,9 +57,29 @@ export default class Runs extends BaseCommand<typeof Runs> {
         .join('  ')
         .trimEnd()
     this.log(format(header))
-    for (const row of rows) this.log(format(row))
+    for (const [index, row] of rows.entries()) {
+      this.log(format(row))
+      // each file on its own line under its run: name, size, type, and why one was skipped
+      for (const file of (runs[index] as RunRecordWithFiles).files) this.log(`    ${fileLine(file)}`)
+    }
     return runs
   }
+}
+
+/** `2 in, 1 out (1 skipped)`; `-` without files. */
+function filesSummary(files: RunFile[]): string {
+  if (files.length === 0) return '-'
+  const count = (direction: 'in' | 'out') => files.filter((file) => file.direction === direction).length
+  const skipped = files.filter((file) => file.skipped_reason).length
+  return [count('in') ? `${count('in')} in` : '', count('out') ? `${count('out')} out` : '']
+    .filter(Boolean)
+    .join(', ')
+    .concat(skipped ? ` (${skipped} skipped)` : '')
+}
+
+function fileLine(file: RunFile): string {
+  const line = `${file.direction === 'in' ? 'in ' : 'out'} ${file.name} ${file.size} bytes ${file.content_type}`
+  return file.skipped_reason ? `${line} skipped: ${oneLine(file.skipped_reason)}` : line
 }
 
 function oneLine(text: string): string {

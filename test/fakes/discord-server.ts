@@ -9,6 +9,7 @@
  *   discord.userSays({channelId: 'c1', content: 'hi'})
  *   const [reply] = await discord.waitForPosts(1)
  */
+import {createFakeFiles, type FakeFiles} from './fake-files.js'
 import {createServer} from 'node:http'
 import {WebSocketServer, type WebSocket} from 'ws'
 import {closeFakeServer, createWaiters, listenOnLoopback, readJson, sendJson} from './fake-http.js'
@@ -25,6 +26,9 @@ export interface FakeDiscord {
   readonly apiUrl: string
   readonly botUser: {id: string; username: string}
   readonly posts: DiscordPost[]
+  /** Attachments served like Discord's CDN (no token) at `/attachments/...`: `discord.cdnUrl(path)`. */
+  readonly files: FakeFiles
+  cdnUrl(path: string): string
   /** Channel ids the bot sent a typing pulse to, in order. */
   readonly typing: string[]
   readonly identifies: number
@@ -38,6 +42,8 @@ export interface FakeDiscord {
     content: string
     guildId?: string | null
     author?: {id: string; username: string; bot?: boolean}
+    /** Discord attachment objects ({id, filename, size, url, content_type}). */
+    attachments?: Array<Record<string, unknown>>
   }): string
   waitForPosts(count: number, timeoutMs?: number): Promise<DiscordPost[]>
   waitFor(check: () => boolean, what: string, timeoutMs?: number): Promise<void>
@@ -120,8 +126,10 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
     }
   }
 
+  const files = createFakeFiles()
   const server = createServer(async (req, res) => {
     const url = new URL(req.url ?? '/', 'http://fake')
+    if (url.pathname.startsWith('/attachments/') && files.serve(req, res, true)) return notify()
     if (req.headers.authorization !== `Bot ${options.token}`) {
       refused++
       notify()
@@ -264,6 +272,8 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
     apiUrl: `http://127.0.0.1:${port}/api`,
     botUser,
     posts,
+    files,
+    cdnUrl: (path) => `http://127.0.0.1:${port}${path}`,
     typing,
     get identifies() {
       return identifies
@@ -285,6 +295,7 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
         content: message.content,
         author: message.author ?? human,
       })
+      if (message.attachments) (fields as {attachments?: unknown[]}).attachments = message.attachments
       if (message.guildId !== undefined) {
         if (message.guildId === null) delete (fields as {guild_id?: string}).guild_id
         else (fields as {guild_id?: string}).guild_id = message.guildId

@@ -12,6 +12,7 @@
 import {createServer, type IncomingMessage} from 'node:http'
 import {WebSocketServer, type WebSocket} from 'ws'
 import {closeFakeServer, createWaiters, listenOnLoopback, readJson, sendJson} from './fake-http.js'
+import {createFakeFiles, type FakeFiles} from './fake-files.js'
 
 export interface FakeChannel {
   id: string
@@ -41,6 +42,8 @@ export interface FakeMeepaChat {
   readonly gatewayUrl: string
   readonly botUser: {id: string; username: string; displayName: string; bot: true}
   readonly posts: PostedMessage[]
+  /** Attachments the server holds (`files.add('/uploads/a.png', {body})`, storedPath `uploads/a.png`) and their downloads. */
+  readonly files: FakeFiles
   /** Frames the bot sent (ping, typing, ...). */
   readonly frames: ClientFrame[]
   /** WebSocket upgrades refused for a bad token. */
@@ -54,6 +57,7 @@ export interface FakeMeepaChat {
     id?: string
     threadId?: string
     user?: {id: string; username: string; bot?: boolean}
+    attachments?: Array<{filename: string; storedPath: string; mimeType?: string; sizeBytes?: number}>
   }): string
   waitForPosts(count: number, timeoutMs?: number): Promise<PostedMessage[]>
   waitForConnections(count: number, timeoutMs?: number): Promise<void>
@@ -97,7 +101,14 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
 
   const authorized = (req: IncomingMessage) => req.headers.authorization === `Bot ${options.token}`
 
-  function messageObject(fields: {id: string; channelId: string; content: string; threadId?: string; user: any}) {
+  function messageObject(fields: {
+    id: string
+    channelId: string
+    content: string
+    threadId?: string
+    user: any
+    attachments?: any[]
+  }) {
     const now = new Date().toISOString()
     return {
       id: fields.id,
@@ -109,6 +120,16 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
       createdAt: now,
       updatedAt: now,
       user: {status: 'online', displayName: fields.user.username, ...fields.user},
+      ...(fields.attachments
+        ? {
+            attachments: fields.attachments.map((attachment, index) => ({
+              id: `att-${fields.id}-${index}`,
+              messageId: fields.id,
+              createdAt: now,
+              ...attachment,
+            })),
+          }
+        : {}),
     }
   }
 
@@ -117,8 +138,10 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
     for (const socket of sockets) if (socket.readyState === socket.OPEN && !muted.has(socket)) socket.send(text)
   }
 
+  const files = createFakeFiles()
   const server = createServer(async (req, res) => {
     const url = new URL(req.url ?? '/', 'http://fake')
+    if (files.serve(req, res, authorized(req))) return notify()
     if (!authorized(req)) return sendJson(res, 401, {error: 'unauthorized'})
     const serverChannel = /^\/api\/servers\/([^/]+)\/channels\/([^/]+)\/messages$/.exec(url.pathname)
     const dmChannel = /^\/api\/dms\/([^/]+)\/messages$/.exec(url.pathname)
@@ -216,6 +239,7 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
     gatewayUrl: `ws://127.0.0.1:${port}/api/bot-gateway`,
     botUser,
     posts,
+    files,
     frames,
     get refused() {
       return refused
@@ -236,6 +260,7 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
           content: message.content,
           threadId: message.threadId,
           user: message.user ?? HUMAN,
+          attachments: message.attachments,
         }),
       })
       return id

@@ -13,6 +13,7 @@
 import {createServer, type IncomingMessage, type ServerResponse} from 'node:http'
 import {WebSocketServer, type WebSocket} from 'ws'
 import {closeFakeServer, createWaiters, listenOnLoopback, readBody, sendJson} from './fake-http.js'
+import {createFakeFiles, type FakeFiles} from './fake-files.js'
 
 export interface SlackPost {
   channel: string
@@ -27,6 +28,9 @@ export interface FakeSlack {
   readonly apiUrl: string
   readonly botUserId: string
   readonly posts: SlackPost[]
+  /** Files served at `/files-pri/...` with the bot token (url_private: `slack.fileUrl(path)`), and their downloads. */
+  readonly files: FakeFiles
+  fileUrl(path: string): string
   /** Envelope ids the client acknowledged. */
   readonly acks: string[]
   /** Web API calls by method name, in order. */
@@ -42,6 +46,8 @@ export interface FakeSlack {
     thread_ts?: string
     mention?: boolean
     ts?: string
+    /** Slack file objects: the event gets subtype file_share. */
+    files?: Array<Record<string, unknown>>
   }): string
   waitForPosts(count: number, timeoutMs?: number): Promise<SlackPost[]>
   waitForHelloCount(count: number, timeoutMs?: number): Promise<void>
@@ -50,7 +56,16 @@ export interface FakeSlack {
   close(): Promise<void>
 }
 
-export async function startFakeSlack(options: {botToken: string; appToken: string}): Promise<FakeSlack> {
+export async function startFakeSlack(options: {
+  botToken: string
+  appToken: string
+  /** The bot token's scopes (auth.test's x-oauth-scopes); without files:read a file download gets the sign-in page. */
+  scopes?: string[]
+  /** False: auth.test does not name the scopes (the connector learns of a missing one only at the download). */
+  announceScopes?: boolean
+}): Promise<FakeSlack> {
+  const scopes = options.scopes ?? ['chat:write', 'app_mentions:read', 'channels:history', 'users:read', 'files:read']
+  const files = createFakeFiles()
   const botUserId = 'UBOT'
   const botId = 'BBOT'
   const posts: SlackPost[] = []
@@ -96,6 +111,15 @@ export async function startFakeSlack(options: {botToken: string; appToken: strin
 
   const server = createServer(async (req, res) => {
     const url = new URL(req.url ?? '/', 'http://fake')
+    if (url.pathname.startsWith('/files-pri/')) {
+      if (!scopes.includes('files:read')) {
+        res.writeHead(200, {'content-type': 'text/html; charset=utf-8'}).end('<html>Sign in to Slack</html>')
+        return
+      }
+      if (!files.serve(req, res, req.headers.authorization === `Bearer ${options.botToken}`)) sendJson(res, 404, {})
+      notify()
+      return
+    }
     const method = url.pathname.replace(/^\/api\//, '')
     calls.push(method)
     notify()
@@ -104,6 +128,7 @@ export async function startFakeSlack(options: {botToken: string; appToken: strin
     const botAuthed = token === options.botToken
     switch (method) {
       case 'auth.test':
+        if (options.announceScopes !== false) res.setHeader('x-oauth-scopes', scopes.join(','))
         return reply(
           res,
           botAuthed
@@ -200,6 +225,8 @@ export async function startFakeSlack(options: {botToken: string; appToken: strin
     apiUrl: `http://127.0.0.1:${port}/api/`,
     botUserId,
     posts,
+    files,
+    fileUrl: (path) => `http://127.0.0.1:${port}${path}`,
     acks,
     calls,
     get connections() {
@@ -216,6 +243,7 @@ export async function startFakeSlack(options: {botToken: string; appToken: strin
         ts,
         channel: message.channel,
         ...(message.thread_ts ? {thread_ts: message.thread_ts} : {}),
+        ...(message.files ? {subtype: 'file_share', files: message.files} : {}),
       }
       sendEnvelope({type: message.mention ? 'app_mention' : 'message', ...base, channel_type: 'channel'})
       return ts

@@ -1,6 +1,7 @@
 import type {ErrorCode} from '../util/errors.js'
 import type {ChatMessage, ChatRequest, ChatResponse, ToolDefinition} from '../shapes/provider-types.js'
 import type {AgentRunOutput} from '../shapes/agent-run-contract.js'
+import {imageInputProblem, MAX_IMAGES_PER_MESSAGE} from '../shapes/image-input.js'
 
 /**
  * The LLM channel (docs/agent-run.md): agent-run's stdin/stdout with its runner, as JSON lines.
@@ -185,8 +186,18 @@ function chatMessageProblem(message: unknown): string | undefined {
   if (!isObject(message)) return 'is not an object'
   const text = (value: unknown) => typeof value === 'string'
   switch (message.role) {
-    case 'user':
-      return text(message.content) ? undefined : 'has no string content'
+    case 'user': {
+      if (!text(message.content)) return 'has no string content'
+      const images = message.images
+      if (images === undefined) return undefined
+      if (!Array.isArray(images) || images.length > MAX_IMAGES_PER_MESSAGE)
+        return `has images that are not an array of at most ${MAX_IMAGES_PER_MESSAGE}`
+      for (const [index, image] of images.entries()) {
+        const problem = imageInputProblem(image)
+        if (problem) return `has images[${index}] that ${problem}`
+      }
+      return undefined
+    }
     case 'assistant': {
       if (!text(message.content)) return 'has no string content'
       const calls = message.tool_calls

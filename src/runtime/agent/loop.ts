@@ -1,6 +1,7 @@
 import type {AgentRunInput, AgentRunSuccess, ToolCallRecord, Usage} from '../shapes/agent-run-contract.js'
 import type {Memory} from '../workspace/memory.js'
 import type {ChatMessage, ChatResponse, ChatRequest} from '../shapes/provider-types.js'
+import {attachmentsForModel, imageLimitFor} from './attachments.js'
 import {buildSystemPrompt} from './prompt.js'
 import {listSkills} from './skills.js'
 import {runTool, TOOL_DEFINITIONS} from './tools.js'
@@ -21,7 +22,11 @@ export async function runAgentLoop(input: AgentRunInput, deps: AgentLoopDeps): P
   const channel = `${message.connector}:${message.channel_id}`
   const skills = await listSkills(workspace, deps.log)
   const system = buildSystemPrompt(agent, workspace, skills, message)
-  const turn: ChatMessage[] = [{role: 'user', content: message.content}]
+  const files = attachmentsForModel(workspace, message.attachments, imageLimitFor(input.providers, agent.provider))
+  const userContent = [message.content, files.text].filter(Boolean).join('\n\n')
+  const turn: ChatMessage[] = [
+    {role: 'user', content: userContent, ...(files.images.length ? {images: files.images} : {})},
+  ]
   const history = deps.memory.history(channel)
   const usage: Usage = {input_tokens: 0, output_tokens: 0}
   const toolCalls: ToolCallRecord[] = []
@@ -77,7 +82,11 @@ export async function runAgentLoop(input: AgentRunInput, deps: AgentLoopDeps): P
     turn.push({role: 'assistant', content: reply})
   }
   try {
-    deps.memory.appendHistory(channel, turn)
+    // the images stay in the workspace: the history keeps the text that names them
+    deps.memory.appendHistory(
+      channel,
+      turn.map((entry) => (entry.role === 'user' ? {role: 'user', content: entry.content} : entry)),
+    )
   } catch (error) {
     // the reply is computed: a full disk or a broken memory.db costs the history, not the answer
     deps.log(

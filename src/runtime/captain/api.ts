@@ -217,7 +217,7 @@ function mountAgentRoutes(deps: CaptainApiDeps): void {
         file_access: agent.file_access,
         secrets: agent.secrets,
         configured: withoutTokens(editor.rawAgent(agent.id)),
-        recent_runs: runs.list({agentId: agent.id, limit: 10}),
+        recent_runs: runs.listWithFiles({agentId: agent.id, limit: 10}),
       })
     }),
   )
@@ -304,7 +304,7 @@ function mountAgentRoutes(deps: CaptainApiDeps): void {
       const limit = limitText === null ? 50 : Number(limitText)
       if (!Number.isInteger(limit) || limit < 1 || limit > 500)
         throw new HttpError(400, 'E_INPUT', 'limit must be an integer from 1 to 500')
-      sendJson(res, 200, runs.list({agentId: agent, limit}))
+      sendJson(res, 200, runs.listWithFiles({agentId: agent, limit}))
     }),
   )
 }

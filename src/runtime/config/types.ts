@@ -69,6 +69,16 @@ export interface LimitsConfig {
   disk: string
 }
 
+/**
+ * Caps on the files of one message, the same in both directions and on every connector: a file
+ * over `max_file_size`, past `max_files` or past `max_total_size` is skipped and the user told.
+ */
+export interface AttachmentsConfig {
+  max_file_size: string
+  max_files: number
+  max_total_size: string
+}
+
 export interface FileAccessConfig {
   unrestricted: boolean
   allow_read: string[]
@@ -102,6 +112,7 @@ export interface AgentConfig {
   file_access: FileAccessConfig
   /** Limits of every level; container_mode.memory_limit / pids_limit, when set, win for containers. */
   limits: LimitsConfig
+  attachments: AttachmentsConfig
   connectors: ConnectorConfig[]
   /** Secret names (environment variables) this agent may receive besides provider keys. */
   secrets: string[]

@@ -1,5 +1,7 @@
 import {Client, Events, GatewayIntentBits, Partials, type ClientOptions, type Message} from 'discord.js'
 import type {InboundMessage} from '../shapes/agent-run-contract.js'
+import {downloadFile, type AllowedOrigin} from '../http/download.js'
+import type {IncomingFile} from './attachments.js'
 import {DEFAULT_BACKOFF, formatDelay, type BackoffOptions} from './backoff.js'
 import {ReconnectingConnector} from './reconnecting-connector.js'
 import {splitMessage} from './split-message.js'
@@ -7,6 +9,9 @@ import {keepTyping} from './typing.js'
 import type {ConnectorContext, Delivery} from './types.js'
 
 export const DISCORD_MESSAGE_LIMIT = 2000
+
+/** Where attachment URLs point: Discord's CDN, public addresses only, no token (its URLs are signed). */
+const DISCORD_FILE_ORIGINS = ['https://cdn.discordapp.com', 'https://media.discordapp.net']
 
 export interface DiscordTimings {
   /** Between login attempts when the client cannot connect at all (the library resumes dropped sessions itself). */
@@ -124,8 +129,8 @@ export class DiscordConnector extends ReconnectingConnector {
     if (client !== this.client || this.stopped) return
     if (message.author.bot || message.author.id === client.user?.id) return // its own replies and other bots: no loops
     if (message.guildId && this.config.guild_ids.length > 0 && !this.config.guild_ids.includes(message.guildId)) return
-    if (!message.content.trim()) {
-      if (!this.warnedEmptyContent && message.attachments.size === 0) {
+    if (!message.content.trim() && message.attachments.size === 0) {
+      if (!this.warnedEmptyContent) {
         this.warnedEmptyContent = true
         this.status.note(
           'a message arrived with empty content: enable the MESSAGE CONTENT intent for the bot in the Discord developer portal',
@@ -144,16 +149,37 @@ export class DiscordConnector extends ReconnectingConnector {
       },
       content: message.content,
     }
+    const files = [...message.attachments.values()].map((attachment) =>
+      this.incomingFile(attachment.url, attachment.name, attachment.contentType, attachment.size),
+    )
     const channel = message.channel
-    this.context.onMessage(inbound, {
-      send: async (text) => {
-        if (!channel.isSendable()) throw new Error(`cannot send to Discord channel ${message.channelId}`)
-        for (const chunk of splitMessage(text, DISCORD_MESSAGE_LIMIT))
-          await channel.send({content: chunk, allowedMentions: {parse: []}})
+    this.context.onMessage(
+      inbound,
+      {
+        send: async (text) => {
+          if (!channel.isSendable()) throw new Error(`cannot send to Discord channel ${message.channelId}`)
+          for (const chunk of splitMessage(text, DISCORD_MESSAGE_LIMIT))
+            await channel.send({content: chunk, allowedMentions: {parse: []}})
+        },
+        startTyping: () =>
+          keepTyping(() => (channel.isSendable() ? channel.sendTyping() : undefined), this.timings.typingIntervalMs),
       },
-      startTyping: () =>
-        keepTyping(() => (channel.isSendable() ? channel.sendTyping() : undefined), this.timings.typingIntervalMs),
-    })
+      files,
+    )
+  }
+
+  /** Only Discord's CDN (or the configured api_url's origin, for tests), and never with the bot token. */
+  private incomingFile(url: string, name: string, contentType: string | null, size: number): IncomingFile {
+    const allowed: AllowedOrigin[] = [
+      ...DISCORD_FILE_ORIGINS.map((origin) => ({origin, publicOnly: true})),
+      ...(this.config.api_url ? [{origin: new URL(this.config.api_url).origin, publicOnly: false}] : []),
+    ]
+    return {
+      name: name || 'file',
+      ...(contentType ? {contentType} : {}),
+      ...(Number.isFinite(size) && size >= 0 ? {declaredSize: size} : {}),
+      read: ({maxBytes, signal}) => downloadFile(url, {allowed, maxBytes, signal}),
+    }
   }
 }
 

@@ -1,5 +1,7 @@
 import WebSocket from 'ws'
 import type {InboundMessage} from '../shapes/agent-run-contract.js'
+import {downloadFile, type AllowedOrigin} from '../http/download.js'
+import type {IncomingFile} from './attachments.js'
 import {DEFAULT_BACKOFF, formatDelay, type BackoffOptions} from './backoff.js'
 import {ReconnectingConnector} from './reconnecting-connector.js'
 import {splitMessage} from './split-message.js'
@@ -51,6 +53,16 @@ interface MeepaMessage {
   threadId?: string | null
   content?: string
   user?: MeepaUser
+  attachments?: MeepaAttachment[]
+}
+
+/** As the authors' bot clients read it: fetched from `<server>/<storedPath>` with the bot token. */
+interface MeepaAttachment {
+  id?: string
+  filename?: string
+  storedPath?: string
+  mimeType?: string
+  sizeBytes?: number
 }
 
 /** `wss://host/prefix/api/bot-gateway` → `https://host/prefix`: where the REST API lives. */
@@ -242,7 +254,11 @@ export class MeepaChatConnector extends ReconnectingConnector {
     const userId = data.userId ?? data.user_id ?? data.user?.id
     if (!channelId || !userId) return
     if (userId === this.botUserId || data.user?.bot) return // its own replies and other bots: no loops
-    if (typeof data.content !== 'string' || !data.content.trim()) return
+    const files = (Array.isArray(data.attachments) ? data.attachments : []).map((attachment) =>
+      this.incomingFile(attachment),
+    )
+    const content = typeof data.content === 'string' ? data.content : ''
+    if (!content.trim() && files.length === 0) return
     if (!this.seen.firstSeen(data.id)) return
     const message: InboundMessage = {
       id: data.id,
@@ -250,9 +266,35 @@ export class MeepaChatConnector extends ReconnectingConnector {
       channel_id: channelId,
       ...(data.threadId ? {thread_id: data.threadId} : {}),
       user: {id: userId, name: data.user?.displayName || data.user?.username || userId},
-      content: data.content,
+      content,
     }
-    this.context.onMessage(message, this.deliveryTo(channelId, data.threadId ?? undefined))
+    this.context.onMessage(message, this.deliveryTo(channelId, data.threadId ?? undefined), files)
+  }
+
+  /** Only this server, with the bot token: the URL is built from `storedPath`, never taken whole. */
+  private incomingFile(attachment: MeepaAttachment): IncomingFile {
+    const base = `${this.restBase}/`
+    const storedPath = typeof attachment?.storedPath === 'string' ? attachment.storedPath : ''
+    let url = ''
+    try {
+      url = new URL(storedPath.replace(/^\/+/, ''), base).toString()
+    } catch {
+      // not a path: reported as unavailable below
+    }
+    const allowed: AllowedOrigin[] = [
+      {origin: new URL(base).origin, publicOnly: false, headers: {Authorization: `Bot ${this.config.bot_token}`}},
+    ]
+    const size = attachment?.sizeBytes
+    return {
+      name: typeof attachment?.filename === 'string' ? attachment.filename : 'file',
+      ...(typeof attachment?.mimeType === 'string' ? {contentType: attachment.mimeType} : {}),
+      ...(typeof size === 'number' && Number.isFinite(size) && size >= 0 ? {declaredSize: size} : {}),
+      ...(!storedPath || !url.startsWith(base)
+        ? {unavailable: 'its storedPath is not a path on the MeepaChat server'}
+        : {}),
+      read: ({maxBytes, signal}) =>
+        downloadFile(url, {allowed, maxBytes, signal, idleTimeoutMs: this.timings.requestTimeoutMs}),
+    }
   }
 
   deliveryTo(channelId: string, threadId?: string): Delivery {

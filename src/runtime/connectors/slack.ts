@@ -1,6 +1,8 @@
 import {SocketModeClient} from '@slack/socket-mode'
 import {LogLevel, WebClient, type Logger, type RetryOptions} from '@slack/web-api'
 import type {InboundMessage} from '../shapes/agent-run-contract.js'
+import {downloadFile, DownloadRefused, type AllowedOrigin} from '../http/download.js'
+import type {IncomingFile} from './attachments.js'
 import {DEFAULT_BACKOFF, formatDelay, type BackoffOptions} from './backoff.js'
 import {ReconnectingConnector} from './reconnecting-connector.js'
 import {splitMessage} from './split-message.js'
@@ -31,7 +33,26 @@ interface SlackMessageEvent {
   channel?: string
   ts?: string
   thread_ts?: string
+  files?: SlackFile[]
 }
+
+interface SlackFile {
+  id?: string
+  name?: string
+  title?: string
+  mimetype?: string
+  size?: number
+  url_private?: string
+  url_private_download?: string
+  /** `hosted`; `tombstone` (deleted), `hidden_by_limit` (free plan), `external` have no bytes here. */
+  mode?: string
+}
+
+/** Where url_private points: Slack's file host, fetched with the bot token. */
+const SLACK_FILE_ORIGIN = 'https://files.slack.com'
+
+const MISSING_FILES_SCOPE =
+  'the Slack app lacks the files:read scope, so the gateway cannot download it (add files:read under OAuth & Permissions and reinstall the app)'
 
 /** The libraries log through this; connection problems are reported by the connector itself. */
 const quietLogger: Logger = {
@@ -57,6 +78,8 @@ export class SlackConnector extends ReconnectingConnector {
   private inbound: Promise<void> = Promise.resolve()
   private socket: SocketModeClient | undefined
   private botUserId: string | undefined
+  /** The bot token's scopes, as auth.test's x-oauth-scopes named them (undefined: Slack did not say). */
+  private scopes: string[] | undefined
   private connecting = false
 
   constructor(
@@ -96,6 +119,11 @@ export class SlackConnector extends ReconnectingConnector {
     try {
       const auth = await this.web.auth.test()
       this.botUserId = auth.user_id
+      this.scopes = auth.response_metadata?.scopes
+      if (this.scopes && !this.scopes.includes('files:read'))
+        this.status.note(
+          'the Slack app lacks the files:read scope: files users send cannot be downloaded (add files:read under OAuth & Permissions and reinstall the app)',
+        )
       const socket = new SocketModeClient({
         appToken: this.config.app_token,
         logger: quietLogger,
@@ -149,7 +177,9 @@ export class SlackConnector extends ReconnectingConnector {
     if (event.bot_id || event.user === this.botUserId) return // its own replies and other bots: no loops
     // edits, joins, deletions
     if (event.subtype && event.subtype !== 'file_share' && event.subtype !== 'thread_broadcast') return
-    if (typeof event.text !== 'string' || !event.text.trim()) return
+    const files = (Array.isArray(event.files) ? event.files : []).map((file) => this.incomingFile(file))
+    const text = typeof event.text === 'string' ? event.text : ''
+    if (!text.trim() && files.length === 0) return
     // an @mention arrives twice, as `message` and as `app_mention`: answer once
     if (!this.seen.firstSeen(`${event.channel}:${event.ts}`)) return
     const threadTs = event.thread_ts ?? event.ts
@@ -159,19 +189,58 @@ export class SlackConnector extends ReconnectingConnector {
       channel_id: event.channel,
       thread_id: threadTs,
       user: {id: event.user, name: event.user},
-      content: event.text,
+      content: text,
     }
     const channel = event.channel
     const userId = event.user
     // name lookups are chained so messages reach the queue in the order Slack sent them
     this.inbound = this.inbound.then(async () => {
       const name = await this.userName(userId)
-      if (!this.stopped) this.dispatch({...message, user: {id: userId, name}}, channel, threadTs)
+      if (!this.stopped) this.dispatch({...message, user: {id: userId, name}}, channel, threadTs, files)
     })
   }
 
-  private dispatch(message: InboundMessage, channel: string, threadTs: string): void {
-    this.context.onMessage(message, this.deliveryTo(channel, threadTs))
+  private dispatch(message: InboundMessage, channel: string, threadTs: string, files: IncomingFile[]): void {
+    this.context.onMessage(message, this.deliveryTo(channel, threadTs), files)
+  }
+
+  /** url_private on Slack's file host (or the configured api_url's, for tests) with the bot token, nothing else. */
+  private incomingFile(file: SlackFile): IncomingFile {
+    const headers = {Authorization: `Bearer ${this.config.bot_token}`}
+    const allowed: AllowedOrigin[] = [
+      {origin: SLACK_FILE_ORIGIN, publicOnly: true, headers},
+      ...(this.config.api_url ? [{origin: new URL(this.config.api_url).origin, publicOnly: false, headers}] : []),
+    ]
+    const url = file?.url_private_download ?? file?.url_private
+    const contentType = typeof file?.mimetype === 'string' ? file.mimetype : undefined
+    const unavailable =
+      this.scopes && !this.scopes.includes('files:read')
+        ? MISSING_FILES_SCOPE
+        : file?.mode && file.mode !== 'hosted' && file.mode !== 'snippet' && file.mode !== 'post'
+          ? `Slack holds no content for it (mode ${file.mode})`
+          : typeof url !== 'string'
+            ? 'Slack gave no url_private for it'
+            : undefined
+    return {
+      name: file?.name || file?.title || file?.id || 'file',
+      ...(contentType ? {contentType} : {}),
+      ...(typeof file?.size === 'number' && file.size >= 0 ? {declaredSize: file.size} : {}),
+      ...(unavailable ? {unavailable} : {}),
+      read: ({maxBytes, signal}) =>
+        downloadFile(url as string, {
+          allowed,
+          maxBytes,
+          signal,
+          // without files:read Slack answers url_private with its sign-in page, not an error
+          onResponse: (response) => {
+            const type = String(response['content-type'] ?? '')
+            if (type.startsWith('text/html') && !contentType?.startsWith('text/html')) {
+              this.status.note(`a file download got Slack's sign-in page: ${MISSING_FILES_SCOPE}`)
+              throw new DownloadRefused('http', MISSING_FILES_SCOPE)
+            }
+          },
+        }),
+    }
   }
 
   deliveryTo(channel: string, threadTs?: string): Delivery {

@@ -1,4 +1,5 @@
-import type {AgentRunOutput, InboundMessage} from '../shapes/agent-run-contract.js'
+import type {AgentRunOutput, InboundMessage, MessageAttachment} from '../shapes/agent-run-contract.js'
+import type {IncomingFile} from './attachments.js'
 
 /** How the gateway answers one inbound message on the platform it came from. */
 export interface Delivery {
@@ -8,7 +9,8 @@ export interface Delivery {
   startTyping(): () => void
 }
 
-export type InboundHandler = (message: InboundMessage, delivery: Delivery) => void
+/** A message and the files it came with (received into the workspace when its run starts). */
+export type InboundHandler = (message: InboundMessage, delivery: Delivery, files?: IncomingFile[]) => void
 
 export type ConnectorState = 'connecting' | 'connected' | 'disconnected' | 'stopped'
 
@@ -57,6 +59,8 @@ export interface DispatchExtras {
   onLog?: (line: string) => void
   /** Asked when the message's turn comes: a reason hands it back to its sender unrun (no record, no reply). */
   notRunBecause?: () => string | undefined
+  /** The message's files, received into the agent's workspace when its run starts. */
+  files?: IncomingFile[]
 }
 
 export type DispatchStatus = 'ok' | 'failed' | 'interrupted' | 'rejected'
@@ -71,6 +75,8 @@ export interface DispatchOutcome {
   rejectedBecause?: 'busy' | 'stopping'
   /** Why a message was handed back unrun when its turn came (DispatchExtras.notRunBecause). */
   notRunBecause?: string
+  /** The message's files as they reached the workspace (or were skipped). */
+  attachments?: MessageAttachment[]
 }
 
 export interface DispatchTicket {

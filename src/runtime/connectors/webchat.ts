@@ -1,7 +1,8 @@
 import type {IncomingMessage} from 'node:http'
 import type {InboundMessage} from '../shapes/agent-run-contract.js'
 import type {MessageDispatcher} from './types.js'
-import {bearerToken, readJsonObject, sendJson} from '../http/json.js'
+import {bearerToken, MAX_BODY_BYTES, readJsonObject, sendJson} from '../http/json.js'
+import type {IncomingFile} from './attachments.js'
 import {HttpError, type Router} from '../http/router.js'
 import type {ApiKeys} from '../state/api-keys.js'
 import type {RunRecords} from '../state/run-records.js'
@@ -20,6 +21,8 @@ export interface WebChatOptions {
   caller: (req: IncomingMessage) => ChatCaller
   /** The caller's own web chat runs (GET /api/chat/runs). */
   runs?: RunRecords
+  /** The largest `attachments.max_total_size` of any agent, in bytes: it sizes the request body cap. */
+  maxAttachmentBytes?: () => number
 }
 
 /** Callers when the dashboard is off: API keys only. */
@@ -50,6 +53,39 @@ export function webChatChannel(caller: ChatCaller, channel: string | undefined):
 }
 
 const STATUS_BY_OUTCOME = {ok: 200, failed: 502, interrupted: 503, rejected: 429} as const
+const MAX_ATTACHMENT_ENTRIES = 100
+
+/**
+ * `attachments: [{name, content_base64, content_type?}]` as files of the message: the agent's caps
+ * (count, sizes) apply when its run receives them, as on every connector; the shape is checked here.
+ */
+export function chatAttachments(value: unknown): IncomingFile[] {
+  if (value === undefined) return []
+  if (!Array.isArray(value) || value.length > MAX_ATTACHMENT_ENTRIES)
+    throw new HttpError(
+      400,
+      'E_INPUT',
+      `field "attachments" must be an array of at most ${MAX_ATTACHMENT_ENTRIES} files`,
+    )
+  return value.map((entry, index) => {
+    const {name, content_base64: content, content_type: contentType} = (entry ?? {}) as Record<string, unknown>
+    const field = `attachments[${index}]`
+    if (typeof name !== 'string' || !name || name.length > 1000)
+      throw new HttpError(400, 'E_INPUT', `${field}.name must be a file name of 1 to 1000 characters`)
+    if (typeof content !== 'string' || !/^[A-Za-z0-9+/]*={0,2}$/.test(content) || content.length % 4 === 1)
+      throw new HttpError(400, 'E_INPUT', `${field}.content_base64 must be the file's bytes in base64`)
+    if (contentType !== undefined && typeof contentType !== 'string')
+      throw new HttpError(400, 'E_INPUT', `${field}.content_type must be a string such as image/png`)
+    return {
+      name,
+      ...(contentType ? {contentType} : {}),
+      declaredSize: Buffer.byteLength(content, 'base64'),
+      async *read() {
+        yield Buffer.from(content, 'base64')
+      },
+    }
+  })
+}
 const MAX_MESSAGE_LENGTH = 100_000
 
 /**
@@ -59,53 +95,66 @@ const MAX_MESSAGE_LENGTH = 100_000
  * get, plus the error code.
  */
 export function mountWebChat(options: WebChatOptions): void {
-  options.router.post('/api/chat', async ({req, res}) => {
-    if (!options.dispatcher.accepting)
-      throw new HttpError(503, 'E_BUSY', 'the gateway is shutting down', {'retry-after': '30'})
-    const caller = options.caller(req)
-    const body = await readJsonObject({req, res})
-    const {agent, message, channel} = body
-    if (typeof agent !== 'string' || !agent)
-      throw new HttpError(400, 'E_INPUT', 'field "agent" (the agent id) is required')
-    if (typeof message !== 'string' || !message.trim())
-      throw new HttpError(400, 'E_INPUT', 'field "message" must be a non-empty string')
-    if (message.length > MAX_MESSAGE_LENGTH)
-      throw new HttpError(413, 'E_INPUT', `field "message" is longer than ${MAX_MESSAGE_LENGTH} characters`)
-    if (channel !== undefined && (typeof channel !== 'string' || !channel || channel.length > 200)) {
-      throw new HttpError(400, 'E_INPUT', 'field "channel" must be a string of 1 to 200 characters')
-    }
-    if (!options.agentIds().includes(agent)) throw new HttpError(404, 'E_AGENT_UNKNOWN', `unknown agent "${agent}"`)
+  // base64 takes 4 bytes for 3: room for the largest message's files, and the usual 1 MiB for the rest
+  const chatBodyLimit = () => MAX_BODY_BYTES + Math.ceil(((options.maxAttachmentBytes?.() ?? 0) * 4) / 3)
+  options.router.post(
+    '/api/chat',
+    async ({req, res}) => {
+      if (!options.dispatcher.accepting)
+        throw new HttpError(503, 'E_BUSY', 'the gateway is shutting down', {'retry-after': '30'})
+      const caller = options.caller(req)
+      const body = await readJsonObject({req, res}, chatBodyLimit())
+      const {agent, message = '', channel} = body
+      if (typeof agent !== 'string' || !agent)
+        throw new HttpError(400, 'E_INPUT', 'field "agent" (the agent id) is required')
+      const files = chatAttachments(body.attachments)
+      if (typeof message !== 'string' || (!message.trim() && files.length === 0))
+        throw new HttpError(400, 'E_INPUT', 'field "message" must be a non-empty string (or send "attachments")')
+      if (message.length > MAX_MESSAGE_LENGTH)
+        throw new HttpError(413, 'E_INPUT', `field "message" is longer than ${MAX_MESSAGE_LENGTH} characters`)
+      if (channel !== undefined && (typeof channel !== 'string' || !channel || channel.length > 200)) {
+        throw new HttpError(400, 'E_INPUT', 'field "channel" must be a string of 1 to 200 characters')
+      }
+      if (!options.agentIds().includes(agent)) throw new HttpError(404, 'E_AGENT_UNKNOWN', `unknown agent "${agent}"`)
 
-    const inbound: InboundMessage = {
-      id: `web-${Date.now()}-${Math.random().toString(36).slice(2, 10)}`,
-      connector: 'webchat',
-      channel_id: webChatChannel(caller, channel as string | undefined),
-      user: {id: caller.id, name: caller.name},
-      content: message,
-    }
-    let reply = ''
-    const ticket = options.dispatcher.dispatch(agent, inbound, {
-      send: async (text) => {
-        reply = text
-      },
-      startTyping: () => () => {},
-    })
-    const outcome = await ticket.done
-    const status = outcome.rejectedBecause === 'stopping' ? 503 : STATUS_BY_OUTCOME[outcome.status]
-    const error =
-      outcome.output && !outcome.output.ok
-        ? {code: outcome.output.error.code}
-        : outcome.status === 'rejected'
-          ? {code: 'E_BUSY'}
-          : undefined
-    const toolCalls = outcome.output?.ok ? {tool_calls: outcome.output.tool_calls} : {}
-    sendJson(
-      res,
-      status,
-      {reply, run_id: outcome.runId, ...toolCalls, ...(error ? {error} : {})},
-      status === 429 ? {'retry-after': '30'} : {},
-    )
-  })
+      const inbound: InboundMessage = {
+        id: `web-${Date.now()}-${Math.random().toString(36).slice(2, 10)}`,
+        connector: 'webchat',
+        channel_id: webChatChannel(caller, channel as string | undefined),
+        user: {id: caller.id, name: caller.name},
+        content: message,
+      }
+      let reply = ''
+      const ticket = options.dispatcher.dispatch(
+        agent,
+        inbound,
+        {
+          send: async (text) => {
+            reply = text
+          },
+          startTyping: () => () => {},
+        },
+        files.length > 0 ? {files} : {},
+      )
+      const outcome = await ticket.done
+      const status = outcome.rejectedBecause === 'stopping' ? 503 : STATUS_BY_OUTCOME[outcome.status]
+      const error =
+        outcome.output && !outcome.output.ok
+          ? {code: outcome.output.error.code}
+          : outcome.status === 'rejected'
+            ? {code: 'E_BUSY'}
+            : undefined
+      const toolCalls = outcome.output?.ok ? {tool_calls: outcome.output.tool_calls} : {}
+      const attachments = outcome.attachments ? {attachments: outcome.attachments} : {}
+      sendJson(
+        res,
+        status,
+        {reply, run_id: outcome.runId, ...toolCalls, ...attachments, ...(error ? {error} : {})},
+        status === 429 ? {'retry-after': '30'} : {},
+      )
+    },
+    {maxBodyBytes: chatBodyLimit},
+  )
   const runs = options.runs
   if (runs) {
     options.router.get('/api/chat/runs', ({req, res, url}) => {

@@ -1,4 +1,5 @@
-import type {AgentRunOutput, InboundMessage} from '../shapes/agent-run-contract.js'
+import type {AgentRunOutput, InboundMessage, MessageAttachment} from '../shapes/agent-run-contract.js'
+import {skippedFilesNote, type IncomingFile} from '../connectors/attachments.js'
 import type {IsolationLevel} from '../config/types.js'
 import type {
   Delivery,
@@ -32,7 +33,9 @@ export type RunFunction = (request: {
   isolation: IsolationLevel
   signal: AbortSignal
   onLog?: (line: string) => void
-}) => Promise<RunMessageResult>
+  /** The message's files: the run receives them into the workspace before the agent starts. */
+  files?: IncomingFile[]
+}) => Promise<RunMessageResult & {attachments?: MessageAttachment[]}>
 
 export interface DispatcherOptions {
   queue: RunQueue
@@ -169,6 +172,7 @@ export class Dispatcher implements MessageDispatcher {
     const stopTyping = delivery.startTyping()
     let output: AgentRunOutput
     let level = start.isolation
+    let attachments: MessageAttachment[] | undefined
     // a record that cannot be written (damaged or full disk) is logged; the message still runs
     this.writeRecord(start.id, () => this.options.records.start({...start, startedAt: started}))
     try {
@@ -179,9 +183,11 @@ export class Dispatcher implements MessageDispatcher {
         isolation: start.isolation,
         signal: controller.signal,
         onLog: extras.onLog,
+        ...(extras.files?.length ? {files: extras.files} : {}),
       })
       output = result.output
       level = result.level
+      attachments = result.attachments
     } catch (error) {
       output = failure(start.id, 'E_INTERNAL', (error as Error).message)
     } finally {
@@ -194,18 +200,33 @@ export class Dispatcher implements MessageDispatcher {
     this.writeRecord(start.id, () =>
       this.options.records.finish(start.id, output, {durationMs, isolation: level, interrupted}),
     )
+    if (attachments?.length)
+      this.writeRecord(start.id, () =>
+        this.options.records.files(
+          start.id,
+          (attachments ?? []).map(({name, size, content_type, skipped}) => ({
+            direction: 'in' as const,
+            name,
+            size,
+            content_type,
+            skipped_reason: skipped ?? null,
+          })),
+        ),
+      )
     const status: DispatchStatus = output.ok ? 'ok' : interrupted ? 'interrupted' : 'failed'
-    const reply = output.ok
+    const answer = output.ok
       ? output.reply.content.trim() || EMPTY_REPLY
       : interrupted
         ? INTERRUPTED_REPLY
         : failureReply(output)
+    // a file that did not reach the agent is named to the user whatever the agent said
+    const reply = [answer, skippedFilesNote(attachments)].filter(Boolean).join('\n\n')
     this.options.log(
       `run ${start.id}: agent ${start.agentId} via ${start.connector} ${status} in ${durationMs} ms (${level})` +
         (output.ok ? '' : `: ${output.error.code} ${output.error.message.split('\n')[0]}`),
     )
     await this.deliver(start, delivery, reply)
-    return {runId: start.id, status, reply, output}
+    return {runId: start.id, status, reply, output, ...(attachments ? {attachments} : {})}
   }
 
   /** A message whose sender would now run it differently from this gateway: back to the sender unrun. */

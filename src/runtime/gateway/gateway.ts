@@ -24,6 +24,8 @@ import {assertSafeBind, hasCaptainPassword, isLoopbackBind, mountCaptain, type C
 import {auditFileEdit} from '../captain/config-audit.js'
 import {AuditLog} from '../state/audit.js'
 import {ConfigWatch, partsNeedingRestart} from './config-watch.js'
+import {receiveInbox} from './inbox.js'
+import {attachmentCaps} from '../config/attachment-caps.js'
 
 export interface GatewayOptions {
   loaded: LoadedConfig
@@ -112,11 +114,13 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     })
     const run: RunFunction =
       options.run ??
-      (({agentId, message, runId, isolation, signal, onLog}) =>
-        runMessage({
-          loaded: live,
+      (async ({agentId, message, runId, isolation, signal, onLog, files}) => {
+        const loadedForRun = live
+        const attachments = files ? await receiveInbox(loadedForRun, agentId, message.id, files, signal) : undefined
+        const result = await runMessage({
+          loaded: loadedForRun,
           agentId,
-          message,
+          message: attachments ? {...message, attachments} : message,
           runId,
           level: isolation,
           signal,
@@ -126,7 +130,9 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
             log(`run ${runId}: ${line}`)
             onLog?.(line)
           },
-        }))
+        })
+        return attachments ? {...result, attachments} : result
+      })
     const dispatcher = new Dispatcher({
       queue,
       records,
@@ -157,7 +163,8 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
                 name,
                 agentId: agent.id,
                 log,
-                onMessage: (message, delivery) => void dispatcher.dispatch(agent.id, message, delivery),
+                onMessage: (message, delivery, files) =>
+                  void dispatcher.dispatch(agent.id, message, delivery, files?.length ? {files} : {}),
               },
               options.connectorTimings,
             ),
@@ -242,6 +249,8 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       agentIds: () => [...agents.keys()],
       caller: captain?.chatCaller ?? apiKeyCaller(new ApiKeys(db)),
       runs: records,
+      maxAttachmentBytes: () =>
+        Math.max(0, ...live.config.agents.map((agent) => attachmentCaps(agent.attachments).totalBytes)),
     })
     const http: HttpListener = await startHttpListener({
       bind: config.captain.bind,

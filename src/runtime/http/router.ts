@@ -29,6 +29,8 @@ interface Route {
   /** Pattern ended in `/*`: matches any deeper path. */
   prefix: boolean
   handler: RouteHandler
+  /** The largest body this route reads (default MAX_BODY_BYTES): the server refuses a larger declared one at once. */
+  maxBodyBytes?: () => number
 }
 
 /**
@@ -39,10 +41,10 @@ interface Route {
 export class Router {
   private readonly routes: Route[] = []
 
-  add(method: string, pattern: string, handler: RouteHandler): this {
+  add(method: string, pattern: string, handler: RouteHandler, options: {maxBodyBytes?: () => number} = {}): this {
     const prefix = pattern.endsWith('/*')
     const segments = splitPath(prefix ? pattern.slice(0, -2) : pattern)
-    this.routes.push({method: method.toUpperCase(), segments, prefix, handler})
+    this.routes.push({method: method.toUpperCase(), segments, prefix, handler, ...options})
     return this
   }
 
@@ -50,22 +52,25 @@ export class Router {
     return this.add('GET', pattern, handler)
   }
 
-  post(pattern: string, handler: RouteHandler): this {
-    return this.add('POST', pattern, handler)
+  post(pattern: string, handler: RouteHandler, options: {maxBodyBytes?: () => number} = {}): this {
+    return this.add('POST', pattern, handler, options)
   }
 
   /** The handler for a request, or the methods the path allows when only the method is wrong. */
   match(
     method: string,
     pathname: string,
-  ): {handler: RouteHandler; params: Record<string, string>} | {allowed: string[]} | undefined {
+  ):
+    | {handler: RouteHandler; params: Record<string, string>; maxBodyBytes?: () => number}
+    | {allowed: string[]}
+    | undefined {
     const segments = splitPath(pathname)
     const allowed = new Set<string>()
     for (const route of this.routes) {
       const params = matchSegments(route, segments)
       if (!params) continue
       if (route.method === method.toUpperCase() || (route.method === 'GET' && method.toUpperCase() === 'HEAD')) {
-        return {handler: route.handler, params}
+        return {handler: route.handler, params, ...(route.maxBodyBytes ? {maxBodyBytes: route.maxBodyBytes} : {})}
       }
       allowed.add(route.method)
     }

@@ -102,10 +102,11 @@ export async function startHttpListener(options: StartHttpOptions): Promise<Http
           `this gateway does not answer to Host ${JSON.stringify(req.headers.host ?? '')}; use 127.0.0.1 or localhost, or add the name to captain.allowed_hosts`,
         )
       }
-      // no route reads more; one that reads nothing must not hold the connection for the upload either
-      if (Number(req.headers['content-length']) > MAX_BODY_BYTES) throw bodyTooLarge(MAX_BODY_BYTES)
       const url = new URL(req.url ?? '/', 'http://gateway.local')
       const found = router.match(req.method ?? 'GET', url.pathname)
+      // no route reads more than it says; one that reads nothing must not hold the connection for the upload either
+      const maxBody = (found && 'maxBodyBytes' in found && found.maxBodyBytes?.()) || MAX_BODY_BYTES
+      if (Number(req.headers['content-length']) > maxBody) throw bodyTooLarge(maxBody)
       if (!found) throw new HttpError(404, 'E_NOT_FOUND', `no route for ${req.method} ${url.pathname}`)
       if ('allowed' in found) {
         throw new HttpError(405, 'E_USAGE', `${req.method} is not allowed on ${url.pathname}`, {

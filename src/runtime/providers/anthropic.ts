@@ -110,7 +110,14 @@ export function toAnthropicMessages(messages: ChatMessage[]): MessageParam[] {
 function toBlocks(message: ChatMessage): ContentBlockParam[] {
   switch (message.role) {
     case 'user':
-      return message.content ? [{type: 'text', text: message.content}] : []
+      // images first: Anthropic's guidance is image before the text about it
+      return [
+        ...(message.images ?? []).map((image) => ({
+          type: 'image' as const,
+          source: {type: 'base64' as const, media_type: image.media_type, data: image.data},
+        })),
+        ...(message.content ? [{type: 'text' as const, text: message.content}] : []),
+      ]
     case 'assistant':
       return [
         ...(message.content ? [{type: 'text' as const, text: message.content}] : []),

@@ -86,7 +86,18 @@ export function toOpenAiMessages(system: string, messages: ChatMessage[]): ChatC
   for (const message of repairToolPairs(messages)) {
     switch (message.role) {
       case 'user':
-        converted.push({role: 'user', content: message.content})
+        converted.push({
+          role: 'user',
+          content: message.images?.length
+            ? [
+                {type: 'text', text: message.content},
+                ...message.images.map((image) => ({
+                  type: 'image_url' as const,
+                  image_url: {url: `data:${image.media_type};base64,${image.data}`},
+                })),
+              ]
+            : message.content,
+        })
         break
       case 'assistant':
         converted.push({

@@ -40,7 +40,24 @@ export interface InboundMessage {
   channel_id: string
   thread_id?: string
   user: {id: string; name: string}
+  /** May be empty when the message is only files. */
   content: string
+  /** The files that came with the message, received or skipped (docs/architecture.md, "Files in"). */
+  attachments?: MessageAttachment[]
+}
+
+/**
+ * One file of a message as the agent sees it: received into the workspace at `path`
+ * (`inbox/<message id>/<name>`, relative to the workspace), or not, with `skipped` saying why.
+ */
+export interface MessageAttachment {
+  /** The sanitised name (the platform's, made safe for a file name). */
+  name: string
+  content_type: string
+  /** Bytes received; for a skipped file the size the platform declared, when it did. */
+  size: number
+  path?: string
+  skipped?: string
 }
 
 export interface ToolCallRecord {

@@ -1,9 +1,10 @@
 import type {ProviderConfig} from '../config/types.js'
 import type {Usage} from './agent-run-contract.js'
+import type {ImageInput} from './image-input.js'
 
 /** Provider-neutral conversation, converted to each wire format by its provider. */
 export type ChatMessage =
-  | {role: 'user'; content: string}
+  | {role: 'user'; content: string; images?: ImageInput[]}
   | {role: 'assistant'; content: string; tool_calls?: ToolCall[]}
   | {role: 'tool'; tool_call_id: string; name: string; content: string; is_error?: boolean}
 

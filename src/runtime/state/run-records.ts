@@ -26,6 +26,59 @@ export interface RunRecord {
   restart_reply: string | null
 }
 
+/** One file that came in with a run's message or went out with its reply: never its content. */
+export interface RunFile {
+  direction: 'in' | 'out'
+  name: string
+  size: number
+  content_type: string
+  /** Why it did not go through (over a cap, refused, failed); null when it did. */
+  skipped_reason: string | null
+}
+
+/** A run record with its files, as `runs` and the dashboard show it. */
+export type RunRecordWithFiles = RunRecord & {files: RunFile[]}
+
+/** Records the files of a run (either direction) in one transaction. */
+export function recordRunFiles(
+  db: GatewayDb,
+  runId: string,
+  files: ReadonlyArray<Omit<RunFile, 'skipped_reason'> & {skipped_reason?: string | null}>,
+): void {
+  if (files.length === 0) return
+  const insert = db.prepare(
+    `INSERT INTO run_files (run_id, direction, name, size, content_type, skipped_reason)
+     VALUES (@runId, @direction, @name, @size, @content_type, @skipped_reason)`,
+  )
+  db.transaction(() => {
+    for (const file of files)
+      insert.run({runId, skipped_reason: null, ...file, size: Math.max(0, Math.round(file.size))})
+  })()
+}
+
+/** The files of each run, oldest first within a run, keyed by run id. */
+export function runFilesOf(db: GatewayDb, runIds: string[]): Map<string, RunFile[]> {
+  const byRun = new Map<string, RunFile[]>(runIds.map((id) => [id, []]))
+  if (runIds.length === 0) return byRun
+  const rows = db
+    .prepare(
+      `SELECT run_id, direction, name, size, content_type, skipped_reason FROM run_files
+       WHERE run_id IN (SELECT value FROM json_each(?)) ORDER BY rowid`,
+    )
+    .all(JSON.stringify(runIds)) as Array<RunFile & {run_id: string}>
+  for (const {run_id: runId, ...file} of rows) byRun.get(runId)?.push(file)
+  return byRun
+}
+
+/** Each record with its files. */
+export function withFiles(db: GatewayDb, runs: RunRecord[]): RunRecordWithFiles[] {
+  const files = runFilesOf(
+    db,
+    runs.map((run) => run.id),
+  )
+  return runs.map((run) => ({...run, files: files.get(run.id) ?? []}))
+}
+
 /** Connectors whose conversation outlives the gateway, so a late "I was restarted" reply can reach it. */
 export const RESTART_REPLY_CONNECTORS = ['meepachat', 'discord', 'slack'] as const
 
@@ -48,6 +101,16 @@ export interface RunStart {
  */
 export class RunRecords {
   constructor(private readonly db: GatewayDb) {}
+
+  /** See recordRunFiles. */
+  files(runId: string, files: Parameters<typeof recordRunFiles>[2]): void {
+    recordRunFiles(this.db, runId, files)
+  }
+
+  /** Like list(), each record with the files that came in or went out with it. */
+  listWithFiles(options: {agentId?: string; limit?: number} = {}): RunRecordWithFiles[] {
+    return withFiles(this.db, this.list(options))
+  }
 
   start(run: RunStart): void {
     this.db
@@ -157,7 +220,7 @@ export class RunRecords {
   }
 }
 
-/** `meepagateway runs`: the newest run records, optionally for one agent. */
-export function listRuns(options: {home: string; agentId?: string; limit?: number}): RunRecord[] {
-  return readGatewayDb(options.home, (db) => new RunRecords(db).list(options))
+/** `meepagateway runs`: the newest run records with their files, optionally for one agent. */
+export function listRuns(options: {home: string; agentId?: string; limit?: number}): RunRecordWithFiles[] {
+  return readGatewayDb(options.home, (db) => withFiles(db, new RunRecords(db).list(options)))
 }

@@ -239,3 +239,57 @@ export function workspaceEntry(root: string, relative: string): 'missing' | 'fil
   if (stat.isDirectory()) return 'directory'
   throw refuse(relative, `is ${kindOf(stat)}`)
 }
+
+/** `report.pdf` → `report-2.pdf`: the next name to try when one is taken. */
+function numberedName(name: string, n: number): string {
+  if (n === 1) return name
+  const dot = name.lastIndexOf('.')
+  return dot > 0 ? `${name.slice(0, dot)}-${n}${name.slice(dot)}` : `${name}-${n}`
+}
+
+/**
+ * Writes a new file from a stream of chunks into `directory` (made when missing, no link followed
+ * on the way), never over an existing entry: a taken name (file, link, anything) gets a suffix,
+ * `name-2.ext`, `name-3.ext`... The bytes go straight from the chunks to the file, once; it gets
+ * its final name (a hard link to an unnamed temp file, O_EXCL|O_NOFOLLOW) only when complete,
+ * so a failed stream leaves nothing. Returns the path used, relative to the root, and the size.
+ */
+export async function writeNewWorkspaceFile(
+  root: string,
+  directory: string,
+  name: string,
+  chunks: AsyncIterable<Uint8Array>,
+): Promise<{relative: string; size: number}> {
+  const relative = `${directory}/${name}`
+  const parts = partsOf(relative)
+  if (parts.length !== partsOf(directory).length + 1)
+    throw new GatewayError('E_INPUT', `${JSON.stringify(name)} is not a file name`)
+  const base = realRoot(root)
+  const dir = checkDirectories(base, parts, relative, true) as string
+  const temp = path.join(dir, `.incoming-${randomHex(8)}.part`)
+  const fd = fs.openSync(temp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0o644)
+  try {
+    assertOpenedAt(fd, temp, relative)
+    const owner = newEntryOwner(base)
+    if (owner) fs.fchownSync(fd, owner.uid, owner.gid)
+    let size = 0
+    for await (const chunk of chunks) {
+      for (let written = 0; written < chunk.length;) written += fs.writeSync(fd, chunk, written, chunk.length - written)
+      size += chunk.length
+    }
+    for (let n = 1; n <= 1000; n++) {
+      const candidate = numberedName(name, n)
+      try {
+        fs.linkSync(temp, path.join(dir, candidate)) // fails on any existing entry, a dangling link included
+      } catch (error) {
+        if ((error as NodeJS.ErrnoException).code === 'EEXIST') continue
+        throw error
+      }
+      return {relative: `${path.relative(base, dir)}/${candidate}`, size}
+    }
+    throw refuse(relative, 'and 999 numbered names beside it are all taken')
+  } finally {
+    fs.closeSync(fd)
+    fs.rmSync(temp, {force: true})
+  }
+}

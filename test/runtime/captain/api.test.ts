@@ -144,10 +144,22 @@ describe('captain JSON API', () => {
       'E_BUSY',
       'queue full',
     )
+    records.files('run_a', [
+      {direction: 'in', name: 'shot.png', size: 70, content_type: 'image/png'},
+      {direction: 'in', name: 'huge.zip', size: 9e7, content_type: 'application/zip', skipped_reason: 'too large'},
+    ])
     const all = await harness.request('GET', '/api/captain/runs', {headers})
     expect(all.body.map((run: any) => [run.id, run.status])).toEqual([
       ['run_b', 'rejected'],
       ['run_a', 'ok'],
+    ])
+    // each run's files, for the dashboard's Files column: names and sizes, never content
+    expect(all.body.map((run: any) => run.files)).toEqual([
+      [],
+      [
+        {direction: 'in', name: 'shot.png', size: 70, content_type: 'image/png', skipped_reason: null},
+        {direction: 'in', name: 'huge.zip', size: 9e7, content_type: 'application/zip', skipped_reason: 'too large'},
+      ],
     ])
     const one = await harness.request('GET', '/api/captain/runs?agent=meepa', {headers})
     expect(one.body.map((run: any) => run.id)).toEqual(['run_a'])

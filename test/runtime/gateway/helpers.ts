@@ -37,15 +37,16 @@ export async function startTestGateway(options: {
   llmBaseUrl?: string
   run?: RunFunction
   gateway?: Record<string, unknown>
+  /** More top-level config (e.g. `providers` for another wire format). */
+  config?: Record<string, unknown>
   /** Prepares the home before the gateway starts (e.g. state a previous gateway left). */
   beforeStart?: (home: TestHome) => void
 }): Promise<TestGateway> {
   const home = makeHome(
-    fakeLlmConfig(
-      options.llmBaseUrl ?? 'http://127.0.0.1:9/v1',
-      options.agents,
-      options.gateway ? {gateway: options.gateway} : {},
-    ),
+    fakeLlmConfig(options.llmBaseUrl ?? 'http://127.0.0.1:9/v1', options.agents, {
+      ...(options.gateway ? {gateway: options.gateway} : {}),
+      ...options.config,
+    }),
   )
   options.beforeStart?.(home)
   const loaded = loadConfig({

@@ -24,7 +24,7 @@ fakeLlmForTests((started) => (llm = started))
 
 beforeAll(async () => {
   const port = await freePort()
-  home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1'}], {captain: {enabled: true, bind: '127.0.0.1', port}}))
+  home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1', attachments: {max_total_size: '256k'}}], {captain: {enabled: true, bind: '127.0.0.1', port}}))
   adminKey = (
     JSON.parse((await runCli(['api-key', 'create', 'ops', '--admin', '--json'], {home: home.home})).stdout) as {
       key: string
@@ -244,7 +244,8 @@ const oversized: OversizedRequest[] = [
     route: '/api/chat',
     fields: {agent: 'a1', message: 'hi'},
     bytes: 1.5 * MAX_BODY,
-    limit: MAX_BODY,
+    // room for the agent's files in base64 (attachments.max_total_size: 256k) beside the 1 MiB
+    limit: MAX_BODY + Math.ceil((256 * 1024 * 4) / 3),
     admin: true,
   },
   {

@@ -1,0 +1,145 @@
+import fs from 'node:fs'
+import os from 'node:os'
+import path from 'node:path'
+import {execFileSync} from 'node:child_process'
+import {afterEach, describe, expect, it} from 'vitest'
+import {
+  receiveFiles,
+  sanitiseContentType,
+  sanitiseFileName,
+  type IncomingFile,
+} from '../../../src/runtime/connectors/attachments.js'
+import {DownloadRefused} from '../../../src/runtime/http/download.js'
+
+const dirs: string[] = []
+afterEach(() => {
+  for (const dir of dirs.splice(0)) fs.rmSync(dir, {recursive: true, force: true})
+})
+
+function workspace(): {root: string; outside: string} {
+  const base = fs.mkdtempSync(path.join(os.tmpdir(), 'inbox-'))
+  dirs.push(base)
+  const root = path.join(base, 'ws')
+  const outside = path.join(base, 'outside')
+  fs.mkdirSync(root)
+  fs.mkdirSync(outside)
+  return {root, outside}
+}
+
+function file(name: string, body: Buffer | string, extra: Partial<IncomingFile> = {}): IncomingFile {
+  return {
+    name,
+    async *read() {
+      yield Buffer.from(body)
+    },
+    ...extra,
+  }
+}
+
+const CAPS = {fileBytes: 1024, files: 10, totalBytes: 4096}
+
+describe('receiving a message’s files into inbox/<message id>/', () => {
+  it('sanitises names: no separators, leading dots, control or direction characters, bounded length', () => {
+    expect(sanitiseFileName('../../etc/passwd')).toBe('_.._etc_passwd')
+    expect(sanitiseFileName('..')).toBe('file')
+    expect(sanitiseFileName('.env')).toBe('env')
+    expect(sanitiseFileName('a\\b\u0000c\nd\u202egpj.exe')).toBe('a_b_c_d_gpj.exe')
+    const long = sanitiseFileName(`${'é'.repeat(200)}.tar.gz`)
+    expect(Buffer.byteLength(long)).toBeLessThanOrEqual(120)
+    expect(long.endsWith('.gz')).toBe(true)
+    expect(sanitiseContentType('IMAGE/PNG; charset=x')).toBe('image/png')
+    expect(sanitiseContentType('text/html\r\nX-Evil: 1')).toBe('application/octet-stream')
+    expect(sanitiseContentType(undefined)).toBe('application/octet-stream')
+  })
+
+  it('gives a colliding name a suffix and never writes through a planted link, FIFO or hardlink', async () => {
+    const {root, outside} = workspace()
+    const inbox = path.join(root, 'inbox', 'm1')
+    fs.mkdirSync(inbox, {recursive: true})
+    fs.writeFileSync(path.join(outside, 'target'), 'untouched')
+    fs.symlinkSync(path.join(outside, 'target'), path.join(inbox, 'a.txt'))
+    execFileSync('mkfifo', [path.join(inbox, 'b.txt')])
+    fs.linkSync(path.join(outside, 'target'), path.join(inbox, 'c.txt'))
+    const received = await receiveFiles(
+      [file('a.txt', 'A'), file('b.txt', 'B'), file('c.txt', 'C'), file('a.txt', 'A2')],
+      {workspace: root, messageId: 'm1', caps: CAPS},
+    )
+    expect(received.map((entry) => entry.path)).toEqual([
+      'inbox/m1/a-2.txt',
+      'inbox/m1/b-2.txt',
+      'inbox/m1/c-2.txt',
+      'inbox/m1/a-3.txt',
+    ])
+    expect(fs.readFileSync(path.join(outside, 'target'), 'utf8')).toBe('untouched')
+    expect(fs.readFileSync(path.join(inbox, 'a-3.txt'), 'utf8')).toBe('A2')
+    expect(fs.readdirSync(inbox).filter((name) => name.startsWith('.'))).toEqual([])
+  })
+
+  it('refuses a symlinked inbox or message directory: nothing lands outside the workspace', async () => {
+    for (const planted of ['inbox', 'inbox/m1']) {
+      const {root, outside} = workspace()
+      fs.mkdirSync(path.dirname(path.join(root, planted)), {recursive: true})
+      fs.symlinkSync(outside, path.join(root, planted))
+      const [entry] = await receiveFiles([file('x.txt', 'X')], {workspace: root, messageId: 'm1', caps: CAPS})
+      expect(entry?.path).toBeUndefined()
+      expect(entry?.skipped).toMatch(/symbolic link/)
+      expect(fs.readdirSync(outside)).toEqual([])
+    }
+  })
+
+  it('applies every cap, keeps going after a skipped file, and leaves nothing of a cut stream', async () => {
+    const {root} = workspace()
+    const endless: IncomingFile = {
+      name: 'endless',
+      async *read() {
+        for (;;) yield Buffer.alloc(512)
+      },
+    }
+    const failing: IncomingFile = {
+      name: 'gone',
+      async *read() {
+        yield Buffer.from('part')
+        throw new DownloadRefused('http', 'the server answered HTTP 500', 500)
+      },
+    }
+    const received = await receiveFiles(
+      [
+        file('declared.bin', '', {declaredSize: 5000}),
+        endless,
+        failing,
+        file('one.bin', Buffer.alloc(1024)),
+        file('two.bin', Buffer.alloc(1024)),
+        file('three.bin', Buffer.alloc(1024)),
+        file('four.bin', Buffer.alloc(1024)),
+        file('scope', '', {unavailable: 'the Slack app lacks the files:read scope'}),
+        file('ninth', 'x'),
+        file('tenth', 'x'),
+        file('eleventh', 'x'),
+      ],
+      {workspace: root, messageId: 'm2', caps: CAPS},
+    )
+    const why = Object.fromEntries(received.map((entry) => [entry.name, entry.skipped ?? entry.path]))
+    expect(why).toEqual({
+      'declared.bin': 'it is larger than the limit per file (1 KB, attachments.max_file_size)',
+      endless: 'it is larger than the limit per file (1 KB, attachments.max_file_size)',
+      gone: 'it could not be downloaded: the server answered HTTP 500',
+      'one.bin': 'inbox/m2/one.bin',
+      'two.bin': 'inbox/m2/two.bin',
+      'three.bin': 'inbox/m2/three.bin',
+      'four.bin': 'inbox/m2/four.bin',
+      scope: 'the Slack app lacks the files:read scope',
+      ninth: 'it would take the message past the limit for all files of a message (4 KB, attachments.max_total_size)',
+      tenth: 'it would take the message past the limit for all files of a message (4 KB, attachments.max_total_size)',
+      eleventh: 'a message may carry 10 file(s) (attachments.max_files)',
+    })
+    expect(fs.readdirSync(path.join(root, 'inbox/m2')).sort()).toEqual(['four.bin', 'one.bin', 'three.bin', 'two.bin'])
+  })
+
+  it.skipIf(process.getuid?.() !== 0)('gives the files to the workspace owner (a container’s uid)', async () => {
+    const {root} = workspace()
+    fs.chownSync(root, 4321, 4321)
+    const [entry] = await receiveFiles([file('x.txt', 'X')], {workspace: root, messageId: 'm3', caps: CAPS})
+    for (const made of ['inbox', 'inbox/m3', entry!.path!])
+      expect(fs.lstatSync(path.join(root, made)), made).toMatchObject({uid: 4321, gid: 4321})
+  })
+})

@@ -1,0 +1,113 @@
+import fs from 'node:fs'
+import path from 'node:path'
+import {describe, expect, it} from 'vitest'
+import type {FakeLlm} from '../../fakes/llm-server.js'
+import {startFakeMeepaChat, type FakeMeepaChat} from '../../fakes/meepachat-server.js'
+import {RunRecords, runFilesOf} from '../../../src/runtime/state/run-records.js'
+import {lastUserText} from '../../helpers/attachments.js'
+import {fakeLlmForTests} from '../../helpers/fake-llm-for-tests.js'
+import {closeAfterEachTest, startTestGateway} from '../gateway/helpers.js'
+
+const TOKEN = '11.meepa-secret'
+let llm: FakeLlm
+fakeLlmForTests((started) => (llm = started), {resetBeforeEach: true})
+const closeAfterTest = closeAfterEachTest()
+
+async function gatewayWith(attachments?: Record<string, unknown>) {
+  const chat: FakeMeepaChat = closeAfterTest(await startFakeMeepaChat({token: TOKEN}))
+  const test = closeAfterTest(
+    await startTestGateway({
+      agents: [
+        {
+          id: 'meepa',
+          connectors: [{type: 'meepachat', url: chat.gatewayUrl, bot_token: TOKEN}],
+          ...(attachments ? {attachments} : {}),
+        },
+      ],
+      llmBaseUrl: llm.openaiBaseUrl,
+    }),
+  )
+  await chat.waitForReadyCount(1)
+  return {chat, test, workspace: path.join(test.home.home, 'agents', 'meepa')}
+}
+
+describe('MeepaChat attachments in (fake MeepaChat server, real agent with the fake LLM)', () => {
+  it('downloads every file with the bot token into inbox/<message id>/ and tells the agent', async () => {
+    llm.setDefault({text: 'got them'})
+    const {chat, test, workspace} = await gatewayWith()
+    const log = Buffer.from('line 1\nERROR disk full\n')
+    const csv = Buffer.from('a,b\n1,2\n')
+    chat.files.add('/uploads/x1/server.log', {body: log, contentType: 'text/plain'})
+    chat.files.add('/uploads/x2/data.csv', {body: csv, contentType: 'text/csv'})
+    chat.userSays({
+      id: 'msg-7',
+      channelId: 'general',
+      content: "what's wrong here?",
+      attachments: [
+        {filename: 'server.log', storedPath: 'uploads/x1/server.log', mimeType: 'text/plain', sizeBytes: log.length},
+        {filename: '../../.bashrc', storedPath: '/uploads/x2/data.csv', mimeType: 'text/csv', sizeBytes: csv.length},
+      ],
+    })
+    const [reply] = await chat.waitForPosts(1)
+    expect(reply?.content).toBe('got them')
+    expect(chat.files.downloads).toEqual([
+      {path: '/uploads/x1/server.log', authorization: `Bot ${TOKEN}`},
+      {path: '/uploads/x2/data.csv', authorization: `Bot ${TOKEN}`},
+    ])
+    expect(fs.readFileSync(path.join(workspace, 'inbox/msg-7/server.log'))).toEqual(log)
+    // separators and leading dots are gone: the name stays inside inbox/<message id>/
+    expect(fs.readFileSync(path.join(workspace, 'inbox/msg-7/_.._.bashrc'))).toEqual(csv)
+    const text = lastUserText(llm.requests[0] as never)
+    expect(text).toContain("what's wrong here?")
+    expect(text).toContain('inbox/msg-7/server.log (text/plain, 23 bytes)')
+    expect(text).toContain('inbox/msg-7/_.._.bashrc (text/csv, 8 bytes)')
+    const [run] = new RunRecords(test.gateway.db).list()
+    expect(runFilesOf(test.gateway.db, [run!.id]).get(run!.id)).toEqual([
+      {direction: 'in', name: 'server.log', size: 23, content_type: 'text/plain', skipped_reason: null},
+      {direction: 'in', name: '_.._.bashrc', size: 8, content_type: 'text/csv', skipped_reason: null},
+    ])
+  })
+
+  it('runs a message that is only a file', async () => {
+    llm.setDefault({text: 'a file, thanks'})
+    const {chat} = await gatewayWith()
+    chat.files.add('/uploads/only.txt', {body: Buffer.from('hi')})
+    chat.userSays({
+      channelId: 'general',
+      content: '',
+      attachments: [{filename: 'only.txt', storedPath: 'uploads/only.txt'}],
+    })
+    const [reply] = await chat.waitForPosts(1)
+    expect(reply?.content).toBe('a file, thanks')
+    expect(lastUserText(llm.requests[0] as never)).toMatch(/inbox\/u\d+\/only\.txt/)
+  })
+
+  it('skips a file over the cap, a lying Content-Length and a foreign URL, says which and why, and still runs', async () => {
+    llm.setDefault({text: 'done'})
+    const {chat, workspace} = await gatewayWith({max_file_size: '1k', max_files: 3, max_total_size: '10k'})
+    chat.files.add('/uploads/big.bin', {body: Buffer.alloc(2048)})
+    chat.files.add('/uploads/endless.bin', {endless: true})
+    chat.files.add('/uploads/ok.txt', {body: Buffer.from('fine')})
+    chat.userSays({
+      id: 'msg-9',
+      channelId: 'general',
+      content: 'look',
+      attachments: [
+        {filename: 'big.bin', storedPath: 'uploads/big.bin', sizeBytes: 10}, // the declared size lies too
+        {filename: 'endless.bin', storedPath: 'uploads/endless.bin'},
+        {filename: 'evil.txt', storedPath: 'http://169.254.169.254/latest/meta-data'},
+        {filename: 'ok.txt', storedPath: 'uploads/ok.txt'},
+      ],
+    })
+    const [reply] = await chat.waitForPosts(1)
+    expect(reply?.content).toContain('done')
+    expect(reply?.content).toContain('big.bin was not received: it is larger than the limit per file (1 KB')
+    expect(reply?.content).toContain('endless.bin was not received: it is larger than the limit per file')
+    expect(reply?.content).toContain('evil.txt was not received: its storedPath is not a path on the MeepaChat server')
+    expect(reply?.content).toContain('ok.txt was not received: a message may carry 3 file(s) (attachments.max_files)')
+    expect(fs.readdirSync(path.join(workspace, 'inbox/msg-9'))).toEqual([])
+    const text = lastUserText(llm.requests[0] as never)
+    expect(text).toContain('big.bin (application/octet-stream, 10 bytes): not received: it is larger than')
+    expect(chat.files.downloads.map((download) => download.path)).toEqual(['/uploads/big.bin', '/uploads/endless.bin'])
+  })
+})
