@@ -68,7 +68,9 @@ const workspace = path.join(home, 'agents', 'hostile')
 const victim = path.join(outside, 'victim')
 fs.writeFileSync(victim, "the operator's")
 const filled = performance.now()
-fs.mkdirSync(workspace, {recursive: true, mode: 0o700})
+// under root the workspace is a volume of limits.disk (src/runtime/workspace/volume.ts): made first,
+// so the files land in it, as an agent's would
+execaSync(process.execPath, [bin, 'agent', 'create', 'hostile'], {env: {...env, MEEPAGATEWAY_HOME: home}})
 execaSync('/bin/sh', [
   '-c',
   `cd "$1" && for d in $(seq ${Math.ceil(FILES / PER_DIRECTORY)}); do mkdir "d$d" && (cd "d$d" && seq ${PER_DIRECTORY} | xargs touch); done`,
@@ -211,6 +213,7 @@ for (let round = 0; round < ROUNDS; round++) {
 serve.kill('SIGTERM')
 await serve
 const victimUntouched = fs.statSync(victim).uid === 0
+execaSync('umount', [workspace], {reject: false}) // the volume (with its loop device)
 fs.rmSync(home, {recursive: true, force: true})
 fs.rmSync(outside, {recursive: true, force: true})
 await llm.close()
