@@ -4,6 +4,7 @@ import {GatewayError} from '../util/errors.js'
 import {makeHomeDirectories} from '../util/make-directories.js'
 import {startSubprocess} from '../util/subprocess.js'
 import {workspacePath} from './location.js'
+import {withHomeLock} from './agent-lock.js'
 
 /**
  * limits.disk held by the kernel: under a root gateway each workspace is a filesystem of its own,
@@ -29,6 +30,8 @@ const TOOL_TIMEOUT_MS = 60_000
 const COPY_TIMEOUT_MS = 10 * 60_000
 /** Below this a journal would take most of the space (ext4's smallest is 4 MiB). */
 const JOURNAL_FROM_BYTES = 256 * 1024 ** 2
+/** How long an unmounted image's loop device may take to be released before it counts as held elsewhere. */
+const LOOP_RELEASE_MS = 2000
 /** The smallest filesystem worth making; a smaller limits.disk stays measured. */
 export const MIN_VOLUME_BYTES = 1024 ** 2
 
@@ -71,6 +74,18 @@ export function mountedAt(dir: string): {source: string; fstype: string} | undef
   return found
 }
 
+/**
+ * Bytes in use on `workspace` when it is the gateway's volume for it (undefined otherwise): the
+ * filesystem's own count, exact and immediate, where a walk of a huge tree takes seconds of CPU.
+ */
+export async function volumeUsedBytes(workspace: string): Promise<number | undefined> {
+  const mounted = mountedAt(workspace)
+  const image = path.join(path.dirname(path.dirname(workspace)), 'volumes', `${path.basename(workspace)}.ext4`)
+  if (!mounted || loopBackingFile(mounted.source) !== image) return undefined
+  const stat = await fs.promises.statfs(workspace)
+  return (stat.blocks - stat.bfree) * stat.bsize
+}
+
 /** The file behind a loop device (undefined: not a loop device, or detached). */
 function loopBackingFile(device: string): string | undefined {
   const name = path.basename(device)
@@ -82,7 +97,7 @@ function loopBackingFile(device: string): string | undefined {
   }
 }
 
-/** One volume operation per workspace at a time in this process (mount(8) refuses a second mount across processes). */
+/** One volume operation per workspace at a time. */
 const pending = new Map<string, Promise<unknown>>()
 
 /**
@@ -95,7 +110,10 @@ export async function ensureWorkspaceVolume(home: string, id: string, limitBytes
   if (volumeUnavailable() !== undefined || limitBytes < MIN_VOLUME_BYTES) return
   const workspace = workspacePath(home, id)
   const before = pending.get(workspace) ?? Promise.resolve()
-  const next = before.catch(() => {}).then(() => mountVolume(home, id, workspace, roundDown(limitBytes)))
+  // in this process one after another; across processes (two `send`s to a new agent) under a lock file
+  const next = before
+    .catch(() => {})
+    .then(() => withHomeLock(home, `volume-${id}`, id, () => mountVolume(home, id, workspace, roundDown(limitBytes))))
   pending.set(workspace, next)
   try {
     await next
@@ -214,7 +232,7 @@ async function makeImage(image: string, sizeBytes: number): Promise<void> {
 
 async function mount(image: string, workspace: string): Promise<void> {
   // mounted elsewhere still (a standby's namespace), mount reuses its loop device: nothing to check
-  if (!imageInUse(image)) {
+  if (!(await stillInUse(image))) {
     // a journal-less image after a crash needs its check; a clean one passes in milliseconds
     const checked = await tool('e2fsck', ['-p', image], TOOL_TIMEOUT_MS)
     if (checked.failed && checked.exitCode !== 1)
@@ -253,10 +271,19 @@ async function growMounted(image: string, workspace: string, device: string, siz
 
 /** Shrinks an image nothing holds to a lowered limit; files that do not fit leave it as it is (the measurement refuses the runs). */
 async function shrinkUnmounted(image: string, sizeBytes: number): Promise<void> {
-  if (imageInUse(image)) return
+  if (await stillInUse(image)) return
   await tool('e2fsck', ['-f', '-p', image], TOOL_TIMEOUT_MS)
   const resized = await tool('resize2fs', [image, `${sizeBytes / 1024}K`], TOOL_TIMEOUT_MS)
   if (!resized.failed) fs.truncateSync(image, sizeBytes)
+}
+
+/** The kernel frees an unmounted loop device a moment later (autoclear): in use only if it stays held. */
+async function stillInUse(image: string): Promise<boolean> {
+  for (let waited = 0; waited < LOOP_RELEASE_MS; waited += 50) {
+    if (!imageInUse(image)) return false
+    await new Promise((resolve) => setTimeout(resolve, 50))
+  }
+  return imageInUse(image)
 }
 
 /**

@@ -1,4 +1,5 @@
 import {execa} from 'execa'
+import {spawn} from 'node:child_process'
 import fs from 'node:fs'
 import path from 'node:path'
 import {afterEach, describe, expect, it} from 'vitest'
@@ -8,6 +9,7 @@ import {
   volumeImagePath,
   volumeUnavailable,
 } from '../../../src/runtime/workspace/volume.js'
+import {diskUsage, heldByDeletedFiles} from '../../../src/runtime/run-lifecycle/disk-limit.js'
 import {makeHome, usedBytes, type TestHome} from '../../helpers/home.js'
 
 /*
@@ -132,5 +134,53 @@ describe.runIf(volumeUnavailable() === undefined)('workspace volumes (limits.dis
     expect(fs.readFileSync(path.join(workspace, 'note'), 'utf8')).toBe('original')
     expect(mountedAt(workspace)).toBeDefined()
     expect(fs.existsSync(`${workspace}.moving`)).toBe(false)
+  })
+
+  it("limits.disk's measurement reads a volume's own count: below any depth, unlinked open files once, without a walk", async () => {
+    const home = newHome()
+    const workspace = home.workspace('a1')
+    await ensureWorkspaceVolume(home.home, 'a1', 16 * MiB)
+    // 4 MiB below a path past PATH_MAX (30 directories of 200 characters)
+    const deep = `import os
+os.chdir(${JSON.stringify(workspace)})
+for i in range(30):
+    os.mkdir("x" * 200); os.chdir("x" * 200)
+open("big", "wb").write(bytes(4 << 20))`
+    await execa('python3', ['-c', deep])
+    const hold = `import os, sys; f = open(sys.argv[1], "wb"); f.write(bytes(3 << 20)); f.flush(); os.unlink(sys.argv[1]); print("ready", flush=True); sys.stdin.read()`
+    const held = spawn('python3', ['-c', hold, path.join(workspace, 'held')], {stdio: ['pipe', 'pipe', 'inherit']})
+    try {
+      await new Promise((resolve) => held.stdout.once('data', resolve))
+      const usage = await diskUsage([workspace], 16 * MiB)
+      expect(usage.error).toBeUndefined()
+      expect(usage.bytes).toBeGreaterThan(7 * MiB)
+      expect(usage.bytes).toBeLessThan(9 * MiB)
+      // the unlinked file is in the volume's count already: not counted twice
+      expect(await heldByDeletedFiles([held.pid as number], [workspace])).toBe(0)
+      expect(await heldByDeletedFiles([held.pid as number])).toBeGreaterThanOrEqual(3 * MiB)
+    } finally {
+      held.stdin.end()
+      await new Promise((resolve) => held.once('exit', resolve))
+    }
+  })
+
+  it("an image still mounted in another mount namespace (a standby's) is never checked or shrunk from here", async () => {
+    const home = newHome()
+    const workspace = home.workspace('a1')
+    await ensureWorkspaceVolume(home.home, 'a1', 16 * MiB)
+    // a namespace of its own holding a copy of the mount, as bubblewrap's does
+    const holder = spawn('unshare', ['-m', '--propagation', 'private', 'sh', '-c', 'echo ready; read line'], {
+      stdio: ['pipe', 'pipe', 'inherit'],
+    })
+    try {
+      await new Promise((resolve) => holder.stdout.once('data', resolve))
+      await execa('umount', [workspace])
+      await ensureWorkspaceVolume(home.home, 'a1', 8 * MiB)
+      expect(fs.statSync(volumeImagePath(home.home, 'a1')).size).toBe(16 * MiB)
+      expect(mountedAt(workspace)).toBeDefined()
+    } finally {
+      holder.stdin.end()
+      await new Promise((resolve) => holder.once('exit', resolve))
+    }
   })
 })
