@@ -65,10 +65,21 @@ fs.writeFileSync(
 
 // the hostile workspace: FILES files, a deep tree, planted links to a file outside, FIFOs, hostile names
 const workspace = path.join(home, 'agents', 'hostile')
+let stopServe = (): void => {}
+/** The agents' volumes (each with its loop device) and the scratch directories, also when the bench fails. */
+function removeHomes(): void {
+  stopServe() // a failed bench leaves no gateway holding the volumes
+  for (const id of ['hostile', 'other']) execaSync('umount', ['-l', path.join(home, 'agents', id)], {reject: false})
+  fs.rmSync(home, {recursive: true, force: true})
+  fs.rmSync(outside, {recursive: true, force: true})
+}
+process.once('exit', removeHomes)
 const victim = path.join(outside, 'victim')
 fs.writeFileSync(victim, "the operator's")
 const filled = performance.now()
-fs.mkdirSync(workspace, {recursive: true, mode: 0o700})
+// under root the workspace is a volume of limits.disk (src/runtime/workspace/volume.ts): made first,
+// so the files land in it, as an agent's would
+execaSync(process.execPath, [bin, 'agent', 'create', 'hostile'], {env: {...env, MEEPAGATEWAY_HOME: home}})
 execaSync('/bin/sh', [
   '-c',
   `cd "$1" && for d in $(seq ${Math.ceil(FILES / PER_DIRECTORY)}); do mkdir "d$d" && (cd "d$d" && seq ${PER_DIRECTORY} | xargs touch); done`,
@@ -95,6 +106,7 @@ const serve = execa(process.execPath, [bin, 'serve', '--config', configPath], {
   env: {...env, MEEPAGATEWAY_HOME: home},
   reject: false,
 })
+stopServe = () => void (serve.exitCode === null && serve.kill('SIGKILL'))
 serve.stdout?.on('data', (chunk) => (output += String(chunk)))
 serve.stderr?.on('data', (chunk) => (output += String(chunk)))
 while (!output.includes('listening on')) {
@@ -211,8 +223,8 @@ for (let round = 0; round < ROUNDS; round++) {
 serve.kill('SIGTERM')
 await serve
 const victimUntouched = fs.statSync(victim).uid === 0
-fs.rmSync(home, {recursive: true, force: true})
-fs.rmSync(outside, {recursive: true, force: true})
+process.off('exit', removeHomes)
+removeHomes()
 await llm.close()
 if (!victimUntouched) throw new Error('a planted link was followed: the file outside the workspace changed owner')
 

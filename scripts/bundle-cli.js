@@ -48,7 +48,7 @@ if (process.argv.includes('--write-code-cache')) {
       process.exitCode = 0
     }
   } finally {
-    fs.rmSync(home, {recursive: true, force: true})
+    removeScratchHome(home)
   }
   fs.writeFileSync(path.join(root, CLI_FILES.codeCache), script.createCachedData())
   process.exit(0)
@@ -83,7 +83,7 @@ if (process.argv[2] === '--write-lite-code-cache') {
     process.exit = exit
     process.exitCode = 0
     gateway?.close()
-    fs.rmSync(home, {recursive: true, force: true})
+    removeScratchHome(home)
   }
   fs.writeFileSync(path.join(root, `${bundleFile}.v8cache`), script.createCachedData())
   process.exit(0)
@@ -403,3 +403,14 @@ fs.writeFileSync(
   path.join(root, CLI_FILES.sources),
   `${JSON.stringify(Object.fromEntries(Object.entries(sources).sort()), null, 2)}\n`,
 )
+
+/** A scratch home's removal: a root build's runs mounted its workspace volumes (src/runtime/workspace/volume.ts). */
+function removeScratchHome(home) {
+  const table = fs.existsSync('/proc/self/mountinfo') ? fs.readFileSync('/proc/self/mountinfo', 'utf8') : ''
+  const below = table
+    .split('\n')
+    .map((line) => line.split(' ')[4])
+    .filter((mountPoint) => mountPoint?.startsWith(`${home}/`))
+  for (const mountPoint of below.reverse()) spawnSync('umount', [mountPoint], {stdio: 'ignore'})
+  fs.rmSync(home, {recursive: true, force: true})
+}

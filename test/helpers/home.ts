@@ -1,4 +1,5 @@
 import {execa} from 'execa'
+import {spawnSync} from 'node:child_process'
 import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
@@ -28,8 +29,35 @@ export function makeHome(config?: unknown): TestHome {
     configPath,
     writeConfig,
     workspace: (agentId) => path.join(home, 'agents', agentId),
-    cleanup: () => fs.rmSync(home, {recursive: true, force: true}),
+    cleanup: () => fs.rmSync(home, {recursive: true, force: true}), // unmounts first (test/setup/unmount-volumes.ts)
   }
+}
+
+/** Bytes in use on the filesystem holding `dir` (a workspace under a root gateway: its volume). */
+export function usedBytes(dir: string): number {
+  const stat = fs.statfsSync(dir)
+  return (stat.blocks - stat.bfree) * stat.bsize
+}
+
+/**
+ * Unmounts every filesystem mounted below `dir`, deepest first: a root gateway mounts each
+ * workspace's volume (src/runtime/workspace/volume.ts), and its loop device goes with the mount.
+ */
+export function unmountBelow(dir: string): void {
+  let table: string
+  try {
+    table = fs.readFileSync('/proc/self/mountinfo', 'utf8')
+  } catch {
+    return
+  }
+  const below = table
+    .split('\n')
+    .map((line) =>
+      line.split(' ')[4]?.replace(/\\([0-7]{3})/g, (_, octal: string) => String.fromCharCode(parseInt(octal, 8))),
+    )
+    .filter((mountPoint): mountPoint is string => mountPoint !== undefined && mountPoint.startsWith(`${dir}/`))
+    .sort((a, b) => b.length - a.length)
+  for (const mountPoint of below) spawnSync('umount', [mountPoint], {stdio: 'ignore'})
 }
 
 /** A config with one OpenAI-compatible provider pointed at a fake LLM and the given agents. */

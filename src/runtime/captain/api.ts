@@ -8,7 +8,7 @@ import {isolationLevelFor} from '../shapes/isolation-level.js'
 import type {ApiKeyInfo, ApiKeys} from '../state/api-keys.js'
 import type {AuditLog} from '../state/audit.js'
 import type {RunRecords} from '../state/run-records.js'
-import {ensureWorkspace} from '../workspace/workspace.js'
+import {readyWorkspace} from '../workspace/workspace.js'
 import {workspacePath} from '../workspace/location.js'
 import {readWorkspaceFile, writeWorkspaceFile} from '../workspace/files.js'
 import {clientOf, principalLabel, type CaptainAuth, type Principal} from './auth.js'
@@ -280,7 +280,7 @@ function mountAgentRoutes(deps: CaptainApiDeps): void {
       if (typeof body.content !== 'string') throw new HttpError(400, 'E_INPUT', 'field "content" must be a string')
       if (Buffer.byteLength(body.content) > MAX_SOUL_BYTES)
         throw new HttpError(413, 'E_INPUT', `SOUL.md may be at most ${MAX_SOUL_BYTES / 1024} KB`)
-      const workspace = ensureWorkspace(editor.loaded.home, agent.id).path
+      const workspace = (await readyWorkspace(editor.loaded.home, agent.id, agent.limits.disk)).path
       writeWorkspaceFile(workspace, 'SOUL.md', body.content, {mode: 0o644})
       deps.audit.record({
         event: 'soul_changed',

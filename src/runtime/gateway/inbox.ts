@@ -3,7 +3,7 @@ import {findAgent} from '../config/load.js'
 import type {LoadedConfig} from '../config/types.js'
 import {receiveFiles, type IncomingFile} from '../connectors/attachments.js'
 import type {MessageAttachment} from '../shapes/agent-run-contract.js'
-import {ensureWorkspace} from '../workspace/workspace.js'
+import {readyWorkspace} from '../workspace/workspace.js'
 
 /**
  * A message's files into its agent's workspace (`inbox/<message id>/`), under the agent's
@@ -22,7 +22,8 @@ export async function receiveInbox(
   try {
     const agent = findAgent(loaded, agentId)
     caps = attachmentCaps(agent.attachments)
-    workspace = ensureWorkspace(loaded.home, agent.id).path
+    // its volume mounted first: files written under an unmounted one would be hidden, then refused
+    workspace = (await readyWorkspace(loaded.home, agent.id, agent.limits.disk)).path
   } catch (error) {
     return files.map((file) => ({
       name: file.name,

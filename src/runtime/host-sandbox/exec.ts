@@ -23,7 +23,7 @@ import {GatewayError} from '../util/errors.js'
 import {agentEnvironment, removePrivateTmp} from '../run-lifecycle/private-tmp.js'
 import {limitsReport, type LimitReport} from '../run-lifecycle/limits-report.js'
 import {isolationLevelFor} from '../shapes/isolation-level.js'
-import {ensureWorkspace} from '../workspace/workspace.js'
+import {ensureWorkspace, readyWorkspace} from '../workspace/workspace.js'
 import {reclaimWorkspace} from '../workspace/owner.js'
 
 /** One agent's sandbox for a command run by the operator: policy, helper, kernel facts, temp dir. */
@@ -72,7 +72,7 @@ export async function openAgentSandbox(
   const kernel = probeKernel(helper, {cacheFile: probeRecord(loaded.home, 'kernel')})
   kernel.catch(() => {}) // awaited below
   const probingNamespaces = probeNamespaces({cacheFile: probeRecord(loaded.home, 'namespace')})
-  const workspace = ensureWorkspace(loaded.home, agent.id).path
+  const workspace = (await readyWorkspace(loaded.home, agent.id, agent.limits.disk)).path
   const tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), `meepa-sandbox-${agent.id}-`))
   const dispose = (log?: (line: string) => void) => removePrivateTmp(tmpDir, log)
   try {

@@ -344,7 +344,7 @@ export class StartedAgentProcess {
             usageWhenOver = usage
             killRun()
           },
-          cgroup ? () => heldByDeletedFiles([...new Set(runPids())]) : undefined,
+          cgroup ? () => heldByDeletedFiles([...new Set(runPids())], disk.roots) : undefined,
         )
       : undefined
     const result = await this.closed

@@ -2,10 +2,12 @@ import fs from 'node:fs/promises'
 import type {AgentRunOutput} from '../shapes/agent-run-contract.js'
 import {failure} from '../agent-run/output.js'
 import {measureTrees, type TreeUsage} from '../../sandbox/directory-tree.js'
+import {volumeUsedBytes} from '../workspace/volume.js'
 
 /**
- * limits.disk: what a run may keep on disk (its workspace and private TMPDIR). Enforced two ways,
- * as no project quota is set up by the gateway: each file the run writes is capped at the limit
+ * limits.disk: what a run may keep on disk (its workspace and private TMPDIR). Under a root gateway
+ * the workspace is a filesystem of exactly the limit (workspace/volume.ts), read here from its own
+ * count; everything else is held two ways: each file the run writes is capped at the limit
  * by RLIMIT_FSIZE (the keeper sets it; the kernel refuses the write past it, SIGXFSZ), and the
  * runner measures the total every few seconds and at the end (at any depth, see
  * src/sandbox/directory-tree.ts), and ends the run with E_DISK once it is over or cannot be
@@ -15,9 +17,21 @@ import {measureTrees, type TreeUsage} from '../../sandbox/directory-tree.js'
 /** A workspace's (and TMPDIR's) measured usage. */
 export type DiskUsage = TreeUsage
 
-/** What the files under `roots` occupy on disk, measured no further than past `limitBytes` (see measureTrees). */
-export function diskUsage(roots: string[], limitBytes: number, signal?: AbortSignal): Promise<DiskUsage> {
-  return measureTrees(roots, {stopAbove: limitBytes, signal})
+/**
+ * What the files under `roots` occupy on disk, measured no further than past `limitBytes` (see
+ * measureTrees); a root that is its workspace volume is read from its filesystem, not walked.
+ */
+export async function diskUsage(roots: string[], limitBytes: number, signal?: AbortSignal): Promise<DiskUsage> {
+  let onVolumes = 0
+  const walked: string[] = []
+  for (const root of roots) {
+    const used = await volumeUsedBytes(root).catch(() => undefined)
+    if (used === undefined) walked.push(root)
+    else onVolumes += used
+  }
+  if (walked.length === 0) return {bytes: onVolumes}
+  const measured = await measureTrees(walked, {stopAbove: limitBytes - onVolumes, signal})
+  return {...measured, bytes: measured.bytes + onVolumes}
 }
 
 /** Over the limit: past it, or not measurable (an error is never taken for room). */
@@ -27,11 +41,15 @@ export function overLimit(usage: DiskUsage, limitBytes: number): boolean {
 
 /**
  * Bytes held by files the processes `pids` keep open after unlinking them (or made with O_TMPFILE):
- * on no path, so diskUsage never sees them, yet they take disk until closed.
+ * on no path, so a walk never sees them, yet they take disk until closed. Those on a workspace
+ * volume among `roots` are left out: its filesystem's own count (diskUsage) has them already.
  */
-export async function heldByDeletedFiles(pids: number[]): Promise<number> {
+export async function heldByDeletedFiles(pids: number[], roots: string[] = []): Promise<number> {
   let total = 0
   const seen = new Set<string>()
+  const counted = new Set<number>()
+  for (const root of roots)
+    if ((await volumeUsedBytes(root).catch(() => undefined)) !== undefined) counted.add((await fs.stat(root)).dev)
   for (const pid of pids) {
     let fds: string[]
     try {
@@ -45,7 +63,7 @@ export async function heldByDeletedFiles(pids: number[]): Promise<number> {
         if (!(await fs.readlink(link)).endsWith(' (deleted)')) continue
         const stat = await fs.stat(link)
         const key = `${stat.dev}:${stat.ino}`
-        if (!stat.isFile() || seen.has(key)) continue
+        if (!stat.isFile() || seen.has(key) || counted.has(stat.dev)) continue
         seen.add(key)
         total += stat.blocks * 512
       } catch {

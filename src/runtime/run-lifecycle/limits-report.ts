@@ -1,13 +1,15 @@
 import type {AgentConfig, IsolationLevel} from '../config/types.js'
 import {cgroupSupport} from '../../sandbox/run-cgroup.js'
 import {keeperHelper} from '../../sandbox/keeper.js'
+import {sizeBytes} from '../config/size.js'
+import {MIN_VOLUME_BYTES, volumeUnavailable} from '../workspace/volume.js'
 
 /** One line of `sandbox explain`'s resource section: a limit, whether it holds here, and how. */
 export interface LimitReport {
   limit: 'memory' | 'pids' | 'cpus' | 'disk' | 'owner'
   value: string
   enforced: boolean
-  /** Held by measuring during and after the run (stopped when over), not by the kernel: limits.disk without a quota. */
+  /** Held by measuring during and after the run (stopped when over), not by the kernel: limits.disk without a volume. */
   measured?: boolean
   how: string
 }
@@ -16,20 +18,7 @@ export interface LimitReport {
 export function limitsReport(agent: AgentConfig, level: IsolationLevel): LimitReport[] {
   const {limits} = agent
   const keeper = keeperHelper() !== undefined
-  const disk: LimitReport = {
-    limit: 'disk',
-    value: limits.disk,
-    enforced: true,
-    measured: true,
-    how:
-      (level !== 'container' && keeper
-        ? 'each file a run writes is capped at this size (RLIMIT_FSIZE, set by the keeper); '
-        : '') +
-      (level === 'container' ? 'the workspace is' : "the workspace and the run's TMPDIR are") +
-      ` measured during and after the run (${keeper ? 'at any depth, from directory descriptors' : "by full paths: a tree deeper than the system's path limit counts as over"}; what cannot be measured counts as over), ` +
-      'and the run is stopped with E_DISK when over (and the next run refused until files are removed); ' +
-      'measured, not enforced by the kernel (no filesystem quota): the disk can fill by up to a few seconds of writes before the stop',
-  }
+  const disk = diskReport(limits.disk, level, keeper)
   if (level === 'container') {
     return [
       {
@@ -101,4 +90,39 @@ export function limitsReport(agent: AgentConfig, level: IsolationLevel): LimitRe
         : "NOT enforced: no keeper (helper not built); the run's process group is killed at its end, but a gateway crash leaves it running",
     },
   ]
+}
+
+/** limits.disk: the workspace's own filesystem where the gateway can mount one (workspace/volume.ts), else measured. */
+function diskReport(value: string, level: IsolationLevel, keeper: boolean): LimitReport {
+  const unavailable =
+    volumeUnavailable() ?? (sizeBytes(value, 'limits.disk') < MIN_VOLUME_BYTES ? 'the limit is below 1m' : undefined)
+  const measuring =
+    ` measured during and after the run (${keeper ? 'at any depth, from directory descriptors, a hard-linked file once, allocated blocks (sparse and preallocated files as allocated)' : "by full paths: a tree deeper than the system's path limit counts as over"}; what cannot be measured counts as over), ` +
+    'and the run is stopped with E_DISK when over (and the next run refused until files are removed)'
+  const fileCap =
+    level !== 'container' && keeper
+      ? 'each file a run writes is capped at this size (RLIMIT_FSIZE, set by the keeper); '
+      : ''
+  if (unavailable === undefined) {
+    return {
+      limit: 'disk',
+      value,
+      enforced: true,
+      measured: false,
+      how:
+        'enforced by the kernel: the workspace is a filesystem of its own of exactly this size (an ext4 image in the ' +
+        "gateway's volumes/, loop-mounted nosuid,nodev on the workspace before any run), so every write past it fails " +
+        'with ENOSPC, whatever wrote it' +
+        (level === 'container' ? '' : `; ${fileCap}the run's TMPDIR and the workspace together are also${measuring}`),
+    }
+  }
+  return {
+    limit: 'disk',
+    value,
+    enforced: true,
+    measured: true,
+    how:
+      `${fileCap}${level === 'container' ? 'the workspace is' : "the workspace and the run's TMPDIR are"}${measuring}; ` +
+      `measured, not enforced by the kernel (no volume per workspace: ${unavailable}): the disk can fill by up to a few seconds of writes before the stop`,
+  }
 }

@@ -6,7 +6,7 @@ import {runnerFor} from './index.js'
 import type {StandbyOptions} from './types.js'
 import {isolationLevelFor} from '../shapes/isolation-level.js'
 import {hostLlmFor, providerKeysFor} from '../llm-channel/host.js'
-import {ensureWorkspace} from '../workspace/workspace.js'
+import {readyWorkspace} from '../workspace/workspace.js'
 import {redactSecrets} from '../util/redact.js'
 import {randomHex} from '../util/random.js'
 
@@ -128,7 +128,7 @@ export async function runMessage(options: RunMessageOptions): Promise<RunMessage
   }
   let output: AgentRunOutput
   try {
-    const workspace = ensureWorkspace(options.loaded.home, agent.id).path
+    const workspace = (await readyWorkspace(options.loaded.home, agent.id, agent.limits.disk)).path
     const runner = await runnerFor(level)
     const timeoutSeconds = level === 'container' ? agent.container_mode.timeout_seconds : agent.timeout_seconds
     output = await runner.run({

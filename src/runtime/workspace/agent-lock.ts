@@ -19,9 +19,23 @@ export async function withAgentLock<T>(
   use: () => Promise<T>,
   options: {signal?: AbortSignal; waitMs?: number; onWait?: (ownerPid: number) => void} = {},
 ): Promise<T> {
+  return withHomeLock(home, `agent-${agentId}`, agentId, use, options)
+}
+
+/**
+ * The same lock for another of an agent's concerns, `name` in the home's locks/ (its workspace
+ * volume's making and mounting: workspace/volume.ts), held by one process at a time.
+ */
+export async function withHomeLock<T>(
+  home: string,
+  name: string,
+  agentId: string,
+  use: () => Promise<T>,
+  options: {signal?: AbortSignal; waitMs?: number; onWait?: (ownerPid: number) => void} = {},
+): Promise<T> {
   const dir = path.join(home, 'locks')
   makeHomeDirectories(dir, home)
-  const file = path.join(dir, `agent-${agentId}.lock`)
+  const file = path.join(dir, `${name}.lock`)
   const deadline = Date.now() + (options.waitMs ?? 15 * 60_000)
   let told = false
   for (;;) {

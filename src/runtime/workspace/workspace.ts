@@ -5,6 +5,8 @@ import {agentsDir} from '../util/paths.js'
 import {giveToWorkspaceOwner, workspaceEntry, writeWorkspaceFile} from './files.js'
 import {workspacePath} from './location.js'
 import {makeHomeDirectories} from '../util/make-directories.js'
+import {sizeBytes} from '../config/size.js'
+import {ensureWorkspaceVolume} from './volume.js'
 
 const DEFAULT_SOUL = `# Soul
 
@@ -65,6 +67,20 @@ export function ensureWorkspace(home: string, id: string): WorkspaceCreation {
     ;(writeWorkspaceFile(root, 'memory.db', '', {exclusive: true, mode: 0o600}) ? created : kept).push('memory.db')
   } else kept.push('memory.db')
   return {id, path: root, created, kept}
+}
+
+/**
+ * ensureWorkspace once the workspace is its own filesystem of `disk` (limits.disk) where the host
+ * allows one (volume.ts): what every run, standby and write of the gateway goes through, so nothing
+ * is written to a workspace whose volume is not mounted.
+ */
+export async function readyWorkspace(home: string, id: string, disk: string): Promise<WorkspaceCreation> {
+  const existed = fs.existsSync(workspacePath(home, id))
+  await ensureWorkspaceVolume(home, id, sizeBytes(disk, 'limits.disk'))
+  const creation = ensureWorkspace(home, id)
+  // the volume made the directory: it is still this call's creation
+  if (!existed && !creation.created.includes('.')) creation.created.unshift('.')
+  return creation
 }
 
 export interface WorkspaceSummary {

@@ -5,7 +5,7 @@ import path from 'node:path'
 import {afterEach, describe, expect, it} from 'vitest'
 import type {FakeLlm} from '../../fakes/llm-server.js'
 import {fakeLlmForTests} from '../../helpers/fake-llm-for-tests.js'
-import {BIN, fakeLlmConfig, makeHome, runCli, type TestHome} from '../../helpers/home.js'
+import {BIN, fakeLlmConfig, makeHome, runCli, unmountBelow, usedBytes, type TestHome} from '../../helpers/home.js'
 import {processesWith, uniqueMarker} from '../../helpers/processes.js'
 import {requireLandlockOrSkip} from '../../helpers/landlock-support.js'
 import {cgroupSupport} from '../../../src/sandbox/run-cgroup.js'
@@ -25,6 +25,7 @@ const mounts: string[] = []
 afterEach(async () => {
   for (const home of homes.splice(0)) home.cleanup()
   for (const dir of mounts.splice(0)) {
+    unmountBelow(dir) // the workspace volumes on it first
     await execa('umount', ['-l', dir], {reject: false})
     fs.rmSync(dir, {recursive: true, force: true})
   }
@@ -120,7 +121,10 @@ describe.runIf(landlock && cgroups.mode !== 'none')(
             limit: 'disk',
             value: '2g',
             enforced: true,
-            how: expect.stringContaining('RLIMIT_FSIZE'),
+            measured: false,
+            how: expect.stringMatching(
+              /enforced by the kernel: the workspace is a filesystem of its own.*RLIMIT_FSIZE/,
+            ),
           }),
           expect.objectContaining({limit: 'owner', enforced: true}),
         ]),
@@ -158,145 +162,155 @@ async function homeOnTmpfs(size: string, config: unknown): Promise<TestHome> {
   }
 }
 
+const MiB = 1024 * 1024
+
+/** Whether `dir` is a mount point of its own (its workspace volume). */
+function ownFilesystem(dir: string): boolean {
+  return fs.statSync(dir).dev !== fs.statSync(path.dirname(dir)).dev
+}
+
+// Issue 27 criterion 2: a root gateway gives each workspace a filesystem of exactly limits.disk
+// (src/runtime/workspace/volume.ts), so the kernel refuses every write past it, however it is made.
 describe.runIf(landlock && process.getuid?.() === 0)(
-  'limits.disk (a small tmpfs as the gateway home)',
+  'limits.disk held by the kernel (a root gateway: a volume per workspace)',
   {timeout: 120_000},
   () => {
-    it('an agent filling its workspace is stopped at limits.disk with E_DISK; the other agent keeps answering', async () => {
+    it('an agent filling its workspace meets the end of its own filesystem; the home keeps its room and the other agent answers', async () => {
       const home = await homeOnTmpfs(
         '64m',
-        fakeLlmConfig(llm.openaiBaseUrl, [{id: 'filler', limits: {disk: '8m'}}, {id: 'other'}]),
+        fakeLlmConfig(llm.openaiBaseUrl, [
+          {id: 'filler', limits: {disk: '8m'}},
+          {id: 'other', limits: {disk: '8m'}},
+        ]),
       )
       scriptShell('head -c 40m /dev/zero > big; echo "exit $?"', 30)
-      const filled = await runCli(['send', '--agent', 'filler', 'fill the disk', '--json'], {home: home.home})
-      expect(JSON.parse(filled.stdout).error).toMatchObject({
-        code: 'E_DISK',
-        message: expect.stringContaining('limits.disk (8m)'),
-      })
-      expect(filled.exitCode).toBe(7)
-      // the kernel stopped the file at the limit (RLIMIT_FSIZE), so the disk did not fill
-      expect(fs.statSync(path.join(home.workspace('filler'), 'big')).size).toBeLessThanOrEqual(8 * 1024 * 1024)
+      const filled = await runCli(['send', '--agent', 'filler', 'fill the disk'], {home: home.home})
+      expect(filled.stdout).toContain('No space left on device')
+      const workspace = home.workspace('filler')
+      expect(ownFilesystem(workspace)).toBe(true)
+      expect(usedBytes(workspace)).toBeLessThanOrEqual(8 * MiB)
+      // the home lost the two reserved images, nothing more
+      expect(fs.statfsSync(home.home).bavail * fs.statfsSync(home.home).bsize).toBeGreaterThan(40 * MiB)
       llm.enqueue({text: 'still here'})
       const other = await runCli(['send', '--agent', 'other', 'hello'], {home: home.home})
       expect(other.stderr).toBe('')
       expect(other.stdout.trim()).toBe('still here')
-      // the agent over its limit is refused, with the fix, until files are removed; the refused run
-      // never reached its LLM
-      const requestsBefore = llm.requests.length
-      const refused = await runCli(['send', '--agent', 'filler', 'again', '--json'], {home: home.home})
-      expect(JSON.parse(refused.stdout).error).toMatchObject({
-        code: 'E_DISK',
-        message: expect.stringContaining('already uses'),
-        suggestions: expect.arrayContaining([expect.stringContaining('remove files from')]),
-      })
-      expect(llm.requests.length).toBe(requestsBefore)
-      fs.rmSync(path.join(home.workspace('filler'), 'big'))
-      llm.enqueue({text: 'room again'})
-      expect((await runCli(['send', '--agent', 'filler', 'again'], {home: home.home})).stdout.trim()).toBe('room again')
+      // a full volume is not over the limit: the agent may still run, and remove files itself
+      scriptShell('rm big; echo "exit $?"', 30)
+      expect((await runCli(['send', '--agent', 'filler', 'clean up'], {home: home.home})).stdout).toContain('exit 0')
+      expect(usedBytes(workspace)).toBeLessThan(2 * MiB)
     })
 
-    // KNOWN GAP (red team): limits.disk caps each file (RLIMIT_FSIZE) and measures the total about once
-    // a second, so many files just under the cap, written between two measurements, stay on disk far
-    // past the limit (here the whole 64m home). E_DISK is reported, but the space stays used after the
-    // run until the operator removes files. Needs a real quota (project quota or a size-limited mount
-    // per workspace); the measurement cannot close it.
-    it.fails('many files each under the per-file cap do not take the workspace far past limits.disk', async () => {
+    // Was the known gap (it.fails): many files each under the per-file cap, written between two
+    // measurements, stayed on disk far past the limit. The volume ends them at the limit.
+    it('many files each under the per-file cap do not take the workspace past limits.disk', async () => {
       const home = await homeOnTmpfs(
         '64m',
         fakeLlmConfig(llm.openaiBaseUrl, [{id: 'filler', limits: {disk: '8m'}}, {id: 'other'}]),
       )
       scriptShell('for i in 1 2 3 4 5 6 7 8 9; do head -c 7m /dev/zero > f$i; done; echo "exit $?"', 30)
-      const filled = await runCli(['send', '--agent', 'filler', 'fill the disk', '--json'], {home: home.home})
-      expect(JSON.parse(filled.stdout).error).toMatchObject({code: 'E_DISK'})
+      const filled = await runCli(['send', '--agent', 'filler', 'fill the disk'], {home: home.home})
+      expect(filled.stdout).toContain('No space left on device')
       const kept = fs
         .readdirSync(home.workspace('filler'))
         .filter((name) => /^f\d$/.test(name))
-        .reduce((sum, name) => sum + fs.statSync(path.join(home.workspace('filler'), name)).size, 0)
-      expect(kept).toBeLessThanOrEqual(2 * 8 * 1024 * 1024)
+        .reduce((sum, name) => sum + fs.statSync(path.join(home.workspace('filler'), name)).blocks * 512, 0)
+      expect(kept).toBeLessThanOrEqual(8 * MiB)
     })
 
-    // Issue 27 (red team): the measurement walked full paths and skipped what readdir refused
-    // (ENAMETOOLONG past PATH_MAX), so files below a deep path were never counted.
-    it('files below a path longer than PATH_MAX count: E_DISK, and the next run is refused', async () => {
+    it('deep trees, hard links, sparse and preallocated files and many small files all stop at limits.disk', async () => {
       const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'filler', limits: {disk: '8m'}}]))
       homes.push(home)
-      const hide = `import os
-for i in range(25):
-    os.mkdir("x" * 200); os.chdir("x" * 200)
-for i in range(10):
-    open("big%d" % i, "wb").write(bytes(7 << 20))
-print("hidden")`
-      scriptShell(`python3 -c '${hide}'; echo "exit $?"`, 30)
-      try {
-        const filled = await runCli(['send', '--agent', 'filler', 'hide files deep', '--json'], {home: home.home})
-        expect(JSON.parse(filled.stdout).error, filled.stdout).toMatchObject({
-          code: 'E_DISK',
-          message: expect.stringContaining('limits.disk (8m)'),
-        })
-        const requestsBefore = llm.requests.length
-        const refused = await runCli(['send', '--agent', 'filler', 'again', '--json'], {home: home.home})
-        expect(JSON.parse(refused.stdout).error).toMatchObject({
-          code: 'E_DISK',
-          message: expect.stringContaining('already uses'),
-        })
-        expect(llm.requests.length).toBe(requestsBefore)
-      } finally {
-        // too deep for the home's own clean-up (full paths)
-        await removeTrees([home.workspace('filler')])
-      }
+      const attack = `import os
+def attempt(name, step):
+    try:
+        step(); print(name, "ok")
+    except OSError as error:
+        print(name, error.strerror)
+def deep():
+    here = os.open(".", os.O_RDONLY)
+    for i in range(25):
+        os.mkdir("x" * 200, dir_fd=here); here = os.open("x" * 200, os.O_RDONLY, dir_fd=here)
+    for i in range(4):
+        fd = os.open("big%d" % i, os.O_CREAT | os.O_WRONLY, dir_fd=here); os.write(fd, bytes(3 << 20)); os.close(fd)
+def links():
+    with open("linked", "wb") as f: f.write(bytes(1 << 20))
+    for i in range(50): os.link("linked", "link%d" % i)
+def sparse():
+    for i in range(8):
+        fd = os.open("sparse%d" % i, os.O_CREAT | os.O_WRONLY); os.truncate(fd, 7 << 20)
+        os.pwrite(fd, bytes(1 << 20), 0); os.pwrite(fd, bytes(1 << 20), 6 << 20); os.close(fd)
+def reserve():
+    for i in range(8):
+        fd = os.open("reserved%d" % i, os.O_CREAT | os.O_WRONLY); os.posix_fallocate(fd, 0, 4 << 20); os.close(fd)
+def small():
+    os.mkdir("many")
+    for i in range(100000): open("many/%d" % i, "w").close()
+def clear():
+    for name in os.listdir("."):
+        if name.startswith(("sparse", "reserved", "link", "x")): os.system("rm -rf " + name)
+for name, step in [("deep", deep), ("links", links), ("sparse", sparse), ("reserve", reserve), ("small", small)]:
+    attempt(name, step); clear()`
+      scriptShell(`python3 -c '${attack}'; echo "exit $?"`, 60)
+      const result = await runCli(['send', '--agent', 'filler', 'take the disk every way', '--json'], {
+        home: home.home,
+      })
+      // each attempt ends at the volume's end (the measurement reads the volume's own count, so it does not stop the run first)
+      for (const step of ['deep', 'sparse', 'reserve', 'small'])
+        expect(result.stdout).toContain(`${step} No space left on device`)
+      expect(usedBytes(home.workspace('filler'))).toBeLessThanOrEqual(8 * MiB)
     })
 
     it('one fallocate(FALLOC_FL_KEEP_SIZE) cannot reserve disk past limits.disk (it grows no file size, so RLIMIT_FSIZE never sees it)', async () => {
-      // on the real disk (ext4 here): tmpfs checks RLIMIT_FSIZE in fallocate even with KEEP_SIZE, ext4 does not
       const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'filler', limits: {disk: '8m'}}]))
       homes.push(home)
       const reserve = `import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); fd = os.open("reserved", os.O_CREAT | os.O_WRONLY); r = libc.fallocate(fd, 1, ctypes.c_long(0), ctypes.c_long(56 << 20)); print("fallocate", r, os.strerror(ctypes.get_errno()) if r else "ok")`
       scriptShell(`python3 -c '${reserve}'; echo "exit $?"`, 30)
       const result = await runCli(['send', '--agent', 'filler', 'reserve the disk', '--json'], {home: home.home})
       const blocks = fs.statSync(path.join(home.workspace('filler'), 'reserved')).blocks * 512
-      expect(blocks, result.stdout).toBeLessThanOrEqual(8 * 1024 * 1024)
+      expect(blocks, result.stdout).toBeLessThanOrEqual(8 * MiB)
     })
 
-    // Red team: space held by files the run unlinked while keeping them open (or O_TMPFILE) is on no
-    // path; the measurement counts it through the open files of the run's cgroup members.
-    it('space held in unlinked open files past limits.disk ends the run with E_DISK', async () => {
+    it('space in unlinked open files cannot pass limits.disk either: the kernel counts it', async () => {
       const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'filler', limits: {disk: '8m'}}]))
       homes.push(home)
       const hide = `import os, time
 held = []
-for i in range(10):
-    f = open("hidden%d" % i, "wb"); f.write(bytes(7 << 20)); f.flush(); os.unlink("hidden%d" % i); held.append(f)
-time.sleep(4); print("held", len(held))`
+try:
+    for i in range(10):
+        f = open("hidden%d" % i, "wb"); f.write(bytes(7 << 20)); f.flush(); os.unlink("hidden%d" % i); held.append(f)
+except OSError as error:
+    print("stopped:", error.strerror)
+print("held", len(held))`
       scriptShell(`python3 -c '${hide}'; echo "exit $?"`, 30)
-      const result = await runCli(['send', '--agent', 'filler', 'hide files', '--json'], {home: home.home})
-      expect(JSON.parse(result.stdout).error, result.stdout).toMatchObject({code: 'E_DISK'})
+      const result = await runCli(['send', '--agent', 'filler', 'hide files'], {home: home.home})
+      expect(result.stdout).toContain('stopped: No space left on device')
+      expect(result.stdout).toMatch(/held [01]\b/)
     })
 
-    it('empty files are not free: each costs at least a block, so inodes cannot be exhausted under limits.disk', async () => {
-      const home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'filler', limits: {disk: '8m'}}]))
-      homes.push(home)
-      scriptShell(
-        `python3 -c 'import os
-os.mkdir("many")
-for i in range(20000): open("many/%d" % i, "w").close()
-print("created")'; echo "exit $?"`,
-        30,
-      )
-      const result = await runCli(['send', '--agent', 'filler', 'many empty files', '--json'], {home: home.home})
-      expect(JSON.parse(result.stdout).error, result.stdout).toMatchObject({code: 'E_DISK'})
-    })
-
-    it('a reply already computed is delivered when the disk is full and its history cannot be written', async () => {
-      const home = await homeOnTmpfs('48m', fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1'}]))
+    it('a reply already computed is delivered when the volume is full and its history cannot be written', async () => {
+      const home = await homeOnTmpfs('48m', fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1', limits: {disk: '16m'}}]))
       llm.enqueue({text: 'first'})
       expect((await runCli(['send', '--agent', 'a1', 'first'], {home: home.home})).exitCode).toBe(0)
-      // fills the whole filesystem (limits.disk, 1g by default, is larger than it)
+      // fills the agent's whole volume, where memory.db lives
       scriptShell('head -c 100m /dev/zero > big; cat /dev/zero > big2; df -k .', 30)
       const result = await runCli(['send', '--agent', 'a1', 'fill everything'], {home: home.home})
       expect(result.exitCode).toBe(0)
       expect(result.stdout).toContain('tool said:')
       expect(result.stdout).toMatch(/No space left on device/)
       expect(result.stderr).toContain('could not save this conversation to memory.db (the reply is delivered anyway)')
+    })
+
+    it('a limit the home cannot reserve refuses the run, naming the fix, and writes nothing', async () => {
+      const home = await homeOnTmpfs('32m', fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1', limits: {disk: '1g'}}]))
+      const result = await runCli(['send', '--agent', 'a1', 'hello', '--json'], {home: home.home})
+      expect(JSON.parse(result.stdout).error).toMatchObject({
+        code: 'E_DISK',
+        message: expect.stringContaining('cannot reserve limits.disk'),
+        suggestions: expect.arrayContaining(['or lower limits.disk for this agent']),
+      })
+      expect(llm.requests.length).toBe(0)
+      expect(fs.existsSync(path.join(home.home, 'volumes', 'a1.ext4'))).toBe(false)
     })
   },
 )
@@ -343,6 +357,47 @@ describe.runIf(process.getuid?.() === 0 && fs.existsSync('/usr/bin/setpriv'))(
       const sent = await asNobody(home, ['send', '--agent', 'a1', 'hi'])
       expect(sent.stdout.trim()).toBe('answered without cgroups')
       expect(sent.stderr).toContain('limits.memory, limits.pids and limits.cpus are NOT enforced on this host')
+      // no volume without root: limits.disk is measured, and explain says so and why
+      expect(limits.find((limit) => limit.limit === 'disk')).toMatchObject({
+        enforced: true,
+        measured: true,
+        how: expect.stringContaining('not enforced by the kernel (no volume per workspace: the gateway is not root'),
+      })
+      expect(fs.statSync(home.workspace('a1')).dev).toBe(fs.statSync(home.home).dev)
+    })
+
+    // Issue 27 (red team): the measurement walked full paths and skipped what readdir refused
+    // (ENAMETOOLONG past PATH_MAX), so files below a deep path were never counted.
+    it('measured: files below a path longer than PATH_MAX count, E_DISK, and the next run is refused', async () => {
+      const home = makeHome(
+        fakeLlmConfig(llm.openaiBaseUrl, [{id: 'filler', limits: {disk: '8m'}, file_access: {unrestricted: true}}]),
+      )
+      fs.chmodSync(home.home, 0o755)
+      homes.push(home)
+      const hide = `import os
+for i in range(25):
+    os.mkdir("x" * 200); os.chdir("x" * 200)
+for i in range(10):
+    open("big%d" % i, "wb").write(bytes(7 << 20))
+print("hidden")`
+      scriptShell(`python3 -c '${hide}'; echo "exit $?"`, 30)
+      try {
+        const filled = await asNobody(home, ['send', '--agent', 'filler', 'hide files deep', '--json'])
+        expect(JSON.parse(filled.stdout).error, filled.stdout).toMatchObject({
+          code: 'E_DISK',
+          message: expect.stringContaining('limits.disk (8m)'),
+        })
+        const requestsBefore = llm.requests.length
+        const refused = await asNobody(home, ['send', '--agent', 'filler', 'again', '--json'])
+        expect(JSON.parse(refused.stdout).error).toMatchObject({
+          code: 'E_DISK',
+          message: expect.stringContaining('already uses'),
+        })
+        expect(llm.requests.length).toBe(requestsBefore)
+      } finally {
+        // too deep for the home's own clean-up (full paths)
+        await removeTrees([home.workspace('filler')])
+      }
     })
   },
 )

@@ -45,6 +45,8 @@ async function setup(options: {meepachat?: boolean} = {}) {
         {
           id: 'meepa',
           file_access: {unrestricted: true},
+          // under root the workspace is a volume of this size: small enough to reserve on the small home below
+          limits: {disk: '8m'},
           connectors: chat ? [{type: 'meepachat', url: chat.gatewayUrl, bot_token: TOKEN}] : [],
         },
       ],
