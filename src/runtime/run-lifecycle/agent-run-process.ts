@@ -260,6 +260,20 @@ export class StartedAgentProcess {
     return undefined
   }
 
+  /** Resident memory of the run's processes (its cgroups', else agent-run's process), in bytes. */
+  residentBytes(): number {
+    const pids = this.cgroup ? new Set(this.cgroup.dirs.flatMap(cgroupPids)) : [this.child.pid ?? 0]
+    let bytes = 0
+    for (const pid of pids) {
+      try {
+        bytes += Number(/VmRSS:\s+(\d+) kB/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1] ?? 0) * 1024
+      } catch {
+        // ended meanwhile
+      }
+    }
+    return bytes
+  }
+
   /** Whether its processes are in cgroups of its own (where agent-run is looked for). */
   get hasCgroups(): boolean {
     return this.cgroup !== undefined

@@ -35,7 +35,7 @@ export const hostSandboxRunner: Runner = {
   level: 'host-sandbox',
   run: async (request: RunRequest): Promise<AgentRunOutput> => {
     let namespaces: NamespaceProbe | undefined
-    const output = await runInStandbyOrCold(request, async (tmp, processId, context) => {
+    const output = await runInStandbyOrCold(request, 'host-sandbox', async (tmp, processId, context) => {
       const planned = await hostSandboxPlan(request, tmp, processId, context)
       if ('launch' in planned) namespaces = planned.namespaces
       return planned

@@ -9,6 +9,14 @@ import {
 } from '../run-lifecycle/agent-run-process.js'
 import {makePrivateTmp, removePrivateTmp, withPrivateTmp} from '../run-lifecycle/private-tmp.js'
 import type {RunRequest, StandbyOptions} from './types.js'
+import {
+  admitStandby,
+  releaseStandby,
+  setStandbyBudget,
+  standbysAllowed,
+  type BudgetedStandby,
+} from './standby-budget.js'
+import type {IsolationLevel} from '../config/types.js'
 import {buildIdentity} from '../util/build-identity.js'
 import {randomHex} from '../util/random.js'
 
@@ -20,10 +28,7 @@ import {randomHex} from '../util/random.js'
  * serves one message: nothing ran in it before its input.
  */
 
-/** An agent with no message for this long gives its standby back (an idle Node costs ≈ 40 MB). */
-const STANDBY_IDLE_MS = 10 * 60_000
-/** At most this many wait at once; the agent that ran longest ago loses its standby first. */
-const MAX_STANDBYS = 4
+// How many wait at once and for how long: the operator's budget for every level (standby-budget.ts).
 /** How often a message looks at a standby still starting, until its agent-run is in its cgroups. */
 const STARTING_POLL_MS = 5
 /** A standby whose agent-run is still not there this long after a message came is not waited for. */
@@ -63,7 +68,8 @@ interface Standby {
   /** The host directory it was given (device, inode): one put in its place is not its. */
   tmpIdentity: string
   privateTmpfs: boolean
-  expiry: NodeJS.Timeout
+  /** How it counts against the standby budget. */
+  budgeted: BudgetedStandby
 }
 
 /** One per slot (a gateway home's agent), in the order they were prepared. */
@@ -168,9 +174,9 @@ function realPath(file: string): string {
 export function prepareStandbyAgentRun(
   slot: string,
   plan: (tmpDir: string, processId: string) => Promise<StandbyPlan | undefined> | StandbyPlan | undefined,
-  options: {wanted: () => boolean; log: (line: string) => void},
+  options: {level: IsolationLevel; wanted: () => boolean; log: (line: string) => void},
 ): void {
-  if (preparing.has(slot) || !options.wanted()) return
+  if (preparing.has(slot) || !options.wanted() || !standbysAllowed()) return
   const generation = generations.get(homeOf(slot)) ?? 0
   const processId = `run_${randomHex(8)}`
   const {log} = options
@@ -188,7 +194,6 @@ export function prepareStandbyAgentRun(
         return
       }
       if (waiting) void dispose(unlist(slot)!)
-      if (standbys.size >= MAX_STANDBYS) void dispose(unlist(standbys.keys().next().value as string)!)
       const tmpIdentity = identity(fs.lstatSync(tmpDir))
       const process = startAgentProcess({...planned.launch, onStderr: log})
       const standby: Standby = {
@@ -197,11 +202,17 @@ export function prepareStandbyAgentRun(
         tmpDir,
         tmpIdentity,
         privateTmpfs: Boolean(planned.privateTmpfs),
-        expiry: setTimeout(() => {
-          if (standbys.get(slot) === standby) void dispose(unlist(slot)!)
-        }, STANDBY_IDLE_MS).unref(),
+        budgeted: {
+          level: options.level,
+          evict: () => {
+            if (standbys.get(slot) === standby) void dispose(unlist(slot)!)
+          },
+          residentBytes: () => process.residentBytes(),
+        },
       }
       standbys.set(slot, standby)
+      // the budget may end the least recently used agent's standby, or (none allowed) this one
+      if (!admitStandby(standby.budgeted)) void dispose(unlist(slot)!)
     } catch (error) {
       log(`could not start a standby agent-run: ${(error as Error).message}`)
       if (tmpDir) await removePrivateTmp(tmpDir, log)
@@ -216,7 +227,7 @@ function unlist(slot: string): Standby | undefined {
   const standby = standbys.get(slot)
   if (!standby) return undefined
   standbys.delete(slot)
-  clearTimeout(standby.expiry)
+  releaseStandby(standby.budgeted)
   return standby
 }
 
@@ -249,7 +260,11 @@ export type PlanAgentRun = (
  * cold in a new private TMPDIR, exactly as without standbys. In a running gateway (request.standby)
  * the agent's next agent-run is planned and started once the run ends.
  */
-export async function runInStandbyOrCold(request: RunRequest, plan: PlanAgentRun): Promise<AgentRunOutput> {
+export async function runInStandbyOrCold(
+  request: RunRequest,
+  level: IsolationLevel,
+  plan: PlanAgentRun,
+): Promise<AgentRunOutput> {
   const runId = request.input.run_id
   const slot = `${request.home}\0${request.input.agent.id}`
   const ahead: StandbyOptions | undefined =
@@ -293,6 +308,7 @@ export async function runInStandbyOrCold(request: RunRequest, plan: PlanAgentRun
   } finally {
     // once the reply is on its way; never once the gateway is stopping
     if (ahead) {
+      setStandbyBudget(request.config.gateway)
       const log = (line: string) => ahead.log(`standby agent-run of agent ${request.input.agent.id}: ${line}`)
       setImmediate(() =>
         prepareStandbyAgentRun(
@@ -303,7 +319,7 @@ export async function runInStandbyOrCold(request: RunRequest, plan: PlanAgentRun
             log(`not started: ${planned.ok ? 'no launch' : planned.error.message}`)
             return undefined
           },
-          {wanted: ahead.wanted, log},
+          {level, wanted: ahead.wanted, log},
         ),
       )
     }

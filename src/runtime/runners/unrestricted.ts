@@ -13,7 +13,7 @@ import type {RunRequest, Runner} from './types.js'
 export const unrestrictedRunner: Runner = {
   level: 'unrestricted',
   run: (request: RunRequest) =>
-    runInStandbyOrCold(request, async (tmpDir, processId, {signal}) => {
+    runInStandbyOrCold(request, 'unrestricted', async (tmpDir, processId, {signal}) => {
       try {
         // root's files in a container's workspace would stay root's past the next container run's check (owner.ts)
         await reclaimWorkspace(request.input.workspace, signal)

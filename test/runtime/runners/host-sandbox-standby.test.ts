@@ -8,6 +8,7 @@ import {requireLandlockOrSkip} from '../../helpers/landlock-support.js'
 import {waitFor} from '../../helpers/wait-for.js'
 import {runShellWithStandby} from '../../helpers/standby-message.js'
 import {stopStandbyAgentRuns} from '../../../src/runtime/runners/standby-agent-runs.js'
+import {standbyUsage} from '../../../src/runtime/runners/standby-budget.js'
 import {NO_NAMESPACES_ENV} from '../../../src/sandbox/bwrap/namespaces.js'
 
 /*
@@ -87,6 +88,11 @@ describe.skipIf(!enabled)('host sandbox: standby agent-runs of a running gateway
     expect(first.result.output.ok, first.reply).toBe(true)
     expect(fs.existsSync('/tmp/meepa-outside-grants')).toBe(false)
     const waiting = await standby()
+    // what it holds while it waits (agent-run, the helper's keeper, bubblewrap): within the issue's 45 MB
+    const held = standbyUsage()
+    expect(held).toMatchObject({count: 1, by_level: {'host-sandbox': {count: 1}}})
+    expect(held.resident_bytes).toBeGreaterThan(10 * 1024 * 1024)
+    expect(held.resident_bytes, `${held.resident_bytes} bytes`).toBeLessThanOrEqual(45 * 1024 * 1024)
     const second = await probe()
     expect(second.warm, second.logs).toBe(true)
     expect(second.tmpFiles).toBe('')
