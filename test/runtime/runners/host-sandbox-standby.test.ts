@@ -2,7 +2,8 @@ import fs from 'node:fs'
 import path from 'node:path'
 import {afterAll, afterEach, beforeAll, describe, expect, it} from 'vitest'
 import {startFakeLlm, type FakeLlm} from '../../fakes/llm-server.js'
-import {fakeLlmConfig, makeHome, ROOT, type TestHome} from '../../helpers/home.js'
+import {fakeLlmConfig, makeHome, ROOT, runCli, type TestHome} from '../../helpers/home.js'
+import {startServeProcess} from '../../helpers/serve-process.js'
 import {agentRunsIn} from '../../helpers/processes.js'
 import {requireLandlockOrSkip} from '../../helpers/landlock-support.js'
 import {waitFor} from '../../helpers/wait-for.js'
@@ -196,6 +197,28 @@ describe.skipIf(!enabled)('host sandbox: standby agent-runs of a running gateway
     }
   }, 120_000)
 
+  it('a gateway killed with SIGKILL takes its waiting standby with it: processes, cgroups and TMPDIR', async () => {
+    home = makeHome()
+    home.writeConfig(fakeLlmConfig(llm.openaiBaseUrl, [agent()], {captain: {port: 0}}))
+    const serve = await startServeProcess({home: home.home, args: [], env: {MEEPA_RETRY_BASE_MS: '20'}})
+    try {
+      llm.reset()
+      llm.setDefault({text: 'ok'})
+      const sent = await runCli(['send', '--agent', 'warm', 'hi'], {home: home.home})
+      expect(sent.exitCode, sent.stderr).toBe(0)
+      const pid = await standby()
+      const tmp = tmpOf(pid)
+      const cgroups = runCgroupsOf(pid)
+      expect(cgroups.length).toBeGreaterThan(0)
+      serve.process.kill('SIGKILL')
+      await serve.process.catch(() => {})
+      await waitFor('the standby to end', () => !fs.existsSync(`/proc/${pid}`))
+      await waitFor('its TMPDIR and cgroups removed', () => ![tmp, ...cgroups].some((dir) => fs.existsSync(dir)))
+    } finally {
+      serve.process.kill('SIGKILL')
+    }
+  }, 90_000)
+
   describe('a standby killed or tampered with while it waits is never used', () => {
     const tamperings: Array<[string, (pid: number, tmp: string) => unknown, RegExp]> = [
       ['its agent-run killed', (pid) => killAndWait(pid), /agent-run is no longer|keeper .* is gone|no process/],
@@ -203,11 +226,7 @@ describe.skipIf(!enabled)('host sandbox: standby agent-runs of a running gateway
       [
         'its cgroup removed (its processes moved out first)',
         (pid) => {
-          for (const line of fs.readFileSync(`/proc/${pid}/cgroup`, 'utf8').trim().split('\n')) {
-            const [, controllers, dir] = line.split(':')
-            if (!dir?.includes('run_')) continue
-            const root = controllers ? `/sys/fs/cgroup/${controllers.split(',')[0]}` : '/sys/fs/cgroup'
-            const cgroup = path.join(root, dir)
+          for (const cgroup of runCgroupsOf(pid)) {
             for (const member of fs.readFileSync(path.join(cgroup, 'cgroup.procs'), 'utf8').split('\n').filter(Boolean))
               fs.writeFileSync(path.join(path.dirname(cgroup), 'cgroup.procs'), member)
             fs.rmdirSync(cgroup)
@@ -236,12 +255,7 @@ describe.skipIf(!enabled)('host sandbox: standby agent-runs of a running gateway
         configure()
         expect((await send('true')).result.output.ok).toBe(true)
         const pid = await standby()
-        const tmp = String(
-          fs
-            .readFileSync(`/proc/${pid}/environ`, 'utf8')
-            .split('\0')
-            .find((entry) => entry.startsWith('TMPDIR=')),
-        ).slice('TMPDIR='.length)
+        const tmp = tmpOf(pid)
         await tamper(pid, tmp)
         const next = await probe()
         expect(next.warm).toBe(false)
@@ -254,6 +268,28 @@ describe.skipIf(!enabled)('host sandbox: standby agent-runs of a running gateway
     )
   })
 })
+
+/** A process's TMPDIR, from its environment. */
+function tmpOf(pid: number): string {
+  const entry = fs
+    .readFileSync(`/proc/${pid}/environ`, 'utf8')
+    .split('\0')
+    .find((line) => line.startsWith('TMPDIR='))
+  return String(entry).slice('TMPDIR='.length)
+}
+
+/** The run's own cgroup directories a process is in (v1: one per hierarchy; v2: one). */
+function runCgroupsOf(pid: number): string[] {
+  return fs
+    .readFileSync(`/proc/${pid}/cgroup`, 'utf8')
+    .trim()
+    .split('\n')
+    .flatMap((line) => {
+      const [, controllers, dir] = line.split(':')
+      if (!dir?.includes('run_')) return []
+      return [path.join(controllers ? `/sys/fs/cgroup/${controllers.split(',')[0]}` : '/sys/fs/cgroup', dir)]
+    })
+}
 
 /** SIGKILL, then until the process is gone (not even a zombie). */
 async function killAndWait(pid: number): Promise<void> {
