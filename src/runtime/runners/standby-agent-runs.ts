@@ -286,7 +286,12 @@ export async function runInStandbyOrCold(
     const waitingTmp = ahead && waitingStandbyTmp(slot)
     if (waitingTmp) {
       const planned = await plan(waitingTmp, runId, context)
-      if (!('launch' in planned)) return planned
+      if (!('launch' in planned)) {
+        // this agent's runs are refused now (E_SANDBOX...): what waits was made under other rules
+        const stale = unlist(slot)
+        if (stale) void dispose(stale)
+        return planned
+      }
       const standby = await takeStandbyAgentRun(slot, standbyShape(planned, waitingTmp), request.onLog)
       if (standby) {
         try {

@@ -197,6 +197,22 @@ describe.skipIf(!enabled)('host sandbox: standby agent-runs of a running gateway
     }
   }, 120_000)
 
+  it('a message the sandbox now refuses (E_SANDBOX) ends the standby made under the old rules', async () => {
+    home = makeHome()
+    configure()
+    expect((await send('true')).result.output.ok).toBe(true)
+    const pid = await standby()
+    // without bubblewrap and without best_effort the host sandbox cannot be enforced: refused
+    process.env[NO_NAMESPACES_ENV] = '1'
+    try {
+      const refused = await send('true')
+      expect(refused.result.output).toMatchObject({ok: false, error: {code: 'E_SANDBOX'}})
+      await waitFor('the standby to end', () => !fs.existsSync(`/proc/${pid}`))
+    } finally {
+      delete process.env[NO_NAMESPACES_ENV]
+    }
+  }, 90_000)
+
   it('a gateway killed with SIGKILL takes its waiting standby with it: processes, cgroups and TMPDIR', async () => {
     home = makeHome()
     home.writeConfig(fakeLlmConfig(llm.openaiBaseUrl, [agent()], {captain: {port: 0}}))
