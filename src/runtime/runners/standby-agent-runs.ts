@@ -104,6 +104,21 @@ export async function takeStandbyAgentRun(
   return undefined
 }
 
+/**
+ * The run cannot be planned with the standby's TMPDIR (it is gone, or the sandbox now refuses the
+ * agent's runs): the standby is ended and the run is planned cold, which says what is wrong.
+ */
+function dropStandby(slot: string, failed: AgentRunOutput, log?: (line: string) => void): undefined {
+  const standby = unlist(slot)
+  if (!standby) return undefined
+  const why = failed.ok ? 'no launch' : failed.error.message
+  log?.(
+    `not using the standby agent-run prepared for this agent: its run cannot be planned with it (${why}); starting the run cold`,
+  )
+  void dispose(standby)
+  return undefined
+}
+
 /** Waits for a starting standby's agent-run to be in its cgroups; what went wrong meanwhile, if anything. */
 async function startFault(standby: Standby): Promise<string | undefined> {
   const giveUp = Date.now() + STARTING_WAIT_MS
@@ -286,13 +301,10 @@ export async function runInStandbyOrCold(
     const waitingTmp = ahead && waitingStandbyTmp(slot)
     if (waitingTmp) {
       const planned = await plan(waitingTmp, runId, context)
-      if (!('launch' in planned)) {
-        // this agent's runs are refused now (E_SANDBOX...): what waits was made under other rules
-        const stale = unlist(slot)
-        if (stale) void dispose(stale)
-        return planned
-      }
-      const standby = await takeStandbyAgentRun(slot, standbyShape(planned, waitingTmp), request.onLog)
+      const standby =
+        'launch' in planned
+          ? await takeStandbyAgentRun(slot, standbyShape(planned, waitingTmp), request.onLog)
+          : dropStandby(slot, planned, request.onLog)
       if (standby) {
         try {
           return await standby.process.run(run)

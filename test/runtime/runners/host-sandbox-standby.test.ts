@@ -259,6 +259,11 @@ describe.skipIf(!enabled)('host sandbox: standby agent-runs of a running gateway
         /its TMPDIR .* was replaced/,
       ],
       [
+        'its TMPDIR removed on the host',
+        (_pid, tmp) => fs.rmdirSync(tmp),
+        /its run cannot be planned with it \(the private temp dir .* does not exist/,
+      ],
+      [
         'a file planted in its TMPDIR inside its namespace',
         (pid, tmp) => fs.writeFileSync(`/proc/${pid}/root${tmp}/planted`, 'x'),
         /something was written in its TMPDIR/,
