@@ -1,6 +1,27 @@
 import fs from 'node:fs'
+import os from 'node:os'
 import path from 'node:path'
+import YAML from 'yaml'
 import {fileURLToPath} from 'node:url'
+
+/**
+ * A throwaway MEEPAGATEWAY_HOME whose config.yaml has one OpenAI-compatible provider, the fake LLM
+ * at `baseUrl` (key in FAKE_LLM_KEY), and `rest` (agents, captain, gateway...).
+ */
+export function fakeLlmHome(
+  prefix: string,
+  baseUrl: string,
+  rest: Record<string, unknown>,
+): {home: string; configPath: string} {
+  const home = fs.mkdtempSync(path.join(os.tmpdir(), prefix))
+  const configPath = path.join(home, 'config.yaml')
+  const providers = {
+    primary: 'fake',
+    providers: {fake: {kind: 'openai', api_key_env: 'FAKE_LLM_KEY', model: 'fake', base_url: baseUrl}},
+  }
+  fs.writeFileSync(configPath, YAML.stringify({providers, ...rest}))
+  return {home, configPath}
+}
 
 export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..')
 

@@ -28,6 +28,8 @@ const SUITE = {
     '20 agents x 5 messages through the web chat of a real `serve`, against `runMessage` directly (issue 5)',
   'attachment-inbound':
     'a message with one 1 MB attachment in a running gateway, against the same message without it (issue 23)',
+  'warm-levels':
+    'a web-chat message through `serve` with standbys, unrestricted / host sandbox / container side by side (issue 25)',
   'workspace-handover':
     "/healthz and another agent's job while a root gateway hands a hostile 300,000-file workspace over (issue 27; root)",
 }

@@ -347,17 +347,32 @@ async function route() {
 
 // ---------- overview ----------
 
+/** How many runs the gateway holds ready ahead of messages, and what they hold in memory. */
+function standbysLine(standbys) {
+  const levels = Object.entries(standbys.by_level).map(
+    ([level, usage]) => `${level} ${usage.count}${usage.unmeasured ? ` (${usage.unmeasured} not measured here)` : ''}`,
+  )
+  return `Standbys ready: ${standbys.count} of at most ${standbys.max}${levels.length ? ` (${levels.join(', ')})` : ''}, ${(standbys.resident_bytes / 1048576).toFixed(1)} MB resident; each ends after ${standbys.idle_minutes} min without a message.`
+}
+
 async function overviewPage() {
   const configNote = h('div', {id: 'config-refused'})
   const agentsCard = h('div', {class: 'card'})
   const runsCard = h('div', {class: 'card'})
-  setMain(h('h1', {}, 'Overview'), configNote, agentsCard, runsCard)
+  const standbysNote = h('div', {class: 'hint', id: 'standbys'})
+  setMain(h('h1', {}, 'Overview'), configNote, agentsCard, standbysNote, runsCard)
   const refresh = async () => {
-    const [file, agents, runs] = await Promise.all([
+    const [file, agents, runs, health] = await Promise.all([
       api('GET', '/config'),
       api('GET', '/agents'),
       api('GET', '/runs?limit=25'),
+      // /healthz answers 503 with the same body when degraded
+      fetch('/healthz').then(
+        (res) => res.json(),
+        () => ({}),
+      ),
     ])
+    standbysNote.replaceChildren(health.standbys ? standbysLine(health.standbys) : '')
     // a hand edit the gateway refused: what runs is the previous config, and dashboard edits wait for the fix
     configNote.replaceChildren(
       file.refused

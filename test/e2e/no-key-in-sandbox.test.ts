@@ -8,6 +8,9 @@ import {describeWithDocker} from '../helpers/docker-env.js'
 import {loadConfig} from '../../src/runtime/config/load.js'
 import {runMessage} from '../../src/runtime/runners/run-message.js'
 import {stopStandbyContainers} from '../../src/runtime/runners/container/standby-pool.js'
+import {stopStandbyAgentRuns} from '../../src/runtime/runners/standby-agent-runs.js'
+import {agentRunsIn} from '../helpers/processes.js'
+import {waitFor} from '../helpers/wait-for.js'
 
 /*
  * Issue 11, criterion 1: at every level agent-run holds no provider key. While agent-run waits for
@@ -58,6 +61,7 @@ describe.runIf(isRoot)('no provider key in agent-run, at any level (scans /proc 
     llm = await startFakeLlm()
   })
   afterAll(async () => {
+    await stopStandbyAgentRuns()
     await stopStandbyContainers()
     await llm.close()
     for (const home of homes) home.cleanup()
@@ -143,6 +147,43 @@ describe.runIf(isRoot)('no provider key in agent-run, at any level (scans /proc 
     expect(scan.key).toEqual({environ: false, cmdline: false, memory: false})
   })
 
+  /** A message on a running gateway's path (runMessage with `standby`), with the key and the token in the environment. */
+  const runWithStandby = (home: TestHome, content: string, onLog?: (line: string) => void) =>
+    runMessage({
+      loaded: loadConfig({
+        configPath: home.configPath,
+        home: home.home,
+        env: {FAKE_LLM_KEY: key, CHAT_TOKEN: chatToken},
+      }),
+      agentId: 'a',
+      message: {id: 'm', connector: 'cli', channel_id: 'c', user: {id: 'u', name: 'u'}, content},
+      standby: true,
+      onLog,
+    })
+
+  it('standby host-sandbox agent-run (waiting, then serving its message): not in environ, cmdline or memory', async () => {
+    const home = homeWith({file_access: {allow_network: false}})
+    llm.reset()
+    llm.setDefault({text: 'cold'})
+    expect((await runWithStandby(home, 'first')).output.ok).toBe(true)
+    const [waiting] = await waitFor('a standby agent-run', () => {
+      const pids = agentRunsIn(home.workspace('a'))
+      return pids.length === 1 && pids
+    })
+    // waiting: it holds nothing of the gateway's
+    for (const secret of [key, chatToken])
+      expect(whereHeld(waiting!, secret)).toEqual({environ: false, cmdline: false, memory: false})
+    const marker = `marker-${randomBytes(8).toString('hex')}`
+    const scanned = scriptScan(marker)
+    const logs: string[] = []
+    const second = await runWithStandby(home, `hello ${marker}`, (line) => logs.push(line))
+    expect(second.output).toMatchObject({ok: true, reply: {content: 'scanned'}})
+    expect(logs.join('\n')).not.toMatch(/cold/)
+    const scan = await scanned
+    expect(scan.runs).toBeGreaterThanOrEqual(1)
+    expect(scan.key).toEqual({environ: false, cmdline: false, memory: false})
+  }, 120_000)
+
   describeWithDocker('containers', () => {
     it('container (network none): not in environ, cmdline or memory', async () => {
       const scan = await sendAndScan({container_mode: {enabled: true, network: 'none', timeout_seconds: 120}})
@@ -152,34 +193,13 @@ describe.runIf(isRoot)('no provider key in agent-run, at any level (scans /proc 
 
     it('standby container (waiting, then serving its message): not in environ, cmdline or memory', async () => {
       const home = homeWith({container_mode: {enabled: true, network: 'none', timeout_seconds: 120}})
-      const run = (content: string) =>
-        runMessage({
-          loaded: loadConfig({
-            configPath: home.configPath,
-            home: home.home,
-            env: {FAKE_LLM_KEY: key, CHAT_TOKEN: chatToken},
-          }),
-          agentId: 'a',
-          message: {id: 'm', connector: 'cli', channel_id: 'c', user: {id: 'u', name: 'u'}, content},
-          standby: true,
-        })
       llm.reset()
       llm.setDefault({text: 'cold'})
       const logs: string[] = []
-      expect((await run('first')).output.ok).toBe(true)
+      expect((await runWithStandby(home, 'first')).output.ok).toBe(true)
       const marker = `marker-${randomBytes(8).toString('hex')}`
       const scanned = scriptScan(marker)
-      const second = await runMessage({
-        loaded: loadConfig({
-          configPath: home.configPath,
-          home: home.home,
-          env: {FAKE_LLM_KEY: key, CHAT_TOKEN: chatToken},
-        }),
-        agentId: 'a',
-        message: {id: 'm2', connector: 'cli', channel_id: 'c', user: {id: 'u', name: 'u'}, content: `hello ${marker}`},
-        standby: true,
-        onLog: (line) => logs.push(line),
-      })
+      const second = await runWithStandby(home, `hello ${marker}`, (line) => logs.push(line))
       expect(second.output).toMatchObject({ok: true, reply: {content: 'scanned'}})
       expect(logs.join('\n')).toMatch(/running in standby container/)
       const scan = await scanned

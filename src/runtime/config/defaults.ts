@@ -17,6 +17,8 @@ export const DEFAULT_GATEWAY: GatewayConfig['gateway'] = {
   max_concurrent_runs: 4,
   queue_limit: 50,
   shutdown_grace_seconds: 30,
+  max_standbys: 8,
+  standby_idle_minutes: 10,
 }
 
 /** Built-in agent defaults: the last step of agent field > agent_defaults > built-in default. */

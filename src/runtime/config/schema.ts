@@ -182,6 +182,8 @@ export const CONFIG_SCHEMA = {
         max_concurrent_runs: {type: 'integer', minimum: 1},
         queue_limit: {type: 'integer', minimum: 1},
         shutdown_grace_seconds: {type: 'number', minimum: 0},
+        max_standbys: {type: 'integer', minimum: 0},
+        standby_idle_minutes: {type: 'number', exclusiveMinimum: 0},
       },
     },
     agent_defaults: {type: 'object', additionalProperties: false, properties: agentFields},

@@ -123,7 +123,15 @@ export interface GatewayConfig {
   captain: CaptainConfig
   image_config: ImageConfig
   agents: AgentConfig[]
-  gateway: {max_concurrent_runs: number; queue_limit: number; shutdown_grace_seconds: number}
+  gateway: {
+    max_concurrent_runs: number
+    queue_limit: number
+    shutdown_grace_seconds: number
+    /** Standby agent-runs and containers held at once, every level together (0: none). */
+    max_standbys: number
+    /** A standby whose message has not come after this long is ended. */
+    standby_idle_minutes: number
+  }
 }
 
 /** What loadConfig returns: the resolved config plus where it came from. */

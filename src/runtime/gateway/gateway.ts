@@ -9,6 +9,7 @@ import {recordListening} from '../http/listening-record.js'
 import {newRunId, runMessage} from '../runners/run-message.js'
 import {reclaimAbandonedRuns} from '../run-lifecycle/reclaim-runs.js'
 import {abandonEngineWork, probeEngine, stopStandbyAgentRuns, stopStandbyContainers} from '../runners/index.js'
+import {setStandbyBudget, standbyUsage} from '../runners/standby-budget.js'
 import {isolationLevelFor} from '../shapes/isolation-level.js'
 import {ApiKeys, takeLegacyKeysNotice} from '../state/api-keys.js'
 import {isSqliteDamage} from '../state/sqlite-damage.js'
@@ -108,6 +109,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     })
     // the dashboard edits agents and image_config; runs started after an edit use the new config
     let live = loaded
+    setStandbyBudget(config.gateway)
     const queue = new RunQueue({
       maxConcurrent: config.gateway.max_concurrent_runs,
       queueLimit: config.gateway.queue_limit,
@@ -190,6 +192,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
         agents: agents.size,
         connectors: states,
         runs: {running: queue.running, waiting: queue.waiting},
+        standbys: standbyUsage(),
       })
     })
     // a config written by the dashboard or by hand: runs started from now on use it; running ones keep theirs

@@ -1,4 +1,5 @@
 import {spawn, type ChildProcess} from 'node:child_process'
+import fs from 'node:fs'
 import path from 'node:path'
 import type {Duplex, Writable} from 'node:stream'
 import type {AgentRunInput, AgentRunOutput} from '../shapes/agent-run-contract.js'
@@ -146,7 +147,6 @@ export class StartedAgentProcess {
   /** This process killed the keeper itself (it did not end the run in time): not a kill from outside. */
   private keeperKilled = false
   private taken = false
-  private readonly oomBefore: number
 
   constructor(private readonly launch: AgentProcessLaunch) {
     const {ownership} = launch
@@ -214,7 +214,6 @@ export class StartedAgentProcess {
     }
     this.lifeline = this.helper ? (this.child.stdio[keeperFd] as Duplex) : undefined
     this.lifeline?.on('error', () => {})
-    this.oomBefore = this.cgroup?.oomKills() ?? 0
     this.logStderr = launch.onStderr && cappedLog(launch.onStderr)
     this.child.stderr?.on('error', () => {})
     this.child.stderr?.on('data', (chunk: Buffer) => {
@@ -238,6 +237,51 @@ export class StartedAgentProcess {
   /** Still waiting for a message: started, not exited, not taken. */
   get ready(): boolean {
     return !this.exited && !this.taken
+  }
+
+  /**
+   * Why this waiting agent-run cannot take a message: it, its keeper or its cgroups were killed or
+   * removed while it waited. Read from /proc and the cgroups now, not from exit events this process
+   * may not have handled yet. undefined: whole (or, `started` false, still starting: no agent-run
+   * in its cgroups yet, but its keeper and processes alive).
+   */
+  idleFault(started: boolean): string | undefined {
+    if (this.taken) return 'it was already given a message'
+    const pid = this.child.pid
+    if (this.exited || pid === undefined || !liveProcess(pid))
+      return `its ${this.lifeline ? 'keeper' : 'process'}${pid === undefined ? '' : ` (${pid})`} is gone`
+    if (!this.cgroup) return undefined
+    for (const dir of this.cgroup.dirs) {
+      if (!fs.existsSync(path.join(dir, 'cgroup.procs'))) return `its cgroup ${dir} is gone`
+      const members = cgroupPids(dir).filter(liveProcess)
+      if (members.length === 0) return `no process is left in its cgroup ${dir}`
+      if (started && !members.some(isAgentRun)) return `its agent-run is no longer in its cgroup ${dir}`
+    }
+    return undefined
+  }
+
+  /** Resident memory of the run's processes (its cgroups', else agent-run's process), in bytes. */
+  residentBytes(): number {
+    const pids = this.cgroup ? new Set(this.cgroup.dirs.flatMap(cgroupPids)) : [this.child.pid ?? 0]
+    let bytes = 0
+    for (const pid of pids) {
+      try {
+        bytes += Number(/VmRSS:\s+(\d+) kB/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1] ?? 0) * 1024
+      } catch {
+        // ended meanwhile
+      }
+    }
+    return bytes
+  }
+
+  /** Whether its processes are in cgroups of its own (where agent-run is looked for). */
+  get hasCgroups(): boolean {
+    return this.cgroup !== undefined
+  }
+
+  /** The pid of agent-run itself in the run's cgroups (undefined: not started yet, or no cgroups here). */
+  agentRunPid(): number | undefined {
+    return this.cgroup?.dirs.flatMap(cgroupPids).find((pid) => liveProcess(pid) && isAgentRun(pid))
   }
 
   // Without a keeper, `detached` made the child a session leader: members that moved to another
@@ -285,6 +329,9 @@ export class StartedAgentProcess {
     const {input} = options
     const {child, cgroup, disk, killRun} = this
     if (options.onStderr) this.logStderr = cappedLog(options.onStderr)
+    // the limits count from the message: a standby's waiting time is not the run's
+    const oomBefore = cgroup?.oomKills() ?? 0
+    const pidsHitsBefore = cgroup?.pidsLimitHits() ?? 0
 
     // Before the input: limits.disk is checked (over it already, the run is stopped before it
     // gets its input), and the keeper has moved agent-run into its cgroups.
@@ -393,7 +440,7 @@ export class StartedAgentProcess {
       )
     const limits = this.launch.ownership?.limits
     if (cgroup && limits) {
-      const oomKills = cgroup.oomKills() - this.oomBefore
+      const oomKills = cgroup.oomKills() - oomBefore
       if (oomKills > 0) {
         return failure(
           input.run_id,
@@ -407,7 +454,7 @@ export class StartedAgentProcess {
           },
         )
       }
-      const pidsHits = cgroup.pidsLimitHits()
+      const pidsHits = cgroup.pidsLimitHits() - pidsHitsBefore
       if (pidsHits > 0) {
         return failure(
           input.run_id,
@@ -435,6 +482,25 @@ export class StartedAgentProcess {
       )
     }
     return outcome ?? parseAgentRunOutput(input.run_id, '', result.exitCode, stderrTail)
+  }
+}
+
+/** A process that has not exited (a zombie has: it only waits to be reaped). */
+function liveProcess(pid: number): boolean {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8')
+    return !/^[ZX]/.test(stat.slice(stat.lastIndexOf(')') + 2))
+  } catch {
+    return false
+  }
+}
+
+/** Whether the process is agent-run itself (its exact argv), not its keeper, bwrap or the helper. */
+function isAgentRun(pid: number): boolean {
+  try {
+    return fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8') === `${agentRunArgv().join('\0')}\0`
+  } catch {
+    return false
   }
 }
 

@@ -30,6 +30,13 @@ export function makePrivateTmp(runId: string): string {
 /** Removes a run's TMPDIR whatever its depth and size, off the event loop; never throws (a failure is logged). */
 export async function removePrivateTmp(dir: string, log?: (line: string) => void): Promise<void> {
   try {
+    // most are empty (behind bubblewrap the run wrote in a tmpfs of its own): one rmdir, no helper process
+    fs.rmdirSync(dir)
+    return
+  } catch {
+    // not empty, or not a plain directory: the helper removes it whatever it holds
+  }
+  try {
     await removeTrees([dir])
   } catch (error) {
     log?.(

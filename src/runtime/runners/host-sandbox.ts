@@ -12,8 +12,9 @@ import {seatbeltInvocation} from '../../sandbox/seatbelt/profile.js'
 import {prepareWorkspaceForPolicy} from '../host-sandbox/workspace-prep.js'
 import {reclaimWorkspace} from '../workspace/owner.js'
 import {failure, failureFromError} from '../agent-run/output.js'
-import {agentRunArgv, runAgentProcess} from '../run-lifecycle/agent-run-process.js'
-import {agentEnvironment, withPrivateTmp} from '../run-lifecycle/private-tmp.js'
+import {agentRunArgv} from '../run-lifecycle/agent-run-process.js'
+import {agentEnvironment} from '../run-lifecycle/private-tmp.js'
+import {runInStandbyOrCold, type StandbyPlan} from './standby-agent-runs.js'
 import type {RunRequest, Runner} from './types.js'
 
 export interface Launch {
@@ -32,87 +33,105 @@ export interface Launch {
  */
 export const hostSandboxRunner: Runner = {
   level: 'host-sandbox',
-  run: (request: RunRequest) =>
-    withPrivateTmp(
-      request.input.run_id,
-      async (tmp): Promise<AgentRunOutput> => {
-        const runId = request.input.run_id
-        let launch: Launch
-        let namespaces: NamespaceProbe | undefined
-        try {
-          await reclaimWorkspace(request.input.workspace, request.signal)
-          namespaces =
-            process.platform === 'linux'
-              ? await probeNamespaces({cacheFile: probeRecord(request.home, 'namespace')})
-              : undefined
-          const compile = () =>
-            agentPolicy({
-              agent: request.input.agent,
-              config: request.config,
-              home: request.home,
-              workspace: request.input.workspace,
-              tmpDir: tmp,
-              configPath: request.configPath,
-              namespaces: namespaces?.available,
+  run: async (request: RunRequest): Promise<AgentRunOutput> => {
+    let namespaces: NamespaceProbe | undefined
+    const output = await runInStandbyOrCold(request, 'host-sandbox', async (tmp, processId, context) => {
+      const planned = await hostSandboxPlan(request, tmp, processId, context)
+      if ('launch' in planned) namespaces = planned.namespaces
+      return planned
+    })
+    // bwrap failed where a remembered probe said it works: agent-run never started; once more, as the layer is now
+    if (
+      namespaces &&
+      bwrapFailed(output) &&
+      (await rememberedLayerBroke(namespaces, probeRecord(request.home, 'namespace')))
+    ) {
+      request.onLog?.(
+        'sandbox: bubblewrap no longer creates the namespaces here (its remembered probe was out of date); starting the run again without them',
+      )
+      return hostSandboxRunner.run(request)
+    }
+    return helperRefusal(output) ?? output
+  },
+}
+
+/**
+ * How one agent-run of the request's agent starts with private TMPDIR `tmp`, under the policy of
+ * the config, the workspace and the host as they are now: for its message, or ahead of it for a
+ * standby (the same plan: the shape compared at the message includes the policy, the bwrap
+ * argv, the environment and the agent's config, so a standby serves only what a cold start would
+ * have started).
+ */
+async function hostSandboxPlan(
+  request: RunRequest,
+  tmp: string,
+  processId: string,
+  context: {log?: (line: string) => void; signal?: AbortSignal},
+): Promise<(StandbyPlan & {namespaces?: NamespaceProbe}) | AgentRunOutput> {
+  const runId = request.input.run_id
+  const {log} = context
+  let launch: Launch
+  let namespaces: NamespaceProbe | undefined
+  try {
+    await reclaimWorkspace(request.input.workspace, context.signal)
+    namespaces =
+      process.platform === 'linux'
+        ? await probeNamespaces({cacheFile: probeRecord(request.home, 'namespace')})
+        : undefined
+    const compile = () =>
+      agentPolicy({
+        agent: request.input.agent,
+        config: request.config,
+        home: request.home,
+        workspace: request.input.workspace,
+        tmpDir: tmp,
+        configPath: request.configPath,
+        namespaces: namespaces?.available,
+      })
+    let policy = compile()
+    if (prepareWorkspaceForPolicy(request.input.workspace, policy)) policy = compile()
+    for (const note of policy.notes) log?.(`sandbox: ${note}`)
+    const env = {...agentEnvironment(request.input.workspace, tmp), PATH: sandboxPath()}
+    if (process.platform === 'darwin') launch = {argv: seatbeltInvocation(policy, agentRunArgv()).argv, env}
+    else {
+      const policyGaps = namespaceGaps(policy, namespaces)
+      if (policy.bestEffort) for (const gap of policyGaps) log?.(`sandbox: best effort, NOT enforced: ${gap}`)
+      const linux = await linuxLaunch(policy, env, {
+        bwrap: namespaces?.available
+          ? bwrapArgv(namespaces.bwrap!, policy, request.home, {
+              path: tmp,
+              bytes: sizeBytes(request.input.agent.limits.disk, 'limits.disk'),
             })
-          let policy = compile()
-          if (prepareWorkspaceForPolicy(request.input.workspace, policy)) policy = compile()
-          for (const note of policy.notes) request.onLog?.(`sandbox: ${note}`)
-          const env = {...agentEnvironment(request.input.workspace, tmp), PATH: sandboxPath()}
-          if (process.platform === 'darwin') launch = {argv: seatbeltInvocation(policy, agentRunArgv()).argv, env}
-          else {
-            const policyGaps = namespaceGaps(policy, namespaces)
-            if (policy.bestEffort)
-              for (const gap of policyGaps) request.onLog?.(`sandbox: best effort, NOT enforced: ${gap}`)
-            const linux = await linuxLaunch(policy, env, {
-              bwrap: namespaces?.available
-                ? bwrapArgv(namespaces.bwrap!, policy, request.home, {
-                    path: tmp,
-                    bytes: sizeBytes(request.input.agent.limits.disk, 'limits.disk'),
-                  })
-                : [],
-              policyGaps,
-              home: request.home,
-            })
-            if ('error' in linux)
-              return failure(runId, 'E_SANDBOX', linux.error, false, {gaps: linux.gaps, fix: linux.fix})
-            launch = linux
-          }
-        } catch (error) {
-          return failureFromError(runId, error, 'E_SANDBOX')
-        }
-        const output = await runAgentProcess({
-          ...launch,
-          cwd: request.input.workspace,
-          input: request.input,
-          llm: request.llm,
-          timeoutMs: request.timeoutMs,
-          signal: request.signal,
-          onStderr: request.onLog,
-          onStarted: request.onStarted,
-          ownership: {
-            home: request.home,
-            runId,
-            limits: request.input.agent.limits,
-            workspace: request.input.workspace,
-            tmpDir: tmp,
-          },
-        })
-        // bwrap failed where a remembered probe said it works: agent-run never started; once more, as the layer is now
-        if (
-          namespaces &&
-          bwrapFailed(output) &&
-          (await rememberedLayerBroke(namespaces, probeRecord(request.home, 'namespace')))
-        ) {
-          request.onLog?.(
-            'sandbox: bubblewrap no longer creates the namespaces here (its remembered probe was out of date); starting the run again without them',
-          )
-          return hostSandboxRunner.run(request)
-        }
-        return helperRefusal(output) ?? output
+          : [],
+        policyGaps,
+        home: request.home,
+      })
+      if ('error' in linux) return failure(runId, 'E_SANDBOX', linux.error, false, {gaps: linux.gaps, fix: linux.fix})
+      launch = linux
+    }
+  } catch (error) {
+    return failureFromError(runId, error, 'E_SANDBOX')
+  }
+  return {
+    launch: {
+      ...launch,
+      cwd: request.input.workspace,
+      ownership: {
+        home: request.home,
+        runId: processId,
+        limits: request.input.agent.limits,
+        workspace: request.input.workspace,
+        tmpDir: tmp,
       },
-      request.onLog,
-    ),
+    },
+    shape: {
+      "the agent's config": request.input.agent,
+      'the sandbox policy and launch (file_access, the workspace, the namespace and kernel probes, the environment)':
+        launch,
+    },
+    privateTmpfs: Boolean(namespaces?.available),
+    namespaces,
+  }
 }
 
 /** agent-run's output when bwrap itself failed before starting anything (its messages start with "bwrap: "). */

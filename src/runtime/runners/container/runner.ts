@@ -28,7 +28,8 @@ import {APP_ROOT} from '../../util/app-root.js'
 import {dockerEngineProblem, reportEngineAnswered, reportEngineProblem} from './engine-health.js'
 import {engineAnswers, ENGINE_PING_TIMEOUT_MS} from './engine-watch.js'
 import {startAgentContainer, type AgentContainer, type RunShape} from './agent-container.js'
-import {prepareStandby, STANDBY_IDLE_MS, takeStandby} from './standby-pool.js'
+import {prepareStandby, takeStandby} from './standby-pool.js'
+import {setStandbyBudget, standbyIdleMs} from '../standby-budget.js'
 import {
   engineApiFor,
   removeOwedContainers,
@@ -115,6 +116,7 @@ export async function runInContainer(request: RunRequest, options: {cli?: Docker
     const output = await Promise.race([answered, whole])
     // a hung engine would only leave one more docker client hanging
     if (request.standby && request.input.agent.container_mode.standby && !dockerEngineProblem()) {
+      setStandbyBudget(request.config.gateway)
       prepareStandby(
         standbySlot(request),
         cli,
@@ -130,7 +132,7 @@ export async function runInContainer(request: RunRequest, options: {cli?: Docker
             startAgentContainer(cli, shape, {
               name,
               run: 'standby',
-              clientTimeoutMs: STANDBY_IDLE_MS + request.timeoutMs + CLIENT_GRACE_MS,
+              clientTimeoutMs: standbyIdleMs() + request.timeoutMs + CLIENT_GRACE_MS,
             })
         },
         log,

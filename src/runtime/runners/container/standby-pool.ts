@@ -2,6 +2,7 @@ import {setTimeout as sleep} from 'node:timers/promises'
 import type {DockerCli} from '../../../sandbox/docker/cli.js'
 import {toGatewayError} from '../../util/errors.js'
 import {signalChild} from '../../util/subprocess.js'
+import {admitStandby, releaseStandby, standbysAllowed, type BudgetedStandby} from '../standby-budget.js'
 import type {AgentContainer} from './agent-container.js'
 import {
   containerRemovalsSettled,
@@ -16,10 +17,10 @@ import {
  * Standby containers: after a gateway's run, the agent's next container is started at once and
  * waits, agent-run loaded, for its message, which then skips container and Node start-up. Each
  * still serves exactly one message. One per agent, discarded when the run's shape changes
- * (config, image, secrets), after STANDBY_IDLE_MS without a message, and when the gateway stops.
+ * (config, image, secrets), when the standby budget takes it back (idle too long, or room for a
+ * more recently used agent: standby-budget.ts), and when the gateway stops.
  */
-export const STANDBY_IDLE_MS = 10 * 60_000
-const standbys = new Map<string, {container: AgentContainer; cli: DockerCli; expiry: NodeJS.Timeout}>()
+const standbys = new Map<string, {container: AgentContainer; cli: DockerCli; budgeted: BudgetedStandby}>()
 /** Standbys still being started: stopping must wait for them, or one would outlive the gateway. */
 const preparingStandbys = new Set<Promise<void>>()
 
@@ -36,7 +37,7 @@ function removeStandby(slot: string): {container: AgentContainer; cli: DockerCli
   const entry = standbys.get(slot)
   if (!entry) return undefined
   standbys.delete(slot)
-  clearTimeout(entry.expiry)
+  releaseStandby(entry.budgeted)
   return entry
 }
 
@@ -81,18 +82,19 @@ export function prepareStandby(
   log: (line: string) => void,
 ): void {
   const preparing = (async () => {
-    if (standbys.has(slot)) return
+    if (standbys.has(slot) || !standbysAllowed()) return
     const start = await prepare(standbyPreparation.signal)
-    if (standbys.has(slot) || standbyPreparation.signal.aborted) return
+    if (standbys.has(slot) || standbyPreparation.signal.aborted || !standbysAllowed()) return
     const container = start()
     const discardIfWaiting = () => {
       if (standbys.get(slot)?.container === container) discard(removeStandby(slot)!)
     }
     // One that ends on its own (engine restart, killed) is only removed: the next run starts cold.
     void container.child.then(discardIfWaiting)
-    const expiry = setTimeout(discardIfWaiting, STANDBY_IDLE_MS)
-    expiry.unref()
-    standbys.set(slot, {container, cli, expiry})
+    // its processes are the engine's: what they hold is not measured from here
+    const budgeted: BudgetedStandby = {level: 'container', evict: discardIfWaiting, residentBytes: () => undefined}
+    standbys.set(slot, {container, cli, budgeted})
+    if (!admitStandby(budgeted)) discardIfWaiting()
   })()
   void track(
     preparingStandbys,

@@ -616,8 +616,11 @@ describe('send and a gateway that misbehaves or is run elsewhere', {timeout: 90_
     llm.setDefault({text: 'ok'})
     expect((await send('free', 'hi', {env})).exitCode).toBe(0)
     await waitFor('a standby agent-run', () => agentRunsIn(home!.workspace('free')).length === 1)
-    fs.rmSync(tmp, {recursive: true, force: true})
-    // this run takes the standby; the next one cannot be started
+    // this run takes the standby (its TMPDIR whole until then); the next one cannot be started
+    llm.enqueue(() => {
+      fs.rmSync(tmp, {recursive: true, force: true})
+      return {text: 'ok'}
+    })
     expect((await send('free', 'hi', {env})).exitCode).toBe(0)
     await waitFor('the log line', () => /could not start a standby agent-run: .*ENOENT/.test(serve.output()))
     await new Promise((resolve) => setTimeout(resolve, 300))

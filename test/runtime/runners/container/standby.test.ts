@@ -5,8 +5,8 @@ import {afterAll, beforeAll, expect, it} from 'vitest'
 import {startFakeLlm, type FakeLlm} from '../../../fakes/llm-server.js'
 import {freePort} from '../../../helpers/free-port.js'
 import {BIN, fakeLlmConfig, makeHome, runCli, type TestHome} from '../../../helpers/home.js'
-import {loadConfig} from '../../../../src/runtime/config/load.js'
-import {runMessage, type RunMessageResult} from '../../../../src/runtime/runners/run-message.js'
+import {runShellWithStandby} from '../../../helpers/standby-message.js'
+import type {RunMessageResult} from '../../../../src/runtime/runners/run-message.js'
 import {stopStandbyContainers} from '../../../../src/runtime/runners/container/standby-pool.js'
 import {homeLabel} from '../../../../src/sandbox/docker/containers.js'
 import {describeWithDocker} from '../../../helpers/docker-env.js'
@@ -32,18 +32,8 @@ describeWithDocker('container mode: standby containers of a running gateway (rea
   })
 
   const send = async (command: string): Promise<{result: RunMessageResult; ms: number}> => {
-    llm.reset() // a run that timed out left its final turn queued
-    llm.enqueue({toolCalls: [{name: 'shell', arguments: {command}}]}, (request) => ({
-      text: `tool said: ${request.body.messages.at(-1).content}`,
-    }))
     const started = Date.now()
-    const result = await runMessage({
-      loaded: loadConfig({configPath: home.configPath, home: home.home}),
-      agentId: 'warm',
-      message: {id: 'm', connector: 'cli', channel_id: 'c', user: {id: 'u', name: 'u'}, content: 'probe'},
-      standby: true,
-      onLog: (line) => logs.push(line),
-    })
+    const result = await runShellWithStandby(llm, home, 'warm', command, (line) => logs.push(line))
     return {result, ms: Date.now() - started}
   }
   const probe = (result: RunMessageResult) => {
