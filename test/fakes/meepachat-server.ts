@@ -62,6 +62,8 @@ export interface FakeMeepaChat {
   waitForReadyCount(count: number, timeoutMs?: number): Promise<void>
   /** Cuts every bot connection without a close handshake (a network drop). */
   dropConnections(): void
+  /** While on, the bot gateway answers 503 (a server restarting behind its proxy); a message meanwhile reaches no bot. */
+  refuseConnections(on: boolean): void
   /** Sends any frame (or raw text) to every connected bot. */
   sendRaw(frame: unknown): void
   /** Current connections stop getting pongs and events (a connection that died silently). */
@@ -93,6 +95,7 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
   let readyCount = 0
   let nextId = 1
   let postFailure: number | undefined
+  let refusing = false
   const {notify, waitFor} = createWaiters('fake MeepaChat')
 
   const authorized = (req: IncomingMessage) => req.headers.authorization === `Bot ${options.token}`
@@ -152,6 +155,10 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
   const wss = new WebSocketServer({noServer: true})
   server.on('upgrade', (req, socket, head) => {
     const url = new URL(req.url ?? '/', 'http://fake')
+    if (refusing) {
+      socket.end('HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-length: 0\r\n\r\n')
+      return
+    }
     if (url.pathname !== '/api/bot-gateway' || !authorized(req)) {
       if (url.pathname === '/api/bot-gateway') refused++
       socket.end(
@@ -265,6 +272,9 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
     },
     dropConnections() {
       for (const socket of sockets) socket.terminate()
+    },
+    refuseConnections(on) {
+      refusing = on
     },
     sendRaw(frame) {
       for (const socket of sockets)

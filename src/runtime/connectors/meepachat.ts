@@ -1,6 +1,6 @@
 import WebSocket from 'ws'
 import type {InboundMessage} from '../shapes/agent-run-contract.js'
-import {DEFAULT_BACKOFF, formatDelay, type BackoffOptions} from './backoff.js'
+import {DEFAULT_BACKOFF, type BackoffOptions} from './backoff.js'
 import {ReconnectingConnector} from './reconnecting-connector.js'
 import {splitMessage} from './split-message.js'
 import {keepTyping} from './typing.js'
@@ -50,6 +50,7 @@ interface MeepaMessage {
   user_id?: string
   threadId?: string | null
   content?: string
+  createdAt?: string
   user?: MeepaUser
 }
 
@@ -109,7 +110,7 @@ export class MeepaChatConnector extends ReconnectingConnector {
 
   protected connect(): void {
     if (this.stopped) return
-    this.status.set('connecting', this.displayUrl)
+    this.status.connecting(this.displayUrl)
     const socket = new WebSocket(this.config.url, {
       headers: {Authorization: `Bot ${this.config.bot_token}`},
       handshakeTimeout: this.timings.requestTimeoutMs,
@@ -149,7 +150,7 @@ export class MeepaChatConnector extends ReconnectingConnector {
       if (this.stopped) return
       const why = failure ?? `connection closed (code ${code}${reason.length ? `, ${reason.toString()}` : ''})`
       const delay = this.backoff.next()
-      this.status.set('disconnected', `${why}; reconnecting in ${formatDelay(delay)}`)
+      this.status.down(why, delay)
       this.reconnectTimer = setTimeout(() => this.connect(), delay)
     })
   }
@@ -223,11 +224,14 @@ export class MeepaChatConnector extends ReconnectingConnector {
     }
     for (const channel of data?.dmChannels ?? []) this.rememberChannel({...channel, isDm: true})
     this.backoff.reset()
+    const downSince = this.status.downSinceTime
     const who = data?.user?.username ?? this.botUserId ?? 'unknown bot'
-    this.status.set(
-      'connected',
-      `as ${who}, ${servers.length} server(s), ${data?.dmChannels?.length ?? 0} DM channel(s)`,
-    )
+    this.status.connected(`as ${who}, ${servers.length} server(s), ${data?.dmChannels?.length ?? 0} DM channel(s)`)
+    if (downSince !== undefined)
+      this.status.note(
+        `messages sent to it while it was disconnected (since ${new Date(downSince).toISOString()}) go unanswered: ` +
+          `the MeepaChat bot gateway does not replay them and its bot API cannot read a channel's messages`,
+      )
   }
 
   private rememberChannel(channel: MeepaChannel): void {
@@ -243,7 +247,9 @@ export class MeepaChatConnector extends ReconnectingConnector {
     if (!channelId || !userId) return
     if (userId === this.botUserId || data.user?.bot) return // its own replies and other bots: no loops
     if (typeof data.content !== 'string' || !data.content.trim()) return
-    if (!this.seen.firstSeen(data.id)) return
+    const postedAt = Date.parse(data.createdAt ?? '') || Date.now()
+    if (!this.catchUp.admit(channelId, data.id, postedAt)) return
+    if (!this.catchUp.claim(channelId, data.id, postedAt)) return
     const message: InboundMessage = {
       id: data.id,
       connector: 'meepachat',

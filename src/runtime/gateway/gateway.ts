@@ -1,6 +1,8 @@
 import type {LoadedConfig} from '../config/types.js'
 import {createConnector, connectorNames, type ConnectorTimings} from '../connectors/index.js'
 import type {Connector} from '../connectors/types.js'
+import {DEFAULT_CATCH_UP} from '../connectors/catch-up.js'
+import {InboundLedger} from '../state/inbound-ledger.js'
 import {apiKeyCaller, mountWebChat} from '../connectors/webchat.js'
 import {sendJson} from '../http/json.js'
 import {Router} from '../http/router.js'
@@ -142,6 +144,8 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       },
     })
 
+    const catchUp = options.connectorTimings?.catchUp ?? DEFAULT_CATCH_UP
+    const inbound = new InboundLedger(db, catchUp.maxAgeMs)
     const connectors: Connector[] = []
     for (const agent of config.agents) {
       const names = connectorNames(agent.id, agent.connectors)
@@ -156,6 +160,8 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
                 agentId: agent.id,
                 log,
                 onMessage: (message, delivery) => void dispatcher.dispatch(agent.id, message, delivery),
+                claim: (channelId, messageId, postedAt) => inbound.claim(name, channelId, messageId, postedAt),
+                catchUp,
               },
               options.connectorTimings,
             ),
