@@ -39,6 +39,8 @@ export interface FakeDiscord {
     content: string
     guildId?: string | null
     author?: {id: string; username: string; bot?: boolean}
+    /** Users the message @mentions. */
+    mentions?: Array<{id: string; username: string}>
   }): string
   waitForPosts(count: number, timeoutMs?: number): Promise<DiscordPost[]>
   waitFor(check: () => boolean, what: string, timeoutMs?: number): Promise<void>
@@ -305,6 +307,8 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
         content: message.content,
         author: message.author ?? human,
       })
+      if (message.mentions)
+        (fields as {mentions: unknown[]}).mentions = message.mentions.map((user) => ({discriminator: '0', ...user}))
       if (message.guildId !== undefined) {
         if (message.guildId === null) delete (fields as {guild_id?: string}).guild_id
         else (fields as {guild_id?: string}).guild_id = message.guildId

@@ -9,7 +9,8 @@
  *   chat.userSays({channelId: 'general', content: 'hi'})
  *   const [reply] = await chat.waitForPosts(1)
  */
-import {createServer, type IncomingMessage} from 'node:http'
+import {createServer, type IncomingMessage, type Server, type ServerResponse} from 'node:http'
+import {createServer as createHttpsServer} from 'node:https'
 import {WebSocketServer, type WebSocket} from 'ws'
 import {closeFakeServer, createWaiters, listenOnLoopback, readJson, sendJson} from './fake-http.js'
 
@@ -37,7 +38,7 @@ export interface ClientFrame {
 }
 
 export interface FakeMeepaChat {
-  /** `ws://127.0.0.1:PORT/api/bot-gateway` */
+  /** `ws://127.0.0.1:PORT/api/bot-gateway` (`wss://` over TLS) */
   readonly gatewayUrl: string
   readonly botUser: {id: string; username: string; displayName: string; bot: true}
   readonly posts: PostedMessage[]
@@ -54,6 +55,8 @@ export interface FakeMeepaChat {
     id?: string
     threadId?: string
     user?: {id: string; username: string; bot?: boolean}
+    /** Users the message @mentions, as the server lists them. */
+    mentions?: Array<{id: string}>
   }): string
   waitForPosts(count: number, timeoutMs?: number): Promise<PostedMessage[]>
   waitForConnections(count: number, timeoutMs?: number): Promise<void>
@@ -76,6 +79,8 @@ export interface FakeMeepaChat {
 export interface FakeMeepaChatOptions {
   token: string
   port?: number
+  /** Serve over TLS (wss://, https://) with this key and certificate (PEM). */
+  tls?: {key: string; cert: string}
 }
 
 const HUMAN = {id: 'user-1', username: 'alice', displayName: 'Alice', status: 'online', bot: false}
@@ -120,7 +125,7 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
     for (const socket of sockets) if (socket.readyState === socket.OPEN && !muted.has(socket)) socket.send(text)
   }
 
-  const server = createServer(async (req, res) => {
+  const handle = async (req: IncomingMessage, res: ServerResponse) => {
     const url = new URL(req.url ?? '/', 'http://fake')
     if (!authorized(req)) return sendJson(res, 401, {error: 'unauthorized'})
     const serverChannel = /^\/api\/servers\/([^/]+)\/channels\/([^/]+)\/messages$/.exec(url.pathname)
@@ -150,7 +155,8 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
     sendJson(res, 201, {data: message})
     broadcast({type: 'message.created', data: message}) // bots see their own messages, as on the real server
     notify()
-  })
+  }
+  const server: Server = options.tls ? createHttpsServer(options.tls, handle) : createServer(handle)
 
   const wss = new WebSocketServer({noServer: true})
   server.on('upgrade', (req, socket, head) => {
@@ -220,7 +226,7 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
   const port = await listenOnLoopback(server, options.port)
 
   return {
-    gatewayUrl: `ws://127.0.0.1:${port}/api/bot-gateway`,
+    gatewayUrl: `${options.tls ? 'wss' : 'ws'}://127.0.0.1:${port}/api/bot-gateway`,
     botUser,
     posts,
     frames,
@@ -235,16 +241,16 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
     },
     userSays(message) {
       const id = message.id ?? `u${nextId++}`
-      broadcast({
-        type: 'message.created',
-        data: messageObject({
+      const data = {
+        ...messageObject({
           id,
           channelId: message.channelId,
           content: message.content,
           threadId: message.threadId,
           user: message.user ?? HUMAN,
         }),
-      })
+      }
+      broadcast({type: 'message.created', data: {...data, ...(message.mentions ? {mentions: message.mentions} : {})}})
       return id
     },
     async waitForPosts(count, timeoutMs = 20_000) {

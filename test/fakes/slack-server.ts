@@ -44,6 +44,8 @@ export interface FakeSlack {
     thread_ts?: string
     mention?: boolean
     ts?: string
+    /** `im` for a direct message (default `channel`). */
+    channel_type?: string
   }): string
   waitForPosts(count: number, timeoutMs?: number): Promise<SlackPost[]>
   waitForHelloCount(count: number, timeoutMs?: number): Promise<void>
@@ -249,7 +251,11 @@ export async function startFakeSlack(options: {botToken: string; appToken: strin
         channel: message.channel,
         ...(message.thread_ts ? {thread_ts: message.thread_ts} : {}),
       }
-      sendEnvelope({type: message.mention ? 'app_mention' : 'message', ...base, channel_type: 'channel'})
+      sendEnvelope({
+        type: message.mention ? 'app_mention' : 'message',
+        ...base,
+        channel_type: message.channel_type ?? 'channel',
+      })
       return ts
     },
     async waitForPosts(count, timeoutMs = 20_000) {

@@ -11,6 +11,8 @@ import {
 } from 'discord.js'
 import type {InboundMessage} from '../shapes/agent-run-contract.js'
 import {DEFAULT_BACKOFF, type BackoffOptions} from './backoff.js'
+import type {ConnectorAudience} from '../config/types.js'
+import {listensTo} from './audience.js'
 import {ReconnectingConnector} from './reconnecting-connector.js'
 import {splitMessage} from './split-message.js'
 import {keepTyping} from './typing.js'
@@ -71,7 +73,7 @@ export class DiscordConnector extends ReconnectingConnector {
   private warnedEmptyContent = false
 
   constructor(
-    private readonly config: {bot_token: string; guild_ids: string[]; api_url?: string},
+    private readonly config: {bot_token: string; guild_ids: string[]; api_url?: string} & ConnectorAudience,
     private readonly context: ConnectorContext,
     private readonly timings: DiscordTimings = DEFAULT_DISCORD_TIMINGS,
   ) {
@@ -181,6 +183,15 @@ export class DiscordConnector extends ReconnectingConnector {
       }
       return
     }
+    const place = {
+      channelIds: [
+        message.channelId,
+        ...(message.channel.isThread() && message.channel.parentId ? [message.channel.parentId] : []),
+      ],
+      isDm: !message.guildId,
+      mentioned: client.user ? message.mentions.users.has(client.user.id) : false,
+    }
+    if (!listensTo(this.config, place)) return
     const postedAt = message.createdTimestamp
     if (!this.catchUp.admit(message.channelId, message.id, postedAt)) return
     if (!this.catchUp.claim(message.channelId, message.id, postedAt)) return

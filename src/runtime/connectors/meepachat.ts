@@ -1,6 +1,10 @@
+import https from 'node:https'
 import WebSocket from 'ws'
+import {httpFetch} from '../providers/http-fetch.js'
 import type {InboundMessage} from '../shapes/agent-run-contract.js'
 import {DEFAULT_BACKOFF, type BackoffOptions} from './backoff.js'
+import type {ConnectorAudience} from '../config/types.js'
+import {listensTo} from './audience.js'
 import {ReconnectingConnector} from './reconnecting-connector.js'
 import {splitMessage} from './split-message.js'
 import {keepTyping} from './typing.js'
@@ -52,6 +56,7 @@ interface MeepaMessage {
   content?: string
   createdAt?: string
   user?: MeepaUser
+  mentions?: Array<{id?: string}>
 }
 
 /** `wss://host/prefix/api/bot-gateway` → `https://host/prefix`: where the REST API lives. */
@@ -75,11 +80,16 @@ export class MeepaChatConnector extends ReconnectingConnector {
   private readonly displayUrl: string
   private socket: WebSocket | undefined
   private botUserId: string | undefined
+  /** `@username` and `@displayName` of the bot: how its authors' clients recognise a mention in the text. */
+  private botHandles: string[] = []
   private pingTimer: NodeJS.Timeout | undefined
   private lastFrameAt = 0
+  /** tls_verify: false (a server with a self-signed certificate): the socket and REST calls accept any certificate. */
+  private readonly verifyTls: boolean
+  private readonly fetchRest: typeof fetch
 
   constructor(
-    private readonly config: {url: string; bot_token: string},
+    private readonly config: {url: string; bot_token: string; tls_verify?: boolean} & ConnectorAudience,
     private readonly context: ConnectorContext,
     private readonly timings: MeepaChatTimings = DEFAULT_MEEPACHAT_TIMINGS,
   ) {
@@ -87,6 +97,9 @@ export class MeepaChatConnector extends ReconnectingConnector {
     this.restBase = meepaChatRestBase(config.url)
     const url = new URL(config.url)
     this.displayUrl = `${url.protocol}//${url.host}${url.pathname}`
+    this.verifyTls = config.tls_verify !== false
+    const insecure = this.verifyTls ? undefined : new https.Agent({rejectUnauthorized: false, keepAlive: true})
+    this.fetchRest = insecure ? (input, init) => httpFetch(input as string, {...init, agent: insecure}) : fetch
   }
 
   protected async disconnect(): Promise<void> {
@@ -114,6 +127,7 @@ export class MeepaChatConnector extends ReconnectingConnector {
     const socket = new WebSocket(this.config.url, {
       headers: {Authorization: `Bot ${this.config.bot_token}`},
       handshakeTimeout: this.timings.requestTimeoutMs,
+      rejectUnauthorized: this.verifyTls,
     })
     this.socket = socket
     let failure: string | undefined
@@ -217,6 +231,7 @@ export class MeepaChatConnector extends ReconnectingConnector {
     dmChannels?: MeepaChannel[]
   }): void {
     this.botUserId = data?.user?.id
+    this.botHandles = [data?.user?.username, data?.user?.displayName].filter(Boolean).map((name) => `@${name}`)
     const servers = data?.servers ?? []
     for (const server of servers) {
       for (const channel of server.channels ?? [])
@@ -247,6 +262,15 @@ export class MeepaChatConnector extends ReconnectingConnector {
     if (!channelId || !userId) return
     if (userId === this.botUserId || data.user?.bot) return // its own replies and other bots: no loops
     if (typeof data.content !== 'string' || !data.content.trim()) return
+    const channel = this.channels.get(channelId)
+    const place = {
+      channelIds: [channelId],
+      isDm: channel ? channel.isDm : channelId.startsWith('dm-'),
+      mentioned:
+        Boolean(data.mentions?.some((mention) => mention.id === this.botUserId)) ||
+        this.botHandles.some((handle) => (data.content as string).includes(handle)),
+    }
+    if (!listensTo(this.config, place)) return
     const postedAt = Date.parse(data.createdAt ?? '') || Date.now()
     if (!this.catchUp.admit(channelId, data.id, postedAt)) return
     if (!this.catchUp.claim(channelId, data.id, postedAt)) return
@@ -285,7 +309,7 @@ export class MeepaChatConnector extends ReconnectingConnector {
     for (let attempt = 1; ; attempt++) {
       let response: Response
       try {
-        response = await fetch(url, {
+        response = await this.fetchRest(url, {
           method: 'POST',
           headers: {Authorization: `Bot ${this.config.bot_token}`, 'Content-Type': 'application/json'},
           body,

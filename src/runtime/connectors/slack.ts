@@ -2,6 +2,8 @@ import {SocketModeClient} from '@slack/socket-mode'
 import {LogLevel, WebClient, type Logger, type RetryOptions} from '@slack/web-api'
 import type {InboundMessage} from '../shapes/agent-run-contract.js'
 import {DEFAULT_BACKOFF, type BackoffOptions} from './backoff.js'
+import type {ConnectorAudience} from '../config/types.js'
+import {listensTo} from './audience.js'
 import {ReconnectingConnector} from './reconnecting-connector.js'
 import {splitMessage} from './split-message.js'
 import type {ConnectorContext, Delivery} from './types.js'
@@ -29,6 +31,8 @@ interface SlackMessageEvent {
   user?: string
   text?: string
   channel?: string
+  /** `im` for a direct message. */
+  channel_type?: string
   ts?: string
   thread_ts?: string
 }
@@ -60,7 +64,7 @@ export class SlackConnector extends ReconnectingConnector {
   private connecting = false
 
   constructor(
-    private readonly config: {bot_token: string; app_token: string; api_url?: string},
+    private readonly config: {bot_token: string; app_token: string; api_url?: string} & ConnectorAudience,
     private readonly context: ConnectorContext,
     private readonly timings: SlackTimings = DEFAULT_SLACK_TIMINGS,
   ) {
@@ -151,6 +155,12 @@ export class SlackConnector extends ReconnectingConnector {
     // edits, joins, deletions
     if (event.subtype && event.subtype !== 'file_share' && event.subtype !== 'thread_broadcast') return ack()
     if (typeof event.text !== 'string' || !event.text.trim()) return ack()
+    const place = {
+      channelIds: [event.channel],
+      isDm: event.channel_type === 'im',
+      mentioned: event.type === 'app_mention' || event.text.includes(`<@${this.botUserId}>`),
+    }
+    if (!listensTo(this.config, place)) return ack()
     // an @mention arrives twice, as `message` and as `app_mention`: answer once
     const postedAt = Number(event.ts) * 1000
     if (!this.catchUp.admit(event.channel, event.ts, postedAt)) return ack()

@@ -3,6 +3,7 @@ import {createConnector, connectorNames, type ConnectorTimings} from '../connect
 import type {Connector} from '../connectors/types.js'
 import {DEFAULT_CATCH_UP} from '../connectors/catch-up.js'
 import {InboundLedger} from '../state/inbound-ledger.js'
+import {connectorConfigWarnings} from '../config/connector-warnings.js'
 import {apiKeyCaller, mountWebChat} from '../connectors/webchat.js'
 import {sendJson} from '../http/json.js'
 import {Router} from '../http/router.js'
@@ -144,6 +145,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       },
     })
 
+    for (const {agent, warning} of connectorConfigWarnings(config)) log(`gateway: WARNING: agent ${agent}: ${warning}`)
     const catchUp = options.connectorTimings?.catchUp ?? DEFAULT_CATCH_UP
     const inbound = new InboundLedger(db, catchUp.maxAgeMs)
     const connectors: Connector[] = []

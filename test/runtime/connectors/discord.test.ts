@@ -14,7 +14,12 @@ fakeLlmForTests((started) => (llm = started))
 const closeAfterTest = closeAfterEachTest()
 
 async function gatewayWith(
-  options: {token?: string; guildIds?: string[]; run?: Parameters<typeof startTestGateway>[0]['run']} = {},
+  options: {
+    token?: string
+    guildIds?: string[]
+    run?: Parameters<typeof startTestGateway>[0]['run']
+    connector?: Record<string, unknown>
+  } = {},
 ) {
   discord = closeAfterTest(await startFakeDiscord({token: TOKEN}))
   test = closeAfterTest(
@@ -28,6 +33,7 @@ async function gatewayWith(
               bot_token: options.token ?? TOKEN,
               guild_ids: options.guildIds ?? [],
               api_url: discord.apiUrl,
+              ...options.connector,
             },
           ],
         },
@@ -160,5 +166,22 @@ describe('Discord connector (real discord.js against a fake REST API and Gateway
     expect((await gateway.health()).body).toMatchObject({status: 'ok', connectors: {connected: 1}})
     discord.userSays({channelId: '1001', content: 'new session'})
     expect((await discord.waitForPosts(1))[0]?.content).toBe('echo: new session')
+  })
+
+  it('with channels and mention_only: answers only @mentions in the listed channels, and every DM', async () => {
+    const seen: string[] = []
+    await gatewayWith({
+      run: stubRun({onStart: (content) => seen.push(content)}),
+      connector: {channels: ['1001'], mention_only: true},
+    })
+    await test!.waitForLog(/disco\/discord: connected/)
+    const me = {id: discord.botUser.id, username: discord.botUser.username}
+    discord.userSays({channelId: '1001', content: 'not for the bot'})
+    discord.userSays({channelId: '1002', content: 'unlisted channel', mentions: [me]})
+    discord.userSays({channelId: '1001', content: 'listed and mentioned', mentions: [me]})
+    discord.userSays({channelId: '3001', content: 'a DM, no mention', guildId: null})
+    await discord.waitForPosts(2)
+    await new Promise((resolve) => setTimeout(resolve, 300))
+    expect(seen).toEqual(['listed and mentioned', 'a DM, no mention'])
   })
 })

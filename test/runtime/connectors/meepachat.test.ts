@@ -25,13 +25,20 @@ async function gatewayWith(
     token?: string
     run?: Parameters<typeof startTestGateway>[0]['run']
     gateway?: Record<string, unknown>
+    /** More connector fields (channels, mention_only, ...). */
+    connector?: Record<string, unknown>
   } = {},
 ) {
   chat = closeAfterTest(await startFakeMeepaChat({token: TOKEN}))
   test = closeAfterTest(
     await startTestGateway({
       agents: [
-        {id: 'meepa', connectors: [{type: 'meepachat', url: chat.gatewayUrl, bot_token: options.token ?? TOKEN}]},
+        {
+          id: 'meepa',
+          connectors: [
+            {type: 'meepachat', url: chat.gatewayUrl, bot_token: options.token ?? TOKEN, ...options.connector},
+          ],
+        },
       ],
       llmBaseUrl: llm.openaiBaseUrl,
       run: options.run,
@@ -275,5 +282,23 @@ describe('MeepaChat connector (fake MeepaChat server, real agent with the fake L
     expect((await chat.waitForPosts(1))[0]?.content).toBe('echo: back again')
     expect(seen).toEqual(['back again'])
     expect((await gateway.health()).body).toMatchObject({status: 'ok', connectors: {connected: 1}})
+  })
+
+  it('with channels and mention_only: answers only @mentions in the listed channels, and every DM', async () => {
+    const seen: string[] = []
+    await gatewayWith({
+      run: stubRun({onStart: (content) => seen.push(content)}),
+      connector: {channels: ['general'], mention_only: true},
+    })
+    await chat.waitForReadyCount(1)
+    chat.userSays({channelId: 'general', content: 'not for the bot'})
+    chat.userSays({channelId: 'random', content: '@meepabot in an unlisted channel'})
+    chat.userSays({channelId: 'general', content: 'hey @meepabot, by name'})
+    chat.userSays({channelId: 'general', content: 'by mention list', mentions: [{id: chat.botUser.id}]})
+    chat.userSays({channelId: 'dm-alice', content: 'a DM, no mention'})
+    await chat.waitForPosts(3)
+    await new Promise((resolve) => setTimeout(resolve, 300))
+    expect(seen).toEqual(['hey @meepabot, by name', 'by mention list', 'a DM, no mention'])
+    expect(chat.posts.map((post) => post.channelId)).toEqual(['general', 'general', 'dm-alice'])
   })
 })

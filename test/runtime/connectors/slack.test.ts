@@ -18,14 +18,28 @@ const closeAfterTest = closeAfterEachTest()
 type GatewayOptions = Parameters<typeof startTestGateway>[0]
 
 async function gatewayWith(
-  options: {botToken?: string; run?: GatewayOptions['run']; home?: TestHome; catchUp?: CatchUpLimits} = {},
+  options: {
+    botToken?: string
+    run?: GatewayOptions['run']
+    home?: TestHome
+    catchUp?: CatchUpLimits
+    connector?: Record<string, unknown>
+  } = {},
 ) {
   slack ??= closeAfterTest(await startFakeSlack({botToken: BOT, appToken: APP}))
   test = await startTestGateway({
     agents: [
       {
         id: 'slacker',
-        connectors: [{type: 'slack', bot_token: options.botToken ?? BOT, app_token: APP, api_url: slack.apiUrl}],
+        connectors: [
+          {
+            type: 'slack',
+            bot_token: options.botToken ?? BOT,
+            app_token: APP,
+            api_url: slack.apiUrl,
+            ...options.connector,
+          },
+        ],
       },
     ],
     llmBaseUrl: llm.openaiBaseUrl,
@@ -174,5 +188,23 @@ describe('Slack connector (real @slack/socket-mode + @slack/web-api against a fa
     } finally {
       home.cleanup()
     }
+  })
+
+  it('with channels and mention_only: answers only @mentions in the listed channels, and every DM', async () => {
+    const seen: string[] = []
+    await gatewayWith({
+      run: stubRun({onStart: (content) => seen.push(content)}),
+      connector: {channels: ['C100'], mention_only: true},
+    })
+    await slack.waitForHelloCount(1)
+    slack.userSays({channel: 'C100', text: 'not for the bot'})
+    slack.userSays({channel: 'C200', text: '<@UBOT> unlisted channel', mention: true})
+    const ts = slack.userSays({channel: 'C100', text: '<@UBOT> listed and mentioned'})
+    slack.userSays({channel: 'C100', text: '<@UBOT> listed and mentioned', mention: true, ts})
+    slack.userSays({channel: 'D300', text: 'a DM, no mention', channel_type: 'im'})
+    await slack.waitForPosts(2)
+    await new Promise((resolve) => setTimeout(resolve, 300))
+    expect(seen).toEqual(['<@UBOT> listed and mentioned', 'a DM, no mention'])
+    expect(slack.unacked).toBe(0) // what it ignores is acknowledged too
   })
 })
