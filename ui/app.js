@@ -423,7 +423,7 @@ async function overviewPage() {
                     agent.connectors.length === 0
                       ? h('span', {class: 'hint'}, 'web chat only')
                       : agent.connectors.map((c) =>
-                          h('div', {}, `${c.type} `, badge(c.state, c.state.replace(/\s/g, '-'))),
+                          h('div', {title: c.problem || ''}, `${c.type} `, badge(c.state, c.state.replace(/\s/g, '-'))),
                         ),
                   ),
                 ),
@@ -676,7 +676,12 @@ async function agentPage(id) {
                 {},
                 h('td', {}, c.name),
                 h('td', {}, c.type),
-                h('td', {}, badge(c.state, c.state.replace(/\s/g, '-'))),
+                h(
+                  'td',
+                  {},
+                  badge(c.state, c.state.replace(/\s/g, '-')),
+                  c.problem ? h('div', {class: 'hint'}, c.problem) : null,
+                ),
                 h('td', {class: 'mono'}, c.url || ''),
               ),
             ),

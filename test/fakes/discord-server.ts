@@ -1,8 +1,9 @@
 /**
  * A fake Discord on 127.0.0.1 for the real discord.js client: the REST API (`/api/v10/...`,
  * `Authorization: Bot <token>`) and a Gateway v10 WebSocket (HELLO, IDENTIFY → READY and one
- * GUILD_CREATE per guild, heartbeat ACKs, RESUME → RESUMED, MESSAGE_CREATE dispatches). A bot's
- * post is dispatched back to it as MESSAGE_CREATE, as Discord does.
+ * GUILD_CREATE per guild, heartbeat ACKs, RESUME → the events the session missed, then RESUMED,
+ * MESSAGE_CREATE dispatches). A bot's post is dispatched back to it as MESSAGE_CREATE, as Discord
+ * does. Message ids are snowflakes of their creation time, as discord.js reads them.
  *
  *   const discord = await startFakeDiscord({token: 'bot.token'})
  *   // connector config: {type: discord, bot_token: 'bot.token', guild_ids: [], api_url: discord.apiUrl}
@@ -44,10 +45,16 @@ export interface FakeDiscord {
     author?: {id: string; username: string; bot?: boolean}
     /** Discord attachment objects ({id, filename, size, url, content_type}). */
     attachments?: Array<Record<string, unknown>>
+    /** Users the message @mentions. */
+    mentions?: Array<{id: string; username: string}>
   }): string
   waitForPosts(count: number, timeoutMs?: number): Promise<DiscordPost[]>
   waitFor(check: () => boolean, what: string, timeoutMs?: number): Promise<void>
   dropConnections(): void
+  /** While on, Gateway connections are cut before the upgrade (Discord unreachable); REST still answers. */
+  refuseConnections(on: boolean): void
+  /** Every session so far is over: a RESUME gets op 9 (invalid session, not resumable). */
+  invalidateSessions(): void
   close(): Promise<void>
 }
 
@@ -73,7 +80,13 @@ interface Session {
   id: string
   sequence: number
   socket?: WebSocket
+  /** Dispatches so far, replayed after the sequence a RESUME names. */
+  sent: Array<{op: 0; t: string; s: number; d: unknown}>
+  invalid?: boolean
 }
+
+/** Discord's epoch (2015-01-01), the origin of snowflake timestamps. */
+const DISCORD_EPOCH = 1_420_070_400_000n
 
 export async function startFakeDiscord(options: {token: string; guilds?: FakeDiscordGuild[]}): Promise<FakeDiscord> {
   const guilds = options.guilds ?? DEFAULT_GUILDS
@@ -86,7 +99,9 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
   let identifies = 0
   let resumes = 0
   let refused = 0
-  let snowflake = 10_000
+  let refusing = false
+  let increment = 0n
+  const newSnowflake = () => String(((BigInt(Date.now()) - DISCORD_EPOCH) << 22n) | (++increment & 0xfffn))
   const {notify, waitFor} = createWaiters('fake Discord')
   /** A DM channel with the human: not in any guild, so not announced at READY (as on Discord). */
   const dmChannelId = '3001'
@@ -117,12 +132,14 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
     }
   }
 
+  /** To every live session: sent now if connected, replayed on RESUME if not (as Discord keeps a session's events). */
   function dispatch(t: string, d: unknown): void {
     for (const session of sessions.values()) {
+      if (session.invalid) continue
+      const payload = {op: 0 as const, t, s: ++session.sequence, d}
+      session.sent.push(payload)
       const socket = session.socket
-      if (!socket || socket.readyState !== socket.OPEN) continue
-      session.sequence++
-      socket.send(JSON.stringify({op: 0, t, s: session.sequence, d}))
+      if (socket && socket.readyState === socket.OPEN) socket.send(JSON.stringify(payload))
     }
   }
 
@@ -166,7 +183,7 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
           errors: {content: {_errors: [{code: 'BASE_TYPE_MAX_LENGTH', message: 'Must be 2000 or fewer in length.'}]}},
         })
       }
-      const id = String(++snowflake)
+      const id = newSnowflake()
       posts.push({channelId, content: body.content, id, time: Date.now()})
       const message = messageObject({id, channelId, content: body.content, author: botUser})
       sendJson(res, 200, message)
@@ -179,7 +196,7 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
 
   const wss = new WebSocketServer({noServer: true})
   server.on('upgrade', (req, socket, head) => {
-    if (!(req.url ?? '').startsWith('/gateway')) {
+    if (!(req.url ?? '').startsWith('/gateway') || refusing) {
       socket.destroy()
       return
     }
@@ -209,10 +226,13 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
               return
             }
             identifies++
-            session = {id: `session-${identifies}`, sequence: 0, socket: ws}
+            session = {id: `session-${identifies}`, sequence: 0, socket: ws, sent: []}
             sessions.set(session.id, session)
-            const send = (t: string, d: unknown) =>
-              ws.send(JSON.stringify({op: 0, t, s: ++(session as Session).sequence, d}))
+            const send = (t: string, d: unknown) => {
+              const payload = {op: 0 as const, t, s: ++(session as Session).sequence, d}
+              ;(session as Session).sent.push(payload)
+              ws.send(JSON.stringify(payload))
+            }
             send('READY', {
               v: 10,
               user: botUser,
@@ -247,13 +267,15 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
           }
           case 6: {
             const resumed = sessions.get(payload.d?.session_id)
-            if (!resumed || payload.d?.token !== options.token) {
+            if (!resumed || resumed.invalid || payload.d?.token !== options.token) {
               ws.send(JSON.stringify({op: 9, d: false}))
               return
             }
             resumes++
             session = resumed
             session.socket = ws
+            const after = Number(payload.d?.seq ?? 0)
+            for (const missed of session.sent) if (missed.s > after) ws.send(JSON.stringify(missed))
             ws.send(JSON.stringify({op: 0, t: 'RESUMED', s: ++session.sequence, d: {}}))
             notify()
             return
@@ -288,7 +310,7 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
       return sockets.size
     },
     userSays(message) {
-      const id = String(++snowflake)
+      const id = newSnowflake()
       const fields = messageObject({
         id,
         channelId: message.channelId,
@@ -296,6 +318,8 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
         author: message.author ?? human,
       })
       if (message.attachments) (fields as {attachments?: unknown[]}).attachments = message.attachments
+      if (message.mentions)
+        (fields as {mentions: unknown[]}).mentions = message.mentions.map((user) => ({discriminator: '0', ...user}))
       if (message.guildId !== undefined) {
         if (message.guildId === null) delete (fields as {guild_id?: string}).guild_id
         else (fields as {guild_id?: string}).guild_id = message.guildId
@@ -314,6 +338,12 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
     waitFor: (check, what, timeoutMs = 20_000) => waitFor(check, timeoutMs, what),
     dropConnections() {
       for (const socket of sockets) socket.terminate()
+    },
+    refuseConnections(on) {
+      refusing = on
+    },
+    invalidateSessions() {
+      for (const session of sessions.values()) session.invalid = true
     },
     close: () => closeFakeServer(server, {wss, sockets}),
   }

@@ -9,7 +9,8 @@
  *   chat.userSays({channelId: 'general', content: 'hi'})
  *   const [reply] = await chat.waitForPosts(1)
  */
-import {createServer, type IncomingMessage} from 'node:http'
+import {createServer, type IncomingMessage, type Server, type ServerResponse} from 'node:http'
+import {createServer as createHttpsServer} from 'node:https'
 import {WebSocketServer, type WebSocket} from 'ws'
 import {closeFakeServer, createWaiters, listenOnLoopback, readJson, sendJson} from './fake-http.js'
 import {createFakeFiles, type FakeFiles} from './fake-files.js'
@@ -38,7 +39,7 @@ export interface ClientFrame {
 }
 
 export interface FakeMeepaChat {
-  /** `ws://127.0.0.1:PORT/api/bot-gateway` */
+  /** `ws://127.0.0.1:PORT/api/bot-gateway` (`wss://` over TLS) */
   readonly gatewayUrl: string
   readonly botUser: {id: string; username: string; displayName: string; bot: true}
   readonly posts: PostedMessage[]
@@ -58,6 +59,8 @@ export interface FakeMeepaChat {
     threadId?: string
     user?: {id: string; username: string; bot?: boolean}
     attachments?: Array<{filename: string; storedPath: string; mimeType?: string; sizeBytes?: number}>
+    /** Users the message @mentions, as the server lists them. */
+    mentions?: Array<{id: string}>
   }): string
   waitForPosts(count: number, timeoutMs?: number): Promise<PostedMessage[]>
   waitForConnections(count: number, timeoutMs?: number): Promise<void>
@@ -66,6 +69,8 @@ export interface FakeMeepaChat {
   waitForReadyCount(count: number, timeoutMs?: number): Promise<void>
   /** Cuts every bot connection without a close handshake (a network drop). */
   dropConnections(): void
+  /** While on, the bot gateway answers 503 (a server restarting behind its proxy); a message meanwhile reaches no bot. */
+  refuseConnections(on: boolean): void
   /** Sends any frame (or raw text) to every connected bot. */
   sendRaw(frame: unknown): void
   /** Current connections stop getting pongs and events (a connection that died silently). */
@@ -78,6 +83,8 @@ export interface FakeMeepaChat {
 export interface FakeMeepaChatOptions {
   token: string
   port?: number
+  /** Serve over TLS (wss://, https://) with this key and certificate (PEM). */
+  tls?: {key: string; cert: string}
 }
 
 const HUMAN = {id: 'user-1', username: 'alice', displayName: 'Alice', status: 'online', bot: false}
@@ -97,6 +104,7 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
   let readyCount = 0
   let nextId = 1
   let postFailure: number | undefined
+  let refusing = false
   const {notify, waitFor} = createWaiters('fake MeepaChat')
 
   const authorized = (req: IncomingMessage) => req.headers.authorization === `Bot ${options.token}`
@@ -139,7 +147,7 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
   }
 
   const files = createFakeFiles()
-  const server = createServer(async (req, res) => {
+  const handle = async (req: IncomingMessage, res: ServerResponse) => {
     const url = new URL(req.url ?? '/', 'http://fake')
     if (files.serve(req, res, authorized(req))) return notify()
     if (!authorized(req)) return sendJson(res, 401, {error: 'unauthorized'})
@@ -170,11 +178,16 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
     sendJson(res, 201, {data: message})
     broadcast({type: 'message.created', data: message}) // bots see their own messages, as on the real server
     notify()
-  })
+  }
+  const server: Server = options.tls ? createHttpsServer(options.tls, handle) : createServer(handle)
 
   const wss = new WebSocketServer({noServer: true})
   server.on('upgrade', (req, socket, head) => {
     const url = new URL(req.url ?? '/', 'http://fake')
+    if (refusing) {
+      socket.end('HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-length: 0\r\n\r\n')
+      return
+    }
     if (url.pathname !== '/api/bot-gateway' || !authorized(req)) {
       if (url.pathname === '/api/bot-gateway') refused++
       socket.end(
@@ -236,7 +249,7 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
   const port = await listenOnLoopback(server, options.port)
 
   return {
-    gatewayUrl: `ws://127.0.0.1:${port}/api/bot-gateway`,
+    gatewayUrl: `${options.tls ? 'wss' : 'ws'}://127.0.0.1:${port}/api/bot-gateway`,
     botUser,
     posts,
     files,
@@ -252,9 +265,8 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
     },
     userSays(message) {
       const id = message.id ?? `u${nextId++}`
-      broadcast({
-        type: 'message.created',
-        data: messageObject({
+      const data = {
+        ...messageObject({
           id,
           channelId: message.channelId,
           content: message.content,
@@ -262,7 +274,8 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
           user: message.user ?? HUMAN,
           attachments: message.attachments,
         }),
-      })
+      }
+      broadcast({type: 'message.created', data: {...data, ...(message.mentions ? {mentions: message.mentions} : {})}})
       return id
     },
     async waitForPosts(count, timeoutMs = 20_000) {
@@ -290,6 +303,9 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
     },
     dropConnections() {
       for (const socket of sockets) socket.terminate()
+    },
+    refuseConnections(on) {
+      refusing = on
     },
     sendRaw(frame) {
       for (const socket of sockets)

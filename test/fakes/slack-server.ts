@@ -2,7 +2,9 @@
  * A fake Slack on 127.0.0.1 for the real @slack/socket-mode and @slack/web-api clients (both
  * pointed here with `slackApiUrl`): the Web API methods a bot uses (form-encoded or JSON,
  * `Authorization: Bearer`), `apps.connections.open` handing out a Socket Mode WebSocket, `hello`,
- * `events_api` envelopes that must be acknowledged with `{envelope_id, payload}`. A bot's post is
+ * `events_api` envelopes that must be acknowledged with `{envelope_id, payload}`. An envelope not
+ * acknowledged (sent while no connection was open, or on one that dropped) is delivered again to
+ * the next connection, with `retry_attempt` counting up to Slack's 3 retries. A bot's post is
  * echoed back as a `message` event with `bot_id`, as Slack does for subscribed channels.
  *
  *   const slack = await startFakeSlack({botToken: 'xoxb-1', appToken: 'xapp-1'})
@@ -48,13 +50,24 @@ export interface FakeSlack {
     ts?: string
     /** Slack file objects: the event gets subtype file_share. */
     files?: Array<Record<string, unknown>>
+    /** `im` for a direct message (default `channel`). */
+    channel_type?: string
   }): string
   waitForPosts(count: number, timeoutMs?: number): Promise<SlackPost[]>
   waitForHelloCount(count: number, timeoutMs?: number): Promise<void>
   waitForCall(method: string, count?: number, timeoutMs?: number): Promise<void>
   dropConnections(): void
+  /** While on, Socket Mode connections are cut before the upgrade (Slack unreachable); the Web API still answers. */
+  refuseConnections(on: boolean): void
+  /** While on, acknowledgements are lost on the way (the envelopes stay owed and are delivered again). */
+  loseAcks(on: boolean): void
+  /** Envelopes sent and not acknowledged. */
+  readonly unacked: number
   close(): Promise<void>
 }
+
+/** Slack retries an unacknowledged event this many times. */
+const MAX_RETRIES = 3
 
 export async function startFakeSlack(options: {
   botToken: string
@@ -73,14 +86,17 @@ export async function startFakeSlack(options: {
   const calls: string[] = []
   const sockets = new Set<WebSocket>()
   let helloCount = 0
-  let clock = 1_700_000_000
+  let refusing = false
+  let losingAcks = false
+  const owed = new Map<string, {envelope: Record<string, unknown>; retries: number}>()
   let sequence = 0
   const {notify, waitFor} = createWaiters('fake Slack')
-  const nextTs = () => `${clock++}.${String(++sequence).padStart(6, '0')}`
+  // a message's ts is its time, as on Slack (unique here by the sequence in its fraction)
+  const nextTs = () => `${Math.floor(Date.now() / 1000)}.${String(++sequence).padStart(6, '0')}`
 
   function sendEnvelope(event: Record<string, unknown>): void {
     const envelopeId = `env-${++sequence}`
-    const text = JSON.stringify({
+    const envelope = {
       envelope_id: envelopeId,
       type: 'events_api',
       accepts_response_payload: false,
@@ -95,8 +111,22 @@ export async function startFakeSlack(options: {
         event_time: Math.floor(Date.now() / 1000),
         event: {...event, event_ts: event.ts},
       },
-    })
+    }
+    owed.set(envelopeId, {envelope, retries: 0})
+    const text = JSON.stringify(envelope)
     for (const socket of sockets) if (socket.readyState === socket.OPEN) socket.send(text)
+  }
+
+  /** What Slack does for an event nobody acknowledged: tries again on a connection it has. */
+  function redeliver(socket: WebSocket): void {
+    for (const [id, entry] of owed) {
+      if (entry.retries >= MAX_RETRIES) {
+        owed.delete(id)
+        continue
+      }
+      entry.retries++
+      socket.send(JSON.stringify({...entry.envelope, retry_attempt: entry.retries, retry_reason: 'timeout'}))
+    }
   }
 
   async function readParams(req: IncomingMessage): Promise<Record<string, any>> {
@@ -187,7 +217,7 @@ export async function startFakeSlack(options: {
 
   const wss = new WebSocketServer({noServer: true})
   server.on('upgrade', (req, socket, head) => {
-    if (!(req.url ?? '').startsWith('/link/')) {
+    if (!(req.url ?? '').startsWith('/link/') || refusing) {
       socket.destroy()
       return
     }
@@ -200,7 +230,10 @@ export async function startFakeSlack(options: {
       ws.on('message', (data) => {
         try {
           const frame = JSON.parse(String(data))
-          if (frame.envelope_id) acks.push(frame.envelope_id)
+          if (frame.envelope_id && !losingAcks) {
+            acks.push(frame.envelope_id)
+            owed.delete(frame.envelope_id)
+          }
         } catch {
           // ignore
         }
@@ -215,6 +248,7 @@ export async function startFakeSlack(options: {
         }),
       )
       helloCount++
+      redeliver(ws)
       notify()
     })
   })
@@ -245,7 +279,11 @@ export async function startFakeSlack(options: {
         ...(message.thread_ts ? {thread_ts: message.thread_ts} : {}),
         ...(message.files ? {subtype: 'file_share', files: message.files} : {}),
       }
-      sendEnvelope({type: message.mention ? 'app_mention' : 'message', ...base, channel_type: 'channel'})
+      sendEnvelope({
+        type: message.mention ? 'app_mention' : 'message',
+        ...base,
+        channel_type: message.channel_type ?? 'channel',
+      })
       return ts
     },
     async waitForPosts(count, timeoutMs = 20_000) {
@@ -272,6 +310,15 @@ export async function startFakeSlack(options: {
     },
     dropConnections() {
       for (const socket of sockets) socket.terminate()
+    },
+    refuseConnections(on) {
+      refusing = on
+    },
+    loseAcks(on) {
+      losingAcks = on
+    },
+    get unacked() {
+      return owed.size
     },
     close: () => closeFakeServer(server, {wss, sockets}),
   }

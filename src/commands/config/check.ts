@@ -1,4 +1,5 @@
 import {BaseCommand} from '../base-command.js'
+import {connectorConfigWarnings} from '../../runtime/config/connector-warnings.js'
 import {describeConfig, type ConfigReport} from '../../runtime/config/report.js'
 import {sandboxConfigWarnings} from '../../runtime/host-sandbox/config-warnings.js'
 
@@ -9,7 +10,7 @@ export default class ConfigCheck extends BaseCommand<typeof ConfigCheck> {
   async run(): Promise<ConfigReport & {warnings: Array<{agent: string; warning: string}>}> {
     const loaded = this.loadConfig()
     const report = describeConfig(loaded)
-    const warnings = await sandboxConfigWarnings(loaded)
+    const warnings = [...connectorConfigWarnings(loaded.config), ...(await sandboxConfigWarnings(loaded))]
     this.log(`config ok: ${report.path}`)
     for (const {agent, warning} of warnings) this.logToStderr(`warning: agent ${agent}: ${warning}`)
     this.log(report.yaml)

@@ -33,6 +33,9 @@ export interface ConnectorView {
   name: string
   type: string
   state: string
+  /** Why it is not connected (reconnecting, refused), with the next attempt's time. */
+  problem?: string
+  next_attempt_at?: string
   url?: string
   guild_ids?: string[]
 }
@@ -42,6 +45,8 @@ export interface LiveConnector {
   type: string
   agentId: string
   state: string
+  problem?: string
+  nextAttempt?: Date
 }
 
 export interface CaptainApiDeps {
@@ -344,6 +349,8 @@ function connectorView(connector: ConnectorConfig, name: string, live: LiveConne
     name,
     type: connector.type,
     state: live?.state ?? 'not running',
+    ...(live?.problem ? {problem: live.problem} : {}),
+    ...(live?.nextAttempt ? {next_attempt_at: live.nextAttempt.toISOString()} : {}),
     ...(connector.type === 'meepachat' ? {url: connector.url} : {}),
     ...(connector.type === 'discord' ? {guild_ids: connector.guild_ids} : {}),
   }

@@ -77,6 +77,16 @@ const networkWidened: Rule<unknown> = (before, after, field) => {
   return NETWORK_REACH[to] > NETWORK_REACH[from] ? `${field} ${from} → ${to}` : undefined
 }
 
+/** MeepaChat servers whose certificate an agent's connectors do not verify (tls_verify: false). */
+const unverifiedServers = (agent: AgentConfig) =>
+  agent.connectors.flatMap((c) => (c.type === 'meepachat' && c.tls_verify === false ? [c.url] : []))
+
+const tlsVerificationOff: Rule<AgentConfig> = (before, after) => {
+  const already = new Set(unverifiedServers(before))
+  const off = unverifiedServers(after).filter((url) => !already.has(url))
+  return off.length > 0 ? `connectors tls_verify off for ${off.join(', ')}` : undefined
+}
+
 /**
  * Every field of an agent (as config.yaml's schema has it, nested fields dotted) and what a change
  * of it gives up. A field missing here fails test/runtime/captain/weakenings.test.ts, which walks the schema:
@@ -110,7 +120,7 @@ export const AGENT_FIELD_AUDIT: Record<string, FieldAudit<AgentConfig>> = {
   'limits.pids': raised,
   'limits.cpus': raised,
   'limits.disk': raised,
-  connectors: NEUTRAL, // who can message the agent, not what its runs reach
+  connectors: tlsVerificationOff, // who can message the agent is not what its runs reach; an unverified server is
   secrets: widened, // secrets its runs receive
 }
 

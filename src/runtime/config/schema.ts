@@ -72,6 +72,20 @@ const fileAccessSchema = {
   },
 }
 
+/** Who the agent listens to, on every platform: channel ids (DMs always), and in them only @mentions. */
+const audienceFields = {
+  channels: {
+    ...stringList,
+    description:
+      'Channel ids the agent answers in (a thread counts as its channel); empty: every channel the bot is in. DMs are always answered.',
+  },
+  mention_only: {
+    type: 'boolean',
+    default: false,
+    description: 'In channels, answer only messages that @mention the bot. DMs are always answered.',
+  },
+}
+
 const connectorSchema = {
   type: 'object',
   required: ['type'],
@@ -82,7 +96,18 @@ const connectorSchema = {
       then: {
         additionalProperties: false,
         required: ['url', 'bot_token'],
-        properties: {type: {}, url: {type: 'string', pattern: '^wss?://'}, bot_token: {type: 'string', minLength: 1}},
+        properties: {
+          type: {},
+          url: {type: 'string', pattern: '^wss?://'},
+          bot_token: {type: 'string', minLength: 1},
+          tls_verify: {
+            type: 'boolean',
+            default: true,
+            description:
+              "Verify the server's TLS certificate (wss://, https://). false accepts any certificate: anyone on the path can read and impersonate the server; serve and `config check` warn.",
+          },
+          ...audienceFields,
+        },
       },
     },
     {
@@ -95,6 +120,7 @@ const connectorSchema = {
           bot_token: {type: 'string', minLength: 1},
           guild_ids: stringList,
           api_url: {type: 'string'},
+          ...audienceFields,
         },
       },
     },
@@ -108,6 +134,7 @@ const connectorSchema = {
           bot_token: {type: 'string', pattern: '^xoxb-'},
           app_token: {type: 'string', pattern: '^xapp-'},
           api_url: {type: 'string'},
+          ...audienceFields,
         },
       },
     },

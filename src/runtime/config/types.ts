@@ -94,10 +94,20 @@ export interface FileAccessConfig {
   best_effort: boolean
 }
 
-export type ConnectorConfig =
-  | {type: 'meepachat'; url: string; bot_token: string}
-  | {type: 'discord'; bot_token: string; guild_ids: string[]; api_url?: string}
-  | {type: 'slack'; bot_token: string; app_token: string; api_url?: string}
+/** Who an agent listens to on a connector; unset, every channel the bot is in, mentioned or not. */
+export interface ConnectorAudience {
+  /** Channel ids the agent answers in (a thread counts as its parent channel); DMs always. */
+  channels?: string[]
+  /** In channels, answer only messages that @mention the bot; DMs always. */
+  mention_only?: boolean
+}
+
+export type ConnectorConfig = ConnectorAudience &
+  (
+    | {type: 'meepachat'; url: string; bot_token: string; tls_verify?: boolean}
+    | {type: 'discord'; bot_token: string; guild_ids: string[]; api_url?: string}
+    | {type: 'slack'; bot_token: string; app_token: string; api_url?: string}
+  )
 
 /** An agent with every field resolved: agent field, then agent_defaults, then built-in default. */
 export interface AgentConfig {

@@ -1,8 +1,20 @@
-import {Client, Events, GatewayIntentBits, Partials, type ClientOptions, type Message} from 'discord.js'
+import {
+  Client,
+  Events,
+  GatewayIntentBits,
+  Partials,
+  SimpleShardingStrategy,
+  type ClientOptions,
+  type Message,
+  type SessionInfo,
+  type WebSocketOptions,
+} from 'discord.js'
 import type {InboundMessage} from '../shapes/agent-run-contract.js'
 import {downloadFile, type AllowedOrigin} from '../http/download.js'
 import type {IncomingFile} from './attachments.js'
 import {DEFAULT_BACKOFF, formatDelay, type BackoffOptions} from './backoff.js'
+import type {ConnectorAudience} from '../config/types.js'
+import {listensTo} from './audience.js'
 import {ReconnectingConnector} from './reconnecting-connector.js'
 import {splitMessage} from './split-message.js'
 import {keepTyping} from './typing.js'
@@ -23,6 +35,37 @@ export interface DiscordTimings {
 
 export const DEFAULT_DISCORD_TIMINGS: DiscordTimings = {backoff: DEFAULT_BACKOFF, typingIntervalMs: 8000}
 
+/** @discordjs/ws waits this long between its own attempts to get a dropped session back. */
+const LIBRARY_RETRY_MS = 500
+/** A close without a close frame: the network, not Discord, ended the connection. */
+const ABNORMAL_CLOSURE = 1006
+
+/**
+ * discord.js's sharding strategy, except that a session survives a reconnect that failed for
+ * network reasons. @discordjs/ws forgets the session when the attempt to resume fails to connect
+ * at all (a refused or reset connection), and then identifies anew: Discord starts a new session
+ * and never replays what was sent in between. Keeping it makes the next attempt a RESUME; should
+ * Discord refuse that (an invalid session, after a fresh HELLO), the library identifies as before.
+ */
+const sessionKeepingStrategy: NonNullable<WebSocketOptions['buildStrategy']> = (manager) => {
+  const options = manager.options as {updateSessionInfo: (shardId: number, info: SessionInfo | null) => unknown}
+  const update = options.updateSessionInfo
+  const droppedByNetwork = new Set<number>()
+  // @discordjs/ws's own event names (discord.js exports another WebSocketShardEvents)
+  const events = manager as unknown as {
+    on(event: string, listener: (payload: {shardId: number; code?: number}) => void): void
+  }
+  events.on('closed', ({code, shardId}) => {
+    if (code === ABNORMAL_CLOSURE) droppedByNetwork.add(shardId)
+  })
+  events.on('hello', ({shardId}) => droppedByNetwork.delete(shardId))
+  options.updateSessionInfo = (shardId, info) => {
+    if (info === null && droppedByNetwork.has(shardId)) return undefined
+    return update(shardId, info)
+  }
+  return new SimpleShardingStrategy(manager)
+}
+
 /**
  * Discord through discord.js (Gateway v10): Guilds, GuildMessages, MessageContent and
  * DirectMessages intents, replies in the message's channel (a thread is a channel). The
@@ -35,7 +78,7 @@ export class DiscordConnector extends ReconnectingConnector {
   private warnedEmptyContent = false
 
   constructor(
-    private readonly config: {bot_token: string; guild_ids: string[]; api_url?: string},
+    private readonly config: {bot_token: string; guild_ids: string[]; api_url?: string} & ConnectorAudience,
     private readonly context: ConnectorContext,
     private readonly timings: DiscordTimings = DEFAULT_DISCORD_TIMINGS,
   ) {
@@ -59,25 +102,32 @@ export class DiscordConnector extends ReconnectingConnector {
       ],
       partials: [Partials.Channel], // DM channels are not cached before their first message
       ...extra,
+      ws: {...extra.ws, buildStrategy: sessionKeepingStrategy},
       rest: {...extra.rest, ...(this.config.api_url ? {api: this.config.api_url} : {})},
     })
   }
 
   protected async connect(): Promise<void> {
     if (this.stopped) return
-    this.status.set('connecting')
+    this.status.connecting()
     const client = this.buildClient()
     this.client = client
     client.on(Events.ClientReady, (ready) => {
       if (client !== this.client) return
       this.backoff.reset()
-      this.status.set('connected', `as ${ready.user.tag}, ${ready.guilds.cache.size} guild(s)`)
+      this.status.connected(`as ${ready.user.tag}, ${ready.guilds.cache.size} guild(s)`)
     })
+    // the library reconnects a dropped session itself, every half second, resuming when it can
     client.on(Events.ShardReconnecting, () => {
-      if (client === this.client) this.status.set('connecting', 'connection lost, resuming')
+      if (client === this.client) this.status.down('connection lost, resuming the session', LIBRARY_RETRY_MS)
     })
-    client.on(Events.ShardResume, () => {
-      if (client === this.client) this.status.set('connected', 'session resumed')
+    client.on(Events.ShardResume, (_shard, replayed) => {
+      if (client === this.client) this.status.connected(`session resumed, ${replayed} event(s) replayed`)
+    })
+    // a session Discord would not resume: a new one (what was sent meanwhile is not replayed)
+    client.on(Events.ShardReady, () => {
+      if (client === this.client && client.isReady())
+        this.status.connected('new session; messages sent while it was down were not replayed')
     })
     client.on(Events.ShardDisconnect, (event) => {
       if (client === this.client) this.retry(client, `Discord closed the session for good (code ${event.code})`)
@@ -108,7 +158,7 @@ export class DiscordConnector extends ReconnectingConnector {
     this.client = undefined
     void destroyQuietly(client)
     const delay = this.backoff.next()
-    this.status.set('disconnected', `${why}; reconnecting in ${formatDelay(delay)}`)
+    this.status.down(why, delay)
     clearTimeout(this.reconnectTimer)
     this.reconnectTimer = setTimeout(() => void this.connect(), delay)
   }
@@ -138,7 +188,18 @@ export class DiscordConnector extends ReconnectingConnector {
       }
       return
     }
-    if (!this.seen.firstSeen(message.id)) return
+    const place = {
+      channelIds: [
+        message.channelId,
+        ...(message.channel.isThread() && message.channel.parentId ? [message.channel.parentId] : []),
+      ],
+      isDm: !message.guildId,
+      mentioned: client.user ? message.mentions.users.has(client.user.id) : false,
+    }
+    if (!listensTo(this.config, place)) return
+    const postedAt = message.createdTimestamp
+    if (!this.catchUp.admit(message.channelId, message.id, postedAt)) return
+    if (!this.catchUp.claim(message.channelId, message.id, postedAt)) return
     const inbound: InboundMessage = {
       id: message.id,
       connector: 'discord',

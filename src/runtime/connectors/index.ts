@@ -1,4 +1,5 @@
 import type {ConnectorConfig} from '../config/types.js'
+import type {CatchUpLimits} from './catch-up.js'
 import type {DiscordTimings} from './discord.js'
 import type {MeepaChatTimings} from './meepachat.js'
 import type {SlackTimings} from './slack.js'
@@ -6,6 +7,7 @@ import type {Connector, ConnectorContext} from './types.js'
 
 /** Per-platform timing overrides: tests shorten backoffs and pings; production uses the defaults. */
 export interface ConnectorTimings {
+  catchUp?: CatchUpLimits
   meepachat?: Partial<MeepaChatTimings>
   discord?: Partial<DiscordTimings>
   slack?: Partial<SlackTimings>

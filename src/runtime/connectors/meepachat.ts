@@ -1,8 +1,12 @@
+import https from 'node:https'
 import WebSocket from 'ws'
+import {httpFetch} from '../providers/http-fetch.js'
 import type {InboundMessage} from '../shapes/agent-run-contract.js'
 import {downloadFile, type AllowedOrigin} from '../http/download.js'
 import type {IncomingFile} from './attachments.js'
 import {DEFAULT_BACKOFF, formatDelay, type BackoffOptions} from './backoff.js'
+import type {ConnectorAudience} from '../config/types.js'
+import {listensTo} from './audience.js'
 import {ReconnectingConnector} from './reconnecting-connector.js'
 import {splitMessage} from './split-message.js'
 import {keepTyping} from './typing.js'
@@ -52,7 +56,9 @@ interface MeepaMessage {
   user_id?: string
   threadId?: string | null
   content?: string
+  createdAt?: string
   user?: MeepaUser
+  mentions?: Array<{id?: string}>
   attachments?: MeepaAttachment[]
 }
 
@@ -86,11 +92,16 @@ export class MeepaChatConnector extends ReconnectingConnector {
   private readonly displayUrl: string
   private socket: WebSocket | undefined
   private botUserId: string | undefined
+  /** `@username` and `@displayName` of the bot: how its authors' clients recognise a mention in the text. */
+  private botHandles: string[] = []
   private pingTimer: NodeJS.Timeout | undefined
   private lastFrameAt = 0
+  /** tls_verify: false (a server with a self-signed certificate): the socket and REST calls accept any certificate. */
+  private readonly verifyTls: boolean
+  private readonly fetchRest: typeof fetch
 
   constructor(
-    private readonly config: {url: string; bot_token: string},
+    private readonly config: {url: string; bot_token: string; tls_verify?: boolean} & ConnectorAudience,
     private readonly context: ConnectorContext,
     private readonly timings: MeepaChatTimings = DEFAULT_MEEPACHAT_TIMINGS,
   ) {
@@ -98,6 +109,9 @@ export class MeepaChatConnector extends ReconnectingConnector {
     this.restBase = meepaChatRestBase(config.url)
     const url = new URL(config.url)
     this.displayUrl = `${url.protocol}//${url.host}${url.pathname}`
+    this.verifyTls = config.tls_verify !== false
+    const insecure = this.verifyTls ? undefined : new https.Agent({rejectUnauthorized: false, keepAlive: true})
+    this.fetchRest = insecure ? (input, init) => httpFetch(input as string, {...init, agent: insecure}) : fetch
   }
 
   protected async disconnect(): Promise<void> {
@@ -121,10 +135,11 @@ export class MeepaChatConnector extends ReconnectingConnector {
 
   protected connect(): void {
     if (this.stopped) return
-    this.status.set('connecting', this.displayUrl)
+    this.status.connecting(this.displayUrl)
     const socket = new WebSocket(this.config.url, {
       headers: {Authorization: `Bot ${this.config.bot_token}`},
       handshakeTimeout: this.timings.requestTimeoutMs,
+      rejectUnauthorized: this.verifyTls,
     })
     this.socket = socket
     let failure: string | undefined
@@ -161,7 +176,7 @@ export class MeepaChatConnector extends ReconnectingConnector {
       if (this.stopped) return
       const why = failure ?? `connection closed (code ${code}${reason.length ? `, ${reason.toString()}` : ''})`
       const delay = this.backoff.next()
-      this.status.set('disconnected', `${why}; reconnecting in ${formatDelay(delay)}`)
+      this.status.down(why, delay)
       this.reconnectTimer = setTimeout(() => this.connect(), delay)
     })
   }
@@ -228,6 +243,7 @@ export class MeepaChatConnector extends ReconnectingConnector {
     dmChannels?: MeepaChannel[]
   }): void {
     this.botUserId = data?.user?.id
+    this.botHandles = [data?.user?.username, data?.user?.displayName].filter(Boolean).map((name) => `@${name}`)
     const servers = data?.servers ?? []
     for (const server of servers) {
       for (const channel of server.channels ?? [])
@@ -235,11 +251,14 @@ export class MeepaChatConnector extends ReconnectingConnector {
     }
     for (const channel of data?.dmChannels ?? []) this.rememberChannel({...channel, isDm: true})
     this.backoff.reset()
+    const downSince = this.status.downSinceTime
     const who = data?.user?.username ?? this.botUserId ?? 'unknown bot'
-    this.status.set(
-      'connected',
-      `as ${who}, ${servers.length} server(s), ${data?.dmChannels?.length ?? 0} DM channel(s)`,
-    )
+    this.status.connected(`as ${who}, ${servers.length} server(s), ${data?.dmChannels?.length ?? 0} DM channel(s)`)
+    if (downSince !== undefined)
+      this.status.note(
+        `messages sent to it while it was disconnected (since ${new Date(downSince).toISOString()}) go unanswered: ` +
+          `the MeepaChat bot gateway does not replay them and its bot API cannot read a channel's messages`,
+      )
   }
 
   private rememberChannel(channel: MeepaChannel): void {
@@ -259,7 +278,18 @@ export class MeepaChatConnector extends ReconnectingConnector {
     )
     const content = typeof data.content === 'string' ? data.content : ''
     if (!content.trim() && files.length === 0) return
-    if (!this.seen.firstSeen(data.id)) return
+    const channel = this.channels.get(channelId)
+    const place = {
+      channelIds: [channelId],
+      isDm: channel ? channel.isDm : channelId.startsWith('dm-'),
+      mentioned:
+        Boolean(data.mentions?.some((mention) => mention.id === this.botUserId)) ||
+        this.botHandles.some((handle) => content.includes(handle)),
+    }
+    if (!listensTo(this.config, place)) return
+    const postedAt = Date.parse(data.createdAt ?? '') || Date.now()
+    if (!this.catchUp.admit(channelId, data.id, postedAt)) return
+    if (!this.catchUp.claim(channelId, data.id, postedAt)) return
     const message: InboundMessage = {
       id: data.id,
       connector: 'meepachat',
@@ -282,7 +312,12 @@ export class MeepaChatConnector extends ReconnectingConnector {
       // not a path: reported as unavailable below
     }
     const allowed: AllowedOrigin[] = [
-      {origin: new URL(base).origin, publicOnly: false, headers: {Authorization: `Bot ${this.config.bot_token}`}},
+      {
+        origin: new URL(base).origin,
+        publicOnly: false,
+        headers: {Authorization: `Bot ${this.config.bot_token}`},
+        verifyTls: this.verifyTls,
+      },
     ]
     const size = attachment?.sizeBytes
     return {
@@ -321,7 +356,7 @@ export class MeepaChatConnector extends ReconnectingConnector {
     for (let attempt = 1; ; attempt++) {
       let response: Response
       try {
-        response = await fetch(url, {
+        response = await this.fetchRest(url, {
           method: 'POST',
           headers: {Authorization: `Bot ${this.config.bot_token}`, 'Content-Type': 'application/json'},
           body,

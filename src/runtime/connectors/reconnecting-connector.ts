@@ -1,6 +1,6 @@
 import {Backoff, type BackoffOptions} from './backoff.js'
 import {ConnectorStatus} from './connector-status.js'
-import {RecentIds} from './recent-ids.js'
+import {CatchUpGate} from './catch-up.js'
 import type {Connector, ConnectorContext, ConnectorState, Delivery} from './types.js'
 
 /**
@@ -14,8 +14,8 @@ export abstract class ReconnectingConnector implements Connector {
   readonly agentId: string
   protected readonly status: ConnectorStatus
   protected readonly backoff: Backoff
-  /** Handles a redelivered or double-sent event once. */
-  protected readonly seen = new RecentIds()
+  /** Hands each message on once, and of those sent while it was down only the recent ones. */
+  protected readonly catchUp: CatchUpGate
   protected reconnectTimer: NodeJS.Timeout | undefined
   protected stopped = false
 
@@ -24,6 +24,7 @@ export abstract class ReconnectingConnector implements Connector {
     this.agentId = context.agentId
     this.status = new ConnectorStatus(context.name, context.log)
     this.backoff = new Backoff(backoff)
+    this.catchUp = new CatchUpGate(this.status, context.claim, context.catchUp)
   }
 
   get state(): ConnectorState {
@@ -32,6 +33,10 @@ export abstract class ReconnectingConnector implements Connector {
 
   get problem(): string | undefined {
     return this.status.problem()
+  }
+
+  get nextAttempt(): Date | undefined {
+    return this.status.nextAttempt
   }
 
   start(): void {
@@ -43,7 +48,8 @@ export abstract class ReconnectingConnector implements Connector {
     this.stopped = true
     clearTimeout(this.reconnectTimer)
     await this.disconnect()
-    this.status.set('stopped')
+    this.catchUp.stop()
+    this.status.stopped()
   }
 
   abstract deliveryTo(channelId: string, threadId?: string): Delivery

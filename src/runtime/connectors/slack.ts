@@ -4,6 +4,8 @@ import type {InboundMessage} from '../shapes/agent-run-contract.js'
 import {downloadFile, DownloadRefused, type AllowedOrigin} from '../http/download.js'
 import type {IncomingFile} from './attachments.js'
 import {DEFAULT_BACKOFF, formatDelay, type BackoffOptions} from './backoff.js'
+import type {ConnectorAudience} from '../config/types.js'
+import {listensTo} from './audience.js'
 import {ReconnectingConnector} from './reconnecting-connector.js'
 import {splitMessage} from './split-message.js'
 import type {ConnectorContext, Delivery} from './types.js'
@@ -31,6 +33,8 @@ interface SlackMessageEvent {
   user?: string
   text?: string
   channel?: string
+  /** `im` for a direct message. */
+  channel_type?: string
   ts?: string
   thread_ts?: string
   files?: SlackFile[]
@@ -83,7 +87,7 @@ export class SlackConnector extends ReconnectingConnector {
   private connecting = false
 
   constructor(
-    private readonly config: {bot_token: string; app_token: string; api_url?: string},
+    private readonly config: {bot_token: string; app_token: string; api_url?: string} & ConnectorAudience,
     private readonly context: ConnectorContext,
     private readonly timings: SlackTimings = DEFAULT_SLACK_TIMINGS,
   ) {
@@ -115,7 +119,7 @@ export class SlackConnector extends ReconnectingConnector {
   protected async connect(): Promise<void> {
     if (this.stopped || this.connecting) return
     this.connecting = true
-    this.status.set('connecting')
+    this.status.connecting()
     try {
       const auth = await this.web.auth.test()
       this.botUserId = auth.user_id
@@ -139,7 +143,7 @@ export class SlackConnector extends ReconnectingConnector {
       await socket.start()
       if (this.stopped || socket !== this.socket) return
       this.backoff.reset()
-      this.status.set('connected', `as ${auth.user ?? auth.user_id ?? 'bot'} in ${auth.team ?? 'workspace'}`)
+      this.status.connected(`as ${auth.user ?? auth.user_id ?? 'bot'} in ${auth.team ?? 'workspace'}`)
     } catch (error) {
       this.onDisconnected(this.socket, describeSlackError(error))
     } finally {
@@ -153,7 +157,7 @@ export class SlackConnector extends ReconnectingConnector {
     // its listeners stay (the library's own close handling needs them); ours ignore a replaced socket
     if (socket) void socket.disconnect().catch(() => {})
     const delay = this.backoff.next()
-    this.status.set('disconnected', `${why}; reconnecting in ${formatDelay(delay)}`)
+    this.status.down(why, delay)
     this.reconnectTimer = setTimeout(() => {
       this.reconnectTimer = undefined
       void this.connect()
@@ -170,18 +174,26 @@ export class SlackConnector extends ReconnectingConnector {
   }
 
   private onEvent(args: {ack: () => Promise<void>; event: SlackMessageEvent}): void {
-    // Slack redelivers an event that is not acknowledged within 3 s: acknowledge first
-    void args.ack().catch(() => {})
+    // Slack redelivers an event until it is acknowledged: one this gateway does not answer is
+    // acknowledged at once, one it answers once it is recorded and handed to the agent
+    const ack = () => void args.ack().catch(() => {})
     const event = args.event
-    if (!event?.channel || !event.ts || !event.user) return
-    if (event.bot_id || event.user === this.botUserId) return // its own replies and other bots: no loops
+    if (!event?.channel || !event.ts || !event.user) return ack()
+    if (event.bot_id || event.user === this.botUserId) return ack() // its own replies and other bots: no loops
     // edits, joins, deletions
-    if (event.subtype && event.subtype !== 'file_share' && event.subtype !== 'thread_broadcast') return
+    if (event.subtype && event.subtype !== 'file_share' && event.subtype !== 'thread_broadcast') return ack()
     const files = (Array.isArray(event.files) ? event.files : []).map((file) => this.incomingFile(file))
     const text = typeof event.text === 'string' ? event.text : ''
-    if (!text.trim() && files.length === 0) return
+    if (!text.trim() && files.length === 0) return ack()
+    const place = {
+      channelIds: [event.channel],
+      isDm: event.channel_type === 'im',
+      mentioned: event.type === 'app_mention' || text.includes(`<@${this.botUserId}>`),
+    }
+    if (!listensTo(this.config, place)) return ack()
     // an @mention arrives twice, as `message` and as `app_mention`: answer once
-    if (!this.seen.firstSeen(`${event.channel}:${event.ts}`)) return
+    const postedAt = Number(event.ts) * 1000
+    if (!this.catchUp.admit(event.channel, event.ts, postedAt)) return ack()
     const threadTs = event.thread_ts ?? event.ts
     const message: InboundMessage = {
       id: event.ts,
@@ -196,7 +208,10 @@ export class SlackConnector extends ReconnectingConnector {
     // name lookups are chained so messages reach the queue in the order Slack sent them
     this.inbound = this.inbound.then(async () => {
       const name = await this.userName(userId)
-      if (!this.stopped) this.dispatch({...message, user: {id: userId, name}}, channel, threadTs, files)
+      if (this.stopped) return // unacknowledged: Slack delivers it again to the next connection
+      if (this.catchUp.claim(channel, message.id, postedAt))
+        this.dispatch({...message, user: {id: userId, name}}, channel, threadTs, files)
+      ack()
     })
   }
 
@@ -272,6 +287,8 @@ export class SlackConnector extends ReconnectingConnector {
 }
 
 function describeSlackError(error: unknown): string {
+  // the Socket Mode client rejects with nothing when its WebSocket fails before it opens
+  if (!error || typeof error !== 'object') return 'the Socket Mode connection failed before it opened'
   const data = (error as {data?: {error?: string}}).data
   if (data?.error === 'invalid_auth' || data?.error === 'not_authed')
     return `Slack refused the token (${data.error}); check bot_token and app_token`

@@ -1,5 +1,6 @@
 import type {AgentRunOutput, InboundMessage, MessageAttachment} from '../shapes/agent-run-contract.js'
 import type {IncomingFile} from './attachments.js'
+import type {CatchUpLimits} from './catch-up.js'
 
 /** How the gateway answers one inbound message on the platform it came from. */
 export interface Delivery {
@@ -12,7 +13,11 @@ export interface Delivery {
 /** A message and the files it came with (received into the workspace when its run starts). */
 export type InboundHandler = (message: InboundMessage, delivery: Delivery, files?: IncomingFile[]) => void
 
-export type ConnectorState = 'connecting' | 'connected' | 'disconnected' | 'stopped'
+/**
+ * `reconnecting`: lost or failed, the next attempt is due (Connector.nextAttempt); `refused`: the
+ * platform refused the bot's credentials, retried all the same in case the operator fixes them.
+ */
+export type ConnectorState = 'connecting' | 'connected' | 'reconnecting' | 'refused' | 'stopped'
 
 export interface Connector {
   /** `agent-id/type` (plus `#n` when an agent has two of a type): names the connector in logs. */
@@ -22,6 +27,8 @@ export interface Connector {
   readonly state: ConnectorState
   /** Why it is not connected, for /healthz (see ConnectorStatus.problem); undefined when that is no problem. */
   readonly problem?: string
+  /** When the next connection attempt is due, while reconnecting or refused. */
+  readonly nextAttempt?: Date
   /** Connects in the background and keeps reconnecting; never throws for a connection problem. */
   start(): void
   /** Disconnects for good. */
@@ -36,6 +43,13 @@ export interface ConnectorContext {
   /** One line per state change, for the operator. */
   log: (line: string) => void
   onMessage: InboundHandler
+  /**
+   * Records durably (gateway.db) that this connector handed a message on: false when it did
+   * before, across reconnects and restarts. Without it, messages are told apart in memory only.
+   */
+  claim?: (channelId: string, messageId: string, postedAt: number) => boolean
+  /** Bounds of what is answered of the messages sent while the connector was down (tests shorten them). */
+  catchUp?: CatchUpLimits
 }
 
 /**

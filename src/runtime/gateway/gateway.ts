@@ -1,6 +1,9 @@
 import type {LoadedConfig} from '../config/types.js'
 import {createConnector, connectorNames, type ConnectorTimings} from '../connectors/index.js'
 import type {Connector} from '../connectors/types.js'
+import {DEFAULT_CATCH_UP} from '../connectors/catch-up.js'
+import {InboundLedger} from '../state/inbound-ledger.js'
+import {connectorConfigWarnings} from '../config/connector-warnings.js'
 import {apiKeyCaller, mountWebChat} from '../connectors/webchat.js'
 import {sendJson} from '../http/json.js'
 import {Router} from '../http/router.js'
@@ -152,6 +155,9 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       },
     })
 
+    for (const {agent, warning} of connectorConfigWarnings(config)) log(`gateway: WARNING: agent ${agent}: ${warning}`)
+    const catchUp = options.connectorTimings?.catchUp ?? DEFAULT_CATCH_UP
+    const inbound = new InboundLedger(db, catchUp.maxAgeMs)
     const connectors: Connector[] = []
     for (const agent of config.agents) {
       const names = connectorNames(agent.id, agent.connectors)
@@ -167,6 +173,8 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
                 log,
                 onMessage: (message, delivery, files) =>
                   void dispatcher.dispatch(agent.id, message, delivery, files?.length ? {files} : {}),
+                claim: (channelId, messageId, postedAt) => inbound.claim(name, channelId, messageId, postedAt),
+                catchUp,
               },
               options.connectorTimings,
             ),

@@ -23,6 +23,8 @@ export interface AllowedOrigin {
   publicOnly: boolean
   /** Sent only to this origin (a redirect elsewhere drops it). */
   headers?: Record<string, string>
+  /** False: the operator's `tls_verify: false` for this server (a self-signed certificate). */
+  verifyTls?: boolean
 }
 
 export interface DownloadOptions {
@@ -153,6 +155,7 @@ function get(url: URL, origin: AllowedOrigin, options: DownloadOptions, signal: 
       signal,
       timeout: idle,
       agent: false, // one connection per file: nothing pooled that a later URL could reuse
+      rejectUnauthorized: origin.verifyTls !== false,
       ...(origin.publicOnly ? {lookup: publicLookup(options.lookup ?? dns.lookup)} : {}),
     })
     request.on('timeout', () => {

@@ -27,7 +27,13 @@ export function sdkClientOptions(config: ProviderConfig): {maxRetries: 0; fetch:
  * which they read as a timeout or a cancel), streamed responses, gzip/deflate/br. Redirects are
  * returned, not followed: no LLM API redirects, and following one would resend the API key.
  */
-export async function httpFetch(input: string | URL | Request, init: RequestInit = {}): Promise<Response> {
+export async function httpFetch(
+  input: string | URL | Request,
+  init: RequestInit & {
+    /** Another connection pool (e.g. one that accepts any TLS certificate); a pool kept per protocol by default. */
+    agent?: http.Agent
+  } = {},
+): Promise<Response> {
   if (typeof input !== 'string' && !(input instanceof URL)) throw new TypeError('httpFetch takes a URL, not a Request')
   const url = new URL(input)
   if (url.protocol !== 'http:' && url.protocol !== 'https:')
@@ -49,7 +55,7 @@ export async function httpFetch(input: string | URL | Request, init: RequestInit
     const request = (url.protocol === 'https:' ? https : http).request(url, {
       method: init.method ?? 'GET',
       headers: requestHeaders,
-      agent: agents[url.protocol as 'http:' | 'https:'],
+      agent: init.agent ?? agents[url.protocol as 'http:' | 'https:'],
     })
     let response: http.IncomingMessage | undefined
     // The body stream must fail with the AbortError itself, or a reader sees a plain "aborted" reset.

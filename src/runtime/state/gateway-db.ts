@@ -141,6 +141,22 @@ export const MIGRATIONS: ReadonlyArray<{name: string; sql: string}> = [
       CREATE INDEX run_files_by_run ON run_files (run_id);
     `,
   },
+  {
+    // issue 28: a message a platform delivers again (Slack's redelivery, Discord's replay on resume)
+    // after a reconnect or a restart is answered once
+    name: 'inbound messages handled, per connector and channel',
+    sql: `
+      CREATE TABLE inbound_handled (
+        connector TEXT NOT NULL,         -- the connector's name (agent/type, #n for a second one)
+        channel_id TEXT NOT NULL,
+        message_id TEXT NOT NULL,
+        posted_at INTEGER NOT NULL,      -- ms since epoch, as the platform dates the message
+        handled_at INTEGER NOT NULL,
+        PRIMARY KEY (connector, channel_id, message_id)
+      ) WITHOUT ROWID;
+      CREATE INDEX inbound_handled_by_time ON inbound_handled (posted_at);
+    `,
+  },
 ]
 
 /**

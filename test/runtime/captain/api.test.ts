@@ -51,6 +51,27 @@ describe('captain JSON API', () => {
     expect(res.body.connectors[0]).toMatchObject({name: 'meepa/discord', state: 'connected'})
   })
 
+  it('shows why a connector is not connected and when it tries again', async () => {
+    const next = new Date('2026-12-04T10:00:05.000Z')
+    const problem =
+      'refused: Discord refused the bot token (TokenInvalid); check bot_token; next attempt at 2026-12-04T10:00:05.000Z'
+    harness = await startCaptain({
+      config: captainConfig(agents),
+      deps: {
+        connectors: () => [
+          {name: 'meepa/discord', type: 'discord', agentId: 'meepa', state: 'refused', problem, nextAttempt: next},
+        ],
+      },
+    })
+    headers = sessionHeaders(await harness.login())
+    const res = await harness.request('GET', '/api/captain/agents/meepa', {headers})
+    expect(res.body.connectors[0]).toMatchObject({
+      state: 'refused',
+      problem,
+      next_attempt_at: '2026-12-04T10:00:05.000Z',
+    })
+  })
+
   it('PATCH agents/{id} writes the change to config.yaml (comments kept), warns on unrestricted and tells listeners', async () => {
     await start()
     const changes: ConfigChange[] = []

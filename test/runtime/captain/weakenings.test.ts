@@ -59,6 +59,12 @@ const AGENT_LOOSENINGS: Record<string, {before?: Raw; after: Raw}> = {
   'limits.cpus': {after: {limits: {cpus: 16}}},
   'limits.disk': {after: {limits: {disk: '100g'}}},
   secrets: {after: {secrets: ['AWS_SECRET_ACCESS_KEY']}},
+  connectors: {
+    before: {connectors: [{type: 'meepachat', url: 'wss://chat.example/api/bot-gateway', bot_token: '1.x'}]},
+    after: {
+      connectors: [{type: 'meepachat', url: 'wss://chat.example/api/bot-gateway', bot_token: '1.x', tls_verify: false}],
+    },
+  },
 }
 const IMAGE_LOOSENINGS: Record<string, {before?: Partial<ImageConfig>; after: Partial<ImageConfig>}> = {
   enabled: {after: {enabled: true}},

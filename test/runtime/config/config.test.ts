@@ -192,6 +192,30 @@ describe('config commands', () => {
     }
   })
 
+  it('config check warns about a MeepaChat connector with tls_verify: false, and only that one', async () => {
+    home.writeConfig({
+      providers: {primary: 'fake', providers: {fake: provider}},
+      agents: [
+        {
+          id: 'a',
+          connectors: [
+            {type: 'meepachat', url: 'wss://chat.example/api/bot-gateway', bot_token: '1.x'},
+            {type: 'meepachat', url: 'wss://self-signed.example/api/bot-gateway', bot_token: '1.y', tls_verify: false},
+          ],
+        },
+      ],
+    })
+    const text = await runCommand('config check')
+    expect(text.stderr).toMatch(
+      /warning: agent a: connectors\[1\] \(meepachat wss:\/\/self-signed\.example\/api\/bot-gateway\): tls_verify is off/,
+    )
+    expect(text.stderr).not.toContain('chat.example/')
+    const json = JSON.parse((await runCommand('config check --json')).stdout)
+    expect(json.warnings).toEqual([
+      expect.objectContaining({agent: 'a', warning: expect.stringContaining('tls_verify is off')}),
+    ])
+  })
+
   it('exits 3 with the path of each problem for an invalid config, also under --json', async () => {
     home.writeConfig({
       providers: {primary: 'fake', providers: {fake: provider}},

@@ -2,6 +2,7 @@ import {describe, expect, it} from 'vitest'
 import type {FakeLlm} from '../../fakes/llm-server.js'
 import {startFakeDiscord, type FakeDiscord} from '../../fakes/discord-server.js'
 import {fakeLlmForTests} from '../../helpers/fake-llm-for-tests.js'
+import {waitFor} from '../../helpers/wait-for.js'
 import {closeAfterEachTest, startTestGateway, stubRun, type TestGateway} from '../gateway/helpers.js'
 
 const TOKEN = 'MTIz.discord.token'
@@ -13,7 +14,12 @@ fakeLlmForTests((started) => (llm = started))
 const closeAfterTest = closeAfterEachTest()
 
 async function gatewayWith(
-  options: {token?: string; guildIds?: string[]; run?: Parameters<typeof startTestGateway>[0]['run']} = {},
+  options: {
+    token?: string
+    guildIds?: string[]
+    run?: Parameters<typeof startTestGateway>[0]['run']
+    connector?: Record<string, unknown>
+  } = {},
 ) {
   discord = closeAfterTest(await startFakeDiscord({token: TOKEN}))
   test = closeAfterTest(
@@ -27,6 +33,7 @@ async function gatewayWith(
               bot_token: options.token ?? TOKEN,
               guild_ids: options.guildIds ?? [],
               api_url: discord.apiUrl,
+              ...options.connector,
             },
           ],
         },
@@ -91,8 +98,12 @@ describe('Discord connector (real discord.js against a fake REST API and Gateway
     await gateway.waitForLog(/disco\/discord: connected/)
     discord.dropConnections()
     await discord.waitFor(() => discord.resumes + discord.identifies >= 2, 'a resume or re-identify')
-    await gateway.waitForLog(/disco\/discord: connecting \(connection lost, resuming\)/)
-    await gateway.waitForLog(/disco\/discord: connected \(session resumed\)/)
+    await gateway.waitForLog(
+      /disco\/discord: reconnecting \(connection lost, resuming the session; next attempt in 500 ms\)/,
+    )
+    await gateway.waitForLog(
+      /disco\/discord: connected \(session resumed, \d+ event\(s\) replayed, after [\d.]+ m?s down\)/,
+    )
     discord.userSays({channelId: '1001', content: 'after the drop'})
     expect((await discord.waitForPosts(1))[0]?.content).toBe('echo: after the drop')
   })
@@ -100,10 +111,77 @@ describe('Discord connector (real discord.js against a fake REST API and Gateway
   it('reports a bad token, retries with backoff, and keeps the gateway serving', async () => {
     const gateway = await gatewayWith({token: 'bad.token', run: stubRun()})
     await gateway.waitForLog(
-      /disco\/discord: disconnected \(Discord refused the bot token \(TokenInvalid\); check bot_token; reconnecting in 50 ms\)/,
+      /disco\/discord: refused \(Discord refused the bot token \(TokenInvalid\); check bot_token; next attempt in 50 ms\)/,
     )
-    await gateway.waitForLog(/reconnecting in 100 ms/)
-    expect(discord.refused).toBeGreaterThanOrEqual(2)
+    await waitFor('three refused attempts', () => discord.refused >= 3)
+    // retried, but said once (not a line per attempt)
+    expect(gateway.logs.filter((line) => / refused \(/.test(line))).toHaveLength(1)
     expect((await gateway.chat({agent: 'disco', message: 'ping'})).body.reply).toBe('echo: ping')
+  })
+
+  it('after an outage, resumes its session: what was sent meanwhile is answered once, and the state says so throughout', async () => {
+    const gateway = await gatewayWith({run: stubRun()})
+    await gateway.waitForLog(/disco\/discord: connected/)
+    discord.refuseConnections(true) // Discord unreachable: every reconnect attempt fails
+    discord.dropConnections()
+    await gateway.waitForLog(
+      /disco\/discord: reconnecting \(connection lost, resuming the session; next attempt in 500 ms\)/,
+    )
+    discord.userSays({channelId: '1001', content: 'sent while you were away'})
+    discord.userSays({channelId: '3001', content: 'a DM meanwhile', guildId: null})
+    await new Promise((resolve) => setTimeout(resolve, 1600)) // a few failed attempts
+    const health = await gateway.health()
+    expect(health.status).toBe(503)
+    expect(health.body.connectors).toEqual({reconnecting: 1})
+    expect(health.body.reasons).toEqual([
+      expect.stringMatching(
+        /^connector disco\/discord reconnecting: connection lost, resuming the session; next attempt at \d{4}-/,
+      ),
+    ])
+    // one line for the outage, not one per attempt
+    expect(gateway.logs.filter((line) => line.includes('disco/discord: reconnecting'))).toHaveLength(1)
+    expect(discord.posts).toEqual([])
+
+    discord.refuseConnections(false)
+    const posts = await discord.waitForPosts(2)
+    expect(posts.map((post) => post.content).sort()).toEqual(['echo: a DM meanwhile', 'echo: sent while you were away'])
+    await gateway.waitForLog(
+      /disco\/discord: connected \(session resumed, \d+ event\(s\) replayed, after [\d.]+ s down\)/,
+    )
+    expect(discord.identifies).toBe(1) // the same session, not a new one
+    expect((await gateway.health()).body).toMatchObject({status: 'ok', connectors: {connected: 1}})
+    await new Promise((resolve) => setTimeout(resolve, 300))
+    expect(discord.posts).toHaveLength(2) // each once
+  })
+
+  it('a session Discord will not resume: a new one, and the state is connected again', async () => {
+    const gateway = await gatewayWith({run: stubRun()})
+    await gateway.waitForLog(/disco\/discord: connected/)
+    discord.invalidateSessions()
+    discord.dropConnections()
+    await gateway.waitForLog(
+      /disco\/discord: connected \(new session; messages sent while it was down were not replayed/,
+    )
+    expect(discord.identifies).toBe(2)
+    expect((await gateway.health()).body).toMatchObject({status: 'ok', connectors: {connected: 1}})
+    discord.userSays({channelId: '1001', content: 'new session'})
+    expect((await discord.waitForPosts(1))[0]?.content).toBe('echo: new session')
+  })
+
+  it('with channels and mention_only: answers only @mentions in the listed channels, and every DM', async () => {
+    const seen: string[] = []
+    await gatewayWith({
+      run: stubRun({onStart: (content) => seen.push(content)}),
+      connector: {channels: ['1001'], mention_only: true},
+    })
+    await test!.waitForLog(/disco\/discord: connected/)
+    const me = {id: discord.botUser.id, username: discord.botUser.username}
+    discord.userSays({channelId: '1001', content: 'not for the bot'})
+    discord.userSays({channelId: '1002', content: 'unlisted channel', mentions: [me]})
+    discord.userSays({channelId: '1001', content: 'listed and mentioned', mentions: [me]})
+    discord.userSays({channelId: '3001', content: 'a DM, no mention', guildId: null})
+    await discord.waitForPosts(2)
+    await new Promise((resolve) => setTimeout(resolve, 300))
+    expect(seen).toEqual(['listed and mentioned', 'a DM, no mention'])
   })
 })

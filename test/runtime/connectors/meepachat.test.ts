@@ -3,6 +3,7 @@ import type {FakeLlm} from '../../fakes/llm-server.js'
 import {startFakeMeepaChat, type FakeMeepaChat} from '../../fakes/meepachat-server.js'
 import {RunRecords} from '../../../src/runtime/state/run-records.js'
 import {fakeLlmForTests} from '../../helpers/fake-llm-for-tests.js'
+import {waitFor} from '../../helpers/wait-for.js'
 import {closeAfterEachTest, startTestGateway, stubRun, type TestGateway} from '../gateway/helpers.js'
 
 const TOKEN = '11.meepa-secret'
@@ -24,13 +25,20 @@ async function gatewayWith(
     token?: string
     run?: Parameters<typeof startTestGateway>[0]['run']
     gateway?: Record<string, unknown>
+    /** More connector fields (channels, mention_only, ...). */
+    connector?: Record<string, unknown>
   } = {},
 ) {
   chat = closeAfterTest(await startFakeMeepaChat({token: TOKEN}))
   test = closeAfterTest(
     await startTestGateway({
       agents: [
-        {id: 'meepa', connectors: [{type: 'meepachat', url: chat.gatewayUrl, bot_token: options.token ?? TOKEN}]},
+        {
+          id: 'meepa',
+          connectors: [
+            {type: 'meepachat', url: chat.gatewayUrl, bot_token: options.token ?? TOKEN, ...options.connector},
+          ],
+        },
       ],
       llmBaseUrl: llm.openaiBaseUrl,
       run: options.run,
@@ -141,7 +149,7 @@ describe('MeepaChat connector (fake MeepaChat server, real agent with the fake L
     await chat.waitForReadyCount(1)
     chat.dropConnections()
     await chat.waitForReadyCount(2)
-    await test!.waitForLog(/meepa\/meepachat: disconnected \(connection closed \(code 1006\); reconnecting in/)
+    await test!.waitForLog(/meepa\/meepachat: reconnecting \(connection closed \(code 1006\); next attempt in/)
     chat.userSays({channelId: 'general', content: 'after the drop'})
     const [reply] = await chat.waitForPosts(1)
     expect(reply?.content).toBe('echo: after the drop')
@@ -160,10 +168,11 @@ describe('MeepaChat connector (fake MeepaChat server, real agent with the fake L
   it('reports a bad token, retries with backoff, and keeps the gateway serving', async () => {
     const gateway = await gatewayWith({token: '11.wrong', run: stubRun()})
     await gateway.waitForLog(
-      /meepa\/meepachat: disconnected \(the server refused the bot token \(HTTP 401\); check bot_token; reconnecting in 50 ms\)/,
+      /meepa\/meepachat: refused \(the server refused the bot token \(HTTP 401\); check bot_token; next attempt in 50 ms\)/,
     )
-    await gateway.waitForLog(/reconnecting in 100 ms/)
-    expect(chat.refused).toBeGreaterThanOrEqual(2)
+    await waitFor('three refused attempts', () => chat.refused >= 3)
+    // retried, but said once (not a line per attempt)
+    expect(gateway.logs.filter((line) => / refused \(/.test(line))).toHaveLength(1)
     const {status, body} = await gateway.chat({agent: 'meepa', message: 'still alive?'})
     expect(status).toBe(200)
     expect(body.reply).toBe('echo: still alive?')
@@ -243,5 +252,53 @@ describe('MeepaChat connector (fake MeepaChat server, real agent with the fake L
     const statuses = new RunRecords(test!.gateway.db).list({limit: 100}).map((run) => run.status)
     expect(statuses.filter((status) => status === 'rejected')).toHaveLength(6)
     expect(statuses.filter((status) => status === 'ok')).toHaveLength(4)
+  })
+
+  it('after an outage: reconnecting with the next attempt in /healthz, a line per cause not per attempt, and the operator told what went unseen', async () => {
+    const seen: string[] = []
+    const gateway = await gatewayWith({run: stubRun({onStart: (content) => seen.push(content)})})
+    await chat.waitForReadyCount(1)
+    chat.refuseConnections(true)
+    chat.dropConnections()
+    await gateway.waitForLog(
+      /meepa\/meepachat: reconnecting \(the server answered HTTP 503 instead of a WebSocket; next attempt in/,
+    )
+    chat.userSays({channelId: 'general', content: 'while the bot was away'}) // the server delivers it to no bot
+    await new Promise((resolve) => setTimeout(resolve, 1000)) // several failed attempts
+    const health = await gateway.health()
+    expect(health.body.connectors).toEqual({reconnecting: 1})
+    expect(health.body.reasons?.[0]).toMatch(
+      /^connector meepa\/meepachat reconnecting: the server answered HTTP 503 instead of a WebSocket; next attempt at \d{4}-/,
+    )
+    // the drop, then the 503s: two causes, two lines
+    expect(gateway.logs.filter((line) => line.includes('meepa/meepachat: reconnecting'))).toHaveLength(2)
+
+    chat.refuseConnections(false)
+    await gateway.waitForLog(/meepa\/meepachat: connected \(as meepabot, .* after [\d.]+ m?s down\)/)
+    await gateway.waitForLog(
+      /meepa\/meepachat: messages sent to it while it was disconnected \(since \d{4}-.*\) go unanswered: the MeepaChat bot gateway does not replay them/,
+    )
+    chat.userSays({channelId: 'general', content: 'back again'})
+    expect((await chat.waitForPosts(1))[0]?.content).toBe('echo: back again')
+    expect(seen).toEqual(['back again'])
+    expect((await gateway.health()).body).toMatchObject({status: 'ok', connectors: {connected: 1}})
+  })
+
+  it('with channels and mention_only: answers only @mentions in the listed channels, and every DM', async () => {
+    const seen: string[] = []
+    await gatewayWith({
+      run: stubRun({onStart: (content) => seen.push(content)}),
+      connector: {channels: ['general'], mention_only: true},
+    })
+    await chat.waitForReadyCount(1)
+    chat.userSays({channelId: 'general', content: 'not for the bot'})
+    chat.userSays({channelId: 'random', content: '@meepabot in an unlisted channel'})
+    chat.userSays({channelId: 'general', content: 'hey @meepabot, by name'})
+    chat.userSays({channelId: 'general', content: 'by mention list', mentions: [{id: chat.botUser.id}]})
+    chat.userSays({channelId: 'dm-alice', content: 'a DM, no mention'})
+    await chat.waitForPosts(3)
+    await new Promise((resolve) => setTimeout(resolve, 300))
+    expect(seen).toEqual(['hey @meepabot, by name', 'by mention list', 'a DM, no mention'])
+    expect(chat.posts.map((post) => post.channelId)).toEqual(['general', 'general', 'dm-alice'])
   })
 })

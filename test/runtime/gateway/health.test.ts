@@ -37,7 +37,7 @@ describe('/healthz and the chat connectors', () => {
     expect(health.body.status).toBe('degraded')
     expect(health.body.reasons).toHaveLength(1)
     expect(health.body.reasons?.[0]).toMatch(
-      /^connector meepa\/meepachat reconnecting: (connect ECONNREFUSED 127\.0\.0\.1:\d+|connection closed \(code 1006\)); reconnecting in \d+ ms$/,
+      /^connector meepa\/meepachat reconnecting: (connect ECONNREFUSED 127\.0\.0\.1:\d+|connection closed \(code 1006\)); next attempt at \d{4}-\d\d-\d\dT[\d:.]+Z$/,
     )
 
     chat = closeAfterTest(await startFakeMeepaChat({token: TOKEN, port}))
@@ -65,10 +65,10 @@ describe('/healthz and the chat connectors', () => {
     expect(health.status).toBe(503)
     expect(health.body.reasons).toEqual([
       expect.stringMatching(
-        /^connector meepa\/slack refused: Slack refused the token \(invalid_auth\); check bot_token and app_token; reconnecting in \d+ ms$/,
+        /^connector meepa\/slack refused: Slack refused the token \(invalid_auth\); check bot_token and app_token; next attempt at \d{4}-\d\d-\d\dT[\d:.]+Z$/,
       ),
       expect.stringMatching(
-        /^connector meepa\/discord refused: Discord refused the bot token \(TokenInvalid\); check bot_token; reconnecting in \d+ ms$/,
+        /^connector meepa\/discord refused: Discord refused the bot token \(TokenInvalid\); check bot_token; next attempt at \d{4}-\d\d-\d\dT[\d:.]+Z$/,
       ),
     ])
   })

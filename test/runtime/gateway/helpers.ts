@@ -1,5 +1,6 @@
 import {afterEach} from 'vitest'
 import {loadConfig} from '../../../src/runtime/config/load.js'
+import type {CatchUpLimits} from '../../../src/runtime/connectors/catch-up.js'
 import type {ConnectorTimings} from '../../../src/runtime/connectors/index.js'
 import type {RunFunction} from '../../../src/runtime/gateway/dispatcher.js'
 import {startGateway, type Gateway} from '../../../src/runtime/gateway/gateway.js'
@@ -25,6 +26,8 @@ export interface TestGateway {
   apiKey: string
   chat(body: Record<string, unknown>, key?: string): Promise<{status: number; body: any}>
   waitForLog(pattern: RegExp, timeoutMs?: number): Promise<string>
+  /** GET /healthz: what an operator's monitor sees. */
+  health(): Promise<{status: number; body: {status: string; reasons?: string[]; connectors: Record<string, number>}}>
   close(): Promise<void>
 }
 
@@ -41,13 +44,18 @@ export async function startTestGateway(options: {
   config?: Record<string, unknown>
   /** Prepares the home before the gateway starts (e.g. state a previous gateway left). */
   beforeStart?: (home: TestHome) => void
+  /** The home of a gateway before this one (a restart); its caller cleans it up. */
+  home?: TestHome
+  catchUp?: CatchUpLimits
 }): Promise<TestGateway> {
-  const home = makeHome(
-    fakeLlmConfig(options.llmBaseUrl ?? 'http://127.0.0.1:9/v1', options.agents, {
-      ...(options.gateway ? {gateway: options.gateway} : {}),
-      ...options.config,
-    }),
-  )
+  const home =
+    options.home ??
+    makeHome(
+      fakeLlmConfig(options.llmBaseUrl ?? 'http://127.0.0.1:9/v1', options.agents, {
+        ...(options.gateway ? {gateway: options.gateway} : {}),
+        ...options.config,
+      }),
+    )
   options.beforeStart?.(home)
   const loaded = loadConfig({
     configPath: home.configPath,
@@ -61,7 +69,7 @@ export async function startTestGateway(options: {
     unrestricted: true,
     port: 0,
     run: options.run,
-    connectorTimings: FAST_TIMINGS,
+    connectorTimings: {...FAST_TIMINGS, ...(options.catchUp ? {catchUp: options.catchUp} : {})},
     log: (line) => {
       logs.push(line)
       if (process.env.MEEPA_TEST_VERBOSE) process.stderr.write(`${line}\n`)
@@ -80,6 +88,10 @@ export async function startTestGateway(options: {
         headers: {'content-type': 'application/json', ...(key ? {authorization: `Bearer ${key}`} : {})},
         body: JSON.stringify(body),
       })
+      return {status: response.status, body: await response.json()}
+    },
+    async health() {
+      const response = await fetch(`${gateway.url}/healthz`)
       return {status: response.status, body: await response.json()}
     },
     waitForLog(pattern, timeoutMs = 10_000) {
@@ -103,7 +115,7 @@ export async function startTestGateway(options: {
     },
     async close() {
       await gateway.stop({graceMs: 5000})
-      home.cleanup()
+      if (!options.home) home.cleanup()
     },
   }
 }

@@ -25,22 +25,27 @@ function leftRunning(
   )
 }
 
+/** A Discord agent's gateway starting with one run a crashed gateway left in `channelId`. */
+async function discordGatewayOwing(run: {id: string; channelId: string}) {
+  const discord = closeAfterTest(await startFakeDiscord({token: 'MTIz.discord.token'}))
+  const test = closeAfterTest(
+    await startTestGateway({
+      agents: [
+        {
+          id: 'disco',
+          connectors: [{type: 'discord', bot_token: 'MTIz.discord.token', guild_ids: [], api_url: discord.apiUrl}],
+        },
+      ],
+      run: stubRun(),
+      beforeStart: (home) => leftRunning(home, {...run, agentId: 'disco', connector: 'discord'}),
+    }),
+  )
+  return {discord, test}
+}
+
 describe('runs a crashed gateway left are answered at start-up', () => {
   it('Discord: in the channel of the message, once', async () => {
-    const discord = closeAfterTest(await startFakeDiscord({token: 'MTIz.discord.token'}))
-    const test = closeAfterTest(
-      await startTestGateway({
-        agents: [
-          {
-            id: 'disco',
-            connectors: [{type: 'discord', bot_token: 'MTIz.discord.token', guild_ids: [], api_url: discord.apiUrl}],
-          },
-        ],
-        run: stubRun(),
-        beforeStart: (home) =>
-          leftRunning(home, {id: 'run_left1', agentId: 'disco', connector: 'discord', channelId: '1001'}),
-      }),
-    )
+    const {discord, test} = await discordGatewayOwing({id: 'run_left1', channelId: '1001'})
     const [post] = await discord.waitForPosts(1)
     expect(post).toMatchObject({channelId: '1001'})
     expect(post?.content).toMatch(RESTARTED)
@@ -49,6 +54,17 @@ describe('runs a crashed gateway left are answered at start-up', () => {
     expect(record).toMatchObject({status: 'interrupted'})
     expect(record?.restart_reply).toMatch(/^sent /)
     expect(new RunRecords(test.gateway.db).pendingRestartReplies()).toEqual([])
+  })
+
+  it('Discord: sent once a new session is up, when the first one was lost right after it connected', async () => {
+    const {discord, test} = await discordGatewayOwing({id: 'run_left5', channelId: '1002'})
+    await test.waitForLog(/disco\/discord: connected \(as meepabot/)
+    discord.invalidateSessions() // Discord will not resume it: discord.js identifies anew
+    discord.dropConnections()
+    const [post] = await discord.waitForPosts(1, 10_000)
+    expect(post).toMatchObject({channelId: '1002'})
+    expect(post?.content).toMatch(RESTARTED)
+    expect(discord.identifies).toBe(2)
   })
 
   it('Slack: in the thread of the message; a run of an agent whose connector is gone is noted, not retried forever', async () => {

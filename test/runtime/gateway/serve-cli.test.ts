@@ -129,12 +129,12 @@ describe('meepagateway serve (the real CLI)', {timeout: 90_000}, () => {
     const {url, output} = await startServe()
     const deadline = Date.now() + 10_000
     while (
-      !/a1\/meepachat: disconnected \(.*ECONNREFUSED.*reconnecting in 1 s\)/.test(output()) &&
+      !/a1\/meepachat: reconnecting \(.*ECONNREFUSED.*next attempt in 1 s\)/.test(output()) &&
       Date.now() < deadline
     )
       await new Promise((resolve) => setTimeout(resolve, 50))
     expect(output()).toMatch(/connector a1\/meepachat: connecting \(ws:\/\/127\.0\.0\.1:\d+\/api\/bot-gateway\)/)
-    expect(output()).toMatch(/a1\/meepachat: disconnected \(.*ECONNREFUSED.*reconnecting in 1 s\)/)
+    expect(output()).toMatch(/a1\/meepachat: reconnecting \(.*ECONNREFUSED.*next attempt in 1 s\)/)
     llm.enqueue({text: 'web chat still works'})
     expect(((await (await chat(url, key, {agent: 'a1', message: 'hi'})).json()) as {reply: string}).reply).toBe(
       'web chat still works',
@@ -166,7 +166,7 @@ describe('meepagateway serve (the real CLI)', {timeout: 90_000}, () => {
     )
     const {output} = await startServe()
     const deadline = Date.now() + 10_000
-    while (!output().includes('reconnecting in') && Date.now() < deadline)
+    while (!output().includes('next attempt in') && Date.now() < deadline)
       await new Promise((resolve) => setTimeout(resolve, 50))
     expect(output()).toContain('/api/bot-gateway/[REDACTED]')
     expect(output()).not.toContain('sk-fake-test-key-123456')

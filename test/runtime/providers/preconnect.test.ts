@@ -9,6 +9,7 @@ import {afterEach, describe, expect, it} from 'vitest'
 import {httpFetch, preconnect} from '../../../src/runtime/providers/http-fetch.js'
 import {createProviderChain} from '../../../src/runtime/providers/index.js'
 import {ROOT} from '../../helpers/home.js'
+import {selfSignedCertificate} from '../../helpers/self-signed.js'
 
 /*
  * A runner opens its provider's connection while agent-run starts (preconnect), so a `send` does
@@ -258,27 +259,7 @@ describe.runIf(fs.existsSync('/usr/bin/openssl'))('preconnect over TLS', () => {
     catch (error) { console.log('error', error.code) }`
 
   async function tlsServer() {
-    if (!fs.existsSync(cert)) {
-      await execa('openssl', [
-        'req',
-        '-x509',
-        '-newkey',
-        'ec',
-        '-pkeyopt',
-        'ec_paramgen_curve:prime256v1',
-        '-nodes',
-        '-days',
-        '1',
-        '-subj',
-        '/CN=127.0.0.1',
-        '-addext',
-        'subjectAltName=IP:127.0.0.1',
-        '-keyout',
-        key,
-        '-out',
-        cert,
-      ])
-    }
+    await selfSignedCertificate(cert, key)
     return listen(https.createServer({cert: fs.readFileSync(cert), key: fs.readFileSync(key)}))
   }
 
@@ -298,25 +279,7 @@ describe.runIf(fs.existsSync('/usr/bin/openssl'))('preconnect over TLS', () => {
       if (!(await portFree(443))) return context.skip()
       const named = path.join(dir, 'localhost.pem')
       const namedKey = path.join(dir, 'localhost-key.pem')
-      await execa('openssl', [
-        'req',
-        '-x509',
-        '-newkey',
-        'ec',
-        '-pkeyopt',
-        'ec_paramgen_curve:prime256v1',
-        '-nodes',
-        '-days',
-        '1',
-        '-subj',
-        '/CN=localhost',
-        '-addext',
-        'subjectAltName=DNS:localhost',
-        '-keyout',
-        namedKey,
-        '-out',
-        named,
-      ])
+      await selfSignedCertificate(named, namedKey, 'localhost')
       const {seen} = await listen(
         https.createServer({cert: fs.readFileSync(named), key: fs.readFileSync(namedKey)}),
         undefined,
