@@ -12,7 +12,7 @@ import {
 import type {InboundMessage} from '../shapes/agent-run-contract.js'
 import {downloadFile, type AllowedOrigin} from '../http/download.js'
 import type {IncomingFile} from './attachments.js'
-import {DEFAULT_BACKOFF, formatDelay, type BackoffOptions} from './backoff.js'
+import {DEFAULT_BACKOFF, type BackoffOptions} from './backoff.js'
 import type {ConnectorAudience} from '../config/types.js'
 import {listensTo} from './audience.js'
 import {ReconnectingConnector} from './reconnecting-connector.js'

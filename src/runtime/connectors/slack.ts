@@ -3,7 +3,7 @@ import {LogLevel, WebClient, type Logger, type RetryOptions} from '@slack/web-ap
 import type {InboundMessage} from '../shapes/agent-run-contract.js'
 import {downloadFile, DownloadRefused, type AllowedOrigin} from '../http/download.js'
 import type {IncomingFile} from './attachments.js'
-import {DEFAULT_BACKOFF, formatDelay, type BackoffOptions} from './backoff.js'
+import {DEFAULT_BACKOFF, type BackoffOptions} from './backoff.js'
 import type {ConnectorAudience} from '../config/types.js'
 import {listensTo} from './audience.js'
 import {ReconnectingConnector} from './reconnecting-connector.js'
