@@ -42,6 +42,7 @@ export function usedBytes(dir: string): number {
 /**
  * Unmounts every filesystem mounted below `dir`, deepest first: a root gateway mounts each
  * workspace's volume (src/runtime/workspace/volume.ts), and its loop device goes with the mount.
+ * Lazily: a run still being torn down must not keep its home from being removed.
  */
 export function unmountBelow(dir: string): void {
   let table: string
@@ -57,7 +58,7 @@ export function unmountBelow(dir: string): void {
     )
     .filter((mountPoint): mountPoint is string => mountPoint !== undefined && mountPoint.startsWith(`${dir}/`))
     .sort((a, b) => b.length - a.length)
-  for (const mountPoint of below) spawnSync('umount', [mountPoint], {stdio: 'ignore'})
+  for (const mountPoint of below) spawnSync('umount', ['--lazy', mountPoint], {stdio: 'ignore'})
 }
 
 /** A config with one OpenAI-compatible provider pointed at a fake LLM and the given agents. */
