@@ -11,7 +11,8 @@
  */
 import {createServer, type IncomingMessage} from 'node:http'
 import {WebSocketServer, type WebSocket} from 'ws'
-import {closeFakeServer, createWaiters, listenOnLoopback, readJson, sendJson} from './fake-http.js'
+import type {PlatformFaults} from './fake-http.js'
+import {closeFakeServer, createFaults, createWaiters, listenOnLoopback, readJson, sendJson} from './fake-http.js'
 
 export interface FakeChannel {
   id: string
@@ -36,7 +37,7 @@ export interface ClientFrame {
   time: number
 }
 
-export interface FakeMeepaChat {
+export interface FakeMeepaChat extends PlatformFaults {
   /** `ws://127.0.0.1:PORT/api/bot-gateway` */
   readonly gatewayUrl: string
   readonly botUser: {id: string; username: string; displayName: string; bot: true}
@@ -66,8 +67,6 @@ export interface FakeMeepaChat {
   sendRaw(frame: unknown): void
   /** Current connections stop getting pongs and events (a connection that died silently). */
   stopAnswering(): void
-  /** Answer REST posts with this status (e.g. 500) until cleared with undefined. */
-  failPostsWith(status: number | undefined): void
   close(): Promise<void>
 }
 
@@ -92,7 +91,6 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
   let refused = 0
   let readyCount = 0
   let nextId = 1
-  let postFailure: number | undefined
   const {notify, waitFor} = createWaiters('fake MeepaChat')
 
   const authorized = (req: IncomingMessage) => req.headers.authorization === `Bot ${options.token}`
@@ -128,7 +126,16 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
     const channel = channels.find((candidate) => candidate.id === channelId)
     if (!channel || channel.serverId !== serverId) return sendJson(res, 404, {error: 'channel not found'})
     const body = await readJson(req)
-    if (postFailure !== undefined) return sendJson(res, postFailure, {error: 'scripted failure'})
+    const failure = platformFaults.faults.next(channelId)
+    if (failure)
+      return sendJson(
+        res,
+        failure.status,
+        {error: failure.status === 429 ? 'rate limited' : 'scripted failure'},
+        {
+          ...(failure.retryAfterSeconds !== undefined ? {'retry-after': String(failure.retryAfterSeconds)} : {}),
+        },
+      )
     if (!body || typeof body.content !== 'string' || !body.content)
       return sendJson(res, 400, {error: 'content is required'})
     if (body.content.length > 4000) return sendJson(res, 400, {error: 'content exceeds 4000 characters'})
@@ -211,6 +218,7 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
   }
 
   const port = await listenOnLoopback(server, options.port)
+  const platformFaults = createFaults(server, () => port, sockets, notify)
 
   return {
     gatewayUrl: `ws://127.0.0.1:${port}/api/bot-gateway`,
@@ -273,9 +281,7 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
     stopAnswering() {
       for (const socket of sockets) muted.add(socket)
     },
-    failPostsWith(status) {
-      postFailure = status
-    },
+    ...platformFaults,
     close: () => closeFakeServer(server, {wss, sockets}),
   }
 }

@@ -12,7 +12,8 @@
  */
 import {createServer, type IncomingMessage, type ServerResponse} from 'node:http'
 import {WebSocketServer, type WebSocket} from 'ws'
-import {closeFakeServer, createWaiters, listenOnLoopback, readBody, sendJson} from './fake-http.js'
+import type {PlatformFaults} from './fake-http.js'
+import {closeFakeServer, createFaults, createWaiters, listenOnLoopback, readBody, sendJson} from './fake-http.js'
 
 export interface SlackPost {
   channel: string
@@ -22,7 +23,7 @@ export interface SlackPost {
   time: number
 }
 
-export interface FakeSlack {
+export interface FakeSlack extends PlatformFaults {
   /** For `slackApiUrl` / the connector's `api_url` (ends in /api/). */
   readonly apiUrl: string
   readonly botUserId: string
@@ -129,6 +130,16 @@ export async function startFakeSlack(options: {botToken: string; appToken: strin
         })
       case 'chat.postMessage': {
         if (!botAuthed) return reply(res, {ok: false, error: 'invalid_auth'})
+        const failure = platformFaults.faults.next(String(params.channel))
+        if (failure)
+          return sendJson(
+            res,
+            failure.status,
+            {ok: false, error: failure.status === 429 ? 'ratelimited' : 'fatal_error'},
+            {
+              ...(failure.retryAfterSeconds !== undefined ? {'retry-after': String(failure.retryAfterSeconds)} : {}),
+            },
+          )
         if (!params.channel) return reply(res, {ok: false, error: 'channel_not_found'})
         if (!params.text) return reply(res, {ok: false, error: 'no_text'})
         if (String(params.text).length > 40_000) return reply(res, {ok: false, error: 'msg_too_long'})
@@ -195,6 +206,7 @@ export async function startFakeSlack(options: {botToken: string; appToken: strin
   })
 
   const port = await listenOnLoopback(server)
+  const platformFaults = createFaults(server, () => port, sockets, notify)
 
   return {
     apiUrl: `http://127.0.0.1:${port}/api/`,
@@ -245,6 +257,7 @@ export async function startFakeSlack(options: {botToken: string; appToken: strin
     dropConnections() {
       for (const socket of sockets) socket.terminate()
     },
+    ...platformFaults,
     close: () => closeFakeServer(server, {wss, sockets}),
   }
 }

@@ -17,6 +17,7 @@ export const DEFAULT_GATEWAY: GatewayConfig['gateway'] = {
   max_concurrent_runs: 4,
   queue_limit: 50,
   shutdown_grace_seconds: 30,
+  reply_delivery_minutes: 15,
 }
 
 /** Built-in agent defaults: the last step of agent field > agent_defaults > built-in default. */

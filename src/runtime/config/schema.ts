@@ -170,6 +170,7 @@ export const CONFIG_SCHEMA = {
         max_concurrent_runs: {type: 'integer', minimum: 1},
         queue_limit: {type: 'integer', minimum: 1},
         shutdown_grace_seconds: {type: 'number', minimum: 0},
+        reply_delivery_minutes: {type: 'number', exclusiveMinimum: 0},
       },
     },
     agent_defaults: {type: 'object', additionalProperties: false, properties: agentFields},

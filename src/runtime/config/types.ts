@@ -112,7 +112,13 @@ export interface GatewayConfig {
   captain: CaptainConfig
   image_config: ImageConfig
   agents: AgentConfig[]
-  gateway: {max_concurrent_runs: number; queue_limit: number; shutdown_grace_seconds: number}
+  gateway: {
+    max_concurrent_runs: number
+    queue_limit: number
+    shutdown_grace_seconds: number
+    /** How long a chat reply is retried (across reconnects and restarts) before it counts as undeliverable. */
+    reply_delivery_minutes: number
+  }
 }
 
 /** What loadConfig returns: the resolved config plus where it came from. */

@@ -1,10 +1,21 @@
-import {Client, Events, GatewayIntentBits, Partials, type ClientOptions, type Message} from 'discord.js'
+import {
+  Client,
+  DiscordAPIError,
+  Events,
+  GatewayIntentBits,
+  HTTPError,
+  Partials,
+  RateLimitError,
+  REST,
+  type ClientOptions,
+  type Message,
+} from 'discord.js'
 import type {InboundMessage} from '../shapes/agent-run-contract.js'
 import {DEFAULT_BACKOFF, formatDelay, type BackoffOptions} from './backoff.js'
 import {ReconnectingConnector} from './reconnecting-connector.js'
-import {splitMessage} from './split-message.js'
+import {DeliveryError, retryableStatus} from './delivery-error.js'
 import {keepTyping} from './typing.js'
-import type {ConnectorContext, Delivery} from './types.js'
+import type {ConnectorContext, Conversation, ReplyPacing} from './types.js'
 
 export const DISCORD_MESSAGE_LIMIT = 2000
 
@@ -14,9 +25,15 @@ export interface DiscordTimings {
   typingIntervalMs: number
   /** Extra client options (tests turn off the 5 s identify throttle here). */
   clientOptions?: Partial<ClientOptions>
+  /** Posting to a channel is limited to 5 messages per 5 s. */
+  pacing: ReplyPacing
 }
 
-export const DEFAULT_DISCORD_TIMINGS: DiscordTimings = {backoff: DEFAULT_BACKOFF, typingIntervalMs: 8000}
+export const DEFAULT_DISCORD_TIMINGS: DiscordTimings = {
+  backoff: DEFAULT_BACKOFF,
+  typingIntervalMs: 8000,
+  pacing: {burst: 5, perSecond: 1},
+}
 
 /**
  * Discord through discord.js (Gateway v10): Guilds, GuildMessages, MessageContent and
@@ -26,7 +43,15 @@ export const DEFAULT_DISCORD_TIMINGS: DiscordTimings = {backoff: DEFAULT_BACKOFF
  */
 export class DiscordConnector extends ReconnectingConnector {
   readonly type = 'discord'
+  readonly messageLimit = DISCORD_MESSAGE_LIMIT
+  readonly pacing: ReplyPacing
   private client: Client | undefined
+  /**
+   * Replies go through their own REST client, usable while the gateway session reconnects. It
+   * neither waits out a rate limit nor retries at once: it says how long to wait (RateLimitError),
+   * and the outbox waits without holding anything else.
+   */
+  private readonly rest: REST
   private warnedEmptyContent = false
 
   constructor(
@@ -35,6 +60,12 @@ export class DiscordConnector extends ReconnectingConnector {
     private readonly timings: DiscordTimings = DEFAULT_DISCORD_TIMINGS,
   ) {
     super(context, timings.backoff)
+    this.pacing = timings.pacing
+    this.rest = new REST({
+      ...(config.api_url ? {api: config.api_url} : {}),
+      retries: 0,
+      rejectOnRateLimit: () => true,
+    }).setToken(config.bot_token)
   }
 
   protected async disconnect(): Promise<void> {
@@ -108,15 +139,11 @@ export class DiscordConnector extends ReconnectingConnector {
     this.reconnectTimer = setTimeout(() => void this.connect(), delay)
   }
 
-  deliveryTo(channelId: string): Delivery {
-    return {
-      send: async (text) => {
-        const channel = await this.client?.channels.fetch(channelId)
-        if (!channel?.isSendable()) throw new Error(`cannot send to Discord channel ${channelId}`)
-        for (const chunk of splitMessage(text, DISCORD_MESSAGE_LIMIT))
-          await channel.send({content: chunk, allowedMentions: {parse: []}})
-      },
-      startTyping: () => () => {},
+  async postMessage({channelId}: Omit<Conversation, 'connector'>, content: string): Promise<void> {
+    try {
+      await this.rest.post(`/channels/${channelId}/messages`, {body: {content, allowed_mentions: {parse: []}}})
+    } catch (error) {
+      throw describePostError(error, channelId)
     }
   }
 
@@ -145,16 +172,22 @@ export class DiscordConnector extends ReconnectingConnector {
       content: message.content,
     }
     const channel = message.channel
-    this.context.onMessage(inbound, {
-      send: async (text) => {
-        if (!channel.isSendable()) throw new Error(`cannot send to Discord channel ${message.channelId}`)
-        for (const chunk of splitMessage(text, DISCORD_MESSAGE_LIMIT))
-          await channel.send({content: chunk, allowedMentions: {parse: []}})
-      },
-      startTyping: () =>
-        keepTyping(() => (channel.isSendable() ? channel.sendTyping() : undefined), this.timings.typingIntervalMs),
-    })
+    const typing = () =>
+      keepTyping(() => (channel.isSendable() ? channel.sendTyping() : undefined), this.timings.typingIntervalMs)
+    this.context.onMessage(inbound, this.delivery(message.channelId, undefined, typing))
   }
+}
+
+/** A failed post as the outbox sees it: wait and retry (rate limit, 5xx, unreachable) or give up (4xx). */
+function describePostError(error: unknown, channelId: string): DeliveryError {
+  if (error instanceof RateLimitError)
+    return new DeliveryError(`Discord rate-limited posts to channel ${channelId}`, true, error.retryAfter)
+  if (error instanceof DiscordAPIError)
+    return new DeliveryError(`Discord refused the post to channel ${channelId}: ${error.message}`, false)
+  if (error instanceof HTTPError)
+    return new DeliveryError(`Discord answered HTTP ${error.status} to a post`, retryableStatus(error.status))
+  const cause = (error as {cause?: {code?: string}}).cause?.code
+  return new DeliveryError(`cannot reach Discord: ${cause ?? (error as Error).message ?? String(error)}`, true)
 }
 
 function describeLoginError(error: unknown): string {

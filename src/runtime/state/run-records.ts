@@ -24,6 +24,10 @@ export interface RunRecord {
   tool_calls: number | null
   /** For a run a crashed gateway left: `pending`, `sent <ISO time>` or `failed: <reason>` (null otherwise). */
   restart_reply: string | null
+  /** A chat reply's fate: pending (in the outbox), delivered or undeliverable; null when answered in the request. */
+  delivery: 'pending' | 'delivered' | 'undeliverable' | null
+  /** Why an undeliverable reply could not go out. */
+  delivery_error: string | null
 }
 
 /** Connectors whose conversation outlives the gateway, so a late "I was restarted" reply can reach it. */
