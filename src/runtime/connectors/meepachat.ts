@@ -271,6 +271,9 @@ export class MeepaChatConnector extends ReconnectingConnector {
   }
 
   async postMessage({channelId, threadId}: Omit<Conversation, 'connector'>, content: string): Promise<void> {
+    // a channel's server (and so its URL) is learned from the ready frame: a reply resumed at start waits for it
+    if (!this.channels.has(channelId) && this.state !== 'connected')
+      throw new DeliveryError(`not connected to MeepaChat yet (${this.problem ?? this.state})`, true)
     const url = this.restBase + this.messagesPath(channelId)
     let response: Response
     try {
