@@ -299,9 +299,11 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     for (const connector of connectors) connector.start()
     outbox.resume()
     health.watch()
-    const restartReplies = answerInterruptedRuns({records, connectors, log, signal: orphanCheck.signal}).catch(
-      (error: Error) => log(`gateway: could not send the replies owed from before the restart: ${error.message}`),
-    )
+    try {
+      answerInterruptedRuns({records, connectors, outbox, log})
+    } catch (error) {
+      log(`gateway: could not queue the replies owed from before the restart: ${(error as Error).message}`)
+    }
 
     let stopping: Promise<void> | undefined
     let markStopped!: () => void
@@ -320,7 +322,6 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       const agentRunsStopped = stopStandbyAgentRuns(loaded.home)
       const {aborted} = await dispatcher.drain(graceMs)
       if (aborted > 0) log(`gateway: stopped ${aborted} run(s) still running after the grace period`)
-      await restartReplies
       await outbox.stop()
       await Promise.all(connectors.map((connector) => connector.stop().catch(() => {})))
       // again: a run that ended during the drain may have prepared one
