@@ -34,6 +34,8 @@ export class ReplyOutbox {
   private readonly lanes = new Map<string, Promise<void>>()
   private readonly pacers = new Map<string, Pacer>()
   private readonly stopping = new AbortController()
+  /** Lanes waiting out a Retry-After or backoff: stop() does not wait for them. */
+  private waiting = 0
   private idleWaiters: Array<() => void> = []
 
   constructor(private readonly options: ReplyOutboxOptions) {
@@ -79,9 +81,13 @@ export class ReplyOutbox {
     return new Promise((resolve) => this.idleWaiters.push(resolve))
   }
 
-  /** Lets replies being delivered finish for a moment, then stops; what is left stays for the next start. */
+  /**
+   * Lets replies being posted finish for a moment (a "restarting" reply among them), then stops;
+   * what is left, and what waits for a retry, stays in the outbox for the next start.
+   */
   async stop(waitMs = STOP_WAIT_MS): Promise<void> {
-    await Promise.race([this.idle(), sleep(waitMs, undefined, {ref: false})])
+    const until = Date.now() + waitMs
+    while (this.lanes.size > this.waiting && Date.now() < until) await sleep(25, undefined, {ref: false})
     this.stopping.abort()
     // an attempt in flight ends on its own request timeout; its lane then sees the stop
     await Promise.race([this.idle(), sleep(waitMs, undefined, {ref: false})])
@@ -168,10 +174,13 @@ export class ReplyOutbox {
           `run ${reply.runId}: reply via ${where} not delivered yet: ${reason}; retrying in ${formatDelay(wait)}, ` +
             `until ${new Date(deadline).toISOString()}`,
         )
+      this.waiting++
       try {
         await sleep(wait, undefined, {signal: this.stopping.signal, ref: false})
       } catch {
         return // stopping: the reply stays in the outbox for the next start
+      } finally {
+        this.waiting--
       }
     }
   }

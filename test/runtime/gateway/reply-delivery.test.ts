@@ -1,3 +1,5 @@
+import Database from 'better-sqlite3'
+import path from 'node:path'
 import {describe, expect, it} from 'vitest'
 import {startFakeDiscord} from '../../fakes/discord-server.js'
 import type {PostFaults} from '../../fakes/fake-http.js'
@@ -252,4 +254,27 @@ describe('MeepaChat: a Retry-After longer than 10 s', () => {
     const [limited, taken] = chat.faults.attempts
     expect(taken!.time - limited!.time).toBeGreaterThanOrEqual(10_900)
   }, 30_000)
+
+  it('does not hold a stopping gateway: a reply waiting for its retry stays in the outbox for the next start', async () => {
+    const chat = closeAfterTest(await startFakeMeepaChat({token: '1.secret'}))
+    const test = await startTestGateway({
+      agents: [{id: 'bot', connectors: [{type: 'meepachat', url: chat.gatewayUrl, bot_token: '1.secret'}]}],
+      run: stubRun(),
+    })
+    try {
+      await test.waitForLog(/bot\/meepachat: connected/)
+      chat.faults.failPosts({status: 429, retryAfterSeconds: 60})
+      chat.userSays({channelId: 'general', content: 'later'})
+      await test.waitForLog(/not delivered yet/)
+      const stopping = Date.now()
+      await test.gateway.stop({graceMs: 5000})
+      expect(Date.now() - stopping).toBeLessThan(3000)
+      const db = new Database(path.join(test.home.home, 'gateway.db'), {readonly: true})
+      const left = db.prepare('SELECT attempts FROM outbox').all()
+      db.close()
+      expect(left).toEqual([{attempts: 1}])
+    } finally {
+      test.home.cleanup()
+    }
+  })
 })

@@ -54,6 +54,8 @@ describe('runs a crashed gateway left are answered at start-up', () => {
     expect(record).toMatchObject({status: 'interrupted'})
     expect(record?.restart_reply).toMatch(/^queued /)
     expect(new RunRecords(test.gateway.db).pendingRestartReplies()).toEqual([])
+    // the reply no longer waits for the session; a gateway stopped while discord.js logs in does not stop
+    await test.waitForLog(/disco\/discord: connected/)
   })
 
   it('Slack: in the thread of the message; a run of an agent whose connector is gone is noted, not retried forever', async () => {
