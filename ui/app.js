@@ -472,6 +472,7 @@ function runsTable(runs, withAgent) {
         h('th', {}, 'Via'),
         h('th', {}, 'Isolation'),
         h('th', {}, 'Outcome'),
+        h('th', {}, 'Reply'),
         h('th', {}, 'Time'),
         h('th', {}, 'Tools'),
         h('th', {}, 'Files'),
@@ -493,6 +494,13 @@ function runsTable(runs, withAgent) {
             {},
             badge(run.status),
             run.error_code ? h('div', {class: 'hint'}, `${run.error_code}: ${run.error_message || ''}`) : null,
+          ),
+          // chat replies go through the outbox; web chat and send answer in their response (no state)
+          h(
+            'td',
+            {},
+            run.delivery ? badge(run.delivery) : '',
+            run.delivery_error ? h('div', {class: 'hint'}, run.delivery_error) : null,
           ),
           h('td', {class: 'num'}, duration(run.duration_ms)),
           h('td', {class: 'num'}, run.tool_calls ?? ''),

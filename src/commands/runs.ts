@@ -5,7 +5,7 @@ import {listRuns, type RunFile, type RunRecordWithFiles} from '../runtime/state/
 
 export default class Runs extends BaseCommand<typeof Runs> {
   static summary =
-    'list run records (newest first): agent, connector, channel, isolation, outcome, duration, tokens, files'
+    'list run records (newest first): agent, connector, channel, isolation, outcome, reply delivery, duration, tokens, files'
   static flags = {
     agent: Flags.string({char: 'a', description: 'only runs of this agent'}),
     limit: Flags.integer({char: 'n', description: 'how many runs to show', default: 20, min: 1, max: 10_000}),
@@ -30,10 +30,16 @@ export default class Runs extends BaseCommand<typeof Runs> {
       run.channel_id,
       run.isolation,
       run.status,
+      run.delivery ?? '-',
       run.duration_ms === null ? '-' : `${run.duration_ms} ms`,
       run.input_tokens === null ? '-' : `${run.input_tokens}/${run.output_tokens}`,
       filesSummary(run.files),
-      run.error_code ? `${run.error_code}: ${oneLine(run.error_message ?? '')}` : '',
+      [
+        run.error_code ? `${run.error_code}: ${oneLine(run.error_message ?? '')}` : '',
+        run.delivery_error ? `reply undeliverable: ${oneLine(run.delivery_error)}` : '',
+      ]
+        .filter(Boolean)
+        .join('; '),
     ])
     const header = [
       'STARTED (UTC)',
@@ -43,6 +49,7 @@ export default class Runs extends BaseCommand<typeof Runs> {
       'CHANNEL',
       'ISOLATION',
       'STATUS',
+      'REPLY',
       'DURATION',
       'TOKENS IN/OUT',
       'FILES',

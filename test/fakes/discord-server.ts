@@ -13,7 +13,8 @@
 import {createFakeFiles, type FakeFiles} from './fake-files.js'
 import {createServer} from 'node:http'
 import {WebSocketServer, type WebSocket} from 'ws'
-import {closeFakeServer, createWaiters, listenOnLoopback, readJson, sendJson} from './fake-http.js'
+import type {PlatformFaults} from './fake-http.js'
+import {closeFakeServer, createFaults, createWaiters, listenOnLoopback, readJson, sendJson} from './fake-http.js'
 
 export interface DiscordPost {
   channelId: string
@@ -22,7 +23,7 @@ export interface DiscordPost {
   time: number
 }
 
-export interface FakeDiscord {
+export interface FakeDiscord extends PlatformFaults {
   /** For discord.js `rest.api` / the connector's `api_url`. */
   readonly apiUrl: string
   readonly botUser: {id: string; username: string}
@@ -173,6 +174,25 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
     if (req.method === 'POST' && postMatch) {
       const channelId = postMatch[1] as string
       const body = await readJson(req)
+      const failure = platformFaults.faults.next(channelId)
+      if (failure?.status === 429) {
+        // as Discord: the wait in Retry-After and in the body, scoped to the route's bucket
+        return sendJson(
+          res,
+          429,
+          {message: 'You are being rate limited.', retry_after: failure.retryAfterSeconds ?? 1, global: false},
+          {'retry-after': String(failure.retryAfterSeconds ?? 1), 'x-ratelimit-scope': 'user'},
+        )
+      }
+      if (failure)
+        return sendJson(
+          res,
+          failure.status,
+          {message: 'scripted failure', code: 0},
+          {
+            ...(failure.retryAfterSeconds !== undefined ? {'retry-after': String(failure.retryAfterSeconds)} : {}),
+          },
+        )
       if (!guildOf(channelId) && channelId !== dmChannelId)
         return sendJson(res, 404, {message: 'Unknown Channel', code: 10003})
       if (!body?.content) return sendJson(res, 400, {message: 'Cannot send an empty message', code: 50006})
@@ -289,6 +309,7 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
   })
 
   const port = await listenOnLoopback(server)
+  const platformFaults = createFaults(server, () => port, sockets, notify)
 
   return {
     apiUrl: `http://127.0.0.1:${port}/api`,
@@ -345,6 +366,7 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
     invalidateSessions() {
       for (const session of sessions.values()) session.invalid = true
     },
+    ...platformFaults,
     close: () => closeFakeServer(server, {wss, sockets}),
   }
 }

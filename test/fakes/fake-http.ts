@@ -93,3 +93,109 @@ export function createWaiters(label: string): Waiters {
     },
   }
 }
+
+/** How a fake answers a reply post it does not take. */
+export interface PostFailure {
+  status: number
+  /** Sent as Retry-After (seconds). */
+  retryAfterSeconds?: number
+  /** Fail this many posts, then take them again; unset: until cleared. */
+  times?: number
+  /** Only posts to this channel fail. */
+  channelId?: string
+  /** Take this many posts first (the first chunks of a reply), then fail. */
+  afterTaken?: number
+}
+
+/** The platform's own rate limit: more than `max` posts within `perMs` get a 429 with Retry-After. */
+export interface PostRateLimit {
+  max: number
+  perMs: number
+  retryAfterSeconds: number
+}
+
+export interface PostFaults {
+  /** Answer reply posts with this failure (undefined clears it). */
+  failPosts(failure: PostFailure | undefined): void
+  limitPosts(limit: PostRateLimit | undefined): void
+  /** Every post attempt, taken or not, in order. */
+  readonly attempts: Array<{time: number; status: number}>
+  /** Called by the fake for each post: the failure to answer with, or undefined to take the post. */
+  next(channelId: string): PostFailure | undefined
+}
+
+/** Scripted failures and a rate limit for a fake's reply endpoint. */
+export function createPostFaults(notify: () => void): PostFaults {
+  let failure: PostFailure | undefined
+  let limit: PostRateLimit | undefined
+  const attempts: Array<{time: number; status: number}> = []
+  let takenSinceFailureSet = 0
+  return {
+    attempts,
+    failPosts(next) {
+      failure = next && {...next}
+      takenSinceFailureSet = 0
+    },
+    limitPosts(next) {
+      limit = next
+    },
+    next(channelId) {
+      const now = Date.now()
+      let answer: PostFailure | undefined
+      const applies =
+        failure &&
+        (failure.channelId === undefined || failure.channelId === channelId) &&
+        takenSinceFailureSet >= (failure.afterTaken ?? 0)
+      if (failure && applies) {
+        answer = failure
+        if (failure.times !== undefined && --failure.times <= 0) failure = undefined
+      } else if (limit) {
+        const taken = attempts.filter((attempt) => attempt.status < 300 && now - attempt.time < limit!.perMs).length
+        if (taken >= limit.max) answer = {status: 429, retryAfterSeconds: limit.retryAfterSeconds}
+      }
+      if (!answer) takenSinceFailureSet++
+      attempts.push({time: now, status: answer?.status ?? 200})
+      notify()
+      return answer
+    },
+  }
+}
+
+/**
+ * Takes a fake off the network and back on the same port: while off, connections are refused
+ * (the platform is unreachable) and its WebSockets are cut.
+ */
+export function createOutage(
+  server: Server,
+  port: () => number,
+  sockets: Iterable<WebSocket>,
+): {goOffline(): Promise<void>; comeBack(): Promise<void>} {
+  return {
+    async goOffline() {
+      for (const socket of sockets) socket.terminate()
+      server.closeAllConnections()
+      await new Promise<void>((resolve) => server.close(() => resolve()))
+    },
+    async comeBack() {
+      await listenOnLoopback(server, port())
+    },
+  }
+}
+
+/** What every platform fake offers to break its replies: scripted failures, a rate limit, an outage. */
+export interface PlatformFaults {
+  /** Scripted failures and a rate limit for the bot's reply posts. */
+  readonly faults: PostFaults
+  /** Refuses every connection (and cuts the open ones) until comeBack(). */
+  goOffline(): Promise<void>
+  comeBack(): Promise<void>
+}
+
+export function createFaults(
+  server: Server,
+  port: () => number,
+  sockets: Iterable<WebSocket>,
+  notify: () => void,
+): PlatformFaults {
+  return {faults: createPostFaults(notify), ...createOutage(server, port, sockets)}
+}

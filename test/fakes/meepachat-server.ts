@@ -12,7 +12,8 @@
 import {createServer, type IncomingMessage, type Server, type ServerResponse} from 'node:http'
 import {createServer as createHttpsServer} from 'node:https'
 import {WebSocketServer, type WebSocket} from 'ws'
-import {closeFakeServer, createWaiters, listenOnLoopback, readJson, sendJson} from './fake-http.js'
+import type {PlatformFaults} from './fake-http.js'
+import {closeFakeServer, createFaults, createWaiters, listenOnLoopback, readJson, sendJson} from './fake-http.js'
 import {createFakeFiles, type FakeFiles} from './fake-files.js'
 
 export interface FakeChannel {
@@ -38,7 +39,7 @@ export interface ClientFrame {
   time: number
 }
 
-export interface FakeMeepaChat {
+export interface FakeMeepaChat extends PlatformFaults {
   /** `ws://127.0.0.1:PORT/api/bot-gateway` (`wss://` over TLS) */
   readonly gatewayUrl: string
   readonly botUser: {id: string; username: string; displayName: string; bot: true}
@@ -75,8 +76,6 @@ export interface FakeMeepaChat {
   sendRaw(frame: unknown): void
   /** Current connections stop getting pongs and events (a connection that died silently). */
   stopAnswering(): void
-  /** Answer REST posts with this status (e.g. 500) until cleared with undefined. */
-  failPostsWith(status: number | undefined): void
   close(): Promise<void>
 }
 
@@ -159,7 +158,16 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
     const channel = channels.find((candidate) => candidate.id === channelId)
     if (!channel || channel.serverId !== serverId) return sendJson(res, 404, {error: 'channel not found'})
     const body = await readJson(req)
-    if (postFailure !== undefined) return sendJson(res, postFailure, {error: 'scripted failure'})
+    const failure = platformFaults.faults.next(channelId)
+    if (failure)
+      return sendJson(
+        res,
+        failure.status,
+        {error: failure.status === 429 ? 'rate limited' : 'scripted failure'},
+        {
+          ...(failure.retryAfterSeconds !== undefined ? {'retry-after': String(failure.retryAfterSeconds)} : {}),
+        },
+      )
     if (!body || typeof body.content !== 'string' || !body.content)
       return sendJson(res, 400, {error: 'content is required'})
     if (body.content.length > 4000) return sendJson(res, 400, {error: 'content exceeds 4000 characters'})
@@ -247,6 +255,7 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
   }
 
   const port = await listenOnLoopback(server, options.port)
+  const platformFaults = createFaults(server, () => port, sockets, notify)
 
   return {
     gatewayUrl: `${options.tls ? 'wss' : 'ws'}://127.0.0.1:${port}/api/bot-gateway`,
@@ -314,9 +323,7 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
     stopAnswering() {
       for (const socket of sockets) muted.add(socket)
     },
-    failPostsWith(status) {
-      postFailure = status
-    },
+    ...platformFaults,
     close: () => closeFakeServer(server, {wss, sockets}),
   }
 }

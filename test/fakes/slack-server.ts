@@ -14,8 +14,9 @@
  */
 import {createServer, type IncomingMessage, type ServerResponse} from 'node:http'
 import {WebSocketServer, type WebSocket} from 'ws'
-import {closeFakeServer, createWaiters, listenOnLoopback, readBody, sendJson} from './fake-http.js'
 import {createFakeFiles, type FakeFiles} from './fake-files.js'
+import type {PlatformFaults} from './fake-http.js'
+import {closeFakeServer, createFaults, createWaiters, listenOnLoopback, readBody, sendJson} from './fake-http.js'
 
 export interface SlackPost {
   channel: string
@@ -25,7 +26,7 @@ export interface SlackPost {
   time: number
 }
 
-export interface FakeSlack {
+export interface FakeSlack extends PlatformFaults {
   /** For `slackApiUrl` / the connector's `api_url` (ends in /api/). */
   readonly apiUrl: string
   readonly botUserId: string
@@ -184,6 +185,16 @@ export async function startFakeSlack(options: {
         })
       case 'chat.postMessage': {
         if (!botAuthed) return reply(res, {ok: false, error: 'invalid_auth'})
+        const failure = platformFaults.faults.next(String(params.channel))
+        if (failure)
+          return sendJson(
+            res,
+            failure.status,
+            {ok: false, error: failure.status === 429 ? 'ratelimited' : 'fatal_error'},
+            {
+              ...(failure.retryAfterSeconds !== undefined ? {'retry-after': String(failure.retryAfterSeconds)} : {}),
+            },
+          )
         if (!params.channel) return reply(res, {ok: false, error: 'channel_not_found'})
         if (!params.text) return reply(res, {ok: false, error: 'no_text'})
         if (String(params.text).length > 40_000) return reply(res, {ok: false, error: 'msg_too_long'})
@@ -254,6 +265,7 @@ export async function startFakeSlack(options: {
   })
 
   const port = await listenOnLoopback(server)
+  const platformFaults = createFaults(server, () => port, sockets, notify)
 
   return {
     apiUrl: `http://127.0.0.1:${port}/api/`,
@@ -320,6 +332,7 @@ export async function startFakeSlack(options: {
     get unacked() {
       return owed.size
     },
+    ...platformFaults,
     close: () => closeFakeServer(server, {wss, sockets}),
   }
 }

@@ -19,6 +19,7 @@ export const DEFAULT_GATEWAY: GatewayConfig['gateway'] = {
   shutdown_grace_seconds: 30,
   max_standbys: 8,
   standby_idle_minutes: 10,
+  reply_delivery_minutes: 15,
 }
 
 /** Built-in agent defaults: the last step of agent field > agent_defaults > built-in default. */

@@ -211,6 +211,7 @@ export const CONFIG_SCHEMA = {
         shutdown_grace_seconds: {type: 'number', minimum: 0},
         max_standbys: {type: 'integer', minimum: 0},
         standby_idle_minutes: {type: 'number', exclusiveMinimum: 0},
+        reply_delivery_minutes: {type: 'number', exclusiveMinimum: 0},
       },
     },
     agent_defaults: {type: 'object', additionalProperties: false, properties: agentFields},

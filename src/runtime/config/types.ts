@@ -141,6 +141,8 @@ export interface GatewayConfig {
     max_standbys: number
     /** A standby whose message has not come after this long is ended. */
     standby_idle_minutes: number
+    /** How long a chat reply is retried (across reconnects and restarts) before it counts as undeliverable. */
+    reply_delivery_minutes: number
   }
 }
 

@@ -1,8 +1,12 @@
 import {
   Client,
+  DiscordAPIError,
   Events,
   GatewayIntentBits,
+  HTTPError,
   Partials,
+  RateLimitError,
+  REST,
   SimpleShardingStrategy,
   type ClientOptions,
   type Message,
@@ -16,9 +20,9 @@ import {DEFAULT_BACKOFF, type BackoffOptions} from './backoff.js'
 import type {ConnectorAudience} from '../config/types.js'
 import {listensTo} from './audience.js'
 import {ReconnectingConnector} from './reconnecting-connector.js'
-import {splitMessage} from './split-message.js'
+import {DeliveryError, retryableStatus} from './delivery-error.js'
 import {keepTyping} from './typing.js'
-import type {ConnectorContext, Delivery} from './types.js'
+import type {ConnectorContext, Conversation, ReplyPacing} from './types.js'
 
 export const DISCORD_MESSAGE_LIMIT = 2000
 
@@ -31,9 +35,15 @@ export interface DiscordTimings {
   typingIntervalMs: number
   /** Extra client options (tests turn off the 5 s identify throttle here). */
   clientOptions?: Partial<ClientOptions>
+  /** Posting to a channel is limited to 5 messages per 5 s. */
+  pacing: ReplyPacing
 }
 
-export const DEFAULT_DISCORD_TIMINGS: DiscordTimings = {backoff: DEFAULT_BACKOFF, typingIntervalMs: 8000}
+export const DEFAULT_DISCORD_TIMINGS: DiscordTimings = {
+  backoff: DEFAULT_BACKOFF,
+  typingIntervalMs: 8000,
+  pacing: {burst: 5, perSecond: 1},
+}
 
 /** @discordjs/ws waits this long between its own attempts to get a dropped session back. */
 const LIBRARY_RETRY_MS = 500
@@ -74,7 +84,15 @@ const sessionKeepingStrategy: NonNullable<WebSocketOptions['buildStrategy']> = (
  */
 export class DiscordConnector extends ReconnectingConnector {
   readonly type = 'discord'
+  readonly messageLimit = DISCORD_MESSAGE_LIMIT
+  readonly pacing: ReplyPacing
   private client: Client | undefined
+  /**
+   * Replies go through their own REST client, usable while the gateway session reconnects. It
+   * neither waits out a rate limit nor retries at once: it says how long to wait (RateLimitError),
+   * and the outbox waits without holding anything else.
+   */
+  private readonly rest: REST
   private warnedEmptyContent = false
 
   constructor(
@@ -83,6 +101,12 @@ export class DiscordConnector extends ReconnectingConnector {
     private readonly timings: DiscordTimings = DEFAULT_DISCORD_TIMINGS,
   ) {
     super(context, timings.backoff)
+    this.pacing = timings.pacing
+    this.rest = new REST({
+      ...(config.api_url ? {api: config.api_url} : {}),
+      retries: 0,
+      rejectOnRateLimit: () => true,
+    }).setToken(config.bot_token)
   }
 
   protected async disconnect(): Promise<void> {
@@ -163,15 +187,11 @@ export class DiscordConnector extends ReconnectingConnector {
     this.reconnectTimer = setTimeout(() => void this.connect(), delay)
   }
 
-  deliveryTo(channelId: string): Delivery {
-    return {
-      send: async (text) => {
-        const channel = await this.client?.channels.fetch(channelId)
-        if (!channel?.isSendable()) throw new Error(`cannot send to Discord channel ${channelId}`)
-        for (const chunk of splitMessage(text, DISCORD_MESSAGE_LIMIT))
-          await channel.send({content: chunk, allowedMentions: {parse: []}})
-      },
-      startTyping: () => () => {},
+  async postMessage({channelId}: Omit<Conversation, 'connector'>, content: string): Promise<void> {
+    try {
+      await this.rest.post(`/channels/${channelId}/messages`, {body: {content, allowed_mentions: {parse: []}}})
+    } catch (error) {
+      throw describePostError(error, channelId)
     }
   }
 
@@ -214,19 +234,9 @@ export class DiscordConnector extends ReconnectingConnector {
       this.incomingFile(attachment.url, attachment.name, attachment.contentType, attachment.size),
     )
     const channel = message.channel
-    this.context.onMessage(
-      inbound,
-      {
-        send: async (text) => {
-          if (!channel.isSendable()) throw new Error(`cannot send to Discord channel ${message.channelId}`)
-          for (const chunk of splitMessage(text, DISCORD_MESSAGE_LIMIT))
-            await channel.send({content: chunk, allowedMentions: {parse: []}})
-        },
-        startTyping: () =>
-          keepTyping(() => (channel.isSendable() ? channel.sendTyping() : undefined), this.timings.typingIntervalMs),
-      },
-      files,
-    )
+    const typing = () =>
+      keepTyping(() => (channel.isSendable() ? channel.sendTyping() : undefined), this.timings.typingIntervalMs)
+    this.context.onMessage(inbound, this.delivery(message.channelId, undefined, typing), files)
   }
 
   /** Only Discord's CDN (or the configured api_url's origin, for tests), and never with the bot token. */
@@ -242,6 +252,18 @@ export class DiscordConnector extends ReconnectingConnector {
       read: ({maxBytes, signal}) => downloadFile(url, {allowed, maxBytes, signal}),
     }
   }
+}
+
+/** A failed post as the outbox sees it: wait and retry (rate limit, 5xx, unreachable) or give up (4xx). */
+function describePostError(error: unknown, channelId: string): DeliveryError {
+  if (error instanceof RateLimitError)
+    return new DeliveryError(`Discord rate-limited posts to channel ${channelId}`, true, error.retryAfter)
+  if (error instanceof DiscordAPIError)
+    return new DeliveryError(`Discord refused the post to channel ${channelId}: ${error.message}`, false)
+  if (error instanceof HTTPError)
+    return new DeliveryError(`Discord answered HTTP ${error.status} to a post`, retryableStatus(error.status))
+  const cause = (error as {cause?: {code?: string}}).cause?.code
+  return new DeliveryError(`cannot reach Discord: ${cause ?? (error as Error).message ?? String(error)}`, true)
 }
 
 function describeLoginError(error: unknown): string {

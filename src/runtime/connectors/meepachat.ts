@@ -8,9 +8,9 @@ import {DEFAULT_BACKOFF, type BackoffOptions} from './backoff.js'
 import type {ConnectorAudience} from '../config/types.js'
 import {listensTo} from './audience.js'
 import {ReconnectingConnector} from './reconnecting-connector.js'
-import {splitMessage} from './split-message.js'
+import {DeliveryError, retryAfterMs, retryableStatus} from './delivery-error.js'
 import {keepTyping} from './typing.js'
-import type {ConnectorContext, Delivery} from './types.js'
+import type {ConnectorContext, Conversation, ReplyPacing} from './types.js'
 
 export const MEEPACHAT_MESSAGE_LIMIT = 4000
 
@@ -21,6 +21,8 @@ export interface MeepaChatTimings {
   typingIntervalMs: number
   /** Limit for the socket to open and for each REST call. */
   requestTimeoutMs: number
+  /** The bot API allows 240 requests a minute. */
+  pacing: ReplyPacing
 }
 
 export const DEFAULT_MEEPACHAT_TIMINGS: MeepaChatTimings = {
@@ -28,6 +30,7 @@ export const DEFAULT_MEEPACHAT_TIMINGS: MeepaChatTimings = {
   backoff: DEFAULT_BACKOFF,
   typingIntervalMs: 5_000,
   requestTimeoutMs: 15_000,
+  pacing: {burst: 4, perSecond: 4},
 }
 
 interface ChannelInfo {
@@ -86,6 +89,7 @@ export function meepaChatRestBase(gatewayUrl: string): string {
  */
 export class MeepaChatConnector extends ReconnectingConnector {
   readonly type = 'meepachat'
+  readonly messageLimit = MEEPACHAT_MESSAGE_LIMIT
   private readonly channels = new Map<string, ChannelInfo>()
   private readonly restBase: string
   /** The gateway URL without query or credentials (an old-style `?token=` must not reach the log). */
@@ -99,6 +103,7 @@ export class MeepaChatConnector extends ReconnectingConnector {
   /** tls_verify: false (a server with a self-signed certificate): the socket and REST calls accept any certificate. */
   private readonly verifyTls: boolean
   private readonly fetchRest: typeof fetch
+  readonly pacing: ReplyPacing
 
   constructor(
     private readonly config: {url: string; bot_token: string; tls_verify?: boolean} & ConnectorAudience,
@@ -106,6 +111,7 @@ export class MeepaChatConnector extends ReconnectingConnector {
     private readonly timings: MeepaChatTimings = DEFAULT_MEEPACHAT_TIMINGS,
   ) {
     super(context, timings.backoff)
+    this.pacing = timings.pacing
     this.restBase = meepaChatRestBase(config.url)
     const url = new URL(config.url)
     this.displayUrl = `${url.protocol}//${url.host}${url.pathname}`
@@ -298,7 +304,9 @@ export class MeepaChatConnector extends ReconnectingConnector {
       user: {id: userId, name: data.user?.displayName || data.user?.username || userId},
       content,
     }
-    this.context.onMessage(message, this.deliveryTo(channelId, data.threadId ?? undefined), files)
+    const typing = () =>
+      keepTyping(() => this.sendFrame({type: 'typing', data: {channelId}}), this.timings.typingIntervalMs)
+    this.context.onMessage(message, this.delivery(channelId, data.threadId ?? undefined, typing), files)
   }
 
   /** Only this server, with the bot token: the URL is built from `storedPath`, never taken whole. */
@@ -332,17 +340,6 @@ export class MeepaChatConnector extends ReconnectingConnector {
     }
   }
 
-  deliveryTo(channelId: string, threadId?: string): Delivery {
-    return {
-      send: async (text) => {
-        for (const chunk of splitMessage(text, MEEPACHAT_MESSAGE_LIMIT))
-          await this.postMessage(channelId, chunk, threadId)
-      },
-      startTyping: () =>
-        keepTyping(() => this.sendFrame({type: 'typing', data: {channelId}}), this.timings.typingIntervalMs),
-    }
-  }
-
   private messagesPath(channelId: string): string {
     const channel = this.channels.get(channelId)
     // a channel the ready frame did not list is a DM opened since (clients use the dm- prefix the same way)
@@ -350,49 +347,35 @@ export class MeepaChatConnector extends ReconnectingConnector {
     return `/api/servers/${encodeURIComponent(channel.serverId)}/channels/${encodeURIComponent(channelId)}/messages`
   }
 
-  private async postMessage(channelId: string, content: string, threadId: string | undefined): Promise<void> {
+  async postMessage({channelId, threadId}: Omit<Conversation, 'connector'>, content: string): Promise<void> {
+    // a channel's server (and so its URL) is learned from the ready frame: a reply resumed at start waits for it
+    if (!this.channels.has(channelId) && this.state !== 'connected')
+      throw new DeliveryError(`not connected to MeepaChat yet (${this.problem ?? this.state})`, true)
     const url = this.restBase + this.messagesPath(channelId)
-    const body = JSON.stringify({content, ...(threadId ? {threadId} : {})})
-    for (let attempt = 1; ; attempt++) {
-      let response: Response
-      try {
-        response = await this.fetchRest(url, {
-          method: 'POST',
-          headers: {Authorization: `Bot ${this.config.bot_token}`, 'Content-Type': 'application/json'},
-          body,
-          signal: AbortSignal.timeout(this.timings.requestTimeoutMs),
-        })
-      } catch (error) {
-        if (attempt >= 3)
-          throw new Error(`cannot reach MeepaChat at ${new URL(url).origin}: ${(error as Error).message}`, {
-            cause: error,
-          })
-        await new Promise((resolve) => setTimeout(resolve, 500 * attempt))
-        continue
-      }
-      if (response.ok) {
-        await response.arrayBuffer()
-        return
-      }
-      const text = await response.text()
-      const retryable = response.status === 429 || response.status >= 500
-      if (retryable && attempt < 3) {
-        const retryAfter = Number(response.headers.get('retry-after'))
-        await new Promise((resolve) =>
-          setTimeout(
-            resolve,
-            Number.isFinite(retryAfter) && retryAfter > 0 ? Math.min(retryAfter, 10) * 1000 : 500 * attempt,
-          ),
-        )
-        continue
-      }
-      let detail = text.slice(0, 200)
-      try {
-        detail = (JSON.parse(text) as {error?: string}).error ?? detail
-      } catch {
-        // not JSON: keep the raw text
-      }
-      throw new Error(`MeepaChat answered HTTP ${response.status} to POST ${new URL(url).pathname}: ${detail}`)
+    let response: Response
+    try {
+      response = await this.fetchRest(url, {
+        method: 'POST',
+        headers: {Authorization: `Bot ${this.config.bot_token}`, 'Content-Type': 'application/json'},
+        body: JSON.stringify({content, ...(threadId ? {threadId} : {})}),
+        signal: AbortSignal.timeout(this.timings.requestTimeoutMs),
+      })
+    } catch (error) {
+      const cause = (error as {cause?: {code?: string}}).cause?.code ?? (error as Error).message
+      throw new DeliveryError(`cannot reach MeepaChat at ${new URL(url).origin}: ${cause}`, true)
     }
+    const text = await response.text().catch(() => '')
+    if (response.ok) return
+    let detail = text.slice(0, 200)
+    try {
+      detail = (JSON.parse(text) as {error?: string}).error ?? detail
+    } catch {
+      // not JSON: keep the raw text
+    }
+    throw new DeliveryError(
+      `MeepaChat answered HTTP ${response.status} to POST ${new URL(url).pathname}: ${detail}`,
+      retryableStatus(response.status),
+      retryAfterMs(response.headers.get('retry-after')),
+    )
   }
 }

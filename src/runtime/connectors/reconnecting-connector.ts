@@ -1,7 +1,8 @@
 import {Backoff, type BackoffOptions} from './backoff.js'
 import {ConnectorStatus} from './connector-status.js'
 import {CatchUpGate} from './catch-up.js'
-import type {Connector, ConnectorContext, ConnectorState, Delivery} from './types.js'
+import {splitMessage} from './split-message.js'
+import type {Connector, ConnectorContext, ConnectorState, Conversation, Delivery, ReplyPacing} from './types.js'
 
 /**
  * What the platform connectors share: names, the logged status, the reconnect backoff, the
@@ -52,7 +53,26 @@ export abstract class ReconnectingConnector implements Connector {
     this.status.stopped()
   }
 
-  abstract deliveryTo(channelId: string, threadId?: string): Delivery
+  abstract readonly messageLimit: number
+  abstract readonly pacing: ReplyPacing
+
+  abstract postMessage(conversation: Omit<Conversation, 'connector'>, text: string): Promise<void>
+
+  deliveryTo(channelId: string, threadId?: string): Delivery {
+    return this.delivery(channelId, threadId, () => () => {})
+  }
+
+  /** The answer to a message in a conversation: through the outbox, or posted chunk by chunk now. */
+  protected delivery(channelId: string, threadId: string | undefined, startTyping: () => () => void): Delivery {
+    const conversation = {channelId, ...(threadId ? {threadId} : {})}
+    return {
+      send: async (text) => {
+        for (const chunk of splitMessage(text, this.messageLimit)) await this.postMessage(conversation, chunk)
+      },
+      startTyping,
+      conversation: {connector: this.name, ...conversation},
+    }
+  }
 
   protected abstract connect(): void | Promise<void>
 

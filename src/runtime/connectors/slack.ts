@@ -1,5 +1,5 @@
 import {SocketModeClient} from '@slack/socket-mode'
-import {LogLevel, WebClient, type Logger, type RetryOptions} from '@slack/web-api'
+import {ErrorCode, LogLevel, WebClient, type Logger, type RetryOptions} from '@slack/web-api'
 import type {InboundMessage} from '../shapes/agent-run-contract.js'
 import {downloadFile, DownloadRefused, type AllowedOrigin} from '../http/download.js'
 import type {IncomingFile} from './attachments.js'
@@ -7,8 +7,8 @@ import {DEFAULT_BACKOFF, type BackoffOptions} from './backoff.js'
 import type {ConnectorAudience} from '../config/types.js'
 import {listensTo} from './audience.js'
 import {ReconnectingConnector} from './reconnecting-connector.js'
-import {splitMessage} from './split-message.js'
-import type {ConnectorContext, Delivery} from './types.js'
+import {DeliveryError, retryableStatus} from './delivery-error.js'
+import type {ConnectorContext, Conversation, ReplyPacing} from './types.js'
 
 export const SLACK_MESSAGE_LIMIT = 4000
 
@@ -16,15 +16,27 @@ export interface SlackTimings {
   backoff: BackoffOptions
   /** Socket Mode's own ping/pong deadline (the library's default is 5 s). */
   clientPingTimeoutMs: number
-  /** Web API retries for HTTP failures of one call (chat.postMessage); rate limits are always honoured. */
+  /** Web API retries for HTTP failures of the connector's own calls (auth.test, users.info), not of replies. */
   retryConfig: RetryOptions
+  /** chat.postMessage allows about one message a second per channel, with short bursts. */
+  pacing: ReplyPacing
 }
 
 export const DEFAULT_SLACK_TIMINGS: SlackTimings = {
   backoff: DEFAULT_BACKOFF,
   clientPingTimeoutMs: 5000,
   retryConfig: {retries: 3, factor: 2, minTimeout: 500, maxTimeout: 5000},
+  pacing: {burst: 3, perSecond: 1},
 }
+
+/** Platform errors of chat.postMessage that a later attempt may get past. */
+const RETRYABLE_SLACK_ERRORS = new Set([
+  'ratelimited',
+  'internal_error',
+  'fatal_error',
+  'service_unavailable',
+  'request_timeout',
+])
 
 interface SlackMessageEvent {
   type: string
@@ -77,7 +89,14 @@ const quietLogger: Logger = {
  */
 export class SlackConnector extends ReconnectingConnector {
   readonly type = 'slack'
+  readonly messageLimit = SLACK_MESSAGE_LIMIT
+  readonly pacing: ReplyPacing
   private readonly web: WebClient
+  /**
+   * Replies go through a client that neither retries nor waits out a 429 (its default pauses
+   * every call for the Retry-After): it says how long to wait, and the outbox waits for that reply only.
+   */
+  private readonly poster: WebClient
   private readonly userNames = new Map<string, string>()
   private inbound: Promise<void> = Promise.resolve()
   private socket: SocketModeClient | undefined
@@ -96,6 +115,14 @@ export class SlackConnector extends ReconnectingConnector {
       ...this.apiUrlOption(),
       logger: quietLogger,
       retryConfig: timings.retryConfig,
+      timeout: 15_000,
+    })
+    this.pacing = timings.pacing
+    this.poster = new WebClient(config.bot_token, {
+      ...this.apiUrlOption(),
+      logger: quietLogger,
+      retryConfig: {retries: 0},
+      rejectRateLimitedCalls: true,
       timeout: 15_000,
     })
   }
@@ -216,7 +243,12 @@ export class SlackConnector extends ReconnectingConnector {
   }
 
   private dispatch(message: InboundMessage, channel: string, threadTs: string, files: IncomingFile[]): void {
-    this.context.onMessage(message, this.deliveryTo(channel, threadTs), files)
+    // bots have no typing indicator over Socket Mode
+    this.context.onMessage(
+      message,
+      this.delivery(channel, threadTs, () => () => {}),
+      files,
+    )
   }
 
   /** url_private on Slack's file host (or the configured api_url's, for tests) with the bot token, nothing else. */
@@ -258,14 +290,11 @@ export class SlackConnector extends ReconnectingConnector {
     }
   }
 
-  deliveryTo(channel: string, threadTs?: string): Delivery {
-    return {
-      send: async (text) => {
-        for (const chunk of splitMessage(text, SLACK_MESSAGE_LIMIT)) {
-          await this.web.chat.postMessage({channel, text: chunk, ...(threadTs ? {thread_ts: threadTs} : {})})
-        }
-      },
-      startTyping: () => () => {}, // bots have no typing indicator over Socket Mode
+  async postMessage({channelId, threadId}: Omit<Conversation, 'connector'>, text: string): Promise<void> {
+    try {
+      await this.poster.chat.postMessage({channel: channelId, text, ...(threadId ? {thread_ts: threadId} : {})})
+    } catch (error) {
+      throw describePostError(error)
     }
   }
 
@@ -299,4 +328,23 @@ function describeSlackError(error: unknown): string {
   if (code === 'slack_webapi_http_error')
     return `the Slack API answered ${(error as {statusCode?: number}).statusCode ?? 'an HTTP error'}`
   return (error as Error).message ?? String(error)
+}
+
+/** A failed chat.postMessage as the outbox sees it: wait and retry, or give up with Slack's reason. */
+function describePostError(error: unknown): DeliveryError {
+  const {code} = error as {code?: string}
+  if (code === ErrorCode.RateLimitedError)
+    return new DeliveryError(
+      'Slack rate-limited chat.postMessage',
+      true,
+      (error as {retryAfter: number}).retryAfter * 1000,
+    )
+  if (code === ErrorCode.HTTPError) {
+    const status = (error as {statusCode?: number}).statusCode ?? 0
+    return new DeliveryError(`the Slack API answered HTTP ${status}`, retryableStatus(status))
+  }
+  const platformError = (error as {data?: {error?: string}}).data?.error
+  if (code === ErrorCode.PlatformError && platformError)
+    return new DeliveryError(`Slack answered ${platformError}`, RETRYABLE_SLACK_ERRORS.has(platformError))
+  return new DeliveryError(describeSlackError(error), true)
 }

@@ -4,10 +4,28 @@ import type {CatchUpLimits} from './catch-up.js'
 
 /** How the gateway answers one inbound message on the platform it came from. */
 export interface Delivery {
-  /** Sends the text, split into as many ordered messages as the platform's size limit needs. */
+  /** Sends the text now, split into as many ordered messages as the platform's size limit needs. */
   send(text: string): Promise<void>
   /** Shows "typing…" until the returned function is called (no-op where the platform has none). */
   startTyping(): () => void
+  /**
+   * Set by the chat platforms: the conversation to answer, through the gateway's durable outbox
+   * instead of `send` (web chat and local send answer in their own response and have none).
+   */
+  conversation?: Conversation
+}
+
+/** A chat platform conversation: the connector (by name), its channel and thread. */
+export interface Conversation {
+  connector: string
+  channelId: string
+  threadId?: string
+}
+
+/** A platform's documented posting rate: `burst` messages at once, then `perSecond`. */
+export interface ReplyPacing {
+  burst: number
+  perSecond: number
 }
 
 /** A message and the files it came with (received into the workspace when its run starts). */
@@ -35,6 +53,15 @@ export interface Connector {
   stop(): Promise<void>
   /** Sends to a conversation without a message to answer (a reply owed from before a restart); needs `connected`. */
   deliveryTo(channelId: string, threadId?: string): Delivery
+  /** The platform's longest message, in characters: the outbox splits replies to fit. */
+  readonly messageLimit: number
+  /** How fast the outbox may post through this connector. */
+  readonly pacing: ReplyPacing
+  /**
+   * One attempt to post one message (at most `messageLimit` characters) to a conversation; a
+   * failure is a DeliveryError that says whether, and after how long, to try again.
+   */
+  postMessage(conversation: Omit<Conversation, 'connector'>, text: string): Promise<void>
 }
 
 export interface ConnectorContext {
@@ -96,6 +123,6 @@ export interface DispatchOutcome {
 export interface DispatchTicket {
   runId: string
   accepted: boolean
-  /** Settles once the reply went out (or could not); never rejects. */
+  /** Settles once the reply went out, could not, or (chat platforms) is in the outbox; never rejects. */
   done: Promise<DispatchOutcome>
 }

@@ -13,6 +13,7 @@ import type {RunMessageResult} from '../runners/run-message.js'
 import {failure} from '../agent-run/output.js'
 import {abortSignalName} from '../util/subprocess.js'
 import type {RunRecords, RunStart} from '../state/run-records.js'
+import type {ReplyOutbox} from './reply-outbox.js'
 import type {RunQueue} from './run-queue.js'
 import {BUSY_REPLY, EMPTY_REPLY, INTERRUPTED_REPLY, RESTARTING_REPLY, failureReply} from './user-replies.js'
 
@@ -47,6 +48,8 @@ export interface DispatcherOptions {
   log: (line: string) => void
   /** Told after each run-record write, with the error when it failed (/healthz shows it). */
   onRecordWrite?: (error?: unknown) => void
+  /** Where chat platform replies go (a Delivery with a `conversation`); without it they are sent directly. */
+  outbox?: ReplyOutbox
 }
 
 /**
@@ -275,7 +278,23 @@ export class Dispatcher implements MessageDispatcher {
     }
   }
 
+  /**
+   * A chat platform's reply goes to the outbox and the run's turn ends here: its delivery, however
+   * long the platform makes it wait, never holds the agent's queue. Web chat and local send answer
+   * in their own response.
+   */
   private async deliver(start: RunStart, delivery: Delivery, text: string): Promise<void> {
+    const {outbox} = this.options
+    if (delivery.conversation && outbox) {
+      try {
+        outbox.send(start.id, delivery.conversation, text)
+        return
+      } catch (error) {
+        this.options.log(
+          `run ${start.id}: could not write the reply to the outbox, sending it once directly: ${(error as Error).message}`,
+        )
+      }
+    }
     try {
       await delivery.send(text)
     } catch (error) {

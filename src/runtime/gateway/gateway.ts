@@ -1,5 +1,6 @@
 import type {LoadedConfig} from '../config/types.js'
 import {createConnector, connectorNames, type ConnectorTimings} from '../connectors/index.js'
+import type {BackoffOptions} from '../connectors/backoff.js'
 import type {Connector} from '../connectors/types.js'
 import {DEFAULT_CATCH_UP} from '../connectors/catch-up.js'
 import {InboundLedger} from '../state/inbound-ledger.js'
@@ -22,6 +23,7 @@ import {RunRecords} from '../state/run-records.js'
 import {Dispatcher, type RunFunction} from './dispatcher.js'
 import {GatewayHealth} from './health.js'
 import {answerInterruptedRuns} from './restart-replies.js'
+import {ReplyOutbox} from './reply-outbox.js'
 import {RunQueue} from './run-queue.js'
 import {listenForLocalSend, type LocalSendListener} from '../connectors/local-send/server.js'
 import {assertSafeBind, hasCaptainPassword, isLoopbackBind, mountCaptain, type Captain} from '../captain/index.js'
@@ -41,6 +43,8 @@ export interface GatewayOptions {
   /** Overrides captain.port (tests pass 0 for a free port). */
   port?: number
   connectorTimings?: ConnectorTimings
+  /** Between a reply's failed send attempts when the platform names no wait (tests shorten it). */
+  replyRetryBackoff?: BackoffOptions
   /** Removes containers a crashed gateway left behind; a failure is logged, never fatal. */
   removeOrphans?: (signal: AbortSignal) => Promise<number>
   /** Watch config.yaml and apply (or refuse) hand edits while serving: `serve` does. */
@@ -57,6 +61,8 @@ export interface Gateway {
   readonly db: GatewayDb
   /** Why /healthz says `degraded` (empty when it says ok). */
   readonly health: GatewayHealth
+  /** Chat replies on their way (or waiting for the platform). */
+  readonly outbox: ReplyOutbox
   /** Graceful stop: no new messages, running ones finish within the grace period, then everything closes. */
   stop(options?: {graceMs?: number}): Promise<void>
   /** During stop(): stop waiting and abort running runs now (a second Ctrl-C). */
@@ -102,7 +108,17 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     )
 
     const agents = new Map(config.agents.map((agent) => [agent.id, agent]))
+    // the dashboard edits agents and image_config; runs started after an edit use the new config
+    let live = loaded
+    const outbox = new ReplyOutbox({
+      db,
+      connectors: () => connectors,
+      deliveryWindowMs: () => live.config.gateway.reply_delivery_minutes * 60_000,
+      log,
+      retryBackoff: options.replyRetryBackoff,
+    })
     const health = new GatewayHealth({
+      replies: () => ({pending: outbox.pending, undeliverableSince: (since) => outbox.undeliverableSince(since)}),
       home: loaded.home,
       usesContainers: () =>
         [...agents.values()].some((agent) => isolationLevelFor(agent, options.unrestricted) === 'container'),
@@ -110,8 +126,6 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       connectors: () => connectors,
       probeEngine,
     })
-    // the dashboard edits agents and image_config; runs started after an edit use the new config
-    let live = loaded
     setStandbyBudget(config.gateway)
     const queue = new RunQueue({
       maxConcurrent: config.gateway.max_concurrent_runs,
@@ -153,6 +167,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
         if (error && isSqliteDamage(error)) guarded.suspect()
         health.recordWritten(error)
       },
+      outbox,
     })
 
     for (const {agent, warning} of connectorConfigWarnings(config)) log(`gateway: WARNING: agent ${agent}: ${warning}`)
@@ -201,6 +216,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
         connectors: states,
         runs: {running: queue.running, waiting: queue.waiting},
         standbys: standbyUsage(),
+        replies: health.replies(),
       })
     })
     // a config written by the dashboard or by hand: runs started from now on use it; running ones keep theirs
@@ -303,10 +319,13 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       )
     }
     for (const connector of connectors) connector.start()
+    outbox.resume()
     health.watch()
-    const restartReplies = answerInterruptedRuns({records, connectors, log, signal: orphanCheck.signal}).catch(
-      (error: Error) => log(`gateway: could not send the replies owed from before the restart: ${error.message}`),
-    )
+    try {
+      answerInterruptedRuns({records, connectors, outbox, log})
+    } catch (error) {
+      log(`gateway: could not queue the replies owed from before the restart: ${(error as Error).message}`)
+    }
 
     let stopping: Promise<void> | undefined
     let markStopped!: () => void
@@ -325,7 +344,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       const agentRunsStopped = stopStandbyAgentRuns(loaded.home)
       const {aborted} = await dispatcher.drain(graceMs)
       if (aborted > 0) log(`gateway: stopped ${aborted} run(s) still running after the grace period`)
-      await restartReplies
+      await outbox.stop()
       await Promise.all(connectors.map((connector) => connector.stop().catch(() => {})))
       // again: a run that ended during the drain may have prepared one
       const left = [
@@ -354,6 +373,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       queue,
       db,
       health,
+      outbox,
       stop: (stopOptions) => (stopping ??= stop(stopOptions)),
       abortRuns: () => dispatcher.abortRuns(),
       stopped,

@@ -17,7 +17,13 @@ export interface HealthSources {
   connectors?: () => readonly Connector[]
   /** Asks the engine and reports what it found to engine-health.ts (runners/engine-probe.ts). */
   probeEngine?: (signal: AbortSignal) => Promise<void>
+  /** The reply outbox: replies waiting, and how many were given up on since a time. */
+  replies?: () => {pending: number; undeliverableSince: (since: number) => number}
 }
+
+/** An undeliverable reply keeps /healthz `degraded` this long, so the operator notices it. */
+const UNDELIVERABLE_DEGRADES_MS = 60 * 60_000
+const DAY_MS = 24 * 60 * 60_000
 
 /**
  * Why the gateway is `degraded`: it still answers what it can, but the operator must act. The
@@ -62,6 +68,25 @@ export class GatewayHealth {
         : `state database unwritable: ${message}`
   }
 
+  /** For /healthz: replies waiting in the outbox and those given up on in the last 24 hours. */
+  replies(): {pending: number; undeliverable_24h: number} | undefined {
+    const replies = this.sources.replies?.()
+    if (!replies) return undefined
+    try {
+      return {pending: replies.pending, undeliverable_24h: replies.undeliverableSince(Date.now() - DAY_MS)}
+    } catch {
+      return undefined // gateway.db unusable: a reason of its own
+    }
+  }
+
+  private undeliverableSince(since: number): number {
+    try {
+      return this.sources.replies?.().undeliverableSince(since) ?? 0
+    } catch {
+      return 0 // gateway.db unusable: reported as such above
+    }
+  }
+
   reasons(): string[] {
     const reasons: string[] = []
     const state = this.sources.stateProblem()
@@ -73,6 +98,9 @@ export class GatewayHealth {
     }
     const engine = this.sources.usesContainers() ? dockerEngineProblem() : undefined
     if (engine) reasons.push(`engine down: ${engine.reason} (since ${new Date(engine.since).toISOString()})`)
+    const undeliverable = this.undeliverableSince(Date.now() - UNDELIVERABLE_DEGRADES_MS)
+    if (undeliverable > 0)
+      reasons.push(`replies undeliverable: ${undeliverable} in the last hour (see \`meepagateway runs\`)`)
     for (const connector of this.sources.connectors?.() ?? []) {
       const problem = connector.problem
       if (problem) reasons.push(`connector ${connector.name} ${problem}`)

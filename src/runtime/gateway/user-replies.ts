@@ -11,6 +11,13 @@ export const RESTARTED_REPLY =
   'I was restarted before I finished working on your message, so I have no answer for it. Please send it again.'
 export const EMPTY_REPLY = '(The agent finished without writing a reply.)'
 
+/** Sent (if the platform takes it) when a reply, or its rest, could not be delivered. */
+export function undeliveredRestReply(runId: string, partly: boolean): string {
+  return partly
+    ? `Sorry, the rest of my answer could not be sent. The operator has the details. (ref ${runId})`
+    : `Sorry, my answer could not be sent. The operator has the details. (ref ${runId})`
+}
+
 /** A short, plain reply for a failed run, with the run id so the operator can find the record. */
 export function failureReply(failure: AgentRunFailure): string {
   const reference = ` (ref ${failure.run_id})`

@@ -157,6 +157,35 @@ export const MIGRATIONS: ReadonlyArray<{name: string; sql: string}> = [
       CREATE INDEX inbound_handled_by_time ON inbound_handled (posted_at);
     `,
   },
+  {
+    // issue 28: a chat reply is written here before its first send and leaves once delivered or given up on
+    name: 'reply outbox and delivery state of runs',
+    sql: `
+      ALTER TABLE runs ADD COLUMN delivery TEXT;        -- NULL (answered in the request: web chat, send) | pending | delivered | undeliverable
+      ALTER TABLE runs ADD COLUMN delivery_error TEXT;  -- why an undeliverable reply could not go out
+      ALTER TABLE runs ADD COLUMN delivered_at INTEGER; -- ms since epoch: when the reply went out or was given up on
+      CREATE INDEX runs_by_delivery ON runs (delivery, delivered_at) WHERE delivery IS NOT NULL;
+      CREATE TABLE outbox (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,  -- replies to one conversation go out in this order
+        run_id TEXT NOT NULL,
+        connector TEXT NOT NULL,         -- the connector's name (agent/type, #n for a second one)
+        channel_id TEXT NOT NULL,
+        thread_id TEXT,
+        created_at INTEGER NOT NULL,     -- ms since epoch; retries end gateway.reply_delivery_minutes after it
+        attempts INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT
+      );
+      CREATE INDEX outbox_by_conversation ON outbox (connector, channel_id, thread_id, id);
+      CREATE TABLE outbox_parts (
+        reply_id INTEGER NOT NULL REFERENCES outbox (id) ON DELETE CASCADE,
+        seq INTEGER NOT NULL,            -- delivered strictly in this order
+        kind TEXT NOT NULL,              -- text (one chunk of the reply); outbound files add their kind
+        content TEXT NOT NULL,           -- the chunk's text
+        sent_at INTEGER,                 -- ms since epoch, once the platform took it
+        PRIMARY KEY (reply_id, seq)
+      );
+    `,
+  },
 ]
 
 /**

@@ -22,8 +22,15 @@ export interface RunRecord {
   output_tokens: number | null
   iterations: number | null
   tool_calls: number | null
-  /** For a run a crashed gateway left: `pending`, `sent <ISO time>` or `failed: <reason>` (null otherwise). */
+  /**
+   * For a run a crashed gateway left: `pending`, `queued <ISO time>` (in the outbox: `delivery` says
+   * whether it went out; `sent <ISO time>` from older gateways) or `failed: <reason>` (null otherwise).
+   */
   restart_reply: string | null
+  /** A chat reply's fate: pending (in the outbox), delivered or undeliverable; null when answered in the request. */
+  delivery: 'pending' | 'delivered' | 'undeliverable' | null
+  /** Why an undeliverable reply could not go out. */
+  delivery_error: string | null
 }
 
 /** One file that came in with a run's message or went out with its reply: never its content. */
@@ -191,9 +198,9 @@ export class RunRecords {
       .all() as RunRecord[]
   }
 
-  /** Notes that the restart reply went out (or why it could not), so it is sent once. */
-  noteRestartReply(id: string, outcome: {sent: true} | {failed: string}): void {
-    const note = 'sent' in outcome ? `sent ${new Date().toISOString()}` : `failed: ${outcome.failed}`
+  /** Notes that the restart reply is in the outbox (or why it could not be), so it is sent once. */
+  noteRestartReply(id: string, outcome: {queued: true} | {failed: string}): void {
+    const note = 'queued' in outcome ? `queued ${new Date().toISOString()}` : `failed: ${outcome.failed}`
     this.db.prepare(`UPDATE runs SET restart_reply = ? WHERE id = ?`).run(note, id)
   }
 

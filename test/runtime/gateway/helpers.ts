@@ -70,6 +70,7 @@ export async function startTestGateway(options: {
     port: 0,
     run: options.run,
     connectorTimings: {...FAST_TIMINGS, ...(options.catchUp ? {catchUp: options.catchUp} : {})},
+    replyRetryBackoff: {initialMs: 100, maxMs: 400},
     log: (line) => {
       logs.push(line)
       if (process.env.MEEPA_TEST_VERBOSE) process.stderr.write(`${line}\n`)

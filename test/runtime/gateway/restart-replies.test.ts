@@ -4,6 +4,7 @@ import {startFakeSlack} from '../../fakes/slack-server.js'
 import {withGatewayDb} from '../../../src/runtime/state/gateway-db.js'
 import {RunRecords} from '../../../src/runtime/state/run-records.js'
 import type {TestHome} from '../../helpers/home.js'
+import {waitFor} from '../../helpers/wait-for.js'
 import {closeAfterEachTest, startTestGateway, stubRun} from './helpers.js'
 
 /*
@@ -49,11 +50,17 @@ describe('runs a crashed gateway left are answered at start-up', () => {
     const [post] = await discord.waitForPosts(1)
     expect(post).toMatchObject({channelId: '1001'})
     expect(post?.content).toMatch(RESTARTED)
-    await test.waitForLog(/run run_left1: told discord user u1/)
+    await test.waitForLog(/run run_left1: telling discord user u1/)
+    await waitFor(
+      'the restart reply to be recorded as delivered',
+      () => new RunRecords(test.gateway.db).get('run_left1')?.delivery === 'delivered',
+    )
     const record = new RunRecords(test.gateway.db).get('run_left1')
     expect(record).toMatchObject({status: 'interrupted'})
-    expect(record?.restart_reply).toMatch(/^sent /)
+    expect(record?.restart_reply).toMatch(/^queued /)
     expect(new RunRecords(test.gateway.db).pendingRestartReplies()).toEqual([])
+    // the reply no longer waits for the session; a gateway stopped while discord.js logs in does not stop
+    await test.waitForLog(/disco\/discord: connected/)
   })
 
   it('Discord: sent once a new session is up, when the first one was lost right after it connected', async () => {
@@ -103,7 +110,7 @@ describe('runs a crashed gateway left are answered at start-up', () => {
     const [post] = await slack.waitForPosts(1)
     expect(post).toMatchObject({channel: 'C100', thread_ts: '1600000000.000100'})
     expect(post?.text).toMatch(RESTARTED)
-    await test.waitForLog(/run run_left2: told slack user/)
+    await test.waitForLog(/run run_left2: telling slack user/)
     const records = new RunRecords(test.gateway.db)
     expect(records.get('run_left3')?.restart_reply).toMatch(/^failed: agent removed-agent has no slack connector/)
     // a web chat request died with the gateway: there is nobody to tell

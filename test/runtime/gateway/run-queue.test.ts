@@ -1,6 +1,5 @@
 import {describe, expect, it} from 'vitest'
 import {RunQueue} from '../../../src/runtime/gateway/run-queue.js'
-import {splitMessage} from '../../../src/runtime/connectors/split-message.js'
 import {Backoff} from '../../../src/runtime/connectors/backoff.js'
 
 function deferred() {
@@ -90,28 +89,6 @@ describe('RunQueue', () => {
     queue.submit('a', {run: async () => void ran.push(2), cancel: () => {}})
     await queue.idle()
     expect(ran).toEqual([2])
-  })
-})
-
-describe('splitMessage', () => {
-  it('keeps short text whole', () => {
-    expect(splitMessage('hello', 10)).toEqual(['hello'])
-  })
-
-  it('cuts long text into ordered chunks within the limit, preferring line breaks', () => {
-    const text = Array.from({length: 300}, (_, i) => `line ${i} ${'x'.repeat(i % 40)}`).join('\n')
-    const chunks = splitMessage(text, 2000)
-    expect(chunks.length).toBeGreaterThan(1)
-    for (const chunk of chunks) expect(chunk.length).toBeLessThanOrEqual(2000)
-    expect(chunks.join('\n')).toBe(text)
-  })
-
-  it('hard-cuts text with no spaces without splitting a surrogate pair', () => {
-    const text = `a${'😀'.repeat(10)}`
-    const chunks = splitMessage(text, 4)
-    for (const chunk of chunks) expect(chunk.length).toBeLessThanOrEqual(4)
-    expect(chunks.join('')).toBe(text)
-    for (const chunk of chunks) expect(chunk).not.toMatch(/[\ud800-\udbff]$/)
   })
 })
 

@@ -280,7 +280,7 @@ describe('api-key and runs commands', {timeout: 90_000}, () => {
 
     const table = await runCli(['runs'], {home: home.home})
     expect(table.stdout.split('\n')[0]).toMatch(
-      /^STARTED \(UTC\)\s+RUN\s+AGENT\s+CONNECTOR\s+CHANNEL\s+ISOLATION\s+STATUS\s+DURATION\s+TOKENS IN\/OUT\s+FILES\s+ERROR/,
+      /^STARTED \(UTC\)\s+RUN\s+AGENT\s+CONNECTOR\s+CHANNEL\s+ISOLATION\s+STATUS\s+REPLY\s+DURATION\s+TOKENS IN\/OUT\s+FILES\s+ERROR/,
     )
     expect(table.stdout).toMatch(/b2\s+webchat\s+api-key_\w+\s+unrestricted\s+ok/)
     const onlyA = JSON.parse((await runCli(['runs', '--agent', 'a1', '--json'], {home: home.home})).stdout)

@@ -76,6 +76,7 @@ async function setup(options: {meepachat?: boolean} = {}) {
         channel_id: string
         thread_id: string | null
         restart_reply: string | null
+        delivery: string | null
       }>
     } finally {
       db.close()
@@ -244,11 +245,12 @@ describe('runs a crashed gateway left', () => {
     const [notice] = await chat!.waitForPosts(1, 20_000)
     expect(notice).toMatchObject({channelId: 'general', threadId: 'parent-1'})
     expect(notice?.content).toMatch(RESTARTED)
-    for (let i = 0; i < 50 && !runs()[0]?.restart_reply?.startsWith('sent'); i++)
+    for (let i = 0; i < 50 && runs()[0]?.delivery !== 'delivered'; i++)
       await new Promise((resolve) => setTimeout(resolve, 100))
     const [record] = runs()
     expect(record?.status).toBe('interrupted')
-    expect(record?.restart_reply).toMatch(/^sent \d{4}-/)
+    expect(record?.restart_reply).toMatch(/^queued \d{4}-/)
+    expect(record?.delivery).toBe('delivered')
     await second.stop()
 
     // a third start-up does not say it again

@@ -64,7 +64,7 @@ describe('gateway.db read-only (runs)', () => {
       expect(old.pragma('user_version', {simple: true})).toBe(MIGRATIONS.length)
       old.pragma('user_version = 0')
       old.exec(
-        'DROP TABLE runs; DROP TABLE api_keys; DROP TABLE captain_settings; DROP TABLE captain_sessions; DROP TABLE audit; DROP TABLE captain_login_links; DROP TABLE run_processes; DROP TABLE run_files; DROP TABLE inbound_handled',
+        'DROP TABLE runs; DROP TABLE api_keys; DROP TABLE captain_settings; DROP TABLE captain_sessions; DROP TABLE audit; DROP TABLE captain_login_links; DROP TABLE run_processes; DROP TABLE run_files; DROP TABLE inbound_handled; DROP TABLE outbox_parts; DROP TABLE outbox',
       )
       old.exec(MIGRATIONS[0]!.sql)
       old.pragma('user_version = 1')
@@ -74,7 +74,9 @@ describe('gateway.db read-only (runs)', () => {
         )
         .run()
       old.close()
-      expect(listRuns({home: fresh})).toEqual([expect.objectContaining({id: 'r0', restart_reply: null})])
+      expect(listRuns({home: fresh})).toEqual([
+        expect.objectContaining({id: 'r0', restart_reply: null, delivery: null}),
+      ])
       expect(readGatewayDb(fresh, (reader) => reader.pragma('user_version', {simple: true}))).toBe(MIGRATIONS.length)
     } finally {
       fs.rmSync(fresh, {recursive: true, force: true})

@@ -1,0 +1,232 @@
+import {setTimeout as sleep} from 'node:timers/promises'
+import {Backoff, formatDelay, type BackoffOptions} from '../connectors/backoff.js'
+import {asDeliveryError, type DeliveryError} from '../connectors/delivery-error.js'
+import {splitMessage} from '../connectors/split-message.js'
+import type {Connector, Conversation, ReplyPacing} from '../connectors/types.js'
+import type {GatewayDb} from '../state/gateway-db.js'
+import {Outbox, type OutboxReply} from '../state/outbox.js'
+import {undeliveredRestReply} from './user-replies.js'
+
+/** Between attempts when the platform names no wait: 1 s, doubling, at most a minute. */
+const DEFAULT_RETRY_BACKOFF: BackoffOptions = {initialMs: 1000, maxMs: 60_000}
+/** How long stop() lets replies in flight finish before it leaves the rest for the next start. */
+const STOP_WAIT_MS = 5_000
+
+export interface ReplyOutboxOptions {
+  db: GatewayDb
+  connectors: () => readonly Connector[]
+  /** How long a reply is retried from when it was written (gateway.reply_delivery_minutes). */
+  deliveryWindowMs: () => number
+  log: (line: string) => void
+  retryBackoff?: BackoffOptions
+}
+
+/**
+ * Delivers chat replies through the durable outbox (state/outbox.ts). Each conversation has its
+ * own lane: its replies go out one after another, each part in order and none skipped, while
+ * other conversations' lanes go on. A failed attempt waits the platform's Retry-After (or a
+ * backoff) and tries again, across reconnects and restarts, until the delivery window closes;
+ * then the reply is undeliverable: logged at WARNING, recorded on its run, counted by /healthz.
+ * Posts through one connector are paced under its platform's documented rate.
+ */
+export class ReplyOutbox {
+  private readonly store: Outbox
+  private readonly lanes = new Map<string, Promise<void>>()
+  private readonly pacers = new Map<string, Pacer>()
+  private readonly stopping = new AbortController()
+  /** Lanes waiting out a Retry-After or backoff: stop() does not wait for them. */
+  private waiting = 0
+  private idleWaiters: Array<() => void> = []
+
+  constructor(private readonly options: ReplyOutboxOptions) {
+    this.store = new Outbox(options.db)
+  }
+
+  /**
+   * Writes the reply, split to the connector's message limit, and starts its delivery. Throws
+   * only when the outbox cannot be written (the caller then sends directly).
+   */
+  send(runId: string, conversation: Conversation, text: string): void {
+    const connector = this.connector(conversation.connector)
+    const chunks = connector ? splitMessage(text, connector.messageLimit) : [text]
+    this.store.add(
+      runId,
+      conversation,
+      chunks.map((content) => ({kind: 'text', content})),
+    )
+    this.wake(conversation)
+  }
+
+  /** Starts delivering what a previous gateway left in the outbox; returns how many replies. */
+  resume(): number {
+    const pending = this.store.pending()
+    if (pending.length > 0)
+      this.options.log(`gateway: delivering ${pending.length} reply(ies) a previous gateway left in the outbox`)
+    for (const reply of pending) this.wake(reply)
+    return pending.length
+  }
+
+  get pending(): number {
+    return this.store.pendingCount
+  }
+
+  /** Replies given up on since `since` (ms since epoch). */
+  undeliverableSince(since: number): number {
+    return this.store.undeliverableSince(since)
+  }
+
+  /** Resolves when no reply is being delivered (the outbox may still hold none or some for later). */
+  idle(): Promise<void> {
+    if (this.lanes.size === 0) return Promise.resolve()
+    return new Promise((resolve) => this.idleWaiters.push(resolve))
+  }
+
+  /**
+   * Lets replies being posted finish for a moment (a "restarting" reply among them), then stops;
+   * what is left, and what waits for a retry, stays in the outbox for the next start.
+   */
+  async stop(waitMs = STOP_WAIT_MS): Promise<void> {
+    const until = Date.now() + waitMs
+    while (this.lanes.size > this.waiting && Date.now() < until) await sleep(25, undefined, {ref: false})
+    this.stopping.abort()
+    // an attempt in flight ends on its own request timeout; its lane then sees the stop
+    await Promise.race([this.idle(), sleep(waitMs, undefined, {ref: false})])
+  }
+
+  private connector(name: string): Connector | undefined {
+    return this.options.connectors().find((candidate) => candidate.name === name)
+  }
+
+  private wake(conversation: Omit<Conversation, 'connector'> & {connector: string}): void {
+    if (this.stopping.signal.aborted) return
+    const key = JSON.stringify([conversation.connector, conversation.channelId, conversation.threadId ?? null])
+    if (this.lanes.has(key)) return // the running lane reads the outbox again before it ends
+    const address = {
+      connector: conversation.connector,
+      channelId: conversation.channelId,
+      ...(conversation.threadId ? {threadId: conversation.threadId} : {}),
+    }
+    const lane = this.runLane(address)
+      .catch((error: Error) =>
+        this.options.log(
+          `gateway: delivery to ${address.connector} stopped: ${error.message} (resumed at the next start)`,
+        ),
+      )
+      .finally(() => {
+        this.lanes.delete(key)
+        if (this.lanes.size > 0) return
+        const waiters = this.idleWaiters
+        this.idleWaiters = []
+        for (const resolve of waiters) resolve()
+      })
+    this.lanes.set(key, lane)
+  }
+
+  private async runLane(address: Conversation): Promise<void> {
+    for (;;) {
+      if (this.stopping.signal.aborted) return
+      const reply = this.store.next(address)
+      if (!reply) return
+      await this.deliver(reply)
+    }
+  }
+
+  private async deliver(reply: OutboxReply): Promise<void> {
+    const {log} = this.options
+    const where = `${reply.connector} (channel ${reply.channelId}${reply.threadId ? `, thread ${reply.threadId}` : ''})`
+    const connector = this.connector(reply.connector)
+    if (!connector) return this.giveUp(reply, undefined, `the connector ${reply.connector} is no longer configured`)
+    const backoff = new Backoff(this.options.retryBackoff ?? DEFAULT_RETRY_BACKOFF)
+    let failures = 0
+    for (;;) {
+      const part = this.store.nextPart(reply.id)
+      if (!part) {
+        this.store.finish(reply, {delivered: true})
+        if (failures > 0 || reply.attempts > 0)
+          log(`run ${reply.runId}: reply delivered via ${where} after ${reply.attempts + failures} failed attempt(s)`)
+        return
+      }
+      let failure: DeliveryError
+      try {
+        await this.pace(connector)
+        await connector.postMessage(reply, part.content)
+        this.store.partSent(reply.id, part.seq)
+        backoff.reset()
+        continue
+      } catch (error) {
+        if (this.stopping.signal.aborted) return
+        failure = asDeliveryError(error)
+      }
+      const reason = failure.message.split('\n')[0] ?? 'unknown'
+      if (!failure.retry) return this.giveUp(reply, connector, reason)
+      const wait = failure.retryAfterMs ?? backoff.next()
+      const deadline = reply.createdAt + this.options.deliveryWindowMs()
+      if (Date.now() + wait > deadline)
+        return this.giveUp(
+          reply,
+          connector,
+          `${reason} (still failing ${formatDelay(Date.now() - reply.createdAt)} after the reply was written)`,
+        )
+      failures++
+      this.store.attemptFailed(reply.id, reason)
+      if (failures === 1)
+        log(
+          `run ${reply.runId}: reply via ${where} not delivered yet: ${reason}; retrying in ${formatDelay(wait)}, ` +
+            `until ${new Date(deadline).toISOString()}`,
+        )
+      this.waiting++
+      try {
+        await sleep(wait, undefined, {signal: this.stopping.signal, ref: false})
+      } catch {
+        return // stopping: the reply stays in the outbox for the next start
+      } finally {
+        this.waiting--
+      }
+    }
+  }
+
+  /**
+   * Records the reply as undeliverable. When part of it went out, or the platform refused one part,
+   * the user is told once that the rest is missing (best effort: the platform may be down).
+   */
+  private async giveUp(reply: OutboxReply, connector: Connector | undefined, reason: string): Promise<void> {
+    const sent = this.store.sentParts(reply.id)
+    this.store.finish(reply, {undeliverable: reason})
+    this.options.log(
+      `WARNING run ${reply.runId}: the reply via ${reply.connector} could not be delivered: ${reason}` +
+        (sent > 0 ? ` (${sent} part(s) had gone out)` : ''),
+    )
+    if (!connector) return
+    try {
+      await this.pace(connector)
+      await connector.postMessage(reply, undeliveredRestReply(reply.runId, sent > 0))
+    } catch {
+      // the platform did not take the notice either; the run record and the log tell the operator
+    }
+  }
+
+  private async pace(connector: Connector): Promise<void> {
+    let pacer = this.pacers.get(connector.name)
+    if (!pacer) this.pacers.set(connector.name, (pacer = new Pacer(connector.pacing)))
+    const wait = pacer.take()
+    if (wait > 0) await sleep(wait, undefined, {ref: false})
+  }
+}
+
+/** A token bucket: `burst` posts at once, refilled at `perSecond`; take() says how long to wait for a turn. */
+class Pacer {
+  private tokens: number
+  private last = Date.now()
+
+  constructor(private readonly pacing: ReplyPacing) {
+    this.tokens = pacing.burst
+  }
+
+  take(): number {
+    const now = Date.now()
+    this.tokens = Math.min(this.pacing.burst, this.tokens + ((now - this.last) / 1000) * this.pacing.perSecond)
+    this.last = now
+    this.tokens -= 1
+    return this.tokens >= 0 ? 0 : Math.ceil((-this.tokens / this.pacing.perSecond) * 1000)
+  }
+}
