@@ -102,7 +102,6 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
   let refused = 0
   let readyCount = 0
   let nextId = 1
-  let postFailure: number | undefined
   let refusing = false
   const {notify, waitFor} = createWaiters('fake MeepaChat')
 
