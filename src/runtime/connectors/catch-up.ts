@@ -7,9 +7,15 @@ export interface CatchUpLimits {
   maxAgeMs: number
   /** At most this many such messages are answered after one outage; the rest are skipped. */
   maxMessages: number
+  /**
+   * A message dated this little before the connection was made counts as live, not as caught up:
+   * the platform's clock and ours differ, and a message posted while our side still handled the
+   * handshake arrives on the live connection.
+   */
+  liveMarginMs: number
 }
 
-export const DEFAULT_CATCH_UP: CatchUpLimits = {maxAgeMs: 30 * 60_000, maxMessages: 20}
+export const DEFAULT_CATCH_UP: CatchUpLimits = {maxAgeMs: 30 * 60_000, maxMessages: 20, liveMarginMs: 10_000}
 
 /** How long skipped messages are counted before one line reports them. */
 const REPORT_AFTER_MS = 1000
@@ -40,7 +46,7 @@ export class CatchUpGate {
   admit(channelId: string, messageId: string, postedAt: number, now = Date.now()): boolean {
     if (!this.seen.firstSeen(`${channelId}\0${messageId}`)) return false
     const connectedSince = this.status.connectedSince
-    if (connectedSince !== undefined && postedAt >= connectedSince) return true
+    if (connectedSince !== undefined && postedAt >= connectedSince - this.limits.liveMarginMs) return true
     if (this.outage !== this.status.outages) {
       this.outage = this.status.outages
       this.caughtUp = 0

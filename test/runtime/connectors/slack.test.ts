@@ -123,7 +123,7 @@ describe('Slack connector (real @slack/socket-mode + @slack/web-api against a fa
     const seen: string[] = []
     const gateway = await gatewayWith({
       run: stubRun({onStart: (content) => seen.push(content)}),
-      catchUp: {maxAgeMs: 60_000, maxMessages: 2},
+      catchUp: {maxAgeMs: 60_000, maxMessages: 2, liveMarginMs: 0},
     })
     await slack.waitForHelloCount(1)
     slack.refuseConnections(true) // Slack unreachable: reconnect attempts fail
