@@ -66,14 +66,27 @@ export async function withHomeLock<T>(
 
 /** Takes the lock (undefined) or returns the pid of the live process that holds it. */
 async function tryAcquire(file: string): Promise<number | undefined> {
+  let handle: fs.FileHandle
   try {
-    const handle = await fs.open(file, 'wx', 0o600)
+    handle = await fs.open(file, 'wx', 0o600)
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code !== 'EEXIST') throw error
+    return lockOwner(file)
+  }
+  try {
     await handle.writeFile(`${process.pid} ${os.hostname()}\n`)
     await handle.close()
     return undefined
   } catch (error) {
-    if ((error as NodeJS.ErrnoException).code !== 'EEXIST') throw error
+    // (a full disk) an empty lock left behind reads as one being written: every later run would wait for it
+    await handle.close().catch(() => undefined)
+    await fs.rm(file, {force: true})
+    throw error
   }
+}
+
+/** The pid of the live process holding the lock (-1: unknown), or undefined once a dead owner's lock is taken. */
+async function lockOwner(file: string): Promise<number | undefined> {
   const content = await fs.readFile(file, 'utf8').catch(() => '')
   const [pidText, host] = content.trim().split(' ')
   const pid = Number(pidText)
