@@ -296,6 +296,7 @@ export function resolveAgent(agent: RawAgent, defaults: Partial<AgentConfig>): A
     },
     limits,
     file_access: {...DEFAULT_AGENT.file_access, ...defaults.file_access, ...agent.file_access},
+    attachments: {...DEFAULT_AGENT.attachments, ...defaults.attachments, ...agent.attachments},
     connectors: (pick('connectors') ?? DEFAULT_AGENT.connectors).map((connector) =>
       connector.type === 'discord' ? {...connector, guild_ids: connector.guild_ids ?? []} : connector,
     ),

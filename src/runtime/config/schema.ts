@@ -46,6 +46,16 @@ const limitsSchema = {
   },
 }
 
+const attachmentsSchema = {
+  type: 'object',
+  additionalProperties: false,
+  properties: {
+    max_file_size: {type: 'string', pattern: '^[0-9]+[kmg]$'},
+    max_files: {type: 'integer', minimum: 0, maximum: 1000},
+    max_total_size: {type: 'string', pattern: '^[0-9]+[kmg]$'},
+  },
+}
+
 const fileAccessSchema = {
   type: 'object',
   additionalProperties: false,
@@ -112,6 +122,7 @@ const agentFields = {
   container_mode: containerModeSchema,
   file_access: fileAccessSchema,
   limits: limitsSchema,
+  attachments: attachmentsSchema,
   connectors: {type: 'array', items: connectorSchema},
   secrets: {type: 'array', items: {type: 'string', pattern: '^[A-Za-z_][A-Za-z0-9_]*$'}},
 }

@@ -69,6 +69,15 @@ export interface LimitsConfig {
   disk: string
 }
 
+/**
+ * Caps on the files of one message, in and out, on every connector. Sizes look like 25m.
+ */
+export interface AttachmentsConfig {
+  max_file_size: string
+  max_files: number
+  max_total_size: string
+}
+
 export interface FileAccessConfig {
   unrestricted: boolean
   allow_read: string[]
@@ -102,6 +111,8 @@ export interface AgentConfig {
   file_access: FileAccessConfig
   /** Limits of every level; container_mode.memory_limit / pids_limit, when set, win for containers. */
   limits: LimitsConfig
+  /** Caps on the files of one message (received and sent). */
+  attachments: AttachmentsConfig
   connectors: ConnectorConfig[]
   /** Secret names (environment variables) this agent may receive besides provider keys. */
   secrets: string[]

@@ -126,6 +126,21 @@ export const MIGRATIONS: ReadonlyArray<{name: string; sql: string}> = [
       ALTER TABLE run_processes ADD COLUMN keeper_start TEXT;  -- the keeper's start time (/proc/PID/stat)
     `,
   },
+  {
+    // what came in and went out with a run: names and sizes, never the content
+    name: 'the files of runs',
+    sql: `
+      CREATE TABLE run_files (
+        run_id TEXT NOT NULL,
+        direction TEXT NOT NULL CHECK (direction IN ('in', 'out')),
+        name TEXT NOT NULL,
+        size INTEGER,                    -- bytes; NULL when a refused file was never read
+        content_type TEXT,
+        skipped_reason TEXT              -- NULL: delivered; otherwise why it was not
+      );
+      CREATE INDEX run_files_by_run ON run_files (run_id);
+    `,
+  },
 ]
 
 /**

@@ -145,19 +145,64 @@ export class RunRecords {
       .all(connector, userId, limit) as RunRecord[]
   }
 
-  /** Newest first. */
-  list(options: {agentId?: string; limit?: number} = {}): RunRecord[] {
+  /** Records the files of a run (recordRunFiles). */
+  recordFiles(runId: string, files: RunFileRecord[]): void {
+    if (files.length > 0) recordRunFiles(this.db, runId, files)
+  }
+
+  /** Newest first, each with the files that came in or went out with it. */
+  list(options: {agentId?: string; limit?: number} = {}): RunRecordWithFiles[] {
     const limit = options.limit ?? 20
-    if (options.agentId) {
-      return this.db
-        .prepare('SELECT * FROM runs WHERE agent_id = ? ORDER BY started_at DESC, rowid DESC LIMIT ?')
-        .all(options.agentId, limit) as RunRecord[]
-    }
-    return this.db.prepare('SELECT * FROM runs ORDER BY started_at DESC, rowid DESC LIMIT ?').all(limit) as RunRecord[]
+    const runs = options.agentId
+      ? (this.db
+          .prepare('SELECT * FROM runs WHERE agent_id = ? ORDER BY started_at DESC, rowid DESC LIMIT ?')
+          .all(options.agentId, limit) as RunRecord[])
+      : (this.db.prepare('SELECT * FROM runs ORDER BY started_at DESC, rowid DESC LIMIT ?').all(limit) as RunRecord[])
+    const files = runFilesOf(
+      this.db,
+      runs.map((run) => run.id),
+    )
+    return runs.map((run) => (files.has(run.id) ? {...run, files: files.get(run.id)} : run))
   }
 }
 
-/** `meepagateway runs`: the newest run records, optionally for one agent. */
-export function listRuns(options: {home: string; agentId?: string; limit?: number}): RunRecord[] {
+/** One file of a run as recorded (run_files): never its content. */
+export interface RunFileRecord {
+  direction: 'in' | 'out'
+  name: string
+  size: number | null
+  content_type: string | null
+  /** Null when the file was delivered; otherwise why it was not. */
+  skipped_reason: string | null
+}
+
+export type RunRecordWithFiles = RunRecord & {files?: RunFileRecord[]}
+
+/** Records the files that came in or went out with a run, skipped ones with their reason. */
+export function recordRunFiles(db: GatewayDb, runId: string, files: RunFileRecord[]): void {
+  const insert = db.prepare(
+    `INSERT INTO run_files (run_id, direction, name, size, content_type, skipped_reason)
+     VALUES (@runId, @direction, @name, @size, @content_type, @skipped_reason)`,
+  )
+  db.transaction(() => {
+    for (const file of files) insert.run({runId, ...file})
+  })()
+}
+
+/** The files of these runs, by run id, in the order recorded. */
+function runFilesOf(db: GatewayDb, runIds: string[]): Map<string, RunFileRecord[]> {
+  const byRun = new Map<string, RunFileRecord[]>()
+  const select = db.prepare(
+    'SELECT direction, name, size, content_type, skipped_reason FROM run_files WHERE run_id = ? ORDER BY rowid',
+  )
+  for (const id of runIds) {
+    const files = select.all(id) as RunFileRecord[]
+    if (files.length > 0) byRun.set(id, files)
+  }
+  return byRun
+}
+
+/** `meepagateway runs`: the newest run records, optionally for one agent, each with its files. */
+export function listRuns(options: {home: string; agentId?: string; limit?: number}): RunRecordWithFiles[] {
   return readGatewayDb(options.home, (db) => new RunRecords(db).list(options))
 }
