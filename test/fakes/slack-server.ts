@@ -3,7 +3,9 @@
  * pointed here with `slackApiUrl`): the Web API methods a bot uses (form-encoded or JSON,
  * `Authorization: Bearer`), `apps.connections.open` handing out a Socket Mode WebSocket, `hello`,
  * `events_api` envelopes that must be acknowledged with `{envelope_id, payload}`. A bot's post is
- * echoed back as a `message` event with `bot_id`, as Slack does for subscribed channels.
+ * echoed back as a `message` event with `bot_id`, as Slack does for subscribed channels. File
+ * uploads go the external way `files.uploadV2` takes: `files.getUploadURLExternal`, a POST of the
+ * bytes to the URL it returns (here), `files.completeUploadExternal` sharing them to a channel.
  *
  *   const slack = await startFakeSlack({botToken: 'xoxb-1', appToken: 'xapp-1'})
  *   // connector config: {type: slack, bot_token: 'xoxb-1', app_token: 'xapp-1', api_url: slack.apiUrl}
@@ -12,7 +14,7 @@
  */
 import {createServer, type IncomingMessage, type ServerResponse} from 'node:http'
 import {WebSocketServer, type WebSocket} from 'ws'
-import {closeFakeServer, createWaiters, listenOnLoopback, readBody, sendJson} from './fake-http.js'
+import {closeFakeServer, createWaiters, listenOnLoopback, readBody, readRaw, sendJson} from './fake-http.js'
 
 export interface SlackPost {
   channel: string
@@ -20,6 +22,12 @@ export interface SlackPost {
   thread_ts?: string
   ts: string
   time: number
+}
+
+export interface SlackFileShare {
+  channel: string
+  thread_ts?: string
+  files: Array<{id: string; name: string; data?: Buffer}>
 }
 
 export interface FakeSlack {
@@ -47,6 +55,10 @@ export interface FakeSlack {
   waitForHelloCount(count: number, timeoutMs?: number): Promise<void>
   waitForCall(method: string, count?: number, timeoutMs?: number): Promise<void>
   dropConnections(): void
+  /** Files shared with files.completeUploadExternal, in order. */
+  readonly shares: SlackFileShare[]
+  /** Answer files.getUploadURLExternal with this error (e.g. missing_scope) until cleared. */
+  refuseUploadsWith(error: string | undefined): void
   close(): Promise<void>
 }
 
@@ -58,6 +70,9 @@ export async function startFakeSlack(options: {botToken: string; appToken: strin
   const calls: string[] = []
   const sockets = new Set<WebSocket>()
   let helloCount = 0
+  const shares: SlackFileShare[] = []
+  const uploads = new Map<string, {name: string; length: number; data?: Buffer}>()
+  let uploadRefusal: string | undefined
   let clock = 1_700_000_000
   let sequence = 0
   const {notify, waitFor} = createWaiters('fake Slack')
@@ -99,6 +114,20 @@ export async function startFakeSlack(options: {botToken: string; appToken: strin
     const method = url.pathname.replace(/^\/api\//, '')
     calls.push(method)
     notify()
+    const uploadPath = /^\/upload\/(F\w+)$/.exec(url.pathname)
+    if (uploadPath) {
+      // the URL getUploadURLExternal handed out: multipart, the bytes in field `body`
+      const upload = uploads.get(uploadPath[1] as string)
+      const raw = await readRaw(req)
+      const form = await new Response(new Uint8Array(raw), {
+        headers: {'content-type': String(req.headers['content-type'])},
+      }).formData()
+      const part = form.get('body') ?? form.get('file')
+      if (!upload || !part || typeof part === 'string') return sendJson(res, 400, {error: 'bad upload'})
+      upload.data = Buffer.from(await part.arrayBuffer())
+      res.writeHead(200, {'content-type': 'text/plain'})
+      return res.end(`OK - ${upload.data.length}`)
+    }
     const params = await readParams(req)
     const token = /^Bearer (.+)$/.exec(req.headers.authorization ?? '')?.[1] ?? params.token
     const botAuthed = token === options.botToken
@@ -154,6 +183,30 @@ export async function startFakeSlack(options: {botToken: string; appToken: strin
         sendEnvelope({...message, channel: params.channel, channel_type: 'channel'})
         notify()
         return
+      }
+      case 'files.getUploadURLExternal': {
+        if (!botAuthed) return reply(res, {ok: false, error: 'invalid_auth'})
+        if (uploadRefusal)
+          return reply(res, {
+            ok: false,
+            error: uploadRefusal,
+            ...(uploadRefusal === 'missing_scope' ? {needed: 'files:write', provided: 'chat:write'} : {}),
+          })
+        if (!params.filename || !params.length) return reply(res, {ok: false, error: 'invalid_arguments'})
+        const fileId = `F${++sequence}`
+        uploads.set(fileId, {name: params.filename, length: Number(params.length)})
+        return reply(res, {ok: true, upload_url: `http://127.0.0.1:${port}/upload/${fileId}`, file_id: fileId})
+      }
+      case 'files.completeUploadExternal': {
+        if (!botAuthed) return reply(res, {ok: false, error: 'invalid_auth'})
+        const listed = (typeof params.files === 'string' ? JSON.parse(params.files) : params.files) as Array<{
+          id: string
+        }>
+        const files = listed.map(({id}) => ({id, name: uploads.get(id)?.name ?? '', data: uploads.get(id)?.data}))
+        if (files.some((file) => !file.data)) return reply(res, {ok: false, error: 'file_not_found'})
+        shares.push({channel: params.channel_id, ...(params.thread_ts ? {thread_ts: params.thread_ts} : {}), files})
+        notify()
+        return reply(res, {ok: true, files: files.map(({id, name}) => ({id, name, title: name}))})
       }
       default:
         return reply(res, {ok: false, error: 'unknown_method'})
@@ -241,6 +294,10 @@ export async function startFakeSlack(options: {botToken: string; appToken: strin
         timeoutMs,
         () => `${count} × ${method} (calls: ${calls.join(', ')})`,
       )
+    },
+    shares,
+    refuseUploadsWith(error) {
+      uploadRefusal = error
     },
     dropConnections() {
       for (const socket of sockets) socket.terminate()

@@ -1,10 +1,19 @@
-import {Client, Events, GatewayIntentBits, Partials, type ClientOptions, type Message} from 'discord.js'
+import {
+  Client,
+  Events,
+  GatewayIntentBits,
+  Partials,
+  type ClientOptions,
+  type Message,
+  type SendableChannels,
+} from 'discord.js'
 import type {InboundMessage} from '../shapes/agent-run-contract.js'
 import {DEFAULT_BACKOFF, formatDelay, type BackoffOptions} from './backoff.js'
 import {ReconnectingConnector} from './reconnecting-connector.js'
 import {splitMessage} from './split-message.js'
 import {keepTyping} from './typing.js'
 import type {ConnectorContext, Delivery} from './types.js'
+import {refusalNote, type FileRefusal, type OutboundFile} from '../shapes/outbound-file.js'
 
 export const DISCORD_MESSAGE_LIMIT = 2000
 
@@ -109,15 +118,44 @@ export class DiscordConnector extends ReconnectingConnector {
   }
 
   deliveryTo(channelId: string): Delivery {
-    return {
-      send: async (text) => {
-        const channel = await this.client?.channels.fetch(channelId)
-        if (!channel?.isSendable()) throw new Error(`cannot send to Discord channel ${channelId}`)
-        for (const chunk of splitMessage(text, DISCORD_MESSAGE_LIMIT))
-          await channel.send({content: chunk, allowedMentions: {parse: []}})
-      },
-      startTyping: () => () => {},
+    return this.delivery(
+      () => this.sendableChannel(channelId),
+      () => () => {},
+    )
+  }
+
+  /**
+   * Text split to Discord's limit; files each as their own message first (one refused, e.g. 413
+   * over the upload limit, costs only itself), then the text with a note naming those refused.
+   */
+  private delivery(channelOf: () => Promise<SendableChannels>, startTyping: () => () => void): Delivery {
+    const sendText = async (text: string) => {
+      const channel = await channelOf()
+      for (const chunk of splitMessage(text, DISCORD_MESSAGE_LIMIT))
+        await channel.send({content: chunk, allowedMentions: {parse: []}})
     }
+    return {
+      send: sendText,
+      sendWithFiles: async (text, files) => {
+        const refused: FileRefusal[] = []
+        for (const file of files) {
+          try {
+            await sendAttachment(await channelOf(), file)
+          } catch (error) {
+            refused.push({name: file.name, reason: `Discord refused it: ${(error as Error).message}`})
+          }
+        }
+        await sendText(text + refusalNote(refused))
+        return refused
+      },
+      startTyping,
+    }
+  }
+
+  private async sendableChannel(channelId: string): Promise<SendableChannels> {
+    const channel = await this.client?.channels.fetch(channelId)
+    if (!channel?.isSendable()) throw new Error(`cannot send to Discord channel ${channelId}`)
+    return channel
   }
 
   private onMessage(client: Client, message: Message): void {
@@ -145,16 +183,23 @@ export class DiscordConnector extends ReconnectingConnector {
       content: message.content,
     }
     const channel = message.channel
-    this.context.onMessage(inbound, {
-      send: async (text) => {
-        if (!channel.isSendable()) throw new Error(`cannot send to Discord channel ${message.channelId}`)
-        for (const chunk of splitMessage(text, DISCORD_MESSAGE_LIMIT))
-          await channel.send({content: chunk, allowedMentions: {parse: []}})
-      },
-      startTyping: () =>
-        keepTyping(() => (channel.isSendable() ? channel.sendTyping() : undefined), this.timings.typingIntervalMs),
-    })
+    this.context.onMessage(
+      inbound,
+      this.delivery(
+        async () => {
+          if (!channel.isSendable()) throw new Error(`cannot send to Discord channel ${message.channelId}`)
+          return channel
+        },
+        () =>
+          keepTyping(() => (channel.isSendable() ? channel.sendTyping() : undefined), this.timings.typingIntervalMs),
+      ),
+    )
   }
+}
+
+/** Posts one file as a message attachment of the channel (a thread is a channel). */
+export async function sendAttachment(channel: SendableChannels, file: OutboundFile): Promise<void> {
+  await channel.send({files: [{attachment: file.data, name: file.name}], allowedMentions: {parse: []}})
 }
 
 function describeLoginError(error: unknown): string {

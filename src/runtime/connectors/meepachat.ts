@@ -5,6 +5,7 @@ import {ReconnectingConnector} from './reconnecting-connector.js'
 import {splitMessage} from './split-message.js'
 import {keepTyping} from './typing.js'
 import type {ConnectorContext, Delivery} from './types.js'
+import {refusalNote, type FileRefusal, type OutboundFile} from '../shapes/outbound-file.js'
 
 export const MEEPACHAT_MESSAGE_LIMIT = 4000
 
@@ -261,6 +262,7 @@ export class MeepaChatConnector extends ReconnectingConnector {
         for (const chunk of splitMessage(text, MEEPACHAT_MESSAGE_LIMIT))
           await this.postMessage(channelId, chunk, threadId)
       },
+      sendWithFiles: (text, files) => this.sendWithFiles(channelId, threadId, text, files),
       startTyping: () =>
         keepTyping(() => this.sendFrame({type: 'typing', data: {channelId}}), this.timings.typingIntervalMs),
     }
@@ -273,18 +275,96 @@ export class MeepaChatConnector extends ReconnectingConnector {
     return `/api/servers/${encodeURIComponent(channel.serverId)}/channels/${encodeURIComponent(channelId)}/messages`
   }
 
-  private async postMessage(channelId: string, content: string, threadId: string | undefined): Promise<void> {
-    const url = this.restBase + this.messagesPath(channelId)
-    const body = JSON.stringify({content, ...(threadId ? {threadId} : {})})
+  /**
+   * Posts one message; `attachmentIds` are uploads made by uploadAttachment (they become the
+   * message's attachments, as the authors' clients send them).
+   */
+  async postMessage(
+    channelId: string,
+    content: string,
+    threadId: string | undefined,
+    attachmentIds: string[] = [],
+  ): Promise<void> {
+    const body = JSON.stringify({
+      content,
+      ...(threadId ? {threadId} : {}),
+      ...(attachmentIds.length > 0 ? {attachmentIds} : {}),
+    })
+    await this.request('POST', this.messagesPath(channelId), body)
+  }
+
+  /**
+   * Uploads one file as the authors' clients do: presign `{filename, mimeType}`, then a multipart
+   * PUT of field `file`. Returns the upload id to attach to a message. The upload always goes to
+   * this server's own REST base: a presigned URL naming another host would get the bot token.
+   */
+  async uploadAttachment(file: OutboundFile): Promise<string> {
+    const presigned = (await this.request(
+      'POST',
+      '/api/attachments/presign',
+      JSON.stringify({filename: file.name, mimeType: file.content_type}),
+    )) as {data?: {uploadId?: unknown}}
+    const uploadId = presigned?.data?.uploadId
+    if (typeof uploadId !== 'string' || !uploadId)
+      throw new Error('MeepaChat answered the presign request without an uploadId')
+    const form = new FormData()
+    form.append('file', new Blob([file.data as Uint8Array<ArrayBuffer>], {type: file.content_type}), file.name)
+    await this.request('PUT', `/api/attachments/upload/${encodeURIComponent(uploadId)}`, form)
+    return uploadId
+  }
+
+  /**
+   * Files first (each upload on its own: one refused does not stop the others), then the text with
+   * the uploaded ones attached to its last part and a note naming those refused.
+   */
+  private async sendWithFiles(
+    channelId: string,
+    threadId: string | undefined,
+    text: string,
+    files: OutboundFile[],
+  ): Promise<FileRefusal[]> {
+    const uploaded: Array<{file: OutboundFile; id: string}> = []
+    const refused: FileRefusal[] = []
+    for (const file of files) {
+      try {
+        uploaded.push({file, id: await this.uploadAttachment(file)})
+      } catch (error) {
+        refused.push({name: file.name, reason: (error as Error).message})
+      }
+    }
+    const chunks = splitMessage(text + refusalNote(refused), MEEPACHAT_MESSAGE_LIMIT)
+    for (const chunk of chunks.slice(0, -1)) await this.postMessage(channelId, chunk, threadId)
+    const last = chunks.at(-1) ?? ''
+    if (uploaded.length === 0) {
+      await this.postMessage(channelId, last, threadId)
+      return refused
+    }
+    try {
+      await this.postMessage(
+        channelId,
+        last,
+        threadId,
+        uploaded.map(({id}) => id),
+      )
+      return refused
+    } catch (error) {
+      if (!(error instanceof MeepaChatHttpError)) throw error
+      // the server took the uploads but not the message with them: the text still goes out
+      const notAttached = uploaded.map(({file}) => ({name: file.name, reason: error.message}))
+      await this.postMessage(channelId, last + refusalNote(notAttached), threadId)
+      return [...refused, ...notAttached]
+    }
+  }
+
+  /** One REST call with the bot token, retried on network errors, 429 and 5xx; the parsed JSON answer. */
+  private async request(method: string, path: string, body: string | FormData): Promise<unknown> {
+    const url = this.restBase + path
+    const headers: Record<string, string> = {Authorization: `Bot ${this.config.bot_token}`}
+    if (typeof body === 'string') headers['Content-Type'] = 'application/json'
     for (let attempt = 1; ; attempt++) {
       let response: Response
       try {
-        response = await fetch(url, {
-          method: 'POST',
-          headers: {Authorization: `Bot ${this.config.bot_token}`, 'Content-Type': 'application/json'},
-          body,
-          signal: AbortSignal.timeout(this.timings.requestTimeoutMs),
-        })
+        response = await fetch(url, {method, headers, body, signal: AbortSignal.timeout(this.timings.requestTimeoutMs)})
       } catch (error) {
         if (attempt >= 3)
           throw new Error(`cannot reach MeepaChat at ${new URL(url).origin}: ${(error as Error).message}`, {
@@ -293,11 +373,14 @@ export class MeepaChatConnector extends ReconnectingConnector {
         await new Promise((resolve) => setTimeout(resolve, 500 * attempt))
         continue
       }
-      if (response.ok) {
-        await response.arrayBuffer()
-        return
-      }
       const text = await response.text()
+      if (response.ok) {
+        try {
+          return text ? JSON.parse(text) : undefined
+        } catch {
+          return undefined
+        }
+      }
       const retryable = response.status === 429 || response.status >= 500
       if (retryable && attempt < 3) {
         const retryAfter = Number(response.headers.get('retry-after'))
@@ -315,7 +398,20 @@ export class MeepaChatConnector extends ReconnectingConnector {
       } catch {
         // not JSON: keep the raw text
       }
-      throw new Error(`MeepaChat answered HTTP ${response.status} to POST ${new URL(url).pathname}: ${detail}`)
+      throw new MeepaChatHttpError(
+        response.status,
+        `MeepaChat answered HTTP ${response.status} to ${method} ${new URL(url).pathname}: ${detail}`,
+      )
     }
+  }
+}
+
+/** The server answered, and said no: a refusal, not a connection problem. */
+class MeepaChatHttpError extends Error {
+  constructor(
+    readonly status: number,
+    message: string,
+  ) {
+    super(message)
   }
 }

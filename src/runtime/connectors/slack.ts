@@ -5,6 +5,7 @@ import {DEFAULT_BACKOFF, formatDelay, type BackoffOptions} from './backoff.js'
 import {ReconnectingConnector} from './reconnecting-connector.js'
 import {splitMessage} from './split-message.js'
 import type {ConnectorContext, Delivery} from './types.js'
+import {refusalNote, type FileRefusal, type OutboundFile} from '../shapes/outbound-file.js'
 
 export const SLACK_MESSAGE_LIMIT = 4000
 
@@ -181,8 +182,34 @@ export class SlackConnector extends ReconnectingConnector {
           await this.web.chat.postMessage({channel, text: chunk, ...(threadTs ? {thread_ts: threadTs} : {})})
         }
       },
+      // files first, each shared into the conversation by its own upload, then the text with a
+      // note naming those Slack refused (a missing files:write scope, a file too big)
+      sendWithFiles: async (text, files) => {
+        const refused: FileRefusal[] = []
+        for (const file of files) {
+          try {
+            await this.uploadFile(channel, threadTs, file)
+          } catch (error) {
+            refused.push({name: file.name, reason: describeUploadError(error)})
+          }
+        }
+        for (const chunk of splitMessage(text + refusalNote(refused), SLACK_MESSAGE_LIMIT))
+          await this.web.chat.postMessage({channel, text: chunk, ...(threadTs ? {thread_ts: threadTs} : {})})
+        return refused
+      },
       startTyping: () => () => {}, // bots have no typing indicator over Socket Mode
     }
+  }
+
+  /**
+   * Uploads one file into the conversation (its thread when given) with the Web API's external
+   * upload: files.getUploadURLExternal, the bytes to the URL it returns, files.completeUploadExternal.
+   */
+  async uploadFile(channel: string, threadTs: string | undefined, file: OutboundFile): Promise<void> {
+    const upload = {file: file.data, filename: file.name, title: file.name}
+    await this.web.filesUploadV2(
+      threadTs ? {...upload, channel_id: channel, thread_ts: threadTs} : {...upload, channel_id: channel},
+    )
   }
 
   /** The sender's display name via users.info, cached; the id when Slack will not say. */
@@ -200,6 +227,14 @@ export class SlackConnector extends ReconnectingConnector {
     this.userNames.set(userId, name)
     return name
   }
+}
+
+/** Why Slack did not take a file, naming the scope the app lacks when that is it. */
+function describeUploadError(error: unknown): string {
+  const data = (error as {data?: {error?: string; needed?: string}}).data
+  if (data?.error === 'missing_scope')
+    return `Slack refused it: the app lacks the ${data.needed ?? 'files:write'} scope (add it to the Slack app and reinstall it)`
+  return `Slack refused it: ${describeSlackError(error)}`
 }
 
 function describeSlackError(error: unknown): string {

@@ -1,6 +1,7 @@
 import type {IncomingMessage} from 'node:http'
 import type {InboundMessage} from '../shapes/agent-run-contract.js'
 import type {MessageDispatcher} from './types.js'
+import type {OutboundFile} from '../shapes/outbound-file.js'
 import {bearerToken, readJsonObject, sendJson} from '../http/json.js'
 import {HttpError, type Router} from '../http/router.js'
 import type {ApiKeys} from '../state/api-keys.js'
@@ -49,11 +50,20 @@ export function webChatChannel(caller: ChatCaller, channel: string | undefined):
   return channel === undefined ? `api-${caller.id}` : `api-${caller.id}/${channel}`
 }
 
+function fileView(file: OutboundFile): {name: string; size: number; content_type: string; content_base64: string} {
+  return {
+    name: file.name,
+    size: file.size,
+    content_type: file.content_type,
+    content_base64: file.data.toString('base64'),
+  }
+}
+
 const STATUS_BY_OUTCOME = {ok: 200, failed: 502, interrupted: 503, rejected: 429} as const
 const MAX_MESSAGE_LENGTH = 100_000
 
 /**
- * `POST /api/chat {agent, message, channel?}` → `{reply, run_id}`, authenticated with an API
+ * `POST /api/chat {agent, message, channel?}` → `{reply, run_id, files?}`, authenticated with an API
  * key or the dashboard's session; `channel` names a conversation inside the caller's own. The
  * request waits for the run; a failed run answers 502 with the same short reply a chat user would
  * get, plus the error code.
@@ -84,9 +94,16 @@ export function mountWebChat(options: WebChatOptions): void {
       content: message,
     }
     let reply = ''
+    let files: OutboundFile[] = []
     const ticket = options.dispatcher.dispatch(agent, inbound, {
       send: async (text) => {
         reply = text
+      },
+      // the answer carries the files itself: nothing the platform could refuse
+      sendWithFiles: async (text, sent) => {
+        reply = text
+        files = sent
+        return []
       },
       startTyping: () => () => {},
     })
@@ -102,7 +119,13 @@ export function mountWebChat(options: WebChatOptions): void {
     sendJson(
       res,
       status,
-      {reply, run_id: outcome.runId, ...toolCalls, ...(error ? {error} : {})},
+      {
+        reply,
+        run_id: outcome.runId,
+        ...toolCalls,
+        ...(files.length > 0 ? {files: files.map(fileView)} : {}),
+        ...(error ? {error} : {}),
+      },
       status === 429 ? {'retry-after': '30'} : {},
     )
   })

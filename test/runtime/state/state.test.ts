@@ -64,7 +64,7 @@ describe('gateway.db read-only (runs)', () => {
       expect(old.pragma('user_version', {simple: true})).toBe(MIGRATIONS.length)
       old.pragma('user_version = 0')
       old.exec(
-        'DROP TABLE runs; DROP TABLE api_keys; DROP TABLE captain_settings; DROP TABLE captain_sessions; DROP TABLE audit; DROP TABLE captain_login_links; DROP TABLE run_processes',
+        'DROP TABLE runs; DROP TABLE api_keys; DROP TABLE captain_settings; DROP TABLE captain_sessions; DROP TABLE audit; DROP TABLE captain_login_links; DROP TABLE run_processes; DROP TABLE run_files',
       )
       old.exec(MIGRATIONS[0]!.sql)
       old.pragma('user_version = 1')
