@@ -105,6 +105,25 @@ function duration(ms) {
   return ms < 1000 ? `${ms} ms` : `${(ms / 1000).toFixed(1)} s`
 }
 
+function byteSize(bytes) {
+  if (bytes === null || bytes === undefined) return ''
+  if (bytes < 1024) return `${bytes} B`
+  return bytes < 1024 * 1024 ? `${(bytes / 1024).toFixed(1)} KB` : `${(bytes / 1024 / 1024).toFixed(1)} MB`
+}
+
+/** A run's files (run_files): direction, name, size and type; a skipped one with its reason. */
+function runFiles(files) {
+  return (files || []).map((file) =>
+    h(
+      'div',
+      {class: file.skipped_reason ? 'hint' : ''},
+      `${file.direction === 'in' ? '↓' : '↑'} ${file.name}`,
+      file.size !== null ? ` (${byteSize(file.size)}${file.content_type ? `, ${file.content_type}` : ''})` : '',
+      file.skipped_reason ? ` not ${file.direction === 'in' ? 'taken' : 'sent'}: ${file.skipped_reason}` : '',
+    ),
+  )
+}
+
 /** replaceChildren that skips null/undefined/false (the DOM would print them as text). */
 function fill(el, ...children) {
   el.replaceChildren(...children.flat().filter((child) => child !== null && child !== undefined && child !== false))
@@ -440,6 +459,7 @@ function runsTable(runs, withAgent) {
         h('th', {}, 'Outcome'),
         h('th', {}, 'Time'),
         h('th', {}, 'Tools'),
+        h('th', {}, 'Files'),
       ),
     ),
     h(
@@ -461,6 +481,7 @@ function runsTable(runs, withAgent) {
           ),
           h('td', {class: 'num'}, duration(run.duration_ms)),
           h('td', {class: 'num'}, run.tool_calls ?? ''),
+          h('td', {}, runFiles(run.files)),
         ),
       ),
     ),

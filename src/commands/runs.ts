@@ -1,10 +1,11 @@
 import {Flags} from '@oclif/core'
 import {BaseCommand} from './base-command.js'
 import {gatewayHome} from '../runtime/util/paths.js'
-import {listRuns, type RunRecord} from '../runtime/state/run-records.js'
+import {listRuns, type RunFileRecord, type RunRecordWithFiles} from '../runtime/state/run-records.js'
 
 export default class Runs extends BaseCommand<typeof Runs> {
-  static summary = 'list run records (newest first): agent, connector, channel, isolation, outcome, duration, tokens'
+  static summary =
+    'list run records (newest first): agent, connector, channel, isolation, outcome, duration, tokens, files'
   static flags = {
     agent: Flags.string({char: 'a', description: 'only runs of this agent'}),
     limit: Flags.integer({char: 'n', description: 'how many runs to show', default: 20, min: 1, max: 10_000}),
@@ -15,7 +16,7 @@ export default class Runs extends BaseCommand<typeof Runs> {
     '<%= config.bin %> runs --json',
   ]
 
-  async run(): Promise<RunRecord[]> {
+  async run(): Promise<RunRecordWithFiles[]> {
     const runs = listRuns({home: gatewayHome(), agentId: this.flags.agent, limit: this.flags.limit})
     if (runs.length === 0) {
       this.log(this.flags.agent ? `no runs recorded for agent ${this.flags.agent}` : 'no runs recorded yet')
@@ -54,9 +55,26 @@ export default class Runs extends BaseCommand<typeof Runs> {
         .join('  ')
         .trimEnd()
     this.log(format(header))
-    for (const row of rows) this.log(format(row))
+    for (const [index, row] of rows.entries()) {
+      this.log(format(row))
+      for (const file of runs[index]?.files ?? []) this.log(`  ${fileLine(file)}`)
+    }
     return runs
   }
+}
+
+/** `out report.pdf 12345 B application/pdf`, or why it was not sent (never its content: none is kept). */
+function fileLine(file: RunFileRecord): string {
+  const what = [
+    file.direction,
+    JSON.stringify(file.name),
+    file.size === null ? '' : `${file.size} B`,
+    file.content_type ?? '',
+  ]
+  const line = what.filter(Boolean).join(' ')
+  return file.skipped_reason
+    ? `${line} - not ${file.direction === 'in' ? 'taken' : 'sent'}: ${oneLine(file.skipped_reason)}`
+    : line
 }
 
 function oneLine(text: string): string {
