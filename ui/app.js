@@ -1175,13 +1175,25 @@ async function chatRequest(agent, message, channel) {
   return {status: res.status, body}
 }
 
+/**
+ * A file the agent sent, as a download link. Always octet-stream: the agent chose the bytes and the
+ * name, so the browser saves them instead of rendering them in the dashboard's origin.
+ */
+function sentFileLink(file) {
+  const bytes = Uint8Array.from(atob(file.content_base64 || ''), (c) => c.charCodeAt(0))
+  const href = URL.createObjectURL(new Blob([bytes], {type: 'application/octet-stream'}))
+  return h('a', {href, download: file.name, class: 'file'}, `↓ ${file.name} (${byteSize(file.size)})`)
+}
+
 function agentMessage(body, status) {
   const failed = status !== 200
   const tools = Array.isArray(body.tool_calls) ? body.tool_calls : []
+  const files = Array.isArray(body.files) ? body.files : []
   return h(
     'div',
     {class: `msg agent${failed ? ' failed' : ''}`, 'data-run': body.run_id || ''},
     body.reply || (body.error && body.error.message) || '(no reply)',
+    files.length ? h('div', {class: 'files'}, files.map(sentFileLink)) : null,
     tools.length
       ? h(
           'div',
