@@ -105,6 +105,25 @@ function duration(ms) {
   return ms < 1000 ? `${ms} ms` : `${(ms / 1000).toFixed(1)} s`
 }
 
+function byteSize(bytes) {
+  if (bytes === null || bytes === undefined) return ''
+  if (bytes < 1024) return `${bytes} B`
+  return bytes < 1024 * 1024 ? `${(bytes / 1024).toFixed(1)} KB` : `${(bytes / 1024 / 1024).toFixed(1)} MB`
+}
+
+/** A run's files (run_files): direction, name, size and type; a skipped one with its reason. */
+function runFiles(files) {
+  return (files || []).map((file) =>
+    h(
+      'div',
+      {class: file.skipped_reason ? 'hint' : ''},
+      `${file.direction === 'in' ? '↓' : '↑'} ${file.name}`,
+      file.size !== null ? ` (${byteSize(file.size)}${file.content_type ? `, ${file.content_type}` : ''})` : '',
+      file.skipped_reason ? ` not ${file.direction === 'in' ? 'taken' : 'sent'}: ${file.skipped_reason}` : '',
+    ),
+  )
+}
+
 /** replaceChildren that skips null/undefined/false (the DOM would print them as text). */
 function fill(el, ...children) {
   el.replaceChildren(...children.flat().filter((child) => child !== null && child !== undefined && child !== false))
@@ -438,24 +457,6 @@ async function overviewPage() {
 }
 
 /** A run's files, one line each: direction, name, size and type, or why it was skipped (never the content). */
-function runFiles(files) {
-  if (!files || files.length === 0) return ''
-  return files.map((file) =>
-    h(
-      'div',
-      {class: file.skipped_reason ? 'hint' : ''},
-      `${file.direction === 'in' ? '↓' : '↑'} ${file.name} (${formatBytes(file.size)}, ${file.content_type})` +
-        (file.skipped_reason ? ` skipped: ${file.skipped_reason}` : ''),
-    ),
-  )
-}
-
-function formatBytes(bytes) {
-  if (bytes < 1024) return `${bytes} B`
-  if (bytes < 1024 * 1024) return `${(bytes / 1024).toFixed(1)} KB`
-  return `${(bytes / 1024 / 1024).toFixed(1)} MB`
-}
-
 function runsTable(runs, withAgent) {
   if (runs.length === 0) return h('div', {class: 'empty'}, 'No runs yet.')
   return h(
@@ -1203,13 +1204,25 @@ async function chatRequest(agent, message, channel) {
   return {status: res.status, body}
 }
 
+/**
+ * A file the agent sent, as a download link. Always octet-stream: the agent chose the bytes and the
+ * name, so the browser saves them instead of rendering them in the dashboard's origin.
+ */
+function sentFileLink(file) {
+  const bytes = Uint8Array.from(atob(file.content_base64 || ''), (c) => c.charCodeAt(0))
+  const href = URL.createObjectURL(new Blob([bytes], {type: 'application/octet-stream'}))
+  return h('a', {href, download: file.name, class: 'file'}, `↓ ${file.name} (${byteSize(file.size)})`)
+}
+
 function agentMessage(body, status) {
   const failed = status !== 200
   const tools = Array.isArray(body.tool_calls) ? body.tool_calls : []
+  const files = Array.isArray(body.files) ? body.files : []
   return h(
     'div',
     {class: `msg agent${failed ? ' failed' : ''}`, 'data-run': body.run_id || ''},
     body.reply || (body.error && body.error.message) || '(no reply)',
+    files.length ? h('div', {class: 'files'}, files.map(sentFileLink)) : null,
     tools.length
       ? h(
           'div',

@@ -84,9 +84,18 @@ function filesSummary(files: RunFile[]): string {
     .concat(skipped ? ` (${skipped} skipped)` : '')
 }
 
+/** `out report.pdf 12345 B application/pdf`, or why it was not sent (never its content: none is kept). */
 function fileLine(file: RunFile): string {
-  const line = `${file.direction === 'in' ? 'in ' : 'out'} ${file.name} ${file.size} bytes ${file.content_type}`
-  return file.skipped_reason ? `${line} skipped: ${oneLine(file.skipped_reason)}` : line
+  const what = [
+    file.direction,
+    JSON.stringify(file.name),
+    file.size === null ? '' : `${file.size} B`,
+    file.content_type ?? '',
+  ]
+  const line = what.filter(Boolean).join(' ')
+  return file.skipped_reason
+    ? `${line} - not ${file.direction === 'in' ? 'taken' : 'sent'}: ${oneLine(file.skipped_reason)}`
+    : line
 }
 
 function oneLine(text: string): string {

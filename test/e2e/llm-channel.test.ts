@@ -183,6 +183,16 @@ describe('a hostile agent-run against the real runner', () => {
       /result frame without a valid output/,
     ],
     [
+      'a success result whose files are not paths (the gateway would open file.path)',
+      `send({type: 'result', output: {version: 1, ok: true, run_id: input.run_id, reply: {content: 'x'}, stop_reason: 'final', iterations: 0, tool_calls: [], usage: {input_tokens: 0, output_tokens: 0}, ms: 1, files: [{path: 7}]}})`,
+      /files\[0\] is not \{path\}/,
+    ],
+    [
+      'a success result naming more files than any message could carry',
+      `send({type: 'result', output: {version: 1, ok: true, run_id: input.run_id, reply: {content: 'x'}, stop_reason: 'final', iterations: 0, tool_calls: [], usage: {input_tokens: 0, output_tokens: 0}, ms: 1, files: Array.from({length: 1001}, () => ({path: 'a'}))}})`,
+      /files is not an array of at most 1000/,
+    ],
+    [
       'a failure result without an error',
       `send({type: 'result', output: {version: 1, ok: false, run_id: input.run_id}})`,
       /result frame without a valid output/,

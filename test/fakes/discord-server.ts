@@ -14,13 +14,39 @@ import {createFakeFiles, type FakeFiles} from './fake-files.js'
 import {createServer} from 'node:http'
 import {WebSocketServer, type WebSocket} from 'ws'
 import type {PlatformFaults} from './fake-http.js'
-import {closeFakeServer, createFaults, createWaiters, listenOnLoopback, readJson, sendJson} from './fake-http.js'
+import {closeFakeServer, createFaults, createWaiters, listenOnLoopback, readRaw, sendJson} from './fake-http.js'
+
+function parseJson(raw: Buffer): any {
+  try {
+    return JSON.parse(raw.toString('utf8'))
+  } catch {
+    return undefined
+  }
+}
+
+/** discord.js sends files as multipart: `payload_json` plus `files[n]` parts. */
+async function readMultipartMessage(
+  raw: Buffer,
+  contentType: string,
+): Promise<{body: any; attachments: Array<{name: string; data: Buffer}>}> {
+  const form = await new Response(new Uint8Array(raw), {headers: {'content-type': contentType}}).formData()
+  const attachments: Array<{name: string; data: Buffer}> = []
+  let body: any
+  for (const [key, value] of form as unknown as Iterable<[string, string | File]>) {
+    if (key === 'payload_json' && typeof value === 'string') body = JSON.parse(value)
+    else if (/^files\[\d+\]$/.test(key) && typeof value !== 'string')
+      attachments.push({name: value.name, data: Buffer.from(await value.arrayBuffer())})
+  }
+  return {body, attachments}
+}
 
 export interface DiscordPost {
   channelId: string
   content: string
   id: string
   time: number
+  /** Files of a multipart post (`files[n]` parts), with their bytes. */
+  attachments?: Array<{name: string; data: Buffer}>
 }
 
 export interface FakeDiscord extends PlatformFaults {
@@ -56,6 +82,8 @@ export interface FakeDiscord extends PlatformFaults {
   refuseConnections(on: boolean): void
   /** Every session so far is over: a RESUME gets op 9 (invalid session, not resumable). */
   invalidateSessions(): void
+  /** Multipart posts bigger than this are answered 413 (Discord's upload limit). */
+  limitUploads(bytes: number | undefined): void
   close(): Promise<void>
 }
 
@@ -98,6 +126,7 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
   const sessions = new Map<string, Session>()
   const sockets = new Set<WebSocket>()
   let identifies = 0
+  let uploadLimit: number | undefined
   let resumes = 0
   let refused = 0
   let refusing = false
@@ -173,7 +202,13 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
     const postMatch = /^\/channels\/(\d+)\/messages$/.exec(path)
     if (req.method === 'POST' && postMatch) {
       const channelId = postMatch[1] as string
-      const body = await readJson(req)
+      const multipart = String(req.headers['content-type']).startsWith('multipart/form-data')
+      const raw = await readRaw(req)
+      if (multipart && uploadLimit !== undefined && raw.length > uploadLimit)
+        return sendJson(res, 413, {message: 'Request entity too large', code: 40005})
+      const {body, attachments} = multipart
+        ? await readMultipartMessage(raw, String(req.headers['content-type']))
+        : {body: parseJson(raw), attachments: []}
       const failure = platformFaults.faults.next(channelId)
       if (failure?.status === 429) {
         // as Discord: the wait in Retry-After and in the body, scoped to the route's bucket
@@ -195,7 +230,8 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
         )
       if (!guildOf(channelId) && channelId !== dmChannelId)
         return sendJson(res, 404, {message: 'Unknown Channel', code: 10003})
-      if (!body?.content) return sendJson(res, 400, {message: 'Cannot send an empty message', code: 50006})
+      if (!body?.content && attachments.length === 0)
+        return sendJson(res, 400, {message: 'Cannot send an empty message', code: 50006})
       if (String(body.content).length > 2000) {
         return sendJson(res, 400, {
           message: 'Invalid Form Body',
@@ -204,8 +240,9 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
         })
       }
       const id = newSnowflake()
-      posts.push({channelId, content: body.content, id, time: Date.now()})
-      const message = messageObject({id, channelId, content: body.content, author: botUser})
+      const content = String(body?.content ?? '')
+      posts.push({channelId, content, id, time: Date.now(), ...(attachments.length > 0 ? {attachments} : {})})
+      const message = messageObject({id, channelId, content, author: botUser})
       sendJson(res, 200, message)
       dispatch('MESSAGE_CREATE', message)
       notify()
@@ -357,6 +394,9 @@ export async function startFakeDiscord(options: {token: string; guilds?: FakeDis
       return posts.slice(0, count)
     },
     waitFor: (check, what, timeoutMs = 20_000) => waitFor(check, timeoutMs, what),
+    limitUploads(bytes) {
+      uploadLimit = bytes
+    },
     dropConnections() {
       for (const socket of sockets) socket.terminate()
     },

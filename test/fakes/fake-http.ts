@@ -23,10 +23,14 @@ export function sendJson(
   res.end(JSON.stringify(body))
 }
 
-export async function readBody(req: IncomingMessage): Promise<string> {
+export async function readRaw(req: IncomingMessage): Promise<Buffer> {
   const chunks: Buffer[] = []
   for await (const chunk of req) chunks.push(chunk as Buffer)
-  return Buffer.concat(chunks).toString('utf8')
+  return Buffer.concat(chunks)
+}
+
+export async function readBody(req: IncomingMessage): Promise<string> {
+  return (await readRaw(req)).toString('utf8')
 }
 
 /** The parsed JSON body, or undefined when it is not JSON (the fake answers that like the real API). */

@@ -1,8 +1,10 @@
 /**
  * A fake MeepaChat server on 127.0.0.1 speaking the bot protocol: the bot gateway WebSocket
  * (`GET /api/bot-gateway`, `Authorization: Bot <token>`, `{type, data}` frames, `ready`,
- * `message.created`, `ping`→`pong`, `typing`) and the REST calls a bot replies with. Like the
- * real server, a message the bot posts is broadcast back to it as `message.created`.
+ * `message.created`, `ping`→`pong`, `typing`) and the REST calls a bot replies with, uploads
+ * included (`POST /api/attachments/presign`, multipart `PUT /api/attachments/upload/{id}`, then
+ * `attachmentIds` on the message). Like the real server, a message the bot posts is broadcast back
+ * to it as `message.created`.
  *
  *   const chat = await startFakeMeepaChat({token: '1.secret'})
  *   // connector config: {type: meepachat, url: chat.gatewayUrl, bot_token: '1.secret'}
@@ -13,7 +15,15 @@ import {createServer, type IncomingMessage, type Server, type ServerResponse} fr
 import {createServer as createHttpsServer} from 'node:https'
 import {WebSocketServer, type WebSocket} from 'ws'
 import type {PlatformFaults} from './fake-http.js'
-import {closeFakeServer, createFaults, createWaiters, listenOnLoopback, readJson, sendJson} from './fake-http.js'
+import {
+  closeFakeServer,
+  createFaults,
+  createWaiters,
+  listenOnLoopback,
+  readJson,
+  readRaw,
+  sendJson,
+} from './fake-http.js'
 import {createFakeFiles, type FakeFiles} from './fake-files.js'
 
 export interface FakeChannel {
@@ -31,6 +41,18 @@ export interface PostedMessage {
   content: string
   path: string
   time: number
+  /** The uploads its attachmentIds named, with the bytes the server received. */
+  attachments?: FakeUpload[]
+}
+
+export interface FakeUpload {
+  id: string
+  filename: string
+  mimeType: string
+  /** Set once the multipart PUT arrived. */
+  data?: Buffer
+  /** The multipart part's own file name. */
+  partName?: string
 }
 
 export interface ClientFrame {
@@ -76,6 +98,10 @@ export interface FakeMeepaChat extends PlatformFaults {
   sendRaw(frame: unknown): void
   /** Current connections stop getting pongs and events (a connection that died silently). */
   stopAnswering(): void
+  /** Uploads bigger than this are answered 413 (as a server's body limit would). */
+  limitUploads(bytes: number | undefined): void
+  /** Every presigned upload, in order. */
+  readonly uploads: FakeUpload[]
   close(): Promise<void>
 }
 
@@ -103,6 +129,8 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
   let readyCount = 0
   let nextId = 1
   let refusing = false
+  let uploadLimit: number | undefined
+  const uploads: FakeUpload[] = []
   const {notify, waitFor} = createWaiters('fake MeepaChat')
 
   const authorized = (req: IncomingMessage) => req.headers.authorization === `Bot ${options.token}`
@@ -149,6 +177,33 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
     const url = new URL(req.url ?? '/', 'http://fake')
     if (files.serve(req, res, authorized(req))) return notify()
     if (!authorized(req)) return sendJson(res, 401, {error: 'unauthorized'})
+    if (req.method === 'POST' && url.pathname === '/api/attachments/presign') {
+      const body = await readJson(req)
+      if (typeof body?.filename !== 'string' || typeof body?.mimeType !== 'string')
+        return sendJson(res, 400, {error: 'filename and mimeType are required'})
+      const upload: FakeUpload = {id: `up${nextId++}`, filename: body.filename, mimeType: body.mimeType}
+      uploads.push(upload)
+      const uploadUrl = `http://${req.headers.host}/api/attachments/upload/${upload.id}`
+      return sendJson(res, 200, {data: {uploadId: upload.id, uploadUrl}})
+    }
+    const uploadPath = /^\/api\/attachments\/upload\/([^/]+)$/.exec(url.pathname)
+    if (req.method === 'PUT' && uploadPath) {
+      const upload = uploads.find((candidate) => candidate.id === decodeURIComponent(uploadPath[1] as string))
+      const raw = await readRaw(req)
+      if (!upload) return sendJson(res, 404, {error: 'unknown upload'})
+      if (uploadLimit !== undefined && raw.length > uploadLimit)
+        return sendJson(res, 413, {error: 'request entity too large'})
+      const form = await new Response(new Uint8Array(raw), {
+        headers: {'content-type': String(req.headers['content-type'])},
+      })
+        .formData()
+        .catch(() => undefined)
+      const file = form?.get('file')
+      if (!file || typeof file === 'string') return sendJson(res, 400, {error: 'multipart field "file" is required'})
+      upload.data = Buffer.from(await file.arrayBuffer())
+      upload.partName = file.name
+      return sendJson(res, 200, {data: {uploadId: upload.id}})
+    }
     const serverChannel = /^\/api\/servers\/([^/]+)\/channels\/([^/]+)\/messages$/.exec(url.pathname)
     const dmChannel = /^\/api\/dms\/([^/]+)\/messages$/.exec(url.pathname)
     if (req.method !== 'POST' || (!serverChannel && !dmChannel)) return sendJson(res, 404, {error: 'not found'})
@@ -170,6 +225,9 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
     if (!body || typeof body.content !== 'string' || !body.content)
       return sendJson(res, 400, {error: 'content is required'})
     if (body.content.length > 4000) return sendJson(res, 400, {error: 'content exceeds 4000 characters'})
+    const ids: unknown[] = Array.isArray(body.attachmentIds) ? body.attachmentIds : []
+    const attached = ids.map((uploadId) => uploads.find((upload) => upload.id === uploadId && upload.data))
+    if (attached.some((upload) => !upload)) return sendJson(res, 400, {error: 'unknown attachment id'})
     const id = `m${nextId++}`
     const post: PostedMessage = {
       id,
@@ -179,6 +237,7 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
       path: url.pathname,
       time: Date.now(),
       ...(body.threadId ? {threadId: body.threadId} : {}),
+      ...(attached.length > 0 ? {attachments: attached as FakeUpload[]} : {}),
     }
     posts.push(post)
     const message = messageObject({id, channelId, content: body.content, threadId: body.threadId, user: botUser})
@@ -323,6 +382,10 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
       for (const socket of sockets) muted.add(socket)
     },
     ...platformFaults,
+    limitUploads(bytes) {
+      uploadLimit = bytes
+    },
+    uploads,
     close: () => closeFakeServer(server, {wss, sockets}),
   }
 }

@@ -6,6 +6,8 @@
  * acknowledged (sent while no connection was open, or on one that dropped) is delivered again to
  * the next connection, with `retry_attempt` counting up to Slack's 3 retries. A bot's post is
  * echoed back as a `message` event with `bot_id`, as Slack does for subscribed channels.
+ * File uploads go the external way `files.uploadV2` takes: `files.getUploadURLExternal`, a POST of
+ * the bytes to the URL it returns (here), `files.completeUploadExternal` sharing them to a channel.
  *
  *   const slack = await startFakeSlack({botToken: 'xoxb-1', appToken: 'xapp-1'})
  *   // connector config: {type: slack, bot_token: 'xoxb-1', app_token: 'xapp-1', api_url: slack.apiUrl}
@@ -16,7 +18,15 @@ import {createServer, type IncomingMessage, type ServerResponse} from 'node:http
 import {WebSocketServer, type WebSocket} from 'ws'
 import {createFakeFiles, type FakeFiles} from './fake-files.js'
 import type {PlatformFaults} from './fake-http.js'
-import {closeFakeServer, createFaults, createWaiters, listenOnLoopback, readBody, sendJson} from './fake-http.js'
+import {
+  closeFakeServer,
+  createFaults,
+  createWaiters,
+  listenOnLoopback,
+  readBody,
+  readRaw,
+  sendJson,
+} from './fake-http.js'
 
 export interface SlackPost {
   channel: string
@@ -24,6 +34,12 @@ export interface SlackPost {
   thread_ts?: string
   ts: string
   time: number
+}
+
+export interface SlackFileShare {
+  channel: string
+  thread_ts?: string
+  files: Array<{id: string; name: string; data?: Buffer}>
 }
 
 export interface FakeSlack extends PlatformFaults {
@@ -64,6 +80,10 @@ export interface FakeSlack extends PlatformFaults {
   loseAcks(on: boolean): void
   /** Envelopes sent and not acknowledged. */
   readonly unacked: number
+  /** Files shared with files.completeUploadExternal, in order. */
+  readonly shares: SlackFileShare[]
+  /** Answer files.getUploadURLExternal with this error (e.g. missing_scope) until cleared. */
+  refuseUploadsWith(error: string | undefined): void
   close(): Promise<void>
 }
 
@@ -90,6 +110,9 @@ export async function startFakeSlack(options: {
   let refusing = false
   let losingAcks = false
   const owed = new Map<string, {envelope: Record<string, unknown>; retries: number}>()
+  const shares: SlackFileShare[] = []
+  const uploads = new Map<string, {name: string; length: number; data?: Buffer}>()
+  let uploadRefusal: string | undefined
   let sequence = 0
   const {notify, waitFor} = createWaiters('fake Slack')
   // a message's ts is its time, as on Slack (unique here by the sequence in its fraction)
@@ -154,6 +177,20 @@ export async function startFakeSlack(options: {
     const method = url.pathname.replace(/^\/api\//, '')
     calls.push(method)
     notify()
+    const uploadPath = /^\/upload\/(F\w+)$/.exec(url.pathname)
+    if (uploadPath) {
+      // the URL getUploadURLExternal handed out: multipart, the bytes in field `body`
+      const upload = uploads.get(uploadPath[1] as string)
+      const raw = await readRaw(req)
+      const form = await new Response(new Uint8Array(raw), {
+        headers: {'content-type': String(req.headers['content-type'])},
+      }).formData()
+      const part = form.get('body') ?? form.get('file')
+      if (!upload || !part || typeof part === 'string') return sendJson(res, 400, {error: 'bad upload'})
+      upload.data = Buffer.from(await part.arrayBuffer())
+      res.writeHead(200, {'content-type': 'text/plain'})
+      return res.end(`OK - ${upload.data.length}`)
+    }
     const params = await readParams(req)
     const token = /^Bearer (.+)$/.exec(req.headers.authorization ?? '')?.[1] ?? params.token
     const botAuthed = token === options.botToken
@@ -220,6 +257,30 @@ export async function startFakeSlack(options: {
         sendEnvelope({...message, channel: params.channel, channel_type: 'channel'})
         notify()
         return
+      }
+      case 'files.getUploadURLExternal': {
+        if (!botAuthed) return reply(res, {ok: false, error: 'invalid_auth'})
+        if (uploadRefusal)
+          return reply(res, {
+            ok: false,
+            error: uploadRefusal,
+            ...(uploadRefusal === 'missing_scope' ? {needed: 'files:write', provided: 'chat:write'} : {}),
+          })
+        if (!params.filename || !params.length) return reply(res, {ok: false, error: 'invalid_arguments'})
+        const fileId = `F${++sequence}`
+        uploads.set(fileId, {name: params.filename, length: Number(params.length)})
+        return reply(res, {ok: true, upload_url: `http://127.0.0.1:${port}/upload/${fileId}`, file_id: fileId})
+      }
+      case 'files.completeUploadExternal': {
+        if (!botAuthed) return reply(res, {ok: false, error: 'invalid_auth'})
+        const listed = (typeof params.files === 'string' ? JSON.parse(params.files) : params.files) as Array<{
+          id: string
+        }>
+        const files = listed.map(({id}) => ({id, name: uploads.get(id)?.name ?? '', data: uploads.get(id)?.data}))
+        if (files.some((file) => !file.data)) return reply(res, {ok: false, error: 'file_not_found'})
+        shares.push({channel: params.channel_id, ...(params.thread_ts ? {thread_ts: params.thread_ts} : {}), files})
+        notify()
+        return reply(res, {ok: true, files: files.map(({id, name}) => ({id, name, title: name}))})
       }
       default:
         return reply(res, {ok: false, error: 'unknown_method'})
@@ -319,6 +380,10 @@ export async function startFakeSlack(options: {
         timeoutMs,
         () => `${count} × ${method} (calls: ${calls.join(', ')})`,
       )
+    },
+    shares,
+    refuseUploadsWith(error) {
+      uploadRefusal = error
     },
     dropConnections() {
       for (const socket of sockets) socket.terminate()

@@ -1,6 +1,6 @@
 import type {ErrorCode} from '../util/errors.js'
 import type {ChatMessage, ChatRequest, ChatResponse, ToolDefinition} from '../shapes/provider-types.js'
-import type {AgentRunOutput} from '../shapes/agent-run-contract.js'
+import {MAX_FILE_PATH_LENGTH, MAX_FILES_IN_RESULT, type AgentRunOutput} from '../shapes/agent-run-contract.js'
 import {imageInputProblem, MAX_IMAGES_PER_MESSAGE} from '../shapes/image-input.js'
 
 /**
@@ -176,6 +176,15 @@ function outputProblem(output: unknown): string | undefined {
     !Array.isArray(output.tool_calls)
   )
     return 'stop_reason, iterations, tool_calls or ms is missing'
+  if (output.files !== undefined) {
+    const files = output.files
+    if (!Array.isArray(files) || files.length > MAX_FILES_IN_RESULT)
+      return `files is not an array of at most ${MAX_FILES_IN_RESULT}`
+    const bad = files.findIndex(
+      (file) => !isObject(file) || typeof file.path !== 'string' || file.path.length > MAX_FILE_PATH_LENGTH,
+    )
+    if (bad !== -1) return `files[${bad}] is not {path} (a path of at most ${MAX_FILE_PATH_LENGTH} characters)`
+  }
   const usage = output.usage
   return isObject(usage) && number(usage.input_tokens) && number(usage.output_tokens)
     ? undefined

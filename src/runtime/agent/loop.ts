@@ -30,6 +30,7 @@ export async function runAgentLoop(input: AgentRunInput, deps: AgentLoopDeps): P
   const history = deps.memory.history(channel)
   const usage: Usage = {input_tokens: 0, output_tokens: 0}
   const toolCalls: ToolCallRecord[] = []
+  const filesToSend: string[] = []
   let iterations = 0
   let reply: string | undefined
   let lastText = ''
@@ -60,6 +61,7 @@ export async function runAgentLoop(input: AgentRunInput, deps: AgentLoopDeps): P
         env: deps.env,
         redact: deps.redact,
         signal: deps.signal,
+        filesToSend,
       })
       const ms = Date.now() - toolStarted
       toolCalls.push({name: call.name, ok: result.ok, ms})
@@ -103,5 +105,6 @@ export async function runAgentLoop(input: AgentRunInput, deps: AgentLoopDeps): P
     tool_calls: toolCalls,
     usage,
     ms: Date.now() - started,
+    ...(filesToSend.length > 0 ? {files: filesToSend.map((file) => ({path: file}))} : {}),
   }
 }

@@ -21,6 +21,8 @@ export interface ToolContext {
   /** Applied to every tool output before the model or history sees it. */
   redact: (text: string) => string
   signal?: AbortSignal
+  /** Workspace-relative paths send_file asked for, in order; the gateway reads them after the run. */
+  filesToSend?: string[]
 }
 
 export interface ToolResult {
@@ -71,6 +73,12 @@ export const TOOL_DEFINITIONS: ToolDefinition[] = [
     name: 'memory_delete',
     description: 'Forget a remembered fact by its id.',
     parameters: {type: 'object', properties: {id: {type: 'number'}}, required: ['id']},
+  },
+  {
+    name: 'send_file',
+    description:
+      'Send a file from the workspace to the user with your reply (a report, a plot, a patched config). The path is relative to the workspace; the file is read when your reply is sent, so finish writing it first.',
+    parameters: {type: 'object', properties: {path: str}, required: ['path']},
   },
   {
     name: 'skill_read',
@@ -144,6 +152,8 @@ async function dispatch(name: string, args: Record<string, unknown>, context: To
       if (!Number.isInteger(id)) throw new ToolInputError('"id" must be an integer')
       return memory.deleteFact(id) ? `deleted fact ${id}` : `no fact with id ${id}`
     }
+    case 'send_file':
+      return requestFile(workspace, requireString(args, 'path'), context)
     case 'skill_read': {
       const wanted = requireString(args, 'name')
       const skill = (await listSkills(workspace)).find((candidate) => candidate.name === wanted)
@@ -155,6 +165,23 @@ async function dispatch(name: string, args: Record<string, unknown>, context: To
         `unknown tool "${name}"; available: ${TOOL_DEFINITIONS.map((tool) => tool.name).join(', ')}`,
       )
   }
+}
+
+/**
+ * Notes a file for the reply. Only the name is recorded: the gateway opens the file itself after
+ * the run, with its own checks (src/runtime/workspace/files.ts); this check just helps the model.
+ */
+function requestFile(workspace: string, requested: string, context: ToolContext): string {
+  const parts = requested.split(/[\\/]+/).filter((part) => part && part !== '.')
+  if (path.isAbsolute(requested) || parts.length === 0 || parts.includes('..'))
+    throw new ToolInputError(`"${requested}" is not a path inside the workspace; give one relative to it`)
+  const relative = parts.join('/')
+  const stat = fs.lstatSync(path.join(workspace, relative), {throwIfNoEntry: false})
+  if (!stat) throw new ToolInputError(`${relative} does not exist; write it first`)
+  if (!stat.isFile()) throw new ToolInputError(`${relative} is not a regular file (links and directories are not sent)`)
+  const files = (context.filesToSend ??= [])
+  if (!files.includes(relative)) files.push(relative)
+  return `${relative} (${stat.size} bytes) will be sent with your reply`
 }
 
 async function runShell(command: string, timeout: unknown, context: ToolContext): Promise<string> {

@@ -120,6 +120,10 @@ export const AGENT_FIELD_AUDIT: Record<string, FieldAudit<AgentConfig>> = {
   'limits.pids': raised,
   'limits.cpus': raised,
   'limits.disk': raised,
+  // more or bigger files per message: more of the agent's bytes read into the gateway and sent out
+  'attachments.max_file_size': raised,
+  'attachments.max_files': raised,
+  'attachments.max_total_size': raised,
   connectors: tlsVerificationOff, // who can message the agent is not what its runs reach; an unverified server is
   secrets: widened, // secrets its runs receive
 }

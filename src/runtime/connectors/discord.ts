@@ -23,6 +23,8 @@ import {ReconnectingConnector} from './reconnecting-connector.js'
 import {DeliveryError, retryableStatus} from './delivery-error.js'
 import {keepTyping} from './typing.js'
 import type {ConnectorContext, Conversation, ReplyPacing} from './types.js'
+import {refusalNote, type FileRefusal, type OutboundFile} from '../shapes/outbound-file.js'
+import {splitMessage} from './split-message.js'
 
 export const DISCORD_MESSAGE_LIMIT = 2000
 
@@ -195,6 +197,31 @@ export class DiscordConnector extends ReconnectingConnector {
     }
   }
 
+  /**
+   * Files each as their own message first (one refused, e.g. 413 over the upload limit, costs only
+   * itself), then the text with a note naming those refused; over REST, with or without a session.
+   */
+  protected async sendWithFiles(
+    conversation: Omit<Conversation, 'connector'>,
+    text: string,
+    files: OutboundFile[],
+  ): Promise<FileRefusal[]> {
+    const refused: FileRefusal[] = []
+    for (const file of files) {
+      try {
+        await this.rest.post(`/channels/${conversation.channelId}/messages`, {
+          body: {allowed_mentions: {parse: []}},
+          files: [{name: file.name, data: file.data, contentType: file.content_type}],
+        })
+      } catch (error) {
+        refused.push({name: file.name, reason: `Discord refused it: ${(error as Error).message}`})
+      }
+    }
+    for (const chunk of splitMessage(text + refusalNote(refused), DISCORD_MESSAGE_LIMIT))
+      await this.postMessage(conversation, chunk)
+    return refused
+  }
+
   private onMessage(client: Client, message: Message): void {
     if (client !== this.client || this.stopped) return
     if (message.author.bot || message.author.id === client.user?.id) return // its own replies and other bots: no loops
@@ -266,6 +293,7 @@ function describePostError(error: unknown, channelId: string): DeliveryError {
   return new DeliveryError(`cannot reach Discord: ${cause ?? (error as Error).message ?? String(error)}`, true)
 }
 
+/** Posts one file as a message attachment of the channel (a thread is a channel). */
 function describeLoginError(error: unknown): string {
   const code = (error as {code?: string}).code
   if (code === 'TokenInvalid') return 'Discord refused the bot token (TokenInvalid); check bot_token'

@@ -3,6 +3,7 @@ import {ConnectorStatus} from './connector-status.js'
 import {CatchUpGate} from './catch-up.js'
 import {splitMessage} from './split-message.js'
 import type {Connector, ConnectorContext, ConnectorState, Conversation, Delivery, ReplyPacing} from './types.js'
+import type {FileRefusal, OutboundFile} from '../shapes/outbound-file.js'
 
 /**
  * What the platform connectors share: names, the logged status, the reconnect backoff, the
@@ -69,10 +70,23 @@ export abstract class ReconnectingConnector implements Connector {
       send: async (text) => {
         for (const chunk of splitMessage(text, this.messageLimit)) await this.postMessage(conversation, chunk)
       },
+      ...(this.sendWithFiles
+        ? {sendWithFiles: (text: string, files: OutboundFile[]) => this.sendWithFiles!(conversation, text, files)}
+        : {}),
       startTyping,
       conversation: {connector: this.name, ...conversation},
     }
   }
+
+  /**
+   * The reply with files, through the platform's upload API, now (the outbox carries text only);
+   * returns the files the platform refused. Absent where the connector cannot upload.
+   */
+  protected sendWithFiles?(
+    conversation: Omit<Conversation, 'connector'>,
+    text: string,
+    files: OutboundFile[],
+  ): Promise<FileRefusal[]>
 
   protected abstract connect(): void | Promise<void>
 

@@ -9,6 +9,8 @@ import {listensTo} from './audience.js'
 import {ReconnectingConnector} from './reconnecting-connector.js'
 import {DeliveryError, retryableStatus} from './delivery-error.js'
 import type {ConnectorContext, Conversation, ReplyPacing} from './types.js'
+import {splitMessage} from './split-message.js'
+import {refusalNote, type FileRefusal, type OutboundFile} from '../shapes/outbound-file.js'
 
 export const SLACK_MESSAGE_LIMIT = 4000
 
@@ -298,6 +300,39 @@ export class SlackConnector extends ReconnectingConnector {
     }
   }
 
+  /**
+   * Files first, each shared into the conversation by its own upload, then the text with a note
+   * naming those Slack refused (a missing files:write scope, a file too big).
+   */
+  protected async sendWithFiles(
+    conversation: Omit<Conversation, 'connector'>,
+    text: string,
+    files: OutboundFile[],
+  ): Promise<FileRefusal[]> {
+    const refused: FileRefusal[] = []
+    for (const file of files) {
+      try {
+        await this.uploadFile(conversation.channelId, conversation.threadId, file)
+      } catch (error) {
+        refused.push({name: file.name, reason: describeUploadError(error)})
+      }
+    }
+    for (const chunk of splitMessage(text + refusalNote(refused), SLACK_MESSAGE_LIMIT))
+      await this.postMessage(conversation, chunk)
+    return refused
+  }
+
+  /**
+   * Uploads one file into the conversation (its thread when given) with the Web API's external
+   * upload: files.getUploadURLExternal, the bytes to the URL it returns, files.completeUploadExternal.
+   */
+  async uploadFile(channel: string, threadTs: string | undefined, file: OutboundFile): Promise<void> {
+    const upload = {file: file.data, filename: file.name, title: file.name}
+    await this.web.filesUploadV2(
+      threadTs ? {...upload, channel_id: channel, thread_ts: threadTs} : {...upload, channel_id: channel},
+    )
+  }
+
   /** The sender's display name via users.info, cached; the id when Slack will not say. */
   private async userName(userId: string): Promise<string> {
     const cached = this.userNames.get(userId)
@@ -313,6 +348,14 @@ export class SlackConnector extends ReconnectingConnector {
     this.userNames.set(userId, name)
     return name
   }
+}
+
+/** Why Slack did not take a file, naming the scope the app lacks when that is it. */
+function describeUploadError(error: unknown): string {
+  const data = (error as {data?: {error?: string; needed?: string}}).data
+  if (data?.error === 'missing_scope')
+    return `Slack refused it: the app lacks the ${data.needed ?? 'files:write'} scope (add it to the Slack app and reinstall it)`
+  return `Slack refused it: ${describeSlackError(error)}`
 }
 
 function describeSlackError(error: unknown): string {

@@ -1,11 +1,18 @@
 import type {AgentRunOutput, InboundMessage, MessageAttachment} from '../shapes/agent-run-contract.js'
 import type {IncomingFile} from './attachments.js'
 import type {CatchUpLimits} from './catch-up.js'
+import type {FileRefusal, OutboundFile} from '../shapes/outbound-file.js'
 
 /** How the gateway answers one inbound message on the platform it came from. */
 export interface Delivery {
   /** Sends the text now, split into as many ordered messages as the platform's size limit needs. */
   send(text: string): Promise<void>
+  /**
+   * Sends the text with files, through the platform's own upload API. A file the platform refuses
+   * never costs the text: it goes out with a note naming the file and the reason, and the refusal is
+   * returned. Absent where the conversation cannot carry files.
+   */
+  sendWithFiles?(text: string, files: OutboundFile[]): Promise<FileRefusal[]>
   /** Shows "typing…" until the returned function is called (no-op where the platform has none). */
   startTyping(): () => void
   /**

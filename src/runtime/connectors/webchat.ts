@@ -3,6 +3,7 @@ import type {InboundMessage} from '../shapes/agent-run-contract.js'
 import type {MessageDispatcher} from './types.js'
 import {bearerToken, MAX_BODY_BYTES, readJsonObject, sendJson} from '../http/json.js'
 import type {IncomingFile} from './attachments.js'
+import type {OutboundFile} from '../shapes/outbound-file.js'
 import {HttpError, type Router} from '../http/router.js'
 import type {ApiKeys} from '../state/api-keys.js'
 import type {RunRecords} from '../state/run-records.js'
@@ -52,6 +53,15 @@ export function webChatChannel(caller: ChatCaller, channel: string | undefined):
   return channel === undefined ? `api-${caller.id}` : `api-${caller.id}/${channel}`
 }
 
+function fileView(file: OutboundFile): {name: string; size: number; content_type: string; content_base64: string} {
+  return {
+    name: file.name,
+    size: file.size,
+    content_type: file.content_type,
+    content_base64: file.data.toString('base64'),
+  }
+}
+
 const STATUS_BY_OUTCOME = {ok: 200, failed: 502, interrupted: 503, rejected: 429} as const
 const MAX_ATTACHMENT_ENTRIES = 100
 
@@ -89,7 +99,7 @@ export function chatAttachments(value: unknown): IncomingFile[] {
 const MAX_MESSAGE_LENGTH = 100_000
 
 /**
- * `POST /api/chat {agent, message, channel?}` → `{reply, run_id}`, authenticated with an API
+ * `POST /api/chat {agent, message, channel?}` → `{reply, run_id, files?}`, authenticated with an API
  * key or the dashboard's session; `channel` names a conversation inside the caller's own. The
  * request waits for the run; a failed run answers 502 with the same short reply a chat user would
  * get, plus the error code.
@@ -125,12 +135,19 @@ export function mountWebChat(options: WebChatOptions): void {
         content: message,
       }
       let reply = ''
+      let sentFiles: OutboundFile[] = []
       const ticket = options.dispatcher.dispatch(
         agent,
         inbound,
         {
           send: async (text) => {
             reply = text
+          },
+          // the answer carries the files itself: nothing the platform could refuse
+          sendWithFiles: async (text, sent) => {
+            reply = text
+            sentFiles = sent
+            return []
           },
           startTyping: () => () => {},
         },
@@ -149,7 +166,14 @@ export function mountWebChat(options: WebChatOptions): void {
       sendJson(
         res,
         status,
-        {reply, run_id: outcome.runId, ...toolCalls, ...attachments, ...(error ? {error} : {})},
+        {
+          reply,
+          run_id: outcome.runId,
+          ...toolCalls,
+          ...attachments,
+          ...(sentFiles.length > 0 ? {files: sentFiles.map(fileView)} : {}),
+          ...(error ? {error} : {}),
+        },
         status === 429 ? {'retry-after': '30'} : {},
       )
     },

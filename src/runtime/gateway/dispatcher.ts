@@ -12,8 +12,10 @@ import type {
 import type {RunMessageResult} from '../runners/run-message.js'
 import {failure} from '../agent-run/output.js'
 import {abortSignalName} from '../util/subprocess.js'
-import type {RunRecords, RunStart} from '../state/run-records.js'
+import type {RunFile, RunRecords, RunStart} from '../state/run-records.js'
 import type {ReplyOutbox} from './reply-outbox.js'
+import type {FileToSend} from '../shapes/agent-run-contract.js'
+import {refusalNote, type FileRefusal, type OutboundFile} from '../shapes/outbound-file.js'
 import type {RunQueue} from './run-queue.js'
 import {BUSY_REPLY, EMPTY_REPLY, INTERRUPTED_REPLY, RESTARTING_REPLY, failureReply} from './user-replies.js'
 
@@ -50,7 +52,11 @@ export interface DispatcherOptions {
   onRecordWrite?: (error?: unknown) => void
   /** Where chat platform replies go (a Delivery with a `conversation`); without it they are sent directly. */
   outbox?: ReplyOutbox
+  /** The gateway's own read of the files a run asked to send (within the agent's caps); never throws. */
+  readFiles?: (agentId: string, requested: FileToSend[]) => {files: OutboundFile[]; refused: FileRefusal[]}
 }
+
+const NO_FILES_HERE = 'this conversation cannot carry files'
 
 /**
  * message → agent queue → run → reply through the same connector, with a run record for
@@ -228,8 +234,74 @@ export class Dispatcher implements MessageDispatcher {
       `run ${start.id}: agent ${start.agentId} via ${start.connector} ${status} in ${durationMs} ms (${level})` +
         (output.ok ? '' : `: ${output.error.code} ${output.error.message.split('\n')[0]}`),
     )
-    await this.deliver(start, delivery, reply)
-    return {runId: start.id, status, reply, output, ...(attachments ? {attachments} : {})}
+    const requested = output.ok ? (output.files ?? []) : []
+    if (requested.length === 0) {
+      await this.deliver(start, delivery, reply)
+      return {runId: start.id, status, reply, output, ...(attachments ? {attachments} : {})}
+    }
+    const sent = await this.deliverWithFiles(start, delivery, reply, requested)
+    return {runId: start.id, status, reply: sent, output, ...(attachments ? {attachments} : {})}
+  }
+
+  /**
+   * The reply with the files the run asked for: the gateway reads them (after the run, never
+   * through the agent), the connector uploads them; every file not sent is named in the text and
+   * recorded with its reason. Returns the text as sent.
+   */
+  private async deliverWithFiles(
+    start: RunStart,
+    delivery: Delivery,
+    reply: string,
+    requested: FileToSend[],
+  ): Promise<string> {
+    let read: {files: OutboundFile[]; refused: FileRefusal[]}
+    try {
+      read = this.options.readFiles?.(start.agentId, requested) ?? {files: [], refused: []}
+    } catch (error) {
+      read = {files: [], refused: requested.map(({path}) => ({name: path, reason: (error as Error).message}))}
+    }
+    let {files} = read
+    const refused = [...read.refused]
+    if (files.length > 0 && !delivery.sendWithFiles) {
+      refused.push(...files.map((file) => ({name: file.name, reason: NO_FILES_HERE})))
+      files = []
+    }
+    const text = reply + refusalNote(refused)
+    let refusedByPlatform: FileRefusal[] = []
+    if (files.length > 0 && delivery.sendWithFiles) {
+      try {
+        refusedByPlatform = await delivery.sendWithFiles(text, files)
+      } catch (error) {
+        this.options.log(
+          `run ${start.id}: could not send the reply via ${start.connector}: ${(error as Error).message}`,
+        )
+        refusedByPlatform = files.map((file) => ({name: file.name, reason: `not sent: ${(error as Error).message}`}))
+        // the text still goes out, through the outbox where the platform has one (files are not retried)
+        await this.deliver(start, delivery, text + refusalNote(refusedByPlatform))
+      }
+    } else {
+      await this.deliver(start, delivery, text)
+    }
+    const records: RunFile[] = [
+      ...files.map((file) => ({
+        direction: 'out' as const,
+        name: file.name,
+        size: file.size,
+        content_type: file.content_type,
+        skipped_reason: refusedByPlatform.find((refusal) => refusal.name === file.name)?.reason ?? null,
+      })),
+      ...refused.map((refusal) => ({
+        direction: 'out' as const,
+        name: refusal.name,
+        size: null,
+        content_type: null,
+        skipped_reason: refusal.reason,
+      })),
+    ]
+    for (const refusal of [...refused, ...refusedByPlatform])
+      this.options.log(`run ${start.id}: file ${JSON.stringify(refusal.name)} not sent: ${refusal.reason}`)
+    this.writeRecord(start.id, () => this.options.records.files(start.id, records))
+    return text + refusalNote(refusedByPlatform)
   }
 
   /** A message whose sender would now run it differently from this gateway: back to the sender unrun. */

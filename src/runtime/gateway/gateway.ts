@@ -20,6 +20,9 @@ import {isSqliteDamage} from '../state/sqlite-damage.js'
 import {GuardedGatewayDb} from '../state/db-guard.js'
 import type {GatewayDb} from '../state/gateway-db.js'
 import {RunRecords} from '../state/run-records.js'
+import {findAgent} from '../config/load.js'
+import {workspacePath} from '../workspace/location.js'
+import {readFilesToSend} from '../workspace/files-to-send.js'
 import {Dispatcher, type RunFunction} from './dispatcher.js'
 import {GatewayHealth} from './health.js'
 import {answerInterruptedRuns} from './restart-replies.js'
@@ -163,6 +166,9 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       },
       newRunId,
       log,
+      // with the config of now: a cap lowered while the run went on applies to what it sends
+      readFiles: (agentId, requested) =>
+        readFilesToSend(workspacePath(live.home, agentId), requested, findAgent(live, agentId).attachments),
       onRecordWrite: (error) => {
         if (error && isSqliteDamage(error)) guarded.suspect()
         health.recordWritten(error)

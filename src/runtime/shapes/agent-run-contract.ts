@@ -82,7 +82,21 @@ export interface AgentRunSuccess {
   tool_calls: ToolCallRecord[]
   usage: Usage
   ms: number
+  /**
+   * Files the agent asked to send with its reply (its send_file tool), by path relative to its
+   * workspace, in the order asked. Only names: the gateway reads each file itself after the run.
+   */
+  files?: FileToSend[]
 }
+
+export interface FileToSend {
+  path: string
+}
+
+/** At most this many files in one result; more is a broken protocol, not a request. */
+export const MAX_FILES_IN_RESULT = 1000
+/** A path in a result longer than this is a broken protocol (PATH_MAX). */
+export const MAX_FILE_PATH_LENGTH = 4096
 
 export interface AgentRunFailure {
   version: 1

@@ -134,9 +134,9 @@ export const MIGRATIONS: ReadonlyArray<{name: string; sql: string}> = [
         run_id TEXT NOT NULL,
         direction TEXT NOT NULL CHECK (direction IN ('in', 'out')),
         name TEXT NOT NULL,
-        size INTEGER NOT NULL,
-        content_type TEXT NOT NULL,
-        skipped_reason TEXT              -- NULL: it went through
+        size INTEGER,                    -- bytes; NULL when a refused file was never read
+        content_type TEXT,
+        skipped_reason TEXT              -- NULL: delivered; otherwise why it was not
       );
       CREATE INDEX run_files_by_run ON run_files (run_id);
     `,

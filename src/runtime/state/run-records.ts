@@ -37,8 +37,9 @@ export interface RunRecord {
 export interface RunFile {
   direction: 'in' | 'out'
   name: string
-  size: number
-  content_type: string
+  /** Null for a file the gateway refused without reading it (a link, a FIFO, past a cap). */
+  size: number | null
+  content_type: string | null
   /** Why it did not go through (over a cap, refused, failed); null when it did. */
   skipped_reason: string | null
 }
@@ -59,7 +60,12 @@ export function recordRunFiles(
   )
   db.transaction(() => {
     for (const file of files)
-      insert.run({runId, skipped_reason: null, ...file, size: Math.max(0, Math.round(file.size))})
+      insert.run({
+        runId,
+        skipped_reason: null,
+        ...file,
+        size: file.size === null ? null : Math.max(0, Math.round(file.size)),
+      })
   })()
 }
 
@@ -215,7 +221,6 @@ export class RunRecords {
       .all(connector, userId, limit) as RunRecord[]
   }
 
-  /** Newest first. */
   list(options: {agentId?: string; limit?: number} = {}): RunRecord[] {
     const limit = options.limit ?? 20
     if (options.agentId) {

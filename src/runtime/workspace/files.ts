@@ -15,7 +15,7 @@ import {randomHex} from '../util/random.js'
 /** Bigger workspace files are refused: the gateway puts them in memory and in API answers. */
 export const MAX_WORKSPACE_FILE_BYTES = 1024 * 1024
 
-const {O_RDONLY, O_WRONLY, O_CREAT, O_EXCL, O_NOFOLLOW, O_NONBLOCK} = fs.constants
+const {O_RDONLY, O_WRONLY, O_CREAT, O_EXCL, O_NOFOLLOW, O_NONBLOCK, O_DIRECTORY} = fs.constants
 
 function refuse(relative: string, problem: string): GatewayError {
   return new GatewayError(
@@ -291,5 +291,131 @@ export async function writeNewWorkspaceFile(
   } finally {
     fs.closeSync(fd)
     fs.rmSync(temp, {force: true})
+  }
+}
+
+/** How reading a file the agent named ended: its bytes, or why it was not read (never thrown). */
+export type AgentFileRead = {ok: true; data: Buffer} | {ok: false; reason: string; overLimit?: true}
+
+/** `/proc/self/fd/N/name` is openat(N, name): the kernel resolves name inside that directory. */
+const DESCRIPTOR_PATHS = fs.existsSync('/proc/self/fd')
+
+function openProblem(error: unknown, what: string): string {
+  switch ((error as NodeJS.ErrnoException).code) {
+    case 'ENOENT':
+      return `${what} does not exist`
+    case 'ELOOP':
+      return `${what} is a symbolic link`
+    case 'ENOTDIR':
+      return `${what} is not a directory`
+    case 'EACCES':
+    case 'EPERM':
+      return `the gateway may not read it`
+    default:
+      return `it cannot be opened (${(error as Error).message})`
+  }
+}
+
+/**
+ * Opens `parts` below `base` one component at a time, each relative to its parent's descriptor and
+ * with O_NOFOLLOW, so no symbolic link anywhere on the way is followed, however the agent swaps
+ * entries meanwhile. The file itself is lstat'ed first (a FIFO or device is never opened) and
+ * opened O_NONBLOCK.
+ */
+function openBeneath(base: string, parts: string[]): {fd: number; before: fs.Stats} | {problem: string} {
+  let dir = fs.openSync(base, O_RDONLY | O_DIRECTORY)
+  try {
+    for (const part of parts.slice(0, -1)) {
+      const entry = `/proc/self/fd/${dir}/${part}`
+      let next: number
+      try {
+        next = fs.openSync(entry, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK)
+      } catch (error) {
+        // O_DIRECTORY|O_NOFOLLOW answers ENOTDIR for a link: name what is there
+        const stat = (error as NodeJS.ErrnoException).code === 'ENOTDIR' ? lstatOrUndefined(entry) : undefined
+        return {problem: stat ? `a folder on its path is ${kindOf(stat)}` : openProblem(error, 'a folder on its path')}
+      }
+      fs.closeSync(dir)
+      dir = next
+    }
+    return openRegularEntry(`/proc/self/fd/${dir}/${parts.at(-1)}`)
+  } finally {
+    fs.closeSync(dir)
+  }
+}
+
+/** Where /proc is missing (macOS): every component lstat'ed, then the opened file's identity compared. */
+function openByCheckedPath(base: string, parts: string[]): {fd: number; before: fs.Stats} | {problem: string} {
+  let current = base
+  for (const part of parts.slice(0, -1)) {
+    current = path.join(current, part)
+    const stat = lstatOrUndefined(current)
+    if (!stat) return {problem: 'a folder on its path does not exist'}
+    if (!stat.isDirectory()) return {problem: `a folder on its path is ${kindOf(stat)}`}
+  }
+  return openRegularEntry(path.join(base, ...parts))
+}
+
+/** lstat first (a FIFO or device is never opened), then open without following or blocking. */
+function openRegularEntry(entry: string): {fd: number; before: fs.Stats} | {problem: string} {
+  try {
+    const before = fs.lstatSync(entry)
+    if (!before.isFile()) return {problem: `it is ${kindOf(before)}`}
+    return {fd: fs.openSync(entry, O_RDONLY | O_NOFOLLOW | O_NONBLOCK), before}
+  } catch (error) {
+    return {problem: openProblem(error, 'it')}
+  }
+}
+
+/**
+ * Reads a file the agent asked the gateway to send: a regular file below the workspace root, no
+ * symbolic link in any component, one name only (a hard link may be a file from outside the
+ * workspace: the agent cannot tell us which name is the original), at most `maxBytes`, read once
+ * with that bound (a file the agent grows meanwhile is refused, not read without end).
+ */
+export function readAgentFile(root: string, relative: string, maxBytes: number): AgentFileRead {
+  const parts = relative.split(/[\\/]+/).filter((part) => part && part !== '.')
+  if (path.isAbsolute(relative) || parts.length === 0 || parts.includes('..'))
+    return {ok: false, reason: 'it is not a path inside the workspace'}
+  let base: string
+  try {
+    base = realRoot(root)
+  } catch (error) {
+    return {ok: false, reason: (error as Error).message}
+  }
+  const opened = DESCRIPTOR_PATHS ? openBeneath(base, parts) : openByCheckedPath(base, parts)
+  if ('problem' in opened) return {ok: false, reason: opened.problem}
+  const {fd, before} = opened
+  try {
+    const stat = fs.fstatSync(fd)
+    if (!stat.isFile()) return {ok: false, reason: `it is ${kindOf(stat)}`}
+    if (stat.ino !== before.ino || stat.dev !== before.dev)
+      return {ok: false, reason: 'it was replaced while the gateway opened it'}
+    if (stat.nlink > 1)
+      return {
+        ok: false,
+        reason: `it has ${stat.nlink - 1} other hard link(s) and may be a file from outside the workspace`,
+      }
+    if (stat.size > maxBytes)
+      return {ok: false, reason: `it is ${stat.size} bytes, over the limit of ${maxBytes}`, overLimit: true}
+    // one byte more than the limit allows tells a file that grew past it while being read
+    let buffer = Buffer.allocUnsafe(Math.min(stat.size, maxBytes) + 1)
+    let length = 0
+    for (;;) {
+      if (length === buffer.length) {
+        if (length > maxBytes)
+          return {ok: false, reason: `it grew past the limit of ${maxBytes} bytes while being read`, overLimit: true}
+        // it grew, still within the limit: only then is anything copied
+        buffer = Buffer.concat([buffer, Buffer.allocUnsafe(Math.min(length * 2, maxBytes + 1) - length)])
+      }
+      const read = fs.readSync(fd, buffer, length, buffer.length - length, null)
+      if (read === 0) break
+      length += read
+    }
+    return {ok: true, data: buffer.subarray(0, length)}
+  } catch (error) {
+    return {ok: false, reason: `it cannot be read (${(error as Error).message})`}
+  } finally {
+    fs.closeSync(fd)
   }
 }

@@ -25,6 +25,31 @@ describe('agent tools', () => {
     fs.rmSync(workspace, {recursive: true, force: true})
   })
 
+  it('send_file notes a workspace file for the reply once, and refuses what is not one', async () => {
+    fs.mkdirSync(path.join(workspace, 'out'))
+    fs.writeFileSync(path.join(workspace, 'out', 'plot.png'), 'png')
+    fs.symlinkSync('/etc/passwd', path.join(workspace, 'link'))
+    const asked: string[] = []
+    const withOutbox = {...context, filesToSend: asked}
+    expect(await runTool('send_file', {path: './out//plot.png'}, withOutbox)).toEqual({
+      ok: true,
+      output: 'out/plot.png (3 bytes) will be sent with your reply',
+    })
+    await runTool('send_file', {path: 'out/plot.png'}, withOutbox)
+    for (const [bad, why] of [
+      ['../escape', /not a path inside the workspace/],
+      ['/etc/passwd', /not a path inside the workspace/],
+      ['missing.txt', /does not exist; write it first/],
+      ['link', /not a regular file/],
+      ['out', /not a regular file/],
+    ] as const) {
+      const result = await runTool('send_file', {path: bad}, withOutbox)
+      expect(result.ok).toBe(false)
+      expect(result.output).toMatch(why)
+    }
+    expect(asked).toEqual(['out/plot.png'])
+  })
+
   it('has exactly the contract tool names', () => {
     expect(TOOL_DEFINITIONS.map((tool) => tool.name)).toEqual([
       'shell',
@@ -34,6 +59,7 @@ describe('agent tools', () => {
       'memory_store',
       'memory_search',
       'memory_delete',
+      'send_file',
       'skill_read',
     ])
   })

@@ -225,10 +225,15 @@ describeWithChromium('Captain dashboard in a browser', () => {
     await browser.screenshot('captain-container-deleted')
   }, 240_000)
 
-  it('chats with an agent through the web chat connector and shows the tool calls with the reply', async () => {
+  it('chats with an agent through the web chat connector and shows the tool calls and sent files with the reply', async () => {
     llm.reset()
     llm.enqueue(
-      {toolCalls: [{name: 'write_file', arguments: {path: 'note.txt', content: 'written from the dashboard'}}]},
+      {
+        toolCalls: [
+          {name: 'write_file', arguments: {path: 'note.txt', content: 'written from the dashboard'}},
+          {name: 'send_file', arguments: {path: 'note.txt'}},
+        ],
+      },
       {text: 'I wrote note.txt for you.'},
     )
     await logIn()
@@ -241,12 +246,18 @@ describeWithChromium('Captain dashboard in a browser', () => {
     await reply.waitFor({timeout: 25_000})
     expect(await reply.textContent()).toContain('I wrote note.txt for you.')
     expect(await page.textContent('.msg.agent .tools')).toContain('write_file')
+    // the file it sent, as a download that the browser saves rather than renders
+    const link = page.locator('.msg.agent .files a')
+    expect(await link.textContent()).toBe('↓ note.txt (26 B)')
+    expect(await link.getAttribute('download')).toBe('note.txt')
     expect(fs.readFileSync(path.join(home.workspace('meepa'), 'note.txt'), 'utf8')).toBe('written from the dashboard')
     await browser.screenshot('captain-chat')
     // the run is on the overview with its outcome
     await page.click('a[data-nav="overview"]')
     await page.waitForSelector('tr[data-run]')
-    expect(await page.textContent('table.runs tbody tr:first-child')).toMatch(/meepa.*webchat.*ok/s)
+    expect(await page.textContent('table.runs tbody tr:first-child')).toMatch(
+      /meepa.*webchat.*ok.*↑ note\.txt \(26 B, text\/plain\)/s,
+    )
     await browser.screenshot('captain-overview-runs')
   }, 60_000)
 

@@ -58,6 +58,9 @@ const AGENT_LOOSENINGS: Record<string, {before?: Raw; after: Raw}> = {
   'limits.pids': {after: {limits: {pids: 100_000}}},
   'limits.cpus': {after: {limits: {cpus: 16}}},
   'limits.disk': {after: {limits: {disk: '100g'}}},
+  'attachments.max_file_size': {after: {attachments: {max_file_size: '1g'}}},
+  'attachments.max_files': {after: {attachments: {max_files: 500}}},
+  'attachments.max_total_size': {after: {attachments: {max_total_size: '4g'}}},
   secrets: {after: {secrets: ['AWS_SECRET_ACCESS_KEY']}},
   connectors: {
     before: {connectors: [{type: 'meepachat', url: 'wss://chat.example/api/bot-gateway', bot_token: '1.x'}]},

@@ -1,0 +1,173 @@
+import {describe, expect, it} from 'vitest'
+import type {FakeLlm} from '../../fakes/llm-server.js'
+import {startFakeMeepaChat} from '../../fakes/meepachat-server.js'
+import {startFakeDiscord} from '../../fakes/discord-server.js'
+import {startFakeSlack} from '../../fakes/slack-server.js'
+import {RunRecords} from '../../../src/runtime/state/run-records.js'
+import {fakeLlmForTests} from '../../helpers/fake-llm-for-tests.js'
+import {closeAfterEachTest, startTestGateway} from '../gateway/helpers.js'
+import {waitFor} from '../../helpers/wait-for.js'
+
+// Real agent runs (unrestricted) with the fake LLM scripting send_file; the files go out through
+// each platform's own upload API, spoken by its wire fake.
+let llm: FakeLlm
+fakeLlmForTests((started) => (llm = started))
+const closeAfterTest = closeAfterEachTest()
+
+const REPORT = 'line one\nline two\n'
+
+/** The agent writes report.txt (and big.bin when asked), sends them, then answers. */
+function scriptAgentSendingFiles(extra: Array<{name: string; arguments: Record<string, unknown>}> = []): void {
+  llm.enqueue(
+    {
+      toolCalls: [
+        {name: 'write_file', arguments: {path: 'out/report.txt', content: REPORT}},
+        {name: 'send_file', arguments: {path: 'out/report.txt'}},
+        ...extra,
+      ],
+    },
+    {text: 'Here is the report.'},
+  )
+}
+
+async function gatewayFor(connector: Record<string, unknown>, attachments?: Record<string, unknown>) {
+  return closeAfterTest(
+    await startTestGateway({
+      agents: [{id: 'filer', connectors: [connector], ...(attachments ? {attachments} : {})}],
+      llmBaseUrl: llm.openaiBaseUrl,
+    }),
+  )
+}
+
+/** The files recorded for the newest run, once written (after the reply went out). */
+function outboundRecords(gateway: Awaited<ReturnType<typeof gatewayFor>>) {
+  return waitFor('the run files record', () => new RunRecords(gateway.gateway.db).listWithFiles()[0]?.files)
+}
+
+describe('files an agent sends go out through each platform (wire fakes)', () => {
+  it('MeepaChat: presign, multipart upload, then attachmentIds on the reply, and the record lists the file', async () => {
+    const chat = closeAfterTest(await startFakeMeepaChat({token: '1.t'}))
+    const gateway = await gatewayFor({type: 'meepachat', url: chat.gatewayUrl, bot_token: '1.t'})
+    await chat.waitForReadyCount(1)
+    scriptAgentSendingFiles()
+    chat.userSays({channelId: 'general', content: 'send me the report', threadId: 'p1'})
+    const [post] = await chat.waitForPosts(1)
+    expect(post).toMatchObject({content: 'Here is the report.', threadId: 'p1'})
+    expect(post?.attachments?.map((upload) => [upload.filename, upload.mimeType, upload.partName])).toEqual([
+      ['report.txt', 'text/plain', 'report.txt'],
+    ])
+    expect(post?.attachments?.[0]?.data?.toString()).toBe(REPORT)
+    await gateway.waitForLog(/filer via meepachat ok/)
+    expect(await outboundRecords(gateway)).toEqual([
+      {direction: 'out', name: 'report.txt', size: REPORT.length, content_type: 'text/plain', skipped_reason: null},
+    ])
+  })
+
+  it('MeepaChat: an upload the server refuses (413) keeps the reply, with a note naming the file, and is recorded', async () => {
+    const chat = closeAfterTest(await startFakeMeepaChat({token: '1.t'}))
+    const gateway = await gatewayFor({type: 'meepachat', url: chat.gatewayUrl, bot_token: '1.t'})
+    await chat.waitForReadyCount(1)
+    chat.limitUploads(10)
+    scriptAgentSendingFiles()
+    chat.userSays({channelId: 'general', content: 'send me the report'})
+    const [post] = await chat.waitForPosts(1)
+    expect(post?.attachments).toBeUndefined()
+    expect(post?.content).toMatch(/^Here is the report\.\n\n\(File not sent: report\.txt: .*HTTP 413.*too large/)
+    await gateway.waitForLog(/file "report.txt" not sent/)
+    expect((await outboundRecords(gateway))?.[0]).toMatchObject({
+      direction: 'out',
+      name: 'report.txt',
+      size: REPORT.length,
+      skipped_reason: expect.stringMatching(/HTTP 413/),
+    })
+  })
+
+  it('files the gateway refuses (a link swapped in after send_file, over the count cap) are named in the reply and recorded', async () => {
+    const chat = closeAfterTest(await startFakeMeepaChat({token: '1.t'}))
+    const gateway = await gatewayFor(
+      {type: 'meepachat', url: chat.gatewayUrl, bot_token: '1.t'},
+      {max_files: 2, max_file_size: '1m', max_total_size: '2m'},
+    )
+    await chat.waitForReadyCount(1)
+    scriptAgentSendingFiles([
+      {name: 'write_file', arguments: {path: 'swapped.txt', content: 'three'}},
+      {name: 'send_file', arguments: {path: 'swapped.txt'}},
+      // after the tool's own check: the gateway must not follow what the agent swaps in
+      {name: 'shell', arguments: {command: 'rm swapped.txt && ln -s /etc/passwd swapped.txt'}},
+      {name: 'write_file', arguments: {path: 'second.txt', content: 'two'}},
+      {name: 'send_file', arguments: {path: 'second.txt'}},
+      {name: 'write_file', arguments: {path: 'third.txt', content: 'three'}},
+      {name: 'send_file', arguments: {path: 'third.txt'}},
+    ])
+    chat.userSays({channelId: 'general', content: 'files please'})
+    const [post] = await chat.waitForPosts(1)
+    expect(post?.attachments?.map((upload) => upload.filename)).toEqual(['report.txt', 'second.txt'])
+    expect(post?.content).toContain('(File not sent: swapped.txt: it is a symbolic link.)')
+    expect(post?.content).toContain('(File not sent: third.txt: over the limit of 2 files per message')
+    expect(post?.content).not.toContain('root:')
+    expect((await outboundRecords(gateway))?.map((file) => [file.name, file.skipped_reason === null])).toEqual([
+      ['report.txt', true],
+      ['second.txt', true],
+      ['swapped.txt', false],
+      ['third.txt', false],
+    ])
+  })
+
+  it('Discord: the file as a message attachment; a 413 keeps the reply with a note', async () => {
+    const discord = closeAfterTest(await startFakeDiscord({token: 'MTIz.d.t'}))
+    const gateway = await gatewayFor({type: 'discord', bot_token: 'MTIz.d.t', guild_ids: [], api_url: discord.apiUrl})
+    await gateway.waitForLog(/filer\/discord: connected/)
+    scriptAgentSendingFiles()
+    discord.userSays({channelId: '1001', content: 'report?'})
+    const posts = await discord.waitForPosts(2)
+    expect(posts[0]?.attachments?.map((file) => [file.name, file.data.toString()])).toEqual([['report.txt', REPORT]])
+    expect(posts[1]?.content).toBe('Here is the report.')
+
+    discord.limitUploads(10)
+    scriptAgentSendingFiles()
+    discord.userSays({channelId: '1001', content: 'again'})
+    const [, , refusedReply] = await discord.waitForPosts(3)
+    expect(refusedReply?.content).toMatch(
+      /^Here is the report\.\n\n\(File not sent: report\.txt: Discord refused it: .*too large/i,
+    )
+  })
+
+  it('Slack: files.uploadV2 into the thread; a missing files:write scope is named in the reply', async () => {
+    const slack = closeAfterTest(await startFakeSlack({botToken: 'xoxb-1', appToken: 'xapp-1'}))
+    const gateway = await gatewayFor({type: 'slack', bot_token: 'xoxb-1', app_token: 'xapp-1', api_url: slack.apiUrl})
+    await slack.waitForHelloCount(1)
+    scriptAgentSendingFiles()
+    const ts = slack.userSays({channel: 'C1', text: 'report?'})
+    const [reply] = await slack.waitForPosts(1)
+    expect(reply).toMatchObject({text: 'Here is the report.', thread_ts: ts})
+    expect(slack.shares).toHaveLength(1)
+    expect(slack.shares[0]).toMatchObject({channel: 'C1', thread_ts: ts})
+    expect(slack.shares[0]?.files.map((file) => [file.name, file.data?.toString()])).toEqual([['report.txt', REPORT]])
+
+    slack.refuseUploadsWith('missing_scope')
+    scriptAgentSendingFiles()
+    slack.userSays({channel: 'C1', text: 'again'})
+    const [, refusedReply] = await slack.waitForPosts(2)
+    expect(refusedReply?.text).toMatch(
+      /^Here is the report\.\n\n\(File not sent: report\.txt: Slack refused it: the app lacks the files:write scope/,
+    )
+    expect(slack.shares).toHaveLength(1)
+    await gateway.waitForLog(/file "report.txt" not sent: Slack refused it/)
+  })
+
+  it('web chat: the files in the JSON answer, base64', async () => {
+    const gateway = closeAfterTest(await startTestGateway({agents: [{id: 'filer'}], llmBaseUrl: llm.openaiBaseUrl}))
+    scriptAgentSendingFiles()
+    const {status, body} = await gateway.chat({agent: 'filer', message: 'report?'})
+    expect(status).toBe(200)
+    expect(body.reply).toBe('Here is the report.')
+    expect(body.files).toEqual([
+      {
+        name: 'report.txt',
+        size: REPORT.length,
+        content_type: 'text/plain',
+        content_base64: Buffer.from(REPORT).toString('base64'),
+      },
+    ])
+  })
+})
