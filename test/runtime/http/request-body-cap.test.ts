@@ -24,7 +24,11 @@ fakeLlmForTests((started) => (llm = started))
 
 beforeAll(async () => {
   const port = await freePort()
-  home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1', attachments: {max_total_size: '256k'}}], {captain: {enabled: true, bind: '127.0.0.1', port}}))
+  home = makeHome(
+    fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1', attachments: {max_total_size: '256k'}}], {
+      captain: {enabled: true, bind: '127.0.0.1', port},
+    }),
+  )
   adminKey = (
     JSON.parse((await runCli(['api-key', 'create', 'ops', '--admin', '--json'], {home: home.home})).stdout) as {
       key: string
