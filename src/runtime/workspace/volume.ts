@@ -39,9 +39,21 @@ export const MIN_VOLUME_BYTES = 1024 ** 2
 export function volumeUnavailable(): string | undefined {
   if (process.platform !== 'linux') return 'not Linux'
   if (process.getuid?.() !== 0) return 'the gateway is not root (mounting a filesystem needs root)'
+  if (!inInitialUserNamespace())
+    return 'the gateway is root only inside a user namespace (mounting a loop device needs the host root)'
   if (!fs.existsSync('/dev/loop-control')) return 'this host has no loop devices (/dev/loop-control)'
   if (!toolPath('mkfs.ext4')) return 'mkfs.ext4 is not installed (Debian: apt-get install e2fsprogs)'
   return undefined
+}
+
+/** uid 0 mapped to the host's uid 0 over the whole range: not a user namespace's own root. */
+function inInitialUserNamespace(): boolean {
+  try {
+    const map = fs.readFileSync('/proc/self/uid_map', 'utf8').trim().split(/\s+/)
+    return map[0] === '0' && map[1] === '0' && map[2] === '4294967295'
+  } catch {
+    return false
+  }
 }
 
 /** Where an agent's workspace image lives: in the home, never inside a workspace. */

@@ -11,6 +11,7 @@ import {fakeLlmConfig, makeHome, type TestHome} from '../../helpers/home.js'
 import {describeWithChromium, openBrowser, type BrowserSession} from './browser.js'
 import {startCaptain} from './helpers.js'
 import {CaptainAuthStore} from '../../../src/runtime/captain/auth-store.js'
+import {waitFor} from '../../helpers/wait-for.js'
 
 const PASSWORD = 'browser test password'
 
@@ -135,8 +136,10 @@ describeWithChromium('Captain dashboard in a browser', () => {
     )
     await page.fill('#soul', '# Soul\n\nYou are Scout, a careful explorer.\n')
     await page.click('#save-soul')
-    await page.getByText('Saved', {exact: false}).first().waitFor()
-    expect(fs.readFileSync(path.join(home.workspace('scout'), 'SOUL.md'), 'utf8')).toContain('careful explorer')
+    // the agent's first save makes its workspace (a volume of its own under root): wait for the file
+    const soulPath = path.join(home.workspace('scout'), 'SOUL.md')
+    const soul = await waitFor('SOUL.md saved', () => fs.existsSync(soulPath) && fs.readFileSync(soulPath, 'utf8'))
+    expect(soul).toContain('careful explorer')
     await browser.screenshot('captain-agent')
     await page.uncheck('#unrestricted')
     await page.click('#save-agent')

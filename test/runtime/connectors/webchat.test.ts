@@ -96,7 +96,7 @@ describe('HTTP listener and web chat', () => {
       await fetch(`${test.gateway.url}/api/chat/runs`, {headers: {authorization: `Bearer ${test.apiKey}`}})
     ).json()) as Array<Record<string, unknown>>
     expect(runs).toMatchObject([{id: body.run_id, status: 'failed', error_code: 'E_PROVIDER'}])
-    expect(JSON.stringify(runs)).not.toMatch(/ECONNREFUSED|529/)
+    expect(JSON.stringify(runs)).not.toMatch(/ECONNREFUSED|overloaded/) // (ids and times may hold any digits)
   })
 
   it('lets other parts of the gateway mount routes on the same listener', async () => {

@@ -109,6 +109,8 @@ describe.runIf(process.platform === 'linux' && root)(
       'a send SIGKILLed after it made the run cgroups but before it spawned: the next send removes them (the record must exist by then)',
       async () => {
         const {home, env, tmp} = setup()
+        // the workspace first (under root it is a volume, made with child processes of its own)
+        await execa(process.execPath, [BIN, 'agent', 'create', 'a1'], {env: {MEEPAGATEWAY_HOME: home.home, ...env}})
         // SIGKILL at the first socketpair(): node:child_process makes the run's stdio pipes with it, right before fork
         const killed = await execa(
           'strace',
