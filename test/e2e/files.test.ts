@@ -100,7 +100,7 @@ describe('files in through serve and the web chat, at every isolation level', {t
     ])
     const human = await runCli(['runs', '--agent', 'open'], {home: home.home})
     expect(human.stdout).toContain('2 in')
-    expect(human.stdout).toMatch(/in +notes\.txt 24 bytes application\/octet-stream/)
+    expect(human.stdout).toContain('in "notes.txt" 24 B application/octet-stream')
     expect(human.stdout).not.toContain('notes for the open agent')
   })
 
