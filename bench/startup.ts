@@ -238,8 +238,13 @@ const gatewayRss = {
 gateway.kill('SIGTERM')
 await gateway
 await llm.close()
-fs.rmSync(home, {recursive: true, force: true})
-fs.rmSync(servedHome, {recursive: true, force: true})
+// under a root gateway each workspace is a mounted volume of its own: unmount them first
+for (const dir of [home, servedHome]) {
+  const mounts = fs.readFileSync('/proc/self/mountinfo', 'utf8').split('\n')
+  for (const point of mounts.map((line) => line.split(' ')[4]).filter((point) => point?.startsWith(`${dir}/`)))
+    await execa('umount', ['-l', point as string], {reject: false})
+  fs.rmSync(dir, {recursive: true, force: true})
+}
 
 const median = (name: string) => results[name]?.median ?? Number.NaN
 const node = median('node_e_0')
