@@ -23,8 +23,7 @@ import {ReconnectingConnector} from './reconnecting-connector.js'
 import {DeliveryError, retryableStatus} from './delivery-error.js'
 import {keepTyping} from './typing.js'
 import type {ConnectorContext, Conversation, ReplyPacing} from './types.js'
-import {refusalNote, type FileRefusal, type OutboundFile} from '../shapes/outbound-file.js'
-import {splitMessage} from './split-message.js'
+import type {FileRefusal, OutboundFile} from '../shapes/outbound-file.js'
 
 export const DISCORD_MESSAGE_LIMIT = 2000
 
@@ -206,20 +205,17 @@ export class DiscordConnector extends ReconnectingConnector {
     text: string,
     files: OutboundFile[],
   ): Promise<FileRefusal[]> {
-    const refused: FileRefusal[] = []
-    for (const file of files) {
-      try {
-        await this.rest.post(`/channels/${conversation.channelId}/messages`, {
+    return this.uploadEachThenText(
+      conversation,
+      text,
+      files,
+      async (file) =>
+        void (await this.rest.post(`/channels/${conversation.channelId}/messages`, {
           body: {allowed_mentions: {parse: []}},
           files: [{name: file.name, data: file.data, contentType: file.content_type}],
-        })
-      } catch (error) {
-        refused.push({name: file.name, reason: `Discord refused it: ${(error as Error).message}`})
-      }
-    }
-    for (const chunk of splitMessage(text + refusalNote(refused), DISCORD_MESSAGE_LIMIT))
-      await this.postMessage(conversation, chunk)
-    return refused
+        })),
+      (error) => `Discord refused it: ${(error as Error).message}`,
+    )
   }
 
   private onMessage(client: Client, message: Message): void {

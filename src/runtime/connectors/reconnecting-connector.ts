@@ -3,7 +3,7 @@ import {ConnectorStatus} from './connector-status.js'
 import {CatchUpGate} from './catch-up.js'
 import {splitMessage} from './split-message.js'
 import type {Connector, ConnectorContext, ConnectorState, Conversation, Delivery, ReplyPacing} from './types.js'
-import type {FileRefusal, OutboundFile} from '../shapes/outbound-file.js'
+import {refusalNote, type FileRefusal, type OutboundFile} from '../shapes/outbound-file.js'
 
 /**
  * What the platform connectors share: names, the logged status, the reconnect backoff, the
@@ -76,6 +76,30 @@ export abstract class ReconnectingConnector implements Connector {
       startTyping,
       conversation: {connector: this.name, ...conversation},
     }
+  }
+
+  /**
+   * Each file uploaded on its own (one refused costs only itself), then the text, split to the
+   * platform's limit, with a note naming those refused; returns the refusals.
+   */
+  protected async uploadEachThenText(
+    conversation: Omit<Conversation, 'connector'>,
+    text: string,
+    files: OutboundFile[],
+    upload: (file: OutboundFile) => Promise<void>,
+    reasonOf: (error: unknown) => string,
+  ): Promise<FileRefusal[]> {
+    const refused: FileRefusal[] = []
+    for (const file of files) {
+      try {
+        await upload(file)
+      } catch (error) {
+        refused.push({name: file.name, reason: reasonOf(error)})
+      }
+    }
+    for (const chunk of splitMessage(text + refusalNote(refused), this.messageLimit))
+      await this.postMessage(conversation, chunk)
+    return refused
   }
 
   /**

@@ -9,8 +9,7 @@ import {listensTo} from './audience.js'
 import {ReconnectingConnector} from './reconnecting-connector.js'
 import {DeliveryError, retryableStatus} from './delivery-error.js'
 import type {ConnectorContext, Conversation, ReplyPacing} from './types.js'
-import {splitMessage} from './split-message.js'
-import {refusalNote, type FileRefusal, type OutboundFile} from '../shapes/outbound-file.js'
+import type {FileRefusal, OutboundFile} from '../shapes/outbound-file.js'
 
 export const SLACK_MESSAGE_LIMIT = 4000
 
@@ -309,17 +308,13 @@ export class SlackConnector extends ReconnectingConnector {
     text: string,
     files: OutboundFile[],
   ): Promise<FileRefusal[]> {
-    const refused: FileRefusal[] = []
-    for (const file of files) {
-      try {
-        await this.uploadFile(conversation.channelId, conversation.threadId, file)
-      } catch (error) {
-        refused.push({name: file.name, reason: describeUploadError(error)})
-      }
-    }
-    for (const chunk of splitMessage(text + refusalNote(refused), SLACK_MESSAGE_LIMIT))
-      await this.postMessage(conversation, chunk)
-    return refused
+    return this.uploadEachThenText(
+      conversation,
+      text,
+      files,
+      (file) => this.uploadFile(conversation.channelId, conversation.threadId, file),
+      describeUploadError,
+    )
   }
 
   /**
