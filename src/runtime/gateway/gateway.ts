@@ -8,7 +8,14 @@ import {startHttpListener, type HttpListener} from '../http/server.js'
 import {recordListening} from '../http/listening-record.js'
 import {newRunId, runMessage} from '../runners/run-message.js'
 import {reclaimAbandonedRuns} from '../run-lifecycle/reclaim-runs.js'
-import {abandonEngineWork, probeEngine, stopStandbyAgentRuns, stopStandbyContainers} from '../runners/index.js'
+import {
+  abandonEngineWork,
+  probeEngine,
+  stopStandbyAgentRuns,
+  stopStandbyContainers,
+  watchConfiguredEngines,
+} from '../runners/index.js'
+import {insecureEngines} from '../config/load.js'
 import {isolationLevelFor} from '../shapes/isolation-level.js'
 import {ApiKeys, takeLegacyKeysNotice} from '../state/api-keys.js'
 import {isSqliteDamage} from '../state/sqlite-damage.js'
@@ -284,6 +291,11 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     }
     for (const connector of connectors) connector.start()
     health.watch()
+    for (const name of insecureEngines(config))
+      log(
+        `gateway: warning: engine ${name} is reached without TLS (insecure: true): anyone who reaches its port can run anything there`,
+      )
+    void watchConfiguredEngines(config)
     const restartReplies = answerInterruptedRuns({records, connectors, log, signal: orphanCheck.signal}).catch(
       (error: Error) => log(`gateway: could not send the replies owed from before the restart: ${error.message}`),
     )
