@@ -21,7 +21,7 @@ import {makeWorkspaceDirectory, removeWorkspaceEntry, writeWorkspaceFile} from '
 const SYNC_DIR = '.meepa-sync'
 
 /** path -> [size, mtimeMs, 'f' | 'd'] of the host's regular files and directories. */
-type Snapshot = Record<string, [number, number, 'f' | 'd']>
+export type Snapshot = Record<string, [number, number, 'f' | 'd']>
 
 /** The regular files and directories of the workspace; links, FIFOs and devices are never sent. */
 export function snapshotWorkspace(root: string): Snapshot {
@@ -62,6 +62,7 @@ export function syncedVolume(home: string, engine: string, homeLabel: string, ag
 }
 
 function remember(state: SyncedVolume, snapshot: Snapshot | undefined): void {
+  state.synced = snapshot
   if (!snapshot) {
     fs.rmSync(state.file, {force: true})
     return
@@ -233,6 +234,23 @@ export async function pullWorkspace(
       .map((name) => safeName(name))
       .filter(Boolean),
   )
+  const received = applyChanges(options.workspace, changes, present, state.synced, options)
+  remember(state, snapshotWorkspace(options.workspace))
+  return {received}
+}
+
+/**
+ * Applies a run's change tar to the host workspace: files and folders through the no-follow
+ * writer, anything else logged and skipped; names the host had (`synced`) that are not `present`
+ * in the volume any more are removed. Returns how many files were written.
+ */
+export function applyChanges(
+  workspace: string,
+  changes: Buffer,
+  present: ReadonlySet<string | undefined>,
+  synced: Snapshot | undefined,
+  options: {maxBytes: number; log: (line: string) => void},
+): number {
   let received = 0
   const skip = (entry: TarEntry, why: string) =>
     options.log(`workspace sync: not brought back: ${JSON.stringify(entry.name)} ${why}`)
@@ -243,21 +261,20 @@ export async function pullWorkspace(
       continue
     }
     try {
-      if (entry.type === '5') makeWorkspaceDirectory(options.workspace, name)
+      if (entry.type === '5') makeWorkspaceDirectory(workspace, name)
       else if (entry.type === '0') {
-        writeWorkspaceFile(options.workspace, name, entry.data, {mode: entry.mode & 0o777})
+        writeWorkspaceFile(workspace, name, entry.data, {mode: entry.mode & 0o777})
         received++
-      } else skip(entry, `is not a regular file or directory (tar type ${entry.type})`)
+      } else skip(entry, `is not a regular file or folder (tar type ${entry.type})`)
     } catch (error) {
       skip(entry, toGatewayError(error).message)
     }
   }
-  for (const name of Object.keys(state.synced ?? {})
+  for (const name of Object.keys(synced ?? {})
     .sort()
     .reverse())
-    if (!present.has(name)) removeWorkspaceEntry(options.workspace, name)
-  remember(state, snapshotWorkspace(options.workspace))
-  return {received}
+    if (!present.has(name)) removeWorkspaceEntry(workspace, name)
+  return received
 }
 
 /** `docker cp SRC -`, bounded: an archive over `maxBytes` is refused, not buffered. */
