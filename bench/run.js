@@ -26,6 +26,8 @@ const SUITE = {
     'a cold container message with `network: none` against `network: host` before issue 11 (ARGS: a built checkout of the previous commit; Docker)',
   'gateway-webchat':
     '20 agents x 5 messages through the web chat of a real `serve`, against `runMessage` directly (issue 5)',
+  'remote-engine':
+    'a container message on a remote engine (mutual TLS, loopback) against the local engine, unchanged 50 MB workspace (issue 24; Docker, root)',
   'workspace-handover':
     "/healthz and another agent's job while a root gateway hands a hostile 300,000-file workspace over (issue 27; root)",
 }

@@ -134,6 +134,40 @@ describeWithDocker('container runs on a remote engine over mutual TLS (own engin
     expect(fs.lstatSync(path.join(workspace('far'), 'planted')).isSymbolicLink()).toBe(true)
   }, 120_000)
 
+  it('sends no provider key to the remote engine: not in the container, its environment, argv or volume', async () => {
+    const key = 'sk-fake-test-key-123456' // what startServe gives FAKE_LLM_KEY
+    const running = serve!.chat('far', 'RUN: env && cat /proc/1/cmdline && sleep 3 && echo finished')
+    const inspected = await waitFor(
+      'the run container on the remote engine',
+      async () => {
+        const ids = (await engine.docker(['ps', '-q', '--filter', 'label=meepagateway.agent=far'])).stdout.trim()
+        return ids && (await engine.docker(['inspect', ...ids.split('\n')])).stdout
+      },
+      20_000,
+    )
+    expect(inspected).toContain('"Image"')
+    expect(inspected).not.toContain(key)
+    const reply = await running
+    expect(reply.reply).toContain('finished')
+    expect(reply.reply).not.toContain(key)
+    const volume = (await engine.docker(['volume', 'ls', '-q'])).stdout
+      .split('\n')
+      .find((name) => name.endsWith('-far'))
+    const grep = await engine.docker([
+      'run',
+      '--rm',
+      '-v',
+      `${volume}:/w`,
+      '--entrypoint',
+      'grep',
+      BASE_IMAGE,
+      '-r',
+      key,
+      '/w',
+    ])
+    expect(grep.exitCode, grep.stdout).toBe(1) // grep: nothing found
+  }, 120_000)
+
   it('refuses an engine whose certificate the CA did not sign, saying so', async () => {
     const tls = engine.tls!
     const cli = new DockerCli({
