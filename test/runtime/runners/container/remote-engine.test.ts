@@ -39,25 +39,17 @@ describeWithDocker('container runs on a remote engine over mutual TLS (own engin
   }
   /** Which engine served the last run that logged "running on engine". */
   const lastEngine = () => [...serve!.output().matchAll(/running on engine (\S+)/g)].at(-1)?.[1]
-  /** What the agent's volume on the remote engine holds. */
-  const volumeFiles = async (agent: string) => {
+  /** A command of the base image run over the agent's volume (at /w) on the remote engine. */
+  const inVolume = async (agent: string, command: string, ...args: string[]) => {
     const volume = (await engine.docker(['volume', 'ls', '-q'])).stdout
       .split('\n')
       .find((name) => name.endsWith(`-${agent}`))
-    if (!volume) return []
-    const listed = await engine.docker([
-      'run',
-      '--rm',
-      '-v',
-      `${volume}:/w`,
-      '--entrypoint',
-      'ls',
-      BASE_IMAGE,
-      '-A',
-      '/w',
-    ])
-    return listed.stdout.split('\n').filter(Boolean)
+    if (!volume) throw new Error(`no volume of ${agent} on the remote engine`)
+    return engine.docker(['run', '--rm', '-v', `${volume}:/w`, '--entrypoint', command, BASE_IMAGE, ...args])
   }
+  /** What the agent's volume on the remote engine holds. */
+  const volumeFiles = async (agent: string) =>
+    (await inVolume(agent, 'ls', '-A', '/w')).stdout.split('\n').filter(Boolean)
 
   beforeAll(async () => {
     engine = await startOwnEngine({tls: true, port: await freePort()})
@@ -150,21 +142,7 @@ describeWithDocker('container runs on a remote engine over mutual TLS (own engin
     const reply = await running
     expect(reply.reply).toContain('finished')
     expect(reply.reply).not.toContain(key)
-    const volume = (await engine.docker(['volume', 'ls', '-q'])).stdout
-      .split('\n')
-      .find((name) => name.endsWith('-far'))
-    const grep = await engine.docker([
-      'run',
-      '--rm',
-      '-v',
-      `${volume}:/w`,
-      '--entrypoint',
-      'grep',
-      BASE_IMAGE,
-      '-r',
-      key,
-      '/w',
-    ])
+    const grep = await inVolume('far', 'grep', '-r', key, '/w')
     expect(grep.exitCode, grep.stdout).toBe(1) // grep: nothing found
   }, 120_000)
 
