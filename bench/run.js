@@ -30,6 +30,8 @@ const SUITE = {
     'a message with one 1 MB attachment in a running gateway, against the same message without it (issue 23)',
   'warm-levels':
     'a web-chat message through `serve` with standbys, unrestricted / host sandbox / container side by side (issue 25)',
+  'remote-engine':
+    'a container message on a remote engine (mutual TLS, loopback) against the local engine, unchanged 50 MB workspace (issue 24; Docker, root)',
   'workspace-handover':
     "/healthz and another agent's job while a root gateway hands a hostile 300,000-file workspace over (issue 27; root)",
 }

@@ -1,5 +1,5 @@
 import {afterAll, beforeAll, beforeEach} from 'vitest'
-import {startFakeLlm, type FakeLlm} from '../fakes/llm-server.js'
+import {startFakeLlm, type FakeLlm, type FakeRequest, type ScriptedTurn} from '../fakes/llm-server.js'
 
 /**
  * One fake LLM for the tests of the file (or `describe` block) this is called in: started before
@@ -16,4 +16,15 @@ export function fakeLlmForTests(use: (llm: FakeLlm) => void, options: {resetBefo
     await llm?.close()
   })
   if (options.resetBeforeEach) beforeEach(() => llm?.reset())
+}
+
+/** "RUN: <command>" makes the agent run it in its shell, then answer with its output; anything else gets "pong". */
+export function shellScripted(request: FakeRequest): ScriptedTurn {
+  const messages = request.body.messages as Array<{role: string; content: unknown}>
+  const last = messages.at(-1)
+  if (last?.role === 'tool') return {text: `tool said: ${String(last.content)}`}
+  const content = typeof last?.content === 'string' ? last.content : ''
+  if (content.startsWith('RUN: '))
+    return {toolCalls: [{name: 'shell', arguments: {command: content.slice(5), timeout_seconds: 60}}]}
+  return {text: 'pong'}
 }

@@ -24,6 +24,82 @@ export interface OwnEngine {
   restart(): Promise<void>
   /** Removes every container, stops the engine and deletes its directories. */
   destroy(): Promise<void>
+  /** With `tls: true`: where it also listens (tcp://127.0.0.1:PORT, mutual TLS) and the client's files. */
+  tls?: EngineTls
+}
+
+/** PEM files made with openssl for one test engine: its CA, a client pair it accepts, and a CA it does not match. */
+export interface EngineTls {
+  host: string
+  ca: string
+  cert: string
+  key: string
+  /** A CA that did not sign the engine's certificate (a client trusting it must refuse the engine). */
+  otherCa: string
+}
+
+function openssl(args: string[], cwd: string): void {
+  const result = spawnSync('openssl', args, {cwd, encoding: 'utf8'})
+  if (result.status !== 0) throw new Error(`openssl ${args.join(' ')} failed: ${result.stderr}`)
+}
+
+/** A CA, the server's certificate (for 127.0.0.1) and a client certificate, all signed by it; and another CA. */
+function makeCertificates(dir: string): {
+  server: {ca: string; cert: string; key: string}
+  client: Omit<EngineTls, 'host'>
+} {
+  fs.mkdirSync(dir, {recursive: true, mode: 0o700})
+  // a self-signed CA certificate, or a request for one to sign
+  const newKey = (name: string, selfSigned: boolean) =>
+    openssl(
+      [
+        'req',
+        ...(selfSigned ? ['-x509', '-days', '2'] : []),
+        '-newkey',
+        'rsa:2048',
+        '-nodes',
+        '-subj',
+        `/CN=${name}`,
+        '-keyout',
+        `${name}-key.pem`,
+        '-out',
+        selfSigned ? `${name}.pem` : `${name}.csr`,
+      ],
+      dir,
+    )
+  newKey('ca', true)
+  newKey('other-ca', true)
+  const signed = (name: string, extensions: string) => {
+    newKey(name, false)
+    fs.writeFileSync(path.join(dir, `${name}.ext`), extensions)
+    openssl(
+      [
+        'x509',
+        '-req',
+        '-in',
+        `${name}.csr`,
+        '-CA',
+        'ca.pem',
+        '-CAkey',
+        'ca-key.pem',
+        '-CAcreateserial',
+        '-days',
+        '2',
+        '-extfile',
+        `${name}.ext`,
+        '-out',
+        `${name}.pem`,
+      ],
+      dir,
+    )
+  }
+  signed('server', 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n')
+  signed('client', 'extendedKeyUsage=clientAuth\n')
+  const at = (name: string) => path.join(dir, name)
+  return {
+    server: {ca: at('ca.pem'), cert: at('server.pem'), key: at('server-key.pem')},
+    client: {ca: at('ca.pem'), cert: at('client.pem'), key: at('client-key.pem'), otherCa: at('other-ca.pem')},
+  }
 }
 
 /** overlay2 when the temp dir's filesystem allows it (as scripts/ci/docker-up.sh decides), else vfs. */
@@ -47,14 +123,33 @@ function execaSyncOk(bin: string, args: string[]): boolean {
   return spawnSync(bin, args, {stdio: 'ignore'}).status === 0
 }
 
-export async function startOwnEngine(): Promise<OwnEngine> {
+export async function startOwnEngine(options: {tls?: boolean; port?: number} = {}): Promise<OwnEngine> {
   // short: the engine's sockets live under it and unix socket paths are limited to 107 bytes
   const dir = tempDir('meng-')
   const host = `unix://${dir}/docker.sock`
   const env = {DOCKER_HOST: host}
+  let tls: EngineTls | undefined
+  const tlsArgs: string[] = []
+  if (options.tls) {
+    const made = makeCertificates(path.join(dir, 'certs'))
+    tls = {host: `tcp://127.0.0.1:${options.port}`, ...made.client}
+    // the test's own calls keep the unix socket; the gateway reaches it over TCP with mutual TLS
+    tlsArgs.push(
+      '--host',
+      tls.host,
+      '--tlsverify',
+      '--tlscacert',
+      made.server.ca,
+      '--tlscert',
+      made.server.cert,
+      '--tlskey',
+      made.server.key,
+    )
+  }
   const args = [
     '--host',
     host,
+    ...tlsArgs,
     '--data-root',
     `${dir}/root`,
     '--exec-root',
@@ -91,6 +186,7 @@ export async function startOwnEngine(): Promise<OwnEngine> {
   }
   const engine: OwnEngine = {
     host,
+    tls,
     get pid() {
       return daemon?.pid as number
     },

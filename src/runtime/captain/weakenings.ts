@@ -1,4 +1,4 @@
-import type {AgentConfig, ImageConfig} from '../config/types.js'
+import type {AgentConfig, EngineConfig, ImageConfig} from '../config/types.js'
 import {isolationLevelFor} from '../shapes/isolation-level.js'
 
 /** What a change of one field gives up, in words; undefined when the change gives up nothing. */
@@ -108,6 +108,7 @@ export const AGENT_FIELD_AUDIT: Record<string, FieldAudit<AgentConfig>> = {
   'container_mode.cpus': raised,
   'container_mode.user': pointedElsewhere, // root, or a uid that owns files on the host
   'container_mode.standby': NEUTRAL, // when the next container starts, not what it may do
+  'container_mode.engines': widened, // more machines its runs (and its workspace) may go to
   'file_access.unrestricted': isolationLowered,
   'file_access.allow_read': widened,
   'file_access.allow_read_write': widened,
@@ -140,6 +141,22 @@ export const IMAGE_CONFIG_FIELD_AUDIT: Record<string, FieldAudit<ImageConfig>> =
   redact_secrets: turnedOff,
 }
 
+/**
+ * The same for each entry of the gateway's `engines:` list (config.yaml only, never the API): an
+ * engine reached without TLS, or another host or CA, is another machine the runs trust.
+ */
+export const ENGINE_FIELD_AUDIT: Record<string, FieldAudit<EngineConfig>> = {
+  name: NEUTRAL, // what agents' container_mode.engines call it
+  host: pointedElsewhere, // another machine gets the runs and the workspaces
+  context: pointedElsewhere,
+  kind: NEUTRAL, // docker or podman: the same hardening is asked of both
+  max_runs: NEUTRAL, // how many at once, not what each may do
+  'tls.ca': pointedElsewhere, // whom the gateway believes to be the engine
+  'tls.cert': pointedElsewhere,
+  'tls.key': pointedElsewhere,
+  insecure: turnedOn, // tcp:// without TLS: anyone on the path owns the engine
+}
+
 function weakenings<T>(table: Record<string, FieldAudit<T>>, before: T, after: T): string[] {
   const found = new Set<string>()
   for (const [field, audit] of Object.entries(table)) {
@@ -156,4 +173,8 @@ export function agentWeakenings(before: AgentConfig, after: AgentConfig): string
 
 export function imageConfigWeakenings(before: ImageConfig, after: ImageConfig): string[] {
   return weakenings(IMAGE_CONFIG_FIELD_AUDIT, before, after)
+}
+
+export function engineWeakenings(before: EngineConfig, after: EngineConfig): string[] {
+  return weakenings(ENGINE_FIELD_AUDIT, before, after)
 }

@@ -11,7 +11,7 @@ import {recalled, remember} from '../util/remembered.js'
 import {writeWholeFile} from '../util/write-whole-file.js'
 import {validateConfigSchema} from './config-validator.js'
 import {DEFAULT_AGENT, DEFAULT_CAPTAIN, DEFAULT_CONFIG_YAML, DEFAULT_GATEWAY, DEFAULT_IMAGE_CONFIG} from './defaults.js'
-import type {AgentConfig, GatewayConfig, LoadedConfig} from './types.js'
+import type {AgentConfig, EngineConfig, GatewayConfig, LoadedConfig} from './types.js'
 
 export interface LoadConfigOptions {
   /** --config: an explicit file, which must exist. */
@@ -236,6 +236,7 @@ interface RawConfig {
   gateway?: Partial<GatewayConfig['gateway']>
   agent_defaults?: Partial<AgentConfig>
   agents?: RawAgent[]
+  engines?: Array<Partial<EngineConfig> & {name: string}>
 }
 
 function crossCheck(raw: RawConfig): string[] {
@@ -257,7 +258,47 @@ function crossCheck(raw: RawConfig): string[] {
     if (earlier === undefined) seen.set(agent.id, index)
     else problems.push(`agents[${index}].id: "${agent.id}" is already used by agents[${earlier}]`)
   }
+  problems.push(...engineProblems(raw))
   return problems
+}
+
+/** What makes the `engines:` list unusable: each problem names the entry and the fix. */
+function engineProblems(raw: RawConfig): string[] {
+  const problems: string[] = []
+  const engines = raw.engines ?? []
+  const names = new Set<string>()
+  for (const [index, engine] of engines.entries()) {
+    const at = `engines[${index}]`
+    if (names.has(engine.name)) problems.push(`${at}.name: "${engine.name}" is already used by another engine`)
+    names.add(engine.name)
+    if ((engine.host === undefined) === (engine.context === undefined))
+      problems.push(`${at}: give exactly one of host (unix://, tcp://, ssh://) or context (a docker context name)`)
+    const tcp = engine.host?.startsWith('tcp://') ?? false
+    if (tcp && !engine.tls && engine.insecure !== true)
+      problems.push(
+        `${at}.host: ${engine.host} without tls: {ca, cert, key} lets anyone who reaches the port run anything on that machine; add tls (mutual TLS), or set insecure: true to accept that`,
+      )
+    if (engine.tls && !tcp) problems.push(`${at}.tls: only a tcp:// host speaks TLS`)
+    if (engine.host?.startsWith('ssh://') || engine.kind === 'podman')
+      problems.push(`${at}: ${engine.kind === 'podman' ? 'kind: podman' : 'ssh:// hosts'} are not supported yet`)
+    if (engine.context !== undefined) problems.push(`${at}.context: docker contexts are not supported yet; give host`)
+  }
+  const checkAllowed = (list: string[] | undefined, at: string) => {
+    for (const name of list ?? [])
+      if (!names.has(name))
+        problems.push(
+          `${at}.container_mode.engines: "${name}" is not in engines:${names.size > 0 ? ` (known: ${[...names].join(', ')})` : ' (the list is empty)'}`,
+        )
+  }
+  checkAllowed(raw.agent_defaults?.container_mode?.engines, 'agent_defaults')
+  for (const [index, agent] of (raw.agents ?? []).entries())
+    checkAllowed(agent.container_mode?.engines, `agents[${index}]`)
+  return problems
+}
+
+/** The engines whose traffic anyone on the network can read and take over (insecure: true). */
+export function insecureEngines(config: GatewayConfig): string[] {
+  return (config.engines ?? []).filter((engine) => engine.insecure).map((engine) => engine.name)
 }
 
 function resolveConfig(raw: RawConfig): GatewayConfig {
@@ -272,8 +313,21 @@ function resolveConfig(raw: RawConfig): GatewayConfig {
     image_config: {...DEFAULT_IMAGE_CONFIG, ...raw.image_config},
     gateway: {...DEFAULT_GATEWAY, ...raw.gateway},
     agents: (raw.agents ?? []).map((agent) => resolveAgent(agent, defaults)),
+    ...(raw.engines && raw.engines.length > 0
+      ? {
+          engines: raw.engines.map((engine) => ({
+            ...engine,
+            kind: engine.kind ?? 'docker',
+            max_runs: engine.max_runs ?? DEFAULT_ENGINE_MAX_RUNS,
+            insecure: engine.insecure ?? false,
+          })),
+        }
+      : {}),
   }
 }
+
+/** Runs at once on an engine whose max_runs is unset. */
+export const DEFAULT_ENGINE_MAX_RUNS = 8
 
 /** agent field > agent_defaults > built-in default; nested sections merge field by field. */
 export function resolveAgent(agent: RawAgent, defaults: Partial<AgentConfig>): AgentConfig {

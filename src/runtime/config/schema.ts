@@ -32,6 +32,32 @@ const containerModeSchema = {
     cpus: {type: 'number', exclusiveMinimum: 0},
     user: {type: 'string', pattern: '^[0-9]+(:[0-9]+)?$'},
     standby: {type: 'boolean'},
+    // names from the gateway's `engines:` list this agent's runs may go to (default: any)
+    engines: {type: 'array', items: {type: 'string', minLength: 1}, minItems: 1},
+  },
+}
+
+const absolutePath = {type: 'string', pattern: '^/'} as const
+
+/** One Docker engine container runs may go to (docs/architecture.md, "Engines"). */
+const engineSchema = {
+  type: 'object',
+  additionalProperties: false,
+  required: ['name'],
+  properties: {
+    name: {type: 'string', pattern: '^[a-z0-9][a-z0-9-]{0,30}$'},
+    host: {type: 'string', pattern: '^(unix|tcp|ssh)://'},
+    context: {type: 'string', minLength: 1},
+    kind: {enum: ['docker', 'podman']},
+    max_runs: {type: 'integer', minimum: 1},
+    tls: {
+      type: 'object',
+      additionalProperties: false,
+      required: ['ca', 'cert', 'key'],
+      // absolute paths of PEM files on the gateway's machine
+      properties: {ca: absolutePath, cert: absolutePath, key: absolutePath},
+    },
+    insecure: {type: 'boolean'},
   },
 }
 
@@ -214,6 +240,7 @@ export const CONFIG_SCHEMA = {
         reply_delivery_minutes: {type: 'number', exclusiveMinimum: 0},
       },
     },
+    engines: {type: 'array', items: engineSchema},
     agent_defaults: {type: 'object', additionalProperties: false, properties: agentFields},
     agents: {
       type: 'array',

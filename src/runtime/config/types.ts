@@ -55,6 +55,25 @@ export interface ContainerModeConfig {
   user?: string
   /** Under `serve`, keep the agent's next container started and waiting (see the container runner). */
   standby: boolean
+  /** Names from the gateway's `engines:` its runs may go to; unset: any of them. */
+  engines?: string[]
+}
+
+/**
+ * A Docker engine container runs may go to: `host` (unix://, tcp:// with mutual TLS, ssh://) or a
+ * docker `context`. Without an `engines:` list the local engine (DOCKER_HOST, else the default socket) runs everything.
+ */
+export interface EngineConfig {
+  name: string
+  host?: string
+  context?: string
+  kind: 'docker' | 'podman'
+  /** Runs at once on this engine; a full engine gets no new run. */
+  max_runs: number
+  /** Paths of the PEM files: the CA the engine's certificate must be signed by, and the client's pair. */
+  tls?: {ca: string; cert: string; key: string}
+  /** tcp:// without TLS: anyone who reaches the port owns the engine (flagged by config check and serve). */
+  insecure: boolean
 }
 
 /**
@@ -133,6 +152,8 @@ export interface GatewayConfig {
   captain: CaptainConfig
   image_config: ImageConfig
   agents: AgentConfig[]
+  /** Unset or empty: the local engine only. */
+  engines?: EngineConfig[]
   gateway: {
     max_concurrent_runs: number
     queue_limit: number

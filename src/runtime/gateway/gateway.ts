@@ -12,8 +12,15 @@ import {startHttpListener, type HttpListener} from '../http/server.js'
 import {recordListening} from '../http/listening-record.js'
 import {newRunId, runMessage} from '../runners/run-message.js'
 import {reclaimAbandonedRuns} from '../run-lifecycle/reclaim-runs.js'
-import {abandonEngineWork, probeEngine, stopStandbyAgentRuns, stopStandbyContainers} from '../runners/index.js'
+import {
+  abandonEngineWork,
+  probeEngine,
+  stopStandbyAgentRuns,
+  stopStandbyContainers,
+  watchConfiguredEngines,
+} from '../runners/index.js'
 import {setStandbyBudget, standbyUsage} from '../runners/standby-budget.js'
+import {insecureEngines} from '../config/load.js'
 import {isolationLevelFor} from '../shapes/isolation-level.js'
 import {ApiKeys, takeLegacyKeysNotice} from '../state/api-keys.js'
 import {isSqliteDamage} from '../state/sqlite-damage.js'
@@ -327,6 +334,11 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     for (const connector of connectors) connector.start()
     outbox.resume()
     health.watch()
+    for (const name of insecureEngines(config))
+      log(
+        `gateway: warning: engine ${name} is reached without TLS (insecure: true): anyone who reaches its port can run anything there`,
+      )
+    void watchConfiguredEngines(config)
     try {
       answerInterruptedRuns({records, connectors, outbox, log})
     } catch (error) {

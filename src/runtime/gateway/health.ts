@@ -1,6 +1,6 @@
 import fs from 'node:fs'
 import type {Connector} from '../connectors/types.js'
-import {dockerEngineProblem} from '../runners/container/engine-health.js'
+import {dockerEngineProblem, downEngineReasons} from '../runners/container/engine-health.js'
 
 /** Below this much free space in the gateway's home, new records and histories are about to fail. */
 const LOW_DISK_BYTES = 16 * 1024 * 1024
@@ -101,6 +101,7 @@ export class GatewayHealth {
     const undeliverable = this.undeliverableSince(Date.now() - UNDELIVERABLE_DEGRADES_MS)
     if (undeliverable > 0)
       reasons.push(`replies undeliverable: ${undeliverable} in the last hour (see \`meepagateway runs\`)`)
+    if (this.sources.usesContainers()) reasons.push(...downEngineReasons())
     for (const connector of this.sources.connectors?.() ?? []) {
       const problem = connector.problem
       if (problem) reasons.push(`connector ${connector.name} ${problem}`)

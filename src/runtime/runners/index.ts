@@ -1,4 +1,4 @@
-import type {IsolationLevel} from '../config/types.js'
+import type {GatewayConfig, IsolationLevel} from '../config/types.js'
 import {GatewayError} from '../util/errors.js'
 import type {Runner} from './types.js'
 
@@ -41,4 +41,9 @@ export async function abandonEngineWork(): Promise<string[]> {
  */
 export async function probeEngine(signal?: AbortSignal): Promise<void> {
   return (await import('./container/engine-probe.js')).probeEngine(signal)
+}
+
+/** Starts asking each engine of the config's `engines:` list whether it answers (see container/engines.ts). */
+export async function watchConfiguredEngines(config: GatewayConfig): Promise<void> {
+  if (config.engines && config.engines.length > 0) (await import('./container/engines.js')).watchEngines(config)
 }

@@ -38,7 +38,7 @@ export interface SubprocessOptions {
   /** One entry per descriptor from fd 0 (default: stdin ignored, stdout and stderr piped). */
   stdio?: StdioOptions
   /** Written to stdin, which is then closed (needs stdio[0] 'pipe'). */
-  input?: string
+  input?: string | Buffer
   /**
    * Whether piped stdout/stderr are kept for the result (default both); a caller reading a stream
    * itself says false.

@@ -419,3 +419,19 @@ export function readAgentFile(root: string, relative: string, maxBytes: number):
     fs.closeSync(fd)
   }
 }
+
+/** Makes the directory `relative` (and its parents) without following anything below the root. */
+export function makeWorkspaceDirectory(root: string, relative: string): void {
+  const parts = partsOf(relative)
+  const base = realRoot(root)
+  checkDirectories(base, [...parts, '.'], relative, true)
+}
+
+/** Removes `relative` (a directory with what it holds) without following a link anywhere below the root. */
+export function removeWorkspaceEntry(root: string, relative: string): void {
+  const parts = partsOf(relative)
+  const base = realRoot(root)
+  if (checkDirectories(base, parts, relative, false) === undefined) return
+  // rmSync unlinks a link it meets, never what it points to
+  fs.rmSync(path.join(base, ...parts), {recursive: true, force: true})
+}

@@ -46,6 +46,9 @@ export const DOCKER_CLI_ENV_NAMES = [
   'no_proxy',
 ]
 
+/** Variables that pick an engine: left out when the CLI is given its engine by flags. */
+const ENGINE_CHOICE_ENV_NAMES = ['DOCKER_HOST', 'DOCKER_CONTEXT', 'DOCKER_CERT_PATH', 'DOCKER_TLS_VERIFY']
+
 export interface DockerCliOptions {
   /** The docker executable; default $MEEPAGATEWAY_DOCKER_BIN, then `docker` on PATH. */
   bin?: string
@@ -53,12 +56,17 @@ export interface DockerCliOptions {
   baseEnv?: NodeJS.ProcessEnv
   /** Deadline for calls that set none. */
   defaultTimeoutMs?: number
+  /**
+   * Global flags naming the engine (`--host tcp://… --tlsverify --tlscacert …`: paths, never a
+   * secret) before every subcommand; the CLI's own DOCKER_HOST/DOCKER_CONTEXT/TLS variables are then dropped.
+   */
+  engineArgs?: string[]
 }
 
 export interface DockerCallOptions {
   timeoutMs?: number
   signal?: AbortSignal
-  input?: string
+  input?: string | Buffer
   /** Leaves stdin a pipe for the caller to write (a `docker run -i` whose input comes later). */
   openStdin?: boolean
   /** stdout is read by the caller as it comes (agent-run's LLM channel) and not buffered in the result. */
@@ -88,8 +96,10 @@ export class DockerCli {
   readonly binFromEnv: boolean
   private readonly baseEnv: NodeJS.ProcessEnv
   private readonly defaultTimeoutMs: number
+  readonly engineArgs: string[]
 
   constructor(options: DockerCliOptions = {}) {
+    this.engineArgs = options.engineArgs ?? []
     const baseEnv = options.baseEnv ?? process.env
     this.binFromEnv = options.bin === undefined && Boolean(baseEnv[DOCKER_BIN_ENV])
     this.bin = options.bin ?? (baseEnv[DOCKER_BIN_ENV] || 'docker')
@@ -101,6 +111,7 @@ export class DockerCli {
   env(extra: Record<string, string> = {}): Record<string, string> {
     const env: Record<string, string> = {}
     for (const name of DOCKER_CLI_ENV_NAMES) {
+      if (this.engineArgs.length > 0 && ENGINE_CHOICE_ENV_NAMES.includes(name)) continue
       const value = this.baseEnv[name]
       if (value !== undefined) env[name] = value
     }
@@ -116,11 +127,13 @@ export class DockerCli {
     // a missing docker must still fail as ENOENT (E_DOCKER_MISSING), not as the keeper's exit 127
     const helper = options.removeIfOwnerDies && this.found() ? keeperHelper() : undefined
     const [file, ...argv] = helper
-      ? keeperArgv(helper, 3, {onOrphan: [this.bin, 'rm', '--force', options.removeIfOwnerDies as string]}, [
-          this.bin,
-          ...args,
-        ])
-      : [this.bin, ...args]
+      ? keeperArgv(
+          helper,
+          3,
+          {onOrphan: [this.bin, ...this.engineArgs, 'rm', '--force', options.removeIfOwnerDies as string]},
+          [this.bin, ...this.engineArgs, ...args],
+        )
+      : [this.bin, ...this.engineArgs, ...args]
     const stdin = options.input === undefined && !options.openStdin ? 'ignore' : 'pipe'
     const child = startSubprocess(file as string, argv, {
       env: this.env(options.env),

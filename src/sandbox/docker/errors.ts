@@ -42,6 +42,7 @@ export function lastLines(text: string, count: number): string {
  */
 export function engineErrorOf(stderr: string): GatewayError | undefined {
   if (/permission denied while trying to connect/i.test(stderr)) return dockerPermission(stderr)
+  if (TLS_REFUSED.test(stderr)) return engineTlsRefused(stderr)
   if (ENGINE_UNREACHABLE.test(stderr)) return dockerDown(stderr)
   return undefined
 }
@@ -72,6 +73,25 @@ export function dockerMissing(bin: string, fromEnv: boolean): GatewayError {
         'install Docker (Debian/Ubuntu: apt-get install docker.io; macOS: Docker Desktop or colima)',
         `or point ${DOCKER_BIN_ENV} at the docker executable`,
         'or turn container_mode off for the agent',
+      ],
+    },
+  )
+}
+
+/** The CLI's words when mutual TLS with an engine failed (either side refused the other's certificate). */
+const TLS_REFUSED = /x509:|tls: |remote error: tls|certificate (is not valid|signed by unknown)/i
+
+/** Mutual TLS failed: the engine is not the one the CA vouches for, or it refused this client's certificate. */
+function engineTlsRefused(stderr: string): GatewayError {
+  const line = stderr.split('\n').find((candidate) => TLS_REFUSED.test(candidate)) ?? lastLines(stderr, 1)
+  return new GatewayError(
+    'E_DOCKER_DOWN',
+    `the engine's TLS handshake failed, so it is not used: ${line.trim().replace(/^docker: /, '')}`,
+    {
+      retryable: true,
+      suggestions: [
+        "the engine's server certificate must be signed by the CA in engines[].tls.ca and name the host in engines[].host",
+        'the engine (dockerd --tlsverify --tlscacert) must trust the CA that signed engines[].tls.cert',
       ],
     },
   )

@@ -2,10 +2,12 @@ import {describe, expect, it} from 'vitest'
 import {DEFAULT_IMAGE_CONFIG} from '../../../src/runtime/config/defaults.js'
 import {resolveAgent} from '../../../src/runtime/config/load.js'
 import {CONFIG_SCHEMA} from '../../../src/runtime/config/schema.js'
-import type {ImageConfig} from '../../../src/runtime/config/types.js'
+import type {EngineConfig, ImageConfig} from '../../../src/runtime/config/types.js'
 import {
   agentWeakenings,
   AGENT_FIELD_AUDIT,
+  ENGINE_FIELD_AUDIT,
+  engineWeakenings,
   IMAGE_CONFIG_FIELD_AUDIT,
   imageConfigWeakenings,
   NEUTRAL,
@@ -43,6 +45,10 @@ const AGENT_LOOSENINGS: Record<string, {before?: Raw; after: Raw}> = {
   'container_mode.pids_limit': {after: {container_mode: {pids_limit: 100_000}}},
   'container_mode.cpus': {after: {container_mode: {cpus: 16}}},
   'container_mode.user': {after: {container_mode: {user: '0'}}},
+  'container_mode.engines': {
+    before: {container_mode: {engines: ['near']}},
+    after: {container_mode: {engines: ['near', 'far']}},
+  },
   'file_access.unrestricted': {after: {file_access: {unrestricted: true}}},
   'file_access.allow_read': {after: {file_access: {allow_read: ['/etc']}}},
   'file_access.allow_read_write': {after: {file_access: {allow_read_write: ['/home']}}},
@@ -80,6 +86,24 @@ const IMAGE_LOOSENINGS: Record<string, {before?: Partial<ImageConfig>; after: Pa
   redact_secrets: {after: {redact_secrets: false}},
 }
 
+const ENGINE_LOOSENINGS: Record<string, {before?: Partial<EngineConfig>; after: Partial<EngineConfig>}> = {
+  host: {after: {host: 'tcp://other.example:2376'}},
+  context: {after: {context: 'someone-elses'}},
+  'tls.ca': {after: {tls: {ca: '/etc/other-ca.pem', cert: '/etc/c.pem', key: '/etc/k.pem'}}},
+  'tls.cert': {after: {tls: {ca: '/etc/ca.pem', cert: '/etc/other.pem', key: '/etc/k.pem'}}},
+  'tls.key': {after: {tls: {ca: '/etc/ca.pem', cert: '/etc/c.pem', key: '/etc/other-key.pem'}}},
+  insecure: {after: {insecure: true}},
+}
+const engine = (fields: Partial<EngineConfig> = {}): EngineConfig => ({
+  name: 'far',
+  host: 'tcp://far.example:2376',
+  kind: 'docker',
+  max_runs: 8,
+  insecure: false,
+  tls: {ca: '/etc/ca.pem', cert: '/etc/c.pem', key: '/etc/k.pem'},
+  ...fields,
+})
+
 /** Fields with no tighter direction: every value is another image. */
 const EVERY_CHANGE_WARNS = new Set(['base_image'])
 
@@ -94,7 +118,11 @@ describe('the audit level of every config field', () => {
   it('classifies every field of the schema an API route can change (a new field fails here until it is)', () => {
     const sections = Object.keys(schema.properties).sort()
     expect(sections, 'a new config section: audit its changes or list it as not edited through the API').toEqual(
-      ['agent_defaults', 'agents', 'image_config', ...NOT_EDITED_THROUGH_THE_API].sort(),
+      ['agent_defaults', 'agents', 'engines', 'image_config', ...NOT_EDITED_THROUGH_THE_API].sort(),
+    )
+    const engineFields = leaves(schema.properties.engines!.items!).sort()
+    expect(Object.keys(ENGINE_FIELD_AUDIT).sort(), 'ENGINE_FIELD_AUDIT must name every engines[] field').toEqual(
+      engineFields,
     )
     const agentFields = leaves(schema.properties.agents!.items!).sort()
     const unclassified = agentFields.filter((field) => !(field in AGENT_FIELD_AUDIT))
@@ -157,6 +185,15 @@ describe('the audit level of every config field', () => {
       if (!EVERY_CHANGE_WARNS.has(field))
         expect(imageConfigWeakenings(after, before).filter(names(field)), `${field} tightened`).toEqual([])
     }
+  })
+
+  it('an engine change that trusts another machine, or drops TLS, warns; going back says nothing', () => {
+    expect(Object.keys(ENGINE_LOOSENINGS).sort()).toEqual(ruled(ENGINE_FIELD_AUDIT))
+    for (const [field, change] of Object.entries(ENGINE_LOOSENINGS)) {
+      const [before, after] = [engine(change.before), engine(change.after)]
+      expect(engineWeakenings(before, after).filter(names(field)), field).toHaveLength(1)
+    }
+    expect(engineWeakenings(engine({insecure: true}), engine())).toEqual([])
   })
 
   it('a change of a neutral field gives up nothing', () => {

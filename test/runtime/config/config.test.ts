@@ -42,6 +42,64 @@ agents:
     expect(problems).toHaveLength(3)
   })
 
+  it('refuses an engine reached over tcp:// without TLS unless insecure: true, and unknown engine names', () => {
+    const problems = problemsOf(`
+providers: {primary: fake, providers: {fake: {kind: openai, model: m}}}
+engines:
+  - {name: plain, host: "tcp://10.0.0.5:2375"}
+  - {name: both, host: "unix:///run/docker.sock", context: other}
+  - {name: sock, host: "unix:///run/docker.sock", tls: {ca: /c.pem, cert: /p.pem, key: /k.pem}}
+  - {name: open, host: "tcp://10.0.0.6:2375", insecure: true}
+  - {name: safe, host: "tcp://10.0.0.7:2376", tls: {ca: /c.pem, cert: /p.pem, key: /k.pem}}
+agents:
+  - id: a
+    container_mode: {engines: [safe, nowhere]}
+`)
+    expect(problems).toEqual([
+      'engines[0].host: tcp://10.0.0.5:2375 without tls: {ca, cert, key} lets anyone who reaches the port run anything on that machine; add tls (mutual TLS), or set insecure: true to accept that',
+      'engines[1]: give exactly one of host (unix://, tcp://, ssh://) or context (a docker context name)',
+      'engines[1].context: docker contexts are not supported yet; give host',
+      'engines[2].tls: only a tcp:// host speaks TLS',
+      'agents[0].container_mode.engines: "nowhere" is not in engines: (known: plain, both, sock, open, safe)',
+    ])
+  })
+
+  it('resolves engines with their defaults; none configured means the local engine only', () => {
+    const text = (engines: string) => `
+providers: {primary: fake, providers: {fake: {kind: openai, model: m}}}
+${engines}
+agents: [{id: a}]
+`
+    const {config} = parseConfigText(
+      text('engines: [{name: far, host: "tcp://10.0.0.7:2376", tls: {ca: /c.pem, cert: /p.pem, key: /k.pem}}]'),
+      'config.yaml',
+      {},
+    )
+    expect(config.engines).toEqual([
+      expect.objectContaining({name: 'far', kind: 'docker', max_runs: 8, insecure: false}),
+    ])
+    expect(parseConfigText(text(''), 'config.yaml', {}).config.engines).toBeUndefined()
+  })
+
+  it('config check flags an engine reached without TLS', async () => {
+    const previous = process.env.MEEPAGATEWAY_HOME
+    const home = makeHome()
+    process.env.MEEPAGATEWAY_HOME = home.home
+    try {
+      home.writeConfig({
+        providers: {primary: 'fake', providers: {fake: provider}},
+        engines: [{name: 'open', host: 'tcp://10.0.0.6:2375', insecure: true}],
+        agents: [{id: 'a'}],
+      })
+      const checked = await runCommand('config check')
+      expect(checked.error).toBeUndefined()
+      expect(checked.stderr).toContain('warning: engine open: reached without TLS (insecure: true)')
+    } finally {
+      process.env.MEEPAGATEWAY_HOME = previous
+      home.cleanup()
+    }
+  })
+
   it('checks container_mode.cpus, container_mode.user and file_access.allow_listen', () => {
     const problems = problemsOf(`
 providers: {primary: fake, providers: {fake: {kind: openai, model: m}}}

@@ -2,7 +2,8 @@ import Database from 'better-sqlite3'
 import fs from 'node:fs'
 import path from 'node:path'
 import {afterAll, beforeAll, expect, it} from 'vitest'
-import {startFakeLlm, type FakeLlm, type FakeRequest, type ScriptedTurn} from '../../fakes/llm-server.js'
+import {startFakeLlm, type FakeLlm} from '../../fakes/llm-server.js'
+import {shellScripted} from '../../helpers/fake-llm-for-tests.js'
 import {freePort} from '../../helpers/free-port.js'
 import {fakeLlmConfig, makeHome, type TestHome} from '../../helpers/home.js'
 import {startServe, type ServeProcess} from '../../helpers/serve.js'
@@ -21,17 +22,6 @@ const TIMEOUT_SECONDS = 6
 const DEADLINE_MS = (TIMEOUT_SECONDS + 5) * 1000
 const ENGINE_HUNG =
   'the Docker engine did not answer; the container may still be running and will be removed when the engine answers'
-
-/** "RUN: <command>" makes the agent run it in its shell, then answer with its output; anything else gets "pong". */
-function scripted(request: FakeRequest): ScriptedTurn {
-  const messages = request.body.messages as Array<{role: string; content: unknown}>
-  const last = messages.at(-1)
-  if (last?.role === 'tool') return {text: `tool said: ${String(last.content)}`}
-  const content = typeof last?.content === 'string' ? last.content : ''
-  if (content.startsWith('RUN: '))
-    return {toolCalls: [{name: 'shell', arguments: {command: content.slice(5), timeout_seconds: 60}}]}
-  return {text: 'pong'}
-}
 
 describeWithDocker('a hung or dying Docker engine under a running gateway (own engine)', () => {
   let engine: OwnEngine
@@ -81,7 +71,7 @@ describeWithDocker('a hung or dying Docker engine under a running gateway (own e
   beforeAll(async () => {
     engine = await startOwnEngine()
     llm = await startFakeLlm()
-    llm.setDefault(scripted)
+    llm.setDefault(shellScripted)
     port = await freePort()
     const containerAgent = (id: string, standby: boolean) => ({
       id,

@@ -21,3 +21,25 @@ export function reportEngineProblem(reason: string): void {
 export function reportEngineAnswered(): void {
   problem = undefined
 }
+
+/** Each engine of the `engines:` list, by name: down (with why and since when) or answering. */
+const engines = new Map<string, {down?: EngineProblem}>()
+
+export function engineStates(): ReadonlyMap<string, {down?: EngineProblem}> {
+  return engines
+}
+
+export function markEngineDown(name: string, reason: string): void {
+  engines.set(name, {down: {reason, since: engines.get(name)?.down?.since ?? Date.now()}})
+}
+
+export function markEngineUp(name: string): void {
+  engines.set(name, {})
+}
+
+/** `engine NAME down: why (since …)` for each engine of the list that does not answer, for /healthz. */
+export function downEngineReasons(): string[] {
+  return [...engines]
+    .filter(([, state]) => state.down)
+    .map(([name, {down}]) => `engine ${name} down: ${down!.reason} (since ${new Date(down!.since).toISOString()})`)
+}

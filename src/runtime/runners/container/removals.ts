@@ -83,6 +83,8 @@ async function retryOwedRemovals(): Promise<boolean> {
  */
 export async function removeOwedContainers(cli: DockerCli): Promise<void> {
   for (const [name, owed] of [...owedRemovals]) {
+    // another engine's debt does not hold this one (engines.ts)
+    if (!sameEngine(owed.cli, cli)) continue
     try {
       await removeOwed(name, owed, ENGINE_PING_TIMEOUT_MS)
     } catch (error) {
@@ -97,6 +99,10 @@ export async function removeOwedContainers(cli: DockerCli): Promise<void> {
       )
     }
   }
+}
+
+function sameEngine(a: DockerCli, b: DockerCli): boolean {
+  return a === b || (a.bin === b.bin && (a.engineArgs ?? []).join('\0') === (b.engineArgs ?? []).join('\0'))
 }
 
 /** Owed removals now, when the engine was just found answering (the gateway's engine probe). */

@@ -4,7 +4,7 @@ import path from 'node:path'
 import {dockerCli, type DockerCli} from '../../../sandbox/docker/cli.js'
 import {dockerMissing, engineErrorOf} from '../../../sandbox/docker/errors.js'
 import {homeLabel} from '../../../sandbox/docker/containers.js'
-import {CONTAINER_APP, LABEL, sha256} from '../../../sandbox/docker/dockerfile.js'
+import {CONTAINER_APP, CONTAINER_NODE, LABEL, sha256} from '../../../sandbox/docker/dockerfile.js'
 import {
   ensureContainerImage,
   ensureIsolationImage,
@@ -25,11 +25,13 @@ import {signalChild} from '../../util/subprocess.js'
 import {failure, failureFromError, outOfMemory, parseAgentRunOutput} from '../../agent-run/output.js'
 import {helperPath} from '../../../sandbox/landlock/helper-path.js'
 import {APP_ROOT} from '../../util/app-root.js'
-import {dockerEngineProblem, reportEngineAnswered, reportEngineProblem} from './engine-health.js'
+import {dockerEngineProblem, markEngineDown, reportEngineAnswered, reportEngineProblem} from './engine-health.js'
 import {engineAnswers, ENGINE_PING_TIMEOUT_MS} from './engine-watch.js'
 import {startAgentContainer, type AgentContainer, type RunShape} from './agent-container.js'
 import {prepareStandby, takeStandby} from './standby-pool.js'
 import {setStandbyBudget, standbyIdleMs} from '../standby-budget.js'
+import {enginesOf, placeRun, watchEngines, type DockerEngine} from './engines.js'
+import {forgetVolume, pullWorkspace, pushWorkspace, syncedVolume, syncingCommand} from './workspace-sync.js'
 import {
   engineApiFor,
   removeOwedContainers,
@@ -100,7 +102,7 @@ export async function runInContainer(request: RunRequest, options: {cli?: Docker
     const whole = runQueue.run(
       request.input.agent.id,
       () =>
-        withAgentLock(request.home, request.input.agent.id, () => runOnce(request, cli, log, answer), {
+        withAgentLock(request.home, request.input.agent.id, () => runPlaced(request, options.cli, log, answer), {
           signal: request.signal,
           onWait: (pid) =>
             log(`agent ${request.input.agent.id} is busy with another run (process ${pid}); waiting for it to finish`),
@@ -114,8 +116,14 @@ export async function runInContainer(request: RunRequest, options: {cli?: Docker
       ),
     )
     const output = await Promise.race([answered, whole])
-    // a hung engine would only leave one more docker client hanging
-    if (request.standby && request.input.agent.container_mode.standby && !dockerEngineProblem()) {
+    // a hung engine would only leave one more docker client hanging; with an `engines:` list
+    // there are no standbys yet (each engine would need its own)
+    if (
+      request.standby &&
+      request.input.agent.container_mode.standby &&
+      !dockerEngineProblem() &&
+      !request.config.engines?.length
+    ) {
       setStandbyBudget(request.config.gateway)
       prepareStandby(
         standbySlot(request),
@@ -141,7 +149,8 @@ export async function runInContainer(request: RunRequest, options: {cli?: Docker
     return output
   } catch (error) {
     const failed = toGatewayError(error)
-    if (failed.code === 'E_DOCKER_DOWN' || failed.code === 'E_DOCKER_HUNG') {
+    // with an `engines:` list each engine has its own state (engines.ts), set where the run was placed
+    if ((failed.code === 'E_DOCKER_DOWN' || failed.code === 'E_DOCKER_HUNG') && !request.config.engines?.length) {
       // /healthz says "engine down" until the engine answers again
       reportEngineProblem(failed.message.split('\n')[0] ?? failed.code)
       watchEngineOwingRemovals(cli)
@@ -170,7 +179,12 @@ export async function readyIsolationImage(
   agent: AgentConfig,
   context: ImageContext,
 ): Promise<ReadyImage> {
-  const key = JSON.stringify([config.image_config, agent.container_mode.image, context.cacheDir])
+  const key = JSON.stringify([
+    config.image_config,
+    agent.container_mode.image,
+    context.cacheDir,
+    (context.cli as Partial<DockerCli>).engineArgs ?? [],
+  ])
   const verified = verifiedImages.get(key)
   if (verified && Date.now() - verified.at < VERIFIED_IMAGE_TTL_MS) return verified.image
   const plan = await planImages(config, agent, context)
@@ -190,11 +204,43 @@ function imageContextFor(
   return containerImageContext(home, {cli, ...options, engine: engineApiFor(cli)})
 }
 
+/**
+ * Places the run on an engine (engines.ts) and runs it there; an engine found down before anything
+ * started there is marked down and the run placed again, once. An injected CLI is used as it is.
+ */
+async function runPlaced(
+  request: RunRequest,
+  injected: DockerCli | undefined,
+  log: (line: string) => void,
+  onAnswer: (output: AgentRunOutput) => void,
+): Promise<AgentRunOutput> {
+  if (injected) return runOnce(request, injected, log, onAnswer)
+  const configured = Boolean(request.config.engines?.length)
+  watchEngines(request.config)
+  const engines = enginesOf(request.config)
+  for (let attempt = 0; ; attempt++) {
+    const {engine, release} = placeRun(engines, request.input.agent.container_mode.engines)
+    if (configured) log(`running on engine ${engine.name}`)
+    try {
+      return await runOnce(request, engine.cli, log, onAnswer, engine)
+    } catch (error) {
+      const failed = toGatewayError(error)
+      if (!configured || (failed.code !== 'E_DOCKER_DOWN' && failed.code !== 'E_DOCKER_HUNG')) throw error
+      markEngineDown(engine.name, failed.message.split('\n')[0] ?? failed.code)
+      if (attempt > 0) throw error
+      log(`engine ${engine.name} did not answer (${failed.message.split('\n')[0]}); placing the run again`)
+    } finally {
+      release()
+    }
+  }
+}
+
 async function runOnce(
   request: RunRequest,
   cli: DockerCli,
   log: (line: string) => void,
   onAnswer: (output: AgentRunOutput) => void = () => {},
+  engine?: DockerEngine,
 ): Promise<AgentRunOutput> {
   const {input} = request
   const {agent} = input
@@ -208,8 +254,23 @@ async function runOnce(
   const image = await readyBeforeDeadline(cli, deadline, request.signal, (signal) =>
     readyIsolationImage(request.config, agent, imageContextFor(request.home, cli, {signal, onLog: log})),
   )
-  const shape = await runShape(request, image, request.signal)
-  const standby = takeStandby(standbySlot(request), shape.key)
+  const sync =
+    engine?.workspace === 'sync'
+      ? syncedVolume(request.home, engine.name, homeLabel(request.home), agent.id)
+      : undefined
+  const shape = await runShape(request, image, request.signal, sync?.volume)
+  if (sync) {
+    const {sent} = await pushWorkspace(cli, sync, {
+      workspace: canonicalWorkspace(request.input.workspace),
+      image: image.id,
+      uid: shape.spec.uid,
+      gid: shape.spec.gid,
+      labels: shape.spec.labels,
+      signal: request.signal,
+    })
+    if (sent > 0) log(`workspace sync: sent ${sent} changed file(s) and folder(s) to engine ${engine!.name}`)
+  }
+  const standby = sync ? undefined : takeStandby(standbySlot(request), shape.key)
   if (standby) log(`running in standby container ${standby.name}, started before this message arrived`)
   const container =
     standby ??
@@ -230,14 +291,40 @@ async function runOnce(
     void cli.exec(['kill', name], {timeoutMs: KILL_TIMEOUT_MS}).catch(() => {})
   })
   try {
+    let pulled = false
     const output = await runInStartedContainer(
       request,
       cli,
       container,
       shape.spec.forwardEnv,
-      onAnswer,
+      // on a sync engine the reply waits until the run's changes are on the host
+      sync ? () => {} : onAnswer,
       Boolean(standby),
+      sync &&
+        (async (answered) => {
+          try {
+            const {received} = await pullWorkspace(cli, sync, {
+              container: name,
+              workspace: request.input.workspace,
+              maxBytes: diskLimit,
+              log,
+            })
+            pulled = true
+            if (received > 0) log(`workspace sync: took back ${received} changed file(s) from engine ${engine!.name}`)
+            return answered
+          } catch (error) {
+            return failure(
+              runId,
+              'E_WORKSPACE',
+              `the run ended on engine ${engine!.name}, but its changes to the workspace could not be brought back: ${toGatewayError(error).message}`,
+              true,
+              {partly_ran: true},
+            )
+          }
+        }),
     )
+    // what a run that did not finish did to the volume is unknown: the next run there starts from the host's copy
+    if (sync && !pulled) forgetVolume(sync)
     const atEnd = await diskWatch.stop()
     if (atEnd.over || overWhileRunning)
       return diskFull(
@@ -262,6 +349,8 @@ async function runInStartedContainer(
   onAnswer: (output: AgentRunOutput) => void,
   /** A standby: its container was already running when the message came. */
   fromStandby = false,
+  /** After agent-run ended well, before its container is removed (a sync engine takes back the changes). */
+  beforeRemoval: ((output: AgentRunOutput) => Promise<AgentRunOutput>) | undefined = undefined,
 ): Promise<AgentRunOutput> {
   const {input} = request
   const {agent} = input
@@ -349,9 +438,11 @@ async function runInStartedContainer(
   if (result.exitCode === 0 && !stopped) {
     // agent-run answered, and itself reported any command the kernel killed for memory: the
     // container only needs removing, which the reply does not wait for.
+    const answered = channel.outcome() ?? parseAgentRunOutput(runId, '', 0, stderrTail)
+    const output = beforeRemoval ? await beforeRemoval(answered) : answered
     scheduleRemoval(cli, name, log)
     reportEngineAnswered()
-    return channel.outcome() ?? parseAgentRunOutput(runId, '', 0, stderrTail)
+    return output
   }
   if (channelBroken) {
     scheduleRemoval(cli, name, log)
@@ -424,15 +515,21 @@ function standbySlot(request: RunRequest): string {
   return `${homeLabel(request.home)}/${request.input.agent.id}`
 }
 
-async function runShape(request: RunRequest, image: ReadyImage, signal: AbortSignal | undefined): Promise<RunShape> {
+async function runShape(
+  request: RunRequest,
+  image: ReadyImage,
+  signal: AbortSignal | undefined,
+  /** The engine-side volume that stands for the workspace on a sync engine. */
+  volume?: string,
+): Promise<RunShape> {
   const {input} = request
   const {agent} = input
   const forwardEnv = injectedSecretNames(request.config, input.secrets)
   const cliEnv = Object.fromEntries(forwardEnv.map((secretName) => [secretName, input.secrets[secretName] ?? '']))
-  const workspace = canonicalWorkspace(request.input.workspace)
+  const workspace = volume ?? canonicalWorkspace(request.input.workspace)
   const user = containerUser(agent.container_mode.user)
   // every run and standby: a walk only when a run as another user had the workspace since (owner.ts)
-  await handWorkspaceTo(workspace, user, {purpose: 'the container', signal})
+  if (!volume) await handWorkspaceTo(workspace, user, {purpose: 'the container', signal})
   const spec: RunShape['spec'] = {
     // By id: the agent-run verified for this gateway's build, even if another build retags the image meanwhile
     // (an agent-run of another build may not speak this runner's LLM channel).
@@ -454,6 +551,8 @@ async function runShape(request: RunRequest, image: ReadyImage, signal: AbortSig
     },
     forwardEnv,
     sandboxHelper: bundledSandboxHelper(),
+    // on a sync engine the same agent-run, followed by the list of what it changed
+    ...(volume ? syncingCommand([CONTAINER_NODE, `${CONTAINER_APP}/bin/run.js`, 'agent-run']) : {}),
   }
   return {spec, cliEnv, key: sha256(JSON.stringify([spec, image.id, cliEnv, request.timeoutMs]))}
 }

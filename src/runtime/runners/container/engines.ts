@@ -1,0 +1,163 @@
+import {DockerCli, dockerCli} from '../../../sandbox/docker/cli.js'
+import type {EngineConfig, GatewayConfig} from '../../config/types.js'
+import {GatewayError, toGatewayError} from '../../util/errors.js'
+import {engineStates, markEngineDown, markEngineUp} from './engine-health.js'
+
+/**
+ * Where container runs go (docs/architecture.md, "Engines"). The runner asks only this of an
+ * engine, so another kind of place to run (a Kubernetes cluster: docs/kubernetes.md) implements
+ * the same shape without the gateway changing.
+ */
+export interface RunEngine {
+  readonly name: string
+  /** Runs at once; a full engine gets no new run. */
+  readonly maxRuns: number
+  /**
+   * How a run's workspace reaches it: `bind` mounts the host path (an engine on this machine);
+   * `sync` keeps an engine-side volume per agent in step with it (workspace-sync.ts).
+   */
+  readonly workspace: 'bind' | 'sync'
+  /** Resolves when the engine answers within `timeoutMs`; throws a GatewayError saying why not. */
+  ping(timeoutMs: number): Promise<void>
+}
+
+/** A Docker engine, driven through the docker CLI with its `--host`/TLS flags. */
+export interface DockerEngine extends RunEngine {
+  readonly cli: DockerCli
+}
+
+/** The name of the engine runs use when the config has no `engines:` list. */
+export const LOCAL_ENGINE = 'local'
+
+function dockerEngine(name: string, cli: DockerCli, workspace: 'bind' | 'sync', maxRuns: number): DockerEngine {
+  return {
+    name,
+    cli,
+    workspace,
+    maxRuns,
+    ping: async (timeoutMs) => void (await cli.ping({timeoutMs})),
+  }
+}
+
+/** The docker CLI's global flags for an engine: its host and, over tcp://, the mutual TLS files (paths only). */
+export function engineArgsOf(engine: EngineConfig): string[] {
+  const host = ['--host', engine.host as string]
+  if (!engine.tls) return host
+  return [
+    ...host,
+    '--tlsverify',
+    '--tlscacert',
+    engine.tls.ca,
+    '--tlscert',
+    engine.tls.cert,
+    '--tlskey',
+    engine.tls.key,
+  ]
+}
+
+let built: {key: string; engines: DockerEngine[]} | undefined
+
+/** The engines of this config (the local one alone without `engines:`), the same objects while it is unchanged. */
+export function enginesOf(config: GatewayConfig): DockerEngine[] {
+  const key = JSON.stringify(config.engines ?? [])
+  if (built?.key === key) return built.engines
+  const engines =
+    config.engines && config.engines.length > 0
+      ? config.engines.map((engine) =>
+          dockerEngine(
+            engine.name,
+            new DockerCli({engineArgs: engineArgsOf(engine)}),
+            // a unix socket is on this machine: it can mount the host's workspace path
+            engine.host?.startsWith('unix://') ? 'bind' : 'sync',
+            engine.max_runs,
+          ),
+        )
+      : [dockerEngine(LOCAL_ENGINE, dockerCli(), 'bind', Number.POSITIVE_INFINITY)]
+  built = {key, engines}
+  return engines
+}
+
+const activeRuns = new Map<string, number>()
+
+/** Runs placed on each engine and not yet finished. */
+export function activeRunsOn(name: string): number {
+  return activeRuns.get(name) ?? 0
+}
+
+/**
+ * The engine a run goes to: within the agent's allowed engines, a healthy one with room, fewest
+ * active runs first (the config's order breaks ties). The returned `release` ends its count.
+ */
+export function placeRun(
+  engines: readonly DockerEngine[],
+  allowed: readonly string[] | undefined,
+): {engine: DockerEngine; release: () => void} {
+  const states = engineStates()
+  const candidates = engines.filter((engine) => !allowed || allowed.includes(engine.name))
+  let best: DockerEngine | undefined
+  for (const engine of candidates) {
+    if (states.get(engine.name)?.down || activeRunsOn(engine.name) >= engine.maxRuns) continue
+    if (!best || activeRunsOn(engine.name) < activeRunsOn(best.name)) best = engine
+  }
+  if (!best) {
+    const why = candidates.map((engine) => {
+      const down = states.get(engine.name)?.down
+      return down ? `${engine.name} is down (${down.reason})` : `${engine.name} is full (${engine.maxRuns} runs)`
+    })
+    throw new GatewayError('E_DOCKER_DOWN', `no engine can take the run: ${why.join('; ') || 'none is allowed'}`, {
+      retryable: true,
+      suggestions: ["send the message again later, or allow more engines in the agent's container_mode.engines"],
+    })
+  }
+  const engine = best
+  activeRuns.set(engine.name, activeRunsOn(engine.name) + 1)
+  let released = false
+  return {
+    engine,
+    release: () => {
+      if (released) return
+      released = true
+      activeRuns.set(engine.name, activeRunsOn(engine.name) - 1)
+    },
+  }
+}
+
+/** How often each configured engine is asked whether it answers, and how long the answer may take. */
+const ENGINE_WATCH_INTERVAL_MS = 1_000
+const ENGINE_WATCH_TIMEOUT_MS = 2_000
+
+let watched: {key: string; timer: NodeJS.Timeout; pinging: Set<string>} | undefined
+
+/**
+ * Asks every engine of the `engines:` list once a second: one that does not answer within 2 s is
+ * marked down (new runs go elsewhere, /healthz names it), one that answers again is used again.
+ * Nothing to watch without the list: the local engine keeps its own probe (engine-probe.ts).
+ */
+export function watchEngines(config: GatewayConfig): void {
+  if (!config.engines || config.engines.length === 0) return
+  const key = JSON.stringify(config.engines)
+  if (watched?.key === key) return
+  stopWatchingEngines()
+  const engines = enginesOf(config)
+  const pinging = new Set<string>()
+  const tick = () => {
+    for (const engine of engines) {
+      if (pinging.has(engine.name)) continue
+      pinging.add(engine.name)
+      void engine
+        .ping(ENGINE_WATCH_TIMEOUT_MS)
+        .then(
+          () => markEngineUp(engine.name),
+          (error: unknown) => markEngineDown(engine.name, toGatewayError(error).message.split('\n')[0] ?? 'no answer'),
+        )
+        .finally(() => pinging.delete(engine.name))
+    }
+  }
+  tick()
+  watched = {key, timer: setInterval(tick, ENGINE_WATCH_INTERVAL_MS).unref(), pinging}
+}
+
+export function stopWatchingEngines(): void {
+  if (watched) clearInterval(watched.timer)
+  watched = undefined
+}

@@ -1,0 +1,305 @@
+import fs from 'node:fs'
+import path from 'node:path'
+import type {DockerCli} from '../../../sandbox/docker/cli.js'
+import {LABEL, sha256} from '../../../sandbox/docker/dockerfile.js'
+import {CONTAINER_WORKSPACE} from '../../../sandbox/docker/run-args.js'
+import {GatewayError, toGatewayError} from '../../util/errors.js'
+import {readTar, writeTar, type TarEntry, type TarInput} from '../../util/tar.js'
+import {writeWholeFile} from '../../util/write-whole-file.js'
+import {makeWorkspaceDirectory, removeWorkspaceEntry, writeWorkspaceFile} from '../../workspace/files.js'
+
+/**
+ * An agent's workspace on an engine that cannot mount the host's path (docs/architecture.md,
+ * "Workspaces on remote engines"): a volume per agent on that engine, the host's workspace the one
+ * truth. Before a run only what changed on the host since the last sync goes there (nothing, when
+ * nothing did); the run's container lists what it changed and the host takes those files back
+ * through the no-follow writer. A run whose changes did not come back leaves the volume unknown:
+ * the next run there starts from a fresh copy of the host's workspace.
+ */
+
+/** Where the run's container leaves its change list for the host, inside the agent's volume. */
+const SYNC_DIR = '.meepa-sync'
+
+/** path -> [size, mtimeMs, 'f' | 'd'] of the host's regular files and directories. */
+export type Snapshot = Record<string, [number, number, 'f' | 'd']>
+
+/** The regular files and directories of the workspace; links, FIFOs and devices are never sent. */
+export function snapshotWorkspace(root: string): Snapshot {
+  const found: Snapshot = {}
+  const walk = (dir: string, prefix: string) => {
+    for (const entry of fs.readdirSync(dir, {withFileTypes: true})) {
+      const relative = prefix ? `${prefix}/${entry.name}` : entry.name
+      if (!prefix && entry.name === SYNC_DIR) continue
+      const stat = fs.lstatSync(path.join(dir, entry.name))
+      if (stat.isDirectory()) {
+        found[relative] = [0, 0, 'd']
+        walk(path.join(dir, entry.name), relative)
+      } else if (stat.isFile()) found[relative] = [stat.size, stat.mtimeMs, 'f']
+    }
+  }
+  walk(root, '')
+  return found
+}
+
+export interface SyncedVolume {
+  volume: string
+  /** The volume's content as last synced (the host's snapshot then); undefined: unknown, copy it whole. */
+  synced: Snapshot | undefined
+  file: string
+}
+
+/** The agent's volume on an engine and what the host knows of its content. */
+export function syncedVolume(home: string, engine: string, homeLabel: string, agentId: string): SyncedVolume {
+  const volume = `meepa-ws-${sha256(homeLabel).slice(0, 12)}-${agentId}`
+  const file = path.join(home, 'cache', 'engine-sync', engine, `${agentId}.json`)
+  let synced: Snapshot | undefined
+  try {
+    synced = JSON.parse(fs.readFileSync(file, 'utf8')) as Snapshot
+  } catch {
+    synced = undefined
+  }
+  return {volume, synced, file}
+}
+
+function remember(state: SyncedVolume, snapshot: Snapshot | undefined): void {
+  state.synced = snapshot
+  if (!snapshot) {
+    fs.rmSync(state.file, {force: true})
+    return
+  }
+  fs.mkdirSync(path.dirname(state.file), {recursive: true, mode: 0o700})
+  writeWholeFile(state.file, JSON.stringify(snapshot))
+}
+
+/** Forgets what the volume holds: the next run copies the host's workspace whole. */
+export function forgetVolume(state: SyncedVolume): void {
+  remember(state, undefined)
+}
+
+/** Reads a regular file without following a link swapped in since the walk. */
+function readRegular(file: string): Buffer | undefined {
+  let fd: number
+  try {
+    fd = fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW | fs.constants.O_NONBLOCK)
+  } catch {
+    return undefined
+  }
+  try {
+    return fs.fstatSync(fd).isFile() ? fs.readFileSync(fd) : undefined
+  } finally {
+    fs.closeSync(fd)
+  }
+}
+
+/** An unknown volume is emptied first (what the agent made unwritable made writable again: it owns it all). */
+const EMPTY_VOLUME = 'chmod -R u+rwx . 2>/dev/null; find . -mindepth 1 -delete && '
+
+/** Common hardening of the short containers that write the volume: never the agent's code. */
+function helperArgs(volume: string, image: string, user: string, labels: Record<string, string>): string[] {
+  return [
+    'run',
+    '--rm',
+    '-i',
+    '--pull',
+    'never',
+    '--log-driver',
+    'none',
+    '--network',
+    'none',
+    '--read-only',
+    '--cap-drop=ALL',
+    '--security-opt=no-new-privileges',
+    '--pids-limit',
+    '64',
+    '--memory',
+    '256m',
+    '--user',
+    user,
+    ...Object.entries(labels).flatMap(([key, value]) => ['--label', `${key}=${value}`]),
+    '-v',
+    `${volume}:${CONTAINER_WORKSPACE}`,
+    '--entrypoint',
+    '/bin/sh',
+    image,
+  ]
+}
+
+/**
+ * Brings the volume up to the host's workspace: nothing when the host has not changed since the
+ * last sync; else removes what the host removed and sends the changed files in one tar stream.
+ */
+export async function pushWorkspace(
+  cli: DockerCli,
+  state: SyncedVolume,
+  options: {
+    workspace: string
+    image: string
+    uid: number
+    gid: number
+    labels: Record<string, string>
+    signal?: AbortSignal
+  },
+): Promise<{sent: number}> {
+  const host = snapshotWorkspace(options.workspace)
+  const synced = state.synced
+  const changed = Object.keys(host).filter((name) => {
+    const before = synced?.[name]
+    const now = host[name]!
+    return !before || before[2] !== now[2] || (now[2] === 'f' && (before[0] !== now[0] || before[1] !== now[1]))
+  })
+  const removed = synced ? Object.keys(synced).filter((name) => !(name in host)) : []
+  if (synced && changed.length === 0 && removed.length === 0) return {sent: 0}
+  const labels = {...options.labels, [LABEL.run]: 'workspace-sync'}
+  if (!synced) {
+    // a new (or unknown) volume is given to the run's user: the one step as root, touching no agent data
+    const rootArgs = helperArgs(state.volume, options.image, '0:0', labels).flatMap((arg) =>
+      arg === '--cap-drop=ALL' ? [arg, '--cap-add=CHOWN'] : [arg],
+    )
+    await cli.check([...rootArgs, '-c', `chown ${options.uid}:${options.gid} ${CONTAINER_WORKSPACE}`], {
+      timeoutMs: 60_000,
+      signal: options.signal,
+    })
+  }
+  const entries = changed.sort().flatMap((name): TarInput[] => {
+    const [, mtimeMs, kind] = host[name]!
+    if (kind === 'd') return [{name, type: '5', mode: 0o755, mtimeMs: Date.now(), data: Buffer.alloc(0)}]
+    const data = readRegular(path.join(options.workspace, name))
+    return data ? [{name, type: '0', mode: 0o644, mtimeMs, data}] : []
+  })
+  await cli.check(
+    [
+      ...helperArgs(state.volume, options.image, `${options.uid}:${options.gid}`, labels),
+      '-c',
+      // names come as arguments, never through the shell's parser; `./` keeps a leading `-` a name
+      `cd ${CONTAINER_WORKSPACE} && ${synced ? '' : EMPTY_VOLUME}for name in "$@"; do rm -rf -- "./$name"; done && tar -x --no-same-owner -f -`,
+      'sh',
+      ...removed,
+    ],
+    {input: writeTar(entries), timeoutMs: 120_000, signal: options.signal},
+  )
+  remember(state, host)
+  return {sent: entries.length}
+}
+
+/**
+ * The run container's program on a sync engine: agent-run, then the list of every name in the
+ * volume and a tar of what changed during the run (ctime: an agent cannot set it back), left in
+ * SYNC_DIR for the host to take with `docker cp`.
+ */
+export function syncingCommand(command: string[]): {entrypoint: string; command: string[]} {
+  const script = [
+    `rm -rf ${CONTAINER_WORKSPACE}/${SYNC_DIR}`,
+    'touch /tmp/.meepa-start',
+    '"$@"',
+    'status=$?',
+    `cd ${CONTAINER_WORKSPACE} && mkdir ${SYNC_DIR}`,
+    `find . -mindepth 1 -path ./${SYNC_DIR} -prune -o -print0 > ${SYNC_DIR}/list`,
+    `find . -mindepth 1 -path ./${SYNC_DIR} -prune -o \\( -type f -o -type d \\) -cnewer /tmp/.meepa-start -print0 | tar -c --null --no-recursion --format=posix -f ${SYNC_DIR}/changed.tar -T -`,
+    'exit $status',
+  ].join('\n')
+  return {entrypoint: '/bin/sh', command: ['-c', script, 'sh', ...command]}
+}
+
+/** A name from the engine, as a path inside the workspace; undefined for anything that could leave it. */
+function safeName(raw: string): string | undefined {
+  if (raw.includes('\0') || raw.startsWith('/')) return undefined
+  const parts = raw.split('/').filter((part) => part !== '' && part !== '.')
+  if (parts.length === 0 || parts.includes('..') || parts[0] === SYNC_DIR) return undefined
+  return parts.join('/')
+}
+
+/**
+ * Takes back what the run changed: files and directories through the no-follow writer, names
+ * removed in the volume removed on the host. Links, FIFOs, devices, hardlinks and names with `..`
+ * are never made on the host (each is logged). `maxBytes` bounds the whole transfer (limits.disk).
+ */
+export async function pullWorkspace(
+  cli: DockerCli,
+  state: SyncedVolume,
+  options: {container: string; workspace: string; maxBytes: number; log: (line: string) => void},
+): Promise<{received: number}> {
+  const archive = await copyOut(cli, `${options.container}:${CONTAINER_WORKSPACE}/${SYNC_DIR}`, options.maxBytes)
+  let list: Buffer | undefined
+  let changes: Buffer | undefined
+  for (const entry of readTar(archive, options.maxBytes)) {
+    if (entry.name === `${SYNC_DIR}/list` && entry.type === '0') list = entry.data
+    if (entry.name === `${SYNC_DIR}/changed.tar` && entry.type === '0') changes = entry.data
+  }
+  if (!list || !changes)
+    throw new GatewayError('E_WORKSPACE', "the run's container left no list of its changes (it did not finish)")
+  const present = new Set(
+    list
+      .toString('utf8')
+      .split('\0')
+      .map((name) => safeName(name))
+      .filter(Boolean),
+  )
+  const received = applyChanges(options.workspace, changes, present, state.synced, options)
+  remember(state, snapshotWorkspace(options.workspace))
+  return {received}
+}
+
+/**
+ * Applies a run's change tar to the host workspace: files and folders through the no-follow
+ * writer, anything else logged and skipped; names the host had (`synced`) that are not `present`
+ * in the volume any more are removed. Returns how many files were written.
+ */
+export function applyChanges(
+  workspace: string,
+  changes: Buffer,
+  present: ReadonlySet<string | undefined>,
+  synced: Snapshot | undefined,
+  options: {maxBytes: number; log: (line: string) => void},
+): number {
+  let received = 0
+  const skip = (entry: TarEntry, why: string) =>
+    options.log(`workspace sync: not brought back: ${JSON.stringify(entry.name)} ${why}`)
+  for (const entry of readTar(changes, options.maxBytes)) {
+    const name = safeName(entry.name)
+    if (!name) {
+      skip(entry, 'is not a name inside the workspace')
+      continue
+    }
+    try {
+      if (entry.type === '5') makeWorkspaceDirectory(workspace, name)
+      else if (entry.type === '0') {
+        writeWorkspaceFile(workspace, name, entry.data, {mode: entry.mode & 0o777})
+        received++
+      } else skip(entry, `is not a regular file or folder (tar type ${entry.type})`)
+    } catch (error) {
+      skip(entry, toGatewayError(error).message)
+    }
+  }
+  for (const name of Object.keys(synced ?? {})
+    .sort()
+    .reverse())
+    if (!present.has(name)) removeWorkspaceEntry(workspace, name)
+  return received
+}
+
+/** `docker cp SRC -`, bounded: an archive over `maxBytes` is refused, not buffered. */
+async function copyOut(cli: DockerCli, source: string, maxBytes: number): Promise<Buffer> {
+  const child = cli.spawn(['cp', source, '-'], {streamStdout: true, timeoutMs: 120_000})
+  const chunks: Buffer[] = []
+  let size = 0
+  let over = false
+  child.stdout?.on('data', (chunk: Buffer) => {
+    size += chunk.length
+    if (size > maxBytes + 1024 * 1024) {
+      over = true
+      child.kill('SIGKILL')
+    } else chunks.push(chunk)
+  })
+  const result = await child
+  if (over)
+    throw new GatewayError(
+      'E_WORKSPACE',
+      `the run's changes are over ${maxBytes} bytes (limits.disk); none were taken back`,
+    )
+  if (result.exitCode !== 0)
+    throw new GatewayError(
+      'E_WORKSPACE',
+      `could not take the run's changes from the engine: ${String(result.stderr).trim()}`,
+    )
+  return Buffer.concat(chunks)
+}

@@ -1,0 +1,138 @@
+/**
+ * The few tar records the engine-side workspace sync exchanges (POSIX/ustar with PAX and GNU long
+ * names): written for regular files and directories, read from whatever an engine sends. What is
+ * read is only described, never written anywhere here: the caller decides what to trust.
+ */
+
+export interface TarEntry {
+  /** As the archive names it (not yet checked: may be absolute or hold `..`). */
+  name: string
+  /** '0' file, '5' directory, '2' symlink, '1' hardlink, '6' FIFO, ...; '0' for the old '\0'. */
+  type: string
+  mode: number
+  mtimeMs: number
+  data: Buffer
+}
+
+const BLOCK = 512
+
+function octal(value: number, width: number): string {
+  return value.toString(8).padStart(width - 1, '0') + '\0'
+}
+
+function header(name: string, type: string, mode: number, size: number, mtimeMs: number): Buffer {
+  const block = Buffer.alloc(BLOCK)
+  block.write(name, 0, 100, 'utf8')
+  block.write(octal(mode & 0o7777, 8), 100, 'ascii')
+  block.write(octal(0, 8), 108, 'ascii')
+  block.write(octal(0, 8), 116, 'ascii')
+  block.write(octal(size, 12), 124, 'ascii')
+  block.write(octal(Math.floor(mtimeMs / 1000), 12), 136, 'ascii')
+  block.write(type, 156, 'ascii')
+  block.write('ustar\u000000', 257, 'ascii')
+  block.write('        ', 148, 'ascii')
+  let sum = 0
+  for (const byte of block) sum += byte
+  block.write(octal(sum, 7) + ' ', 148, 'ascii')
+  return block
+}
+
+function padded(data: Buffer): Buffer[] {
+  const rest = data.length % BLOCK
+  return rest === 0 ? [data] : [data, Buffer.alloc(BLOCK - rest)]
+}
+
+/** A PAX record `LEN path=VALUE\n` (LEN counts itself). */
+function paxRecord(key: string, value: string): string {
+  const body = ` ${key}=${value}\n`
+  const bytes = Buffer.byteLength(body)
+  let length = bytes + 1
+  while (String(length).length + bytes !== length) length = String(length).length + bytes
+  return `${length}${body}`
+}
+
+/** One tar archive of the given entries (names relative, `/`-separated). */
+export type TarInput = Omit<TarEntry, 'type'> & {type: '0' | '5'}
+
+export function writeTar(entries: TarInput[]): Buffer {
+  const parts: Buffer[] = []
+  for (const entry of entries) {
+    const size = entry.type === '0' ? entry.data.length : 0
+    const name = entry.type === '5' ? `${entry.name}/` : entry.name
+    if (Buffer.byteLength(name) > 99 || !/^[\x20-\x7e]*$/.test(name)) {
+      const pax = Buffer.from(paxRecord('path', name))
+      parts.push(header('././@PaxHeader', 'x', 0o644, pax.length, entry.mtimeMs), ...padded(pax))
+    }
+    parts.push(header(name.slice(0, 99), entry.type, entry.mode, size, entry.mtimeMs))
+    if (size > 0) parts.push(...padded(entry.data))
+  }
+  parts.push(Buffer.alloc(BLOCK * 2))
+  return Buffer.concat(parts)
+}
+
+function field(block: Buffer, start: number, length: number): string {
+  const raw = block.subarray(start, start + length)
+  const end = raw.indexOf(0)
+  return raw.subarray(0, end === -1 ? length : end).toString('utf8')
+}
+
+function numeric(block: Buffer, start: number, length: number, what: string): number {
+  if ((block[start] ?? 0) & 0x80) throw new Error(`tar: a ${what} in base-256 (over 8 GiB) is refused`)
+  const text = field(block, start, length).trim()
+  const value = text === '' ? 0 : parseInt(text, 8)
+  if (!Number.isSafeInteger(value) || value < 0) throw new Error(`tar: the ${what} field is not a number`)
+  return value
+}
+
+function paxValues(data: Buffer): Map<string, string> {
+  const values = new Map<string, string>()
+  let at = 0
+  while (at < data.length) {
+    const space = data.indexOf(0x20, at)
+    const length = Number(data.subarray(at, space).toString('ascii'))
+    if (space === -1 || !Number.isSafeInteger(length) || length <= 0) throw new Error('tar: a damaged PAX header')
+    const record = data.subarray(space + 1, at + length - 1).toString('utf8')
+    const equals = record.indexOf('=')
+    if (equals > 0) values.set(record.slice(0, equals), record.slice(equals + 1))
+    at += length
+  }
+  return values
+}
+
+/** Every entry of an archive, in order; `maxBytes` bounds what one entry may hold. */
+export function* readTar(archive: Buffer, maxBytes = Number.POSITIVE_INFINITY): Generator<TarEntry> {
+  let at = 0
+  let longName: string | undefined
+  let pax = new Map<string, string>()
+  while (at + BLOCK <= archive.length) {
+    const block = archive.subarray(at, at + BLOCK)
+    if (block.every((byte) => byte === 0)) return
+    const type = field(block, 156, 1) || '0'
+    const size = Number(pax.get('size') ?? numeric(block, 124, 12, 'size'))
+    if (size > maxBytes) throw new Error(`tar: an entry of ${size} bytes is over the ${maxBytes} allowed`)
+    const data = archive.subarray(at + BLOCK, at + BLOCK + size)
+    if (data.length < size) throw new Error('tar: the archive ends inside an entry')
+    at += BLOCK + Math.ceil(size / BLOCK) * BLOCK
+    if (type === 'x') {
+      pax = paxValues(data)
+      continue
+    }
+    if (type === 'L') {
+      longName = data.toString('utf8').replace(/\0+$/, '')
+      continue
+    }
+    if (type === 'g') continue
+    const prefix = field(block, 345, 155)
+    const plain = field(block, 0, 100)
+    const name = pax.get('path') ?? longName ?? (prefix ? `${prefix}/${plain}` : plain)
+    yield {
+      name,
+      type: type === '\0' ? '0' : type,
+      mode: numeric(block, 100, 8, 'mode'),
+      mtimeMs: numeric(block, 136, 12, 'mtime') * 1000,
+      data,
+    }
+    longName = undefined
+    pax = new Map()
+  }
+}

@@ -1,0 +1,116 @@
+import fs from 'node:fs'
+import os from 'node:os'
+import path from 'node:path'
+import {afterEach, beforeEach, describe, expect, it} from 'vitest'
+import {applyChanges, snapshotWorkspace} from '../../../../src/runtime/runners/container/workspace-sync.js'
+import {readTar, writeTar, type TarInput} from '../../../../src/runtime/util/tar.js'
+
+/*
+ * The host side of the remote-engine workspace sync, fed hostile archives as an agent on the
+ * engine could make them: nothing may be created outside the workspace, nothing but regular files
+ * and folders may appear in it, and no planted link may be written through.
+ */
+
+const file = (name: string, text: string, mode = 0o644): TarInput => ({
+  name,
+  type: '0',
+  mode,
+  mtimeMs: Date.now(),
+  data: Buffer.from(text),
+})
+
+/** A tar with entries of any type, as a hostile engine-side `tar` could make. */
+function rawTar(entries: Array<{name: string; type: string; data?: string; linkname?: string}>): Buffer {
+  const normal = writeTar(entries.map((entry) => file(entry.name, entry.data ?? '')))
+  // rewrite each header's type (and link name) in place, fixing the checksum (names stay short: no PAX)
+  let at = 0
+  for (const entry of entries) {
+    const block = normal.subarray(at, at + 512)
+    block.write(entry.type, 156, 'ascii')
+    if (entry.linkname) block.write(entry.linkname, 157, 'utf8')
+    block.write('        ', 148, 'ascii')
+    let sum = 0
+    for (const byte of block) sum += byte
+    block.write(sum.toString(8).padStart(6, '0') + '\0 ', 148, 'ascii')
+    at += 512 + Math.ceil((entry.data ?? '').length / 512) * 512
+  }
+  return normal
+}
+
+describe('taking a run’s changes back from a remote engine', () => {
+  let root: string
+  let workspace: string
+  let outside: string
+  const logged: string[] = []
+  const apply = (tar: Buffer, present: string[] = [], synced = snapshotWorkspace(workspace)) =>
+    applyChanges(workspace, tar, new Set(present), synced, {maxBytes: 1024 * 1024, log: (line) => logged.push(line)})
+
+  beforeEach(() => {
+    root = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-sync-'))
+    workspace = path.join(root, 'ws')
+    outside = path.join(root, 'outside')
+    fs.mkdirSync(workspace)
+    fs.mkdirSync(outside)
+    logged.length = 0
+  })
+  afterEach(() => fs.rmSync(root, {recursive: true, force: true}))
+
+  it('writes files and folders, and removes what the run removed', () => {
+    fs.writeFileSync(path.join(workspace, 'gone.txt'), 'old')
+    fs.writeFileSync(path.join(workspace, 'kept.txt'), 'kept')
+    const written = apply(
+      writeTar([
+        {name: 'd', type: '5', mode: 0o755, mtimeMs: 0, data: Buffer.alloc(0)},
+        file('d/new.txt', 'new'),
+        file(`${'long-name-'.repeat(15)}.txt`, 'pax'),
+      ]),
+      ['kept.txt', 'd', 'd/new.txt'],
+    )
+    expect(written).toBe(2)
+    expect(fs.readFileSync(path.join(workspace, 'd/new.txt'), 'utf8')).toBe('new')
+    expect(fs.readFileSync(path.join(workspace, `${'long-name-'.repeat(15)}.txt`), 'utf8')).toBe('pax')
+    expect(fs.existsSync(path.join(workspace, 'gone.txt'))).toBe(false)
+    expect(fs.readFileSync(path.join(workspace, 'kept.txt'), 'utf8')).toBe('kept')
+  })
+
+  it('never leaves the workspace: `..`, absolute names, symlinks, hardlinks, FIFOs and devices are skipped', () => {
+    apply(
+      rawTar([
+        {name: '../outside/escaped', type: '0', data: 'x'},
+        {name: '/tmp/absolute', type: '0', data: 'x'},
+        {name: 'a/../../outside/dotdot', type: '0', data: 'x'},
+        {name: 'link', type: '2', linkname: '/etc/passwd'},
+        {name: 'hard', type: '1', linkname: '/etc/shadow'},
+        {name: 'fifo', type: '6'},
+        {name: 'dev', type: '3'},
+        {name: 'ok', type: '0', data: 'fine'},
+      ]),
+    )
+    expect(fs.readdirSync(outside)).toEqual([])
+    expect(fs.existsSync('/tmp/absolute')).toBe(false)
+    expect(fs.readdirSync(workspace)).toEqual(['ok'])
+    expect(logged.filter((line) => line.includes('not brought back'))).toHaveLength(7)
+  })
+
+  it('never writes through a link the host has where the run made a folder', () => {
+    fs.symlinkSync(outside, path.join(workspace, 'planted'))
+    fs.symlinkSync(path.join(outside, 'target'), path.join(workspace, 'file-link'))
+    apply(
+      writeTar([
+        {name: 'planted', type: '5', mode: 0o755, mtimeMs: 0, data: Buffer.alloc(0)},
+        file('planted/x', 'pwned'),
+        file('file-link', 'replaced'),
+      ]),
+      ['planted', 'planted/x', 'file-link'],
+    )
+    expect(fs.readdirSync(outside)).toEqual([])
+    expect(fs.lstatSync(path.join(workspace, 'planted')).isSymbolicLink()).toBe(true)
+    // the link itself is replaced by the file (rename over it), never written through
+    expect(fs.lstatSync(path.join(workspace, 'file-link')).isFile()).toBe(true)
+  })
+
+  it('refuses an entry over the size limit before reading it', () => {
+    const big = writeTar([file('big', 'x'.repeat(4096))])
+    expect(() => [...readTar(big, 1024)]).toThrow(/over the 1024 allowed/)
+  })
+})
