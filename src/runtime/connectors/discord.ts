@@ -74,8 +74,45 @@ const sessionKeepingStrategy: NonNullable<WebSocketOptions['buildStrategy']> = (
     if (info === null && droppedByNetwork.has(shardId)) return undefined
     return update(shardId, info)
   }
-  return new SimpleShardingStrategy(manager)
+  return new PromptlyClosingStrategy(manager)
 }
+
+/** How long a shard's orderly close may wait for Discord's answer before its socket is cut. */
+const CLOSE_ANSWER_MS = 1000
+
+/** The part of a shard's websocket (ws's or the global one) a stop needs; a private field of the library's shard. */
+type ShardConnection = {
+  readyState: number
+  onerror: ((event: unknown) => void) | null
+  terminate?(): void
+  close(): void
+}
+
+/**
+ * @discordjs/ws's destroy waits, without a bound, for the server to answer its close frame (so a
+ * stalled Gateway held `serve`'s stop for ws's 30 s), and drops the error handler of a socket
+ * still connecting, whose later error then became an uncaught exception in `serve`. Here every
+ * socket the shards had is cut after a short wait, with an error handler kept on.
+ */
+class PromptlyClosingStrategy extends SimpleShardingStrategy {
+  override async destroy(options?: Parameters<SimpleShardingStrategy['destroy']>[0]): Promise<void> {
+    const shards = (this as unknown as {shards: Map<number, {connection: ShardConnection | null}>}).shards
+    const connections = [...shards.values()].flatMap((shard) => (shard.connection ? [shard.connection] : []))
+    let timer: NodeJS.Timeout | undefined
+    const answered = new Promise<void>((resolve) => (timer = setTimeout(resolve, CLOSE_ANSWER_MS)))
+    await Promise.race([super.destroy(options), answered])
+    clearTimeout(timer)
+    for (const connection of connections) {
+      connection.onerror = () => {}
+      if (connection.readyState === CLOSED) continue
+      if (connection.terminate) connection.terminate()
+      else connection.close()
+    }
+  }
+}
+
+/** WebSocket.CLOSED, for ws's socket and the global one alike. */
+const CLOSED = 3
 
 /**
  * Discord through discord.js (Gateway v10): Guilds, GuildMessages, MessageContent and

@@ -1,3 +1,6 @@
+import crypto from 'node:crypto'
+import http from 'node:http'
+import net from 'node:net'
 import {describe, expect, it} from 'vitest'
 import type {FakeLlm} from '../../fakes/llm-server.js'
 import {startFakeDiscord, type FakeDiscord} from '../../fakes/discord-server.js'
@@ -183,5 +186,97 @@ describe('Discord connector (real discord.js against a fake REST API and Gateway
     await discord.waitForPosts(2)
     await new Promise((resolve) => setTimeout(resolve, 300))
     expect(seen).toEqual(['listed and mentioned', 'a DM, no mention'])
+  })
+})
+
+describe('Discord connector stopping while it logs in', () => {
+  const silentServer = async (): Promise<{port: number; connected: () => boolean; close(): void}> => {
+    const sockets = new Set<net.Socket>()
+    const server = net.createServer((socket) => sockets.add(socket.on('error', () => {})))
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+    return {
+      port: (server.address() as net.AddressInfo).port,
+      connected: () => sockets.size > 0,
+      close: () => {
+        for (const socket of sockets) socket.destroy()
+        server.close()
+      },
+    }
+  }
+
+  async function stopTimeWhileLoggingIn(apiUrl: string, connected: () => boolean): Promise<number> {
+    const gateway = await startTestGateway({
+      agents: [{id: 'disco', connectors: [{type: 'discord', bot_token: TOKEN, guild_ids: [], api_url: apiUrl}]}],
+      llmBaseUrl: llm.openaiBaseUrl,
+      run: stubRun(),
+    })
+    await waitFor('discord.js to connect to the silent server', connected)
+    const started = Date.now()
+    await gateway.close()
+    return Date.now() - started
+  }
+
+  it('stops the gateway within 3 s when the REST API accepts the connection and never answers', async () => {
+    const silent = await silentServer()
+    try {
+      expect(await stopTimeWhileLoggingIn(`http://127.0.0.1:${silent.port}/api`, silent.connected)).toBeLessThan(3000)
+    } finally {
+      silent.close()
+    }
+  })
+
+  /** Answers GET /gateway/bot with a websocket URL on `wsPort`, as Discord's REST API does. */
+  async function gatewayInfoServer(wsPort: number): Promise<http.Server> {
+    const api = http.createServer((_request, response) => {
+      response.setHeader('content-type', 'application/json')
+      response.end(
+        JSON.stringify({
+          url: `ws://127.0.0.1:${wsPort}`,
+          shards: 1,
+          session_start_limit: {total: 1000, remaining: 1000, reset_after: 0, max_concurrency: 1},
+        }),
+      )
+    })
+    await new Promise<void>((resolve) => api.listen(0, '127.0.0.1', resolve))
+    return api
+  }
+
+  it('stops the gateway within 3 s when the Gateway websocket accepts the connection and never answers', async () => {
+    const silent = await silentServer()
+    const api = await gatewayInfoServer(silent.port)
+    try {
+      const {port} = api.address() as net.AddressInfo
+      expect(await stopTimeWhileLoggingIn(`http://127.0.0.1:${port}/api`, silent.connected)).toBeLessThan(3000)
+    } finally {
+      api.closeAllConnections()
+      api.close()
+      silent.close()
+    }
+  })
+
+  it('stops the gateway within 3 s when the websocket opens and then stays silent, close frames included', async () => {
+    const sockets = new Set<net.Socket>()
+    const upgrades = http.createServer()
+    upgrades.on('upgrade', (request: http.IncomingMessage, socket: net.Socket) => {
+      sockets.add(socket.on('error', () => {}))
+      const accept = crypto
+        .createHash('sha1')
+        .update(`${request.headers['sec-websocket-key']}258EAFA5-E914-47DA-95CA-C5AB0DC85B11`)
+        .digest('base64')
+      socket.write(
+        `HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: ${accept}\r\n\r\n`,
+      )
+    })
+    await new Promise<void>((resolve) => upgrades.listen(0, '127.0.0.1', resolve))
+    const api = await gatewayInfoServer((upgrades.address() as net.AddressInfo).port)
+    try {
+      const {port} = api.address() as net.AddressInfo
+      expect(await stopTimeWhileLoggingIn(`http://127.0.0.1:${port}/api`, () => sockets.size > 0)).toBeLessThan(3000)
+    } finally {
+      for (const socket of sockets) socket.destroy()
+      api.closeAllConnections()
+      api.close()
+      upgrades.close()
+    }
   })
 })
