@@ -69,6 +69,11 @@ export interface Connector {
    * failure is a DeliveryError that says whether, and after how long, to try again.
    */
   postMessage(conversation: Omit<Conversation, 'connector'>, text: string): Promise<void>
+  /**
+   * One attempt to post one file, as a message of its own, through the platform's upload API; a
+   * failure is a DeliveryError as for postMessage. Absent where the platform takes no files.
+   */
+  postFile?(conversation: Omit<Conversation, 'connector'>, file: OutboundFile): Promise<void>
 }
 
 export interface ConnectorContext {

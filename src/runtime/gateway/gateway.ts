@@ -22,6 +22,7 @@ import type {GatewayDb} from '../state/gateway-db.js'
 import {RunRecords} from '../state/run-records.js'
 import {findAgent} from '../config/load.js'
 import {workspacePath} from '../workspace/location.js'
+import {outboxSpoolDir} from '../util/paths.js'
 import {readFilesToSend} from '../workspace/files-to-send.js'
 import {Dispatcher, type RunFunction} from './dispatcher.js'
 import {GatewayHealth} from './health.js'
@@ -115,6 +116,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     let live = loaded
     const outbox = new ReplyOutbox({
       db,
+      spoolDir: outboxSpoolDir(loaded.home),
       connectors: () => connectors,
       deliveryWindowMs: () => live.config.gateway.reply_delivery_minutes * 60_000,
       log,

@@ -1,3 +1,5 @@
+import fs from 'node:fs'
+import path from 'node:path'
 import {describe, expect, it} from 'vitest'
 import type {FakeLlm} from '../../fakes/llm-server.js'
 import {startFakeMeepaChat} from '../../fakes/meepachat-server.js'
@@ -48,14 +50,16 @@ function outboundRecords(gateway: Awaited<ReturnType<typeof gatewayFor>>) {
 }
 
 describe('files an agent sends go out through each platform (wire fakes)', () => {
-  it('MeepaChat: presign, multipart upload, then attachmentIds on the reply, and the record lists the file', async () => {
+  it('MeepaChat: presign, multipart upload, then attachmentIds on a message of its own, then the text; the record lists the file', async () => {
     const chat = closeAfterTest(await startFakeMeepaChat({token: '1.t'}))
     const gateway = await gatewayFor({type: 'meepachat', url: chat.gatewayUrl, bot_token: '1.t'})
     await chat.waitForReadyCount(1)
     scriptAgentSendingFiles()
     chat.userSays({channelId: 'general', content: 'send me the report', threadId: 'p1'})
-    const [post] = await chat.waitForPosts(1)
-    expect(post).toMatchObject({content: 'Here is the report.', threadId: 'p1'})
+    const [post, text] = await chat.waitForPosts(2)
+    expect(text).toMatchObject({content: 'Here is the report.', threadId: 'p1'})
+    expect(text?.attachments).toBeUndefined()
+    expect(post).toMatchObject({content: 'report.txt', threadId: 'p1'})
     expect(post?.attachments?.map((upload) => [upload.filename, upload.mimeType, upload.partName])).toEqual([
       ['report.txt', 'text/plain', 'report.txt'],
     ])
@@ -77,12 +81,55 @@ describe('files an agent sends go out through each platform (wire fakes)', () =>
     expect(post?.attachments).toBeUndefined()
     expect(post?.content).toMatch(/^Here is the report\.\n\n\(File not sent: report\.txt: .*HTTP 413.*too large/)
     await gateway.waitForLog(/file "report.txt" not sent/)
+    await waitFor('the refusal in the run record', async () => (await outboundRecords(gateway))?.[0]?.skipped_reason)
     expect((await outboundRecords(gateway))?.[0]).toMatchObject({
       direction: 'out',
       name: 'report.txt',
       size: REPORT.length,
       skipped_reason: expect.stringMatching(/HTTP 413/),
     })
+  })
+
+  it('MeepaChat down when the run ends, then back refusing the file (413): the text goes out naming it, once, and the spool empties', async () => {
+    const chat = closeAfterTest(await startFakeMeepaChat({token: '1.t'}))
+    const gateway = await gatewayFor({type: 'meepachat', url: chat.gatewayUrl, bot_token: '1.t'})
+    await chat.waitForReadyCount(1)
+    llm.enqueue(
+      {
+        toolCalls: [
+          {name: 'write_file', arguments: {path: 'out/report.txt', content: REPORT}},
+          {name: 'send_file', arguments: {path: 'out/report.txt'}},
+        ],
+      },
+      // the platform goes away while the agent writes its answer
+      async () => {
+        await chat.goOffline()
+        return {text: 'Here is the report.'}
+      },
+    )
+    chat.userSays({channelId: 'general', content: 'send me the report'})
+    await gateway.waitForLog(/reply via filer\/meepachat .* not delivered yet: cannot reach MeepaChat/)
+    const spool = path.join(gateway.home.home, 'spool', 'outbox')
+    expect(fs.readdirSync(spool)).toHaveLength(1)
+    chat.limitUploads(10)
+    await chat.comeBack()
+    const [post] = await chat.waitForPosts(1)
+    expect(post?.attachments).toBeUndefined()
+    expect(post?.content).toMatch(
+      /^Here is the report\.\n\n\(File not sent: report\.txt: MeepaChat answered HTTP 413 .*too large\.\)$/,
+    )
+    await gateway.waitForLog(/reply delivered via filer\/meepachat/)
+    expect(chat.posts).toHaveLength(1)
+    expect(fs.readdirSync(spool)).toEqual([])
+    const [run] = new RunRecords(gateway.gateway.db).listWithFiles()
+    expect(run).toMatchObject({delivery: 'delivered', delivery_error: null})
+    expect(run?.files).toEqual([
+      expect.objectContaining({
+        direction: 'out',
+        name: 'report.txt',
+        skipped_reason: expect.stringMatching(/HTTP 413/),
+      }),
+    ])
   })
 
   it('files the gateway refuses (a link swapped in after send_file, over the count cap) are named in the reply and recorded', async () => {
@@ -103,8 +150,11 @@ describe('files an agent sends go out through each platform (wire fakes)', () =>
       {name: 'send_file', arguments: {path: 'third.txt'}},
     ])
     chat.userSays({channelId: 'general', content: 'files please'})
-    const [post] = await chat.waitForPosts(1)
-    expect(post?.attachments?.map((upload) => upload.filename)).toEqual(['report.txt', 'second.txt'])
+    const [first, second, post] = await chat.waitForPosts(3)
+    expect([first, second].map((file) => file?.attachments?.map((upload) => upload.filename))).toEqual([
+      ['report.txt'],
+      ['second.txt'],
+    ])
     expect(post?.content).toContain('(File not sent: swapped.txt: it is a symbolic link.)')
     expect(post?.content).toContain('(File not sent: third.txt: over the limit of 2 files per message')
     expect(post?.content).not.toContain('root:')
@@ -132,6 +182,9 @@ describe('files an agent sends go out through each platform (wire fakes)', () =>
     const [, , refusedReply] = await discord.waitForPosts(3)
     expect(refusedReply?.content).toMatch(
       /^Here is the report\.\n\n\(File not sent: report\.txt: Discord refused it: .*too large/i,
+    )
+    await waitFor('the refusal in the run record', () =>
+      new RunRecords(gateway.gateway.db).listWithFiles()[0]?.files?.[0]?.skipped_reason?.match(/too large/i),
     )
   })
 
