@@ -35,6 +35,7 @@ import {auditFileEdit} from '../captain/config-audit.js'
 import {AuditLog} from '../state/audit.js'
 import {ConfigWatch, partsNeedingRestart} from './config-watch.js'
 import {receiveInbox} from './inbox.js'
+import {INBOX_SWEEP_INTERVAL_MS, pruneInboxes} from './inbox-retention.js'
 import {attachmentCaps} from '../config/attachment-caps.js'
 
 export interface GatewayOptions {
@@ -329,6 +330,10 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     for (const connector of connectors) connector.start()
     outbox.resume()
     health.watch()
+    // received files do not stay for ever: at start, then hourly, with the config of the moment
+    const sweepInboxes = () => void pruneInboxes(live, log)
+    sweepInboxes()
+    const inboxSweep = setInterval(sweepInboxes, INBOX_SWEEP_INTERVAL_MS).unref()
     try {
       answerInterruptedRuns({records, connectors, outbox, log})
     } catch (error) {
@@ -340,6 +345,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     const stopped = new Promise<void>((resolve) => (markStopped = resolve))
     const stop = async (stopOptions: {graceMs?: number} = {}): Promise<void> => {
       orphanCheck.abort()
+      clearInterval(inboxSweep)
       health.stop()
       localSend?.close()
       watch?.close()
