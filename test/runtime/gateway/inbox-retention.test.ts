@@ -24,6 +24,7 @@ function hostFolder(): string {
   fs.mkdirSync(path.join(dir, 'old-msg'))
   fs.writeFileSync(path.join(dir, 'old-msg', 'keep.txt'), 'host data')
   fs.utimesSync(path.join(dir, 'old-msg'), longAgo, longAgo)
+  fs.utimesSync(dir, longAgo, longAgo) // as old as a message folder: only being a link keeps it out
   return dir
 }
 
