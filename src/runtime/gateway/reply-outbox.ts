@@ -28,9 +28,10 @@ export interface ReplyOutboxOptions {
 /**
  * Delivers chat replies through the durable outbox (state/outbox.ts). Each conversation has its
  * own lane: its replies go out one after another, each part (a file, a chunk of text) in order
- * and none skipped, while other conversations' lanes go on. A failed attempt waits the platform's Retry-After (or a
- * backoff) and tries again, across reconnects and restarts, until the delivery window closes;
- * then the reply is undeliverable: logged at WARNING, recorded on its run, counted by /healthz.
+ * and none skipped, while other conversations' lanes go on. A failed attempt waits the
+ * platform's Retry-After (or a backoff) and tries again, across reconnects and restarts, until
+ * the delivery window closes; then the reply is undeliverable: logged at WARNING, recorded on its
+ * run, counted by /healthz.
  * A file the platform refuses for good (too large) costs only itself: the text says so.
  * Posts through one connector are paced under its platform's documented rate.
  */
