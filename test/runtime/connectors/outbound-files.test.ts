@@ -188,6 +188,22 @@ describe('files an agent sends go out through each platform (wire fakes)', () =>
     )
   })
 
+  it('Discord: a file rate-limited with a Retry-After is sent after that wait, then the text, in order', async () => {
+    const discord = closeAfterTest(await startFakeDiscord({token: 'MTIz.d.t'}))
+    const gateway = await gatewayFor({type: 'discord', bot_token: 'MTIz.d.t', guild_ids: [], api_url: discord.apiUrl})
+    await gateway.waitForLog(/filer\/discord: connected/)
+    discord.faults.failPosts({status: 429, retryAfterSeconds: 1, times: 1})
+    scriptAgentSendingFiles()
+    discord.userSays({channelId: '1001', content: 'report?'})
+    const [file, text] = await discord.waitForPosts(2)
+    expect(file?.attachments?.map((sent) => [sent.name, sent.data.toString()])).toEqual([['report.txt', REPORT]])
+    expect(text?.content).toBe('Here is the report.')
+    const [refused, taken] = discord.faults.attempts
+    expect(refused?.status).toBe(429)
+    expect(taken!.time - refused!.time).toBeGreaterThanOrEqual(950)
+    expect(discord.faults.attempts).toHaveLength(3)
+  })
+
   it('Slack: files.uploadV2 into the thread; a missing files:write scope is named in the reply', async () => {
     const slack = closeAfterTest(await startFakeSlack({botToken: 'xoxb-1', appToken: 'xapp-1'}))
     const gateway = await gatewayFor({type: 'slack', bot_token: 'xoxb-1', app_token: 'xapp-1', api_url: slack.apiUrl})
