@@ -32,12 +32,33 @@ function scriptAgentSendingFiles(extra: Array<{name: string; arguments: Record<s
   )
 }
 
-async function gatewayFor(connector: Record<string, unknown>, attachments?: Record<string, unknown>) {
+async function gatewayFor(
+  connector: Record<string, unknown>,
+  attachments?: Record<string, unknown>,
+  gateway?: Record<string, unknown>,
+) {
   return closeAfterTest(
     await startTestGateway({
       agents: [{id: 'filer', connectors: [connector], ...(attachments ? {attachments} : {})}],
       llmBaseUrl: llm.openaiBaseUrl,
+      ...(gateway ? {gateway} : {}),
     }),
+  )
+}
+
+/** The agent sends report.txt; the platform goes away while the agent writes its answer. */
+function scriptAgentSendingAsPlatformGoes(platform: {goOffline(): Promise<void>}): void {
+  llm.enqueue(
+    {
+      toolCalls: [
+        {name: 'write_file', arguments: {path: 'out/report.txt', content: REPORT}},
+        {name: 'send_file', arguments: {path: 'out/report.txt'}},
+      ],
+    },
+    async () => {
+      await platform.goOffline()
+      return {text: 'Here is the report.'}
+    },
   )
 }
 
@@ -94,19 +115,7 @@ describe('files an agent sends go out through each platform (wire fakes)', () =>
     const chat = closeAfterTest(await startFakeMeepaChat({token: '1.t'}))
     const gateway = await gatewayFor({type: 'meepachat', url: chat.gatewayUrl, bot_token: '1.t'})
     await chat.waitForReadyCount(1)
-    llm.enqueue(
-      {
-        toolCalls: [
-          {name: 'write_file', arguments: {path: 'out/report.txt', content: REPORT}},
-          {name: 'send_file', arguments: {path: 'out/report.txt'}},
-        ],
-      },
-      // the platform goes away while the agent writes its answer
-      async () => {
-        await chat.goOffline()
-        return {text: 'Here is the report.'}
-      },
-    )
+    scriptAgentSendingAsPlatformGoes(chat)
     chat.userSays({channelId: 'general', content: 'send me the report'})
     await gateway.waitForLog(/reply via filer\/meepachat .* not delivered yet: cannot reach MeepaChat/)
     const spool = path.join(gateway.home.home, 'spool', 'outbox')
@@ -128,6 +137,31 @@ describe('files an agent sends go out through each platform (wire fakes)', () =>
         direction: 'out',
         name: 'report.txt',
         skipped_reason: expect.stringMatching(/HTTP 413/),
+      }),
+    ])
+  })
+
+  it('MeepaChat down past reply_delivery_minutes: the reply and its file are given up on, recorded why, and the spool empties', async () => {
+    const chat = closeAfterTest(await startFakeMeepaChat({token: '1.t'}))
+    const gateway = await gatewayFor({type: 'meepachat', url: chat.gatewayUrl, bot_token: '1.t'}, undefined, {
+      reply_delivery_minutes: 0.02, // 1.2 s
+    })
+    await chat.waitForReadyCount(1)
+    scriptAgentSendingAsPlatformGoes(chat)
+    chat.userSays({channelId: 'general', content: 'send me the report'})
+    await gateway.waitForLog(
+      /WARNING run .*: the reply via filer\/meepachat could not be delivered: cannot reach MeepaChat/,
+    )
+    expect(fs.readdirSync(path.join(gateway.home.home, 'spool', 'outbox'))).toEqual([])
+    const [run] = new RunRecords(gateway.gateway.db).listWithFiles()
+    expect(run).toMatchObject({
+      delivery: 'undeliverable',
+      delivery_error: expect.stringMatching(/cannot reach MeepaChat/),
+    })
+    expect(run?.files).toEqual([
+      expect.objectContaining({
+        name: 'report.txt',
+        skipped_reason: expect.stringMatching(/^not delivered: cannot reach/),
       }),
     ])
   })
