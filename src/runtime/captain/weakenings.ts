@@ -125,6 +125,7 @@ export const AGENT_FIELD_AUDIT: Record<string, FieldAudit<AgentConfig>> = {
   'attachments.max_file_size': raised,
   'attachments.max_files': raised,
   'attachments.max_total_size': raised,
+  'attachments.inbox_retention_days': NEUTRAL, // how long received files stay in the workspace, not what runs reach
   connectors: tlsVerificationOff, // who can message the agent is not what its runs reach; an unverified server is
   secrets: widened, // secrets its runs receive
 }

@@ -47,7 +47,7 @@ export const DEFAULT_AGENT: Omit<AgentConfig, 'id' | 'name'> = {
     best_effort: false,
   },
   limits: {memory: '512m', pids: 256, cpus: 1, disk: '1g'},
-  attachments: {max_file_size: '25m', max_files: 10, max_total_size: '50m'},
+  attachments: {max_file_size: '25m', max_files: 10, max_total_size: '50m', inbox_retention_days: 7},
   connectors: [],
   secrets: [],
 }
@@ -96,7 +96,7 @@ agent_defaults:
   # container_mode: {enabled: true, memory_limit: 512m, cpus: 1, timeout_seconds: 300, network: bridge}
   # file_access: {allow_read: [], allow_read_write: [], deny: [], allow_network: true, allow_listen: false}
   # limits: {memory: 512m, pids: 256, cpus: 1, disk: 1g}   # every level; meepagateway sandbox explain shows what is enforced
-  # attachments: {max_file_size: 25m, max_files: 10, max_total_size: 50m}   # files per message, in and out, every connector
+  # attachments: {max_file_size: 25m, max_files: 10, max_total_size: 50m, inbox_retention_days: 7}   # files per message, in and out, every connector
 
 agents:
   - id: meepa

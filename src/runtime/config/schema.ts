@@ -80,6 +80,12 @@ const attachmentsSchema = {
     max_file_size: {type: 'string', pattern: '^[0-9]+[kmg]$'},
     max_files: {type: 'integer', minimum: 0, maximum: 100},
     max_total_size: {type: 'string', pattern: '^[0-9]+[kmg]$'},
+    inbox_retention_days: {
+      type: 'number',
+      exclusiveMinimum: 0,
+      description:
+        "Days a message's received files are kept in the agent's workspace (inbox/<message id>/); the gateway then removes the folder. Checked at start and every hour.",
+    },
   },
 }
 

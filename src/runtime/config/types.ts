@@ -96,6 +96,8 @@ export interface AttachmentsConfig {
   max_file_size: string
   max_files: number
   max_total_size: string
+  /** Days a message's received files stay in the agent's `inbox/<message id>/` before the gateway removes them. */
+  inbox_retention_days: number
 }
 
 export interface FileAccessConfig {

@@ -23,7 +23,7 @@ import {ReconnectingConnector} from './reconnecting-connector.js'
 import {DeliveryError, retryableStatus} from './delivery-error.js'
 import {keepTyping} from './typing.js'
 import type {ConnectorContext, Conversation, ReplyPacing} from './types.js'
-import type {FileRefusal, OutboundFile} from '../shapes/outbound-file.js'
+import type {OutboundFile} from '../shapes/outbound-file.js'
 
 export const DISCORD_MESSAGE_LIMIT = 2000
 
@@ -233,26 +233,17 @@ export class DiscordConnector extends ReconnectingConnector {
     }
   }
 
-  /**
-   * Files each as their own message first (one refused, e.g. 413 over the upload limit, costs only
-   * itself), then the text with a note naming those refused; over REST, with or without a session.
-   */
-  protected async sendWithFiles(
-    conversation: Omit<Conversation, 'connector'>,
-    text: string,
-    files: OutboundFile[],
-  ): Promise<FileRefusal[]> {
-    return this.uploadEachThenText(
-      conversation,
-      text,
-      files,
-      async (file) =>
-        void (await this.rest.post(`/channels/${conversation.channelId}/messages`, {
-          body: {allowed_mentions: {parse: []}},
-          files: [{name: file.name, data: file.data, contentType: file.content_type}],
-        })),
-      (error) => `Discord refused it: ${(error as Error).message}`,
-    )
+  /** One file as a message attachment of its own (a 413 over the upload limit is a refusal, not retried). */
+  async postFile({channelId}: Omit<Conversation, 'connector'>, file: OutboundFile): Promise<void> {
+    try {
+      await this.rest.post(`/channels/${channelId}/messages`, {
+        body: {allowed_mentions: {parse: []}},
+        files: [{name: file.name, data: file.data, contentType: file.content_type}],
+      })
+    } catch (error) {
+      const failure = describePostError(error, channelId)
+      throw failure.retry ? failure : new DeliveryError(`Discord refused it: ${(error as Error).message}`, false)
+    }
   }
 
   private onMessage(client: Client, message: Message): void {
@@ -326,7 +317,6 @@ function describePostError(error: unknown, channelId: string): DeliveryError {
   return new DeliveryError(`cannot reach Discord: ${cause ?? (error as Error).message ?? String(error)}`, true)
 }
 
-/** Posts one file as a message attachment of the channel (a thread is a channel). */
 function describeLoginError(error: unknown): string {
   const code = (error as {code?: string}).code
   if (code === 'TokenInvalid') return 'Discord refused the bot token (TokenInvalid); check bot_token'

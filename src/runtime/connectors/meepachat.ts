@@ -10,9 +10,8 @@ import {listensTo} from './audience.js'
 import {ReconnectingConnector} from './reconnecting-connector.js'
 import {DeliveryError, retryAfterMs, retryableStatus} from './delivery-error.js'
 import {keepTyping} from './typing.js'
-import {splitMessage} from './split-message.js'
 import type {ConnectorContext, Conversation, ReplyPacing} from './types.js'
-import {refusalNote, type FileRefusal, type OutboundFile} from '../shapes/outbound-file.js'
+import type {OutboundFile} from '../shapes/outbound-file.js'
 
 export const MEEPACHAT_MESSAGE_LIMIT = 4000
 
@@ -358,35 +357,14 @@ export class MeepaChatConnector extends ReconnectingConnector {
     // a channel's server (and so its URL) is learned from the ready frame: a reply resumed at start waits for it
     if (!this.channels.has(channelId) && this.state !== 'connected')
       throw new DeliveryError(`not connected to MeepaChat yet (${this.problem ?? this.state})`, true)
-    const url = this.restBase + this.messagesPath(channelId)
-    let response: Response
-    try {
-      response = await this.fetchRest(url, {
-        method: 'POST',
-        headers: {Authorization: `Bot ${this.config.bot_token}`, 'Content-Type': 'application/json'},
-        body: JSON.stringify({
-          content,
-          ...(threadId ? {threadId} : {}),
-          ...(attachmentIds.length > 0 ? {attachmentIds} : {}),
-        }),
-        signal: AbortSignal.timeout(this.timings.requestTimeoutMs),
-      })
-    } catch (error) {
-      const cause = (error as {cause?: {code?: string}}).cause?.code ?? (error as Error).message
-      throw new DeliveryError(`cannot reach MeepaChat at ${new URL(url).origin}: ${cause}`, true)
-    }
-    const text = await response.text().catch(() => '')
-    if (response.ok) return
-    let detail = text.slice(0, 200)
-    try {
-      detail = (JSON.parse(text) as {error?: string}).error ?? detail
-    } catch {
-      // not JSON: keep the raw text
-    }
-    throw new DeliveryError(
-      `MeepaChat answered HTTP ${response.status} to POST ${new URL(url).pathname}: ${detail}`,
-      retryableStatus(response.status),
-      retryAfterMs(response.headers.get('retry-after')),
+    await this.request(
+      'POST',
+      this.messagesPath(channelId),
+      JSON.stringify({
+        content,
+        ...(threadId ? {threadId} : {}),
+        ...(attachmentIds.length > 0 ? {attachmentIds} : {}),
+      }),
     )
   }
 
@@ -403,7 +381,7 @@ export class MeepaChatConnector extends ReconnectingConnector {
     )) as {data?: {uploadId?: unknown}}
     const uploadId = presigned?.data?.uploadId
     if (typeof uploadId !== 'string' || !uploadId)
-      throw new Error('MeepaChat answered the presign request without an uploadId')
+      throw new DeliveryError('MeepaChat answered the presign request without an uploadId', false)
     const form = new FormData()
     form.append('file', new Blob([file.data as Uint8Array<ArrayBuffer>], {type: file.content_type}), file.name)
     await this.request('PUT', `/api/attachments/upload/${encodeURIComponent(uploadId)}`, form)
@@ -411,89 +389,53 @@ export class MeepaChatConnector extends ReconnectingConnector {
   }
 
   /**
-   * Files first (each upload on its own: one refused does not stop the others), then the text with
-   * the uploaded ones attached to its last part and a note naming those refused. Sent now, not
-   * through the outbox: a failure here sends the text through the outbox with the files named.
+   * One file as a message of its own: uploaded, then posted with its `attachmentIds` and its name
+   * as the text (MeepaChat requires a message's content). A retry uploads it again.
    */
-  protected async sendWithFiles(
-    conversation: Omit<Conversation, 'connector'>,
-    text: string,
-    files: OutboundFile[],
-  ): Promise<FileRefusal[]> {
-    const uploaded: Array<{file: OutboundFile; id: string}> = []
-    const refused: FileRefusal[] = []
-    for (const file of files) {
-      try {
-        uploaded.push({file, id: await this.uploadAttachment(file)})
-      } catch (error) {
-        refused.push({name: file.name, reason: (error as Error).message})
-      }
-    }
-    const chunks = splitMessage(text + refusalNote(refused), MEEPACHAT_MESSAGE_LIMIT)
-    for (const chunk of chunks.slice(0, -1)) await this.postMessage(conversation, chunk)
-    const last = chunks.at(-1) ?? ''
-    if (uploaded.length === 0) {
-      await this.postMessage(conversation, last)
-      return refused
-    }
-    try {
-      await this.postMessage(
-        conversation,
-        last,
-        uploaded.map(({id}) => id),
-      )
-      return refused
-    } catch (error) {
-      if (!(error instanceof DeliveryError) || error.retry) throw error
-      // the server took the uploads but not the message with them: the text still goes out
-      const notAttached = uploaded.map(({file}) => ({name: file.name, reason: error.message}))
-      await this.postMessage(conversation, last + refusalNote(notAttached))
-      return [...refused, ...notAttached]
-    }
+  async postFile(conversation: Omit<Conversation, 'connector'>, file: OutboundFile): Promise<void> {
+    if (!this.channels.has(conversation.channelId) && this.state !== 'connected')
+      throw new DeliveryError(`not connected to MeepaChat yet (${this.problem ?? this.state})`, true)
+    await this.postMessage(conversation, file.name, [await this.uploadAttachment(file)])
   }
 
-  /** One REST call with the bot token, retried on network errors, 429 and 5xx; the parsed JSON answer. */
+  /**
+   * One REST call with the bot token; the parsed JSON answer. A failure is a DeliveryError that
+   * says whether to try again (the outbox does, after the server's Retry-After).
+   */
   private async request(method: string, path: string, body: string | FormData): Promise<unknown> {
     const url = this.restBase + path
     const headers: Record<string, string> = {Authorization: `Bot ${this.config.bot_token}`}
     if (typeof body === 'string') headers['Content-Type'] = 'application/json'
-    for (let attempt = 1; ; attempt++) {
-      let response: Response
-      try {
-        response = await this.fetchRest(url, {
-          method,
-          headers,
-          body,
-          signal: AbortSignal.timeout(this.timings.requestTimeoutMs),
-        })
-      } catch (error) {
-        if (attempt >= 3)
-          throw new Error(`cannot reach MeepaChat at ${new URL(url).origin}: ${(error as Error).message}`, {
-            cause: error,
-          })
-        await new Promise((resolve) => setTimeout(resolve, 500 * attempt))
-        continue
-      }
-      const text = await response.text()
-      if (response.ok) {
-        try {
-          return text ? JSON.parse(text) : undefined
-        } catch {
-          return undefined
-        }
-      }
-      const retryAfter = retryAfterMs(response.headers.get('retry-after'))
-      if (retryableStatus(response.status) && attempt < 3) {
-        await new Promise((resolve) => setTimeout(resolve, Math.min(retryAfter ?? 500 * attempt, 10_000)))
-        continue
-      }
-      let detail = text.slice(0, 200)
-      try {
-        detail = (JSON.parse(text) as {error?: string}).error ?? detail
-      } catch {
-        // not JSON: keep the raw text
-      }
-      throw new Error(`MeepaChat answered HTTP ${response.status} to ${method} ${new URL(url).pathname}: ${detail}`)
+    let response: Response
+    try {
+      response = await this.fetchRest(url, {
+        method,
+        headers,
+        body,
+        signal: AbortSignal.timeout(this.timings.requestTimeoutMs),
+      })
+    } catch (error) {
+      const cause = (error as {cause?: {code?: string}}).cause?.code ?? (error as Error).message
+      throw new DeliveryError(`cannot reach MeepaChat at ${new URL(url).origin}: ${cause}`, true)
     }
+    const text = await response.text().catch(() => '')
+    if (response.ok) {
+      try {
+        return text ? JSON.parse(text) : undefined
+      } catch {
+        return undefined
+      }
+    }
+    let detail = text.slice(0, 200)
+    try {
+      detail = (JSON.parse(text) as {error?: string}).error ?? detail
+    } catch {
+      // not JSON: keep the raw text
+    }
+    throw new DeliveryError(
+      `MeepaChat answered HTTP ${response.status} to ${method} ${new URL(url).pathname}: ${detail}`,
+      retryableStatus(response.status),
+      retryAfterMs(response.headers.get('retry-after')),
+    )
   }
 }

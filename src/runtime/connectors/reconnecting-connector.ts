@@ -63,15 +63,15 @@ export abstract class ReconnectingConnector implements Connector {
     return this.delivery(channelId, threadId, () => () => {})
   }
 
-  /** The answer to a message in a conversation: through the outbox, or posted chunk by chunk now. */
+  /** The answer to a message in a conversation: through the outbox, or posted part by part now. */
   protected delivery(channelId: string, threadId: string | undefined, startTyping: () => () => void): Delivery {
     const conversation = {channelId, ...(threadId ? {threadId} : {})}
     return {
       send: async (text) => {
         for (const chunk of splitMessage(text, this.messageLimit)) await this.postMessage(conversation, chunk)
       },
-      ...(this.sendWithFiles
-        ? {sendWithFiles: (text: string, files: OutboundFile[]) => this.sendWithFiles!(conversation, text, files)}
+      ...(this.postFile
+        ? {sendWithFiles: (text: string, files: OutboundFile[]) => this.postEachThenText(conversation, text, files)}
         : {}),
       startTyping,
       conversation: {connector: this.name, ...conversation},
@@ -79,22 +79,20 @@ export abstract class ReconnectingConnector implements Connector {
   }
 
   /**
-   * Each file uploaded on its own (one refused costs only itself), then the text, split to the
-   * platform's limit, with a note naming those refused; returns the refusals.
+   * Used only when the outbox cannot be written: each file posted once (one refused costs only
+   * itself), then the text, split to the platform's limit, with a note naming those refused.
    */
-  protected async uploadEachThenText(
+  private async postEachThenText(
     conversation: Omit<Conversation, 'connector'>,
     text: string,
     files: OutboundFile[],
-    upload: (file: OutboundFile) => Promise<void>,
-    reasonOf: (error: unknown) => string,
   ): Promise<FileRefusal[]> {
     const refused: FileRefusal[] = []
     for (const file of files) {
       try {
-        await upload(file)
+        await this.postFile!(conversation, file)
       } catch (error) {
-        refused.push({name: file.name, reason: reasonOf(error)})
+        refused.push({name: file.name, reason: (error as Error).message})
       }
     }
     for (const chunk of splitMessage(text + refusalNote(refused), this.messageLimit))
@@ -103,14 +101,11 @@ export abstract class ReconnectingConnector implements Connector {
   }
 
   /**
-   * The reply with files, through the platform's upload API, now (the outbox carries text only);
-   * returns the files the platform refused. Absent where the connector cannot upload.
+   * One attempt to post one file as a message of its own, through the platform's upload API; a
+   * failure is a DeliveryError (a file too large is not worth retrying). Absent where the
+   * connector cannot upload.
    */
-  protected sendWithFiles?(
-    conversation: Omit<Conversation, 'connector'>,
-    text: string,
-    files: OutboundFile[],
-  ): Promise<FileRefusal[]>
+  postFile?(conversation: Omit<Conversation, 'connector'>, file: OutboundFile): Promise<void>
 
   protected abstract connect(): void | Promise<void>
 

@@ -9,7 +9,7 @@ import {listensTo} from './audience.js'
 import {ReconnectingConnector} from './reconnecting-connector.js'
 import {DeliveryError, retryableStatus} from './delivery-error.js'
 import type {ConnectorContext, Conversation, ReplyPacing} from './types.js'
-import type {FileRefusal, OutboundFile} from '../shapes/outbound-file.js'
+import type {OutboundFile} from '../shapes/outbound-file.js'
 
 export const SLACK_MESSAGE_LIMIT = 4000
 
@@ -300,32 +300,19 @@ export class SlackConnector extends ReconnectingConnector {
   }
 
   /**
-   * Files first, each shared into the conversation by its own upload, then the text with a note
-   * naming those Slack refused (a missing files:write scope, a file too big).
+   * One file shared into the conversation (its thread when given) with the Web API's external
+   * upload (files.getUploadURLExternal, the bytes to the URL it returns,
+   * files.completeUploadExternal), through the client that neither retries nor waits: the outbox does.
    */
-  protected async sendWithFiles(
-    conversation: Omit<Conversation, 'connector'>,
-    text: string,
-    files: OutboundFile[],
-  ): Promise<FileRefusal[]> {
-    return this.uploadEachThenText(
-      conversation,
-      text,
-      files,
-      (file) => this.uploadFile(conversation.channelId, conversation.threadId, file),
-      describeUploadError,
-    )
-  }
-
-  /**
-   * Uploads one file into the conversation (its thread when given) with the Web API's external
-   * upload: files.getUploadURLExternal, the bytes to the URL it returns, files.completeUploadExternal.
-   */
-  async uploadFile(channel: string, threadTs: string | undefined, file: OutboundFile): Promise<void> {
+  async postFile({channelId, threadId}: Omit<Conversation, 'connector'>, file: OutboundFile): Promise<void> {
     const upload = {file: file.data, filename: file.name, title: file.name}
-    await this.web.filesUploadV2(
-      threadTs ? {...upload, channel_id: channel, thread_ts: threadTs} : {...upload, channel_id: channel},
-    )
+    try {
+      await this.poster.filesUploadV2(
+        threadId ? {...upload, channel_id: channelId, thread_ts: threadId} : {...upload, channel_id: channelId},
+      )
+    } catch (error) {
+      throw describeUploadError(error)
+    }
   }
 
   /** The sender's display name via users.info, cached; the id when Slack will not say. */
@@ -346,11 +333,15 @@ export class SlackConnector extends ReconnectingConnector {
 }
 
 /** Why Slack did not take a file, naming the scope the app lacks when that is it. */
-function describeUploadError(error: unknown): string {
+function describeUploadError(error: unknown): DeliveryError {
   const data = (error as {data?: {error?: string; needed?: string}}).data
   if (data?.error === 'missing_scope')
-    return `Slack refused it: the app lacks the ${data.needed ?? 'files:write'} scope (add it to the Slack app and reinstall it)`
-  return `Slack refused it: ${describeSlackError(error)}`
+    return new DeliveryError(
+      `Slack refused it: the app lacks the ${data.needed ?? 'files:write'} scope (add it to the Slack app and reinstall it)`,
+      false,
+    )
+  const failure = describePostError(error)
+  return failure.retry ? failure : new DeliveryError(`Slack refused it: ${failure.message}`, false)
 }
 
 function describeSlackError(error: unknown): string {
@@ -372,11 +363,7 @@ function describeSlackError(error: unknown): string {
 function describePostError(error: unknown): DeliveryError {
   const {code} = error as {code?: string}
   if (code === ErrorCode.RateLimitedError)
-    return new DeliveryError(
-      'Slack rate-limited chat.postMessage',
-      true,
-      (error as {retryAfter: number}).retryAfter * 1000,
-    )
+    return new DeliveryError('Slack rate-limited the post', true, (error as {retryAfter: number}).retryAfter * 1000)
   if (code === ErrorCode.HTTPError) {
     const status = (error as {statusCode?: number}).statusCode ?? 0
     return new DeliveryError(`the Slack API answered HTTP ${status}`, retryableStatus(status))

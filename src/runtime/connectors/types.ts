@@ -8,9 +8,10 @@ export interface Delivery {
   /** Sends the text now, split into as many ordered messages as the platform's size limit needs. */
   send(text: string): Promise<void>
   /**
-   * Sends the text with files, through the platform's own upload API. A file the platform refuses
-   * never costs the text: it goes out with a note naming the file and the reason, and the refusal is
-   * returned. Absent where the conversation cannot carry files.
+   * Sends the text with files now: web chat's answer, or a chat platform's reply when the outbox
+   * cannot be written (the outbox carries them otherwise). A file the platform refuses never costs
+   * the text: it goes out with a note naming the file and the reason, and the refusal is returned.
+   * Absent where the conversation cannot carry files.
    */
   sendWithFiles?(text: string, files: OutboundFile[]): Promise<FileRefusal[]>
   /** Shows "typing…" until the returned function is called (no-op where the platform has none). */
@@ -69,6 +70,11 @@ export interface Connector {
    * failure is a DeliveryError that says whether, and after how long, to try again.
    */
   postMessage(conversation: Omit<Conversation, 'connector'>, text: string): Promise<void>
+  /**
+   * One attempt to post one file, as a message of its own, through the platform's upload API; a
+   * failure is a DeliveryError as for postMessage. Absent where the platform takes no files.
+   */
+  postFile?(conversation: Omit<Conversation, 'connector'>, file: OutboundFile): Promise<void>
 }
 
 export interface ConnectorContext {

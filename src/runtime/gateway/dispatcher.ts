@@ -12,7 +12,7 @@ import type {
 import type {RunMessageResult} from '../runners/run-message.js'
 import {failure} from '../agent-run/output.js'
 import {abortSignalName} from '../util/subprocess.js'
-import type {RunFile, RunRecords, RunStart} from '../state/run-records.js'
+import type {RunRecords, RunStart} from '../state/run-records.js'
 import type {ReplyOutbox} from './reply-outbox.js'
 import type {FileToSend} from '../shapes/agent-run-contract.js'
 import {refusalNote, type FileRefusal, type OutboundFile} from '../shapes/outbound-file.js'
@@ -244,9 +244,10 @@ export class Dispatcher implements MessageDispatcher {
   }
 
   /**
-   * The reply with the files the run asked for: the gateway reads them (after the run, never
-   * through the agent), the connector uploads them; every file not sent is named in the text and
-   * recorded with its reason. Returns the text as sent.
+   * The reply with the files the run asked for: the gateway reads them now, as the run ends (never
+   * through the agent), and a chat platform's reply carries them through the outbox, which keeps
+   * its own copy of their bytes; web chat (or a chat reply the outbox cannot take) gets them at
+   * once. Every file not sent is named in the text and recorded with its reason. Returns the text.
    */
   private async deliverWithFiles(
     start: RunStart,
@@ -262,45 +263,61 @@ export class Dispatcher implements MessageDispatcher {
     }
     let {files} = read
     const refused = [...read.refused]
-    if (files.length > 0 && !delivery.sendWithFiles) {
+    const {outbox} = this.options
+    const throughOutbox = Boolean(delivery.conversation && outbox)
+    if (files.length > 0 && !throughOutbox && !delivery.sendWithFiles) {
       refused.push(...files.map((file) => ({name: file.name, reason: NO_FILES_HERE})))
       files = []
     }
     const text = reply + refusalNote(refused)
-    let refusedByPlatform: FileRefusal[] = []
-    if (files.length > 0 && delivery.sendWithFiles) {
+    for (const refusal of refused)
+      this.options.log(`run ${start.id}: file ${JSON.stringify(refusal.name)} not sent: ${refusal.reason}`)
+    const record = (refusedLater: FileRefusal[]) =>
+      this.writeRecord(start.id, () =>
+        this.options.records.files(start.id, [
+          ...files.map((file) => ({
+            direction: 'out' as const,
+            name: file.name,
+            size: file.size,
+            content_type: file.content_type,
+            skipped_reason: refusedLater.find((refusal) => refusal.name === file.name)?.reason ?? null,
+          })),
+          ...refused.map((refusal) => ({
+            direction: 'out' as const,
+            name: refusal.name,
+            size: null,
+            content_type: null,
+            skipped_reason: refusal.reason,
+          })),
+        ]),
+      )
+    if (files.length === 0) {
+      record([])
+      await this.deliver(start, delivery, text)
+      return text
+    }
+    if (delivery.conversation && outbox) {
+      // recorded as sent first: the outbox marks those the platform refuses, as it learns it
+      record([])
       try {
-        refusedByPlatform = await delivery.sendWithFiles(text, files)
+        outbox.send(start.id, delivery.conversation, text, files)
+        return text
       } catch (error) {
         this.options.log(
-          `run ${start.id}: could not send the reply via ${start.connector}: ${(error as Error).message}`,
+          `run ${start.id}: could not write the reply to the outbox, sending it once directly: ${(error as Error).message}`,
         )
-        refusedByPlatform = files.map((file) => ({name: file.name, reason: `not sent: ${(error as Error).message}`}))
-        // the text still goes out, through the outbox where the platform has one (files are not retried)
-        await this.deliver(start, delivery, text + refusalNote(refusedByPlatform))
       }
-    } else {
-      await this.deliver(start, delivery, text)
     }
-    const records: RunFile[] = [
-      ...files.map((file) => ({
-        direction: 'out' as const,
-        name: file.name,
-        size: file.size,
-        content_type: file.content_type,
-        skipped_reason: refusedByPlatform.find((refusal) => refusal.name === file.name)?.reason ?? null,
-      })),
-      ...refused.map((refusal) => ({
-        direction: 'out' as const,
-        name: refusal.name,
-        size: null,
-        content_type: null,
-        skipped_reason: refusal.reason,
-      })),
-    ]
-    for (const refusal of [...refused, ...refusedByPlatform])
+    let refusedByPlatform: FileRefusal[]
+    try {
+      refusedByPlatform = (await delivery.sendWithFiles?.(text, files)) ?? []
+    } catch (error) {
+      this.options.log(`run ${start.id}: could not send the reply via ${start.connector}: ${(error as Error).message}`)
+      refusedByPlatform = files.map((file) => ({name: file.name, reason: `not sent: ${(error as Error).message}`}))
+    }
+    for (const refusal of refusedByPlatform)
       this.options.log(`run ${start.id}: file ${JSON.stringify(refusal.name)} not sent: ${refusal.reason}`)
-    this.writeRecord(start.id, () => this.options.records.files(start.id, records))
+    if (!throughOutbox) record(refusedByPlatform)
     return text + refusalNote(refusedByPlatform)
   }
 

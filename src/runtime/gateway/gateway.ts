@@ -29,6 +29,7 @@ import type {GatewayDb} from '../state/gateway-db.js'
 import {RunRecords} from '../state/run-records.js'
 import {findAgent} from '../config/load.js'
 import {workspacePath} from '../workspace/location.js'
+import {outboxSpoolDir} from '../util/paths.js'
 import {readFilesToSend} from '../workspace/files-to-send.js'
 import {Dispatcher, type RunFunction} from './dispatcher.js'
 import {GatewayHealth} from './health.js'
@@ -41,6 +42,7 @@ import {auditFileEdit} from '../captain/config-audit.js'
 import {AuditLog} from '../state/audit.js'
 import {ConfigWatch, partsNeedingRestart} from './config-watch.js'
 import {receiveInbox} from './inbox.js'
+import {INBOX_SWEEP_INTERVAL_MS, pruneInboxes} from './inbox-retention.js'
 import {attachmentCaps} from '../config/attachment-caps.js'
 
 export interface GatewayOptions {
@@ -122,6 +124,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     let live = loaded
     const outbox = new ReplyOutbox({
       db,
+      spoolDir: outboxSpoolDir(loaded.home),
       connectors: () => connectors,
       deliveryWindowMs: () => live.config.gateway.reply_delivery_minutes * 60_000,
       log,
@@ -339,6 +342,10 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
         `gateway: warning: engine ${name} is reached without TLS (insecure: true): anyone who reaches its port can run anything there`,
       )
     void watchConfiguredEngines(config)
+    // received files do not stay for ever: at start, then hourly, with the config of the moment
+    const sweepInboxes = () => void pruneInboxes(live, log)
+    sweepInboxes()
+    const inboxSweep = setInterval(sweepInboxes, INBOX_SWEEP_INTERVAL_MS).unref()
     try {
       answerInterruptedRuns({records, connectors, outbox, log})
     } catch (error) {
@@ -350,6 +357,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     const stopped = new Promise<void>((resolve) => (markStopped = resolve))
     const stop = async (stopOptions: {graceMs?: number} = {}): Promise<void> => {
       orphanCheck.abort()
+      clearInterval(inboxSweep)
       health.stop()
       localSend?.close()
       watch?.close()

@@ -4,7 +4,9 @@ import {asDeliveryError, type DeliveryError} from '../connectors/delivery-error.
 import {splitMessage} from '../connectors/split-message.js'
 import type {Connector, Conversation, ReplyPacing} from '../connectors/types.js'
 import type {GatewayDb} from '../state/gateway-db.js'
-import {Outbox, type OutboxReply} from '../state/outbox.js'
+import {Outbox, type OutboxReply, type PendingPart} from '../state/outbox.js'
+import {OutboxSpool} from '../state/outbox-spool.js'
+import type {OutboundFile} from '../shapes/outbound-file.js'
 import {undeliveredRestReply} from './user-replies.js'
 
 /** Between attempts when the platform names no wait: 1 s, doubling, at most a minute. */
@@ -14,6 +16,8 @@ const STOP_WAIT_MS = 5_000
 
 export interface ReplyOutboxOptions {
   db: GatewayDb
+  /** Where the files replies carry wait for delivery (`<home>/spool/outbox`). */
+  spoolDir: string
   connectors: () => readonly Connector[]
   /** How long a reply is retried from when it was written (gateway.reply_delivery_minutes). */
   deliveryWindowMs: () => number
@@ -23,10 +27,12 @@ export interface ReplyOutboxOptions {
 
 /**
  * Delivers chat replies through the durable outbox (state/outbox.ts). Each conversation has its
- * own lane: its replies go out one after another, each part in order and none skipped, while
- * other conversations' lanes go on. A failed attempt waits the platform's Retry-After (or a
- * backoff) and tries again, across reconnects and restarts, until the delivery window closes;
- * then the reply is undeliverable: logged at WARNING, recorded on its run, counted by /healthz.
+ * own lane: its replies go out one after another, each part (a file, a chunk of text) in order
+ * and none skipped, while other conversations' lanes go on. A failed attempt waits the
+ * platform's Retry-After (or a backoff) and tries again, across reconnects and restarts, until
+ * the delivery window closes; then the reply is undeliverable: logged at WARNING, recorded on its
+ * run, counted by /healthz.
+ * A file the platform refuses for good (too large) costs only itself: the text says so.
  * Posts through one connector are paced under its platform's documented rate.
  */
 export class ReplyOutbox {
@@ -39,26 +45,31 @@ export class ReplyOutbox {
   private idleWaiters: Array<() => void> = []
 
   constructor(private readonly options: ReplyOutboxOptions) {
-    this.store = new Outbox(options.db)
+    this.store = new Outbox(options.db, new OutboxSpool(options.spoolDir))
   }
 
   /**
-   * Writes the reply, split to the connector's message limit, and starts its delivery. Throws
-   * only when the outbox cannot be written (the caller then sends directly).
+   * Writes the reply, its files first (their bytes copied to the spool now, so what goes out is
+   * what the run produced) and then its text split to the connector's message limit, and starts
+   * its delivery. Throws only when the outbox cannot be written (the caller then sends directly).
    */
-  send(runId: string, conversation: Conversation, text: string): void {
+  send(runId: string, conversation: Conversation, text: string, files: OutboundFile[] = []): void {
     const connector = this.connector(conversation.connector)
     const chunks = connector ? splitMessage(text, connector.messageLimit) : [text]
-    this.store.add(
-      runId,
-      conversation,
-      chunks.map((content) => ({kind: 'text', content})),
-    )
+    this.store.add(runId, conversation, [
+      ...files.map((file) => ({kind: 'file' as const, file})),
+      ...chunks.map((content) => ({kind: 'text' as const, content})),
+    ])
     this.wake(conversation)
   }
 
-  /** Starts delivering what a previous gateway left in the outbox; returns how many replies. */
+  /**
+   * Starts delivering what a previous gateway left in the outbox, after removing the spooled
+   * files no reply owes any more; returns how many replies.
+   */
   resume(): number {
+    const swept = this.store.sweepSpool()
+    if (swept > 0) this.options.log(`gateway: removed ${swept} spooled file(s) no reply owes any more`)
     const pending = this.store.pending()
     if (pending.length > 0)
       this.options.log(`gateway: delivering ${pending.length} reply(ies) a previous gateway left in the outbox`)
@@ -148,9 +159,12 @@ export class ReplyOutbox {
       }
       let failure: DeliveryError
       try {
-        await this.pace(connector)
-        await connector.postMessage(reply, part.content)
-        this.store.partSent(reply.id, part.seq)
+        const refusal = await this.post(connector, reply, part)
+        if (refusal !== undefined && part.kind === 'file') {
+          this.refuseFile(reply, part, refusal, connector)
+          continue
+        }
+        this.store.partSent(reply.id, part)
         backoff.reset()
         continue
       } catch (error) {
@@ -158,6 +172,10 @@ export class ReplyOutbox {
         failure = asDeliveryError(error)
       }
       const reason = failure.message.split('\n')[0] ?? 'unknown'
+      if (!failure.retry && part.kind === 'file') {
+        this.refuseFile(reply, part, reason, connector)
+        continue
+      }
       if (!failure.retry) return this.giveUp(reply, connector, reason)
       const wait = failure.retryAfterMs ?? backoff.next()
       const deadline = reply.createdAt + this.options.deliveryWindowMs()
@@ -183,6 +201,35 @@ export class ReplyOutbox {
         this.waiting--
       }
     }
+  }
+
+  /**
+   * One attempt at one part. A file is read from the spool first; returns why a file cannot be
+   * sent at all (its copy is gone, the platform takes no files), undefined once the platform took it.
+   */
+  private async post(connector: Connector, reply: OutboxReply, part: PendingPart): Promise<string | undefined> {
+    if (part.kind === 'text') {
+      await this.pace(connector)
+      await connector.postMessage(reply, part.content)
+      return undefined
+    }
+    if (!connector.postFile) return 'this conversation cannot carry files'
+    const read = this.store.readFile(part)
+    if ('problem' in read) return read.problem
+    await this.pace(connector)
+    await connector.postFile(reply, read.file)
+    return undefined
+  }
+
+  /** A file that cannot go out: the rest of the reply still does, with a note naming it and why. */
+  private refuseFile(
+    reply: OutboxReply,
+    part: PendingPart & {kind: 'file'},
+    reason: string,
+    connector: Connector,
+  ): void {
+    this.store.fileRefused(reply, part, reason, connector.messageLimit)
+    this.options.log(`run ${reply.runId}: file ${JSON.stringify(part.name)} not sent: ${reason}`)
   }
 
   /**

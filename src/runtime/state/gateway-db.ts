@@ -186,6 +186,16 @@ export const MIGRATIONS: ReadonlyArray<{name: string; sql: string}> = [
       );
     `,
   },
+  {
+    // issue 28/23: a file sent with a reply is a part of its own, its bytes in the gateway's spool
+    name: 'file parts of outbox replies',
+    sql: `
+      ALTER TABLE outbox_parts ADD COLUMN file_size INTEGER;  -- a file part: its bytes (its name is in content)
+      ALTER TABLE outbox_parts ADD COLUMN content_type TEXT;  -- a file part: its type
+      ALTER TABLE outbox_parts ADD COLUMN spool TEXT;         -- a file part not yet delivered: its copy in <home>/spool/outbox
+      ALTER TABLE outbox_parts ADD COLUMN refused TEXT;       -- a file part the platform refused for good: why (sent_at set too)
+    `,
+  },
 ]
 
 /**

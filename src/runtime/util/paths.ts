@@ -36,3 +36,8 @@ export function configDocumentRecord(home: string): string {
 export function gatewayRunDir(home: string): string {
   return path.join(home, 'run')
 }
+
+/** The gateway's copies of the files replies carry until they are delivered (state/outbox-spool.ts). */
+export function outboxSpoolDir(home: string): string {
+  return path.join(home, 'spool', 'outbox')
+}

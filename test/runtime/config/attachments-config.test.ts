@@ -12,14 +12,30 @@ function load(agents: Array<Record<string, unknown>>, extra: Record<string, unkn
 }
 
 describe('the attachments section', () => {
-  it('defaults to 25m, 10 files, 50m, and merges agent_defaults and the agent field by field', () => {
-    const loaded = load([{id: 'plain'}, {id: 'small', attachments: {max_files: 2}}], {
+  it('defaults to 25m, 10 files, 50m, 7 days in the inbox, and merges agent_defaults and the agent field by field', () => {
+    const loaded = load([{id: 'plain'}, {id: 'small', attachments: {max_files: 2, inbox_retention_days: 0.5}}], {
       agent_defaults: {attachments: {max_file_size: '5m'}},
     })
     const [plain, small] = loaded.config.agents
-    expect(plain?.attachments).toEqual({max_file_size: '5m', max_files: 10, max_total_size: '50m'})
-    expect(small?.attachments).toEqual({max_file_size: '5m', max_files: 2, max_total_size: '50m'})
+    expect(plain?.attachments).toEqual({
+      max_file_size: '5m',
+      max_files: 10,
+      max_total_size: '50m',
+      inbox_retention_days: 7,
+    })
+    expect(small?.attachments).toEqual({
+      max_file_size: '5m',
+      max_files: 2,
+      max_total_size: '50m',
+      inbox_retention_days: 0.5,
+    })
     expect(attachmentCaps(small!.attachments)).toEqual({fileBytes: 5 * 1024 ** 2, files: 2, totalBytes: 50 * 1024 ** 2})
+  })
+
+  it('refuses an inbox kept for no time at all: retention is bounded, never off', () => {
+    expect(() => load([{id: 'a', attachments: {inbox_retention_days: 0}}])).toThrow(
+      /agents\[0\]\.attachments\.inbox_retention_days: must be > 0/,
+    )
   })
 
   it('refuses a size not in the 512m form and an unknown key, naming the field', () => {

@@ -1,3 +1,5 @@
+import fs from 'node:fs'
+import path from 'node:path'
 import {describe, expect, it} from 'vitest'
 import type {FakeLlm} from '../../fakes/llm-server.js'
 import {startFakeMeepaChat} from '../../fakes/meepachat-server.js'
@@ -30,12 +32,33 @@ function scriptAgentSendingFiles(extra: Array<{name: string; arguments: Record<s
   )
 }
 
-async function gatewayFor(connector: Record<string, unknown>, attachments?: Record<string, unknown>) {
+async function gatewayFor(
+  connector: Record<string, unknown>,
+  attachments?: Record<string, unknown>,
+  gateway?: Record<string, unknown>,
+) {
   return closeAfterTest(
     await startTestGateway({
       agents: [{id: 'filer', connectors: [connector], ...(attachments ? {attachments} : {})}],
       llmBaseUrl: llm.openaiBaseUrl,
+      ...(gateway ? {gateway} : {}),
     }),
+  )
+}
+
+/** The agent sends report.txt; the platform goes away while the agent writes its answer. */
+function scriptAgentSendingAsPlatformGoes(platform: {goOffline(): Promise<void>}): void {
+  llm.enqueue(
+    {
+      toolCalls: [
+        {name: 'write_file', arguments: {path: 'out/report.txt', content: REPORT}},
+        {name: 'send_file', arguments: {path: 'out/report.txt'}},
+      ],
+    },
+    async () => {
+      await platform.goOffline()
+      return {text: 'Here is the report.'}
+    },
   )
 }
 
@@ -48,14 +71,16 @@ function outboundRecords(gateway: Awaited<ReturnType<typeof gatewayFor>>) {
 }
 
 describe('files an agent sends go out through each platform (wire fakes)', () => {
-  it('MeepaChat: presign, multipart upload, then attachmentIds on the reply, and the record lists the file', async () => {
+  it('MeepaChat: presign, multipart upload, then attachmentIds on a message of its own, then the text; the record lists the file', async () => {
     const chat = closeAfterTest(await startFakeMeepaChat({token: '1.t'}))
     const gateway = await gatewayFor({type: 'meepachat', url: chat.gatewayUrl, bot_token: '1.t'})
     await chat.waitForReadyCount(1)
     scriptAgentSendingFiles()
     chat.userSays({channelId: 'general', content: 'send me the report', threadId: 'p1'})
-    const [post] = await chat.waitForPosts(1)
-    expect(post).toMatchObject({content: 'Here is the report.', threadId: 'p1'})
+    const [post, text] = await chat.waitForPosts(2)
+    expect(text).toMatchObject({content: 'Here is the report.', threadId: 'p1'})
+    expect(text?.attachments).toBeUndefined()
+    expect(post).toMatchObject({content: 'report.txt', threadId: 'p1'})
     expect(post?.attachments?.map((upload) => [upload.filename, upload.mimeType, upload.partName])).toEqual([
       ['report.txt', 'text/plain', 'report.txt'],
     ])
@@ -77,12 +102,68 @@ describe('files an agent sends go out through each platform (wire fakes)', () =>
     expect(post?.attachments).toBeUndefined()
     expect(post?.content).toMatch(/^Here is the report\.\n\n\(File not sent: report\.txt: .*HTTP 413.*too large/)
     await gateway.waitForLog(/file "report.txt" not sent/)
+    await waitFor('the refusal in the run record', async () => (await outboundRecords(gateway))?.[0]?.skipped_reason)
     expect((await outboundRecords(gateway))?.[0]).toMatchObject({
       direction: 'out',
       name: 'report.txt',
       size: REPORT.length,
       skipped_reason: expect.stringMatching(/HTTP 413/),
     })
+  })
+
+  it('MeepaChat down when the run ends, then back refusing the file (413): the text goes out naming it, once, and the spool empties', async () => {
+    const chat = closeAfterTest(await startFakeMeepaChat({token: '1.t'}))
+    const gateway = await gatewayFor({type: 'meepachat', url: chat.gatewayUrl, bot_token: '1.t'})
+    await chat.waitForReadyCount(1)
+    scriptAgentSendingAsPlatformGoes(chat)
+    chat.userSays({channelId: 'general', content: 'send me the report'})
+    await gateway.waitForLog(/reply via filer\/meepachat .* not delivered yet: cannot reach MeepaChat/)
+    const spool = path.join(gateway.home.home, 'spool', 'outbox')
+    expect(fs.readdirSync(spool)).toHaveLength(1)
+    chat.limitUploads(10)
+    await chat.comeBack()
+    const [post] = await chat.waitForPosts(1)
+    expect(post?.attachments).toBeUndefined()
+    expect(post?.content).toMatch(
+      /^Here is the report\.\n\n\(File not sent: report\.txt: MeepaChat answered HTTP 413 .*too large\.\)$/,
+    )
+    await gateway.waitForLog(/reply delivered via filer\/meepachat/)
+    expect(chat.posts).toHaveLength(1)
+    expect(fs.readdirSync(spool)).toEqual([])
+    const [run] = new RunRecords(gateway.gateway.db).listWithFiles()
+    expect(run).toMatchObject({delivery: 'delivered', delivery_error: null})
+    expect(run?.files).toEqual([
+      expect.objectContaining({
+        direction: 'out',
+        name: 'report.txt',
+        skipped_reason: expect.stringMatching(/HTTP 413/),
+      }),
+    ])
+  })
+
+  it('MeepaChat down past reply_delivery_minutes: the reply and its file are given up on, recorded why, and the spool empties', async () => {
+    const chat = closeAfterTest(await startFakeMeepaChat({token: '1.t'}))
+    const gateway = await gatewayFor({type: 'meepachat', url: chat.gatewayUrl, bot_token: '1.t'}, undefined, {
+      reply_delivery_minutes: 0.02, // 1.2 s
+    })
+    await chat.waitForReadyCount(1)
+    scriptAgentSendingAsPlatformGoes(chat)
+    chat.userSays({channelId: 'general', content: 'send me the report'})
+    await gateway.waitForLog(
+      /WARNING run .*: the reply via filer\/meepachat could not be delivered: cannot reach MeepaChat/,
+    )
+    expect(fs.readdirSync(path.join(gateway.home.home, 'spool', 'outbox'))).toEqual([])
+    const [run] = new RunRecords(gateway.gateway.db).listWithFiles()
+    expect(run).toMatchObject({
+      delivery: 'undeliverable',
+      delivery_error: expect.stringMatching(/cannot reach MeepaChat/),
+    })
+    expect(run?.files).toEqual([
+      expect.objectContaining({
+        name: 'report.txt',
+        skipped_reason: expect.stringMatching(/^not delivered: cannot reach/),
+      }),
+    ])
   })
 
   it('files the gateway refuses (a link swapped in after send_file, over the count cap) are named in the reply and recorded', async () => {
@@ -103,8 +184,11 @@ describe('files an agent sends go out through each platform (wire fakes)', () =>
       {name: 'send_file', arguments: {path: 'third.txt'}},
     ])
     chat.userSays({channelId: 'general', content: 'files please'})
-    const [post] = await chat.waitForPosts(1)
-    expect(post?.attachments?.map((upload) => upload.filename)).toEqual(['report.txt', 'second.txt'])
+    const [first, second, post] = await chat.waitForPosts(3)
+    expect([first, second].map((file) => file?.attachments?.map((upload) => upload.filename))).toEqual([
+      ['report.txt'],
+      ['second.txt'],
+    ])
     expect(post?.content).toContain('(File not sent: swapped.txt: it is a symbolic link.)')
     expect(post?.content).toContain('(File not sent: third.txt: over the limit of 2 files per message')
     expect(post?.content).not.toContain('root:')
@@ -133,6 +217,25 @@ describe('files an agent sends go out through each platform (wire fakes)', () =>
     expect(refusedReply?.content).toMatch(
       /^Here is the report\.\n\n\(File not sent: report\.txt: Discord refused it: .*too large/i,
     )
+    await waitFor('the refusal in the run record', () =>
+      new RunRecords(gateway.gateway.db).listWithFiles()[0]?.files?.[0]?.skipped_reason?.match(/too large/i),
+    )
+  })
+
+  it('Discord: a file rate-limited with a Retry-After is sent after that wait, then the text, in order', async () => {
+    const discord = closeAfterTest(await startFakeDiscord({token: 'MTIz.d.t'}))
+    const gateway = await gatewayFor({type: 'discord', bot_token: 'MTIz.d.t', guild_ids: [], api_url: discord.apiUrl})
+    await gateway.waitForLog(/filer\/discord: connected/)
+    discord.faults.failPosts({status: 429, retryAfterSeconds: 1, times: 1})
+    scriptAgentSendingFiles()
+    discord.userSays({channelId: '1001', content: 'report?'})
+    const [file, text] = await discord.waitForPosts(2)
+    expect(file?.attachments?.map((sent) => [sent.name, sent.data.toString()])).toEqual([['report.txt', REPORT]])
+    expect(text?.content).toBe('Here is the report.')
+    const [refused, taken] = discord.faults.attempts
+    expect(refused?.status).toBe(429)
+    expect(taken!.time - refused!.time).toBeGreaterThanOrEqual(950)
+    expect(discord.faults.attempts).toHaveLength(3)
   })
 
   it('Slack: files.uploadV2 into the thread; a missing files:write scope is named in the reply', async () => {

@@ -5,7 +5,7 @@ import path from 'node:path'
 import {afterEach, beforeEach, describe, expect, it, vi} from 'vitest'
 import {readFilesToSend} from '../../../src/runtime/workspace/files-to-send.js'
 
-const CAPS = {max_file_size: '1k', max_files: 3, max_total_size: '2k'}
+const CAPS = {max_file_size: '1k', max_files: 3, max_total_size: '2k', inbox_retention_days: 7}
 let base: string
 let workspace: string
 let outside: string
