@@ -9,13 +9,17 @@ import {freePort} from '../../../helpers/free-port.js'
 import {fakeLlmConfig, makeHome, runCli, type TestHome} from '../../../helpers/home.js'
 import {startServe, type ServeProcess} from '../../../helpers/serve.js'
 import {describeWithPodman, ensurePodmanBaseImage, PODMAN_HOST, podmanDocker} from '../../../helpers/podman-engine.js'
+import {execa, type ResultPromise} from 'execa'
+import os from 'node:os'
+import {makeCertificates} from '../../../helpers/own-engine.js'
 import {limitGaps, probedPodmanHost} from '../../../../src/runtime/container/podman-limits.js'
 
 /*
  * The rootless Podman engine of scripts/ci/podman-up.sh (a non-root user's `podman system
  * service`), driven through its Docker-compatible socket by the same docker CLI path, as two
- * engines of a gateway served by bin/run.js: `podman` (best_effort: true) and `strict` (the same
- * socket, without it). What Podman cannot apply on this machine's cgroups is read from the engine
+ * engines of a gateway served by bin/run.js: `podman` (best_effort: true), `strict` (the same
+ * socket, without it) and `far`: the same engine reached as a remote one, over tcp://127.0.0.1 with
+ * mutual TLS through a TLS proxy (socat; Podman's service has no TLS of its own). What Podman cannot apply on this machine's cgroups is read from the engine
  * itself; each hardening flag is checked inside the running container by attempting what it forbids.
  */
 
@@ -33,6 +37,8 @@ describeWithPodman('container runs on rootless Podman (its Docker-compatible soc
   const workspace = (agent: string) => path.join(home.home, 'agents', agent)
   /** What Podman on this machine cannot apply (empty on cgroup v2 with the controllers delegated). */
   let gaps: ReturnType<typeof limitGaps> = []
+  let proxy: ResultPromise | undefined
+  const certificates = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-podman-tls-'))
 
   beforeAll(async () => {
     await ensurePodmanBaseImage()
@@ -46,6 +52,13 @@ describeWithPodman('container runs on rootless Podman (its Docker-compatible soc
     llm.setDefault(shellScripted)
     const port = await freePort()
     const engine = {host: PODMAN_HOST, kind: 'podman', max_runs: 4}
+    const {server, client} = makeCertificates(certificates)
+    const proxyPort = await freePort()
+    proxy = execa('socat', [
+      `openssl-listen:${proxyPort},bind=127.0.0.1,reuseaddr,fork,cert=${server.cert},key=${server.key},cafile=${server.ca},verify=1`,
+      `unix-connect:${PODMAN_HOST.slice('unix://'.length)}`,
+    ])
+    proxy.catch(() => {})
     gaps = limitGaps(await probedPodmanHost({name: 'podman', insecure: false, best_effort: false, ...engine} as never))
     const agent = (id: string, engines: string[]) => ({
       id,
@@ -60,13 +73,24 @@ describeWithPodman('container runs on rootless Podman (its Docker-compatible soc
       },
     })
     home = makeHome(
-      fakeLlmConfig(llm.openaiBaseUrl, [agent('pod', ['podman']), agent('strict', ['strict'])], {
-        captain: {enabled: true, bind: '127.0.0.1', port},
-        engines: [
-          {name: 'podman', ...engine, best_effort: true},
-          {name: 'strict', ...engine},
-        ],
-      }),
+      fakeLlmConfig(
+        llm.openaiBaseUrl,
+        [agent('pod', ['podman']), agent('strict', ['strict']), agent('farpod', ['far'])],
+        {
+          captain: {enabled: true, bind: '127.0.0.1', port},
+          engines: [
+            {name: 'podman', ...engine, best_effort: true},
+            {name: 'strict', ...engine},
+            {
+              name: 'far',
+              host: `tcp://127.0.0.1:${proxyPort}`,
+              tls: {ca: client.ca, cert: client.cert, key: client.key},
+              kind: 'podman',
+              best_effort: true,
+            },
+          ],
+        },
+      ),
     )
     serve = await startServe({home: home.home, port})
     // the first message builds the isolation image in the Podman user's storage
@@ -78,6 +102,8 @@ describeWithPodman('container runs on rootless Podman (its Docker-compatible soc
     if (serve && serve.process.exitCode === null) await serve.stop()
     await llm?.close()
     listener?.close()
+    proxy?.kill()
+    fs.rmSync(certificates, {recursive: true, force: true})
     if (home) {
       // this home's containers and volumes on the Podman engine
       const label = `label=meepagateway.home`
@@ -102,6 +128,16 @@ describeWithPodman('container runs on rootless Podman (its Docker-compatible soc
     expect(wrote.reply).toMatch(/-rw-r--r-- 1 65532 65532 .* note\.txt/)
     // message N+1 sees message N's write
     expect((await serve!.chat('pod', 'RUN: cat note.txt')).reply).toContain('made-in-podman')
+  }, 180_000)
+
+  it('runs a message on the same Podman reached as a remote engine (tcp:// with mutual TLS)', async () => {
+    // the first message makes the workspace
+    expect((await serve!.chat('farpod', 'hello')).reply, serve!.output().slice(-3000)).toBe('pong')
+    fs.writeFileSync(path.join(workspace('farpod'), 'seed.txt'), 'sent-over-tls')
+    const wrote = await serve!.chat('farpod', 'RUN: cat seed.txt && echo made-far > far.txt')
+    expect(wrote.reply, serve!.output().slice(-3000)).toContain('sent-over-tls')
+    expect(serve!.output()).toMatch(/running on engine far/)
+    expect(fs.readFileSync(path.join(workspace('farpod'), 'far.txt'), 'utf8')).toBe('made-far\n')
   }, 180_000)
 
   it('hardening holds inside: read-only root, no capabilities, no new privileges, non-root, no network, file size, init', async () => {
