@@ -12,15 +12,18 @@ import {describeWithPodman, ensurePodmanBaseImage, PODMAN_HOST, podmanDocker} fr
 import {execa, type ResultPromise} from 'execa'
 import os from 'node:os'
 import {makeCertificates} from '../../../helpers/own-engine.js'
+import {homeLabel} from '../../../../src/sandbox/docker/containers.js'
+import {syncedVolume} from '../../../../src/runtime/runners/container/workspace-sync.js'
 import {limitGaps, probedPodmanHost} from '../../../../src/runtime/container/podman-limits.js'
 
 /*
  * The rootless Podman engine of scripts/ci/podman-up.sh (a non-root user's `podman system
- * service`), driven through its Docker-compatible socket by the same docker CLI path, as two
+ * service`), driven through its Docker-compatible socket by the same docker CLI path, as three
  * engines of a gateway served by bin/run.js: `podman` (best_effort: true), `strict` (the same
  * socket, without it) and `far`: the same engine reached as a remote one, over tcp://127.0.0.1 with
- * mutual TLS through a TLS proxy (socat; Podman's service has no TLS of its own). What Podman cannot apply on this machine's cgroups is read from the engine
- * itself; each hardening flag is checked inside the running container by attempting what it forbids.
+ * mutual TLS through a TLS proxy (socat; Podman's service has no TLS of its own). What Podman
+ * cannot apply on this machine's cgroups is read from the engine itself; each hardening flag is
+ * checked inside the running container by attempting what it forbids.
  */
 
 const KEY = 'sk-fake-test-key-123456' // what startServe gives FAKE_LLM_KEY
@@ -105,15 +108,12 @@ describeWithPodman('container runs on rootless Podman (its Docker-compatible soc
     proxy?.kill()
     fs.rmSync(certificates, {recursive: true, force: true})
     if (home) {
-      // this home's containers and volumes on the Podman engine
-      const label = `label=meepagateway.home`
-      const ids = (await podmanDocker(['ps', '-aq', '--filter', label])).stdout.split('\n').filter(Boolean)
-      const mine = []
-      for (const id of ids) {
-        const labels = (await podmanDocker(['inspect', '--format', '{{json .Config.Labels}}', id])).stdout
-        if (labels.includes(path.basename(home.home))) mine.push(id)
-      }
-      if (mine.length > 0) await podmanDocker(['rm', '-f', ...mine])
+      // this home's containers and workspace volumes on the Podman engine
+      const label = homeLabel(home.home)
+      const left = (await podmanDocker(['ps', '-aq', '--filter', `label=meepagateway.home=${label}`])).stdout
+      if (left.trim()) await podmanDocker(['rm', '-f', ...left.trim().split('\n')])
+      const volumes = ['pod', 'farpod', 'strict'].map((agent) => syncedVolume(home.home, 'podman', label, agent).volume)
+      await podmanDocker(['volume', 'rm', '-f', ...volumes])
     }
     home?.cleanup()
   }, 120_000)
@@ -153,6 +153,8 @@ describeWithPodman('container runs on rootless Podman (its Docker-compatible soc
       'cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d " "',
       `(exec 3<>/dev/tcp/127.0.0.1/${listenerPort}) 2>/dev/null && echo REACHED || echo NO-NETWORK`,
       'tr "\\0" " " < /proc/1/cmdline; echo',
+      // allow_listen is off: the sandbox helper's layer refuses a listening socket
+      `/opt/meepagateway/bin/node -e "require('net').createServer().listen(0, '127.0.0.1', () => console.log('LISTENING')).on('error', (e) => console.log('LISTEN-DENIED', e.code))"`,
     ].join('; ')
     const running = serve!.chat('pod', `RUN: bash -c '${script.replaceAll("'", "'\\''")}'; sleep 2`)
     // the running container, as the engine holds it
@@ -198,6 +200,8 @@ describeWithPodman('container runs on rootless Podman (its Docker-compatible soc
     expect(reached).toBe(false)
     // --init: an init is pid 1, agent-run is not
     expect(reply).toMatch(/podman-init|catatonit|tini/)
+    expect(reply).toMatch(/LISTEN-DENIED/)
+    expect(reply).not.toMatch(/^LISTENING$/m)
     expect(reply).not.toContain(KEY)
   }, 180_000)
 
