@@ -33,12 +33,13 @@ fi
 uid="$(id -u "$PODMAN_USER")"
 home="$(getent passwd "$PODMAN_USER" | cut -d: -f6)"
 
-# 65536 ids of its own, far from every other range: the container's uids map there.
+# 65536 ids of its own, past every other range (and far above real users): the container's uids map there.
 for file in /etc/subuid /etc/subgid; do
   touch "$file"
   if ! grep -q "^$PODMAN_USER:" "$file"; then
-    echo "$PODMAN_USER:2000000000:65536" >>"$file"
-    log "gave $PODMAN_USER a range in $file"
+    start="$(awk -F: 'BEGIN { m = 2000000000 } { if ($2 + $3 > m) m = $2 + $3 } END { print m }' "$file")"
+    echo "$PODMAN_USER:$start:65536" >>"$file"
+    log "gave $PODMAN_USER the ids $start-$((start + 65535)) in $file"
   fi
 done
 
