@@ -115,6 +115,8 @@ build_base_image() {
     || die "debootstrap failed; check that $DEBIAN_MIRROR is reachable"
   # Like the official slim image: no apt lists or caches, and sources pointing at the mirror.
   rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin "$root"/var/cache/apt/archives/*.deb
+  # a root folder of 0755, as Debian has it: mktemp made it 0700, which Podman applies from the layer
+  chmod 0755 "$root"
   printf 'deb %s bookworm main\n' "$DEBIAN_MIRROR" >"$root/etc/apt/sources.list"
   tar -C "$root" -c . | timeout 600 docker import \
     --change 'CMD ["bash"]' --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \

@@ -44,7 +44,7 @@ function openssl(args: string[], cwd: string): void {
 }
 
 /** A CA, the server's certificate (for 127.0.0.1) and a client certificate, all signed by it; and another CA. */
-function makeCertificates(dir: string): {
+export function makeCertificates(dir: string): {
   server: {ca: string; cert: string; key: string}
   client: Omit<EngineTls, 'host'>
 } {

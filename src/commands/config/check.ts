@@ -3,6 +3,7 @@ import {connectorConfigWarnings} from '../../runtime/config/connector-warnings.j
 import {describeConfig, type ConfigReport} from '../../runtime/config/report.js'
 import {sandboxConfigWarnings} from '../../runtime/host-sandbox/config-warnings.js'
 import {insecureEngines} from '../../runtime/config/load.js'
+import {podmanLimitWarnings} from '../../runtime/container/podman-limits.js'
 
 export default class ConfigCheck extends BaseCommand<typeof ConfigCheck> {
   static summary = 'validate config.yaml and print the resolved config with secrets masked'
@@ -23,6 +24,8 @@ export default class ConfigCheck extends BaseCommand<typeof ConfigCheck> {
       engine,
       warning: 'reached without TLS (insecure: true): anyone who reaches its port can run anything there',
     }))
+    if (loaded.config.engines?.some((engine) => engine.kind === 'podman'))
+      engineWarnings.push(...(await podmanLimitWarnings(loaded.config.engines)))
     for (const {engine, warning} of engineWarnings) this.logToStderr(`warning: engine ${engine}: ${warning}`)
     this.log(report.yaml)
     return {...report, warnings, engine_warnings: engineWarnings}

@@ -25,6 +25,7 @@ export default class ContainerStatusCommand extends BaseCommand<typeof Container
       this.log(`agent ${agent.agent}: ${image.tag} ${state}`)
     }
     if (status.agents.length === 0) this.log('no agent has container_mode.enabled')
+    for (const {engine, warning} of status.engine_warnings) this.log(`engine ${engine}: ${yellow(warning)}`)
     this.log(`containers: ${status.containers.length === 0 ? 'none running' : ''}`)
     for (const container of status.containers)
       this.log(

@@ -156,6 +156,7 @@ export const ENGINE_FIELD_AUDIT: Record<string, FieldAudit<EngineConfig>> = {
   'tls.cert': pointedElsewhere,
   'tls.key': pointedElsewhere,
   insecure: turnedOn, // tcp:// without TLS: anyone on the path owns the engine
+  best_effort: turnedOn, // runs without the limits the engine cannot apply
 }
 
 function weakenings<T>(table: Record<string, FieldAudit<T>>, before: T, after: T): string[] {

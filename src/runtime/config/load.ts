@@ -279,8 +279,11 @@ function engineProblems(raw: RawConfig): string[] {
         `${at}.host: ${engine.host} without tls: {ca, cert, key} lets anyone who reaches the port run anything on that machine; add tls (mutual TLS), or set insecure: true to accept that`,
       )
     if (engine.tls && !tcp) problems.push(`${at}.tls: only a tcp:// host speaks TLS`)
-    if (engine.host?.startsWith('ssh://') || engine.kind === 'podman')
-      problems.push(`${at}: ${engine.kind === 'podman' ? 'kind: podman' : 'ssh:// hosts'} are not supported yet`)
+    if (engine.host?.startsWith('ssh://')) problems.push(`${at}: ssh:// hosts are not supported yet`)
+    if (engine.kind === 'podman' && engine.host?.startsWith('ssh://'))
+      problems.push(
+        `${at}: a Podman engine is reached over its socket (unix://, or tcp:// with tls through a TLS proxy), not ssh://`,
+      )
     if (engine.context !== undefined) problems.push(`${at}.context: docker contexts are not supported yet; give host`)
   }
   const checkAllowed = (list: string[] | undefined, at: string) => {
@@ -320,6 +323,7 @@ function resolveConfig(raw: RawConfig): GatewayConfig {
             kind: engine.kind ?? 'docker',
             max_runs: engine.max_runs ?? DEFAULT_ENGINE_MAX_RUNS,
             insecure: engine.insecure ?? false,
+            best_effort: engine.best_effort ?? false,
           })),
         }
       : {}),

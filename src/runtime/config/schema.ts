@@ -58,6 +58,8 @@ const engineSchema = {
       properties: {ca: absolutePath, cert: absolutePath, key: absolutePath},
     },
     insecure: {type: 'boolean'},
+    // run where the engine cannot apply a limit (rootless Podman without the cgroup controller), saying so
+    best_effort: {type: 'boolean'},
   },
 }
 

@@ -74,6 +74,11 @@ export interface EngineConfig {
   tls?: {ca: string; cert: string; key: string}
   /** tcp:// without TLS: anyone who reaches the port owns the engine (flagged by config check and serve). */
   insecure: boolean
+  /**
+   * Where the engine cannot apply a limit (rootless Podman without a delegated cgroup controller),
+   * run without it and say so; unset, such runs are refused naming the limit.
+   */
+  best_effort: boolean
 }
 
 /**

@@ -31,6 +31,8 @@ export interface ContainerStatus {
   engine: {reachable: true; server_version: string; api_version: string}
   agents: AgentImageStatus[]
   containers: Array<Pick<GatewayContainer, 'name' | 'agent' | 'run' | 'state' | 'created' | 'image'>>
+  /** Each limit a Podman engine of the list cannot apply, and what its runs do about it (podman-limits.ts). */
+  engine_warnings: Array<{engine: string; warning: string}>
 }
 
 /**
@@ -76,7 +78,13 @@ export async function containerStatus(
     others.abort()
     throw error
   })
-  const [agents, listed] = await Promise.all([statuses, listing])
+  const [agents, listed, engineWarnings] = await Promise.all([
+    statuses,
+    listing,
+    loaded.config.engines?.some((listed) => listed.kind === 'podman')
+      ? import('./podman-limits.js').then(({podmanLimitWarnings}) => podmanLimitWarnings(loaded.config.engines))
+      : [],
+  ])
   const containers = listed.map(({name, agent, run, state, created, image}) => ({
     name,
     agent,
@@ -85,7 +93,12 @@ export async function containerStatus(
     created,
     image,
   }))
-  return {engine: {reachable: true, server_version: version.server, api_version: version.api}, agents, containers}
+  return {
+    engine: {reachable: true, server_version: version.server, api_version: version.api},
+    agents,
+    containers,
+    engine_warnings: engineWarnings,
+  }
 }
 
 async function agentImageStatus(

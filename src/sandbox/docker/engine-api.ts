@@ -85,6 +85,11 @@ export class EngineApi {
     return {server: version.Version ?? 'unknown', api: version.ApiVersion ?? 'unknown'}
   }
 
+  /** The body of a GET of an endpoint of the engine's own (Podman's `/v4.0.0/libpod/info`). */
+  async getText(endpoint: string, options: EngineRequestOptions = {}): Promise<string> {
+    return (await this.call(endpoint, options)).body
+  }
+
   /**
    * Every container (any state) carrying all of these labels (`name=value`), as
    * `docker container inspect` gives them.

@@ -41,6 +41,14 @@ export interface DockerRunSpec {
   entrypoint?: string
   /** Its arguments; default `agent-run` of the bundled app. */
   command?: string[]
+  /**
+   * `podman`: the engine is Podman behind its Docker-compatible API, which drops `--ulimit` and the
+   * tmpfs `uid=`/`gid=` options: the file size limit is set by a shell before the program starts
+   * (no capability in the container can raise it again) and the tmpfs is given to the user with `U`.
+   */
+  engineKind?: 'docker' | 'podman'
+  /** Limits the engine cannot apply, left out of argv (an engine's best_effort: true, see podman-limits.ts). */
+  unappliedLimits?: ReadonlyArray<'memory' | 'cpus' | 'pids'>
 }
 
 export const CONTAINER_WORKSPACE = '/workspace'
@@ -80,6 +88,14 @@ export function buildDockerRunArgs(spec: DockerRunSpec): string[] {
       )
   }
   const user = `${spec.uid}:${spec.gid}`
+  const podman = spec.engineKind === 'podman'
+  const without = new Set(spec.unappliedLimits ?? [])
+  const program = [spec.entrypoint ?? CONTAINER_NODE, ...(spec.command ?? [`${CONTAINER_APP}/bin/run.js`, 'agent-run'])]
+  // sh's `ulimit -f` counts 512-byte blocks; it sets the soft and the hard limit
+  const started =
+    podman && spec.fileSizeLimit
+      ? ['/bin/sh', '-c', `ulimit -f ${Math.floor(spec.fileSizeLimit / 512)} && exec "$@"`, 'sh', ...program]
+      : program
   return [
     'run',
     '--name',
@@ -94,14 +110,9 @@ export function buildDockerRunArgs(spec: DockerRunSpec): string[] {
     '--read-only',
     '--cap-drop=ALL',
     '--security-opt=no-new-privileges',
-    '--memory',
-    spec.memoryLimit,
-    '--memory-swap',
-    spec.memoryLimit,
-    '--pids-limit',
-    String(spec.pidsLimit),
-    '--cpus',
-    String(spec.cpus),
+    ...(without.has('memory') ? [] : ['--memory', spec.memoryLimit, '--memory-swap', spec.memoryLimit]),
+    ...(without.has('pids') ? [] : ['--pids-limit', String(spec.pidsLimit)]),
+    ...(without.has('cpus') ? [] : ['--cpus', String(spec.cpus)]),
     ...(spec.fileSizeLimit ? ['--ulimit', `fsize=${spec.fileSizeLimit}`] : []),
     // its own cgroup at /sys/fs/cgroup whatever the engine's default, where agent-run reads OOM kills
     '--cgroupns',
@@ -109,7 +120,7 @@ export function buildDockerRunArgs(spec: DockerRunSpec): string[] {
     '--init',
     // owned by the run user: with --cap-drop=ALL even root could not write a root-owned 0755 /tmp
     '--tmpfs',
-    `/tmp:rw,nosuid,nodev,exec,size=${CONTAINER_TMP_SIZE},uid=${spec.uid},gid=${spec.gid},mode=0700`,
+    `/tmp:rw,nosuid,nodev,exec,size=${CONTAINER_TMP_SIZE},${podman ? 'U' : `uid=${spec.uid},gid=${spec.gid}`},mode=0700`,
     '--user',
     user,
     '-v',
@@ -130,9 +141,9 @@ export function buildDockerRunArgs(spec: DockerRunSpec): string[] {
     spec.network,
     ...Object.entries(spec.labels).flatMap(([key, value]) => ['--label', `${key}=${value}`]),
     '--entrypoint',
-    spec.entrypoint ?? CONTAINER_NODE,
+    started[0]!,
     spec.image,
-    ...(spec.command ?? [`${CONTAINER_APP}/bin/run.js`, 'agent-run']),
+    ...started.slice(1),
   ]
 }
 

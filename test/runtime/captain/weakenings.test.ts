@@ -93,6 +93,7 @@ const ENGINE_LOOSENINGS: Record<string, {before?: Partial<EngineConfig>; after: 
   'tls.cert': {after: {tls: {ca: '/etc/ca.pem', cert: '/etc/other.pem', key: '/etc/k.pem'}}},
   'tls.key': {after: {tls: {ca: '/etc/ca.pem', cert: '/etc/c.pem', key: '/etc/other-key.pem'}}},
   insecure: {after: {insecure: true}},
+  best_effort: {after: {best_effort: true}},
 }
 const engine = (fields: Partial<EngineConfig> = {}): EngineConfig => ({
   name: 'far',
@@ -100,6 +101,7 @@ const engine = (fields: Partial<EngineConfig> = {}): EngineConfig => ({
   kind: 'docker',
   max_runs: 8,
   insecure: false,
+  best_effort: false,
   tls: {ca: '/etc/ca.pem', cert: '/etc/c.pem', key: '/etc/k.pem'},
   ...fields,
 })

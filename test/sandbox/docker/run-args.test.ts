@@ -142,3 +142,28 @@ describe('orphan containers', () => {
     expect(isOrphan(container({}), () => false)).toBe(false)
   })
 })
+
+describe('docker run argv for Podman (its Docker-compatible API)', () => {
+  const podman = buildDockerRunArgs({...spec, engineKind: 'podman', fileSizeLimit: 8 * 1024 * 1024})
+
+  it('sets the file size limit in a shell before agent-run (the API drops --ulimit) and owns /tmp with U', () => {
+    const entry = podman.indexOf('--entrypoint')
+    expect(podman.slice(entry + 1, entry + 2)).toEqual(['/bin/sh'])
+    expect(podman.slice(entry + 3, entry + 6)).toEqual(['-c', 'ulimit -f 16384 && exec "$@"', 'sh'])
+    expect(podman.slice(entry + 6)).toEqual([
+      '/opt/meepagateway/bin/node',
+      '/opt/meepagateway/app/bin/run.js',
+      'agent-run',
+    ])
+    expect(flag(podman, '--tmpfs')).toMatch(/,U,mode=0700$/)
+    expect(flag(podman, '--tmpfs')).not.toMatch(/uid=/)
+  })
+
+  it('leaves out only the limits a best_effort engine cannot apply', () => {
+    const without = buildDockerRunArgs({...spec, engineKind: 'podman', unappliedLimits: ['cpus', 'pids']})
+    expect(without).not.toContain('--cpus')
+    expect(without).not.toContain('--pids-limit')
+    expect(flag(without, '--memory')).toBe('512m')
+    expect(buildDockerRunArgs(spec)).toContain('--cpus')
+  })
+})

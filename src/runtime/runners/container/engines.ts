@@ -1,6 +1,7 @@
 import {DockerCli, dockerCli} from '../../../sandbox/docker/cli.js'
 import type {EngineConfig, GatewayConfig} from '../../config/types.js'
 import {GatewayError, toGatewayError} from '../../util/errors.js'
+import {pingPodman} from '../../container/podman-api.js'
 import {engineStates, markEngineDown, markEngineUp} from './engine-health.js'
 
 /**
@@ -24,23 +25,35 @@ export interface RunEngine {
 /** A Docker engine, driven through the docker CLI with its `--host`/TLS flags. */
 export interface DockerEngine extends RunEngine {
   readonly cli: DockerCli
+  /** Its `engines:` entry; unset for the local engine without the list. */
+  readonly config?: EngineConfig
 }
 
 /** The name of the engine runs use when the config has no `engines:` list. */
 export const LOCAL_ENGINE = 'local'
 
-function dockerEngine(name: string, cli: DockerCli, workspace: 'bind' | 'sync', maxRuns: number): DockerEngine {
+function dockerEngine(
+  name: string,
+  cli: DockerCli,
+  workspace: 'bind' | 'sync',
+  maxRuns: number,
+  config?: EngineConfig,
+): DockerEngine {
   return {
     name,
     cli,
     workspace,
     maxRuns,
-    ping: async (timeoutMs) => void (await cli.ping({timeoutMs})),
+    ...(config ? {config} : {}),
+    ping:
+      config?.kind === 'podman'
+        ? (timeoutMs) => pingPodman(config, timeoutMs)
+        : async (timeoutMs) => void (await cli.ping({timeoutMs})),
   }
 }
 
 /** The docker CLI's global flags for an engine: its host and, over tcp://, the mutual TLS files (paths only). */
-export function engineArgsOf(engine: EngineConfig): string[] {
+export function engineArgsOf(engine: Pick<EngineConfig, 'host' | 'tls'> & Partial<EngineConfig>): string[] {
   const host = ['--host', engine.host as string]
   if (!engine.tls) return host
   return [
@@ -67,9 +80,11 @@ export function enginesOf(config: GatewayConfig): DockerEngine[] {
           dockerEngine(
             engine.name,
             new DockerCli({engineArgs: engineArgsOf(engine)}),
-            // a unix socket is on this machine: it can mount the host's workspace path
-            engine.host?.startsWith('unix://') ? 'bind' : 'sync',
+            // a unix socket is on this machine: it can mount the host's workspace path; rootless
+            // Podman's user can neither reach the gateway's home nor own its files (user namespace)
+            engine.host?.startsWith('unix://') && engine.kind !== 'podman' ? 'bind' : 'sync',
             engine.max_runs,
+            engine,
           ),
         )
       : [dockerEngine(LOCAL_ENGINE, dockerCli(), 'bind', Number.POSITIVE_INFINITY)]

@@ -11,7 +11,7 @@ import {
   planImages,
   type ImageContext,
 } from '../../../sandbox/docker/images.js'
-import {CONTAINER_WORKSPACE, containerNameFor} from '../../../sandbox/docker/run-args.js'
+import {CONTAINER_WORKSPACE, containerNameFor, type DockerRunSpec} from '../../../sandbox/docker/run-args.js'
 import type {AgentRunOutput} from '../../shapes/agent-run-contract.js'
 import {withAgentLock} from '../../workspace/agent-lock.js'
 import {handWorkspaceTo} from '../../workspace/owner.js'
@@ -31,6 +31,7 @@ import {startAgentContainer, type AgentContainer, type RunShape} from './agent-c
 import {prepareStandby, takeStandby} from './standby-pool.js'
 import {setStandbyBudget, standbyIdleMs} from '../standby-budget.js'
 import {enginesOf, placeRun, watchEngines, type DockerEngine} from './engines.js'
+import {describeGaps, limitGaps, limitsRefused, probedPodmanHost} from '../../container/podman-limits.js'
 import {forgetVolume, pullWorkspace, pushWorkspace, syncedVolume, syncingCommand} from './workspace-sync.js'
 import {
   engineApiFor,
@@ -249,6 +250,7 @@ async function runOnce(
   const usageBefore = await diskUsage([request.input.workspace], diskLimit)
   if (overLimit(usageBefore, diskLimit))
     return diskFull(runId, agent.limits.disk, usageBefore, request.input.workspace, 'before')
+  const dialect = await engineDialect(engine, log)
   await removeOwedContainers(cli)
   const deadline = Date.now() + request.timeoutMs
   const image = await readyBeforeDeadline(cli, deadline, request.signal, (signal) =>
@@ -258,7 +260,7 @@ async function runOnce(
     engine?.workspace === 'sync'
       ? syncedVolume(request.home, engine.name, homeLabel(request.home), agent.id)
       : undefined
-  const shape = await runShape(request, image, request.signal, sync?.volume)
+  const shape = await runShape(request, image, request.signal, sync?.volume, dialect)
   if (sync) {
     const {sent} = await pushWorkspace(cli, sync, {
       workspace: canonicalWorkspace(request.input.workspace),
@@ -511,6 +513,24 @@ async function runInStartedContainer(
   return channel.outcome() ?? parseAgentRunOutput(runId, '', state.exitCode, stderrTail)
 }
 
+/**
+ * What the run's argv must say for its engine: Podman's dialect, and on a Podman engine that cannot
+ * apply a limit, the refusal naming it, or with the engine's best_effort: true the run without it, said in the run's log.
+ */
+async function engineDialect(
+  engine: DockerEngine | undefined,
+  log: (line: string) => void,
+): Promise<Pick<DockerRunSpec, 'engineKind' | 'unappliedLimits'>> {
+  if (engine?.config?.kind !== 'podman') return {}
+  const gaps = limitGaps(await probedPodmanHost(engine.config))
+  if (gaps.length === 0) return {engineKind: 'podman'}
+  if (!engine.config.best_effort) throw limitsRefused(engine.name, gaps)
+  log(
+    `best effort: engine ${engine.name} runs this message WITHOUT ${gaps.map((gap) => gap.limit).join(', ')} (best_effort: true): ${describeGaps(gaps)}`,
+  )
+  return {engineKind: 'podman', unappliedLimits: gaps.map((gap) => gap.limit)}
+}
+
 function standbySlot(request: RunRequest): string {
   return `${homeLabel(request.home)}/${request.input.agent.id}`
 }
@@ -521,6 +541,7 @@ async function runShape(
   signal: AbortSignal | undefined,
   /** The engine-side volume that stands for the workspace on a sync engine. */
   volume?: string,
+  dialect: Pick<DockerRunSpec, 'engineKind' | 'unappliedLimits'> = {},
 ): Promise<RunShape> {
   const {input} = request
   const {agent} = input
@@ -551,6 +572,7 @@ async function runShape(
     },
     forwardEnv,
     sandboxHelper: bundledSandboxHelper(),
+    ...dialect,
     // on a sync engine the same agent-run, followed by the list of what it changed
     ...(volume ? syncingCommand([CONTAINER_NODE, `${CONTAINER_APP}/bin/run.js`, 'agent-run']) : {}),
   }

@@ -1,0 +1,57 @@
+import fs from 'node:fs'
+import https from 'node:https'
+import {EngineApi} from '../../sandbox/docker/engine-api.js'
+import type {EngineConfig} from '../config/types.js'
+import {GatewayError} from '../util/errors.js'
+
+/**
+ * A GET of a Podman engine's own API, over its unix socket or, on tcp://, with the engine's
+ * mutual TLS files (a TLS proxy in front of `podman system service`, which has no TLS itself).
+ * For what the docker CLI cannot ask or asks too slowly: Podman answers `docker version` in
+ * ≈ 1.5 s (it runs conmon and the OCI runtime to report them), `/_ping` in a few ms.
+ */
+export async function podmanGet(engine: EngineConfig, endpoint: string, timeoutMs: number): Promise<string> {
+  const host = engine.host ?? ''
+  if (host.startsWith('unix://')) {
+    return new EngineApi(host.slice('unix://'.length)).getText(endpoint, {timeoutMs})
+  }
+  if (!host.startsWith('tcp://') || !engine.tls)
+    throw new GatewayError(
+      'E_CONFIG',
+      `engine ${engine.name}: a Podman engine is reached on unix:// or tcp:// with tls`,
+    )
+  const url = new URL(host.replace(/^tcp:/, 'https:'))
+  const tls = engine.tls
+  return new Promise((resolve, reject) => {
+    const request = https.get(
+      {
+        host: url.hostname,
+        port: url.port,
+        path: endpoint,
+        ca: fs.readFileSync(tls.ca),
+        cert: fs.readFileSync(tls.cert),
+        key: fs.readFileSync(tls.key),
+        timeout: timeoutMs,
+      },
+      (response) => {
+        const chunks: Buffer[] = []
+        response.on('data', (chunk: Buffer) => chunks.push(chunk))
+        response.on('end', () => {
+          const body = Buffer.concat(chunks).toString('utf8')
+          if ((response.statusCode ?? 500) >= 400)
+            reject(new Error(`${endpoint} answered ${response.statusCode}: ${body.slice(0, 200)}`))
+          else resolve(body)
+        })
+      },
+    )
+    request.on('timeout', () => request.destroy(new Error(`no answer within ${timeoutMs} ms`)))
+    request.on('error', reject)
+  })
+}
+
+/** Resolves when the engine answers `/_ping` within `timeoutMs`. */
+export async function pingPodman(engine: EngineConfig, timeoutMs: number): Promise<void> {
+  const answer = await podmanGet(engine, '/_ping', timeoutMs)
+  if (answer.trim() !== 'OK')
+    throw new GatewayError('E_DOCKER_DOWN', `engine ${engine.name} answered /_ping with "${answer.slice(0, 80)}"`)
+}
