@@ -1,5 +1,7 @@
 import type {ChildProcess, StdioOptions} from 'node:child_process'
+import fs from 'node:fs'
 import os from 'node:os'
+import path from 'node:path'
 import {execa, type Options, type Result} from 'execa'
 
 /**
@@ -59,6 +61,13 @@ export interface SubprocessOptions {
   detached?: boolean
   /** Its CPU niceness (0 to 19), set as soon as it started: background work that must not slow what users wait for. */
   niceness?: number
+  /**
+   * It gets the CPUs and the disk only when no other work wants them: SCHED_IDLE and the idle I/O
+   * class, through util-linux `chrt` and `ionice` found on `env.PATH` (each execs the next, so the
+   * child keeps its pid and argv; a missing command is then ionice's exit 127, not ENOENT). Where
+   * they are missing, `niceness` alone holds.
+   */
+  idle?: boolean
 }
 
 /**
@@ -75,7 +84,8 @@ export function startSubprocess(file: string, args: readonly string[], options: 
   const stdio = options.stdio ?? ['ignore', 'pipe', 'pipe']
   const maxBuffer = options.maxBuffer ?? DEFAULT_MAX_BUFFER
   const cut = new AbortController()
-  const subprocess = execa(file, args, {
+  const wrapper = options.idle ? idleWrapper(options.env.PATH) : []
+  const subprocess = execa(wrapper[0] ?? file, wrapper.length > 0 ? [...wrapper.slice(1), file, ...args] : args, {
     env: options.env,
     extendEnv: false,
     cwd: options.cwd,
@@ -122,6 +132,16 @@ export function startSubprocess(file: string, args: readonly string[], options: 
     Reflect.defineProperty(child, method, {value: result[method].bind(result), configurable: true, writable: true})
   }
   return child as unknown as Subprocess
+}
+
+/**
+ * SCHED_IDLE rather than niceness 19 alone: a CPU running only SCHED_IDLE work counts as idle when
+ * the scheduler places a waking task, so other agents' processes take it at once.
+ */
+function idleWrapper(searchPath: string | undefined): string[] {
+  const found = (name: string) =>
+    (searchPath ?? '').split(':').some((dir) => dir !== '' && fs.existsSync(path.join(dir, name)))
+  return found('chrt') && found('ionice') ? ['chrt', '--idle', '0', 'ionice', '--class', '3'] : []
 }
 
 /**

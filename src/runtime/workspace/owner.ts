@@ -35,7 +35,8 @@ export function reclaimWorkspace(workspace: string, signal?: AbortSignal): Promi
  * gateway itself for a run as its uid, whose sandboxed root has no CAP_DAC_OVERRIDE/CAP_FOWNER and
  * so cannot write files another uid owns. GNU chown -R -P walks with openat and never follows a
  * symlink the agent planted; the kernel drops setuid/setgid bits of every file it re-owns. It runs
- * as an async child (niced, with a deadline and the caller's cancel): the gateway answers meanwhile.
+ * as an async child (with a deadline and the caller's cancel): the gateway answers meanwhile, and at
+ * idle CPU and I/O priority, so the agent with many files waits for them, not the other agents.
  *
  * The walk is skipped when the workspace root already has the owner. chown -R changes a directory
  * after its contents, so the root's owner changes only when a walk finished, and after that no
@@ -64,6 +65,7 @@ async function handOver(root: string, owner: Owner, options: {purpose: string; s
     signal: options.signal,
     killSignal: 'SIGKILL',
     niceness: FILE_WALK_NICENESS,
+    idle: true,
     maxBuffer: 1024 * 1024,
   })
   if (!result.failed) {

@@ -157,6 +157,32 @@ describe('startSubprocess', () => {
     expect(result).toMatchObject({exitCode: 0, stdout: ''})
   })
 
+  // a CPU running only SCHED_IDLE work counts as idle when a waking task is placed: other work takes it at once
+  it('with `idle`, runs the child itself (its pid, its argv) at SCHED_IDLE and the idle I/O class', async () => {
+    const result = await startSubprocess(
+      'sh',
+      ['-c', 'chrt -p $$; ionice -p $$; tr "\\0" " " < /proc/$$/cmdline', 'walk'],
+      {env: {PATH}, idle: true},
+    )
+    expect(result.stdout).toMatch(/current scheduling policy: SCHED_IDLE$/m)
+    expect(result.stdout).toMatch(/^idle$/m)
+    expect(result.stdout).toMatch(/^sh -c .* walk $/m)
+
+    const started = performance.now()
+    const stopped = await startSubprocess('sleep', ['30'], {env: {PATH}, idle: true, timeoutMs: 200})
+    expect(stopped).toMatchObject({timedOut: true, signal: 'SIGTERM'})
+    expect(performance.now() - started).toBeLessThan(5000)
+  })
+
+  it('with `idle` where chrt and ionice are not on its PATH, runs the child as it is', async () => {
+    const result = await startSubprocess('/bin/sh', ['-c', '/usr/bin/chrt -p $$'], {
+      env: {PATH: '/nonexistent'},
+      idle: true,
+    })
+    expect(result.exitCode).toBe(0)
+    expect(result.stdout).toMatch(/current scheduling policy: SCHED_OTHER$/m)
+  })
+
   it('gives the child only the environment it is given', async () => {
     process.env.MEEPA_SUBPROCESS_TEST_SECRET = 'sk-should-not-pass'
     try {

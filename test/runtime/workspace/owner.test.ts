@@ -183,6 +183,44 @@ describe.skipIf(process.getuid?.() !== 0)('hand-overs of a root gateway (in proc
     return workspace
   }
   beforeAll(() => fs.mkdirSync(path.join(home.home, 'agents'), {recursive: true}))
+  /** 60,000 files in `workspace`/many, on a tmpfs: filling a disk with them takes long on a busy machine. */
+  const fillTmpfs = (workspace: string) => {
+    const many = path.join(workspace, 'many')
+    fs.mkdirSync(many)
+    execFileSync('mount', ['-t', 'tmpfs', '-o', 'size=256m', 'tmpfs', many])
+    execFileSync('/bin/sh', [
+      '-c',
+      'cd "$1" && for d in $(seq 60); do mkdir "d$d" && (cd "d$d" && seq 1000 | xargs touch); done',
+      'sh',
+      many,
+    ])
+    return many
+  }
+
+  // other agents' runs must not wait for it: it gets a CPU and the disk only when they do not want them
+  it('walks at idle CPU and I/O priority', async () => {
+    const workspace = handedToContainer()
+    fs.lchownSync(workspace, 0, 0)
+    const many = fillTmpfs(workspace)
+    try {
+      let priority: string | undefined
+      const handing = handWorkspaceTo(workspace, {uid: C, gid: C}, {purpose: 'the container'})
+      void handing.finally(() => (priority ??= 'the walk ended before it was seen'))
+      while (priority === undefined) {
+        const walk = fs
+          .readdirSync('/proc')
+          .find((pid) => /^\d+$/.test(pid) && readArgv(pid)[0] === 'chown' && readArgv(pid).includes(workspace))
+        if (walk) priority = execFileSync('sh', ['-c', `chrt -p ${walk}; ionice -p ${walk}`], {encoding: 'utf8'})
+        else await new Promise((resolve) => setTimeout(resolve, 2))
+      }
+      await handing
+      expect(priority).toMatch(/current scheduling policy: SCHED_IDLE\n/)
+      expect(priority).toMatch(/^idle$/m)
+      expect(fs.lstatSync(path.join(many, 'd60', '1000')).uid).toBe(C)
+    } finally {
+      execFileSync('umount', [many])
+    }
+  }, 120_000)
 
   it("what the gateway recreates or writes in a container's workspace belongs to the container's uid (memory.db stays the agent's)", () => {
     const workspace = handedToContainer()
@@ -215,17 +253,8 @@ describe.skipIf(process.getuid?.() !== 0)('hand-overs of a root gateway (in proc
   it('a cancelled hand-over ends its walk at once and leaves the root as it was, so the next one walks again', async () => {
     const workspace = handedToContainer()
     fs.lchownSync(workspace, 0, 0) // as a run as root leaves it
-    // many files, on a tmpfs: filling a disk with them takes long on a busy machine
-    const many = path.join(workspace, 'many')
-    fs.mkdirSync(many)
-    execFileSync('mount', ['-t', 'tmpfs', '-o', 'size=256m', 'tmpfs', many])
+    const many = fillTmpfs(workspace)
     try {
-      execFileSync('/bin/sh', [
-        '-c',
-        'cd "$1" && for d in $(seq 60); do mkdir "d$d" && (cd "d$d" && seq 1000 | xargs touch); done',
-        'sh',
-        many,
-      ])
       const cancel = new AbortController()
       const handing = handWorkspaceTo(workspace, {uid: C, gid: C}, {purpose: 'the container', signal: cancel.signal})
       setTimeout(() => cancel.abort(), 30)
@@ -243,3 +272,12 @@ describe.skipIf(process.getuid?.() !== 0)('hand-overs of a root gateway (in proc
     }
   }, 120_000)
 })
+
+/** A process's argv (empty once it is gone). */
+function readArgv(pid: string): string[] {
+  try {
+    return fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0')
+  } catch {
+    return []
+  }
+}
