@@ -55,7 +55,7 @@ fs.writeFileSync(
 const spawned = []
 const spawn = ChildProcess.prototype.spawn
 ChildProcess.prototype.spawn = function (options) {
-  spawned.push([performance.timeOrigin + performance.now(), [require('node:path').basename(options.file), ...options.args.slice(1, 3)].join(' ')])
+  spawned.push([performance.timeOrigin + performance.now(), [require('node:path').basename(options.file), ...options.args.slice(1, 2)].join(' ')])
   return spawn.call(this, options)
 }
 process.on('exit', () => require('node:fs').writeFileSync(process.env.BENCH_SPAWN_LOG, JSON.stringify(spawned)))
