@@ -1,3 +1,4 @@
+import {execa} from 'execa'
 import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
@@ -21,6 +22,14 @@ export function fakeLlmHome(
   }
   fs.writeFileSync(configPath, YAML.stringify({providers, ...rest}))
   return {home, configPath}
+}
+
+/** Removes a benchmark's home; under a root gateway each workspace is a mounted volume of its own: unmounted first. */
+export async function removeHome(dir: string): Promise<void> {
+  const mounts = fs.readFileSync('/proc/self/mountinfo', 'utf8').split('\n')
+  for (const point of mounts.map((line) => line.split(' ')[4]).filter((point) => point?.startsWith(`${dir}/`)))
+    await execa('umount', ['-l', point as string], {reject: false})
+  fs.rmSync(dir, {recursive: true, force: true})
 }
 
 export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..')

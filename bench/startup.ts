@@ -31,7 +31,7 @@ import {ensureWorkspace} from '../src/runtime/workspace/workspace.js'
 import {loadConfig, findAgent, resolveAgent} from '../src/runtime/config/load.js'
 import {containerImageContext} from '../src/runtime/container/context.js'
 import {readyIsolationImage} from '../src/runtime/runners/container/runner.js'
-import {fmt, report, ROOT, type Stats, stats} from './lib.js'
+import {fmt, removeHome, report, ROOT, type Stats, stats} from './lib.js'
 
 const N = Number(process.env.BENCH_N ?? 10)
 const bin = path.join(ROOT, 'bin', 'run.js')
@@ -238,13 +238,7 @@ const gatewayRss = {
 gateway.kill('SIGTERM')
 await gateway
 await llm.close()
-// under a root gateway each workspace is a mounted volume of its own: unmount them first
-for (const dir of [home, servedHome]) {
-  const mounts = fs.readFileSync('/proc/self/mountinfo', 'utf8').split('\n')
-  for (const point of mounts.map((line) => line.split(' ')[4]).filter((point) => point?.startsWith(`${dir}/`)))
-    await execa('umount', ['-l', point as string], {reject: false})
-  fs.rmSync(dir, {recursive: true, force: true})
-}
+for (const dir of [home, servedHome]) await removeHome(dir)
 
 const median = (name: string) => results[name]?.median ?? Number.NaN
 const node = median('node_e_0')

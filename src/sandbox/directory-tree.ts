@@ -42,9 +42,12 @@ export async function measureTrees(
 ): Promise<TreeUsage> {
   const helper = keeperHelper()
   if (!helper) return measureByPaths(roots, options)
+  // a run's TMPDIR is most often empty (the host sandbox's is a tmpfs of its own): no process for it
+  const walked = (await Promise.all(roots.map(async (root) => ((await holdsNothing(root)) ? [] : [root])))).flat()
+  if (walked.length === 0) return {bytes: 0}
   const stop =
     options.stopAbove !== undefined ? ['--stop-above', String(Math.max(1, Math.floor(options.stopAbove)))] : []
-  const result = await startSubprocess(helper, ['--measure', ...stop, ...roots], {
+  const result = await startSubprocess(helper, ['--measure', ...stop, ...walked], {
     env: {},
     timeoutMs: MEASURE_TIMEOUT_MS,
     signal: options.signal,
@@ -53,6 +56,15 @@ export async function measureTrees(
   const bytes = Number(result.stdout.trim().split('\n').at(-1))
   if (!result.failed && Number.isSafeInteger(bytes)) return {bytes}
   return {bytes: Number.isSafeInteger(bytes) ? bytes : 0, error: helperReason(result.stderr, result.message)}
+}
+
+/** A root that is gone or an empty directory (not a link to one): it holds nothing, and needs no walk. */
+async function holdsNothing(root: string): Promise<boolean> {
+  try {
+    return (await fs.lstat(root)).isDirectory() && (await fs.readdir(root)).length === 0
+  } catch (error) {
+    return (error as NodeJS.ErrnoException).code === 'ENOENT'
+  }
 }
 
 /** Removes each of `dirs` and everything below it (a dir already gone is fine); rejects naming what is left and why. */

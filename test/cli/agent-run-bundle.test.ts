@@ -30,6 +30,7 @@ it("this Node accepts the bundle's V8 code cache (agent-run starts without compi
 it('every bundle the loader reads is pure ASCII, and an escaped regular expression still matches what it did', async () => {
   const bundles = [
     'agent-run.cjs',
+    'agent-run-providers.cjs',
     'cli.cjs',
     ...fs
       .readdirSync(path.join(dist, 'lite'))

@@ -58,6 +58,7 @@ describe('the packed CLI, installed globally', () => {
       'dist/cli.cjs',
       'dist/cli.cjs.v8cache',
       'dist/agent-run.cjs',
+      'dist/agent-run-providers.cjs',
       'oclif.manifest.json',
       'dist/native/meepa-sandbox',
     ]) {

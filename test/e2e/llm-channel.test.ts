@@ -393,4 +393,21 @@ describe('a hostile runner against the shipped agent-run', () => {
       error: {code: 'E_INPUT', message: expect.stringMatching(/llm_channel 99 is not supported/)},
     })
   })
+
+  // direct mode loads the providers from a bundle of their own (dist/agent-run-providers.cjs)
+  it('run by hand (no llm_channel) it calls the provider itself, with the key of its environment', async () => {
+    llm.reset()
+    llm.requireApiKey(KEY)
+    llm.setDefault({text: 'direct answer'})
+    const result = await execa(process.execPath, [BIN, 'agent-run'], {
+      input: JSON.stringify(input()),
+      reject: false,
+      timeout: 20_000,
+      env: {PATH: process.env.PATH ?? '', FAKE_LLM_KEY: KEY},
+      extendEnv: false,
+    })
+    llm.reset()
+    expect(JSON.parse(result.stdout), result.stderr).toMatchObject({ok: true, reply: {content: 'direct answer'}})
+    expect(result.stderr).not.toMatch(/ExperimentalWarning/)
+  })
 })

@@ -94,6 +94,11 @@ export interface FakeLlm {
   readonly port: number
   /** Every request received, in order, including refused ones. */
   readonly requests: FakeRequest[]
+  /**
+   * When each answer took place (performance.now(): its request's first byte, its answer's last):
+   * the time a caller waited on this provider (a benchmark subtracts it).
+   */
+  readonly served: Array<{receivedMs: number; answeredMs: number}>
   /** Turns still queued. */
   readonly pending: number
   enqueue(...turns: FakeTurn[]): void
@@ -110,11 +115,14 @@ export async function startFakeLlm(options: FakeLlmOptions = {}): Promise<FakeLl
   const validate = options.validate ?? true
   const queue: FakeTurn[] = []
   const requests: FakeRequest[] = []
+  const served: Array<{receivedMs: number; answeredMs: number}> = []
   let defaultTurn: FakeTurn | undefined
   let apiKey: string | undefined
   let counter = 0
 
   const server = createServer((req, res) => {
+    const receivedMs = performance.now()
+    res.once('finish', () => served.push({receivedMs, answeredMs: performance.now()}))
     handle(req, res).catch((error: unknown) => {
       if (!res.headersSent)
         sendJson(res, 500, {error: {message: `fake LLM crashed: ${String(error)}`, type: 'server_error'}})
@@ -247,6 +255,7 @@ export async function startFakeLlm(options: FakeLlmOptions = {}): Promise<FakeLl
     anthropicBaseUrl: origin,
     port,
     requests,
+    served,
     get pending() {
       return queue.length
     },
@@ -256,6 +265,7 @@ export async function startFakeLlm(options: FakeLlmOptions = {}): Promise<FakeLl
     reset() {
       queue.length = 0
       requests.length = 0
+      served.length = 0
       defaultTurn = undefined
       apiKey = undefined
     },

@@ -2,7 +2,8 @@ import {execa} from 'execa'
 import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
-import {afterEach, describe, expect, it} from 'vitest'
+import {ChildProcess} from 'node:child_process'
+import {afterEach, describe, expect, it, vi} from 'vitest'
 import {measureTrees, removeTrees} from '../../src/sandbox/directory-tree.js'
 import {HELPER} from '../helpers/landlock-support.js'
 
@@ -107,6 +108,28 @@ for i in range(10):
     expect(await measureTrees([path.join(dir, 'gone')])).toEqual({bytes: 0})
     fs.writeFileSync(path.join(dir, 'file'), 'x')
     expect((await measureTrees([path.join(dir, 'file')])).error).toMatch(/Not a directory/)
+  })
+
+  // a run's TMPDIR is most often empty (and in the host sandbox always, on the host): each message
+  // measures it twice, and a process per measure held the gateway's event loop at every start
+  it('an empty root, or one that is gone, is counted as nothing without starting the helper; any other root is walked', async () => {
+    const dir = scratch()
+    fs.mkdirSync(path.join(dir, 'empty'))
+    fs.mkdirSync(path.join(dir, 'full'))
+    fs.writeFileSync(path.join(dir, 'full', 'f'), 'x')
+    fs.symlinkSync(path.join(dir, 'full'), path.join(dir, 'link'))
+    const spawn = vi.spyOn(ChildProcess.prototype as unknown as {spawn(options: unknown): void}, 'spawn')
+    try {
+      expect(await measureTrees([path.join(dir, 'empty'), path.join(dir, 'gone')])).toEqual({bytes: 0})
+      expect(spawn).not.toHaveBeenCalled()
+      expect((await measureTrees([path.join(dir, 'empty'), path.join(dir, 'full')])).bytes).toBe(4096)
+      expect(spawn).toHaveBeenCalledTimes(1)
+      // a link is the helper's to judge, whatever it points at
+      await measureTrees([path.join(dir, 'link')])
+      expect(spawn).toHaveBeenCalledTimes(2)
+    } finally {
+      spawn.mockRestore()
+    }
   })
 
   it.runIf(root && fs.existsSync('/usr/bin/setpriv'))(

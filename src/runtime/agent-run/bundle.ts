@@ -18,6 +18,8 @@ import {sqlitePackageDir} from '../util/sqlite.js'
 export const AGENT_RUN_FILES = {
   bundle: 'dist/agent-run.cjs',
   codeCache: 'dist/agent-run.cjs.v8cache',
+  /** The providers and LLM SDKs, which only direct mode (agent-run run by hand) loads. */
+  providers: 'dist/agent-run-providers.cjs',
   /** The node_modules packages agent-run loads at run time (its externals and theirs), recorded at build time. */
   packages: 'dist/agent-run.packages.json',
   /** Loads the bundle with its code cache; Node's modules only. */

@@ -3,7 +3,6 @@ import path from 'node:path'
 import type {Memory} from '../workspace/memory.js'
 import type {ToolDefinition} from '../shapes/provider-types.js'
 import {killProcessTree, killSession, sessionOf} from '../util/process-tree.js'
-import {startSubprocess} from '../util/subprocess.js'
 import {shellArgv} from '../shapes/tool-shell.js'
 import {listSkills} from './skills.js'
 
@@ -197,6 +196,8 @@ async function runShell(command: string, timeout: unknown, context: ToolContext)
   // other members. agent-run started by hand (a terminal's session) keeps a group of its own instead.
   const leadsSession = !throughHelper && sessionOf(process.pid) === process.pid
   const [file, ...args] = argv
+  // execa is loaded at the first command, not before the input: a waiting agent-run is ≈ 6 MB smaller
+  const {startSubprocess} = await import('../util/subprocess.js')
   const child = startSubprocess(file as string, args, {
     cwd: context.workspace,
     env: {...context.env, HOME: context.workspace},

@@ -121,6 +121,8 @@ const pending = new Map<string, Promise<unknown>>()
 export async function ensureWorkspaceVolume(home: string, id: string, limitBytes: number): Promise<void> {
   if (volumeUnavailable() !== undefined || limitBytes < MIN_VOLUME_BYTES) return
   const workspace = workspacePath(home, id)
+  // every message and standby comes here: a volume that is ready needs no lock file written
+  if (!pending.has(workspace) && readyVolume(home, id, workspace, roundDown(limitBytes))) return
   const before = pending.get(workspace) ?? Promise.resolve()
   // in this process one after another; across processes (two `send`s to a new agent) under a lock file
   const next = before
@@ -132,6 +134,15 @@ export async function ensureWorkspaceVolume(home: string, id: string, limitBytes
   } finally {
     if (pending.get(workspace) === next) pending.delete(workspace)
   }
+}
+
+/** The workspace is its volume, mounted, at least `sizeBytes`, and no move of its files was left half done. */
+function readyVolume(home: string, id: string, workspace: string, sizeBytes: number): boolean {
+  const image = volumeImagePath(home, id)
+  const mounted = mountedAt(workspace)
+  if (!mounted || loopBackingFile(mounted.source) !== image) return false
+  if ([`${workspace}.moving`, `${workspace}.moved`].some((leftover) => fs.existsSync(leftover))) return false
+  return fs.statSync(image).size >= sizeBytes
 }
 
 async function mountVolume(home: string, id: string, workspace: string, sizeBytes: number): Promise<void> {

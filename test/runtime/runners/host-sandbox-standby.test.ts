@@ -107,6 +107,20 @@ describe.skipIf(!enabled)('host sandbox: standby agent-runs of a running gateway
     expect(await standby()).not.toBe(waiting)
   }, 90_000)
 
+  // Issue 25: a waiting agent-run costs ≤ 45 MB RSS (52 MB when it loaded execa and both LLM SDKs ahead)
+  it('a waiting standby agent-run, loaded, holds at most 45 MB resident', async () => {
+    home = makeHome()
+    configure()
+    expect((await send('true')).result.output.ok).toBe(true)
+    const waiting = await standby()
+    const resident = () =>
+      Number(/VmRSS:\s+(\d+) kB/.exec(fs.readFileSync(`/proc/${waiting}/status`, 'utf8'))?.[1]) * 1024
+    // loaded: what it reads ahead of its input (its loop, SQLite's JavaScript) is in
+    await waitFor('its modules loaded', () => resident() > 30 * 1024 * 1024)
+    await new Promise((resolve) => setTimeout(resolve, 1500))
+    expect(resident() / 1024 / 1024).toBeLessThanOrEqual(45)
+  }, 60_000)
+
   it('counts the deadline from the message, not from when the standby started', async () => {
     home = makeHome()
     configure({timeout_seconds: 3})

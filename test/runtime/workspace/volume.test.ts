@@ -10,6 +10,7 @@ import {
   volumeUnavailable,
 } from '../../../src/runtime/workspace/volume.js'
 import {diskUsage, heldByDeletedFiles} from '../../../src/runtime/run-lifecycle/disk-limit.js'
+import {withHomeLock} from '../../../src/runtime/workspace/agent-lock.js'
 import {makeHome, usedBytes, type TestHome} from '../../helpers/home.js'
 
 /*
@@ -52,6 +53,33 @@ describe.runIf(volumeUnavailable() === undefined)('workspace volumes (limits.dis
     // a second call finds it mounted and leaves it be
     await ensureWorkspaceVolume(home.home, 'a1', 8 * MiB)
     expect(fs.statSync(path.join(workspace, 'big')).size).toBeGreaterThan(6 * MiB)
+  })
+
+  // every message and standby checks its agent's volume: a ready one must not wait on (or write) a lock file
+  it('a volume that is mounted and big enough is used at once, while another holds its lock', async () => {
+    const home = newHome()
+    await ensureWorkspaceVolume(home.home, 'a1', 8 * MiB)
+    let release = () => {}
+    let taken = () => {}
+    const lockTaken = new Promise<void>((resolve) => (taken = resolve))
+    const held = withHomeLock(home.home, 'volume-a1', 'a1', () => {
+      taken()
+      return new Promise<void>((resolve) => (release = resolve))
+    })
+    await lockTaken
+    try {
+      const waited = await Promise.race([
+        ensureWorkspaceVolume(home.home, 'a1', 8 * MiB).then(() => false),
+        new Promise((resolve) => setTimeout(() => resolve(true), 3000)),
+      ])
+      expect(waited).toBe(false)
+    } finally {
+      release()
+      await held
+    }
+    // a grown limit still takes the lock and grows it
+    await ensureWorkspaceVolume(home.home, 'a1', 16 * MiB)
+    expect(fs.statSync(volumeImagePath(home.home, 'a1')).size).toBe(16 * MiB)
   })
 
   it("an existing workspace's files move in whole (hard links, modes, owners); files that do not fit leave it as it was", async () => {

@@ -26,6 +26,7 @@ it('the isolation image gets agent-run, the packages it loads and the sandbox he
         'bin/run.js',
         'dist/agent-run.cjs',
         'dist/agent-run.cjs.v8cache',
+        'dist/agent-run-providers.cjs',
         'dist/native/meepa-sandbox',
         'node_modules/better-sqlite3/build/Release/better_sqlite3.node',
       ]),
