@@ -33,26 +33,49 @@ export interface Launch {
  */
 export const hostSandboxRunner: Runner = {
   level: 'host-sandbox',
-  run: async (request: RunRequest): Promise<AgentRunOutput> => {
-    let namespaces: NamespaceProbe | undefined
-    const output = await runInStandbyOrCold(request, 'host-sandbox', async (tmp, processId, context) => {
-      const planned = await hostSandboxPlan(request, tmp, processId, context)
-      if ('launch' in planned) namespaces = planned.namespaces
-      return planned
-    })
-    // bwrap failed where a remembered probe said it works: agent-run never started; once more, as the layer is now
-    if (
-      namespaces &&
-      bwrapFailed(output) &&
-      (await rememberedLayerBroke(namespaces, probeRecord(request.home, 'namespace')))
-    ) {
-      request.onLog?.(
-        'sandbox: bubblewrap no longer creates the namespaces here (its remembered probe was out of date); starting the run again without them',
-      )
-      return hostSandboxRunner.run(request)
-    }
-    return helperRefusal(output) ?? output
-  },
+  run: (request: RunRequest) => runHostSandboxed(request, MOUNT_RACE_RETRIES),
+}
+
+/** Starts after bwrap lost a race with the host's mounts before the run is refused. */
+const MOUNT_RACE_RETRIES = 3
+
+async function runHostSandboxed(request: RunRequest, mountRaceRetries: number): Promise<AgentRunOutput> {
+  let namespaces: NamespaceProbe | undefined
+  const output = await runInStandbyOrCold(request, 'host-sandbox', async (tmp, processId, context) => {
+    const planned = await hostSandboxPlan(request, tmp, processId, context)
+    if ('launch' in planned) namespaces = planned.namespaces
+    return planned
+  })
+  // bwrap failed where a remembered probe said it works: agent-run never started; once more, as the layer is now
+  if (
+    namespaces &&
+    bwrapFailed(output) &&
+    (await rememberedLayerBroke(namespaces, probeRecord(request.home, 'namespace')))
+  ) {
+    request.onLog?.(
+      'sandbox: bubblewrap no longer creates the namespaces here (its remembered probe was out of date); starting the run again without them',
+    )
+    return hostSandboxRunner.run(request)
+  }
+  if (mountRaceRetries > 0 && lostMountRace(output)) {
+    request.onLog?.('sandbox: a host mount went away while bubblewrap set the run up (nothing ran); starting again')
+    return runHostSandboxed(request, mountRaceRetries - 1)
+  }
+  return helperRefusal(output) ?? output
+}
+
+/**
+ * bwrap lists the host's mounts, then binds and remounts each read-only: a mount gone in between
+ * (a container of the engine ending, an unmount) fails the start before agent-run ran anything.
+ */
+function lostMountRace(output: AgentRunOutput): boolean {
+  return (
+    bwrapFailed(output) &&
+    !output.ok &&
+    /^bwrap: Can't (?:bind mount \/oldroot\/|remount readonly on \/newroot\/).*No such file or directory/m.test(
+      String(output.error.details?.stderr_tail ?? ''),
+    )
+  )
 }
 
 /**
