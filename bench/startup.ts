@@ -223,14 +223,17 @@ for (const [name, argv] of Object.entries(cases))
 const vmHwmMb = (pid: number) =>
   Number(/VmHWM:\s+(\d+)/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1]) / 1024
 // agent-run itself (`node bin/run.js agent-run`), not its keeper
-const standbys = fs
-  .readdirSync('/proc')
-  .filter(
-    (pid) =>
+const standbys = fs.readdirSync('/proc').filter((pid) => {
+  try {
+    return (
       /^\d+$/.test(pid) &&
       fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8') === `${process.execPath}\0${bin}\0agent-run\0` &&
-      fs.readlinkSync(`/proc/${pid}/cwd`).startsWith(servedHome),
-  )
+      fs.readlinkSync(`/proc/${pid}/cwd`).startsWith(servedHome)
+    )
+  } catch {
+    return false // gone since the listing (another developer's process, on a shared machine)
+  }
+})
 const gatewayRss = {
   gateway_mb: +vmHwmMb(gateway.pid!).toFixed(1),
   standby_agent_runs_mb: standbys.map((pid) => +vmHwmMb(Number(pid)).toFixed(1)),

@@ -1,6 +1,6 @@
 import fs from 'node:fs/promises'
 import path from 'node:path'
-import {startSubprocess} from '../runtime/util/subprocess.js'
+import {startSubprocess, type SubprocessResult} from '../runtime/util/subprocess.js'
 import {keeperHelper} from './keeper.js'
 
 /**
@@ -47,12 +47,7 @@ export async function measureTrees(
   if (walked.length === 0) return {bytes: 0}
   const stop =
     options.stopAbove !== undefined ? ['--stop-above', String(Math.max(1, Math.floor(options.stopAbove)))] : []
-  const result = await startSubprocess(helper, ['--measure', ...stop, ...walked], {
-    env: {},
-    timeoutMs: MEASURE_TIMEOUT_MS,
-    signal: options.signal,
-    killSignal: 'SIGKILL',
-  })
+  const result = await runHelper(helper, ['--measure', ...stop, ...walked], MEASURE_TIMEOUT_MS, options.signal)
   const bytes = Number(result.stdout.trim().split('\n').at(-1))
   if (!result.failed && Number.isSafeInteger(bytes)) return {bytes}
   return {bytes: Number.isSafeInteger(bytes) ? bytes : 0, error: helperReason(result.stderr, result.message)}
@@ -75,13 +70,38 @@ export async function removeTrees(dirs: string[], signal?: AbortSignal): Promise
     for (const dir of dirs) await fs.rm(dir, {recursive: true, force: true})
     return
   }
-  const result = await startSubprocess(helper, ['--remove', ...dirs], {
+  const result = await runHelper(helper, ['--remove', ...dirs], REMOVE_TIMEOUT_MS, signal)
+  if (result.failed) throw new Error(helperReason(result.stderr, result.message))
+}
+
+/** What the helper prints: a number, or an error line. Only the end of a stream is kept. */
+const HELPER_OUTPUT_KEPT = 4096
+
+/**
+ * Runs the helper and keeps the end of its output itself. A gateway runs it twice a message (the
+ * measure before the input and at the end): execa's buffering (an async iterator per stream)
+ * allocated ≈ 0.2 MB a call that outlived the child, which grew the gateway's heap (peak RSS,
+ * BENCHMARKS.md).
+ */
+async function runHelper(
+  helper: string,
+  args: string[],
+  timeoutMs: number,
+  signal: AbortSignal | undefined,
+): Promise<SubprocessResult> {
+  const child = startSubprocess(helper, args, {
     env: {},
-    timeoutMs: REMOVE_TIMEOUT_MS,
+    timeoutMs,
     signal,
     killSignal: 'SIGKILL',
+    buffer: {stdout: false, stderr: false},
   })
-  if (result.failed) throw new Error(helperReason(result.stderr, result.message))
+  const output = {stdout: '', stderr: ''}
+  for (const name of ['stdout', 'stderr'] as const)
+    child[name]?.setEncoding('utf8').on('data', (chunk: string) => {
+      output[name] = (output[name] + chunk).slice(-HELPER_OUTPUT_KEPT)
+    })
+  return {...(await child), ...output}
 }
 
 /** The helper's own line (it names the entry and the errno), or how the process ended. */

@@ -18,6 +18,7 @@ import {
 } from './standby-budget.js'
 import type {IsolationLevel} from '../config/types.js'
 import {buildIdentity} from '../util/build-identity.js'
+import {isEmptyDirectory} from '../util/empty-directory.js'
 import {randomHex} from '../util/random.js'
 
 /**
@@ -161,14 +162,6 @@ function tmpFault(standby: Standby): string | undefined {
   }
   if (!isEmptyDirectory(inside)) return `something was written in its TMPDIR ${tmpDir} before its message`
   return undefined
-}
-
-function isEmptyDirectory(dir: string): boolean {
-  try {
-    return fs.readdirSync(dir).length === 0
-  } catch {
-    return false
-  }
 }
 
 const identity = (stat: fs.Stats) => `${stat.dev}:${stat.ino}`
