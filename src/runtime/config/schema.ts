@@ -58,6 +58,12 @@ const engineSchema = {
       properties: {ca: absolutePath, cert: absolutePath, key: absolutePath},
     },
     insecure: {type: 'boolean'},
+    // an ssh:// engine's host keys (always checked) and the key the gateway logs in with
+    ssh: {
+      type: 'object',
+      additionalProperties: false,
+      properties: {known_hosts: absolutePath, identity: absolutePath},
+    },
   },
 }
 

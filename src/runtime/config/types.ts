@@ -74,6 +74,11 @@ export interface EngineConfig {
   tls?: {ca: string; cert: string; key: string}
   /** tcp:// without TLS: anyone who reaches the port owns the engine (flagged by config check and serve). */
   insecure: boolean
+  /**
+   * Over ssh:// (or a context that resolves to it): the known_hosts file the engine's host key must
+   * be in (default: the user's own) and the private key to log in with (default: the ssh config's).
+   */
+  ssh?: {known_hosts?: string; identity?: string}
 }
 
 /**

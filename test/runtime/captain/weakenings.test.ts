@@ -93,6 +93,7 @@ const ENGINE_LOOSENINGS: Record<string, {before?: Partial<EngineConfig>; after: 
   'tls.cert': {after: {tls: {ca: '/etc/ca.pem', cert: '/etc/other.pem', key: '/etc/k.pem'}}},
   'tls.key': {after: {tls: {ca: '/etc/ca.pem', cert: '/etc/c.pem', key: '/etc/other-key.pem'}}},
   insecure: {after: {insecure: true}},
+  'ssh.known_hosts': {after: {ssh: {known_hosts: '/etc/someone-elses-known-hosts'}}},
 }
 const engine = (fields: Partial<EngineConfig> = {}): EngineConfig => ({
   name: 'far',
