@@ -157,6 +157,9 @@ export const ENGINE_FIELD_AUDIT: Record<string, FieldAudit<EngineConfig>> = {
   'tls.key': pointedElsewhere,
   insecure: turnedOn, // tcp:// without TLS: anyone on the path owns the engine
   best_effort: turnedOn, // runs without the limits the engine cannot apply
+  // whose host keys the gateway believes (host key checking itself cannot be turned off)
+  'ssh.known_hosts': pointedElsewhere,
+  'ssh.identity': NEUTRAL, // which key the gateway logs in with, not which machine it trusts
 }
 
 function weakenings<T>(table: Record<string, FieldAudit<T>>, before: T, after: T): string[] {

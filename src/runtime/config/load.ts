@@ -278,13 +278,16 @@ function engineProblems(raw: RawConfig): string[] {
       problems.push(
         `${at}.host: ${engine.host} without tls: {ca, cert, key} lets anyone who reaches the port run anything on that machine; add tls (mutual TLS), or set insecure: true to accept that`,
       )
-    if (engine.tls && !tcp) problems.push(`${at}.tls: only a tcp:// host speaks TLS`)
-    if (engine.host?.startsWith('ssh://')) problems.push(`${at}: ssh:// hosts are not supported yet`)
+    if (engine.tls && engine.context !== undefined)
+      problems.push(
+        `${at}.tls: a context brings its own TLS files (docker context create --docker host=…,ca=…,cert=…,key=…)`,
+      )
+    else if (engine.tls && !tcp) problems.push(`${at}.tls: only a tcp:// host speaks TLS`)
+    problems.push(...sshProblems(engine, at))
     if (engine.kind === 'podman' && engine.host?.startsWith('ssh://'))
       problems.push(
         `${at}: a Podman engine is reached over its socket (unix://, or tcp:// with tls through a TLS proxy), not ssh://`,
       )
-    if (engine.context !== undefined) problems.push(`${at}.context: docker contexts are not supported yet; give host`)
   }
   const checkAllowed = (list: string[] | undefined, at: string) => {
     for (const name of list ?? [])
@@ -297,6 +300,26 @@ function engineProblems(raw: RawConfig): string[] {
   for (const [index, agent] of (raw.agents ?? []).entries())
     checkAllowed(agent.container_mode?.engines, `agents[${index}]`)
   return problems
+}
+
+/** An ssh:// host carries no password (it would sit in argv), and only ssh reads the `ssh:` block. */
+function sshProblems(engine: Partial<EngineConfig>, at: string): string[] {
+  const ssh = engine.host?.startsWith('ssh://') ?? false
+  if (engine.ssh && !ssh && engine.context === undefined)
+    return [`${at}.ssh: only an ssh:// host (or a context that names one) is reached over ssh`]
+  if (!ssh) return []
+  let url: URL
+  try {
+    url = new URL(engine.host as string)
+  } catch {
+    return [`${at}.host: ${engine.host} is not a URL; write ssh://user@host or ssh://user@host:port`]
+  }
+  if (url.password)
+    return [
+      `${at}.host: a password in an ssh:// URL would be in every ssh command line; remove it and log in with a key (ssh.identity)`,
+    ]
+  if (!url.hostname) return [`${at}.host: ${engine.host} names no host; write ssh://user@host or ssh://user@host:port`]
+  return []
 }
 
 /** The engines whose traffic anyone on the network can read and take over (insecure: true). */

@@ -60,6 +60,12 @@ const engineSchema = {
     insecure: {type: 'boolean'},
     // run where the engine cannot apply a limit (rootless Podman without the cgroup controller), saying so
     best_effort: {type: 'boolean'},
+    // an ssh:// engine's host keys (always checked) and the key the gateway logs in with
+    ssh: {
+      type: 'object',
+      additionalProperties: false,
+      properties: {known_hosts: absolutePath, identity: absolutePath},
+    },
   },
 }
 

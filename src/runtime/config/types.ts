@@ -79,6 +79,11 @@ export interface EngineConfig {
    * run without it and say so; unset, such runs are refused naming the limit.
    */
   best_effort: boolean
+  /**
+   * Over ssh:// (or a context that resolves to it): the known_hosts file the engine's host key must
+   * be in (default: the user's own) and the private key to log in with (default: the ssh config's).
+   */
+  ssh?: {known_hosts?: string; identity?: string}
 }
 
 /**

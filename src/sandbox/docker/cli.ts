@@ -61,6 +61,8 @@ export interface DockerCliOptions {
    * secret) before every subcommand; the CLI's own DOCKER_HOST/DOCKER_CONTEXT/TLS variables are then dropped.
    */
   engineArgs?: string[]
+  /** Variables the engine's transport reads in every call (the ssh wrapper's paths: never a secret). */
+  engineEnv?: Record<string, string>
 }
 
 export interface DockerCallOptions {
@@ -97,9 +99,11 @@ export class DockerCli {
   private readonly baseEnv: NodeJS.ProcessEnv
   private readonly defaultTimeoutMs: number
   readonly engineArgs: string[]
+  private readonly engineEnv: Record<string, string>
 
   constructor(options: DockerCliOptions = {}) {
     this.engineArgs = options.engineArgs ?? []
+    this.engineEnv = options.engineEnv ?? {}
     const baseEnv = options.baseEnv ?? process.env
     this.binFromEnv = options.bin === undefined && Boolean(baseEnv[DOCKER_BIN_ENV])
     this.bin = options.bin ?? (baseEnv[DOCKER_BIN_ENV] || 'docker')
@@ -116,7 +120,7 @@ export class DockerCli {
       if (value !== undefined) env[name] = value
     }
     env.PATH ??= '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
-    return {...env, ...extra}
+    return {...env, ...this.engineEnv, ...extra}
   }
 
   /**

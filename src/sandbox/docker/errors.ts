@@ -43,6 +43,8 @@ export function lastLines(text: string, count: number): string {
 export function engineErrorOf(stderr: string): GatewayError | undefined {
   if (/permission denied while trying to connect/i.test(stderr)) return dockerPermission(stderr)
   if (TLS_REFUSED.test(stderr)) return engineTlsRefused(stderr)
+  if (SSH_HOST_KEY_REFUSED.test(stderr)) return sshHostKeyRefused(stderr)
+  if (SSH_LOGIN_REFUSED.test(stderr)) return sshLoginRefused(stderr)
   if (ENGINE_UNREACHABLE.test(stderr)) return dockerDown(stderr)
   return undefined
 }
@@ -92,6 +94,47 @@ function engineTlsRefused(stderr: string): GatewayError {
       suggestions: [
         "the engine's server certificate must be signed by the CA in engines[].tls.ca and name the host in engines[].host",
         'the engine (dockerd --tlsverify --tlscacert) must trust the CA that signed engines[].tls.cert',
+      ],
+    },
+  )
+}
+
+/** ssh's words when the engine's host key is not the known one, or none is known (strict checking is always on). */
+const SSH_HOST_KEY_REFUSED = /Host key verification failed/
+const SSH_LOGIN_REFUSED = /Permission denied \((publickey|password|keyboard-interactive)[^)]*\)/
+
+/** An ssh:// engine whose host key is unknown or changed: never used, whatever the ssh config says. */
+function sshHostKeyRefused(stderr: string): GatewayError {
+  const changed = /HOST IDENTIFICATION HAS CHANGED|has changed and you have requested strict checking/.test(stderr)
+  const host = /(?:known for|Host key for) (\S+)/.exec(stderr)?.[1] ?? 'the engine'
+  return new GatewayError(
+    'E_DOCKER_DOWN',
+    changed
+      ? `the ssh host key of ${host} does not match the known one: someone may be intercepting the connection, so the engine is not used`
+      : `the ssh host key of ${host} is not known, so the engine is not used (host keys are always checked)`,
+    {
+      retryable: true,
+      suggestions: changed
+        ? [
+            "if the host was reinstalled, check its new key's fingerprint there (ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub), then replace its line in engines[].ssh.known_hosts (or ~/.ssh/known_hosts): ssh-keygen -R HOST -f FILE",
+          ]
+        : [
+            "add the host's key to engines[].ssh.known_hosts (or ~/.ssh/known_hosts): ssh-keyscan -p PORT HOST >> FILE, after checking its fingerprint on the host (ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub)",
+          ],
+    },
+  )
+}
+
+/** The ssh server refused the gateway's login: a key it does not accept, or none given. */
+function sshLoginRefused(stderr: string): GatewayError {
+  const line = stderr.split('\n').find((candidate) => SSH_LOGIN_REFUSED.test(candidate)) ?? lastLines(stderr, 1)
+  return new GatewayError(
+    'E_DOCKER_DOWN',
+    `the engine's ssh server refused the login: ${line.trim().replace(/^.*stderr=/, '')}`,
+    {
+      retryable: true,
+      suggestions: [
+        "name the private key in engines[].ssh.identity (no passphrase, or one held by ssh-agent) and add its public key to the engine user's ~/.ssh/authorized_keys",
       ],
     },
   )

@@ -94,6 +94,7 @@ const ENGINE_LOOSENINGS: Record<string, {before?: Partial<EngineConfig>; after: 
   'tls.key': {after: {tls: {ca: '/etc/ca.pem', cert: '/etc/c.pem', key: '/etc/other-key.pem'}}},
   insecure: {after: {insecure: true}},
   best_effort: {after: {best_effort: true}},
+  'ssh.known_hosts': {after: {ssh: {known_hosts: '/etc/someone-elses-known-hosts'}}},
 }
 const engine = (fields: Partial<EngineConfig> = {}): EngineConfig => ({
   name: 'far',

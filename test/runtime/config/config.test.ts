@@ -1,5 +1,6 @@
 import {runCommand} from '@oclif/test'
 import fs from 'node:fs'
+import path from 'node:path'
 import {afterEach, beforeEach, describe, expect, it} from 'vitest'
 import {loadConfig, parseConfigText} from '../../../src/runtime/config/load.js'
 import {GatewayError} from '../../../src/runtime/util/errors.js'
@@ -58,9 +59,26 @@ agents:
     expect(problems).toEqual([
       'engines[0].host: tcp://10.0.0.5:2375 without tls: {ca, cert, key} lets anyone who reaches the port run anything on that machine; add tls (mutual TLS), or set insecure: true to accept that',
       'engines[1]: give exactly one of host (unix://, tcp://, ssh://) or context (a docker context name)',
-      'engines[1].context: docker contexts are not supported yet; give host',
       'engines[2].tls: only a tcp:// host speaks TLS',
       'agents[0].container_mode.engines: "nowhere" is not in engines: (known: plain, both, sock, open, safe)',
+    ])
+  })
+
+  it('takes ssh:// hosts and contexts, but no password in the URL, and ssh: only where ssh is used', () => {
+    const problems = problemsOf(`
+providers: {primary: fake, providers: {fake: {kind: openai, model: m}}}
+engines:
+  - {name: far, host: "ssh://meepa@far.example:2222", ssh: {known_hosts: /etc/meepa/known_hosts, identity: /etc/meepa/id}}
+  - {name: ctx, context: builder, ssh: {known_hosts: /etc/meepa/known_hosts}}
+  - {name: pass, host: "ssh://meepa:hunter2@far.example"}
+  - {name: tcp, host: "tcp://10.0.0.7:2376", tls: {ca: /c.pem, cert: /p.pem, key: /k.pem}, ssh: {identity: /id}}
+  - {name: ctxtls, context: other, tls: {ca: /c.pem, cert: /p.pem, key: /k.pem}}
+agents: [{id: a}]
+`)
+    expect(problems).toEqual([
+      'engines[2].host: a password in an ssh:// URL would be in every ssh command line; remove it and log in with a key (ssh.identity)',
+      'engines[3].ssh: only an ssh:// host (or a context that names one) is reached over ssh',
+      'engines[4].tls: a context brings its own TLS files (docker context create --docker host=…,ca=…,cert=…,key=…)',
     ])
   })
 
@@ -96,6 +114,30 @@ agents: [{id: a}]
       expect(checked.stderr).toContain('warning: engine open: reached without TLS (insecure: true)')
     } finally {
       process.env.MEEPAGATEWAY_HOME = previous
+      home.cleanup()
+    }
+  })
+
+  it("config check says when an engine's docker context cannot be used, and why", async () => {
+    const previous = {home: process.env.MEEPAGATEWAY_HOME, dockerConfig: process.env.DOCKER_CONFIG}
+    const home = makeHome()
+    process.env.MEEPAGATEWAY_HOME = home.home
+    process.env.DOCKER_CONFIG = path.join(home.home, 'docker-config') // never the real ~/.docker
+    try {
+      home.writeConfig({
+        providers: {primary: 'fake', providers: {fake: provider}},
+        engines: [{name: 'ctx', context: 'nowhere'}],
+        agents: [{id: 'a'}],
+      })
+      const checked = await runCommand('config check')
+      expect(checked.error).toBeUndefined()
+      expect(checked.stderr).toMatch(
+        /warning: engine ctx: engines\[\]\.context nowhere .*context not found.*docker context create/,
+      )
+    } finally {
+      process.env.MEEPAGATEWAY_HOME = previous.home
+      if (previous.dockerConfig === undefined) delete process.env.DOCKER_CONFIG
+      else process.env.DOCKER_CONFIG = previous.dockerConfig
       home.cleanup()
     }
   })

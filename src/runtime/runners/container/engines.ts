@@ -2,7 +2,9 @@ import {DockerCli, dockerCli} from '../../../sandbox/docker/cli.js'
 import type {EngineConfig, GatewayConfig} from '../../config/types.js'
 import {GatewayError, toGatewayError} from '../../util/errors.js'
 import {pingPodman} from '../../container/podman-api.js'
+import {resolveContext} from './engine-context.js'
 import {engineStates, markEngineDown, markEngineUp} from './engine-health.js'
+import {sshEnvOf} from './engine-ssh.js'
 
 /**
  * Where container runs go (docs/architecture.md, "Engines"). The runner asks only this of an
@@ -32,23 +34,26 @@ export interface DockerEngine extends RunEngine {
 /** The name of the engine runs use when the config has no `engines:` list. */
 export const LOCAL_ENGINE = 'local'
 
+/** An ssh:// engine's answer includes an ssh login (and a docker on the far side): it may take this long. */
+const SSH_PING_MIN_MS = 5_000
+
 function dockerEngine(
   name: string,
   cli: DockerCli,
   workspace: 'bind' | 'sync',
   maxRuns: number,
-  config?: EngineConfig,
+  extra: {config?: EngineConfig; pingMinMs?: number} = {},
 ): DockerEngine {
   return {
     name,
     cli,
     workspace,
     maxRuns,
-    ...(config ? {config} : {}),
+    ...(extra.config ? {config: extra.config} : {}),
     ping:
-      config?.kind === 'podman'
-        ? (timeoutMs) => pingPodman(config, timeoutMs)
-        : async (timeoutMs) => void (await cli.ping({timeoutMs})),
+      extra.config?.kind === 'podman'
+        ? (timeoutMs) => pingPodman(extra.config as EngineConfig, timeoutMs)
+        : async (timeoutMs) => void (await cli.ping({timeoutMs: Math.max(timeoutMs, extra.pingMinMs ?? 0)})),
   }
 }
 
@@ -68,6 +73,40 @@ export function engineArgsOf(engine: Pick<EngineConfig, 'host' | 'tls'> & Partia
   ]
 }
 
+/**
+ * One entry of the `engines:` list: a context read as its host and TLS (engine-context.ts), an
+ * ssh:// host reached through the ssh wrapper (engine-ssh.ts). A context that cannot be read is
+ * down, with why, until the config changes.
+ */
+function listedEngine(listed: EngineConfig): DockerEngine {
+  let engine: EngineConfig
+  try {
+    engine = listed.context === undefined ? listed : resolveContext(listed)
+  } catch (error) {
+    const failed = toGatewayError(error)
+    markEngineDown(listed.name, failed.message)
+    const unusable = dockerEngine(
+      listed.name,
+      new DockerCli({engineArgs: ['--context', listed.context as string]}),
+      'sync',
+      listed.max_runs,
+    )
+    return {...unusable, ping: () => Promise.reject(failed)}
+  }
+  const host = engine.host as string
+  const cli = new DockerCli({
+    engineArgs: engineArgsOf(engine),
+    ...(host.startsWith('ssh://') ? {engineEnv: sshEnvOf(engine.ssh, process.env.PATH ?? '/usr/bin:/bin')} : {}),
+  })
+  // a unix socket is on this machine: it can mount the host's workspace path; anything else gets the
+  // sync, and so does rootless Podman, whose user can neither reach the gateway's home nor own its files
+  const workspace = host.startsWith('unix://') && engine.kind !== 'podman' ? 'bind' : 'sync'
+  return dockerEngine(listed.name, cli, workspace, listed.max_runs, {
+    config: engine,
+    pingMinMs: host.startsWith('ssh://') ? SSH_PING_MIN_MS : 0,
+  })
+}
+
 let built: {key: string; engines: DockerEngine[]} | undefined
 
 /** The engines of this config (the local one alone without `engines:`), the same objects while it is unchanged. */
@@ -76,17 +115,7 @@ export function enginesOf(config: GatewayConfig): DockerEngine[] {
   if (built?.key === key) return built.engines
   const engines =
     config.engines && config.engines.length > 0
-      ? config.engines.map((engine) =>
-          dockerEngine(
-            engine.name,
-            new DockerCli({engineArgs: engineArgsOf(engine)}),
-            // a unix socket is on this machine: it can mount the host's workspace path; rootless
-            // Podman's user can neither reach the gateway's home nor own its files (user namespace)
-            engine.host?.startsWith('unix://') && engine.kind !== 'podman' ? 'bind' : 'sync',
-            engine.max_runs,
-            engine,
-          ),
-        )
+      ? config.engines.map(listedEngine)
       : [dockerEngine(LOCAL_ENGINE, dockerCli(), 'bind', Number.POSITIVE_INFINITY)]
   built = {key, engines}
   return engines

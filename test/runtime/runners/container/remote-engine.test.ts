@@ -8,8 +8,9 @@ import {waitFor} from '../../../helpers/wait-for.js'
 import {freePort} from '../../../helpers/free-port.js'
 import {fakeLlmConfig, makeHome, type TestHome} from '../../../helpers/home.js'
 import {startServe, type ServeProcess} from '../../../helpers/serve.js'
-import {BASE_IMAGE, describeWithDocker} from '../../../helpers/docker-env.js'
+import {describeWithDocker} from '../../../helpers/docker-env.js'
 import {startOwnEngine, type OwnEngine} from '../../../helpers/own-engine.js'
+import {expectNoKeyOnEngine, healthzNamesDown, inAgentVolume, lastEngineOf} from '../../../helpers/engine-scan.js'
 import {DockerCli} from '../../../../src/sandbox/docker/cli.js'
 import {engineArgsOf} from '../../../../src/runtime/runners/container/engines.js'
 import {toGatewayError} from '../../../../src/runtime/util/errors.js'
@@ -31,22 +32,9 @@ describeWithDocker('container runs on a remote engine over mutual TLS (own engin
   let stopped = false
   const outside = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-outside-'))
 
-  const degradedNaming = async (name: string) => {
-    const health = await serve!.healthz()
-    return (
-      health.body.status === 'degraded' && (health.body.reasons ?? []).some((r) => r.startsWith(`engine ${name} down`))
-    )
-  }
-  /** Which engine served the last run that logged "running on engine". */
-  const lastEngine = () => [...serve!.output().matchAll(/running on engine (\S+)/g)].at(-1)?.[1]
-  /** A command of the base image run over the agent's volume (at /w) on the remote engine. */
-  const inVolume = async (agent: string, command: string, ...args: string[]) => {
-    const volume = (await engine.docker(['volume', 'ls', '-q'])).stdout
-      .split('\n')
-      .find((name) => name.endsWith(`-${agent}`))
-    if (!volume) throw new Error(`no volume of ${agent} on the remote engine`)
-    return engine.docker(['run', '--rm', '-v', `${volume}:/w`, '--entrypoint', command, BASE_IMAGE, ...args])
-  }
+  const degradedNaming = (name: string) => healthzNamesDown(serve!, name)
+  const lastEngine = () => lastEngineOf(serve!)
+  const inVolume = (agent: string, command: string, ...args: string[]) => inAgentVolume(engine, agent, command, ...args)
   /** What the agent's volume on the remote engine holds. */
   const volumeFiles = async (agent: string) =>
     (await inVolume(agent, 'ls', '-A', '/w')).stdout.split('\n').filter(Boolean)
@@ -128,22 +116,7 @@ describeWithDocker('container runs on a remote engine over mutual TLS (own engin
 
   it('sends no provider key to the remote engine: not in the container, its environment, argv or volume', async () => {
     const key = 'sk-fake-test-key-123456' // what startServe gives FAKE_LLM_KEY
-    const running = serve!.chat('far', 'RUN: env && cat /proc/1/cmdline && sleep 3 && echo finished')
-    const inspected = await waitFor(
-      'the run container on the remote engine',
-      async () => {
-        const ids = (await engine.docker(['ps', '-q', '--filter', 'label=meepagateway.agent=far'])).stdout.trim()
-        return ids && (await engine.docker(['inspect', ...ids.split('\n')])).stdout
-      },
-      20_000,
-    )
-    expect(inspected).toContain('"Image"')
-    expect(inspected).not.toContain(key)
-    const reply = await running
-    expect(reply.reply).toContain('finished')
-    expect(reply.reply).not.toContain(key)
-    const grep = await inVolume('far', 'grep', '-r', key, '/w')
-    expect(grep.exitCode, grep.stdout).toBe(1) // grep: nothing found
+    await expectNoKeyOnEngine(serve!, engine, 'far', key)
   }, 120_000)
 
   it('refuses an engine whose certificate the CA did not sign, saying so', async () => {
