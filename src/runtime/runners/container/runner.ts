@@ -30,8 +30,16 @@ import {engineAnswers, ENGINE_PING_TIMEOUT_MS} from './engine-watch.js'
 import {startAgentContainer, type AgentContainer, type RunShape} from './agent-container.js'
 import {prepareStandby, takeStandby} from './standby-pool.js'
 import {setStandbyBudget, standbyIdleMs} from '../standby-budget.js'
-import {enginesOf, placeRun, watchEngines, type DockerEngine} from './engines.js'
-import {forgetVolume, pullWorkspace, pushWorkspace, syncedVolume, syncingCommand} from './workspace-sync.js'
+import {enginesOf, LOCAL_ENGINE, nextPlacement, placeRun, watchEngines, type DockerEngine} from './engines.js'
+import {
+  forgetVolume,
+  pullWorkspace,
+  pushWorkspace,
+  SYNC_GO,
+  syncedVolume,
+  syncingCommand,
+  type SyncedVolume,
+} from './workspace-sync.js'
 import {
   engineApiFor,
   removeOwedContainers,
@@ -116,36 +124,7 @@ export async function runInContainer(request: RunRequest, options: {cli?: Docker
       ),
     )
     const output = await Promise.race([answered, whole])
-    // a hung engine would only leave one more docker client hanging; with an `engines:` list
-    // there are no standbys yet (each engine would need its own)
-    if (
-      request.standby &&
-      request.input.agent.container_mode.standby &&
-      !dockerEngineProblem() &&
-      !request.config.engines?.length
-    ) {
-      setStandbyBudget(request.config.gateway)
-      prepareStandby(
-        standbySlot(request),
-        cli,
-        async (signal) => {
-          const image = await readyIsolationImage(
-            request.config,
-            request.input.agent,
-            imageContextFor(request.home, cli, {signal}),
-          )
-          const shape = await runShape(request, image, signal)
-          const name = containerNameFor(`standby_${randomHex(8)}`)
-          return () =>
-            startAgentContainer(cli, shape, {
-              name,
-              run: 'standby',
-              clientTimeoutMs: standbyIdleMs() + request.timeoutMs + CLIENT_GRACE_MS,
-            })
-        },
-        log,
-      )
-    }
+    if (request.standby && request.input.agent.container_mode.standby) prepareNextStandby(request, options.cli, log)
     return output
   } catch (error) {
     const failed = toGatewayError(error)
@@ -254,11 +233,9 @@ async function runOnce(
   const image = await readyBeforeDeadline(cli, deadline, request.signal, (signal) =>
     readyIsolationImage(request.config, agent, imageContextFor(request.home, cli, {signal, onLog: log})),
   )
-  const sync =
-    engine?.workspace === 'sync'
-      ? syncedVolume(request.home, engine.name, homeLabel(request.home), agent.id)
-      : undefined
+  const sync = engine && syncedVolumeOn(request, engine)
   const shape = await runShape(request, image, request.signal, sync?.volume)
+  // a standby's volume too is brought to the host's state now, as the message came (SYNC_GO)
   if (sync) {
     const {sent} = await pushWorkspace(cli, sync, {
       workspace: canonicalWorkspace(request.input.workspace),
@@ -270,7 +247,7 @@ async function runOnce(
     })
     if (sent > 0) log(`workspace sync: sent ${sent} changed file(s) and folder(s) to engine ${engine!.name}`)
   }
-  const standby = sync ? undefined : takeStandby(standbySlot(request), shape.key)
+  const standby = takeStandby(standbySlot(request), shape.key, engine?.name ?? LOCAL_ENGINE)
   if (standby) log(`running in standby container ${standby.name}, started before this message arrived`)
   const container =
     standby ??
@@ -281,6 +258,7 @@ async function runOnce(
     })
   container.log = cappedLog(log)
   const {name, child} = container
+  if (sync) child.stdin?.write(SYNC_GO)
   // the keeper removes the container if this process dies; the record covers the keeper dying too
   recordRunProcess(request.home, {runId, keeperPid: child.pid, cgroups: [], container: name}, log)
   request.onStarted?.()
@@ -509,6 +487,49 @@ async function runInStartedContainer(
     )
   }
   return channel.outcome() ?? parseAgentRunOutput(runId, '', state.exitCode, stderrTail)
+}
+
+/**
+ * After a run in a running gateway: the agent's next container, started now on the engine its next
+ * run would be placed on (an injected CLI: that one), waits there for the message.
+ */
+function prepareNextStandby(request: RunRequest, injected: DockerCli | undefined, log: (line: string) => void): void {
+  const configured = !injected && Boolean(request.config.engines?.length)
+  // a hung local engine would only leave one more docker client hanging; a listed one down is not placed on
+  if (!configured && dockerEngineProblem()) return
+  const engine = injected
+    ? undefined
+    : nextPlacement(enginesOf(request.config), request.input.agent.container_mode.engines)
+  if (!injected && !engine) return
+  const cli = injected ?? engine!.cli
+  setStandbyBudget(request.config.gateway)
+  prepareStandby(
+    standbySlot(request),
+    cli,
+    engine?.name ?? LOCAL_ENGINE,
+    async (signal) => {
+      const image = await readyIsolationImage(
+        request.config,
+        request.input.agent,
+        imageContextFor(request.home, cli, {signal}),
+      )
+      const shape = await runShape(request, image, signal, engine && syncedVolumeOn(request, engine)?.volume)
+      const name = containerNameFor(`standby_${randomHex(8)}`)
+      return () =>
+        startAgentContainer(cli, shape, {
+          name,
+          run: 'standby',
+          clientTimeoutMs: standbyIdleMs() + request.timeoutMs + CLIENT_GRACE_MS,
+        })
+    },
+    log,
+  )
+}
+
+/** The agent's volume on a sync engine (workspace-sync.ts); undefined on one that binds the host path. */
+function syncedVolumeOn(request: RunRequest, engine: DockerEngine): SyncedVolume | undefined {
+  if (engine.workspace !== 'sync') return undefined
+  return syncedVolume(request.home, engine.name, homeLabel(request.home), request.input.agent.id)
 }
 
 function standbySlot(request: RunRequest): string {

@@ -182,16 +182,32 @@ export async function pushWorkspace(
 }
 
 /**
- * The run container's program on a sync engine: agent-run, then the list of every name in the
- * volume and a tar of what changed during the run (ctime: an agent cannot set it back), left in
- * SYNC_DIR for the host to take with `docker cp`.
+ * What the host writes on a sync engine's run container's stdin before the input: the volume has
+ * been brought to the host's state, so what changes from now on is the run's.
+ */
+export const SYNC_GO = '\n'
+
+/**
+ * The run container's program on a sync engine: agent-run starts at once (a standby's waits warm),
+ * reading its stdin through a forwarder that first waits for SYNC_GO. Only then is the volume
+ * touched (the run's start mark set): a standby started before the host's latest writes reached
+ * the volume runs its message on the volume as synced when the message came. After agent-run,
+ * every name in the volume is listed and what changed since the mark (ctime: an agent cannot set
+ * it back) tarred into SYNC_DIR for the host to take with `docker cp`.
  */
 export function syncingCommand(command: string[]): {entrypoint: string; command: string[]} {
-  const script = [
+  // the forwarder's pid in a file: it is killed when agent-run ends, else it would wait on stdin
+  const forwarder = [
+    'echo $$ > /tmp/.meepa-forwarder',
+    'IFS= read -r go || exit 0',
     `rm -rf ${CONTAINER_WORKSPACE}/${SYNC_DIR}`,
     'touch /tmp/.meepa-start',
-    '"$@"',
+    'exec cat',
+  ].join('\n')
+  const script = [
+    `sh -c '${forwarder}' | { "$@"; status=$?; kill "$(cat /tmp/.meepa-forwarder 2>/dev/null)" 2>/dev/null; exit $status; }`,
     'status=$?',
+    'test -e /tmp/.meepa-start || exit $status',
     `cd ${CONTAINER_WORKSPACE} && mkdir ${SYNC_DIR}`,
     `find . -mindepth 1 -path ./${SYNC_DIR} -prune -o -print0 > ${SYNC_DIR}/list`,
     `find . -mindepth 1 -path ./${SYNC_DIR} -prune -o \\( -type f -o -type d \\) -cnewer /tmp/.meepa-start -print0 | tar -c --null --no-recursion --format=posix -f ${SYNC_DIR}/changed.tar -T -`,
