@@ -106,17 +106,22 @@ export function placeRun(
   }
 }
 
-/** Where the agent's next run would go now, counting nothing (its standby is made there); undefined when nowhere. */
+/**
+ * Where the agent's next run would go now, counting nothing (its standby is made there); undefined
+ * when nowhere. `ending`: the engine of a run that answered and is ending, not counted as busy.
+ */
 export function nextPlacement(
   engines: readonly DockerEngine[],
   allowed: readonly string[] | undefined,
+  ending?: string,
 ): DockerEngine | undefined {
   const states = engineStates()
+  const runs = (engine: DockerEngine) => activeRunsOn(engine.name) - (engine.name === ending ? 1 : 0)
   let best: DockerEngine | undefined
   for (const engine of engines) {
     if (allowed && !allowed.includes(engine.name)) continue
-    if (states.get(engine.name)?.down || activeRunsOn(engine.name) >= engine.maxRuns) continue
-    if (!best || activeRunsOn(engine.name) < activeRunsOn(best.name)) best = engine
+    if (states.get(engine.name)?.down || runs(engine) >= engine.maxRuns) continue
+    if (!best || runs(engine) < runs(best)) best = engine
   }
   return best
 }

@@ -30,6 +30,7 @@ import {engineAnswers, ENGINE_PING_TIMEOUT_MS} from './engine-watch.js'
 import {startAgentContainer, type AgentContainer, type RunShape} from './agent-container.js'
 import {prepareStandby, takeStandby} from './standby-pool.js'
 import {setStandbyBudget, standbyIdleMs} from '../standby-budget.js'
+import {splitSyncTrailer} from './sync-trailer.js'
 import {enginesOf, LOCAL_ENGINE, nextPlacement, placeRun, watchEngines, type DockerEngine} from './engines.js'
 import {
   forgetVolume,
@@ -56,7 +57,7 @@ import type {RunRequest, Runner} from '../types.js'
 import {AgentRunChannel} from '../../llm-channel/host.js'
 import {DeadlineWatch} from '../../run-lifecycle/deadline-watch.js'
 import {setKeeperDeadline} from '../../../sandbox/keeper.js'
-import type {Duplex} from 'node:stream'
+import type {Duplex, Readable} from 'node:stream'
 
 /**
  * Container level: one fresh, hardened container per message (docs/isolation.md), running the
@@ -107,14 +108,23 @@ export async function runInContainer(request: RunRequest, options: {cli?: Docker
     const answered = new Promise<AgentRunOutput>((resolve) => {
       if (request.standby) answer = resolve
     })
+    // the engine the run counts on until its container has exited (its standby's placement leaves it out)
+    let placedOn: string | undefined
     const whole = runQueue.run(
       request.input.agent.id,
       () =>
-        withAgentLock(request.home, request.input.agent.id, () => runPlaced(request, options.cli, log, answer), {
-          signal: request.signal,
-          onWait: (pid) =>
-            log(`agent ${request.input.agent.id} is busy with another run (process ${pid}); waiting for it to finish`),
-        }),
+        withAgentLock(
+          request.home,
+          request.input.agent.id,
+          () => runPlaced(request, options.cli, log, answer, (name) => (placedOn = name)),
+          {
+            signal: request.signal,
+            onWait: (pid) =>
+              log(
+                `agent ${request.input.agent.id} is busy with another run (process ${pid}); waiting for it to finish`,
+              ),
+          },
+        ),
       {signal: request.signal},
     )
     void trackRemoval(
@@ -124,7 +134,8 @@ export async function runInContainer(request: RunRequest, options: {cli?: Docker
       ),
     )
     const output = await Promise.race([answered, whole])
-    if (request.standby && request.input.agent.container_mode.standby) prepareNextStandby(request, options.cli, log)
+    if (request.standby && request.input.agent.container_mode.standby)
+      prepareNextStandby(request, options.cli, log, placedOn)
     return output
   } catch (error) {
     const failed = toGatewayError(error)
@@ -192,6 +203,8 @@ async function runPlaced(
   injected: DockerCli | undefined,
   log: (line: string) => void,
   onAnswer: (output: AgentRunOutput) => void,
+  /** The engine the run counts on now (undefined once it no longer does). */
+  onPlaced: (engine: string | undefined) => void,
 ): Promise<AgentRunOutput> {
   if (injected) return runOnce(request, injected, log, onAnswer)
   const configured = Boolean(request.config.engines?.length)
@@ -200,6 +213,7 @@ async function runPlaced(
   for (let attempt = 0; ; attempt++) {
     const {engine, release} = placeRun(engines, request.input.agent.container_mode.engines)
     if (configured) log(`running on engine ${engine.name}`)
+    onPlaced(engine.name)
     try {
       return await runOnce(request, engine.cli, log, onAnswer, engine)
     } catch (error) {
@@ -210,6 +224,7 @@ async function runPlaced(
       log(`engine ${engine.name} did not answer (${failed.message.split('\n')[0]}); placing the run again`)
     } finally {
       release()
+      onPlaced(undefined)
     }
   }
 }
@@ -270,22 +285,21 @@ async function runOnce(
   })
   try {
     let pulled = false
-    const output = await runInStartedContainer(
-      request,
-      cli,
-      container,
-      shape.spec.forwardEnv,
-      // on a sync engine the reply waits until the run's changes are on the host
-      sync ? () => {} : onAnswer,
-      Boolean(standby),
-      sync &&
-        (async (answered) => {
+    // on a sync engine the run's changes come after its last frame (sync-trailer.ts), taken back
+    // as they arrive; the reply waits until they are on the host
+    const split = sync && splitSyncTrailer(child.stdout!, diskLimit)
+    let takenBack: Promise<AgentRunOutput> | undefined
+    const takeBack =
+      split &&
+      ((answered: AgentRunOutput) =>
+        (takenBack ??= (async () => {
           try {
             const {received} = await pullWorkspace(cli, sync, {
               container: name,
               workspace: request.input.workspace,
               maxBytes: diskLimit,
               log,
+              trailer: await split.trailer,
             })
             pulled = true
             if (received > 0) log(`workspace sync: took back ${received} changed file(s) from engine ${engine!.name}`)
@@ -299,8 +313,18 @@ async function runOnce(
               {partly_ran: true},
             )
           }
-        }),
+        })()))
+    const output = await runInStartedContainer(
+      request,
+      cli,
+      container,
+      shape.spec.forwardEnv,
+      takeBack ? (answered) => void takeBack(answered).then(onAnswer) : onAnswer,
+      Boolean(standby),
+      takeBack,
+      split ? split.frames : child.stdout!,
     )
+    await takenBack
     // what a run that did not finish did to the volume is unknown: the next run there starts from the host's copy
     if (sync && !pulled) forgetVolume(sync)
     const atEnd = await diskWatch.stop()
@@ -329,6 +353,8 @@ async function runInStartedContainer(
   fromStandby = false,
   /** After agent-run ended well, before its container is removed (a sync engine takes back the changes). */
   beforeRemoval: ((output: AgentRunOutput) => Promise<AgentRunOutput>) | undefined = undefined,
+  /** agent-run's frames: its container's stdout, or what comes of it before a sync engine's trailer. */
+  frames: Readable = container.child.stdout!,
 ): Promise<AgentRunOutput> {
   const {input} = request
   const {agent} = input
@@ -340,7 +366,7 @@ async function runInStartedContainer(
   let channelBroken = false
   const channel = new AgentRunChannel(
     child.stdin!,
-    child.stdout!,
+    frames,
     {
       ...input,
       workspace: CONTAINER_WORKSPACE,
@@ -493,13 +519,19 @@ async function runInStartedContainer(
  * After a run in a running gateway: the agent's next container, started now on the engine its next
  * run would be placed on (an injected CLI: that one), waits there for the message.
  */
-function prepareNextStandby(request: RunRequest, injected: DockerCli | undefined, log: (line: string) => void): void {
+function prepareNextStandby(
+  request: RunRequest,
+  injected: DockerCli | undefined,
+  log: (line: string) => void,
+  /** Where the run that just answered is ending. */
+  placedOn: string | undefined,
+): void {
   const configured = !injected && Boolean(request.config.engines?.length)
   // a hung local engine would only leave one more docker client hanging; a listed one down is not placed on
   if (!configured && dockerEngineProblem()) return
   const engine = injected
     ? undefined
-    : nextPlacement(enginesOf(request.config), request.input.agent.container_mode.engines)
+    : nextPlacement(enginesOf(request.config), request.input.agent.container_mode.engines, placedOn)
   if (!injected && !engine) return
   const cli = injected ?? engine!.cli
   setStandbyBudget(request.config.gateway)

@@ -7,6 +7,7 @@ import {GatewayError, toGatewayError} from '../../util/errors.js'
 import {readTar, writeTar, type TarEntry, type TarInput} from '../../util/tar.js'
 import {writeWholeFile} from '../../util/write-whole-file.js'
 import {makeWorkspaceDirectory, removeWorkspaceEntry, writeWorkspaceFile} from '../../workspace/files.js'
+import {SYNC_TRAILER, type SyncTrailer} from './sync-trailer.js'
 
 /**
  * An agent's workspace on an engine that cannot mount the host's path (docs/architecture.md,
@@ -193,7 +194,8 @@ export const SYNC_GO = '\n'
  * touched (the run's start mark set): a standby started before the host's latest writes reached
  * the volume runs its message on the volume as synced when the message came. After agent-run,
  * every name in the volume is listed and what changed since the mark (ctime: an agent cannot set
- * it back) tarred into SYNC_DIR for the host to take with `docker cp`.
+ * it back) tarred into SYNC_DIR; both then go out on stdout (sync-trailer.ts), and stay there for
+ * the host to take with `docker cp` when they do not arrive whole.
  */
 export function syncingCommand(command: string[]): {entrypoint: string; command: string[]} {
   // the forwarder's pid in a file: it is killed when agent-run ends, else it would wait on stdin
@@ -211,6 +213,8 @@ export function syncingCommand(command: string[]): {entrypoint: string; command:
     `cd ${CONTAINER_WORKSPACE} && mkdir ${SYNC_DIR}`,
     `find . -mindepth 1 -path ./${SYNC_DIR} -prune -o -print0 > ${SYNC_DIR}/list`,
     `find . -mindepth 1 -path ./${SYNC_DIR} -prune -o \\( -type f -o -type d \\) -cnewer /tmp/.meepa-start -print0 | tar -c --null --no-recursion --format=posix -f ${SYNC_DIR}/changed.tar -T -`,
+    // the same two files on stdout, after agent-run's last frame (sync-trailer.ts)
+    `[ $status -ne 0 ] || { printf '${SYNC_TRAILER} %s %s\\n' "$(wc -c < ${SYNC_DIR}/list)" "$(wc -c < ${SYNC_DIR}/changed.tar)" && cat ${SYNC_DIR}/list ${SYNC_DIR}/changed.tar; }`,
     'exit $status',
   ].join('\n')
   return {entrypoint: '/bin/sh', command: ['-c', script, 'sh', ...command]}
@@ -232,17 +236,16 @@ function safeName(raw: string): string | undefined {
 export async function pullWorkspace(
   cli: DockerCli,
   state: SyncedVolume,
-  options: {container: string; workspace: string; maxBytes: number; log: (line: string) => void},
+  options: {
+    container: string
+    workspace: string
+    maxBytes: number
+    log: (line: string) => void
+    /** The list and change tar as the container sent them on stdout; else taken with `docker cp`. */
+    trailer?: SyncTrailer
+  },
 ): Promise<{received: number}> {
-  const archive = await copyOut(cli, `${options.container}:${CONTAINER_WORKSPACE}/${SYNC_DIR}`, options.maxBytes)
-  let list: Buffer | undefined
-  let changes: Buffer | undefined
-  for (const entry of readTar(archive, options.maxBytes)) {
-    if (entry.name === `${SYNC_DIR}/list` && entry.type === '0') list = entry.data
-    if (entry.name === `${SYNC_DIR}/changed.tar` && entry.type === '0') changes = entry.data
-  }
-  if (!list || !changes)
-    throw new GatewayError('E_WORKSPACE', "the run's container left no list of its changes (it did not finish)")
+  const {list, changes} = options.trailer ?? (await copyChanges(cli, options.container, options.maxBytes))
   const present = new Set(
     list
       .toString('utf8')
@@ -291,6 +294,20 @@ export function applyChanges(
     .reverse())
     if (!present.has(name)) removeWorkspaceEntry(workspace, name)
   return received
+}
+
+/** The run's list and change tar, from SYNC_DIR in its container. */
+async function copyChanges(cli: DockerCli, container: string, maxBytes: number): Promise<SyncTrailer> {
+  const archive = await copyOut(cli, `${container}:${CONTAINER_WORKSPACE}/${SYNC_DIR}`, maxBytes)
+  let list: Buffer | undefined
+  let changes: Buffer | undefined
+  for (const entry of readTar(archive, maxBytes)) {
+    if (entry.name === `${SYNC_DIR}/list` && entry.type === '0') list = entry.data
+    if (entry.name === `${SYNC_DIR}/changed.tar` && entry.type === '0') changes = entry.data
+  }
+  if (!list || !changes)
+    throw new GatewayError('E_WORKSPACE', "the run's container left no list of its changes (it did not finish)")
+  return {list, changes}
 }
 
 /** `docker cp SRC -`, bounded: an archive over `maxBytes` is refused, not buffered. */
