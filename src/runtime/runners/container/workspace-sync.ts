@@ -204,17 +204,19 @@ export function syncingCommand(command: string[]): {entrypoint: string; command:
     'IFS= read -r go || exit 0',
     `rm -rf ${CONTAINER_WORKSPACE}/${SYNC_DIR}`,
     'touch /tmp/.meepa-start',
+    // the file clock is coarse (a few ms): the input goes on only once a change would be stamped later
+    'until [ -n "$(find /tmp/.meepa-tick -newer /tmp/.meepa-start 2>/dev/null)" ]; do touch /tmp/.meepa-tick; done',
     'exec cat',
   ].join('\n')
   const script = [
-    `sh -c '${forwarder}' | { "$@"; status=$?; kill "$(cat /tmp/.meepa-forwarder 2>/dev/null)" 2>/dev/null; exit $status; }`,
+    `sh -c '${forwarder}' | { "$@"; status=$?; read -r forwarder < /tmp/.meepa-forwarder && kill "$forwarder" 2>/dev/null; exit $status; }`,
     'status=$?',
     'test -e /tmp/.meepa-start || exit $status',
     `cd ${CONTAINER_WORKSPACE} && mkdir ${SYNC_DIR}`,
-    `find . -mindepth 1 -path ./${SYNC_DIR} -prune -o -print0 > ${SYNC_DIR}/list`,
-    `find . -mindepth 1 -path ./${SYNC_DIR} -prune -o \\( -type f -o -type d \\) -cnewer /tmp/.meepa-start -print0 | tar -c --null --no-recursion --format=posix -f ${SYNC_DIR}/changed.tar -T -`,
+    // one walk: every name into the list, the files and folders changed since the mark into the tar
+    `find . -mindepth 1 -path ./${SYNC_DIR} -prune -o -fprint0 ${SYNC_DIR}/list \\( -type f -o -type d \\) -cnewer /tmp/.meepa-start -print0 | tar -c --null --no-recursion --format=posix -f ${SYNC_DIR}/changed.tar -T -`,
     // the same two files on stdout, after agent-run's last frame (sync-trailer.ts)
-    `[ $status -ne 0 ] || { printf '${SYNC_TRAILER} %s %s\\n' "$(wc -c < ${SYNC_DIR}/list)" "$(wc -c < ${SYNC_DIR}/changed.tar)" && cat ${SYNC_DIR}/list ${SYNC_DIR}/changed.tar; }`,
+    `[ $status -ne 0 ] || { printf '${SYNC_TRAILER} %s %s\\n' $(stat -c %s ${SYNC_DIR}/list ${SYNC_DIR}/changed.tar) && cat ${SYNC_DIR}/list ${SYNC_DIR}/changed.tar; }`,
     'exit $status',
   ].join('\n')
   return {entrypoint: '/bin/sh', command: ['-c', script, 'sh', ...command]}
