@@ -7,6 +7,12 @@
 // being remote costs (TLS, the sync); the shared local engine is reported beside it. The same
 // dockerd reached over ssh:// (an sshd of the bench's own on 127.0.0.1) is measured too, as its
 // ratio to the local engine (no target of its own: each docker call is one ssh connection).
+//
+// Then the same with standbys (issue 24, Speed): runMessage with `standby: true`, the path a
+// running gateway takes, each message served by the standby container its agent's previous run
+// left on its engine (messages are spaced so that it is ready, as between a user's messages).
+// Target: remote ≤ 1.2× the same message on the same dockerd over its unix socket; the shared
+// local engine beside it.
 import crypto from 'node:crypto'
 import fs from 'node:fs'
 import os from 'node:os'
@@ -19,10 +25,13 @@ import {startOwnEngine} from '../test/helpers/own-engine.js'
 import {startOwnSshd} from '../test/helpers/own-sshd.js'
 import {loadConfig} from '../src/runtime/config/load.js'
 import {runMessage} from '../src/runtime/runners/run-message.js'
+import {stopStandbyContainers} from '../src/runtime/runners/container/standby-pool.js'
 import {fmt, report, sample, stats} from './lib.js'
 
 const N = Number(process.env.BENCH_N ?? 10)
 const WORKSPACE_MB = 50
+/** Between standby rounds: time for each agent's next container to start and its agent-run to load. */
+const STANDBY_READY_MS = 2_500
 
 const engine = await startOwnEngine({tls: true, port: await freePort()})
 const sshd = await startOwnSshd({dockerHost: engine.host})
@@ -32,16 +41,24 @@ const home = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-bench-remote-'))
 try {
   const tls = engine.tls!
   const configPath = path.join(home, 'config.yaml')
-  const agent = (id: string, engines: string[]) => ({
+  const agent = (id: string, engines: string[], standby = false) => ({
     id,
-    container_mode: {enabled: true, network: 'none', standby: false, engines},
+    container_mode: {enabled: true, network: 'none', standby, engines},
   })
   fs.writeFileSync(
     configPath,
     YAML.stringify(
       fakeLlmConfig(
         llm.openaiBaseUrl,
-        [agent('near', ['local']), agent('far', ['remote']), agent('own', ['own-unix']), agent('viassh', ['ssh'])],
+        [
+          agent('near', ['local']),
+          agent('far', ['remote']),
+          agent('own', ['own-unix']),
+          agent('viassh', ['ssh']),
+          agent('near-w', ['local'], true),
+          agent('far-w', ['remote'], true),
+          agent('own-w', ['own-unix'], true),
+        ],
         {
           engines: [
             {name: 'remote', host: tls.host, tls: {ca: tls.ca, cert: tls.cert, key: tls.key}},
@@ -56,21 +73,31 @@ try {
   process.env.FAKE_LLM_KEY = 'sk-bench-key-123456' // the name fakeLlmConfig's provider reads
   const loaded = loadConfig({configPath, home})
   // 50 files of 1 MB each, the same in both workspaces
-  for (const id of ['near', 'far', 'own', 'viassh']) {
+  for (const id of ['near', 'far', 'own', 'viassh', 'near-w', 'far-w', 'own-w']) {
     const dir = path.join(home, 'agents', id)
     fs.mkdirSync(dir, {recursive: true})
     for (let i = 0; i < WORKSPACE_MB; i++)
       fs.writeFileSync(path.join(dir, `blob-${i}.bin`), crypto.randomBytes(1 << 20))
   }
-  const sendToReply = async (agentId: string) => {
+  let fromStandby = 0
+  /** BENCH_PROFILE=1: when each log line of a message came, in ms from its start (the last message of each agent). */
+  const timeline = new Map<string, string[]>()
+  const sendToReply = async (agentId: string, standby = false) => {
     const started = performance.now()
+    const lines: string[] = []
+    timeline.set(agentId, lines)
     const result = await runMessage({
       loaded,
       agentId,
       message: {id: 'm', connector: 'cli', channel_id: 'bench', user: {id: 'u', name: 'u'}, content: 'hi'},
-      onLog: () => {},
+      standby,
+      onLog: (line) => {
+        lines.push(`${(performance.now() - started).toFixed(0).padStart(5)} ms  ${line.slice(0, 120)}`)
+        if (line.startsWith('running in standby container')) fromStandby++
+      },
     })
     if (!result.output.ok) throw new Error(`bench run failed: ${JSON.stringify(result.output.error)}`)
+    lines.push(`${(performance.now() - started).toFixed(0).padStart(5)} ms  (reply)`)
     return performance.now() - started
   }
   // first runs: images built (the remote one there), the 50 MB copied to the remote volume once
@@ -92,7 +119,38 @@ try {
   const [local, remote, ownUnix, ssh] = [stats(times.local), stats(times.remote), stats(times.own), stats(times.ssh)]
   const added = remote.median - ownUnix.median
   console.error(
-    `remote ${fmt(remote.median)}, same dockerd over unix ${fmt(ownUnix.median)}: +${fmt(added)} (target <= 100 ms); shared local engine ${fmt(local.median)}; over ssh:// ${fmt(ssh.median)} (${(ssh.median / local.median).toFixed(2)}× local)`,
+    `cold: remote ${fmt(remote.median)}, same dockerd over unix ${fmt(ownUnix.median)}: +${fmt(added)} (target <= 100 ms); shared local engine ${fmt(local.median)}; over ssh:// ${fmt(ssh.median)} (${(ssh.median / local.median).toFixed(2)}× local)`,
+  )
+
+  const profile = () => {
+    if (!process.env.BENCH_PROFILE) return
+    for (const [agentId, lines] of timeline) console.error(`${agentId}:\n  ${lines.join('\n  ')}`)
+  }
+  profile()
+
+  // standbys: each agent's first message leaves its standby; each round then uses them
+  for (const id of ['near-w', 'far-w', 'own-w']) await sendToReply(id, true)
+  const warm = {local: [] as number[], remote: [] as number[], own: [] as number[]}
+  fromStandby = 0
+  // each message after a pause: the previous one's standby is not still starting beside it
+  const spaced = async (agentId: string) => {
+    await new Promise((resolve) => setTimeout(resolve, STANDBY_READY_MS))
+    return sendToReply(agentId, true)
+  }
+  await sample(
+    N,
+    async () => {
+      warm.local.push(await spaced('near-w'))
+      warm.remote.push(await spaced('far-w'))
+      warm.own.push(await spaced('own-w'))
+    },
+    0,
+  )
+  profile()
+  const [warmLocal, warmRemote, warmOwn] = [stats(warm.local), stats(warm.remote), stats(warm.own)]
+  const ratio = warmRemote.median / warmOwn.median
+  console.error(
+    `standby: remote ${fmt(warmRemote.median)}, same dockerd over unix ${fmt(warmOwn.median)}: ${ratio.toFixed(2)}x (target <= 1.2x); shared local engine ${fmt(warmLocal.median)} (${(warmRemote.median / warmLocal.median).toFixed(2)}x); ${fromStandby} of ${3 * N} from a standby`,
   )
   report('remote-engine', {
     target_added_ms: 100,
@@ -103,8 +161,19 @@ try {
     added_ms: added,
     ssh,
     ssh_vs_local: ssh.median / local.median,
+    standby: {
+      target_ratio: 1.2,
+      remote: warmRemote,
+      own_unix: warmOwn,
+      local: warmLocal,
+      ratio,
+      ratio_to_local: warmRemote.median / warmLocal.median,
+      from_standby: fromStandby,
+      messages: 3 * N,
+    },
   })
 } finally {
+  await stopStandbyContainers()
   await llm.close()
   sshd.destroy()
   await engine.destroy()

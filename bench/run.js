@@ -31,7 +31,9 @@ const SUITE = {
   'warm-levels':
     'a web-chat message through `serve` with standbys, unrestricted / host sandbox / container side by side (issue 25)',
   'remote-engine':
-    'a container message on a remote engine (mutual TLS, and ssh://, loopback) against the local engine, unchanged 50 MB workspace (issue 24; Docker, root, sshd)',
+    'a container message on a remote engine (mutual TLS, and ssh://, loopback) against the local engine, unchanged 50 MB workspace, cold and with standbys (issue 24; Docker, root, sshd)',
+  'engine-placement':
+    'what placing a run among 16 engines costs per message, against the local engine alone (issue 24)',
   'workspace-handover':
     "/healthz and another agent's job while a root gateway hands a hostile 300,000-file workspace over (issue 27; root)",
 }

@@ -29,8 +29,17 @@ export function engineStates(): ReadonlyMap<string, {down?: EngineProblem}> {
   return engines
 }
 
+/** Called with an engine's name when it is marked down (it was up): what is held there is dropped. */
+const downListeners = new Set<(name: string) => void>()
+
+export function onEngineDown(listener: (name: string) => void): void {
+  downListeners.add(listener)
+}
+
 export function markEngineDown(name: string, reason: string): void {
-  engines.set(name, {down: {reason, since: engines.get(name)?.down?.since ?? Date.now()}})
+  const wasDown = engines.get(name)?.down
+  engines.set(name, {down: {reason, since: wasDown?.since ?? Date.now()}})
+  if (!wasDown) for (const listener of downListeners) listener(name)
 }
 
 export function markEngineUp(name: string): void {

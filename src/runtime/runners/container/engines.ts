@@ -136,24 +136,8 @@ export function placeRun(
   engines: readonly DockerEngine[],
   allowed: readonly string[] | undefined,
 ): {engine: DockerEngine; release: () => void} {
-  const states = engineStates()
-  const candidates = engines.filter((engine) => !allowed || allowed.includes(engine.name))
-  let best: DockerEngine | undefined
-  for (const engine of candidates) {
-    if (states.get(engine.name)?.down || activeRunsOn(engine.name) >= engine.maxRuns) continue
-    if (!best || activeRunsOn(engine.name) < activeRunsOn(best.name)) best = engine
-  }
-  if (!best) {
-    const why = candidates.map((engine) => {
-      const down = states.get(engine.name)?.down
-      return down ? `${engine.name} is down (${down.reason})` : `${engine.name} is full (${engine.maxRuns} runs)`
-    })
-    throw new GatewayError('E_DOCKER_DOWN', `no engine can take the run: ${why.join('; ') || 'none is allowed'}`, {
-      retryable: true,
-      suggestions: ["send the message again later, or allow more engines in the agent's container_mode.engines"],
-    })
-  }
-  const engine = best
+  const engine = nextPlacement(engines, allowed)
+  if (!engine) throw noEngine(engines, allowed)
   activeRuns.set(engine.name, activeRunsOn(engine.name) + 1)
   let released = false
   return {
@@ -164,6 +148,40 @@ export function placeRun(
       activeRuns.set(engine.name, activeRunsOn(engine.name) - 1)
     },
   }
+}
+
+/**
+ * Where the agent's next run would go now, counting nothing (its standby is made there); undefined
+ * when nowhere. `ending`: the engine of a run that answered and is ending, not counted as busy.
+ */
+export function nextPlacement(
+  engines: readonly DockerEngine[],
+  allowed: readonly string[] | undefined,
+  ending?: string,
+): DockerEngine | undefined {
+  const states = engineStates()
+  const runs = (engine: DockerEngine) => activeRunsOn(engine.name) - (engine.name === ending ? 1 : 0)
+  let best: DockerEngine | undefined
+  for (const engine of engines) {
+    if (allowed && !allowed.includes(engine.name)) continue
+    if (states.get(engine.name)?.down || runs(engine) >= engine.maxRuns) continue
+    if (!best || runs(engine) < runs(best)) best = engine
+  }
+  return best
+}
+
+function noEngine(engines: readonly DockerEngine[], allowed: readonly string[] | undefined): GatewayError {
+  const states = engineStates()
+  const why = engines
+    .filter((engine) => !allowed || allowed.includes(engine.name))
+    .map((engine) => {
+      const down = states.get(engine.name)?.down
+      return down ? `${engine.name} is down (${down.reason})` : `${engine.name} is full (${engine.maxRuns} runs)`
+    })
+  return new GatewayError('E_DOCKER_DOWN', `no engine can take the run: ${why.join('; ') || 'none is allowed'}`, {
+    retryable: true,
+    suggestions: ["send the message again later, or allow more engines in the agent's container_mode.engines"],
+  })
 }
 
 /** How often each configured engine is asked whether it answers, and how long the answer may take. */

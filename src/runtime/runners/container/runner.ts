@@ -30,9 +30,18 @@ import {engineAnswers, ENGINE_PING_TIMEOUT_MS} from './engine-watch.js'
 import {startAgentContainer, type AgentContainer, type RunShape} from './agent-container.js'
 import {prepareStandby, takeStandby} from './standby-pool.js'
 import {setStandbyBudget, standbyIdleMs} from '../standby-budget.js'
-import {enginesOf, placeRun, watchEngines, type DockerEngine} from './engines.js'
+import {splitSyncTrailer} from './sync-trailer.js'
+import {enginesOf, LOCAL_ENGINE, nextPlacement, placeRun, watchEngines, type DockerEngine} from './engines.js'
+import {
+  forgetVolume,
+  pullWorkspace,
+  pushWorkspace,
+  SYNC_GO,
+  syncedVolume,
+  syncingCommand,
+  type SyncedVolume,
+} from './workspace-sync.js'
 import {describeGaps, limitGaps, limitsRefused, probedPodmanHost} from '../../container/podman-limits.js'
-import {forgetVolume, pullWorkspace, pushWorkspace, syncedVolume, syncingCommand} from './workspace-sync.js'
 import {
   engineApiFor,
   removeOwedContainers,
@@ -49,7 +58,7 @@ import type {RunRequest, Runner} from '../types.js'
 import {AgentRunChannel} from '../../llm-channel/host.js'
 import {DeadlineWatch} from '../../run-lifecycle/deadline-watch.js'
 import {setKeeperDeadline} from '../../../sandbox/keeper.js'
-import type {Duplex} from 'node:stream'
+import type {Duplex, Readable} from 'node:stream'
 
 /**
  * Container level: one fresh, hardened container per message (docs/isolation.md), running the
@@ -100,14 +109,23 @@ export async function runInContainer(request: RunRequest, options: {cli?: Docker
     const answered = new Promise<AgentRunOutput>((resolve) => {
       if (request.standby) answer = resolve
     })
+    // the engine the run counts on until its container has exited (its standby's placement leaves it out)
+    let placedOn: string | undefined
     const whole = runQueue.run(
       request.input.agent.id,
       () =>
-        withAgentLock(request.home, request.input.agent.id, () => runPlaced(request, options.cli, log, answer), {
-          signal: request.signal,
-          onWait: (pid) =>
-            log(`agent ${request.input.agent.id} is busy with another run (process ${pid}); waiting for it to finish`),
-        }),
+        withAgentLock(
+          request.home,
+          request.input.agent.id,
+          () => runPlaced(request, options.cli, log, answer, (name) => (placedOn = name)),
+          {
+            signal: request.signal,
+            onWait: (pid) =>
+              log(
+                `agent ${request.input.agent.id} is busy with another run (process ${pid}); waiting for it to finish`,
+              ),
+          },
+        ),
       {signal: request.signal},
     )
     void trackRemoval(
@@ -117,36 +135,8 @@ export async function runInContainer(request: RunRequest, options: {cli?: Docker
       ),
     )
     const output = await Promise.race([answered, whole])
-    // a hung engine would only leave one more docker client hanging; with an `engines:` list
-    // there are no standbys yet (each engine would need its own)
-    if (
-      request.standby &&
-      request.input.agent.container_mode.standby &&
-      !dockerEngineProblem() &&
-      !request.config.engines?.length
-    ) {
-      setStandbyBudget(request.config.gateway)
-      prepareStandby(
-        standbySlot(request),
-        cli,
-        async (signal) => {
-          const image = await readyIsolationImage(
-            request.config,
-            request.input.agent,
-            imageContextFor(request.home, cli, {signal}),
-          )
-          const shape = await runShape(request, image, signal)
-          const name = containerNameFor(`standby_${randomHex(8)}`)
-          return () =>
-            startAgentContainer(cli, shape, {
-              name,
-              run: 'standby',
-              clientTimeoutMs: standbyIdleMs() + request.timeoutMs + CLIENT_GRACE_MS,
-            })
-        },
-        log,
-      )
-    }
+    if (request.standby && request.input.agent.container_mode.standby)
+      prepareNextStandby(request, options.cli, log, placedOn)
     return output
   } catch (error) {
     const failed = toGatewayError(error)
@@ -214,6 +204,8 @@ async function runPlaced(
   injected: DockerCli | undefined,
   log: (line: string) => void,
   onAnswer: (output: AgentRunOutput) => void,
+  /** The engine the run counts on now (undefined once it no longer does). */
+  onPlaced: (engine: string | undefined) => void,
 ): Promise<AgentRunOutput> {
   if (injected) return runOnce(request, injected, log, onAnswer)
   const configured = Boolean(request.config.engines?.length)
@@ -222,6 +214,7 @@ async function runPlaced(
   for (let attempt = 0; ; attempt++) {
     const {engine, release} = placeRun(engines, request.input.agent.container_mode.engines)
     if (configured) log(`running on engine ${engine.name}`)
+    onPlaced(engine.name)
     try {
       return await runOnce(request, engine.cli, log, onAnswer, engine)
     } catch (error) {
@@ -232,6 +225,7 @@ async function runPlaced(
       log(`engine ${engine.name} did not answer (${failed.message.split('\n')[0]}); placing the run again`)
     } finally {
       release()
+      onPlaced(undefined)
     }
   }
 }
@@ -256,11 +250,9 @@ async function runOnce(
   const image = await readyBeforeDeadline(cli, deadline, request.signal, (signal) =>
     readyIsolationImage(request.config, agent, imageContextFor(request.home, cli, {signal, onLog: log})),
   )
-  const sync =
-    engine?.workspace === 'sync'
-      ? syncedVolume(request.home, engine.name, homeLabel(request.home), agent.id)
-      : undefined
+  const sync = engine && syncedVolumeOn(request, engine)
   const shape = await runShape(request, image, request.signal, sync?.volume, dialect)
+  // a standby's volume too is brought to the host's state now, as the message came (SYNC_GO)
   if (sync) {
     const {sent} = await pushWorkspace(cli, sync, {
       workspace: canonicalWorkspace(request.input.workspace),
@@ -272,7 +264,7 @@ async function runOnce(
     })
     if (sent > 0) log(`workspace sync: sent ${sent} changed file(s) and folder(s) to engine ${engine!.name}`)
   }
-  const standby = sync ? undefined : takeStandby(standbySlot(request), shape.key)
+  const standby = takeStandby(standbySlot(request), shape.key, engine?.name ?? LOCAL_ENGINE)
   if (standby) log(`running in standby container ${standby.name}, started before this message arrived`)
   const container =
     standby ??
@@ -283,6 +275,7 @@ async function runOnce(
     })
   container.log = cappedLog(log)
   const {name, child} = container
+  if (sync) child.stdin?.write(SYNC_GO)
   // the keeper removes the container if this process dies; the record covers the keeper dying too
   recordRunProcess(request.home, {runId, keeperPid: child.pid, cgroups: [], container: name}, log)
   request.onStarted?.()
@@ -294,22 +287,21 @@ async function runOnce(
   })
   try {
     let pulled = false
-    const output = await runInStartedContainer(
-      request,
-      cli,
-      container,
-      shape.spec.forwardEnv,
-      // on a sync engine the reply waits until the run's changes are on the host
-      sync ? () => {} : onAnswer,
-      Boolean(standby),
-      sync &&
-        (async (answered) => {
+    // on a sync engine the run's changes come after its last frame (sync-trailer.ts), taken back
+    // as they arrive; the reply waits until they are on the host
+    const split = sync && splitSyncTrailer(child.stdout!, diskLimit)
+    let takenBack: Promise<AgentRunOutput> | undefined
+    const takeBack =
+      split &&
+      ((answered: AgentRunOutput) =>
+        (takenBack ??= (async () => {
           try {
             const {received} = await pullWorkspace(cli, sync, {
               container: name,
               workspace: request.input.workspace,
               maxBytes: diskLimit,
               log,
+              trailer: await split.trailer,
             })
             pulled = true
             if (received > 0) log(`workspace sync: took back ${received} changed file(s) from engine ${engine!.name}`)
@@ -323,8 +315,18 @@ async function runOnce(
               {partly_ran: true},
             )
           }
-        }),
+        })()))
+    const output = await runInStartedContainer(
+      request,
+      cli,
+      container,
+      shape.spec.forwardEnv,
+      takeBack ? (answered) => void takeBack(answered).then(onAnswer) : onAnswer,
+      Boolean(standby),
+      takeBack,
+      split ? split.frames : child.stdout!,
     )
+    await takenBack
     // what a run that did not finish did to the volume is unknown: the next run there starts from the host's copy
     if (sync && !pulled) forgetVolume(sync)
     const atEnd = await diskWatch.stop()
@@ -353,6 +355,8 @@ async function runInStartedContainer(
   fromStandby = false,
   /** After agent-run ended well, before its container is removed (a sync engine takes back the changes). */
   beforeRemoval: ((output: AgentRunOutput) => Promise<AgentRunOutput>) | undefined = undefined,
+  /** agent-run's frames: its container's stdout, or what comes of it before a sync engine's trailer. */
+  frames: Readable = container.child.stdout!,
 ): Promise<AgentRunOutput> {
   const {input} = request
   const {agent} = input
@@ -364,7 +368,7 @@ async function runInStartedContainer(
   let channelBroken = false
   const channel = new AgentRunChannel(
     child.stdin!,
-    child.stdout!,
+    frames,
     {
       ...input,
       workspace: CONTAINER_WORKSPACE,
@@ -529,6 +533,56 @@ async function engineDialect(
     `best effort: engine ${engine.name} runs this message WITHOUT ${gaps.map((gap) => gap.limit).join(', ')} (best_effort: true): ${describeGaps(gaps)}`,
   )
   return {engineKind: 'podman', unappliedLimits: gaps.map((gap) => gap.limit)}
+}
+
+/**
+ * After a run in a running gateway: the agent's next container, started now on the engine its next
+ * run would be placed on (an injected CLI: that one), waits there for the message.
+ */
+function prepareNextStandby(
+  request: RunRequest,
+  injected: DockerCli | undefined,
+  log: (line: string) => void,
+  /** Where the run that just answered is ending. */
+  placedOn: string | undefined,
+): void {
+  const configured = !injected && Boolean(request.config.engines?.length)
+  // a hung local engine would only leave one more docker client hanging; a listed one down is not placed on
+  if (!configured && dockerEngineProblem()) return
+  const engine = injected
+    ? undefined
+    : nextPlacement(enginesOf(request.config), request.input.agent.container_mode.engines, placedOn)
+  if (!injected && !engine) return
+  const cli = injected ?? engine!.cli
+  setStandbyBudget(request.config.gateway)
+  prepareStandby(
+    standbySlot(request),
+    cli,
+    engine?.name ?? LOCAL_ENGINE,
+    async (signal) => {
+      const image = await readyIsolationImage(
+        request.config,
+        request.input.agent,
+        imageContextFor(request.home, cli, {signal}),
+      )
+      const dialect = await engineDialect(engine, log)
+      const shape = await runShape(request, image, signal, engine && syncedVolumeOn(request, engine)?.volume, dialect)
+      const name = containerNameFor(`standby_${randomHex(8)}`)
+      return () =>
+        startAgentContainer(cli, shape, {
+          name,
+          run: 'standby',
+          clientTimeoutMs: standbyIdleMs() + request.timeoutMs + CLIENT_GRACE_MS,
+        })
+    },
+    log,
+  )
+}
+
+/** The agent's volume on a sync engine (workspace-sync.ts); undefined on one that binds the host path. */
+function syncedVolumeOn(request: RunRequest, engine: DockerEngine): SyncedVolume | undefined {
+  if (engine.workspace !== 'sync') return undefined
+  return syncedVolume(request.home, engine.name, homeLabel(request.home), request.input.agent.id)
 }
 
 function standbySlot(request: RunRequest): string {

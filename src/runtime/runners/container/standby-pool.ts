@@ -4,10 +4,12 @@ import {toGatewayError} from '../../util/errors.js'
 import {signalChild} from '../../util/subprocess.js'
 import {admitStandby, releaseStandby, standbysAllowed, type BudgetedStandby} from '../standby-budget.js'
 import type {AgentContainer} from './agent-container.js'
+import {onEngineDown} from './engine-health.js'
 import {
   containerRemovalsSettled,
   giveUpRemovals,
   owedRemovalNames,
+  removeWhenEngineAnswers,
   scheduleRemoval,
   track,
   trackRemoval,
@@ -18,22 +20,41 @@ import {
  * waits, agent-run loaded, for its message, which then skips container and Node start-up. Each
  * still serves exactly one message. One per agent, discarded when the run's shape changes
  * (config, image, secrets), when the standby budget takes it back (idle too long, or room for a
- * more recently used agent: standby-budget.ts), and when the gateway stops.
+ * more recently used agent: standby-budget.ts), and when the gateway stops. Each waits on one
+ * engine (where the agent's next run would be placed), serves only a run placed there, and is
+ * dropped when that engine goes down.
  */
-const standbys = new Map<string, {container: AgentContainer; cli: DockerCli; budgeted: BudgetedStandby}>()
+interface Waiting {
+  container: AgentContainer
+  cli: DockerCli
+  engine: string
+  budgeted: BudgetedStandby
+}
+const standbys = new Map<string, Waiting>()
 /** Standbys still being started: stopping must wait for them, or one would outlive the gateway. */
 const preparingStandbys = new Set<Promise<void>>()
 
-/** The slot's standby when it matches the run's shape `key` and still runs; a mismatched one is discarded. */
-export function takeStandby(slot: string, key: string): AgentContainer | undefined {
+/**
+ * The slot's standby when it waits on `engine`, matches the run's shape `key` and still runs; a
+ * mismatched one is discarded, one on another engine left waiting.
+ */
+export function takeStandby(slot: string, key: string, engine: string): AgentContainer | undefined {
+  if (standbys.get(slot)?.engine !== engine) return undefined
   const entry = removeStandby(slot)
   if (entry && entry.container.key === key && entry.container.child.exitCode === null) return entry.container
   if (entry) discard(entry)
   return undefined
 }
 
+/** Standby containers waiting on an engine now (its numbers beside its active runs). */
+export function standbysOn(engine: string): number {
+  let count = 0
+  for (const entry of standbys.values()) if (entry.engine === engine) count++
+  return count
+}
+
 /** Takes a slot's standby out of the pool (to use or discard it). */
-function removeStandby(slot: string): {container: AgentContainer; cli: DockerCli} | undefined {
+function removeStandby(slot: string): Waiting | undefined {
   const entry = standbys.get(slot)
   if (!entry) return undefined
   standbys.delete(slot)
@@ -48,7 +69,7 @@ const DISCARD_CLIENT_WAIT_MS = 10_000
  * Removed at once (which stops it), and again once its docker client has exited: a container
  * the engine was still creating when the first removal ran would otherwise outlive the gateway.
  */
-function discard({container, cli}: {container: AgentContainer; cli: DockerCli}): void {
+function discard({container, cli}: Waiting): void {
   container.child.stdin?.destroy()
   discarding.add(container)
   void trackRemoval(
@@ -72,19 +93,36 @@ const givenUp = new WeakSet<AgentContainer>()
 let standbyPreparation = new AbortController()
 
 /**
- * Starts the slot's standby unless it has one: `prepare` readies what the container needs (its
- * image, under the pool's signal) and returns how to start it, called only if the slot is still free.
+ * Engine down: its standbys' docker clients are killed and their containers removed once it
+ * answers again (before anything else starts there: removals.ts), never waited for now.
+ */
+onEngineDown((engine) => {
+  for (const [slot, entry] of [...standbys]) {
+    if (entry.engine !== engine) continue
+    removeStandby(slot)
+    entry.container.child.stdin?.destroy()
+    signalChild(entry.container.child, 'SIGKILL')
+    removeWhenEngineAnswers(entry.cli, entry.container.name, () => {})
+  }
+})
+
+/**
+ * Starts the slot's standby on `engine` unless it has one there (one waiting on another engine is
+ * discarded): `prepare` readies what the container needs (its image, under the pool's signal) and
+ * returns how to start it, called only if the slot is still free.
  */
 export function prepareStandby(
   slot: string,
   cli: DockerCli,
+  engine: string,
   prepare: (signal: AbortSignal) => Promise<() => AgentContainer>,
   log: (line: string) => void,
 ): void {
   const preparing = (async () => {
-    if (standbys.has(slot) || !standbysAllowed()) return
+    if (standbys.get(slot)?.engine === engine || !standbysAllowed()) return
     const start = await prepare(standbyPreparation.signal)
-    if (standbys.has(slot) || standbyPreparation.signal.aborted || !standbysAllowed()) return
+    if (standbys.get(slot)?.engine === engine || standbyPreparation.signal.aborted || !standbysAllowed()) return
+    if (standbys.has(slot)) discard(removeStandby(slot)!)
     const container = start()
     const discardIfWaiting = () => {
       if (standbys.get(slot)?.container === container) discard(removeStandby(slot)!)
@@ -93,7 +131,7 @@ export function prepareStandby(
     void container.child.then(discardIfWaiting)
     // its processes are the engine's: what they hold is not measured from here
     const budgeted: BudgetedStandby = {level: 'container', evict: discardIfWaiting, residentBytes: () => undefined}
-    standbys.set(slot, {container, cli, budgeted})
+    standbys.set(slot, {container, cli, engine, budgeted})
     if (!admitStandby(budgeted)) discardIfWaiting()
   })()
   void track(

@@ -7,6 +7,7 @@ import {GatewayError, toGatewayError} from '../../util/errors.js'
 import {readTar, writeTar, type TarEntry, type TarInput} from '../../util/tar.js'
 import {writeWholeFile} from '../../util/write-whole-file.js'
 import {makeWorkspaceDirectory, removeWorkspaceEntry, writeWorkspaceFile} from '../../workspace/files.js'
+import {SYNC_TRAILER, type SyncTrailer} from './sync-trailer.js'
 
 /**
  * An agent's workspace on an engine that cannot mount the host's path (docs/architecture.md,
@@ -182,19 +183,40 @@ export async function pushWorkspace(
 }
 
 /**
- * The run container's program on a sync engine: agent-run, then the list of every name in the
- * volume and a tar of what changed during the run (ctime: an agent cannot set it back), left in
- * SYNC_DIR for the host to take with `docker cp`.
+ * What the host writes on a sync engine's run container's stdin before the input: the volume has
+ * been brought to the host's state, so what changes from now on is the run's.
+ */
+export const SYNC_GO = '\n'
+
+/**
+ * The run container's program on a sync engine: agent-run starts at once (a standby's waits warm),
+ * reading its stdin through a forwarder that first waits for SYNC_GO. Only then is the volume
+ * touched (the run's start mark set): a standby started before the host's latest writes reached
+ * the volume runs its message on the volume as synced when the message came. After agent-run,
+ * every name in the volume is listed and what changed since the mark (ctime: an agent cannot set
+ * it back) tarred into SYNC_DIR; both then go out on stdout (sync-trailer.ts), and stay there for
+ * the host to take with `docker cp` when they do not arrive whole.
  */
 export function syncingCommand(command: string[]): {entrypoint: string; command: string[]} {
-  const script = [
+  // the forwarder's pid in a file: it is killed when agent-run ends, else it would wait on stdin
+  const forwarder = [
+    'echo $$ > /tmp/.meepa-forwarder',
+    'IFS= read -r go || exit 0',
     `rm -rf ${CONTAINER_WORKSPACE}/${SYNC_DIR}`,
     'touch /tmp/.meepa-start',
-    '"$@"',
+    // the file clock is coarse (a few ms): the input goes on only once a change would be stamped later
+    'until [ -n "$(find /tmp/.meepa-tick -newer /tmp/.meepa-start 2>/dev/null)" ]; do touch /tmp/.meepa-tick; done',
+    'exec cat',
+  ].join('\n')
+  const script = [
+    `sh -c '${forwarder}' | { "$@"; status=$?; read -r forwarder < /tmp/.meepa-forwarder && kill "$forwarder" 2>/dev/null; exit $status; }`,
     'status=$?',
+    'test -e /tmp/.meepa-start || exit $status',
     `cd ${CONTAINER_WORKSPACE} && mkdir ${SYNC_DIR}`,
-    `find . -mindepth 1 -path ./${SYNC_DIR} -prune -o -print0 > ${SYNC_DIR}/list`,
-    `find . -mindepth 1 -path ./${SYNC_DIR} -prune -o \\( -type f -o -type d \\) -cnewer /tmp/.meepa-start -print0 | tar -c --null --no-recursion --format=posix -f ${SYNC_DIR}/changed.tar -T -`,
+    // one walk: every name into the list, the files and folders changed since the mark into the tar
+    `find . -mindepth 1 -path ./${SYNC_DIR} -prune -o -fprint0 ${SYNC_DIR}/list \\( -type f -o -type d \\) -cnewer /tmp/.meepa-start -print0 | tar -c --null --no-recursion --format=posix -f ${SYNC_DIR}/changed.tar -T -`,
+    // the same two files on stdout, after agent-run's last frame (sync-trailer.ts)
+    `[ $status -ne 0 ] || { printf '${SYNC_TRAILER} %s %s\\n' $(stat -c %s ${SYNC_DIR}/list ${SYNC_DIR}/changed.tar) && cat ${SYNC_DIR}/list ${SYNC_DIR}/changed.tar; }`,
     'exit $status',
   ].join('\n')
   return {entrypoint: '/bin/sh', command: ['-c', script, 'sh', ...command]}
@@ -216,17 +238,16 @@ function safeName(raw: string): string | undefined {
 export async function pullWorkspace(
   cli: DockerCli,
   state: SyncedVolume,
-  options: {container: string; workspace: string; maxBytes: number; log: (line: string) => void},
+  options: {
+    container: string
+    workspace: string
+    maxBytes: number
+    log: (line: string) => void
+    /** The list and change tar as the container sent them on stdout; else taken with `docker cp`. */
+    trailer?: SyncTrailer
+  },
 ): Promise<{received: number}> {
-  const archive = await copyOut(cli, `${options.container}:${CONTAINER_WORKSPACE}/${SYNC_DIR}`, options.maxBytes)
-  let list: Buffer | undefined
-  let changes: Buffer | undefined
-  for (const entry of readTar(archive, options.maxBytes)) {
-    if (entry.name === `${SYNC_DIR}/list` && entry.type === '0') list = entry.data
-    if (entry.name === `${SYNC_DIR}/changed.tar` && entry.type === '0') changes = entry.data
-  }
-  if (!list || !changes)
-    throw new GatewayError('E_WORKSPACE', "the run's container left no list of its changes (it did not finish)")
+  const {list, changes} = options.trailer ?? (await copyChanges(cli, options.container, options.maxBytes))
   const present = new Set(
     list
       .toString('utf8')
@@ -275,6 +296,20 @@ export function applyChanges(
     .reverse())
     if (!present.has(name)) removeWorkspaceEntry(workspace, name)
   return received
+}
+
+/** The run's list and change tar, from SYNC_DIR in its container. */
+async function copyChanges(cli: DockerCli, container: string, maxBytes: number): Promise<SyncTrailer> {
+  const archive = await copyOut(cli, `${container}:${CONTAINER_WORKSPACE}/${SYNC_DIR}`, maxBytes)
+  let list: Buffer | undefined
+  let changes: Buffer | undefined
+  for (const entry of readTar(archive, maxBytes)) {
+    if (entry.name === `${SYNC_DIR}/list` && entry.type === '0') list = entry.data
+    if (entry.name === `${SYNC_DIR}/changed.tar` && entry.type === '0') changes = entry.data
+  }
+  if (!list || !changes)
+    throw new GatewayError('E_WORKSPACE', "the run's container left no list of its changes (it did not finish)")
+  return {list, changes}
 }
 
 /** `docker cp SRC -`, bounded: an archive over `maxBytes` is refused, not buffered. */

@@ -1,3 +1,4 @@
+import {execa} from 'execa'
 import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
@@ -35,6 +36,34 @@ describeWithDocker('container runs on a remote engine over mutual TLS (own engin
   const degradedNaming = (name: string) => healthzNamesDown(serve!, name)
   const lastEngine = () => lastEngineOf(serve!)
   const inVolume = (agent: string, command: string, ...args: string[]) => inAgentVolume(engine, agent, command, ...args)
+  /** The standby containers of an agent waiting on the remote engine, as its own `docker ps` lists them: "ID NAME". */
+  const remoteStandbys = async (agent: string): Promise<string[]> =>
+    (
+      await engine.docker([
+        'ps',
+        '--format',
+        '{{.ID}} {{.Names}}',
+        '--filter',
+        `label=meepagateway.agent=${agent}`,
+        '--filter',
+        'label=meepagateway.run=standby',
+      ])
+    ).stdout
+      .split('\n')
+      .filter(Boolean)
+  /** The one standby of an agent on the remote engine, once it is there: its container id and name. */
+  const remoteStandby = async (agent: string) => {
+    const [line] = await waitFor(
+      `a standby of ${agent} on the remote engine`,
+      async () => {
+        const found = await remoteStandbys(agent)
+        return found.length === 1 && found
+      },
+      30_000,
+    )
+    const [id = '', name = ''] = line!.split(' ')
+    return {id, name}
+  }
   /** What the agent's volume on the remote engine holds. */
   const volumeFiles = async (agent: string) =>
     (await inVolume(agent, 'ls', '-A', '/w')).stdout.split('\n').filter(Boolean)
@@ -100,6 +129,27 @@ describeWithDocker('container runs on a remote engine over mutual TLS (own engin
     expect((await serve!.chat('far', 'RUN: cat seed.txt')).reply).toContain('edited-on-the-host')
   }, 120_000)
 
+  it('runs the next message in a standby container waiting on that engine, on the volume as the host has it then', async () => {
+    await serve!.chat('far', 'RUN: echo message-n > n.txt')
+    const {id, name} = await remoteStandby('far')
+    // the local engine holds none of it
+    const local = await execa('docker', ['ps', '-q', '--filter', 'label=meepagateway.agent=far'])
+    expect(local.stdout.trim()).toBe('')
+    // the host changes after the standby started, as a run on another engine or the dashboard does
+    const late = path.join(workspace('far'), 'late.txt')
+    fs.writeFileSync(late, 'written-after-the-standby-started')
+    const lateInode = fs.statSync(late).ino
+    const before = serve!.output().length
+    const reply = await serve!.chat('far', 'RUN: hostname && cat n.txt late.txt')
+    const log = serve!.output().slice(before)
+    expect(log).toContain(`running in standby container ${name}`)
+    expect(reply.reply).toContain(id) // its hostname: that very container ran the message
+    expect(reply.reply).toContain('message-n')
+    expect(reply.reply).toContain('written-after-the-standby-started')
+    // what was sent as the message came is not the run's change: it is not taken back (rewritten) again
+    expect(fs.statSync(late).ino).toBe(lateInode)
+  }, 120_000)
+
   it("never makes the agent's links, FIFOs or escapes on the host, and never writes through a planted link", async () => {
     fs.symlinkSync(outside, path.join(workspace('far'), 'planted'))
     const reply = await serve!.chat(
@@ -147,6 +197,7 @@ describeWithDocker('container runs on a remote engine over mutual TLS (own engin
     it(`an engine that stops answering (${fault}) is marked down, runs go to the local engine, and it is used again when back`, async () => {
       expect((await serve!.chat('any', 'hello')).reply).toBe('pong')
       expect(lastEngine()).toBe('remote')
+      const standbyName = (await remoteStandby('any')).name
       if (fault === 'SIGSTOP') {
         engine.stop()
         stopped = true
@@ -154,6 +205,10 @@ describeWithDocker('container runs on a remote engine over mutual TLS (own engin
       const stoppedAt = Date.now()
       await waitFor('healthz naming the remote engine down', () => degradedNaming('remote'), 20_000)
       expect(Date.now() - stoppedAt).toBeLessThan(8_000)
+      // its standbys are dropped with it (none waits anywhere now)
+      const health = await serve!.healthz()
+      const standbys = health.body.standbys as {by_level: {container?: {count: number}}}
+      expect(standbys.by_level.container?.count ?? 0).toBe(0)
       // the local engine builds the image on its first run there
       const elsewhere = await serve!.chat('any', 'RUN: echo on-local > local.txt && echo done')
       expect(elsewhere.reply, serve!.output().slice(-2000)).toContain('done')
@@ -166,9 +221,17 @@ describeWithDocker('container runs on a remote engine over mutual TLS (own engin
       else await engine.restart()
       stopped = false
       await waitFor('healthz no longer naming it', async () => !(await degradedNaming('remote')), 30_000)
+      // the dropped standby's container is removed once the engine answers
+      await waitFor(
+        'the dropped standby container removed from the remote engine',
+        async () => (await engine.docker(['ps', '-a', '-q', '--filter', `name=${standbyName}`])).stdout.trim() === '',
+        30_000,
+      )
+      const beforeBack = serve!.output().length
       // back on the remote engine, which sees what the local run wrote
       expect((await serve!.chat('any', 'RUN: cat local.txt')).reply).toContain('on-local')
       expect(lastEngine()).toBe('remote')
+      expect(serve!.output().slice(beforeBack)).not.toContain(standbyName)
     }, 600_000)
   }
 })
