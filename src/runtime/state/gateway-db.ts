@@ -186,6 +186,13 @@ export const MIGRATIONS: ReadonlyArray<{name: string; sql: string}> = [
       );
     `,
   },
+  {
+    // issue 24: a crashed gateway's container on a remote engine is removed there at the next start-up
+    name: 'the engine of run processes',
+    sql: `
+      ALTER TABLE run_processes ADD COLUMN engine TEXT;  -- JSON {name, args, sync_state}: a listed engine's docker flags
+    `,
+  },
 ]
 
 /**

@@ -77,6 +77,20 @@ export function enginesOf(config: GatewayConfig): DockerEngine[] {
   return engines
 }
 
+/**
+ * The engines a `container` command acts on: every one of the config, or the one `--engine` names
+ * (an unknown name is refused with the configured ones).
+ */
+export function selectEngines(config: GatewayConfig, name: string | undefined): DockerEngine[] {
+  const engines = enginesOf(config)
+  if (name === undefined) return engines
+  const chosen = engines.filter((engine) => engine.name === name)
+  if (chosen.length > 0) return chosen
+  throw new GatewayError('E_USAGE', `there is no engine named "${name}"`, {
+    suggestions: [`use one of the configured engines: ${engines.map((engine) => engine.name).join(', ')}`],
+  })
+}
+
 const activeRuns = new Map<string, number>()
 
 /** Runs placed on each engine and not yet finished. */
