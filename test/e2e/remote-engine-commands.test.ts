@@ -13,6 +13,7 @@ import {startServe, type ServeProcess} from '../helpers/serve.js'
 import {BASE_IMAGE, describeWithDocker} from '../helpers/docker-env.js'
 import {startOwnEngine, type OwnEngine} from '../helpers/own-engine.js'
 import {homeLabel} from '../../src/sandbox/docker/containers.js'
+import {openBrowser} from '../runtime/captain/browser.js'
 
 /*
  * The `container` commands and the start-up reclaim against a remote engine: a second dockerd of
@@ -213,5 +214,70 @@ describeWithDocker('container commands and crash reclaim on a remote engine (own
     // and the agent's next run there starts from the host's copy
     fs.writeFileSync(path.join(workspace('far'), 'after.txt'), 'after-crash')
     expect((await serve.chat('far', 'RUN: cat after.txt kept.txt')).reply).toContain('after-crash')
+  }, 300_000)
+
+  it('the dashboard shows each engine: health, active runs, standbys and version; a dead one as down', async () => {
+    if (!serve || serve.process.exitCode !== null) serve = await startServe({home: home.home, port})
+    const admin = JSON.parse(
+      (await runCli(['api-key', 'create', 'dash', '--admin', '--json'], {home: home.home})).stdout,
+    ) as {key: string}
+    const engines = async () => {
+      const response = await fetch(`http://127.0.0.1:${port}/api/captain/engines`, {
+        headers: {authorization: `Bearer ${admin.key}`},
+      })
+      expect(response.status).toBe(200)
+      return (await response.json()) as Array<Record<string, unknown>>
+    }
+    // a chat key is not enough
+    const refused = await fetch(`http://127.0.0.1:${port}/api/captain/engines`, {
+      headers: {authorization: `Bearer ${serve.apiKey}`},
+    })
+    expect(refused.status).toBe(403)
+    const version = (await engine.docker(['version', '--format', '{{.Server.Version}}'])).stdout.trim()
+    const up = await waitFor(
+      'both engines answering',
+      async () => {
+        const listed = await engines()
+        return listed.every((entry) => entry.health === 'up') && listed
+      },
+      20_000,
+    )
+    expect(up).toEqual([
+      {name: 'remote', health: 'up', active_runs: 0, max_runs: 4, standbys: 0, version},
+      expect.objectContaining({name: 'local', health: 'up', active_runs: 0, standbys: 0}),
+    ])
+    // the Overview page shows the same, one row per engine
+    const link = JSON.parse((await runCli(['dashboard', 'link', '--json'], {home: home.home})).stdout) as {url: string}
+    const browser = await openBrowser()
+    try {
+      await browser.page.goto(link.url)
+      await browser.page.waitForSelector('#engines-table tr[data-engine="remote"]')
+      const row = await browser.page.textContent('#engines-table tr[data-engine="remote"]')
+      expect(row).toContain('up')
+      expect(row).toContain('0 of 4')
+      expect(row).toContain(version)
+      expect(await browser.page.textContent('#engines-table tr[data-engine="local"]')).toContain('up')
+      await browser.screenshot('captain-engines')
+    } finally {
+      await browser.close()
+    }
+    // a run in flight counts on its engine
+    const running = serve.chat('far', 'RUN: sleep 4 && echo slept')
+    await waitFor('the run counted on remote', async () => (await engines())[0]!.active_runs === 1, 20_000)
+    expect((await running).reply).toContain('slept')
+    expect((await engines())[0]).toMatchObject({active_runs: 0})
+    // a dead engine is shown down, with why and since when
+    await engine.kill()
+    const down = await waitFor(
+      'remote shown down',
+      async () => {
+        const [remote] = await engines()
+        return remote!.health === 'down' && remote
+      },
+      20_000,
+    )
+    expect(down).toMatchObject({problem: expect.any(String), down_since: expect.any(String)})
+    await engine.restart()
+    await waitFor('remote up again', async () => (await engines())[0]!.health === 'up', 30_000)
   }, 300_000)
 })

@@ -249,6 +249,12 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
         loaded,
         log,
         connectors: () => connectors,
+        // loaded when the dashboard first asks: a gateway without container agents never loads Docker code
+        engines: async () =>
+          (await import('../runners/container/engines.js')).engineViews(
+            live.config,
+            standbyUsage().by_level.container?.count ?? 0,
+          ),
         unrestricted: options.unrestricted,
         syncConfigFile: options.watchConfig ? () => watch?.sync() : undefined,
       })

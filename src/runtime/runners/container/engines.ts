@@ -1,7 +1,15 @@
 import {DockerCli, dockerCli} from '../../../sandbox/docker/cli.js'
 import type {EngineConfig, GatewayConfig} from '../../config/types.js'
 import {GatewayError, toGatewayError} from '../../util/errors.js'
-import {engineStates, markEngineDown, markEngineUp} from './engine-health.js'
+import type {EngineView} from '../../shapes/engine-view.js'
+import {
+  dockerEngineProblem,
+  engineStates,
+  engineVersion,
+  markEngineDown,
+  markEngineUp,
+  noteEngineVersion,
+} from './engine-health.js'
 
 /**
  * Where container runs go (docs/architecture.md, "Engines"). The runner asks only this of an
@@ -35,7 +43,7 @@ function dockerEngine(name: string, cli: DockerCli, workspace: 'bind' | 'sync', 
     cli,
     workspace,
     maxRuns,
-    ping: async (timeoutMs) => void (await cli.ping({timeoutMs})),
+    ping: async (timeoutMs) => noteEngineVersion(name, (await cli.ping({timeoutMs})).server),
   }
 }
 
@@ -134,6 +142,32 @@ export function placeRun(
       activeRuns.set(engine.name, activeRunsOn(engine.name) - 1)
     },
   }
+}
+
+/**
+ * Each engine runs may go to: its health (the watch's last answer), active runs, standby
+ * containers ready there and version. `localStandbys`: the container standbys of the local engine,
+ * which without an `engines:` list holds them all (listed engines keep none yet).
+ */
+export function engineViews(config: GatewayConfig, localStandbys: number): EngineView[] {
+  const listed = Boolean(config.engines?.length)
+  watchEngines(config) // asked before any run: the page shows each engine's health from the start
+  return enginesOf(config).map((engine) => {
+    const down = listed ? engineStates().get(engine.name)?.down : dockerEngineProblem()
+    const known = listed
+      ? engineStates().has(engine.name)
+      : down !== undefined || engineVersion(engine.name) !== undefined
+    const version = engineVersion(engine.name)
+    return {
+      name: engine.name,
+      health: down ? 'down' : known ? 'up' : 'unknown',
+      ...(down ? {problem: down.reason, down_since: new Date(down.since).toISOString()} : {}),
+      active_runs: activeRunsOn(engine.name),
+      max_runs: Number.isFinite(engine.maxRuns) ? engine.maxRuns : null,
+      standbys: listed ? 0 : localStandbys,
+      ...(version ? {version} : {}),
+    }
+  })
 }
 
 /** How often each configured engine is asked whether it answers, and how long the answer may take. */
