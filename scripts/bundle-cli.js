@@ -318,6 +318,27 @@ const sendOneShotApart = {
     }))
   },
 }
+/**
+ * The `container` commands over an `engines:` list (per engine, the runners' engine list) are the
+ * full CLI's: in a lite bundle their dynamic import is a module that defers to oclif, so the
+ * common case (no list) does not read that code at every start.
+ */
+const ENGINES_TO_OCLIF = 'engines-to-oclif'
+const enginesToOclif = {
+  name: 'engines-to-oclif',
+  setup(build) {
+    build.onResolve({filter: /[\\/](container[\\/]per-engine|runners[\\/]container[\\/]engines)\.js$/}, (args) =>
+      args.kind === 'dynamic-import' && /[\\/]commands[\\/]container[\\/]/.test(args.importer)
+        ? {path: args.path, namespace: ENGINES_TO_OCLIF}
+        : undefined,
+    )
+    build.onLoad({filter: /.*/, namespace: ENGINES_TO_OCLIF}, () => ({
+      contents: "import {DeferToOclif} from './cli/lite/parse.js'\nthrow new DeferToOclif()",
+      loader: 'js',
+      resolveDir: dist,
+    }))
+  },
+}
 const liteBundles = [
   // before `send`, whose warm-up loads it
   {
@@ -353,7 +374,12 @@ const liteBundles = [
         ['sandbox', 'explain', '--agent', 'meepa', '--json'],
       ],
     }[id] ?? [id.split(':'), [...id.split(':'), '--json']]
-    return {id, entry: run, warm, plugins: id === 'send' ? [sendOneShotApart] : []}
+    return {
+      id,
+      entry: run,
+      warm,
+      plugins: id === 'send' ? [sendOneShotApart] : id.startsWith('container:') ? [enginesToOclif] : [],
+    }
   }),
   {
     id: 'help-pages',

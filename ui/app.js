@@ -93,6 +93,16 @@ function badge(text, kind) {
   return h('span', {class: `badge ${kind || text}`}, text)
 }
 
+/** A table with one heading row and the given body rows. */
+function dataTable(id, headings, rows) {
+  return h(
+    'table',
+    {id},
+    h('thead', {}, h('tr', {}, ...headings.map((heading) => h('th', {}, heading)))),
+    h('tbody', {}, rows),
+  )
+}
+
 function formatTime(ms) {
   if (!ms) return ''
   const date = new Date(ms)
@@ -374,14 +384,47 @@ function standbysLine(standbys) {
   return `Standbys ready: ${standbys.count} of at most ${standbys.max}${levels.length ? ` (${levels.join(', ')})` : ''}, ${(standbys.resident_bytes / 1048576).toFixed(1)} MB resident; each ends after ${standbys.idle_minutes} min without a message.`
 }
 
+/** Where container runs go: each engine's health, active runs, standbys and version (the card is hidden without one). */
+function enginesView(engines) {
+  if (engines.length === 0) return []
+  return [
+    h('h2', {}, 'Engines'),
+    dataTable(
+      'engines-table',
+      ['Engine', 'Health', 'Active runs', 'Standbys', 'Version'],
+      engines.map((engine) =>
+        h(
+          'tr',
+          {'data-engine': engine.name},
+          h('td', {class: 'mono'}, engine.name),
+          h(
+            'td',
+            {},
+            badge(engine.health),
+            engine.problem ? h('div', {class: 'hint'}, `${engine.problem} (since ${engine.down_since})`) : '',
+          ),
+          h(
+            'td',
+            {},
+            engine.max_runs === null ? `${engine.active_runs}` : `${engine.active_runs} of ${engine.max_runs}`,
+          ),
+          h('td', {}, `${engine.standbys}`),
+          h('td', {class: 'mono'}, engine.version ?? '-'),
+        ),
+      ),
+    ),
+  ]
+}
+
 async function overviewPage() {
   const configNote = h('div', {id: 'config-refused'})
   const agentsCard = h('div', {class: 'card'})
   const runsCard = h('div', {class: 'card'})
   const standbysNote = h('div', {class: 'hint', id: 'standbys'})
-  setMain(h('h1', {}, 'Overview'), configNote, agentsCard, standbysNote, runsCard)
+  const enginesCard = h('div', {class: 'card', id: 'engines'})
+  setMain(h('h1', {}, 'Overview'), configNote, agentsCard, standbysNote, enginesCard, runsCard)
   const refresh = async () => {
-    const [file, agents, runs, health] = await Promise.all([
+    const [file, agents, runs, health, engines] = await Promise.all([
       api('GET', '/config'),
       api('GET', '/agents'),
       api('GET', '/runs?limit=25'),
@@ -390,8 +433,10 @@ async function overviewPage() {
         (res) => res.json(),
         () => ({}),
       ),
+      api('GET', '/engines').catch(() => []),
     ])
     standbysNote.replaceChildren(health.standbys ? standbysLine(health.standbys) : '')
+    enginesCard.replaceChildren(...enginesView(engines))
     // a hand edit the gateway refused: what runs is the previous config, and dashboard edits wait for the fix
     configNote.replaceChildren(
       file.refused

@@ -1,19 +1,66 @@
+import type {ChalkInstance} from 'chalk'
 import {BaseCommand} from '../base-command.js'
 import {containerStatus, type ContainerStatus} from '../../runtime/container/status.js'
+import type {EngineFailure} from '../../runtime/container/per-engine.js'
+import type {LoadedConfig} from '../../runtime/config/types.js'
+import {engineAnswered, engineFlag, engineTargets} from './engine-flag.js'
+
+/** Thrown from the config loader when the config has an `engines:` list: each is then asked on its own. */
+class HasEngines extends Error {}
+
+type EngineStatus = ({name: string} & ContainerStatus) | EngineFailure
 
 export default class ContainerStatusCommand extends BaseCommand<typeof ContainerStatusCommand> {
   static summary = "show the Docker engine, each container-mode agent's images and the gateway's running containers"
-  static description = 'Exits 0 when the engine answers (images may still need `container build`), 10 when it does not.'
-  static examples = ['<%= config.bin %> container status', '<%= config.bin %> container status --json']
+  static description =
+    'Exits 0 when the engine answers (images may still need `container build`), 10 when it does not. With an `engines:` list, each engine is shown (or the one --engine names), and the exit is 10 when one does not answer.'
+  static flags = {
+    engine: engineFlag,
+  }
+  static examples = [
+    '<%= config.bin %> container status',
+    '<%= config.bin %> container status --json',
+    '<%= config.bin %> container status --engine remote',
+  ]
 
-  async run(): Promise<ContainerStatus> {
-    const status = await containerStatus(() => this.loadConfig())
-    const {green, red, yellow} = await this.colours()
+  async run(): Promise<ContainerStatus | {engines: EngineStatus[]}> {
+    let loaded: LoadedConfig | undefined
+    const load = () => (loaded ??= this.loadConfig())
+    const colours = await this.colours()
+    if (this.flags.engine === undefined) {
+      try {
+        const status = await containerStatus(() => {
+          if (load().config.engines?.length) throw new HasEngines()
+          return load()
+        })
+        this.print(status, colours, '')
+        return status
+      } catch (error) {
+        if (!(error instanceof HasEngines)) throw error
+      }
+    }
+    const targets = await engineTargets(load(), this.flags.engine)
+    if (!targets) {
+      const status = await containerStatus(load())
+      this.print(status, colours, '')
+      return status
+    }
+    const result = await (await import('../../runtime/container/per-engine.js')).statusOnEngines(load(), targets)
+    for (const status of result.engines)
+      if (engineAnswered((line) => this.log(line), status, '') && 'agents' in status)
+        this.print(status, colours, `engine ${status.name}: `)
+    return result
+  }
+
+  private print(status: ContainerStatus, {green, red, yellow}: ChalkInstance, prefix: string): void {
+    const indent = prefix ? '  ' : ''
     // green: the engine is up (down is an error, exit 10)
-    this.log(`engine: ${green(`Docker ${status.engine.server_version} (API ${status.engine.api_version})`)}`)
+    this.log(
+      `${prefix ? `${prefix}\n${indent}` : ''}engine: ${green(`Docker ${status.engine.server_version} (API ${status.engine.api_version})`)}`,
+    )
     for (const agent of status.agents) {
       if (agent.error) {
-        this.log(`agent ${agent.agent}: ${red(agent.error)}`)
+        this.log(`${indent}agent ${agent.agent}: ${red(agent.error)}`)
         continue
       }
       const image = agent.isolation_image
@@ -22,15 +69,15 @@ export default class ContainerStatusCommand extends BaseCommand<typeof Container
         : image.up_to_date
           ? green('up to date')
           : yellow(`stale (${image.reason}), run \`container build\``)
-      this.log(`agent ${agent.agent}: ${image.tag} ${state}`)
+      this.log(`${indent}agent ${agent.agent}: ${image.tag} ${state}`)
     }
-    if (status.agents.length === 0) this.log('no agent has container_mode.enabled')
-    for (const {engine, warning} of status.engine_warnings) this.log(`engine ${engine}: ${yellow(warning)}`)
-    this.log(`containers: ${status.containers.length === 0 ? 'none running' : ''}`)
+    if (status.agents.length === 0)
+      this.log(`${indent}no agent has container_mode.enabled${prefix ? ' and may run here' : ''}`)
+    for (const {engine, warning} of status.engine_warnings) this.log(`${indent}engine ${engine}: ${yellow(warning)}`)
+    this.log(`${indent}containers: ${status.containers.length === 0 ? 'none running' : ''}`)
     for (const container of status.containers)
       this.log(
-        `  ${container.name} ${container.state === 'running' ? green(container.state) : yellow(container.state)} agent=${container.agent ?? '-'} run=${container.run ?? '-'}`,
+        `${indent}  ${container.name} ${container.state === 'running' ? green(container.state) : yellow(container.state)} agent=${container.agent ?? '-'} run=${container.run ?? '-'}`,
       )
-    return status
   }
 }

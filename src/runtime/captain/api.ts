@@ -3,6 +3,7 @@ import path from 'node:path'
 import type {AgentConfig, ConnectorConfig, LoadedConfig} from '../config/types.js'
 import {toGatewayError} from '../util/errors.js'
 import {readJsonObject, sendJson} from '../http/json.js'
+import type {EngineView} from '../shapes/engine-view.js'
 import {HttpError, type Router} from '../http/router.js'
 import {isolationLevelFor} from '../shapes/isolation-level.js'
 import type {ApiKeyInfo, ApiKeys} from '../state/api-keys.js'
@@ -59,6 +60,7 @@ export interface CaptainApiDeps {
   builds: BuildJobs
   docker: () => DockerCli
   connectors: () => ReadonlyArray<LiveConnector>
+  engines: () => Promise<EngineView[]>
   /** --unrestricted of the running gateway: every agent's effective level is then unrestricted. */
   unrestricted: boolean
 }
@@ -483,6 +485,10 @@ function mountContainerRoutes(deps: CaptainApiDeps): void {
       })
       sendJson(res, 200, {ok: true, ...deleted})
     }),
+  )
+  router.get(
+    `${API}/engines`,
+    authed(auth, async ({res}) => sendJson(res, 200, await deps.engines())),
   )
   router.get(
     `${API}/container/status`,

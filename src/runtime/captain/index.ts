@@ -4,6 +4,7 @@ import type {Router} from '../http/router.js'
 import {ApiKeys} from '../state/api-keys.js'
 import {AuditLog} from '../state/audit.js'
 import type {ChatCaller} from '../connectors/webchat.js'
+import type {EngineView} from '../shapes/engine-view.js'
 import type {GatewayDb} from '../state/gateway-db.js'
 import {RunRecords} from '../state/run-records.js'
 import {dockerCli, type DockerCli} from '../../sandbox/docker/cli.js'
@@ -27,6 +28,8 @@ export interface CaptainDeps {
   runs?: RunRecords
   /** The gateway's live connectors (state shown on the Overview page). */
   connectors?: () => ReadonlyArray<LiveConnector>
+  /** The engines runs go to, each with its health, runs, standbys and version (Overview page). */
+  engines?: () => Promise<EngineView[]>
   unrestricted?: boolean
   /** Catches the gateway up with config.yaml (serve's watch); returns why the file is refused, if it is. */
   syncConfigFile?: () => string | undefined
@@ -85,6 +88,7 @@ export async function mountCaptain(router: Router, deps: CaptainDeps): Promise<C
     builds,
     docker,
     connectors: deps.connectors ?? (() => []),
+    engines: deps.engines ?? (async () => []),
     unrestricted: deps.unrestricted ?? false,
   })
   mountStaticUi(router, deps.uiDir ?? UI_DIR)

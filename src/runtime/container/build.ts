@@ -26,6 +26,8 @@ export interface ContainerBuildOptions {
   onLog?: (line: string) => void
   signal?: AbortSignal
   cli?: DockerCli
+  /** Only the agents whose runs may go to this engine of the `engines:` list. */
+  engine?: string
 }
 
 export interface ImageBuildReport {
@@ -51,14 +53,24 @@ export interface ContainerBuildResult {
   note?: string
 }
 
-/** Agents whose images `container build` and `container status` are about. */
-export function containerAgents(loaded: LoadedConfig, agentId?: string): AgentConfig[] {
-  if (agentId) return [findAgent(loaded, agentId)]
-  return loaded.config.agents.filter((agent) => agent.container_mode.enabled)
+/**
+ * Agents whose images `container build` and `container status` are about; given an engine of the
+ * `engines:` list, only those whose runs may go there (container_mode.engines).
+ */
+export function containerAgents(loaded: LoadedConfig, agentId?: string, engine?: string): AgentConfig[] {
+  const agents = agentId
+    ? [findAgent(loaded, agentId)]
+    : loaded.config.agents.filter((agent) => agent.container_mode.enabled)
+  return engine === undefined ? agents : agents.filter((agent) => runsOn(agent, engine))
+}
+
+/** Whether an agent's runs may be placed on the named engine. */
+export function runsOn(agent: AgentConfig, engine: string): boolean {
+  return !agent.container_mode.engines || agent.container_mode.engines.includes(engine)
 }
 
 export async function buildContainerImages(options: ContainerBuildOptions): Promise<ContainerBuildResult> {
-  const agents = containerAgents(options.loaded, options.agentId)
+  const agents = containerAgents(options.loaded, options.agentId, options.engine)
   if (agents.length === 0) {
     return {
       images: [],

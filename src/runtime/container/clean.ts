@@ -35,12 +35,25 @@ export interface ContainerCleanResult {
  */
 export async function cleanContainers(
   loaded: LoadedConfig,
-  options: {all?: boolean; dryRun?: boolean; cli?: DockerCli; signal?: AbortSignal} = {},
+  options: {
+    all?: boolean
+    dryRun?: boolean
+    cli?: DockerCli
+    signal?: AbortSignal
+    /** Only this home's containers (an engine of the `engines:` list: per-engine.ts). */
+    home?: string
+    /** Only these images, by ID (what this home put on that engine). */
+    ownImages?: Set<string>
+  } = {},
 ): Promise<ContainerCleanResult> {
   // a local engine is asked over its API (no docker process per container or image), another through the CLI
   const docker = options.cli ?? localEngineApi() ?? dockerCli()
   const dryRun = options.dryRun === true
-  const {removed: containers, refused} = await cleanOrphanContainers(docker, {dryRun, signal: options.signal})
+  const {removed: containers, refused} = await cleanOrphanContainers(docker, {
+    dryRun,
+    signal: options.signal,
+    home: options.home,
+  })
   // In a dry run the orphans still exist; their images count as free, as they will be.
   const images = await listGatewayImages(loaded, {
     cli: options.cli,
@@ -59,6 +72,7 @@ export async function cleanContainers(
     reclaimed_bytes: 0,
   }
   for (const image of images) {
+    if (options.ownImages && !options.ownImages.has(image.id)) continue
     const ref = image.tag === '<none>' ? image.id : `${image.repository}:${image.tag}`
     const reason = keepReason(image, options.all === true)
     if (reason) {

@@ -44,7 +44,7 @@ export interface ContainerStatus {
  */
 export async function containerStatus(
   config: LoadedConfig | (() => LoadedConfig),
-  options: {cli?: DockerCli; signal?: AbortSignal} = {},
+  options: {cli?: DockerCli; signal?: AbortSignal; engine?: string} = {},
 ): Promise<ContainerStatus> {
   const engine = options.cli ? undefined : localEngineApi()
   // only Engine API requests go out before the config: a docker CLI process started for a config
@@ -73,7 +73,9 @@ export async function containerStatus(
     }
   } else loaded = config
   const context = containerImageContext(loaded.home, {cli: options.cli, engine, signal})
-  const statuses = Promise.all(containerAgents(loaded).map((agent) => agentImageStatus(loaded, agent, context)))
+  const statuses = Promise.all(
+    containerAgents(loaded, undefined, options.engine).map((agent) => agentImageStatus(loaded, agent, context)),
+  )
   const version = await pinging.catch((error: unknown) => {
     others.abort()
     throw error

@@ -252,6 +252,14 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
         loaded,
         log,
         connectors: () => connectors,
+        // loaded when the dashboard first asks: a gateway without container agents never loads Docker code
+        engines: async () => {
+          const [{engineViews}, {standbysOn}] = await Promise.all([
+            import('../runners/container/engines.js'),
+            import('../runners/container/standby-pool.js'),
+          ])
+          return engineViews(live.config, standbysOn)
+        },
         unrestricted: options.unrestricted,
         syncConfigFile: options.watchConfig ? () => watch?.sync() : undefined,
       })

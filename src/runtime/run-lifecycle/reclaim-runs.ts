@@ -1,10 +1,13 @@
-import {dockerCli} from '../../sandbox/docker/cli.js'
+import fs from 'node:fs'
+import {DockerCli, dockerCli} from '../../sandbox/docker/cli.js'
 import {removeContainers} from '../../sandbox/docker/containers.js'
 import {toGatewayError} from '../util/errors.js'
-import {reapAbandonedRuns} from './run-processes.js'
+import {forgetRunProcess, reapAbandonedRuns, type ReapResult} from './run-processes.js'
 
 /** Bounded: a hung engine must not hold up a start-up. */
 const CONTAINER_REMOVAL_TIMEOUT_MS = 10_000
+/** How often a listed engine that did not answer at start-up is asked again to remove what it holds. */
+const ENGINE_RETRY_MS = 2_000
 
 /**
  * Start-up of `serve` and `send`: kills what runs of a crashed owner left (their keeper died too,
@@ -18,13 +21,45 @@ export async function reclaimAbandonedRuns(home: string, log?: (line: string) =>
     log?.(`removed ${reaped.tmpDirs.length} stale run directory(ies): ${reaped.tmpDirs.join(', ')}`)
   for (const failure of reaped.failures)
     log?.(`could not remove what an abandoned run left (remove it by hand): ${failure}`)
-  if (reaped.containers.length === 0) return
+  const local = reaped.containers.filter((container) => !container.engine).map((container) => container.name)
+  for (const container of reaped.containers) if (container.engine) void reclaimOnEngine(home, container, log)
+  if (local.length === 0) return
   try {
-    await removeContainers(dockerCli(), reaped.containers, AbortSignal.timeout(CONTAINER_REMOVAL_TIMEOUT_MS))
-    log?.(`removed ${reaped.containers.length} container(s) of those runs`)
+    await removeContainers(dockerCli(), local, AbortSignal.timeout(CONTAINER_REMOVAL_TIMEOUT_MS))
+    log?.(`removed ${local.length} container(s) of those runs`)
   } catch (error) {
     log?.(
-      `could not remove the containers ${reaped.containers.join(', ')} (container clean will): ${toGatewayError(error).message}`,
+      `could not remove the containers ${local.join(', ')} (container clean will): ${toGatewayError(error).message}`,
     )
+  }
+}
+
+/**
+ * A crashed run's container on an engine of the `engines:` list: removed there, now or as soon as
+ * that engine answers (asked again every 2 s while this process runs; its record stays for the
+ * next start-up until then). What the agent's volume there holds is unknown: the next run there
+ * copies the workspace whole.
+ */
+async function reclaimOnEngine(
+  home: string,
+  container: ReapResult['containers'][number],
+  log?: (line: string) => void,
+): Promise<void> {
+  const engine = container.engine!
+  if (engine.syncState) fs.rmSync(engine.syncState, {force: true})
+  const cli = new DockerCli({engineArgs: engine.args})
+  for (let attempt = 0; ; attempt++) {
+    try {
+      await removeContainers(cli, [container.name], AbortSignal.timeout(CONTAINER_REMOVAL_TIMEOUT_MS))
+      forgetRunProcess(home, container.runId)
+      log?.(`removed container ${container.name} of run ${container.runId} from engine ${engine.name}`)
+      return
+    } catch (error) {
+      if (attempt === 0)
+        log?.(
+          `could not remove container ${container.name} of run ${container.runId} from engine ${engine.name} (removed when it answers): ${toGatewayError(error).message.split('\n')[0]}`,
+        )
+      await new Promise((resolve) => setTimeout(resolve, ENGINE_RETRY_MS).unref())
+    }
   }
 }

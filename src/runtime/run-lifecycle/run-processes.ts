@@ -17,7 +17,16 @@ export interface RunProcessRecord {
   keeperPid?: number
   cgroups: string[]
   container?: string
+  /** A container on an engine of the `engines:` list: how to reach it (docker flags: paths, no secret). */
+  engine?: RunEngineRecord
   tmpDir?: string
+}
+
+export interface RunEngineRecord {
+  name: string
+  args: string[]
+  /** What the host remembers of the agent's volume there: unknown after a crash, so forgotten. */
+  syncState?: string
 }
 
 interface Row {
@@ -28,6 +37,7 @@ interface Row {
   keeper_start: string | null
   cgroups: string
   container: string | null
+  engine: string | null
   tmp_dir: string | null
 }
 
@@ -46,10 +56,10 @@ export function recordRunProcess(home: string, record: RunProcessRecord, log?: (
   try {
     sharedGatewayDb(home)
       .prepare(
-        `INSERT INTO run_processes (run_id, owner_pid, owner_start, keeper_pid, keeper_start, cgroups, container, tmp_dir, started_at)
-         VALUES (@runId, @ownerPid, @ownerStart, @keeperPid, @keeperStart, @cgroups, @container, @tmpDir, @startedAt)
+        `INSERT INTO run_processes (run_id, owner_pid, owner_start, keeper_pid, keeper_start, cgroups, container, engine, tmp_dir, started_at)
+         VALUES (@runId, @ownerPid, @ownerStart, @keeperPid, @keeperStart, @cgroups, @container, @engine, @tmpDir, @startedAt)
          ON CONFLICT (run_id) DO UPDATE SET keeper_pid = excluded.keeper_pid, keeper_start = excluded.keeper_start,
-           cgroups = excluded.cgroups, container = excluded.container, tmp_dir = excluded.tmp_dir`,
+           cgroups = excluded.cgroups, container = excluded.container, engine = excluded.engine, tmp_dir = excluded.tmp_dir`,
       )
       .run({
         runId: record.runId,
@@ -59,6 +69,7 @@ export function recordRunProcess(home: string, record: RunProcessRecord, log?: (
         keeperStart: (record.keeperPid && processStartTime(record.keeperPid)) ?? null,
         cgroups: JSON.stringify(record.cgroups),
         container: record.container ?? null,
+        engine: record.engine ? JSON.stringify(record.engine) : null,
         tmpDir: record.tmpDir ?? null,
         startedAt: Date.now(),
       })
@@ -98,8 +109,8 @@ function isKeeper(row: Row): boolean {
 export interface ReapResult {
   /** Runs whose owner had died: their processes were killed. */
   runs: string[]
-  /** Containers of those runs, for the caller to remove (needs the engine). */
-  containers: string[]
+  /** Containers of those runs, for the caller to remove (needs the engine): on the local one unless `engine`. */
+  containers: Array<{name: string; runId: string; engine?: RunEngineRecord}>
   /** Private TMPDIRs removed (of those runs, or left by owners that are gone). */
   tmpDirs: string[]
   /** What could not be removed, and why (the operator is told; the run records are forgotten all the same). */
@@ -140,7 +151,12 @@ export async function reapAbandonedRuns(home: string): Promise<ReapResult> {
     for (const dir of cgroupsLeft)
       result.failures.push(`${dir}: processes of run ${row.run_id} are still in it, and this process cannot kill them`)
     if (cgroupsLeft.length > 0) continue
-    if (row.container) result.containers.push(row.container)
+    if (row.container)
+      result.containers.push({
+        name: row.container,
+        runId: row.run_id,
+        ...(row.engine ? {engine: JSON.parse(row.engine) as RunEngineRecord} : {}),
+      })
     if (row.tmp_dir && fs.existsSync(row.tmp_dir)) {
       try {
         await removeTrees([row.tmp_dir])
@@ -149,7 +165,8 @@ export async function reapAbandonedRuns(home: string): Promise<ReapResult> {
         result.failures.push(`${row.tmp_dir}: ${(error as Error).message}`)
       }
     }
-    forgetRunProcess(home, row.run_id)
+    // a container on a listed engine keeps its record until that engine has removed it (reclaim-runs.ts)
+    if (!row.container || !row.engine) forgetRunProcess(home, row.run_id)
     result.runs.push(row.run_id)
   }
   await removeStaleTmpDirs(result)

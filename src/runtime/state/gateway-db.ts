@@ -196,6 +196,13 @@ export const MIGRATIONS: ReadonlyArray<{name: string; sql: string}> = [
       ALTER TABLE outbox_parts ADD COLUMN refused TEXT;       -- a file part the platform refused for good: why (sent_at set too)
     `,
   },
+  {
+    // issue 24: a crashed gateway's container on a remote engine is removed there at the next start-up
+    name: 'the engine of run processes',
+    sql: `
+      ALTER TABLE run_processes ADD COLUMN engine TEXT;  -- JSON {name, args, sync_state}: a listed engine's docker flags
+    `,
+  },
 ]
 
 /**

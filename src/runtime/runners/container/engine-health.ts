@@ -52,3 +52,14 @@ export function downEngineReasons(): string[] {
     .filter(([, state]) => state.down)
     .map(([name, {down}]) => `engine ${name} down: ${down!.reason} (since ${new Date(down!.since).toISOString()})`)
 }
+
+/** Each engine's version, as its last answer gave it (the watch, the local probe). */
+const versions = new Map<string, string>()
+
+export function noteEngineVersion(name: string, version: string): void {
+  versions.set(name, version)
+}
+
+export function engineVersion(name: string): string | undefined {
+  return versions.get(name)
+}

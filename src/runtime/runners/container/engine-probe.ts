@@ -1,7 +1,8 @@
 import {dockerCli} from '../../../sandbox/docker/cli.js'
 import {localEngineApi} from '../../../sandbox/docker/engine-api.js'
 import {toGatewayError} from '../../util/errors.js'
-import {reportEngineAnswered, reportEngineProblem} from './engine-health.js'
+import {noteEngineVersion, reportEngineAnswered, reportEngineProblem} from './engine-health.js'
+import {LOCAL_ENGINE} from './engines.js'
 
 /** A ping the engine has not answered by then counts as hung: /healthz must not wait on it. */
 const ENGINE_PROBE_TIMEOUT_MS = 3_000
@@ -13,7 +14,8 @@ const ENGINE_PROBE_TIMEOUT_MS = 3_000
  */
 export async function probeEngine(signal?: AbortSignal): Promise<void> {
   try {
-    await (localEngineApi() ?? dockerCli()).ping({timeoutMs: ENGINE_PROBE_TIMEOUT_MS, signal})
+    const version = await (localEngineApi() ?? dockerCli()).ping({timeoutMs: ENGINE_PROBE_TIMEOUT_MS, signal})
+    noteEngineVersion(LOCAL_ENGINE, version.server)
   } catch (error) {
     if (!signal?.aborted) reportEngineProblem(toGatewayError(error).message.split('\n')[0] ?? 'no answer')
     return

@@ -3,7 +3,15 @@ import type {EngineConfig, GatewayConfig} from '../../config/types.js'
 import {GatewayError, toGatewayError} from '../../util/errors.js'
 import {pingPodman} from '../../container/podman-api.js'
 import {resolveContext} from './engine-context.js'
-import {engineStates, markEngineDown, markEngineUp} from './engine-health.js'
+import type {EngineView} from '../../shapes/engine-view.js'
+import {
+  dockerEngineProblem,
+  engineStates,
+  engineVersion,
+  markEngineDown,
+  markEngineUp,
+  noteEngineVersion,
+} from './engine-health.js'
 import {sshEnvOf} from './engine-ssh.js'
 
 /**
@@ -53,7 +61,8 @@ function dockerEngine(
     ping:
       extra.config?.kind === 'podman'
         ? (timeoutMs) => pingPodman(extra.config as EngineConfig, timeoutMs)
-        : async (timeoutMs) => void (await cli.ping({timeoutMs: Math.max(timeoutMs, extra.pingMinMs ?? 0)})),
+        : async (timeoutMs) =>
+            noteEngineVersion(name, (await cli.ping({timeoutMs: Math.max(timeoutMs, extra.pingMinMs ?? 0)})).server),
   }
 }
 
@@ -121,6 +130,20 @@ export function enginesOf(config: GatewayConfig): DockerEngine[] {
   return engines
 }
 
+/**
+ * The engines a `container` command acts on: every one of the config, or the one `--engine` names
+ * (an unknown name is refused with the configured ones).
+ */
+export function selectEngines(config: GatewayConfig, name: string | undefined): DockerEngine[] {
+  const engines = enginesOf(config)
+  if (name === undefined) return engines
+  const chosen = engines.filter((engine) => engine.name === name)
+  if (chosen.length > 0) return chosen
+  throw new GatewayError('E_USAGE', `there is no engine named "${name}"`, {
+    suggestions: [`use one of the configured engines: ${engines.map((engine) => engine.name).join(', ')}`],
+  })
+}
+
 const activeRuns = new Map<string, number>()
 
 /** Runs placed on each engine and not yet finished. */
@@ -181,6 +204,31 @@ function noEngine(engines: readonly DockerEngine[], allowed: readonly string[] |
   return new GatewayError('E_DOCKER_DOWN', `no engine can take the run: ${why.join('; ') || 'none is allowed'}`, {
     retryable: true,
     suggestions: ["send the message again later, or allow more engines in the agent's container_mode.engines"],
+  })
+}
+
+/**
+ * Each engine runs may go to: its health (the watch's last answer), active runs, standby
+ * containers ready there and version.
+ */
+export function engineViews(config: GatewayConfig, standbysOn: (engine: string) => number): EngineView[] {
+  const listed = Boolean(config.engines?.length)
+  watchEngines(config) // asked before any run: the page shows each engine's health from the start
+  return enginesOf(config).map((engine) => {
+    const down = listed ? engineStates().get(engine.name)?.down : dockerEngineProblem()
+    const known = listed
+      ? engineStates().has(engine.name)
+      : down !== undefined || engineVersion(engine.name) !== undefined
+    const version = engineVersion(engine.name)
+    return {
+      name: engine.name,
+      health: down ? 'down' : known ? 'up' : 'unknown',
+      ...(down ? {problem: down.reason, down_since: new Date(down.since).toISOString()} : {}),
+      active_runs: activeRunsOn(engine.name),
+      max_runs: Number.isFinite(engine.maxRuns) ? engine.maxRuns : null,
+      standbys: standbysOn(engine.name),
+      ...(version ? {version} : {}),
+    }
   })
 }
 

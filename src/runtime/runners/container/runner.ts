@@ -19,6 +19,7 @@ import type {AgentConfig, GatewayConfig} from '../../config/types.js'
 import {DEFAULT_GATEWAY} from '../../config/defaults.js'
 import {randomHex} from '../../util/random.js'
 import {containerImageContext} from '../../container/context.js'
+import {recordEngineImages} from '../../container/engine-state.js'
 import {GatewayError, toGatewayError} from '../../util/errors.js'
 import {KeyedQueue} from '../../util/keyed-queue.js'
 import {signalChild} from '../../util/subprocess.js'
@@ -250,6 +251,8 @@ async function runOnce(
   const image = await readyBeforeDeadline(cli, deadline, request.signal, (signal) =>
     readyIsolationImage(request.config, agent, imageContextFor(request.home, cli, {signal, onLog: log})),
   )
+  // what `container clean` may remove on a listed engine: the images this home put there
+  if (engine && request.config.engines?.length) recordEngineImages(request.home, engine.name, [image.id])
   const sync = engine && syncedVolumeOn(request, engine)
   const shape = await runShape(request, image, request.signal, sync?.volume, dialect)
   // a standby's volume too is brought to the host's state now, as the message came (SYNC_GO)
@@ -277,7 +280,19 @@ async function runOnce(
   const {name, child} = container
   if (sync) child.stdin?.write(SYNC_GO)
   // the keeper removes the container if this process dies; the record covers the keeper dying too
-  recordRunProcess(request.home, {runId, keeperPid: child.pid, cgroups: [], container: name}, log)
+  // on a listed engine, where: the next start-up removes it there (and forgets what the volume holds)
+  const onEngine = engine && request.config.engines?.length ? {name: engine.name, args: cli.engineArgs} : undefined
+  recordRunProcess(
+    request.home,
+    {
+      runId,
+      keeperPid: child.pid,
+      cgroups: [],
+      container: name,
+      ...(onEngine ? {engine: {...onEngine, ...(sync ? {syncState: sync.file} : {})}} : {}),
+    },
+    log,
+  )
   request.onStarted?.()
   // limits.disk: the workspace is a bind mount, measured from here (see disk-limit.ts)
   let overWhileRunning: DiskUsage | undefined

@@ -1,11 +1,12 @@
 import fs from 'node:fs'
 import path from 'node:path'
 import type {DockerCli} from '../../../sandbox/docker/cli.js'
-import {LABEL, sha256} from '../../../sandbox/docker/dockerfile.js'
+import {LABEL} from '../../../sandbox/docker/dockerfile.js'
 import {CONTAINER_WORKSPACE} from '../../../sandbox/docker/run-args.js'
 import {GatewayError, toGatewayError} from '../../util/errors.js'
 import {readTar, writeTar, type TarEntry, type TarInput} from '../../util/tar.js'
 import {writeWholeFile} from '../../util/write-whole-file.js'
+import {syncStateFile, syncVolumePrefix} from '../../container/engine-state.js'
 import {makeWorkspaceDirectory, removeWorkspaceEntry, writeWorkspaceFile} from '../../workspace/files.js'
 import {SYNC_TRAILER, type SyncTrailer} from './sync-trailer.js'
 
@@ -51,8 +52,8 @@ export interface SyncedVolume {
 
 /** The agent's volume on an engine and what the host knows of its content. */
 export function syncedVolume(home: string, engine: string, homeLabel: string, agentId: string): SyncedVolume {
-  const volume = `meepa-ws-${sha256(homeLabel).slice(0, 12)}-${agentId}`
-  const file = path.join(home, 'cache', 'engine-sync', engine, `${agentId}.json`)
+  const volume = `${syncVolumePrefix(homeLabel)}${agentId}`
+  const file = syncStateFile(home, engine, agentId)
   let synced: Snapshot | undefined
   try {
     synced = JSON.parse(fs.readFileSync(file, 'utf8')) as Snapshot
