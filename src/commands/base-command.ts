@@ -94,3 +94,6 @@ function toCliError(error: Error): Errors.CLIError {
   }
   return new Errors.CLIError(error.message, {code: 'E_INTERNAL', exit: 1})
 }
+
+/** `--engine NAME` of the `container` commands. */
+export const engineFlag = Flags.string({description: 'only this engine of the `engines:` list'})

@@ -8,7 +8,8 @@ import {fakeLlmConfig, makeHome, runCli, type TestHome} from '../helpers/home.js
 /*
  * Retries, decided on the host, through what ships: `send` of the built CLI (bin/run.js over dist/)
  * serving agent-run's LLM channel, and agent-run's bundle (dist/agent-run.cjs) run by hand, which
- * calls providers itself. esbuild renames the SDKs' classes in the bundle (APIConnectionError3):
+ * calls providers itself. esbuild renames the SDKs' classes in the bundle (APIConnectionError3, in
+ * dist/agent-run-providers.cjs):
  * nothing may depend on a class name.
  */
 
@@ -50,7 +51,8 @@ const send = (home: TestHome, message = 'hello') =>
 
 describe('retries through the shipped CLI (send → runner → agent-run channel)', () => {
   it('the bundle agent-run ships has renamed SDK classes (what this suite guards against)', () => {
-    expect(fs.readFileSync(path.join(import.meta.dirname, '../../dist/agent-run.cjs'), 'utf8')).toMatch(
+    // the SDKs are in the file agent-run loads in direct mode only
+    expect(fs.readFileSync(path.join(import.meta.dirname, '../../dist/agent-run-providers.cjs'), 'utf8')).toMatch(
       /class APIConnectionError\d/,
     )
   })

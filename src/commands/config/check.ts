@@ -41,7 +41,7 @@ export default class ConfigCheck extends BaseCommand<typeof ConfigCheck> {
 async function contextProblems(config: GatewayConfig): Promise<Array<{engine: string; warning: string}>> {
   const listed = (config.engines ?? []).filter((engine) => engine.context !== undefined)
   if (listed.length === 0) return []
-  const {resolveContext} = await import('../../runtime/runners/container/engine-context.js')
+  const {resolveContext} = await import('../../runtime/container/engine-context.js')
   return listed.flatMap((engine) => {
     try {
       resolveContext(engine)

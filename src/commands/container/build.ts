@@ -1,8 +1,8 @@
 import {Flags} from '@oclif/core'
-import {BaseCommand} from '../base-command.js'
+import {BaseCommand, engineFlag} from '../base-command.js'
 import {buildContainerImages, type ContainerBuildResult} from '../../runtime/container/build.js'
 import type {EngineBuildResult, EngineFailure} from '../../runtime/container/per-engine.js'
-import {engineAnswered, engineFlag, engineTargets} from './engine-flag.js'
+import {engineAnswered, engineTargets} from '../../cli/engine-targets.js'
 
 export default class ContainerBuild extends BaseCommand<typeof ContainerBuild> {
   static summary =

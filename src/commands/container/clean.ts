@@ -1,8 +1,8 @@
 import {Flags} from '@oclif/core'
-import {BaseCommand} from '../base-command.js'
+import {BaseCommand, engineFlag} from '../base-command.js'
 import {cleanContainers, type ContainerCleanResult} from '../../runtime/container/clean.js'
 import type {EngineCleanResult, EngineFailure} from '../../runtime/container/per-engine.js'
-import {engineAnswered, engineFlag, engineTargets} from './engine-flag.js'
+import {engineAnswered, engineTargets} from '../../cli/engine-targets.js'
 
 export default class ContainerClean extends BaseCommand<typeof ContainerClean> {
   static summary = 'remove containers left behind and images no config refers to'

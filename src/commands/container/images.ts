@@ -1,7 +1,7 @@
-import {BaseCommand} from '../base-command.js'
+import {BaseCommand, engineFlag} from '../base-command.js'
 import {listGatewayImages, type GatewayImage} from '../../runtime/container/status.js'
 import type {EngineFailure} from '../../runtime/container/per-engine.js'
-import {engineAnswered, engineFlag, engineTargets} from './engine-flag.js'
+import {engineAnswered, engineTargets} from '../../cli/engine-targets.js'
 
 export default class ContainerImages extends BaseCommand<typeof ContainerImages> {
   static summary = 'list every meepagateway image with its tag, size, age and whether it is in use'

@@ -1,9 +1,9 @@
 import type {ChalkInstance} from 'chalk'
-import {BaseCommand} from '../base-command.js'
+import {BaseCommand, engineFlag} from '../base-command.js'
 import {containerStatus, type ContainerStatus} from '../../runtime/container/status.js'
 import type {EngineFailure} from '../../runtime/container/per-engine.js'
 import type {LoadedConfig} from '../../runtime/config/types.js'
-import {engineAnswered, engineFlag, engineTargets} from './engine-flag.js'
+import {engineAnswered, engineTargets} from '../../cli/engine-targets.js'
 
 /** Thrown from the config loader when the config has an `engines:` list: each is then asked on its own. */
 class HasEngines extends Error {}

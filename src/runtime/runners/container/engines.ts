@@ -2,7 +2,7 @@ import {DockerCli, dockerCli} from '../../../sandbox/docker/cli.js'
 import type {EngineConfig, GatewayConfig} from '../../config/types.js'
 import {GatewayError, toGatewayError} from '../../util/errors.js'
 import {pingPodman} from '../../container/podman-api.js'
-import {resolveContext} from './engine-context.js'
+import {resolveContext} from '../../container/engine-context.js'
 import type {EngineView} from '../../shapes/engine-view.js'
 import {
   dockerEngineProblem,
@@ -83,7 +83,7 @@ export function engineArgsOf(engine: Pick<EngineConfig, 'host' | 'tls'> & Partia
 }
 
 /**
- * One entry of the `engines:` list: a context read as its host and TLS (engine-context.ts), an
+ * One entry of the `engines:` list: a context read as its host and TLS (src/runtime/container/engine-context.ts), an
  * ssh:// host reached through the ssh wrapper (engine-ssh.ts). A context that cannot be read is
  * down, with why, until the config changes.
  */

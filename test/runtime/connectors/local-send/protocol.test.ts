@@ -104,6 +104,10 @@ describe("what must match for the gateway to run send's message", () => {
       'MEEPAGATEWAY_DEBUG',
       'MEEPAGATEWAY_PASSWORD',
       'SSH_AUTH_SOCK',
+      // written, not read: the gateway sets them for its ssh wrapper from the engine's config
+      'MEEPA_SSH_CLIENT',
+      'MEEPA_SSH_KNOWN_HOSTS',
+      'MEEPA_SSH_IDENTITY',
     ])
     const read = new Set<string>(DOCKER_CLI_ENV_NAMES)
     const walk = (dir: string): string[] =>

@@ -1,8 +1,8 @@
 import {spawnSync} from 'node:child_process'
 import path from 'node:path'
-import {DockerCli} from '../../../sandbox/docker/cli.js'
-import type {EngineConfig} from '../../config/types.js'
-import {GatewayError} from '../../util/errors.js'
+import {DockerCli} from '../../sandbox/docker/cli.js'
+import type {EngineConfig} from '../config/types.js'
+import {GatewayError} from '../util/errors.js'
 
 /** What `docker context inspect --format '{{json .}}'` says of a context (the fields read here). */
 interface ContextRecord {

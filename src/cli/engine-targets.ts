@@ -1,9 +1,5 @@
-import {Flags} from '@oclif/core'
-import type {LoadedConfig} from '../../runtime/config/types.js'
-import type {EngineTarget} from '../../runtime/container/per-engine.js'
-
-/** `--engine NAME` of the `container` commands. */
-export const engineFlag = Flags.string({description: 'only this engine of the `engines:` list'})
+import type {LoadedConfig} from '../runtime/config/types.js'
+import type {EngineTarget} from '../runtime/container/per-engine.js'
 
 /**
  * The engines a `container` command acts on one by one, or undefined without an `engines:` list
@@ -15,7 +11,7 @@ export async function engineTargets(
   name: string | undefined,
 ): Promise<EngineTarget[] | undefined> {
   if (!loaded.config.engines?.length && name === undefined) return undefined
-  const selected = (await import('../../runtime/runners/container/engines.js')).selectEngines(loaded.config, name)
+  const selected = (await import('../runtime/runners/container/engines.js')).selectEngines(loaded.config, name)
   return loaded.config.engines?.length ? selected : undefined
 }
 
