@@ -131,7 +131,17 @@ describeWithDocker('container runs on a remote engine over mutual TLS (own engin
 
   it('runs the next message in a standby container waiting on that engine, on the volume as the host has it then', async () => {
     await serve!.chat('far', 'RUN: echo message-n > n.txt')
-    const {id, name} = await remoteStandby('far')
+    // the standby that stays: one made a moment earlier may still be giving way to it
+    const {id, name} = await waitFor(
+      'one standby of far on the remote engine, the same for a second',
+      async () => {
+        const seen = await remoteStandby('far')
+        await new Promise((resolve) => setTimeout(resolve, 1000))
+        const now = await remoteStandbys('far')
+        return now.length === 1 && now[0] === `${seen.id} ${seen.name}` && seen
+      },
+      60_000,
+    )
     // the local engine holds none of it
     const local = await execa('docker', ['ps', '-q', '--filter', 'label=meepagateway.agent=far'])
     expect(local.stdout.trim()).toBe('')
