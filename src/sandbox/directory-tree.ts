@@ -1,6 +1,7 @@
 import fs from 'node:fs/promises'
 import path from 'node:path'
 import {startSubprocess, type SubprocessResult} from '../runtime/util/subprocess.js'
+import {isEmptyDirectory} from '../runtime/util/empty-directory.js'
 import {keeperHelper} from './keeper.js'
 
 /**
@@ -56,7 +57,7 @@ export async function measureTrees(
 /** A root that is gone or an empty directory (not a link to one): it holds nothing, and needs no walk. */
 async function holdsNothing(root: string): Promise<boolean> {
   try {
-    return (await fs.lstat(root)).isDirectory() && (await fs.readdir(root)).length === 0
+    return (await fs.lstat(root)).isDirectory() && isEmptyDirectory(root)
   } catch (error) {
     return (error as NodeJS.ErrnoException).code === 'ENOENT'
   }

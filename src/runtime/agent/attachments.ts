@@ -1,4 +1,3 @@
-import fs from 'node:fs'
 import path from 'node:path'
 import type {ProvidersConfig} from '../config/types.js'
 import type {MessageAttachment} from '../shapes/agent-run-contract.js'
@@ -10,6 +9,7 @@ import {
   MAX_IMAGES_PER_MESSAGE,
   type ImageInput,
 } from '../shapes/image-input.js'
+import {readRegularFile} from '../util/regular-file.js'
 
 /**
  * What the agent is told of a message's files, and the images among them its model sees. The
@@ -33,30 +33,6 @@ function sizeWords(bytes: number): string {
   return `${(bytes / 1024 / 1024).toFixed(1)} MB`
 }
 
-/** The first bytes of a regular file the message brought (never through a link), or undefined. */
-function readIfRegular(file: string, maxBytes: number): Buffer | undefined {
-  let fd: number
-  try {
-    fd = fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW | fs.constants.O_NONBLOCK)
-  } catch {
-    return undefined
-  }
-  try {
-    const stat = fs.fstatSync(fd)
-    if (!stat.isFile()) return undefined
-    const buffer = Buffer.alloc(Math.min(stat.size, maxBytes))
-    let length = 0
-    while (length < buffer.length) {
-      const read = fs.readSync(fd, buffer, length, buffer.length - length, null)
-      if (read === 0) break
-      length += read
-    }
-    return buffer.subarray(0, length)
-  } finally {
-    fs.closeSync(fd)
-  }
-}
-
 export interface AttachmentsForModel {
   /** Appended to the user's text: every file with its path, type and size, or why it did not come. */
   text: string
@@ -76,7 +52,7 @@ export function attachmentsForModel(
     if (!attachment.path) return `- ${what}: not received: ${attachment.skipped ?? 'unknown reason'}`
     const line = `- ${attachment.path} (${attachment.content_type}, ${sizeWords(attachment.size)})`
     const file = path.join(workspace, attachment.path)
-    const head = readIfRegular(file, 16)
+    const head = readRegularFile(file, 16)
     const type = head && imageTypeOf(head)
     if (!type) return line
     const encoded = base64Length(attachment.size)
@@ -84,7 +60,7 @@ export function attachmentsForModel(
       return `${line}: an image, not shown to you: it is over the ${sizeWords(Math.floor((imageLimit * 3) / 4))} your model's provider takes per image`
     if (encoded > budget || images.length >= MAX_IMAGES_PER_MESSAGE)
       return `${line}: an image, not shown to you: the message's other images already fill what one request can carry`
-    const bytes = readIfRegular(file, attachment.size + 1)
+    const bytes = readRegularFile(file, attachment.size + 1)
     if (!bytes || bytes.length !== attachment.size)
       return `${line}: an image that changed since it arrived, not shown to you`
     budget -= encoded

@@ -5,6 +5,7 @@ import {setTimeout as sleep} from 'node:timers/promises'
 import {GatewayError} from '../util/errors.js'
 import {makeHomeDirectories} from '../util/make-directories.js'
 import {processAlive} from '../util/process-alive.js'
+import {readRegularFile} from '../util/regular-file.js'
 import {openSqlite} from '../util/sqlite.js'
 import {writeWholeFile} from '../util/write-whole-file.js'
 
@@ -90,14 +91,9 @@ function refuseNonRegularFile(file: string): void {
 
 /** The pid the pid file names, when that process is alive (a symlink or a FIFO there names none). */
 function readPid(pidFile: string): number | undefined {
-  let text = ''
+  let text: string
   try {
-    const fd = fs.openSync(pidFile, fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW | fs.constants.O_NONBLOCK)
-    try {
-      if (fs.fstatSync(fd).isFile()) text = fs.readFileSync(fd, 'utf8')
-    } finally {
-      fs.closeSync(fd)
-    }
+    text = readRegularFile(pidFile)?.toString('utf8') ?? ''
   } catch {
     return undefined
   }

@@ -6,6 +6,7 @@ import {CONTAINER_WORKSPACE} from '../../../sandbox/docker/run-args.js'
 import {GatewayError, toGatewayError} from '../../util/errors.js'
 import {readTar, writeTar, type TarEntry, type TarInput} from '../../util/tar.js'
 import {writeWholeFile} from '../../util/write-whole-file.js'
+import {readRegularFile} from '../../util/regular-file.js'
 import {syncStateFile, syncVolumePrefix} from '../../container/engine-state.js'
 import {makeWorkspaceDirectory, removeWorkspaceEntry, writeWorkspaceFile} from '../../workspace/files.js'
 import {SYNC_TRAILER, type SyncTrailer} from './sync-trailer.js'
@@ -76,21 +77,6 @@ function remember(state: SyncedVolume, snapshot: Snapshot | undefined): void {
 /** Forgets what the volume holds: the next run copies the host's workspace whole. */
 export function forgetVolume(state: SyncedVolume): void {
   remember(state, undefined)
-}
-
-/** Reads a regular file without following a link swapped in since the walk. */
-function readRegular(file: string): Buffer | undefined {
-  let fd: number
-  try {
-    fd = fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW | fs.constants.O_NONBLOCK)
-  } catch {
-    return undefined
-  }
-  try {
-    return fs.fstatSync(fd).isFile() ? fs.readFileSync(fd) : undefined
-  } finally {
-    fs.closeSync(fd)
-  }
 }
 
 /** An unknown volume is emptied first (what the agent made unwritable made writable again: it owns it all). */
@@ -165,7 +151,7 @@ export async function pushWorkspace(
   const entries = changed.sort().flatMap((name): TarInput[] => {
     const [, mtimeMs, kind] = host[name]!
     if (kind === 'd') return [{name, type: '5', mode: 0o755, mtimeMs: Date.now(), data: Buffer.alloc(0)}]
-    const data = readRegular(path.join(options.workspace, name))
+    const data = readRegularFile(path.join(options.workspace, name))
     return data ? [{name, type: '0', mode: 0o644, mtimeMs, data}] : []
   })
   await cli.check(
