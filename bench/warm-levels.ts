@@ -12,6 +12,8 @@
 // when a Docker engine answers.
 //
 //   npx tsx bench/warm-levels.ts        (BENCH_MESSAGES: messages per level, default 200)
+//   BENCH_LEVELS: a comma-separated subset of the levels (default all three)
+//   BENCH_GAP_MS: a pause after each message (default 0, back to back)
 //   BENCH_PROFILE=1: serve runs with --cpu-prof; the gateway's hottest functions are printed
 import {execa, type ResultPromise} from 'execa'
 import fs from 'node:fs'
@@ -23,6 +25,8 @@ import {fakeLlmHome, removeHome, report, ROOT} from './lib.js'
 
 const MESSAGES = Number(process.env.BENCH_MESSAGES ?? 200)
 const AGENTS = 10
+// a pause after each message: lets the standby it starts get ready before the next one comes
+const GAP_MS = Number(process.env.BENCH_GAP_MS ?? 0)
 const bin = path.join(ROOT, 'bin', 'run.js')
 const env = {FAKE_LLM_KEY: 'sk-bench', PATH: process.env.PATH ?? '/usr/bin:/bin'}
 
@@ -32,6 +36,9 @@ const levels = {
   'host-sandbox': {},
   ...(dockerUp ? {container: {container_mode: {enabled: true, network: 'none'}}} : {}),
 } as Record<string, Record<string, unknown>>
+// BENCH_LEVELS=unrestricted,host-sandbox: only those
+for (const level of Object.keys(levels))
+  if (process.env.BENCH_LEVELS && !process.env.BENCH_LEVELS.split(',').includes(level)) delete levels[level]
 const agentId = (level: string, index: number) => `${level.slice(0, 1)}${String(index + 1).padStart(2, '0')}`
 
 const llm = await startFakeLlm()
@@ -135,6 +142,7 @@ for (let n = 0; n < MESSAGES; n++)
   for (const level of Object.keys(levels)) {
     const ms = await send(agentId(level, n % AGENTS), `bench-${n}`, level)
     if (ms !== undefined) samples[level]!.push(ms)
+    if (GAP_MS > 0) await new Promise((resolve) => setTimeout(resolve, GAP_MS))
   }
 const measuredTo = Number(process.hrtime.bigint() / 1000n)
 const notUsed = output.match(/not using the standby agent-run prepared for this agent: .*/g) ?? []
@@ -153,6 +161,15 @@ for (const {level, sent, done} of windows) {
     .filter((answer) => answer.receivedMs >= sent && answer.answeredMs <= done)
     .reduce((sum, answer) => sum + answer.answeredMs - answer.receivedMs, 0)
   ;(own[level] ??= []).push(done - sent - provider)
+}
+// where the own time goes: before the first provider request, and after the last answer
+const split: Record<string, {before: number[]; after: number[]}> = {}
+for (const {level, sent, done} of windows) {
+  const served = llm.served.filter((answer) => answer.receivedMs >= sent && answer.answeredMs <= done)
+  if (served.length === 0) continue
+  const parts = (split[level] ??= {before: [], after: []})
+  parts.before.push(Math.min(...served.map((answer) => answer.receivedMs)) - sent)
+  parts.after.push(done - Math.max(...served.map((answer) => answer.answeredMs)))
 }
 // processes started per message: each spawn counts for the message it follows (a standby is
 // started once the reply is on its way, before the next message comes)
@@ -181,6 +198,8 @@ const summary = Object.fromEntries(
       max_ms: quantile(values, 1),
       own_p50_ms: quantile(own[level]!, 0.5),
       own_p99_ms: quantile(own[level]!, 0.99),
+      to_provider_p50_ms: split[level] ? quantile(split[level].before, 0.5) : undefined,
+      after_provider_p50_ms: split[level] ? quantile(split[level].after, 0.5) : undefined,
       processes_per_message: Object.fromEntries(
         Object.entries(spawnsPer[level] ?? {}).map(([file, count]) => [file, +count.toFixed(2)]),
       ),
@@ -191,7 +210,7 @@ const summary = Object.fromEntries(
 const p50 = (level: string) => (summary[level] as {p50_ms: number}).p50_ms
 const ratios = Object.fromEntries(
   Object.keys(levels)
-    .filter((level) => level !== 'unrestricted')
+    .filter((level) => level !== 'unrestricted' && 'unrestricted' in levels)
     .map((level) => [`${level}_to_unrestricted_p50`, +(p50(level) / p50('unrestricted')).toFixed(2)]),
 )
 
