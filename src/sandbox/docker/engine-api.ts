@@ -1,5 +1,4 @@
 import fs from 'node:fs'
-import net from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
 import {GatewayError} from '../../runtime/util/errors.js'
@@ -189,6 +188,8 @@ export class EngineApi {
    * CPU (loading its client) per process, a quarter of what `container status` may take.
    */
   private send(method: string, endpoint: string, signal: AbortSignal): Promise<EngineAnswer> {
+    // loaded at the first request: a command that only may ask (`config check`) starts ≈ 2 ms faster
+    const net = process.getBuiltinModule('node:net')
     return new Promise((resolve, reject) => {
       const socket = net.connect({path: this.socketPath, signal})
       const chunks: Buffer[] = []
