@@ -154,18 +154,14 @@ serve.kill('SIGTERM')
 await serve
 await llm.close()
 
-// own time: each message's minus what the fake LLM spent answering within it
+// own time: each message's minus what the fake LLM spent answering within it, and where it goes:
+// before the first provider request, and after the last answer
 const own: Record<string, number[]> = {}
-for (const {level, sent, done} of windows) {
-  const provider = llm.served
-    .filter((answer) => answer.receivedMs >= sent && answer.answeredMs <= done)
-    .reduce((sum, answer) => sum + answer.answeredMs - answer.receivedMs, 0)
-  ;(own[level] ??= []).push(done - sent - provider)
-}
-// where the own time goes: before the first provider request, and after the last answer
 const split: Record<string, {before: number[]; after: number[]}> = {}
 for (const {level, sent, done} of windows) {
   const served = llm.served.filter((answer) => answer.receivedMs >= sent && answer.answeredMs <= done)
+  const provider = served.reduce((sum, answer) => sum + answer.answeredMs - answer.receivedMs, 0)
+  ;(own[level] ??= []).push(done - sent - provider)
   if (served.length === 0) continue
   const parts = (split[level] ??= {before: [], after: []})
   parts.before.push(Math.min(...served.map((answer) => answer.receivedMs)) - sent)

@@ -41,11 +41,11 @@ export async function measureTrees(
   roots: string[],
   options: {stopAbove?: number; signal?: AbortSignal} = {},
 ): Promise<TreeUsage> {
-  const helper = keeperHelper()
-  if (!helper) return measureByPaths(roots, options)
   // a run's TMPDIR is most often empty (the host sandbox's is a tmpfs of its own): no process for it
   const walked = (await Promise.all(roots.map(async (root) => ((await holdsNothing(root)) ? [] : [root])))).flat()
   if (walked.length === 0) return {bytes: 0}
+  const helper = keeperHelper()
+  if (!helper) return measureByPaths(walked, options)
   const stop =
     options.stopAbove !== undefined ? ['--stop-above', String(Math.max(1, Math.floor(options.stopAbove)))] : []
   const result = await runHelper(helper, ['--measure', ...stop, ...walked], MEASURE_TIMEOUT_MS, options.signal)
@@ -54,10 +54,16 @@ export async function measureTrees(
   return {bytes: Number.isSafeInteger(bytes) ? bytes : 0, error: helperReason(result.stderr, result.message)}
 }
 
-/** A root that is gone or an empty directory (not a link to one): it holds nothing, and needs no walk. */
+/**
+ * A root that is gone or an empty directory: it holds nothing, and needs no walk. A symlink, or a
+ * directory replaced while it was read, is left to the walk.
+ */
 async function holdsNothing(root: string): Promise<boolean> {
   try {
-    return (await fs.lstat(root)).isDirectory() && isEmptyDirectory(root)
+    const before = await fs.lstat(root)
+    if (!before.isDirectory() || !isEmptyDirectory(root)) return false
+    const after = await fs.lstat(root)
+    return after.isDirectory() && after.ino === before.ino && after.dev === before.dev
   } catch (error) {
     return (error as NodeJS.ErrnoException).code === 'ENOENT'
   }

@@ -1,10 +1,8 @@
-import fsSync from 'node:fs'
 import fs from 'node:fs/promises'
 import type {AgentRunOutput} from '../shapes/agent-run-contract.js'
 import {failure} from '../agent-run/output.js'
 import {measureTrees, type TreeUsage} from '../../sandbox/directory-tree.js'
 import {volumeUsedBytes} from '../workspace/volume.js'
-import {isEmptyDirectory} from '../util/empty-directory.js'
 
 /**
  * limits.disk: what a run may keep on disk (its workspace and private TMPDIR). Under a root gateway
@@ -29,27 +27,11 @@ export async function diskUsage(roots: string[], limitBytes: number, signal?: Ab
   for (const root of roots) {
     const used = await volumeUsedBytes(root).catch(() => undefined)
     if (used !== undefined) onVolumes += used
-    else if (!emptyRoot(root)) walked.push(root)
+    else walked.push(root)
   }
   if (walked.length === 0) return {bytes: onVolumes}
   const measured = await measureTrees(walked, {stopAbove: limitBytes - onVolumes, signal})
   return {...measured, bytes: measured.bytes + onVolumes}
-}
-
-/**
- * Whether `root` is a directory with no entry, told without the helper's process (a gateway
- * measures before and after every message, and most runs leave their TMPDIR empty). A symlink, or
- * a directory replaced meanwhile, is left to the walk.
- */
-function emptyRoot(root: string): boolean {
-  try {
-    const before = fsSync.lstatSync(root)
-    if (!before.isDirectory() || !isEmptyDirectory(root)) return false
-    const after = fsSync.lstatSync(root)
-    return after.isDirectory() && after.ino === before.ino && after.dev === before.dev
-  } catch {
-    return false
-  }
 }
 
 /** Over the limit: past it, or not measurable (an error is never taken for room). */
