@@ -189,10 +189,13 @@ describeWithDocker('container runs on engines over ssh:// and through a docker c
   }, 600_000)
 
   it('an sshd killed mid-run: the user is told the run failed, the engine comes back, nothing is left there', async () => {
+    const asked = llm.requests.length
     const running = serve!.chat('far', 'RUN: sleep 20 && echo too-late > late.txt && echo finished')
     const inFlight = (
       await waitFor('the run container on the far engine', async () => (await containersOf('far')) || false, 30_000)
     ).split('\n')
+    // a standby of far may be listed before the message reaches it: the run is under way once it asked
+    await waitFor('the run asking for its command', async () => llm.requests.length > asked, 30_000)
     sshd.kill()
     const reply = await running
     expect(reply.reply).toMatch(/stopped answering while I was working.*part of the work may already have run/)
