@@ -183,7 +183,10 @@ describeWithDocker('container commands and crash reclaim on a remote engine (own
   it('a gateway SIGKILLed mid-run with its keeper: the next start-up removes the container from the remote engine and tells the user', async () => {
     if (!serve || serve.process.exitCode !== null) serve = await startServe({home: home.home, port})
     await chat.waitForReadyCount(1)
+    const asked = llm.requests.length
     chat.userSays({channelId: 'general', threadId: 'parent-1', content: 'RUN: sleep 120'})
+    // the run under way (it asked for its command): an earlier run's record is gone by then
+    await waitFor('the run asking for its command', async () => llm.requests.length > asked, 60_000)
     const record = () => {
       const db = new Database(path.join(home.home, 'gateway.db'), {readonly: true})
       try {
