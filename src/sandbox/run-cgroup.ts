@@ -396,7 +396,49 @@ export function removeRunCgroups(dirs: string[]): string[] {
   return left
 }
 
+/** All background walks together get at most this share of one CPU. */
+const WALKS_CPUS = 0.5
+const WALKS_DIR = 'meepa-walks'
+let walks: string[] | undefined
+
+/**
+ * The cgroup of the gateway's background file walks (a workspace's hand-over), beside the gateway's
+ * own: idle among its siblings (cpu.idle, else the lowest weight), and WALKS_CPUS of one CPU for
+ * all of them together. SCHED_IDLE alone still left another
+ * agent's runs 10–11 % slower on two cores while a 300,000-file walk ran; with this, 1.07×
+ * (bench/workspace-handover.ts). Created once, kept for the process's life; [] without a cpu
+ * controller here (the walk then runs at SCHED_IDLE only).
+ */
+export function backgroundWalkCgroups(): string[] {
+  if (walks) return walks
+  cached ??= detect()
+  const parent = cached.parents.find((each) => each.controller === 'cpu' || each.controller === 'unified')
+  walks = []
+  if (!parent || !cached.support.enforced.cpu) return walks
+  // beside the run cgroups' parent, not in it: a group there would take the parent's whole weight
+  // against the gateway's own process whenever no run is busy
+  const dir = path.join(path.dirname(parent.dir), WALKS_DIR)
+  const quota = String(Math.round(WALKS_CPUS * CPU_PERIOD_US))
+  try {
+    fs.mkdirSync(dir, {recursive: true})
+    const write = (file: string, value: string) => fs.writeFileSync(path.join(dir, file), value)
+    if (parent.controller === 'cpu') {
+      write('cpu.cfs_period_us', String(CPU_PERIOD_US))
+      write('cpu.cfs_quota_us', quota)
+    } else write('cpu.max', `${quota} ${CPU_PERIOD_US}`)
+    // SCHED_IDLE for the group among its siblings where the kernel has it (5.15; its weight is then
+    // fixed), else the lowest weight
+    if (fs.existsSync(path.join(dir, 'cpu.idle'))) write('cpu.idle', '1')
+    else write(parent.controller === 'cpu' ? 'cpu.shares' : 'cpu.weight', parent.controller === 'cpu' ? '2' : '1')
+    walks = [dir]
+  } catch {
+    // no such cgroup here: SCHED_IDLE alone
+  }
+  return walks
+}
+
 /** For tests: forget the detected layout. */
 export function resetCgroupSupportForTests(): void {
   cached = undefined
+  walks = undefined
 }

@@ -11,7 +11,7 @@ import {randomHex} from '../util/random.js'
 import {APP_ROOT} from '../util/app-root.js'
 import {isolationLevelFor} from '../shapes/isolation-level.js'
 import {openAgentSandbox, spawnInSandbox, type AgentSandbox} from './exec.js'
-import {reclaimWorkspace} from '../workspace/owner.js'
+import {reclaimWorkspace} from '../run-lifecycle/workspace-owner.js'
 
 /**
  * `sandbox check`: under an agent's real policy, attempt each forbidden operation (it must fail

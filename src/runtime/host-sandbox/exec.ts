@@ -24,7 +24,7 @@ import {agentEnvironment, removePrivateTmp} from '../run-lifecycle/private-tmp.j
 import {limitsReport, type LimitReport} from '../run-lifecycle/limits-report.js'
 import {isolationLevelFor} from '../shapes/isolation-level.js'
 import {ensureWorkspace, readyWorkspace} from '../workspace/workspace.js'
-import {reclaimWorkspace} from '../workspace/owner.js'
+import {reclaimWorkspace} from '../run-lifecycle/workspace-owner.js'
 
 /** One agent's sandbox for a command run by the operator: policy, helper, kernel facts, temp dir. */
 export interface AgentSandbox {

@@ -1,5 +1,5 @@
 import {failureFromError} from '../agent-run/output.js'
-import {reclaimWorkspace} from '../workspace/owner.js'
+import {reclaimWorkspace} from '../run-lifecycle/workspace-owner.js'
 import {agentRunArgv} from '../run-lifecycle/agent-run-process.js'
 import {agentEnvironment} from '../run-lifecycle/private-tmp.js'
 import {runInStandbyOrCold} from './standby-agent-runs.js'

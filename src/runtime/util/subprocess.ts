@@ -68,6 +68,8 @@ export interface SubprocessOptions {
    * they are missing, `niceness` alone holds.
    */
   idle?: boolean
+  /** cgroup directories it is moved into as soon as it started (where that fails, it stays in ours). */
+  cgroups?: readonly string[]
 }
 
 /**
@@ -118,6 +120,13 @@ export function startSubprocess(file: string, args: readonly string[], options: 
       // already gone: its result says how it ended
     }
   }
+  if (child.pid !== undefined)
+    for (const dir of options.cgroups ?? [])
+      try {
+        fs.writeFileSync(path.join(dir, 'cgroup.procs'), String(child.pid))
+      } catch {
+        // already gone, or the cgroup is: it runs where it is
+      }
   // a start that failed (ENOENT) is told by the child's 'error', even when a deadline or a cancel came first
   let startError: NodeJS.ErrnoException | undefined
   child.once('error', (error: NodeJS.ErrnoException) => {

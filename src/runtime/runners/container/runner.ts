@@ -14,7 +14,7 @@ import {
 import {CONTAINER_WORKSPACE, containerNameFor, type DockerRunSpec} from '../../../sandbox/docker/run-args.js'
 import type {AgentRunOutput} from '../../shapes/agent-run-contract.js'
 import {withAgentLock} from '../../workspace/agent-lock.js'
-import {handWorkspaceTo} from '../../workspace/owner.js'
+import {handWorkspaceTo} from '../../run-lifecycle/workspace-owner.js'
 import type {AgentConfig, GatewayConfig} from '../../config/types.js'
 import {DEFAULT_GATEWAY} from '../../config/defaults.js'
 import {randomHex} from '../../util/random.js'

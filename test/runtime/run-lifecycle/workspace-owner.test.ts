@@ -10,8 +10,9 @@ import {homeLabel} from '../../../src/sandbox/docker/containers.js'
 import {UNPRIVILEGED_CONTAINER_UID} from '../../../src/runtime/runners/container/runner.js'
 import {describeWithDocker} from '../../helpers/docker-env.js'
 import {requireLandlockOrSkip} from '../../helpers/landlock-support.js'
-import {handWorkspaceTo, reclaimWorkspace} from '../../../src/runtime/workspace/owner.js'
+import {handWorkspaceTo, reclaimWorkspace} from '../../../src/runtime/run-lifecycle/workspace-owner.js'
 import {ensureWorkspace} from '../../../src/runtime/workspace/workspace.js'
+import {backgroundWalkCgroups, cgroupSupport} from '../../../src/sandbox/run-cgroup.js'
 import {writeWorkspaceFile} from '../../../src/runtime/workspace/files.js'
 
 /*
@@ -199,24 +200,35 @@ describe.skipIf(process.getuid?.() !== 0)('hand-overs of a root gateway (in proc
   }
 
   // other agents' runs must not wait for it: it gets a CPU and the disk only when they do not want them
-  it('walks at idle CPU and I/O priority', async () => {
+  it('walks at idle CPU and I/O priority, in a cgroup of half a CPU at the lowest weight', async () => {
     const workspace = handedToContainer()
     fs.lchownSync(workspace, 0, 0)
     const many = fillTmpfs(workspace)
     try {
       let priority: string | undefined
+      let cgroups = ''
       const handing = handWorkspaceTo(workspace, {uid: C, gid: C}, {purpose: 'the container'})
       void handing.finally(() => (priority ??= 'the walk ended before it was seen'))
       while (priority === undefined) {
         const walk = fs
           .readdirSync('/proc')
           .find((pid) => /^\d+$/.test(pid) && readArgv(pid)[0] === 'chown' && readArgv(pid).includes(workspace))
-        if (walk) priority = execFileSync('sh', ['-c', `chrt -p ${walk}; ionice -p ${walk}`], {encoding: 'utf8'})
-        else await new Promise((resolve) => setTimeout(resolve, 2))
+        if (walk) {
+          priority = execFileSync('sh', ['-c', `chrt -p ${walk}; ionice -p ${walk}`], {encoding: 'utf8'})
+          cgroups = fs.readFileSync(`/proc/${walk}/cgroup`, 'utf8')
+        } else await new Promise((resolve) => setTimeout(resolve, 2))
       }
       await handing
       expect(priority).toMatch(/current scheduling policy: SCHED_IDLE\n/)
       expect(priority).toMatch(/^idle$/m)
+      if (cgroupSupport().enforced.cpu) {
+        expect(cgroups).toMatch(/\/meepa-walks$/m)
+        const [dir] = backgroundWalkCgroups()
+        const limit = fs.existsSync(path.join(dir!, 'cpu.max'))
+          ? fs.readFileSync(path.join(dir!, 'cpu.max'), 'utf8').trim()
+          : `${fs.readFileSync(path.join(dir!, 'cpu.cfs_quota_us'), 'utf8').trim()} ${fs.readFileSync(path.join(dir!, 'cpu.cfs_period_us'), 'utf8').trim()}`
+        expect(limit).toBe('50000 100000')
+      }
       expect(fs.lstatSync(path.join(many, 'd60', '1000')).uid).toBe(C)
     } finally {
       execFileSync('umount', [many])

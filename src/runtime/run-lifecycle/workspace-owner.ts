@@ -2,6 +2,7 @@ import fs from 'node:fs/promises'
 import {GatewayError} from '../util/errors.js'
 import {KeyedQueue} from '../util/keyed-queue.js'
 import {FILE_WALK_NICENESS, startSubprocess} from '../util/subprocess.js'
+import {backgroundWalkCgroups} from '../../sandbox/run-cgroup.js'
 
 export interface Owner {
   uid: number
@@ -35,8 +36,9 @@ export function reclaimWorkspace(workspace: string, signal?: AbortSignal): Promi
  * gateway itself for a run as its uid, whose sandboxed root has no CAP_DAC_OVERRIDE/CAP_FOWNER and
  * so cannot write files another uid owns. GNU chown -R -P walks with openat and never follows a
  * symlink the agent planted; the kernel drops setuid/setgid bits of every file it re-owns. It runs
- * as an async child (with a deadline and the caller's cancel): the gateway answers meanwhile, and at
- * idle CPU and I/O priority, so the agent with many files waits for them, not the other agents.
+ * as an async child (with a deadline and the caller's cancel): the gateway answers meanwhile, at
+ * idle CPU and I/O priority and in the background walks' cgroup (half a CPU at the lowest weight),
+ * so the agent with many files waits for them, not the other agents.
  *
  * The walk is skipped when the workspace root already has the owner. chown -R changes a directory
  * after its contents, so the root's owner changes only when a walk finished, and after that no
@@ -66,6 +68,7 @@ async function handOver(root: string, owner: Owner, options: {purpose: string; s
     killSignal: 'SIGKILL',
     niceness: FILE_WALK_NICENESS,
     idle: true,
+    cgroups: backgroundWalkCgroups(),
     maxBuffer: 1024 * 1024,
   })
   if (!result.failed) {
