@@ -37,7 +37,7 @@ import {
   forgetVolume,
   pullWorkspace,
   pushWorkspace,
-  SYNC_GO,
+  syncGoLine,
   syncedVolume,
   syncingCommand,
   type SyncedVolume,
@@ -255,9 +255,10 @@ async function runOnce(
   if (engine && request.config.engines?.length) recordEngineImages(request.home, engine.name, [image.id])
   const sync = engine && syncedVolumeOn(request, engine)
   const shape = await runShape(request, image, request.signal, sync?.volume, dialect)
-  // a standby's volume too is brought to the host's state now, as the message came (SYNC_GO)
+  // a standby's volume too is brought to the host's state now, as the message came (its go line)
+  let pushed = false
   if (sync) {
-    const {sent} = await pushWorkspace(cli, sync, {
+    const {sent, wrote} = await pushWorkspace(cli, sync, {
       workspace: canonicalWorkspace(request.input.workspace),
       image: image.id,
       uid: shape.spec.uid,
@@ -265,6 +266,7 @@ async function runOnce(
       labels: shape.spec.labels,
       signal: request.signal,
     })
+    pushed = wrote
     if (sent > 0) log(`workspace sync: sent ${sent} changed file(s) and folder(s) to engine ${engine!.name}`)
   }
   const standby = takeStandby(standbySlot(request), shape.key, engine?.name ?? LOCAL_ENGINE)
@@ -278,7 +280,7 @@ async function runOnce(
     })
   container.log = cappedLog(log)
   const {name, child} = container
-  if (sync) child.stdin?.write(SYNC_GO)
+  if (sync) child.stdin?.write(syncGoLine(runId, pushed))
   // the keeper removes the container if this process dies; the record covers the keeper dying too
   // on a listed engine, where: the next start-up removes it there (and forgets what the volume holds)
   const onEngine = engine && request.config.engines?.length ? {name: engine.name, args: cli.engineArgs} : undefined
@@ -313,6 +315,7 @@ async function runOnce(
           try {
             const {received} = await pullWorkspace(cli, sync, {
               container: name,
+              runId,
               workspace: request.input.workspace,
               maxBytes: diskLimit,
               log,

@@ -127,7 +127,7 @@ export async function pushWorkspace(
     labels: Record<string, string>
     signal?: AbortSignal
   },
-): Promise<{sent: number}> {
+): Promise<{sent: number; wrote: boolean}> {
   const host = snapshotWorkspace(options.workspace)
   const synced = state.synced
   const changed = Object.keys(host).filter((name) => {
@@ -136,7 +136,7 @@ export async function pushWorkspace(
     return !before || before[2] !== now[2] || (now[2] === 'f' && (before[0] !== now[0] || before[1] !== now[1]))
   })
   const removed = synced ? Object.keys(synced).filter((name) => !(name in host)) : []
-  if (synced && changed.length === 0 && removed.length === 0) return {sent: 0}
+  if (synced && changed.length === 0 && removed.length === 0) return {sent: 0, wrote: false}
   const labels = {...options.labels, [LABEL.run]: 'workspace-sync'}
   if (!synced) {
     // a new (or unknown) volume is given to the run's user: the one step as root, touching no agent data
@@ -166,42 +166,62 @@ export async function pushWorkspace(
     {input: writeTar(entries), timeoutMs: 120_000, signal: options.signal},
   )
   remember(state, host)
-  return {sent: entries.length}
+  return {sent: entries.length, wrote: true}
 }
+
+/** The file clock is coarse: a change is stamped up to one tick (≤ 10 ms) before it happens. */
+const CLOCK_MARGIN_NS = 20_000_000
 
 /**
  * What the host writes on a sync engine's run container's stdin before the input: the volume has
- * been brought to the host's state, so what changes from now on is the run's.
+ * been brought to the host's state, so what changes from now on is the run's. `pushed`: this
+ * message's push wrote to the volume, and the container waits for the file clock to tick past its
+ * mark so that none of it is taken back; else the mark is set a little before now, without a wait
+ * (what the last run wrote in that margin comes back once more, unchanged). The run id is written
+ * last beside the change list: a list left by an earlier run is never taken for this one's.
  */
-export const SYNC_GO = '\n'
+export function syncGoLine(runId: string, pushed: boolean): string {
+  return `${pushed ? 'pushed' : 'clean'} ${syncToken(runId)}\n`
+}
+
+/** The run id as one shell word. */
+function syncToken(runId: string): string {
+  return runId.replace(/[^A-Za-z0-9_-]/g, '_')
+}
 
 /**
  * The run container's program on a sync engine: agent-run starts at once (a standby's waits warm),
- * reading its stdin through a forwarder that first waits for SYNC_GO. Only then is the volume
- * touched (the run's start mark set): a standby started before the host's latest writes reached
- * the volume runs its message on the volume as synced when the message came. After agent-run,
- * every name in the volume is listed and what changed since the mark (ctime: an agent cannot set
- * it back) tarred into SYNC_DIR; both then go out on stdout (sync-trailer.ts), and stay there for
- * the host to take with `docker cp` when they do not arrive whole.
+ * reading its stdin through a forwarder that first waits for the go line (syncGoLine). Only then
+ * is the run's start mark set: a standby started before the host's latest writes reached the volume
+ * runs its message on the volume as synced when the message came. After agent-run, every name in
+ * the volume is listed and what changed since the mark (ctime: an agent cannot set it back) tarred
+ * into SYNC_DIR, then the run id; the list and the tar go out on stdout (sync-trailer.ts), and stay
+ * there for the host to take with `docker cp` when they do not arrive whole.
  */
 export function syncingCommand(command: string[]): {entrypoint: string; command: string[]} {
   // the forwarder's pid in a file: it is killed when agent-run ends, else it would wait on stdin
   const forwarder = [
     'echo $$ > /tmp/.meepa-forwarder',
-    'IFS= read -r go || exit 0',
-    `rm -rf ${CONTAINER_WORKSPACE}/${SYNC_DIR}`,
-    'touch /tmp/.meepa-start',
-    // the file clock is coarse (a few ms): the input goes on only once a change would be stamped later
-    'until [ -n "$(find /tmp/.meepa-tick -newer /tmp/.meepa-start 2>/dev/null)" ]; do touch /tmp/.meepa-tick; done',
+    'read -r mode run || exit 0',
+    'if [ "$mode" = pushed ]; then',
+    '  touch /tmp/.meepa-mark',
+    '  until [ -n "$(find /tmp/.meepa-tick -newer /tmp/.meepa-mark 2>/dev/null)" ]; do touch /tmp/.meepa-tick; done',
+    '  since=$(date -r /tmp/.meepa-mark +%s%N)',
+    'else',
+    `  since=$(($(date +%s%N) - ${CLOCK_MARGIN_NS}))`,
+    'fi',
+    'echo "$since $run" > /tmp/.meepa-start',
     'exec cat',
   ].join('\n')
   const script = [
     `sh -c '${forwarder}' | { "$@"; status=$?; read -r forwarder < /tmp/.meepa-forwarder && kill "$forwarder" 2>/dev/null; exit $status; }`,
     'status=$?',
-    'test -e /tmp/.meepa-start || exit $status',
-    `cd ${CONTAINER_WORKSPACE} && mkdir ${SYNC_DIR}`,
+    'read -r since run < /tmp/.meepa-start || exit $status',
+    // nanoseconds since the epoch as find's time: @SECONDS.NANOSECONDS
+    'seconds=${since%?????????}',
+    `cd ${CONTAINER_WORKSPACE} && mkdir -p ${SYNC_DIR}`,
     // one walk: every name into the list, the files and folders changed since the mark into the tar
-    `find . -mindepth 1 -path ./${SYNC_DIR} -prune -o -fprint0 ${SYNC_DIR}/list \\( -type f -o -type d \\) -cnewer /tmp/.meepa-start -print0 | tar -c --null --no-recursion --format=posix -f ${SYNC_DIR}/changed.tar -T -`,
+    `find . -mindepth 1 -path ./${SYNC_DIR} -prune -o -fprint0 ${SYNC_DIR}/list \\( -type f -o -type d \\) -newerct "@$seconds.\${since#"$seconds"}" -print0 | tar -c --null --no-recursion --format=posix -f ${SYNC_DIR}/changed.tar -T - && echo "$run" > ${SYNC_DIR}/run`,
     // the same two files on stdout, after agent-run's last frame (sync-trailer.ts)
     `[ $status -ne 0 ] || { printf '${SYNC_TRAILER} %s %s\\n' $(stat -c %s ${SYNC_DIR}/list ${SYNC_DIR}/changed.tar) && cat ${SYNC_DIR}/list ${SYNC_DIR}/changed.tar; }`,
     'exit $status',
@@ -227,6 +247,8 @@ export async function pullWorkspace(
   state: SyncedVolume,
   options: {
     container: string
+    /** The run whose changes these are (its go line's): a list SYNC_DIR holds for another is refused. */
+    runId: string
     workspace: string
     maxBytes: number
     log: (line: string) => void
@@ -234,7 +256,8 @@ export async function pullWorkspace(
     trailer?: SyncTrailer
   },
 ): Promise<{received: number}> {
-  const {list, changes} = options.trailer ?? (await copyChanges(cli, options.container, options.maxBytes))
+  const {list, changes} =
+    options.trailer ?? (await copyChanges(cli, options.container, options.runId, options.maxBytes))
   const present = new Set(
     list
       .toString('utf8')
@@ -286,15 +309,17 @@ export function applyChanges(
 }
 
 /** The run's list and change tar, from SYNC_DIR in its container. */
-async function copyChanges(cli: DockerCli, container: string, maxBytes: number): Promise<SyncTrailer> {
+async function copyChanges(cli: DockerCli, container: string, runId: string, maxBytes: number): Promise<SyncTrailer> {
   const archive = await copyOut(cli, `${container}:${CONTAINER_WORKSPACE}/${SYNC_DIR}`, maxBytes)
   let list: Buffer | undefined
   let changes: Buffer | undefined
+  let run: string | undefined
   for (const entry of readTar(archive, maxBytes)) {
     if (entry.name === `${SYNC_DIR}/list` && entry.type === '0') list = entry.data
     if (entry.name === `${SYNC_DIR}/changed.tar` && entry.type === '0') changes = entry.data
+    if (entry.name === `${SYNC_DIR}/run` && entry.type === '0') run = entry.data.toString('utf8').trim()
   }
-  if (!list || !changes)
+  if (!list || !changes || run !== syncToken(runId))
     throw new GatewayError('E_WORKSPACE', "the run's container left no list of its changes (it did not finish)")
   return {list, changes}
 }
