@@ -153,11 +153,17 @@ export async function runInContainer(request: RunRequest, options: {cli?: Docker
 
 /**
  * How long a verified isolation image is trusted without checking again. Checking costs a few
- * docker calls per message; within this window a rebuilt base is only picked up a little later
- * (the run still uses whatever the tag points to).
+ * docker calls (≈ 20 ms) per message; within this window a rebuilt base is only picked up a little
+ * later (the run still uses whatever the tag points to).
  */
 const VERIFIED_IMAGE_TTL_MS = 30_000
-const verifiedImages = new Map<string, {image: ReadyImage; at: number}>()
+/**
+ * Past the window above and up to this age, a message runs on the image verified last while the
+ * check runs behind it (its result is the next message's): chat messages are often minutes apart,
+ * and each would otherwise wait for the check. Older than this, the message waits for it.
+ */
+const VERIFIED_IMAGE_MAX_AGE_MS = 10 * 60_000
+const verifiedImages = new Map<string, {image: ReadyImage; at: number; checking?: Promise<unknown>}>()
 
 export interface ReadyImage {
   tag: string
@@ -177,14 +183,26 @@ export async function readyIsolationImage(
     context.cacheDir,
     (context.cli as Partial<DockerCli>).engineArgs ?? [],
   ])
+  const verify = async (checking: ImageContext) => {
+    const plan = await planImages(config, agent, checking)
+    await ensureContainerImage(plan, checking)
+    const {id} = await ensureIsolationImage(plan, checking)
+    const image = {tag: plan.isolationTag, id}
+    verifiedImages.set(key, {image, at: Date.now()})
+    return image
+  }
   const verified = verifiedImages.get(key)
-  if (verified && Date.now() - verified.at < VERIFIED_IMAGE_TTL_MS) return verified.image
-  const plan = await planImages(config, agent, context)
-  await ensureContainerImage(plan, context)
-  const {id} = await ensureIsolationImage(plan, context)
-  const image = {tag: plan.isolationTag, id}
-  verifiedImages.set(key, {image, at: Date.now()})
-  return image
+  const age = verified ? Date.now() - verified.at : Infinity
+  if (verified && age < VERIFIED_IMAGE_TTL_MS) return verified.image
+  if (verified && age < VERIFIED_IMAGE_MAX_AGE_MS) {
+    // behind the message (its own docker calls go first), and not under its signal: the check
+    // outlives it; a failed one is tried again by the next message
+    verified.checking ??= new Promise((resolve) => setImmediate(resolve))
+      .then(() => verify({...context, signal: undefined, onLog: undefined}))
+      .catch(() => (verified.checking = undefined))
+    return verified.image
+  }
+  return verify(context)
 }
 
 /** Image checks over the engine's API where there is one (see engineApiFor). */
