@@ -169,16 +169,15 @@ export async function pushWorkspace(
   return {sent: entries.length, wrote: true}
 }
 
-/** The file clock is coarse: a change is stamped up to one tick (≤ 10 ms) before it happens. */
-const CLOCK_MARGIN_NS = 20_000_000
-
 /**
  * What the host writes on a sync engine's run container's stdin before the input: the volume has
- * been brought to the host's state, so what changes from now on is the run's. `pushed`: this
- * message's push wrote to the volume, and the container waits for the file clock to tick past its
- * mark so that none of it is taken back; else the mark is set a little before now, without a wait
- * (what the last run wrote in that margin comes back once more, unchanged). The run id is written
- * last beside the change list: a list left by an earlier run is never taken for this one's.
+ * been brought to the host's state, so what changes from now on is the run's. The container then
+ * writes a mark file in the volume, whose time is the run's start: the volume's own clock at the
+ * volume's own granularity (a filesystem may stamp whole seconds). `pushed`: this message's push
+ * just wrote to the volume, so the container waits for that clock to tick past the mark, and only
+ * what is stamped later is the run's; else what is stamped in the mark's own tick counts too, with
+ * no wait (what the last run wrote in that tick comes back once more, unchanged). The run id is
+ * written last beside the change list: a list left by an earlier run is never taken for this one's.
  */
 export function syncGoLine(runId: string, pushed: boolean): string {
   return `${pushed ? 'pushed' : 'clean'} ${syncToken(runId)}\n`
@@ -196,20 +195,25 @@ function syncToken(runId: string): string {
  * runs its message on the volume as synced when the message came. After agent-run, every name in
  * the volume is listed and what changed since the mark (ctime: an agent cannot set it back) tarred
  * into SYNC_DIR, then the run id; the list and the tar go out on stdout (sync-trailer.ts), and stay
- * there for the host to take with `docker cp` when they do not arrive whole.
+ * there for the host to take with `docker cp` when they do not arrive whole. A mark that cannot be
+ * read ends the forwarder: the run fails and its changes are never taken as a partial list.
  */
 export function syncingCommand(command: string[]): {entrypoint: string; command: string[]} {
+  const sync = `${CONTAINER_WORKSPACE}/${SYNC_DIR}`
   // the forwarder's pid in a file: it is killed when agent-run ends, else it would wait on stdin
   const forwarder = [
     'echo $$ > /tmp/.meepa-forwarder',
     'read -r mode run || exit 0',
+    `[ -d ${sync} ] || mkdir ${sync} || exit 0`,
+    `echo "$run" > ${sync}/mark || exit 0`,
     'if [ "$mode" = pushed ]; then',
-    '  touch /tmp/.meepa-mark',
-    '  until [ -n "$(find /tmp/.meepa-tick -newer /tmp/.meepa-mark 2>/dev/null)" ]; do touch /tmp/.meepa-tick; done',
-    '  since=$(date -r /tmp/.meepa-mark +%s%N)',
+    `  until [ -n "$(find ${sync}/tick -newer ${sync}/mark 2>/dev/null)" ]; do echo > ${sync}/tick || exit 0; done`,
+    `  since=$(date -r ${sync}/mark +%s%N)`,
     'else',
-    `  since=$(($(date +%s%N) - ${CLOCK_MARGIN_NS}))`,
+    // "newer than one nanosecond before the mark": stamped in the mark's tick or later
+    `  since=$(date -r ${sync}/mark +%s%N) && since=$((since - 1))`,
     'fi',
+    'case "$since" in ""|*[!0-9]*) exit 0 ;; esac',
     'echo "$since $run" > /tmp/.meepa-start',
     'exec cat',
   ].join('\n')
@@ -219,9 +223,8 @@ export function syncingCommand(command: string[]): {entrypoint: string; command:
     'read -r since run < /tmp/.meepa-start || exit $status',
     // nanoseconds since the epoch as find's time: @SECONDS.NANOSECONDS
     'seconds=${since%?????????}',
-    `cd ${CONTAINER_WORKSPACE} && mkdir -p ${SYNC_DIR}`,
     // one walk: every name into the list, the files and folders changed since the mark into the tar
-    `find . -mindepth 1 -path ./${SYNC_DIR} -prune -o -fprint0 ${SYNC_DIR}/list \\( -type f -o -type d \\) -newerct "@$seconds.\${since#"$seconds"}" -print0 | tar -c --null --no-recursion --format=posix -f ${SYNC_DIR}/changed.tar -T - && echo "$run" > ${SYNC_DIR}/run`,
+    `cd ${CONTAINER_WORKSPACE} && [ -d ${SYNC_DIR} ] && find . -mindepth 1 -path ./${SYNC_DIR} -prune -o -fprint0 ${SYNC_DIR}/list \\( -type f -o -type d \\) -newerct "@$seconds.\${since#"$seconds"}" -print0 | tar -c --null --no-recursion --format=posix -f ${SYNC_DIR}/changed.tar -T - && echo "$run" > ${SYNC_DIR}/run`,
     // the same two files on stdout, after agent-run's last frame (sync-trailer.ts)
     `[ $status -ne 0 ] || { printf '${SYNC_TRAILER} %s %s\\n' $(stat -c %s ${SYNC_DIR}/list ${SYNC_DIR}/changed.tar) && cat ${SYNC_DIR}/list ${SYNC_DIR}/changed.tar; }`,
     'exit $status',
