@@ -396,49 +396,76 @@ export function removeRunCgroups(dirs: string[]): string[] {
   return left
 }
 
-/** All background walks together get at most this share of one CPU. */
-const WALKS_CPUS = 0.5
+/** Each background walk gets at most this share of one CPU. */
+const WALK_CPUS = 0.5
 const WALKS_DIR = 'meepa-walks'
-let walks: string[] | undefined
+let walksParent: {dir: string; controller: 'cpu' | 'unified'} | null | undefined
+let walkCount = 0
+
+export interface WalkCgroup {
+  /** The directories the walk's process joins ([] where there is no such cgroup here). */
+  dirs: string[]
+  /** Removes them once the walk has ended. */
+  remove(): void
+}
 
 /**
- * The cgroup of the gateway's background file walks (a workspace's hand-over), beside the gateway's
- * own: idle among its siblings (cpu.idle, else the lowest weight), and WALKS_CPUS of one CPU for
- * all of them together. SCHED_IDLE alone still left another
- * agent's runs 10–11 % slower on two cores while a 300,000-file walk ran; with this, 1.07×
- * (bench/workspace-handover.ts). Created once, kept for the process's life; [] without a cpu
- * controller here (the walk then runs at SCHED_IDLE only).
+ * A cgroup for one background file walk of the gateway's (a workspace's hand-over): under
+ * `meepa-walks`, beside the gateway's own cgroup and idle among its siblings (cpu.idle, else the
+ * lowest weight), and capped at WALK_CPUS of one CPU. SCHED_IDLE alone still left another agent's
+ * runs 10–11 % slower on two cores while a 300,000-file walk ran; with this, 1.04–1.06×
+ * (bench/workspace-handover.ts). One cgroup per walk: one agent's walks never eat another's cap.
+ * Without a cpu controller here, none (the walk then runs at SCHED_IDLE only).
  */
-export function backgroundWalkCgroups(): string[] {
-  if (walks) return walks
+export function backgroundWalkCgroup(): WalkCgroup {
+  const none = {dirs: [], remove: () => {}}
+  const parent = walksCgroupParent()
+  if (!parent) return none
+  const dir = path.join(parent.dir, `walk-${process.pid}-${++walkCount}`)
+  const quota = String(Math.round(WALK_CPUS * CPU_PERIOD_US))
+  try {
+    fs.mkdirSync(dir)
+    if (parent.controller === 'cpu') {
+      fs.writeFileSync(path.join(dir, 'cpu.cfs_period_us'), String(CPU_PERIOD_US))
+      fs.writeFileSync(path.join(dir, 'cpu.cfs_quota_us'), quota)
+    } else fs.writeFileSync(path.join(dir, 'cpu.max'), `${quota} ${CPU_PERIOD_US}`)
+  } catch {
+    removeRunCgroups([dir])
+    return none
+  }
+  return {dirs: [dir], remove: () => void removeRunCgroups([dir])}
+}
+
+/** `meepa-walks`, made once: beside the run cgroups' parent (a group under it would take its whole weight against the gateway's own process whenever no run is busy). */
+function walksCgroupParent(): {dir: string; controller: 'cpu' | 'unified'} | null {
+  if (walksParent !== undefined) return walksParent
   cached ??= detect()
-  const parent = cached.parents.find((each) => each.controller === 'cpu' || each.controller === 'unified')
-  walks = []
-  if (!parent || !cached.support.enforced.cpu) return walks
-  // beside the run cgroups' parent, not in it: a group there would take the parent's whole weight
-  // against the gateway's own process whenever no run is busy
-  const dir = path.join(path.dirname(parent.dir), WALKS_DIR)
-  const quota = String(Math.round(WALKS_CPUS * CPU_PERIOD_US))
+  const runs = cached.parents.find((each) => each.controller === 'cpu' || each.controller === 'unified')
+  walksParent = null
+  if (!runs || !cached.support.enforced.cpu) return walksParent
+  const controller = runs.controller === 'cpu' ? 'cpu' : 'unified'
+  const dir = path.join(path.dirname(runs.dir), WALKS_DIR)
+  const write = (file: string, value: string) => fs.writeFileSync(path.join(dir, file), value)
   try {
     fs.mkdirSync(dir, {recursive: true})
-    const write = (file: string, value: string) => fs.writeFileSync(path.join(dir, file), value)
-    if (parent.controller === 'cpu') {
-      write('cpu.cfs_period_us', String(CPU_PERIOD_US))
-      write('cpu.cfs_quota_us', quota)
-    } else write('cpu.max', `${quota} ${CPU_PERIOD_US}`)
-    // SCHED_IDLE for the group among its siblings where the kernel has it (5.15; its weight is then
-    // fixed), else the lowest weight
+    // SCHED_IDLE for the group among its siblings where the kernel has it (5.15), else the lowest weight
     if (fs.existsSync(path.join(dir, 'cpu.idle'))) write('cpu.idle', '1')
-    else write(parent.controller === 'cpu' ? 'cpu.shares' : 'cpu.weight', parent.controller === 'cpu' ? '2' : '1')
-    walks = [dir]
+    else write(controller === 'cpu' ? 'cpu.shares' : 'cpu.weight', controller === 'cpu' ? '2' : '1')
+    // no cap of its own: each walk has its own (an older gateway's shared one is lifted)
+    if (controller === 'cpu') write('cpu.cfs_quota_us', '-1')
+    else {
+      write('cpu.max', 'max')
+      write('cgroup.subtree_control', '+cpu')
+    }
+    walksParent = {dir, controller}
   } catch {
     // no such cgroup here: SCHED_IDLE alone
   }
-  return walks
+  return walksParent
 }
 
 /** For tests: forget the detected layout. */
 export function resetCgroupSupportForTests(): void {
   cached = undefined
-  walks = undefined
+  walksParent = undefined
 }

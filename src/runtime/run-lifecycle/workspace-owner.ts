@@ -2,7 +2,7 @@ import fs from 'node:fs/promises'
 import {GatewayError} from '../util/errors.js'
 import {KeyedQueue} from '../util/keyed-queue.js'
 import {FILE_WALK_NICENESS, startSubprocess} from '../util/subprocess.js'
-import {backgroundWalkCgroups} from '../../sandbox/run-cgroup.js'
+import {backgroundWalkCgroup} from '../../sandbox/run-cgroup.js'
 
 export interface Owner {
   uid: number
@@ -10,7 +10,7 @@ export interface Owner {
 }
 
 /** A hostile workspace can hold millions of entries: past this the run is refused, not waited for. */
-const HANDOVER_TIMEOUT_MS = 60_000
+const HANDOVER_TIMEOUT_MS = 120_000
 
 /** One walk per workspace at a time: a second caller (a standby after a run) then finds it done. */
 const handovers = new KeyedQueue({concurrency: Number.MAX_SAFE_INTEGER})
@@ -37,7 +37,7 @@ export function reclaimWorkspace(workspace: string, signal?: AbortSignal): Promi
  * so cannot write files another uid owns. GNU chown -R -P walks with openat and never follows a
  * symlink the agent planted; the kernel drops setuid/setgid bits of every file it re-owns. It runs
  * as an async child (with a deadline and the caller's cancel): the gateway answers meanwhile, at
- * idle CPU and I/O priority and in the background walks' cgroup (half a CPU at the lowest weight),
+ * idle CPU and I/O priority and in a background walk's cgroup (half a CPU, idle among its siblings),
  * so the agent with many files waits for them, not the other agents.
  *
  * The walk is skipped when the workspace root already has the owner. chown -R changes a directory
@@ -61,16 +61,19 @@ async function handOver(root: string, owner: Owner, options: {purpose: string; s
   const before = await fs.lstat(root)
   if (before.uid === owner.uid && before.gid === owner.gid && !unfinished.has(root)) return
   unfinished.add(root)
-  const result = await startSubprocess('chown', ['-R', '-P', '-h', `${owner.uid}:${owner.gid}`, '--', root], {
-    env: {PATH: process.env.PATH ?? '/usr/bin:/bin', LC_ALL: 'C'},
-    timeoutMs: HANDOVER_TIMEOUT_MS,
-    signal: options.signal,
-    killSignal: 'SIGKILL',
-    niceness: FILE_WALK_NICENESS,
-    idle: true,
-    cgroups: backgroundWalkCgroups(),
-    maxBuffer: 1024 * 1024,
-  })
+  const cgroup = backgroundWalkCgroup()
+  const result = await Promise.resolve(
+    startSubprocess('chown', ['-R', '-P', '-h', `${owner.uid}:${owner.gid}`, '--', root], {
+      env: {PATH: process.env.PATH ?? '/usr/bin:/bin', LC_ALL: 'C'},
+      timeoutMs: HANDOVER_TIMEOUT_MS,
+      signal: options.signal,
+      killSignal: 'SIGKILL',
+      niceness: FILE_WALK_NICENESS,
+      idle: true,
+      cgroups: cgroup.dirs,
+      maxBuffer: 1024 * 1024,
+    }),
+  ).finally(cgroup.remove)
   if (!result.failed) {
     unfinished.delete(root)
     return

@@ -12,7 +12,7 @@ import {describeWithDocker} from '../../helpers/docker-env.js'
 import {requireLandlockOrSkip} from '../../helpers/landlock-support.js'
 import {handWorkspaceTo, reclaimWorkspace} from '../../../src/runtime/run-lifecycle/workspace-owner.js'
 import {ensureWorkspace} from '../../../src/runtime/workspace/workspace.js'
-import {backgroundWalkCgroups, cgroupSupport} from '../../../src/sandbox/run-cgroup.js'
+import {cgroupSupport} from '../../../src/sandbox/run-cgroup.js'
 import {writeWorkspaceFile} from '../../../src/runtime/workspace/files.js'
 
 /*
@@ -200,13 +200,14 @@ describe.skipIf(process.getuid?.() !== 0)('hand-overs of a root gateway (in proc
   }
 
   // other agents' runs must not wait for it: it gets a CPU and the disk only when they do not want them
-  it('walks at idle CPU and I/O priority, in a cgroup of half a CPU at the lowest weight', async () => {
+  it('walks at idle CPU and I/O priority, in a cgroup of its own capped at half a CPU', async () => {
     const workspace = handedToContainer()
     fs.lchownSync(workspace, 0, 0)
     const many = fillTmpfs(workspace)
     try {
       let priority: string | undefined
-      let cgroups = ''
+      let walkCgroup: string | undefined
+      let cpuLimit: string | undefined
       const handing = handWorkspaceTo(workspace, {uid: C, gid: C}, {purpose: 'the container'})
       void handing.finally(() => (priority ??= 'the walk ended before it was seen'))
       while (priority === undefined) {
@@ -215,19 +216,17 @@ describe.skipIf(process.getuid?.() !== 0)('hand-overs of a root gateway (in proc
           .find((pid) => /^\d+$/.test(pid) && readArgv(pid)[0] === 'chown' && readArgv(pid).includes(workspace))
         if (walk) {
           priority = execFileSync('sh', ['-c', `chrt -p ${walk}; ionice -p ${walk}`], {encoding: 'utf8'})
-          cgroups = fs.readFileSync(`/proc/${walk}/cgroup`, 'utf8')
+          walkCgroup = cpuCgroupOf(walk)
+          cpuLimit = walkCgroup && readCpuLimit(walkCgroup)
         } else await new Promise((resolve) => setTimeout(resolve, 2))
       }
       await handing
       expect(priority).toMatch(/current scheduling policy: SCHED_IDLE\n/)
       expect(priority).toMatch(/^idle$/m)
       if (cgroupSupport().enforced.cpu) {
-        expect(cgroups).toMatch(/\/meepa-walks$/m)
-        const [dir] = backgroundWalkCgroups()
-        const limit = fs.existsSync(path.join(dir!, 'cpu.max'))
-          ? fs.readFileSync(path.join(dir!, 'cpu.max'), 'utf8').trim()
-          : `${fs.readFileSync(path.join(dir!, 'cpu.cfs_quota_us'), 'utf8').trim()} ${fs.readFileSync(path.join(dir!, 'cpu.cfs_period_us'), 'utf8').trim()}`
-        expect(limit).toBe('50000 100000')
+        expect(walkCgroup).toMatch(/\/meepa-walks\/walk-\d+-\d+$/)
+        expect(cpuLimit).toBe('50000 100000')
+        expect(fs.existsSync(walkCgroup!)).toBe(false) // removed with the walk
       }
       expect(fs.lstatSync(path.join(many, 'd60', '1000')).uid).toBe(C)
     } finally {
@@ -285,6 +284,25 @@ describe.skipIf(process.getuid?.() !== 0)('hand-overs of a root gateway (in proc
     }
   }, 120_000)
 })
+
+/** The directory of a process's cpu cgroup (v1 cpu hierarchy or v2), while it runs. */
+function cpuCgroupOf(pid: string): string | undefined {
+  const text = fs.readFileSync(`/proc/${pid}/cgroup`, 'utf8')
+  for (const line of text.split('\n')) {
+    const match = /^\d+:([^:]*):(.*)$/.exec(line)
+    if (match?.[1]?.split(',').includes('cpu')) return path.join('/sys/fs/cgroup', match[1], match[2]!)
+  }
+  const unified = /^0::(.*)$/m.exec(text)?.[1]
+  return unified === undefined ? undefined : path.join('/sys/fs/cgroup', unified)
+}
+
+/** A cgroup's CPU limit as `QUOTA PERIOD`. */
+function readCpuLimit(dir: string): string {
+  const read = (file: string) => fs.readFileSync(path.join(dir, file), 'utf8').trim()
+  return fs.existsSync(path.join(dir, 'cpu.max'))
+    ? read('cpu.max')
+    : `${read('cpu.cfs_quota_us')} ${read('cpu.cfs_period_us')}`
+}
 
 /** A process's argv (empty once it is gone). */
 function readArgv(pid: string): string[] {
