@@ -52,6 +52,11 @@ export interface ImageContext {
   onLog?: (line: string) => void
   /** Network for `docker build` (apt-get/apk inside the build must reach a mirror). */
   buildNetwork?: string
+  /**
+   * A rebuild removes the image its tag pointed to before this long after, not at once: messages
+   * handed that image by an earlier check may still be about to start from it.
+   */
+  removeReplacedAfterMs?: number
 }
 
 /** Where the isolation image's base comes from, strongest first. */
@@ -279,8 +284,11 @@ export async function ensureIsolationImage(
     await smokeTestIsolationImage(plan, context)
     // The image the tag pointed to before is now untagged; without this every upgrade would leave
     // one behind. Docker refuses (and we ignore) while a container still runs from it.
-    if (existing && existing.id !== built.id)
-      await context.cli.exec(['image', 'rm', existing.id], {signal: context.signal}).catch(() => undefined)
+    if (existing && existing.id !== built.id) {
+      const remove = () => context.cli.exec(['image', 'rm', existing.id]).catch(() => undefined)
+      if (context.removeReplacedAfterMs) setTimeout(remove, context.removeReplacedAfterMs).unref()
+      else await context.cli.exec(['image', 'rm', existing.id], {signal: context.signal}).catch(() => undefined)
+    }
     return {tag: plan.isolationTag, built: true, reason, id: built.id}
   })
 }

@@ -196,10 +196,18 @@ export async function readyIsolationImage(
   if (verified && age < VERIFIED_IMAGE_TTL_MS) return verified.image
   if (verified && age < VERIFIED_IMAGE_MAX_AGE_MS) {
     // behind the message (its own docker calls go first), and not under its signal: the check
-    // outlives it; a failed one is tried again by the next message
+    // outlives it. What it replaces stays until no message can still be about to start from it; a
+    // failed check is logged and tried again by the next message.
     verified.checking ??= new Promise((resolve) => setImmediate(resolve))
-      .then(() => verify({...context, signal: undefined, onLog: undefined}))
-      .catch(() => (verified.checking = undefined))
+      .then(() =>
+        verify({...context, signal: undefined, onLog: undefined, removeReplacedAfterMs: VERIFIED_IMAGE_MAX_AGE_MS}),
+      )
+      .catch((error: unknown) => {
+        verified.checking = undefined
+        process.stderr.write(
+          `checking the isolation image of agent ${agent.id} failed (the next message tries again): ${toGatewayError(error).message}\n`,
+        )
+      })
     return verified.image
   }
   return verify(context)

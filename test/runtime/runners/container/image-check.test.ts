@@ -1,10 +1,12 @@
+import {execa} from 'execa'
+import crypto from 'node:crypto'
 import {afterAll, afterEach, beforeAll, expect, it, vi} from 'vitest'
 import {loadConfig} from '../../../../src/runtime/config/load.js'
 import {containerImageContext} from '../../../../src/runtime/container/context.js'
 import {readyIsolationImage} from '../../../../src/runtime/runners/container/runner.js'
 import {dockerCli, type DockerExec} from '../../../../src/sandbox/docker/cli.js'
 import {fakeLlmConfig, makeHome, type TestHome} from '../../../helpers/home.js'
-import {describeWithDocker} from '../../../helpers/docker-env.js'
+import {BASE_IMAGE, describeWithDocker} from '../../../helpers/docker-env.js'
 
 /*
  * A container message checks its isolation image (a few docker calls) at most every 30 s; chat
@@ -15,9 +17,14 @@ describeWithDocker('the isolation image check before a container message', () =>
   let home: TestHome
   const calls: string[][] = []
   const counting: DockerExec = {exec: (args, options) => (calls.push([...args]), dockerCli().exec(args, options))}
-  const ready = () => {
+  const base = `meepa-test-check-base-${crypto.randomBytes(4).toString('hex')}`
+  const buildBase = (version: number) =>
+    execa('docker', ['build', '-q', '-t', base, '-'], {
+      input: `FROM ${BASE_IMAGE}\nLABEL meepa-test-version=${version}\n`,
+    })
+  const ready = (agentId = 'boxed') => {
     const loaded = loadConfig({configPath: home.configPath, home: home.home})
-    const agent = loaded.config.agents.find((each) => each.id === 'boxed')!
+    const agent = loaded.config.agents.find((each) => each.id === agentId)!
     return readyIsolationImage(loaded.config, agent, {...containerImageContext(home.home), cli: counting})
   }
   /** Calls made until `promise` settled, and its value. */
@@ -31,13 +38,21 @@ describeWithDocker('the isolation image check before a container message', () =>
     vi.spyOn(Date, 'now').mockReturnValue(now + ms)
   }
 
-  beforeAll(() => {
+  const made: string[] = []
+  beforeAll(async () => {
+    await buildBase(1)
     home = makeHome(
-      fakeLlmConfig('http://127.0.0.1:9/v1', [{id: 'boxed', container_mode: {enabled: true, network: 'none'}}]),
+      fakeLlmConfig('http://127.0.0.1:9/v1', [
+        {id: 'boxed', container_mode: {enabled: true, network: 'none'}},
+        {id: 'custom', container_mode: {enabled: true, network: 'none', image: base}},
+      ]),
     )
   })
   afterEach(() => vi.restoreAllMocks())
-  afterAll(() => home.cleanup())
+  afterAll(async () => {
+    await execa('docker', ['image', 'rm', '--force', ...made, base], {reject: false})
+    home.cleanup()
+  })
 
   it('checks once, then trusts the check for 30 s, then checks behind the message, and past 10 minutes before it', async () => {
     const first = await callsUntil(ready())
@@ -62,5 +77,23 @@ describeWithDocker('the isolation image check before a container message', () =>
     const old = await callsUntil(ready())
     expect(old.calls).toBeGreaterThan(0)
     expect(old.value).toEqual(first.value)
+  }, 600_000)
+
+  it('a check behind a message that rebuilds the image leaves the one it replaced for the messages handed it', async () => {
+    const first = await ready('custom')
+    made.push(first.id)
+    await buildBase(2) // the agent's base changed: the next check rebuilds its isolation image
+    later(5 * 60_000)
+    const handed = await ready('custom')
+    expect(handed).toEqual(first)
+    await vi.waitFor(async () => expect((await ready('custom')).id).not.toBe(first.id), {
+      timeout: 300_000,
+      interval: 500,
+    })
+    const rebuilt = await ready('custom')
+    made.push(rebuilt.id)
+    // the message handed the old image can still start from it
+    const inspected = await execa('docker', ['image', 'inspect', '--format', '{{.Id}}', handed.id], {reject: false})
+    expect(inspected.stdout.trim(), inspected.stderr).toBe(handed.id)
   }, 600_000)
 })
