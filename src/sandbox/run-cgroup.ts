@@ -260,7 +260,6 @@ function writeLimits(controller: V1Controller | 'unified', dir: string, limits: 
       if (!optional) throw error
     }
   }
-  const quota = Math.max(1000, Math.round(limits.cpus * CPU_PERIOD_US))
   switch (controller) {
     case 'unified':
       if (fs.existsSync(path.join(dir, 'memory.max'))) {
@@ -269,7 +268,7 @@ function writeLimits(controller: V1Controller | 'unified', dir: string, limits: 
         write('memory.oom.group', 1, true)
       }
       if (fs.existsSync(path.join(dir, 'pids.max'))) write('pids.max', limits.pids)
-      if (fs.existsSync(path.join(dir, 'cpu.max'))) write('cpu.max', `${quota} ${CPU_PERIOD_US}`)
+      if (fs.existsSync(path.join(dir, 'cpu.max'))) writeCpuLimit(controller, dir, limits.cpus)
       break
     case 'memory':
       write('memory.limit_in_bytes', limits.memoryBytes)
@@ -279,12 +278,22 @@ function writeLimits(controller: V1Controller | 'unified', dir: string, limits: 
       write('pids.max', limits.pids)
       break
     case 'cpu':
-      write('cpu.cfs_period_us', CPU_PERIOD_US)
-      write('cpu.cfs_quota_us', quota)
+      writeCpuLimit(controller, dir, limits.cpus)
       break
     case 'freezer':
       break
   }
+}
+
+/** A CPU limit of `cpus` CPUs on a v1 cpu directory or a v2 one. */
+function writeCpuLimit(controller: 'cpu' | 'unified', dir: string, cpus: number): void {
+  const quota = Math.max(1000, Math.round(cpus * CPU_PERIOD_US))
+  if (controller === 'unified') {
+    fs.writeFileSync(path.join(dir, 'cpu.max'), `${quota} ${CPU_PERIOD_US}`)
+    return
+  }
+  fs.writeFileSync(path.join(dir, 'cpu.cfs_period_us'), String(CPU_PERIOD_US))
+  fs.writeFileSync(path.join(dir, 'cpu.cfs_quota_us'), String(quota))
 }
 
 /** Pids listed in a run cgroup directory (none once it is gone). */
@@ -413,7 +422,7 @@ export interface WalkCgroup {
  * A cgroup for one background file walk of the gateway's (a workspace's hand-over): under
  * `meepa-walks`, beside the gateway's own cgroup and idle among its siblings (cpu.idle, else the
  * lowest weight), and capped at WALK_CPUS of one CPU. SCHED_IDLE alone still left another agent's
- * runs 10–11 % slower on two cores while a 300,000-file walk ran; with this, 1.04–1.06×
+ * runs 10–11 % slower on two cores while a 300,000-file walk ran; with this, 1.04–1.07×
  * (bench/workspace-handover.ts). One cgroup per walk: one agent's walks never eat another's cap.
  * Without a cpu controller here, none (the walk then runs at SCHED_IDLE only).
  */
@@ -422,13 +431,9 @@ export function backgroundWalkCgroup(): WalkCgroup {
   const parent = walksCgroupParent()
   if (!parent) return none
   const dir = path.join(parent.dir, `walk-${process.pid}-${++walkCount}`)
-  const quota = String(Math.round(WALK_CPUS * CPU_PERIOD_US))
   try {
     fs.mkdirSync(dir)
-    if (parent.controller === 'cpu') {
-      fs.writeFileSync(path.join(dir, 'cpu.cfs_period_us'), String(CPU_PERIOD_US))
-      fs.writeFileSync(path.join(dir, 'cpu.cfs_quota_us'), quota)
-    } else fs.writeFileSync(path.join(dir, 'cpu.max'), `${quota} ${CPU_PERIOD_US}`)
+    writeCpuLimit(parent.controller, dir, WALK_CPUS)
   } catch {
     removeRunCgroups([dir])
     return none

@@ -285,9 +285,10 @@ export async function ensureIsolationImage(
     // The image the tag pointed to before is now untagged; without this every upgrade would leave
     // one behind. Docker refuses (and we ignore) while a container still runs from it.
     if (existing && existing.id !== built.id) {
-      const remove = () => context.cli.exec(['image', 'rm', existing.id]).catch(() => undefined)
+      const remove = (signal?: AbortSignal) =>
+        context.cli.exec(['image', 'rm', existing.id], {signal}).catch(() => undefined)
       if (context.removeReplacedAfterMs) setTimeout(remove, context.removeReplacedAfterMs).unref()
-      else await context.cli.exec(['image', 'rm', existing.id], {signal: context.signal}).catch(() => undefined)
+      else await remove(context.signal)
     }
     return {tag: plan.isolationTag, built: true, reason, id: built.id}
   })

@@ -206,14 +206,11 @@ export function syncingCommand(command: string[]): {entrypoint: string; command:
     'read -r mode run || exit 0',
     `[ -d ${sync} ] || mkdir ${sync} || exit 0`,
     `echo "$run" > ${sync}/mark || exit 0`,
-    'if [ "$mode" = pushed ]; then',
-    `  until [ -n "$(find ${sync}/tick -newer ${sync}/mark 2>/dev/null)" ]; do echo > ${sync}/tick || exit 0; done`,
-    `  since=$(date -r ${sync}/mark +%s%N)`,
-    'else',
-    // "newer than one nanosecond before the mark": stamped in the mark's tick or later
-    `  since=$(date -r ${sync}/mark +%s%N) && since=$((since - 1))`,
-    'fi',
+    `[ "$mode" != pushed ] || until [ -n "$(find ${sync}/tick -newer ${sync}/mark 2>/dev/null)" ]; do echo > ${sync}/tick || exit 0; done`,
+    `since=$(date -r ${sync}/mark +%s%N)`,
     'case "$since" in ""|*[!0-9]*) exit 0 ;; esac',
+    // else "newer than one nanosecond before the mark": stamped in the mark's tick or later
+    '[ "$mode" = pushed ] || since=$((since - 1))',
     'echo "$since $run" > /tmp/.meepa-start',
     'exec cat',
   ].join('\n')
