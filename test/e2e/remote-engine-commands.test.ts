@@ -178,6 +178,22 @@ describeWithDocker('container commands and crash reclaim on a remote engine (own
     const next = await serve.chat('far', 'RUN: cat kept.txt')
     expect(next.reply, serve.output().slice(-3000)).toContain('host-truth')
     expect(fs.readFileSync(path.join(workspace('far'), 'kept.txt'), 'utf8')).toBe('host-truth')
+
+    // once nothing holds it, the volume goes, and with it its disk image: detached on the engine, removed
+    await serve.stop()
+    const disk = JSON.parse(
+      fs.readFileSync(path.join(home.home, 'cache', 'engine-sync', 'remote', 'far.disk.json'), 'utf8'),
+    ) as {image: string}
+    const attached = async () => (await execa('losetup', ['-l', '-n', '-O', 'BACK-FILE'])).stdout
+    expect(await attached()).toContain(disk.image)
+    const all = await json('clean', '--engine', 'remote')
+    expect(all.engines[0]).toMatchObject({volumes: [{name: own, agent: 'far'}], kept_volumes: []})
+    expect(await remoteVolumes()).not.toContain(own)
+    expect((await remoteVolumes()).filter((name) => name.startsWith('meepa-disks-'))).toEqual([])
+    expect(await attached()).not.toContain(disk.image)
+    // serving again for the next test, connected to the chat (the first serve of this file was one)
+    serve = await startServe({home: home.home, port})
+    await chat.waitForReadyCount(2)
   }, 300_000)
 
   it('a gateway SIGKILLed mid-run with its keeper: the next start-up removes the container from the remote engine and tells the user', async () => {

@@ -254,6 +254,15 @@ export async function startOwnEngine(options: {tls?: boolean; port?: number} = {
         .map((line) => line.split(' ')[1] ?? '')
         .filter((point) => point.startsWith(dir))
       for (const point of mounts.reverse()) await execa('umount', ['-l', point], {reject: false})
+      // the gateway's disk images in its volumes stay attached to loop devices (they outlive an engine)
+      const images = await execa('find', [dir, '-path', '*/volumes/*', '-name', '*.ext4', '-type', 'f'], {
+        reject: false,
+      })
+      for (const image of String(images.stdout).split('\n').filter(Boolean)) {
+        const held = await execa('losetup', ['-j', image, '-n', '-O', 'NAME'], {reject: false})
+        for (const device of String(held.stdout).split('\n').filter(Boolean))
+          await execa('losetup', ['-d', device.trim()], {reject: false})
+      }
       fs.rmSync(dir, {recursive: true, force: true})
     },
   }

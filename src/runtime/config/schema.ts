@@ -58,7 +58,8 @@ const engineSchema = {
       properties: {ca: absolutePath, cert: absolutePath, key: absolutePath},
     },
     insecure: {type: 'boolean'},
-    // run where the engine cannot apply a limit (rootless Podman without the cgroup controller), saying so
+    // run where the engine cannot apply a limit (rootless Podman without the cgroup controller, a
+    // Docker engine that cannot attach limits.disk's image), saying so
     best_effort: {type: 'boolean'},
     // an ssh:// engine's host keys (always checked) and the key the gateway logs in with
     ssh: {

@@ -75,8 +75,9 @@ export interface EngineConfig {
   /** tcp:// without TLS: anyone who reaches the port owns the engine (flagged by config check and serve). */
   insecure: boolean
   /**
-   * Where the engine cannot apply a limit (rootless Podman without a delegated cgroup controller),
-   * run without it and say so; unset, such runs are refused naming the limit.
+   * Where the engine cannot apply a limit (rootless Podman without a delegated cgroup controller,
+   * a Docker engine that cannot attach limits.disk's image), run without it and say so; unset,
+   * such runs are refused naming the limit.
    */
   best_effort: boolean
   /**

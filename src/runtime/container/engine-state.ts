@@ -19,6 +19,16 @@ export function syncStateFile(home: string, engine: string, agentId: string): st
   return path.join(home, 'cache', 'engine-sync', engine, `${agentId}.json`)
 }
 
+/** Where the host remembers an agent's disk image on an engine (engine-disk.ts). */
+export function engineDiskFile(home: string, engine: string, agentId: string): string {
+  return path.join(home, 'cache', 'engine-sync', engine, `${agentId}.disk.json`)
+}
+
+/** The engine-side volume holding this home's workspace disk images (engine-disk.ts). */
+export function engineDisksVolume(homeLabel: string): string {
+  return `meepa-disks-${sha256(homeLabel).slice(0, 12)}`
+}
+
 function imagesFile(home: string, engine: string): string {
   return path.join(home, 'cache', 'engine-images', `${engine}.json`)
 }

@@ -1,6 +1,6 @@
 import fs from 'node:fs'
 import {dockerCli, type DockerCli} from '../../sandbox/docker/cli.js'
-import {homeLabel} from '../../sandbox/docker/containers.js'
+import {cleanOrphanContainers, homeLabel} from '../../sandbox/docker/containers.js'
 import {inspectImage} from '../../sandbox/docker/images.js'
 import {shipImages} from '../../sandbox/docker/ship.js'
 import type {LoadedConfig} from '../config/types.js'
@@ -8,7 +8,10 @@ import {toGatewayError} from '../util/errors.js'
 import {withAgentLock} from '../workspace/agent-lock.js'
 import {buildContainerImages, type ContainerBuildOptions, type ContainerBuildResult} from './build.js'
 import {cleanContainers, type ContainerCleanResult} from './clean.js'
+import {removeEngineDisks} from './engine-disk.js'
 import {
+  engineDiskFile,
+  engineDisksVolume,
   engineImagesOf,
   forgetEngineImages,
   recordEngineImages,
@@ -157,9 +160,42 @@ export async function cleanOnEngines(
   return {
     engines: await eachEngine(targets, async ({name: engine, cli}) => {
       const own = engineImagesOf(home, engine)
+      // the containers left behind first: a volume one of them holds could not be removed
+      const early = dryRun ? undefined : await cleanOrphanContainers(cli, {home, signal: options.signal})
+      const volumes: Pick<EngineCleanResult, 'volumes' | 'kept_volumes'> = {volumes: [], kept_volumes: []}
+      await cleanVolumes(home, engine, cli, dryRun, volumes, options.signal)
+      if (!dryRun) {
+        // the removed volumes' disk images, detached on the engine with an image this home put
+        // there, before the image clean below may remove the last of them
+        const present = new Set(
+          (await listGatewayImages(loaded, {cli, signal: options.signal})).map((image) => image.id),
+        )
+        const everyVolume = volumes.kept_volumes.length === 0
+        const disks = await removeEngineDisks(cli, {
+          homeLabel: homeLabel(home),
+          agents: everyVolume ? ['*'] : volumes.volumes.map((volume) => volume.agent),
+          image: [...own].find((id) => present.has(id)),
+          removeVolume: everyVolume,
+          signal: options.signal,
+        })
+        if (disks !== undefined) volumes.kept_volumes.push({name: engineDisksVolume(homeLabel(home)), reason: disks})
+      }
       const cleaned = await cleanContainers(loaded, {...options, cli, home, ownImages: own})
-      const result: EngineCleanResult = {...cleaned, volumes: [], kept_volumes: []}
-      await cleanVolumes(home, engine, cli, dryRun, result, options.signal)
+      const result: EngineCleanResult = {
+        ...cleaned,
+        containers: [
+          ...(early?.removed ?? []).map(({name, agent, run, state}) => ({name, agent, run, state})),
+          ...cleaned.containers,
+        ],
+        kept_containers: [
+          ...(early?.refused ?? []).map(({container, reason}) => ({
+            name: container.name,
+            reason: `docker refused: ${reason}`,
+          })),
+          ...cleaned.kept_containers,
+        ],
+        ...volumes,
+      }
       if (!dryRun) {
         const left = new Set((await listGatewayImages(loaded, {cli, signal: options.signal})).map((image) => image.id))
         forgetEngineImages(
@@ -182,7 +218,7 @@ async function cleanVolumes(
   engine: string,
   cli: DockerCli,
   dryRun: boolean,
-  result: EngineCleanResult,
+  result: Pick<EngineCleanResult, 'volumes' | 'kept_volumes'>,
   signal?: AbortSignal,
 ): Promise<void> {
   const prefix = syncVolumePrefix(homeLabel(home))
@@ -200,6 +236,7 @@ async function cleanVolumes(
         agent,
         async () => {
           fs.rmSync(syncStateFile(home, engine, agent), {force: true})
+          fs.rmSync(engineDiskFile(home, engine, agent), {force: true})
           await cli.check(['volume', 'rm', volume], {signal})
         },
         {waitMs: VOLUME_LOCK_WAIT_MS, signal},

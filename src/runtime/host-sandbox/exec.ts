@@ -233,7 +233,7 @@ export async function sandboxExplain(loaded: LoadedConfig, agentId: string): Pro
         workspace,
         platform: process.platform,
         seatbelt,
-        limits: limitsReport(agent, isolationLevelFor(agent)),
+        limits: limitsReport(agent, isolationLevelFor(agent), loaded.config.engines),
       }
     } finally {
       fs.rmSync(tmpDir, {recursive: true, force: true})
@@ -246,7 +246,7 @@ export async function sandboxExplain(loaded: LoadedConfig, agentId: string): Pro
       workspace: sandbox.workspace,
       platform: process.platform,
       report: enforcementReport(sandbox.policy, sandbox.probe, sandbox.namespaces),
-      limits: limitsReport(sandbox.agent, isolationLevelFor(sandbox.agent)),
+      limits: limitsReport(sandbox.agent, isolationLevelFor(sandbox.agent), loaded.config.engines),
     }
   } finally {
     await sandbox.dispose()

@@ -1,4 +1,4 @@
-import type {AgentConfig, IsolationLevel} from '../config/types.js'
+import type {AgentConfig, EngineConfig, IsolationLevel} from '../config/types.js'
 import {cgroupSupport} from '../../sandbox/run-cgroup.js'
 import {keeperHelper} from '../../sandbox/keeper.js'
 import {sizeBytes} from '../config/size.js'
@@ -15,10 +15,11 @@ export interface LimitReport {
 }
 
 /** What limits an agent's runs get at its level on this host (`sandbox explain`). */
-export function limitsReport(agent: AgentConfig, level: IsolationLevel): LimitReport[] {
+export function limitsReport(agent: AgentConfig, level: IsolationLevel, engines: EngineConfig[] = []): LimitReport[] {
   const {limits} = agent
   const keeper = keeperHelper() !== undefined
   const disk = diskReport(limits.disk, level, keeper)
+  if (level === 'container') disk.how += onRemoteEngines(agent, engines)
   if (level === 'container') {
     return [
       {
@@ -90,6 +91,35 @@ export function limitsReport(agent: AgentConfig, level: IsolationLevel): LimitRe
         : "NOT enforced: no keeper (helper not built); the run's process group is killed at its end, but a gateway crash leaves it running",
     },
   ]
+}
+
+/**
+ * limits.disk on the engines a container run may go to that keep the agent's volume themselves
+ * (not on this machine's unix socket): a Docker engine holds it as a disk image of its own
+ * (container/engine-disk.ts); a Podman engine only bounds what comes back.
+ */
+function onRemoteEngines(agent: AgentConfig, engines: EngineConfig[]): string {
+  const allowed = agent.container_mode.engines
+  const remote = engines.filter(
+    (engine) =>
+      (!allowed || allowed.includes(engine.name)) && (!engine.host?.startsWith('unix://') || engine.kind === 'podman'),
+  )
+  if (remote.length === 0 || sizeBytes(agent.limits.disk, 'limits.disk') < MIN_VOLUME_BYTES) return ''
+  const names = (kind: 'docker' | 'podman') =>
+    remote
+      .filter((engine) => engine.kind === kind)
+      .map((engine) => engine.name)
+      .join(', ')
+  const docker = names('docker')
+  const podman = names('podman')
+  return (
+    (docker
+      ? `; on engine ${docker}: enforced by the kernel there too, the agent's volume being an ext4 image of exactly this size on that engine, attached to a loop device by a setup container of the gateway's (CAP_SYS_ADMIN, loop devices only), mounted nosuid,nodev, and checked by filesystem id before each use (a run there is refused when the engine cannot attach it, unless that engine's best_effort)`
+      : '') +
+    (podman
+      ? `; on Podman engine ${podman}: NOT enforced on the engine (rootless Podman cannot attach a loop device): each file is capped at this size (--ulimit fsize) and what comes back to this machine is bounded by it`
+      : '')
+  )
 }
 
 /** limits.disk: the workspace's own filesystem where the gateway can mount one (workspace/volume.ts), else measured. */

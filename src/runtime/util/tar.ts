@@ -99,6 +99,54 @@ function paxValues(data: Buffer): Map<string, string> {
   return values
 }
 
+/**
+ * Finds where a tar arriving in pieces ends (its two zero blocks), so that a stream carrying one
+ * needs no length up front nor its end: `feed` each piece; `end` is the archive's length once found.
+ */
+export class TarEnd {
+  end: number | undefined
+  private archive = Buffer.alloc(64 * 1024)
+  private length = 0
+  private at = 0
+  private paxSize: number | undefined
+
+  /** The archive up to its end (once found). */
+  archiveOf(): Buffer {
+    return this.archive.subarray(0, this.end ?? this.length)
+  }
+
+  /** Takes the next piece; throws on a header that is not tar's. */
+  feed(piece: Buffer): void {
+    if (this.end !== undefined) return
+    if (this.length + piece.length > this.archive.length) {
+      const grown = Buffer.alloc(Math.max(this.archive.length * 2, this.length + piece.length))
+      this.archive.copy(grown, 0, 0, this.length)
+      this.archive = grown
+    }
+    piece.copy(this.archive, this.length)
+    this.length += piece.length
+    while (this.at + BLOCK <= this.length) {
+      const block = this.archive.subarray(this.at, this.at + BLOCK)
+      if (block.every((byte) => byte === 0)) {
+        if (this.at + 2 * BLOCK > this.length) return
+        if (!this.archive.subarray(this.at + BLOCK, this.at + 2 * BLOCK).every((byte) => byte === 0))
+          throw new Error('tar: one zero block inside the archive')
+        this.end = this.at + 2 * BLOCK
+        return
+      }
+      const size = this.paxSize ?? numeric(block, 124, 12, 'size')
+      const next = this.at + BLOCK + Math.ceil(size / BLOCK) * BLOCK
+      const type = field(block, 156, 1)
+      if (type === 'x') {
+        if (next > this.length) return // its records are needed whole
+        const pax = paxValues(this.archive.subarray(this.at + BLOCK, this.at + BLOCK + size)).get('size')
+        this.paxSize = pax === undefined ? undefined : Number(pax)
+      } else this.paxSize = undefined
+      this.at = next
+    }
+  }
+}
+
 /** Every entry of an archive, in order; `maxBytes` bounds what one entry may hold. */
 export function* readTar(archive: Buffer, maxBytes = Number.POSITIVE_INFINITY): Generator<TarEntry> {
   let at = 0

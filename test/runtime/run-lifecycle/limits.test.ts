@@ -133,6 +133,32 @@ describe.runIf(landlock && cgroups.mode !== 'none')(
       expect(text.stdout).toMatch(/resource limits \(limits section\):\n {2}memory 300m: enforced/)
     })
 
+    it('sandbox explain says how limits.disk holds on each engine a container agent may run on', async () => {
+      const home = makeHome(
+        fakeLlmConfig(
+          llm.openaiBaseUrl,
+          [{id: 'c1', limits: {disk: '2g'}, container_mode: {enabled: true, engines: ['far', 'pod', 'here']}}],
+          {
+            engines: [
+              {name: 'far', host: 'ssh://someone@127.0.0.1'},
+              {name: 'pod', host: 'unix:///run/user/1000/podman/podman.sock', kind: 'podman', best_effort: true},
+              {name: 'here', host: 'unix:///var/run/docker.sock'},
+              {name: 'other', host: 'ssh://someone@127.0.0.1'},
+            ],
+          },
+        ),
+      )
+      homes.push(home)
+      const result = await runCli(['sandbox', 'explain', '--agent', 'c1', '--json'], {home: home.home})
+      const disk = (JSON.parse(result.stdout).limits as Array<{limit: string; how: string}>).find(
+        (line) => line.limit === 'disk',
+      )!
+      expect(disk.how).toMatch(/; on engine far: enforced by the kernel there too, .*ext4 image of exactly this size/)
+      expect(disk.how).toMatch(/; on Podman engine pod: NOT enforced on the engine/)
+      // the local socket binds the host's workspace (its own volume); an engine the agent may not use is not named
+      expect(disk.how).not.toMatch(/engine [a-z, -]*\b(here|other)\b/)
+    })
+
     it('the cgroup limits hold for the unrestricted level too', async () => {
       const home = makeHome(
         fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1', limits: {memory: '256m'}, file_access: {unrestricted: true}}]),

@@ -2,7 +2,7 @@ import fs from 'node:fs'
 import {setTimeout as sleep} from 'node:timers/promises'
 import path from 'node:path'
 import {dockerCli, type DockerCli} from '../../../sandbox/docker/cli.js'
-import {dockerMissing, engineErrorOf} from '../../../sandbox/docker/errors.js'
+import {DockerCommandError, dockerMissing, engineErrorOf} from '../../../sandbox/docker/errors.js'
 import {homeLabel} from '../../../sandbox/docker/containers.js'
 import {CONTAINER_APP, CONTAINER_NODE, LABEL, sha256} from '../../../sandbox/docker/dockerfile.js'
 import {
@@ -30,6 +30,8 @@ import {dockerEngineProblem, markEngineDown, reportEngineAnswered, reportEngineP
 import {engineAnswers, ENGINE_PING_TIMEOUT_MS} from './engine-watch.js'
 import {startAgentContainer, type AgentContainer, type RunShape} from './agent-container.js'
 import {prepareStandby, takeStandby} from './standby-pool.js'
+import {agentDiskFor, agentDiskForStandby} from './agent-disk.js'
+import {EngineVolumeLost, endedOnLostVolume, forgetEngineDiskDevice} from '../../container/engine-disk.js'
 import {setStandbyBudget, standbyIdleMs} from '../standby-budget.js'
 import {splitSyncTrailer} from './sync-trailer.js'
 import {enginesOf, LOCAL_ENGINE, nextPlacement, placeRun, watchEngines, type DockerEngine} from './engines.js'
@@ -245,6 +247,11 @@ async function runPlaced(
     try {
       return await runOnce(request, engine.cli, log, onAnswer, engine)
     } catch (error) {
+      // nothing of the message ran: placed again once, on the image attached anew
+      if (error instanceof EngineVolumeLost && attempt === 0) {
+        log(`${error.message}; attaching it again and placing the run again`)
+        continue
+      }
       const failed = toGatewayError(error)
       if (!configured || (failed.code !== 'E_DOCKER_DOWN' && failed.code !== 'E_DOCKER_HUNG')) throw error
       markEngineDown(engine.name, failed.message.split('\n')[0] ?? failed.code)
@@ -280,7 +287,37 @@ async function runOnce(
   // what `container clean` may remove on a listed engine: the images this home put there
   if (engine && request.config.engines?.length) recordEngineImages(request.home, engine.name, [image.id])
   const sync = engine && syncedVolumeOn(request, engine)
-  const shape = await runShape(request, image, request.signal, sync?.volume, dialect)
+  const disk = sync && (await agentDiskFor(request, engine!, cli, sync, image.id, log))
+  const shape = await runShape(request, image, request.signal, sync?.volume, dialect, disk?.fsid)
+  try {
+    return await runOnVolume(request, cli, log, onAnswer, {engine, image, shape, sync, diskLimit, fsid: disk?.fsid})
+  } catch (error) {
+    // the engine lost the agent's volume (a reboot took its loop device): attached anew before the run is placed again
+    if (sync && error instanceof EngineVolumeLost) {
+      forgetVolume(sync)
+      forgetEngineDiskDevice(request.home, engine!.name, agent.id)
+    }
+    throw error
+  }
+}
+
+async function runOnVolume(
+  request: RunRequest,
+  cli: DockerCli,
+  log: (line: string) => void,
+  onAnswer: (output: AgentRunOutput) => void,
+  placed: {
+    engine: DockerEngine | undefined
+    image: ReadyImage
+    shape: RunShape
+    sync: SyncedVolume | undefined
+    diskLimit: number
+    fsid: string | undefined
+  },
+): Promise<AgentRunOutput> {
+  const {engine, image, shape, sync, diskLimit} = placed
+  const {agent} = request.input
+  const runId = request.input.run_id
   // a standby's volume too is brought to the host's state now, as the message came (its go line)
   let pushed = false
   if (sync) {
@@ -290,7 +327,12 @@ async function runOnce(
       uid: shape.spec.uid,
       gid: shape.spec.gid,
       labels: shape.spec.labels,
+      fsid: placed.fsid,
       signal: request.signal,
+    }).catch((error: unknown) => {
+      if (error instanceof DockerCommandError && endedOnLostVolume(error.result.exitCode, error.result.stderr))
+        throw new EngineVolumeLost(engine!.name, error.message)
+      throw error
     })
     pushed = wrote
     if (sent > 0) log(`workspace sync: sent ${sent} changed file(s) and folder(s) to engine ${engine!.name}`)
@@ -340,8 +382,15 @@ async function runOnce(
         (takenBack ??= (async () => {
           try {
             const {received} = await pullWorkspace(cli, sync, {
-              container: name,
               runId,
+              pushed,
+              helper: {
+                image: image.id,
+                uid: shape.spec.uid,
+                gid: shape.spec.gid,
+                labels: shape.spec.labels,
+                fsid: placed.fsid,
+              },
               workspace: request.input.workspace,
               maxBytes: diskLimit,
               log,
@@ -478,6 +527,11 @@ async function runInStartedContainer(
   }
   await stopping
   const stderrTail = container.stderrTail
+  // agent-run never started: the volume mounted was not the agent's, or could not be mounted
+  if (!channel.spoke && !stopped && endedOnLostVolume(result.exitCode, stderrTail)) {
+    scheduleRemoval(cli, name, log)
+    throw new EngineVolumeLost(undefined, stderrTail.trim().split('\n').pop() ?? 'its container ended before starting')
+  }
   const answer = channel.outcome()
   if (stopped === 'timeout' && deadline.suspendedMs !== undefined && answer) {
     // it answered while this process was stopped, the deadline passing meanwhile: the answer stands
@@ -598,6 +652,9 @@ function prepareNextStandby(
     : nextPlacement(enginesOf(request.config), request.input.agent.container_mode.engines, placedOn)
   if (!injected && !engine) return
   const cli = injected ?? engine!.cli
+  // on a sync engine with a disk image, only once it is attached (a standby would make a plain volume)
+  const disk = engine ? agentDiskForStandby(request, engine) : undefined
+  if (disk === false) return
   setStandbyBudget(request.config.gateway)
   prepareStandby(
     standbySlot(request),
@@ -610,7 +667,14 @@ function prepareNextStandby(
         imageContextFor(request.home, cli, {signal}),
       )
       const dialect = await engineDialect(engine, log)
-      const shape = await runShape(request, image, signal, engine && syncedVolumeOn(request, engine)?.volume, dialect)
+      const shape = await runShape(
+        request,
+        image,
+        signal,
+        engine && syncedVolumeOn(request, engine)?.volume,
+        dialect,
+        disk ? disk.fsid : undefined,
+      )
       const name = containerNameFor(`standby_${randomHex(8)}`)
       return () =>
         startAgentContainer(cli, shape, {
@@ -640,6 +704,8 @@ async function runShape(
   /** The engine-side volume that stands for the workspace on a sync engine. */
   volume?: string,
   dialect: Pick<DockerRunSpec, 'engineKind' | 'unappliedLimits'> = {},
+  /** The volume's filesystem id, when it is the agent's disk image on that engine (engine-disk.ts). */
+  fsid?: string,
 ): Promise<RunShape> {
   const {input} = request
   const {agent} = input
@@ -672,7 +738,7 @@ async function runShape(
     sandboxHelper: bundledSandboxHelper(),
     ...dialect,
     // on a sync engine the same agent-run, followed by the list of what it changed
-    ...(volume ? syncingCommand([CONTAINER_NODE, `${CONTAINER_APP}/bin/run.js`, 'agent-run']) : {}),
+    ...(volume ? syncingCommand([CONTAINER_NODE, `${CONTAINER_APP}/bin/run.js`, 'agent-run'], fsid) : {}),
   }
   return {spec, cliEnv, key: sha256(JSON.stringify([spec, image.id, cliEnv, request.timeoutMs]))}
 }

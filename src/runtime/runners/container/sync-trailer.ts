@@ -1,12 +1,15 @@
 import {PassThrough, type Readable} from 'node:stream'
+import {TarEnd} from '../../util/tar.js'
 
 /**
  * On a sync engine the run's container, once agent-run has ended, writes what the run changed on
  * its stdout after agent-run's last frame (workspace-sync.ts, syncingCommand): a line
- * `SYNC_TRAILER <list bytes> <tar bytes>`, then the name list and the change tar. It comes over the
- * connection the run already has, before the container has even exited: no `docker cp`, no wait
- * for the engine's teardown. Anything in the container could write there too; what it sends is
- * handled exactly as the files `docker cp` would bring (hostile, bounded), so it gains nothing.
+ * `SYNC_TRAILER <list bytes>`, the name list, then the change tar, streamed: it is whole when its
+ * two zero blocks have come, which the host sees as they come (no length up front, no wait for the
+ * end of stdout, which comes only with the container's teardown). Nothing of it is written in the
+ * agent's volume first (a volume at its limits.disk would have no room for it). It comes over the
+ * connection the run already has: no `docker cp`. Anything in the container could write there too; what it sends is handled
+ * exactly as a helper's would be (hostile, bounded), so it gains nothing.
  */
 export const SYNC_TRAILER = 'MEEPA-SYNC-TRAILER'
 
@@ -19,13 +22,14 @@ export interface SplitStdout {
   /** agent-run's frames: everything before the trailer line (for the LLM channel). */
   frames: Readable
   /**
-   * The trailer once whole; undefined when stdout ended without one, or it was malformed or over
-   * `maxBytes` (the host then takes the files with `docker cp`, which bounds them again).
+   * The trailer once its tar is whole; undefined when stdout ended without one, or the trailer
+   * was malformed, cut short or over `maxBytes` (the host then lists the changes again from the
+   * volume, workspace-sync.ts).
    */
   trailer: Promise<SyncTrailer | undefined>
 }
 
-const HEADER = new RegExp(`^${SYNC_TRAILER} (\\d{1,15}) (\\d{1,15})$`)
+const HEADER = new RegExp(`^${SYNC_TRAILER} (\\d{1,15})$`)
 /** Longest line looked at for the trailer's header: frames may be long, the header is not. */
 const MAX_HEADER_BYTES = 64
 
@@ -35,7 +39,7 @@ export function splitSyncTrailer(stdout: Readable, maxBytes: number): SplitStdou
   const trailer = new Promise<SyncTrailer | undefined>((resolve) => (settle = resolve))
   /** The end of the stream after its last newline, held back while it could be the header's start. */
   let pending = Buffer.alloc(0)
-  let body: {listBytes: number; tarBytes: number; chunks: Buffer[]; size: number} | undefined
+  let body: {listBytes: number; list: Buffer[]; listed: number; tar: TarEnd; size: number} | undefined
   let done = false
   const finish = (value: SyncTrailer | undefined) => {
     if (done) return
@@ -46,14 +50,22 @@ export function splitSyncTrailer(stdout: Readable, maxBytes: number): SplitStdou
     settle(value)
   }
   const takeBody = (chunk: Buffer) => {
-    body!.chunks.push(chunk)
-    body!.size += chunk.length
-    const {listBytes, tarBytes, size} = body!
-    if (size < listBytes + tarBytes) return
-    // anything after the announced bytes is not the wrapper's: take nothing from this trailer
-    if (size > listBytes + tarBytes) return finish(undefined)
-    const whole = Buffer.concat(body!.chunks)
-    finish({list: whole.subarray(0, listBytes), changes: whole.subarray(listBytes)})
+    const taking = body!
+    taking.size += chunk.length
+    if (taking.size > maxBytes + 1024 * 1024) return finish(undefined)
+    const toList = Math.min(chunk.length, taking.listBytes - taking.listed)
+    if (toList > 0) {
+      taking.list.push(chunk.subarray(0, toList))
+      taking.listed += toList
+    }
+    if (toList === chunk.length) return
+    try {
+      taking.tar.feed(chunk.subarray(toList))
+    } catch {
+      return finish(undefined)
+    }
+    // what follows the tar's end (tar's record padding) is not taken
+    if (taking.tar.end !== undefined) finish({list: Buffer.concat(taking.list), changes: taking.tar.archiveOf()})
   }
   const onData = (chunk: Buffer) => {
     if (body) return takeBody(chunk)
@@ -65,9 +77,7 @@ export function splitSyncTrailer(stdout: Readable, maxBytes: number): SplitStdou
         newline - start <= MAX_HEADER_BYTES ? HEADER.exec(data.subarray(start, newline).toString('latin1')) : null
       if (header) {
         if (start > 0) frames.write(data.subarray(0, start))
-        const [listBytes, tarBytes] = [Number(header[1]), Number(header[2])]
-        if (listBytes + tarBytes > maxBytes + 1024 * 1024) return finish(undefined)
-        body = {listBytes, tarBytes, chunks: [], size: 0}
+        body = {listBytes: Number(header[1]), list: [], listed: 0, tar: new TarEnd(), size: 0}
         return takeBody(data.subarray(newline + 1))
       }
       start = newline + 1

@@ -2,14 +2,16 @@ import fs from 'node:fs'
 import path from 'node:path'
 import type {DockerCli} from '../../../sandbox/docker/cli.js'
 import {LABEL} from '../../../sandbox/docker/dockerfile.js'
-import {CONTAINER_WORKSPACE} from '../../../sandbox/docker/run-args.js'
+import {CONTAINER_TMP_SIZE, CONTAINER_WORKSPACE} from '../../../sandbox/docker/run-args.js'
 import {GatewayError, toGatewayError} from '../../util/errors.js'
 import {readTar, writeTar, type TarEntry, type TarInput} from '../../util/tar.js'
 import {writeWholeFile} from '../../util/write-whole-file.js'
 import {readRegularFile} from '../../util/regular-file.js'
 import {syncStateFile, syncVolumePrefix} from '../../container/engine-state.js'
 import {makeWorkspaceDirectory, removeWorkspaceEntry, writeWorkspaceFile} from '../../workspace/files.js'
-import {SYNC_TRAILER, type SyncTrailer} from './sync-trailer.js'
+import {volumeCheck} from '../../container/engine-disk.js'
+import {ownContainerArgs} from '../../container/own-container.js'
+import {splitSyncTrailer, SYNC_TRAILER, type SyncTrailer} from './sync-trailer.js'
 
 /**
  * An agent's workspace on an engine that cannot mount the host's path (docs/architecture.md,
@@ -42,6 +44,16 @@ export function snapshotWorkspace(root: string): Snapshot {
   }
   walk(root, '')
   return found
+}
+
+/** The image, user and labels of the short containers that work on an agent's volume. */
+export interface HelperOptions {
+  image: string
+  uid: number
+  gid: number
+  labels: Record<string, string>
+  /** The volume's filesystem id when it is the agent's disk image (engine-disk.ts): checked first. */
+  fsid?: string
 }
 
 export interface SyncedVolume {
@@ -82,34 +94,24 @@ export function forgetVolume(state: SyncedVolume): void {
 /** An unknown volume is emptied first (what the agent made unwritable made writable again: it owns it all). */
 const EMPTY_VOLUME = 'chmod -R u+rwx . 2>/dev/null; find . -mindepth 1 -delete && '
 
-/** Common hardening of the short containers that write the volume: never the agent's code. */
-function helperArgs(volume: string, image: string, user: string, labels: Record<string, string>): string[] {
-  return [
-    'run',
-    '--rm',
-    '-i',
-    '--pull',
-    'never',
-    '--log-driver',
-    'none',
-    '--network',
-    'none',
-    '--read-only',
-    '--cap-drop=ALL',
-    '--security-opt=no-new-privileges',
-    '--pids-limit',
-    '64',
-    '--memory',
-    '256m',
-    '--user',
-    user,
-    ...Object.entries(labels).flatMap(([key, value]) => ['--label', `${key}=${value}`]),
-    '-v',
-    `${volume}:${CONTAINER_WORKSPACE}`,
-    '--entrypoint',
-    '/bin/sh',
+/** A short container of the gateway's own on the agent's volume (own-container.ts). */
+function helperArgs(
+  volume: string,
+  image: string,
+  user: string,
+  labels: Record<string, string>,
+  more: {caps?: string[]; tmp?: boolean} = {},
+): string[] {
+  return ownContainerArgs({
     image,
-  ]
+    user,
+    labels,
+    stdin: true,
+    caps: more.caps,
+    volumes: [`${volume}:${CONTAINER_WORKSPACE}`],
+    // a private /tmp where the change lists are written
+    extra: more.tmp ? ['--tmpfs', `/tmp:rw,nosuid,nodev,size=${CONTAINER_TMP_SIZE}`] : [],
+  })
 }
 
 /**
@@ -125,6 +127,8 @@ export async function pushWorkspace(
     uid: number
     gid: number
     labels: Record<string, string>
+    /** The volume's filesystem id when it is the agent's disk image (engine-disk.ts): checked first. */
+    fsid?: string
     signal?: AbortSignal
   },
 ): Promise<{sent: number; wrote: boolean}> {
@@ -138,12 +142,13 @@ export async function pushWorkspace(
   const removed = synced ? Object.keys(synced).filter((name) => !(name in host)) : []
   if (synced && changed.length === 0 && removed.length === 0) return {sent: 0, wrote: false}
   const labels = {...options.labels, [LABEL.run]: 'workspace-sync'}
+  const checked = options.fsid ? `${volumeCheck(options.fsid)}\n` : ''
   if (!synced) {
     // a new (or unknown) volume is given to the run's user: the one step as root, touching no agent data
-    const rootArgs = helperArgs(state.volume, options.image, '0:0', labels).flatMap((arg) =>
-      arg === '--cap-drop=ALL' ? [arg, '--cap-add=CHOWN'] : [arg],
-    )
-    await cli.check([...rootArgs, '-c', `chown ${options.uid}:${options.gid} ${CONTAINER_WORKSPACE}`], {
+    const rootArgs = helperArgs(state.volume, options.image, '0:0', labels, {caps: ['CHOWN']})
+    // a new disk image's lost+found is root's: the agent could neither read nor list it
+    const chown = `${checked}rmdir ${CONTAINER_WORKSPACE}/lost+found 2>/dev/null; chown ${options.uid}:${options.gid} ${CONTAINER_WORKSPACE}`
+    await cli.check([...rootArgs, '-c', chown], {
       timeoutMs: 60_000,
       signal: options.signal,
     })
@@ -159,7 +164,7 @@ export async function pushWorkspace(
       ...helperArgs(state.volume, options.image, `${options.uid}:${options.gid}`, labels),
       '-c',
       // names come as arguments, never through the shell's parser; `./` keeps a leading `-` a name
-      `cd ${CONTAINER_WORKSPACE} && ${synced ? '' : EMPTY_VOLUME}for name in "$@"; do rm -rf -- "./$name"; done && tar -x --no-same-owner -f -`,
+      `${checked}cd ${CONTAINER_WORKSPACE} && ${synced ? '' : EMPTY_VOLUME}for name in "$@"; do rm -rf -- "./$name"; done && tar -x --no-same-owner -f -`,
       'sh',
       ...removed,
     ],
@@ -189,16 +194,37 @@ function syncToken(runId: string): string {
 }
 
 /**
+ * What changed in the volume since `$since` (nanoseconds since the epoch) on stdout, as the
+ * trailer sync-trailer.ts reads: one walk puts every name in the list and the files and folders
+ * changed since then in a second one (both in the container's own /tmp, never the volume), then
+ * the header, the list, and the change tar streamed.
+ */
+const CHANGES_SINCE = [
+  // nanoseconds since the epoch as find's time: @SECONDS.NANOSECONDS
+  'seconds=${since%?????????}',
+  `cd ${CONTAINER_WORKSPACE} && [ -d ${SYNC_DIR} ]`,
+  `find . -mindepth 1 -path ./${SYNC_DIR} -prune -o -fprint0 /tmp/.meepa-list \\( -type f -o -type d \\) -newerct "@$seconds.\${since#"$seconds"}" -print0 > /tmp/.meepa-changed`,
+  `printf '${SYNC_TRAILER} %s\\n' "$(stat -c %s /tmp/.meepa-list)"`,
+  'cat /tmp/.meepa-list',
+  'tar -c --null --no-recursion --format=posix -f - -T /tmp/.meepa-changed',
+].join(' && ')
+
+/**
  * The run container's program on a sync engine: agent-run starts at once (a standby's waits warm),
  * reading its stdin through a forwarder that first waits for the go line (syncGoLine). Only then
  * is the run's start mark set: a standby started before the host's latest writes reached the volume
  * runs its message on the volume as synced when the message came. After agent-run, every name in
- * the volume is listed and what changed since the mark (ctime: an agent cannot set it back) tarred
- * into SYNC_DIR, then the run id; the list and the tar go out on stdout (sync-trailer.ts), and stay
- * there for the host to take with `docker cp` when they do not arrive whole. A mark that cannot be
- * read ends the forwarder: the run fails and its changes are never taken as a partial list.
+ * the volume is listed and what changed since the mark (ctime: an agent cannot set it back) goes
+ * out on stdout (CHANGES_SINCE, sync-trailer.ts); when it does not arrive whole, the host lists it
+ * again from the volume (listChangesAgain). A mark that cannot be read ends the forwarder: the run
+ * fails and its changes are never taken as a partial list. With `fsid`, a volume that is not the
+ * agent's disk image ends the container before anything else (engine-disk.ts).
  */
-export function syncingCommand(command: string[]): {entrypoint: string; command: string[]} {
+export function syncingCommand(
+  command: string[],
+  /** The volume's filesystem id when it is the agent's disk image: checked before anything runs. */
+  fsid?: string,
+): {entrypoint: string; command: string[]} {
   const sync = `${CONTAINER_WORKSPACE}/${SYNC_DIR}`
   // the forwarder's pid in a file: it is killed when agent-run ends, else it would wait on stdin
   const forwarder = [
@@ -215,16 +241,13 @@ export function syncingCommand(command: string[]): {entrypoint: string; command:
     'exec cat',
   ].join('\n')
   const script = [
+    ...(fsid ? [volumeCheck(fsid)] : []),
     `sh -c '${forwarder}' | { "$@"; status=$?; read -r forwarder < /tmp/.meepa-forwarder && kill "$forwarder" 2>/dev/null; exit $status; }`,
     'status=$?',
     'read -r since run < /tmp/.meepa-start || exit $status',
-    // nanoseconds since the epoch as find's time: @SECONDS.NANOSECONDS
-    'seconds=${since%?????????}',
-    // one walk: every name into the list, the files and folders changed since the mark into the tar
-    `cd ${CONTAINER_WORKSPACE} && [ -d ${SYNC_DIR} ] && find . -mindepth 1 -path ./${SYNC_DIR} -prune -o -fprint0 ${SYNC_DIR}/list \\( -type f -o -type d \\) -newerct "@$seconds.\${since#"$seconds"}" -print0 | tar -c --null --no-recursion --format=posix -f ${SYNC_DIR}/changed.tar -T - && echo "$run" > ${SYNC_DIR}/run`,
-    // the same two files on stdout, after agent-run's last frame (sync-trailer.ts)
-    `[ $status -ne 0 ] || { printf '${SYNC_TRAILER} %s %s\\n' $(stat -c %s ${SYNC_DIR}/list ${SYNC_DIR}/changed.tar) && cat ${SYNC_DIR}/list ${SYNC_DIR}/changed.tar; }`,
-    'exit $status',
+    '[ $status -eq 0 ] || exit $status',
+    // after agent-run's last frame (sync-trailer.ts)
+    `{ ${CHANGES_SINCE}; } || exit 0`,
   ].join('\n')
   return {entrypoint: '/bin/sh', command: ['-c', script, 'sh', ...command]}
 }
@@ -246,18 +269,20 @@ export async function pullWorkspace(
   cli: DockerCli,
   state: SyncedVolume,
   options: {
-    container: string
-    /** The run whose changes these are (its go line's): a list SYNC_DIR holds for another is refused. */
+    /** The run whose changes these are (its go line's): a volume whose mark another run set is refused. */
     runId: string
+    /** Its go line said `pushed` (syncGoLine). */
+    pushed: boolean
     workspace: string
     maxBytes: number
     log: (line: string) => void
-    /** The list and change tar as the container sent them on stdout; else taken with `docker cp`. */
+    /** The list and change tar as the container sent them on stdout; else listed again from the volume. */
     trailer?: SyncTrailer
+    /** What the helper that lists them again runs as. */
+    helper: HelperOptions
   },
 ): Promise<{received: number}> {
-  const {list, changes} =
-    options.trailer ?? (await copyChanges(cli, options.container, options.runId, options.maxBytes))
+  const {list, changes} = options.trailer ?? (await listChangesAgain(cli, state, options))
   const present = new Set(
     list
       .toString('utf8')
@@ -308,45 +333,47 @@ export function applyChanges(
   return received
 }
 
-/** The run's list and change tar, from SYNC_DIR in its container. */
-async function copyChanges(cli: DockerCli, container: string, runId: string, maxBytes: number): Promise<SyncTrailer> {
-  const archive = await copyOut(cli, `${container}:${CONTAINER_WORKSPACE}/${SYNC_DIR}`, maxBytes)
-  let list: Buffer | undefined
-  let changes: Buffer | undefined
-  let run: string | undefined
-  for (const entry of readTar(archive, maxBytes)) {
-    if (entry.name === `${SYNC_DIR}/list` && entry.type === '0') list = entry.data
-    if (entry.name === `${SYNC_DIR}/changed.tar` && entry.type === '0') changes = entry.data
-    if (entry.name === `${SYNC_DIR}/run` && entry.type === '0') run = entry.data.toString('utf8').trim()
-  }
-  if (!list || !changes || run !== syncToken(runId))
+/**
+ * The run's list and change tar when its trailer did not arrive whole (the engine's connection
+ * broke): listed again from the volume by a helper, since the mark this run's go line set, the
+ * way its container would have; a volume whose mark another run set (this one never started) is refused.
+ */
+async function listChangesAgain(
+  cli: DockerCli,
+  state: SyncedVolume,
+  options: {runId: string; pushed: boolean; maxBytes: number; helper: HelperOptions},
+): Promise<SyncTrailer> {
+  const {image, uid, gid, labels, fsid} = options.helper
+  const mark = `${CONTAINER_WORKSPACE}/${SYNC_DIR}/mark`
+  const script = [
+    volumeCheck(fsid),
+    `read -r run < ${mark} && [ "$run" = "$1" ] || exit ${NO_MARK_EXIT}`,
+    `since=$(date -r ${mark} +%s%N)`,
+    '[ "$2" = pushed ] || since=$((since - 1))',
+    CHANGES_SINCE,
+  ].join('\n')
+  const child = cli.spawn(
+    [
+      ...helperArgs(state.volume, image, `${uid}:${gid}`, {...labels, [LABEL.run]: 'workspace-sync'}, {tmp: true}),
+      '-c',
+      script,
+      'sh',
+      syncToken(options.runId),
+      options.pushed ? 'pushed' : 'clean',
+    ],
+    {streamStdout: true, timeoutMs: 120_000},
+  )
+  const {frames, trailer} = splitSyncTrailer(child.stdout!, options.maxBytes)
+  frames.resume()
+  const [listed, result] = await Promise.all([trailer, child])
+  if (listed) return listed
+  if (result.exitCode === NO_MARK_EXIT)
     throw new GatewayError('E_WORKSPACE', "the run's container left no list of its changes (it did not finish)")
-  return {list, changes}
+  throw new GatewayError(
+    'E_WORKSPACE',
+    `could not list the run's changes on the engine (exit ${result.exitCode}): ${String(result.stderr).trim().split('\n').slice(-2).join('; ')}`,
+  )
 }
 
-/** `docker cp SRC -`, bounded: an archive over `maxBytes` is refused, not buffered. */
-async function copyOut(cli: DockerCli, source: string, maxBytes: number): Promise<Buffer> {
-  const child = cli.spawn(['cp', source, '-'], {streamStdout: true, timeoutMs: 120_000})
-  const chunks: Buffer[] = []
-  let size = 0
-  let over = false
-  child.stdout?.on('data', (chunk: Buffer) => {
-    size += chunk.length
-    if (size > maxBytes + 1024 * 1024) {
-      over = true
-      child.kill('SIGKILL')
-    } else chunks.push(chunk)
-  })
-  const result = await child
-  if (over)
-    throw new GatewayError(
-      'E_WORKSPACE',
-      `the run's changes are over ${maxBytes} bytes (limits.disk); none were taken back`,
-    )
-  if (result.exitCode !== 0)
-    throw new GatewayError(
-      'E_WORKSPACE',
-      `could not take the run's changes from the engine: ${String(result.stderr).trim()}`,
-    )
-  return Buffer.concat(chunks)
-}
+/** The exit status of a helper that found no mark of the run in the volume. */
+const NO_MARK_EXIT = 97

@@ -9,7 +9,7 @@ import {waitFor} from '../../../helpers/wait-for.js'
 import {freePort} from '../../../helpers/free-port.js'
 import {fakeLlmConfig, makeHome, type TestHome} from '../../../helpers/home.js'
 import {startServe, type ServeProcess} from '../../../helpers/serve.js'
-import {describeWithDocker} from '../../../helpers/docker-env.js'
+import {BASE_IMAGE, describeWithDocker} from '../../../helpers/docker-env.js'
 import {startOwnEngine, type OwnEngine} from '../../../helpers/own-engine.js'
 import {expectNoKeyOnEngine, healthzNamesDown, inAgentVolume, lastEngineOf} from '../../../helpers/engine-scan.js'
 import {DockerCli} from '../../../../src/sandbox/docker/cli.js'
@@ -64,6 +64,9 @@ describeWithDocker('container runs on a remote engine over mutual TLS (own engin
     const [id = '', name = ''] = line!.split(' ')
     return {id, name}
   }
+  /** The agent's workspace volume on the remote engine. */
+  const volumeName = async (agent: string) =>
+    (await engine.docker(['volume', 'ls', '-q'])).stdout.split('\n').find((name) => name.endsWith(`-${agent}`))!
   /** What the agent's volume on the remote engine holds. */
   const volumeFiles = async (agent: string) =>
     (await inVolume(agent, 'ls', '-A', '/w')).stdout.split('\n').filter(Boolean)
@@ -84,8 +87,10 @@ describeWithDocker('container runs on a remote engine over mutual TLS (own engin
         ...(engines ? {engines} : {}),
       },
     })
+    // limits.disk of 8m: on the remote engine, an ext4 image of that size (engine-disk.ts)
+    const small = {...agent('small', ['remote']), limits: {disk: '8m'}}
     home = makeHome(
-      fakeLlmConfig(llm.openaiBaseUrl, [agent('far', ['remote']), agent('any')], {
+      fakeLlmConfig(llm.openaiBaseUrl, [agent('far', ['remote']), agent('any'), small], {
         captain: {enabled: true, bind: '127.0.0.1', port},
         engines: [
           {name: 'remote', host: tls.host, tls: {ca: tls.ca, cert: tls.cert, key: tls.key}, max_runs: 4},
@@ -202,6 +207,125 @@ describeWithDocker('container runs on a remote engine over mutual TLS (own engin
       engineArgs: engineArgsOf({name: 'x', host: tls.host, kind: 'docker', max_runs: 1, insecure: false, tls}),
     }).ping({timeoutMs: 10_000})
   }, 60_000)
+
+  /** What the gateway recorded of an agent's disk image on the remote engine. */
+  const diskOf = (agent: string) =>
+    JSON.parse(
+      fs.readFileSync(path.join(home.home, 'cache', 'engine-sync', 'remote', `${agent}.disk.json`), 'utf8'),
+    ) as {
+      device: string
+      image: string
+    }
+  /** A root shell on the engine's host that may attach and detach loop devices (as a reboot would). */
+  const onEngineHost = (script: string) =>
+    engine.docker([
+      'run',
+      '--rm',
+      '--cap-add=SYS_ADMIN',
+      '--device-cgroup-rule',
+      'b 7:* rwm',
+      '--device-cgroup-rule',
+      'c 10:237 rwm',
+      '-v',
+      '/dev:/dev',
+      '-v',
+      'meepa-test-impostor:/impostor',
+      '--entrypoint',
+      '/bin/sh',
+      BASE_IMAGE,
+      '-c',
+      `{ ${script}; } 2>&1`,
+    ])
+  /** The agent's containers on the engine removed, as a host restart would (the volume is then mounted by none). */
+  const removeAgentContainers = async (agent: string) => {
+    await remoteStandby(agent) // the one the last run started: none comes after it
+
+    const ids = (await engine.docker(['ps', '-aq', '--filter', `label=meepagateway.agent=${agent}`])).stdout
+    if (ids.trim()) await engine.docker(['rm', '-f', ...ids.trim().split('\n')])
+  }
+
+  it("holds limits.disk on the engine: the agent's volume there is a filesystem of that size, and a write past it fails", async () => {
+    const reply = await serve!.chat(
+      'small',
+      'RUN: echo kept > keep.txt; mkdir -p a/b/c; dd if=/dev/zero of=a/b/c/big bs=1M count=20 2>&1 | head -n 2; echo wrote',
+    )
+    expect(reply.reply, serve!.output().slice(-2000)).toContain('No space left on device')
+    expect(serve!.output()).toMatch(/limits\.disk: agent small's volume on engine remote is its \d+-byte filesystem/)
+    // the engine's own view: the volume is ext4 of at most 8 MiB, and holds no more
+    const df = await inVolume('small', 'df', '-k', '--output=fstype,size,used', '/w')
+    const [, sizeK = '0', usedK = '0'] = df.stdout.split('\n')[1]!.trim().split(/\s+/)
+    expect(Number(sizeK)).toBeLessThanOrEqual(8 * 1024)
+    expect(Number(usedK)).toBeLessThanOrEqual(8 * 1024)
+    const options = (
+      await engine.docker(['volume', 'inspect', '--format', '{{json .Options}}', `${await volumeName('small')}`])
+    ).stdout
+    expect(JSON.parse(options)).toMatchObject({
+      type: 'ext4',
+      device: diskOf('small').device,
+      o: expect.stringContaining('nosuid,nodev'),
+    })
+    // the next message still runs there and sees the first one's files
+    expect((await serve!.chat('small', 'RUN: cat keep.txt')).reply).toContain('kept')
+  }, 180_000)
+
+  it('a loop device lost with the engine host (gone, or backing another filesystem) is never written: the image is attached anew and the run placed again', async () => {
+    await serve!.chat('small', 'RUN: echo before-reboot > mine.txt')
+    // the "reboot": the agent's device now backs another filesystem, with a file of its own
+    await removeAgentContainers('small')
+    const {device} = diskOf('small')
+    const impostor = await onEngineHost(
+      `set -e; losetup -d ${device}; fallocate -l 8M /impostor/other.ext4; mkfs.ext4 -q -F /impostor/other.ext4; ` +
+        `losetup ${device} /impostor/other.ext4; echo attached`,
+    )
+    expect(impostor.stdout).toContain('attached')
+    const other = ['--opt', 'type=ext4', '--opt', `device=${device}`, 'meepa-test-other']
+    await engine.docker(['volume', 'create', ...other])
+    await engine.docker([
+      'run',
+      '--rm',
+      '-v',
+      'meepa-test-other:/o',
+      '--entrypoint',
+      '/bin/sh',
+      BASE_IMAGE,
+      '-c',
+      'echo other-agent > /o/theirs.txt',
+    ])
+    // a change on the host makes the gateway push first: that push must not touch the other filesystem
+    fs.writeFileSync(path.join(workspace('small'), 'host-edit.txt'), 'edited')
+    const before = serve!.output().length
+    const reply = await serve!.chat('small', 'RUN: ls && cat mine.txt host-edit.txt')
+    expect(reply.reply, serve!.output().slice(before)).toContain('before-reboot')
+    expect(reply.reply).toContain('edited')
+    expect(reply.reply).not.toContain('theirs.txt')
+    expect(serve!.output().slice(before)).toMatch(/is not this agent's filesystem any more.*placing the run again/)
+    expect(diskOf('small').device).not.toBe(device)
+    // the other filesystem is as it was: nothing emptied, nothing pushed into it
+    const theirs = await engine.docker([
+      'run',
+      '--rm',
+      '-v',
+      'meepa-test-other:/o',
+      '--entrypoint',
+      'ls',
+      BASE_IMAGE,
+      '-A',
+      '/o',
+    ])
+    expect(theirs.stdout.split('\n').filter(Boolean).sort()).toEqual(['lost+found', 'theirs.txt'])
+
+    // the device simply gone (detached): the engine cannot mount the volume; the run still happens once
+    await removeAgentContainers('small')
+    const second = diskOf('small').device
+    await onEngineHost(`losetup -d ${second}`)
+    const after = serve!.output().length
+    const again = await serve!.chat('small', 'RUN: cat mine.txt && echo once >> runs.txt && cat runs.txt')
+    expect(again.reply, serve!.output().slice(after)).toContain('before-reboot')
+    expect(again.reply.match(/once/g)).toHaveLength(1)
+    expect(serve!.output().slice(after)).toMatch(/placing the run again/)
+    await engine.docker(['volume', 'rm', 'meepa-test-other'])
+    await onEngineHost(`losetup -d ${device} || true`)
+  }, 240_000)
 
   for (const fault of ['SIGSTOP', 'SIGKILL'] as const) {
     it(`an engine that stops answering (${fault}) is marked down, runs go to the local engine, and it is used again when back`, async () => {

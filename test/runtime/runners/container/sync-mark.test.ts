@@ -18,8 +18,8 @@ import {BASE_IMAGE, describeWithDocker} from '../../../helpers/docker-env.js'
 /*
  * A run container on a sync engine (workspace-sync.ts, syncingCommand) against a real engine: what
  * the run writes after its go line comes back, what the volume held before does not, nor what the
- * push wrote just before the go line; and a change list an earlier run left in the volume is never
- * taken for this run's.
+ * push wrote just before the go line; changes listed again from the volume are never another
+ * run's; and a run that filled its volume still sends what it changed.
  */
 /** A volume on the local engine; `coarse`: on an ext4 with 128-byte inodes, which stamps whole seconds. */
 interface TestVolume {
@@ -74,6 +74,7 @@ for (const coarse of [false, true])
         pushed: boolean,
         command: string,
         beforeGo?: (name: string) => Promise<void>,
+        maxBytes = 1024 * 1024,
       ) => {
         const name = `meepa-test-sync-mark-${tag}-${containers.length}`
         containers.push(name)
@@ -83,7 +84,7 @@ for (const coarse of [false, true])
           ['run', '-i', '--name', name, '-v', `${volume}:/workspace`, '--entrypoint', entrypoint, BASE_IMAGE, ...args],
           {buffer: false, reject: false},
         )
-        const split = splitSyncTrailer(child.stdout!, 1024 * 1024)
+        const split = splitSyncTrailer(child.stdout!, maxBytes)
         split.frames.resume()
         while ((await docker(['exec', name, 'test', '-s', '/tmp/.meepa-forwarder'])).exitCode !== 0)
           await new Promise((resolve) => setTimeout(resolve, 50))
@@ -93,7 +94,7 @@ for (const coarse of [false, true])
         await child
         expect(trailer).toBeDefined()
         const names = trailer!.list.toString('utf8').split('\0').filter(Boolean).sort()
-        const changed = [...readTar(trailer!.changes, 1024 * 1024)]
+        const changed = [...readTar(trailer!.changes, maxBytes)]
           .filter((entry) => entry.type === '0')
           .map((entry) => entry.name.replace(/^\.\//, ''))
           .sort()
@@ -131,18 +132,39 @@ for (const coarse of [false, true])
         expect(changed).toEqual(['mine.txt'])
       })
 
-      it('never takes a change list an earlier run left for this run’s (docker cp after a lost trailer)', async () => {
-        const {name} = await run('run_earlier', false, 'cat > /dev/null; echo x > /workspace/earlier.txt')
+      it('never takes changes for a run whose mark is not in the volume (listed again after a lost trailer)', async () => {
+        await run('run_earlier', false, 'cat > /dev/null; echo x > /workspace/earlier.txt')
         const workspace = fs.mkdtempSync(path.join(root, 'ws-'))
         const state: SyncedVolume = {volume, synced: {}, file: path.join(root, 'state.json')}
-        const options = {container: name, workspace, maxBytes: 1024 * 1024, log: () => {}}
-        // a later run whose trailer was lost finds only the earlier run's list in the volume
+        const options = {
+          workspace,
+          maxBytes: 1024 * 1024,
+          log: () => {},
+          pushed: false,
+          helper: {image: BASE_IMAGE, uid: 0, gid: 0, labels: {}},
+        }
+        // a later run whose trailer was lost, and that never set its mark, finds the earlier run's
         await expect(pullWorkspace(dockerCli(), state, {...options, runId: 'run_later'})).rejects.toThrow(
           /left no list of its changes/,
         )
         expect(fs.existsSync(path.join(workspace, 'earlier.txt'))).toBe(false)
+        // the run that set it gets its changes listed again from the volume
         await pullWorkspace(dockerCli(), state, {...options, runId: 'run_earlier'})
         expect(fs.readFileSync(path.join(workspace, 'earlier.txt'), 'utf8')).toBe('x\n')
       })
+
+      if (coarse)
+        it('sends back what a run changed when it filled its volume (the list is never written there)', async () => {
+          const {changed} = await run(
+            'run_full',
+            false,
+            'cat > /dev/null; echo small > /workspace/small.txt; dd if=/dev/zero of=/workspace/fill bs=1M count=100 2>/dev/null; true',
+            undefined,
+            128 * 1024 * 1024,
+          )
+          // (with the mark's whole second: what the last run wrote then may come once more)
+          expect(changed).toEqual(expect.arrayContaining(['fill', 'small.txt']))
+          await writeVolume('rm -f /workspace/fill')
+        })
     },
   )

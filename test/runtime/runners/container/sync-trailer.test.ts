@@ -1,11 +1,13 @@
 import {PassThrough} from 'node:stream'
 import {describe, expect, it} from 'vitest'
 import {splitSyncTrailer, SYNC_TRAILER} from '../../../../src/runtime/runners/container/sync-trailer.js'
+import {writeTar} from '../../../../src/runtime/util/tar.js'
 
 /*
  * A sync engine's run container sends agent-run's frames, then the run's changes, on one stdout.
  * The frames must reach the LLM channel whole and alone however the stream is cut; the trailer is
- * taken only when it is exactly what its header announced and within the bound.
+ * taken once its tar has arrived whole (up to its two zero blocks), within the bound, before
+ * stdout ends.
  */
 
 async function split(chunks: Array<string | Buffer>, maxBytes = 1024) {
@@ -25,32 +27,44 @@ async function split(chunks: Array<string | Buffer>, maxBytes = 1024) {
 }
 
 const FRAMES = '{"type":"llm_request","id":1}\n{"type":"result","output":{}}\n'
-const trailerOf = (list: string, tar: string) => `${SYNC_TRAILER} ${list.length} ${tar.length}\n${list}${tar}`
+/** A real tar of one file (header, data, then its two zero blocks), as latin1 text. */
+const TAR = writeTar([{name: 'f', type: '0', mode: 0o644, mtimeMs: 0, data: Buffer.from('TARDATA')}]).toString('latin1')
+const trailerOf = (list: string, tar: string) => `${SYNC_TRAILER} ${list.length}\n${list}${tar}`
 
 describe('a sync engine’s stdout: frames, then the run’s changes', () => {
   it('gives the frames to the channel and the list and tar to the host, in one chunk or byte by byte', async () => {
-    const whole = FRAMES + trailerOf('a\0b\0', 'TARDATA')
+    const whole = FRAMES + trailerOf('a\0b\0', TAR)
     for (const chunks of [[whole], whole.split('')]) {
-      const {frames, trailer} = await split(chunks)
+      const {frames, trailer} = await split(chunks, 4096)
       expect(frames).toBe(FRAMES)
       expect(trailer?.list.toString()).toBe('a\0b\0')
-      expect(trailer?.changes.toString()).toBe('TARDATA')
+      expect(trailer?.changes.toString()).toBe(TAR)
     }
   })
 
   it('passes a frame that only starts like the header on to the channel', async () => {
-    const lookalike = `${SYNC_TRAILER} 1 2 3\n${SYNC_TRAILER.slice(0, 5)}\n`
+    const lookalike = `${SYNC_TRAILER} 1 2\n${SYNC_TRAILER.slice(0, 5)}\n`
     const {frames, trailer} = await split([FRAMES, lookalike.slice(0, 7), lookalike.slice(7)])
     expect(frames).toBe(FRAMES + lookalike)
     expect(trailer).toBeUndefined()
   })
 
-  it('takes nothing when the trailer is over the bound, short, or followed by more than it announced', async () => {
-    const over = await split([FRAMES, `${SYNC_TRAILER} 10 ${2 * 1024 * 1024}\n0123456789`], 1024)
+  it('takes nothing when the trailer is over the bound, cut short, or not a tar', async () => {
+    const over = await split([FRAMES, trailerOf('a\0', 'x'.repeat(2 * 1024 * 1024) + TAR)], 1024)
     expect(over.trailer).toBeUndefined()
     expect(over.frames).toBe(FRAMES)
-    expect((await split([FRAMES, `${SYNC_TRAILER} 4 10\nab`])).trailer).toBeUndefined()
-    expect((await split([FRAMES, `${trailerOf('a\0', 'T')}forged`])).trailer).toBeUndefined()
+    expect((await split([FRAMES, trailerOf('a\0', TAR.slice(0, 1000))], 4096)).trailer).toBeUndefined()
+    expect((await split([FRAMES, trailerOf('a\0', 'NOT A TAR'.padEnd(1536, '.'))], 4096)).trailer).toBeUndefined()
+  })
+
+  it('takes the tar up to its end, before stdout ends, and nothing written after it', async () => {
+    const stdout = new PassThrough()
+    const {frames, trailer} = splitSyncTrailer(stdout, 4096)
+    frames.resume()
+    stdout.write(Buffer.from(FRAMES + trailerOf('a\0', TAR) + 'forged', 'latin1'))
+    const taken = await trailer // stdout still open: the container has not exited yet
+    expect(taken?.changes.toString('latin1')).toBe(TAR)
+    stdout.end()
   })
 
   it('ends the frames when stdout ends without a trailer (a run that failed)', async () => {
