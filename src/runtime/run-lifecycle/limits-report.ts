@@ -105,19 +105,24 @@ function onRemoteEngines(agent: AgentConfig, engines: EngineConfig[]): string {
       (!allowed || allowed.includes(engine.name)) && (!engine.host?.startsWith('unix://') || engine.kind === 'podman'),
   )
   if (remote.length === 0 || sizeBytes(agent.limits.disk, 'limits.disk') < MIN_VOLUME_BYTES) return ''
-  const names = (kind: 'docker' | 'podman') =>
+  const names = (which: (engine: EngineConfig) => boolean) =>
     remote
-      .filter((engine) => engine.kind === kind)
+      .filter(which)
       .map((engine) => engine.name)
       .join(', ')
-  const docker = names('docker')
-  const podman = names('podman')
+  const here = (engine: EngineConfig) => engine.host?.startsWith('unix://') === true
+  const docker = names((engine) => engine.kind === 'docker')
+  const podmanHere = names((engine) => engine.kind === 'podman' && here(engine))
+  const podman = names((engine) => engine.kind === 'podman' && !here(engine))
   return (
     (docker
       ? `; on engine ${docker}: enforced by the kernel there too, the agent's volume being an ext4 image of exactly this size on that engine, attached to a loop device by a setup container of the gateway's (CAP_SYS_ADMIN, loop devices only), mounted nosuid,nodev, and checked by filesystem id before each use (a run there is refused when the engine cannot attach it, unless that engine's best_effort)`
       : '') +
+    (podmanHere
+      ? `; on Podman engine ${podmanHere} (on this machine): measured during and after the run in the engine's volume here, as a workspace is (rootless Podman cannot attach a loop device), the run stopped with E_DISK when over; each file is capped at this size (ulimit -f)`
+      : '') +
     (podman
-      ? `; on Podman engine ${podman}: NOT enforced on the engine (rootless Podman cannot attach a loop device): each file is capped at this size (--ulimit fsize) and what comes back to this machine is bounded by it`
+      ? `; on Podman engine ${podman}: NOT enforced on the engine (rootless Podman cannot attach a loop device, and its volume is not on this machine to measure): each file is capped at this size (ulimit -f) and what comes back to this machine is bounded by it`
       : '')
   )
 }

@@ -137,11 +137,18 @@ describe.runIf(landlock && cgroups.mode !== 'none')(
       const home = makeHome(
         fakeLlmConfig(
           llm.openaiBaseUrl,
-          [{id: 'c1', limits: {disk: '2g'}, container_mode: {enabled: true, engines: ['far', 'pod', 'here']}}],
+          [
+            {
+              id: 'c1',
+              limits: {disk: '2g'},
+              container_mode: {enabled: true, engines: ['far', 'pod', 'podfar', 'here']},
+            },
+          ],
           {
             engines: [
               {name: 'far', host: 'ssh://someone@127.0.0.1'},
               {name: 'pod', host: 'unix:///run/user/1000/podman/podman.sock', kind: 'podman', best_effort: true},
+              {name: 'podfar', host: 'tcp://127.0.0.1:2376', kind: 'podman', insecure: true},
               {name: 'here', host: 'unix:///var/run/docker.sock'},
               {name: 'other', host: 'ssh://someone@127.0.0.1'},
             ],
@@ -154,7 +161,8 @@ describe.runIf(landlock && cgroups.mode !== 'none')(
         (line) => line.limit === 'disk',
       )!
       expect(disk.how).toMatch(/; on engine far: enforced by the kernel there too, .*ext4 image of exactly this size/)
-      expect(disk.how).toMatch(/; on Podman engine pod: NOT enforced on the engine/)
+      expect(disk.how).toMatch(/; on Podman engine pod \(on this machine\): measured during and after the run/)
+      expect(disk.how).toMatch(/; on Podman engine podfar: NOT enforced on the engine/)
       // the local socket binds the host's workspace (its own volume); an engine the agent may not use is not named
       expect(disk.how).not.toMatch(/engine [a-z, -]*\b(here|other)\b/)
     })

@@ -1,3 +1,5 @@
+import fs from 'node:fs'
+import path from 'node:path'
 import {homeLabel} from '../../../sandbox/docker/containers.js'
 import {LABEL} from '../../../sandbox/docker/dockerfile.js'
 import type {DockerCli} from '../../../sandbox/docker/cli.js'
@@ -72,4 +74,28 @@ export function agentDiskForStandby(request: RunRequest, engine: DockerEngine): 
   if (bytes === undefined) return undefined
   const known = readEngineDisk(request.home, engine.name, request.input.agent.id)
   return known?.device && known.bytes === bytes ? known : false
+}
+
+/** Volume paths on this machine, by engine and volume: a volume's mount point does not move. */
+const volumesHere = new Map<string, string>()
+
+/**
+ * Where a Podman engine of this machine (a unix:// socket) keeps the agent's volume, for limits.disk
+ * to be measured there during the run as a workspace is (rootless Podman cannot attach a disk
+ * image); undefined for any other engine, or a path this process cannot see.
+ */
+export async function podmanVolumeHere(
+  cli: DockerCli,
+  engine: DockerEngine,
+  volume: string,
+): Promise<string | undefined> {
+  if (engine.config?.kind !== 'podman' || !engine.config.host?.startsWith('unix://')) return undefined
+  const key = `${engine.name}/${volume}`
+  const known = volumesHere.get(key)
+  if (known && fs.existsSync(known)) return known
+  const inspected = await cli.exec(['volume', 'inspect', '--format', '{{.Mountpoint}}', volume])
+  const dir = inspected.stdout.trim()
+  if (inspected.exitCode !== 0 || !path.isAbsolute(dir) || !fs.existsSync(dir)) return undefined
+  volumesHere.set(key, dir)
+  return dir
 }

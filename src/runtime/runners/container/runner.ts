@@ -30,7 +30,7 @@ import {dockerEngineProblem, markEngineDown, reportEngineAnswered, reportEngineP
 import {engineAnswers, ENGINE_PING_TIMEOUT_MS} from './engine-watch.js'
 import {startAgentContainer, type AgentContainer, type RunShape} from './agent-container.js'
 import {prepareStandby, takeStandby} from './standby-pool.js'
-import {agentDiskFor, agentDiskForStandby} from './agent-disk.js'
+import {agentDiskFor, agentDiskForStandby, podmanVolumeHere} from './agent-disk.js'
 import {EngineVolumeLost, endedOnLostVolume, forgetEngineDiskDevice} from '../../container/engine-disk.js'
 import {setStandbyBudget, standbyIdleMs} from '../standby-budget.js'
 import {splitSyncTrailer} from './sync-trailer.js'
@@ -364,9 +364,11 @@ async function runOnVolume(
     log,
   )
   request.onStarted?.()
-  // limits.disk: the workspace is a bind mount, measured from here (see disk-limit.ts)
+  // limits.disk: the workspace is a bind mount, measured from here (see disk-limit.ts); on a Podman
+  // engine of this machine, its volume (on a Docker engine elsewhere, the disk image holds it)
+  const measured = (sync && engine && (await podmanVolumeHere(cli, engine, sync.volume))) || request.input.workspace
   let overWhileRunning: DiskUsage | undefined
-  const diskWatch = watchDiskUsage([request.input.workspace], diskLimit, (usage) => {
+  const diskWatch = watchDiskUsage([measured], diskLimit, (usage) => {
     overWhileRunning = usage
     void cli.exec(['kill', name], {timeoutMs: KILL_TIMEOUT_MS}).catch(() => {})
   })

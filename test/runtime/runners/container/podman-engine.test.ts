@@ -140,6 +140,21 @@ describeWithPodman('container runs on rootless Podman (its Docker-compatible soc
     expect(fs.readFileSync(path.join(workspace('farpod'), 'far.txt'), 'utf8')).toBe('made-far\n')
   }, 180_000)
 
+  it("measures limits.disk in the engine's volume on this machine: a run writing past it is stopped with E_DISK", async () => {
+    // three files each under the per-file cap (8m), 18 MB together
+    const reply = await serve!.chat(
+      'pod',
+      'RUN: for i in 1 2 3; do dd if=/dev/zero of=fill-$i bs=1M count=6 2>/dev/null; done; sleep 10; echo finished',
+    )
+    expect(reply.reply, serve!.output().slice(-2000)).toMatch(/workspace is full/)
+    expect(reply.reply).not.toContain('finished')
+    // nothing of it came back, and the next run there starts from the host's copy, without it
+    expect(fs.readdirSync(workspace('pod')).filter((name) => name.startsWith('fill-'))).toEqual([])
+    const next = await serve!.chat('pod', 'RUN: ls && echo listed')
+    expect(next.reply).toContain('listed')
+    expect(next.reply).not.toContain('fill-')
+  }, 180_000)
+
   it('hardening holds inside: read-only root, no capabilities, no new privileges, non-root, no network, file size, init', async () => {
     const script = [
       'id -u',
