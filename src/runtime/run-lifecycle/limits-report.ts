@@ -122,7 +122,7 @@ function onRemoteEngines(agent: AgentConfig, engines: EngineConfig[]): string {
       ? `; on Podman engine ${podmanHere} (on this machine): measured during and after the run in the engine's volume here, as a workspace is (rootless Podman cannot attach a loop device), the run stopped with E_DISK when over; each file is capped at this size (ulimit -f)`
       : '') +
     (podman
-      ? `; on Podman engine ${podman}: NOT enforced on the engine (rootless Podman cannot attach a loop device, and its volume is not on this machine to measure): each file is capped at this size (ulimit -f) and what comes back to this machine is bounded by it`
+      ? `; on Podman engine ${podman}: measured on the engine during the run (rootless Podman cannot attach a loop device, and its volume is not on this machine), by a container of the gateway's beside the run reading the volume with du every 2 s, the run stopped with E_DISK when over; what it wrote after the last reading is bounded by what comes back to this machine; each file is capped at this size (ulimit -f)`
       : '')
   )
 }

@@ -31,6 +31,7 @@ import {engineAnswers, ENGINE_PING_TIMEOUT_MS} from './engine-watch.js'
 import {startAgentContainer, type AgentContainer, type RunShape} from './agent-container.js'
 import {prepareStandby, takeStandby} from './standby-pool.js'
 import {agentDiskFor, agentDiskForStandby, podmanVolumeHere} from './agent-disk.js'
+import {watchVolumeOnEngine} from './volume-watch.js'
 import {EngineVolumeLost, endedOnLostVolume, forgetEngineDiskDevice} from '../../container/engine-disk.js'
 import {setStandbyBudget, standbyIdleMs} from '../standby-budget.js'
 import {splitSyncTrailer} from './sync-trailer.js'
@@ -366,12 +367,21 @@ async function runOnVolume(
   request.onStarted?.()
   // limits.disk: the workspace is a bind mount, measured from here (see disk-limit.ts); on a Podman
   // engine of this machine, its volume (on a Docker engine elsewhere, the disk image holds it)
-  const measured = (sync && engine && (await podmanVolumeHere(cli, engine, sync.volume))) || request.input.workspace
+  // engine of this machine, its volume; on another engine without a disk image, on the engine itself
+  const here = sync && engine && (await podmanVolumeHere(cli, engine, sync.volume))
   let overWhileRunning: DiskUsage | undefined
-  const diskWatch = watchDiskUsage([measured], diskLimit, (usage) => {
+  const onOver = (usage: DiskUsage) => {
     overWhileRunning = usage
     void cli.exec(['kill', name], {timeoutMs: KILL_TIMEOUT_MS}).catch(() => {})
-  })
+  }
+  const diskWatch =
+    sync && !placed.fsid && !here
+      ? watchVolumeOnEngine(
+          cli,
+          {volume: sync.volume, image: image.id, labels: shape.spec.labels, limitBytes: diskLimit},
+          onOver,
+        )
+      : watchDiskUsage([here || request.input.workspace], diskLimit, onOver)
   try {
     let pulled = false
     // on a sync engine the run's changes come after its last frame (sync-trailer.ts), taken back

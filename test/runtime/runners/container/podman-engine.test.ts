@@ -140,19 +140,37 @@ describeWithPodman('container runs on rootless Podman (its Docker-compatible soc
     expect(fs.readFileSync(path.join(workspace('farpod'), 'far.txt'), 'utf8')).toBe('made-far\n')
   }, 180_000)
 
-  it("measures limits.disk in the engine's volume on this machine: a run writing past it is stopped with E_DISK", async () => {
-    // three files each under the per-file cap (8m), 18 MB together
+  /** A run writing three files each under the per-file cap (8m), 18 MB together: stopped with E_DISK, nothing of it on the host. */
+  const expectStoppedPastLimit = async (agent: string) => {
     const reply = await serve!.chat(
-      'pod',
+      agent,
       'RUN: for i in 1 2 3; do dd if=/dev/zero of=fill-$i bs=1M count=6 2>/dev/null; done; sleep 10; echo finished',
     )
     expect(reply.reply, serve!.output().slice(-2000)).toMatch(/workspace is full/)
     expect(reply.reply).not.toContain('finished')
-    // nothing of it came back, and the next run there starts from the host's copy, without it
-    expect(fs.readdirSync(workspace('pod')).filter((name) => name.startsWith('fill-'))).toEqual([])
+    expect(fs.readdirSync(workspace(agent)).filter((name) => name.startsWith('fill-'))).toEqual([])
+  }
+
+  it("measures limits.disk in the engine's volume on this machine: a run writing past it is stopped with E_DISK", async () => {
+    await expectStoppedPastLimit('pod')
+    // the next run there starts from the host's copy, without it
     const next = await serve!.chat('pod', 'RUN: ls && echo listed')
     expect(next.reply).toContain('listed')
     expect(next.reply).not.toContain('fill-')
+  }, 180_000)
+
+  it('measures limits.disk on a Podman engine elsewhere from a container beside the run: a run writing past it is stopped', async () => {
+    await expectStoppedPastLimit('farpod')
+    // the measuring container goes with the run
+    await waitFor(
+      'no measuring container left on the engine',
+      async () =>
+        (await podmanDocker(['ps', '-aq', '--filter', 'label=meepagateway.run=disk-measure'])).stdout.trim() === '',
+      30_000,
+    )
+    // a run within the limit is not stopped by it
+    expect((await serve!.chat('farpod', 'RUN: echo small > small.txt && echo fine')).reply).toContain('fine')
+    expect(fs.readFileSync(path.join(workspace('farpod'), 'small.txt'), 'utf8')).toBe('small\n')
   }, 180_000)
 
   it('hardening holds inside: read-only root, no capabilities, no new privileges, non-root, no network, file size, init', async () => {
