@@ -72,7 +72,11 @@ export function volumeCheck(fsid: string | undefined): string {
 /** Whether a container ended at volumeCheck, or the engine could not mount the volume at all. */
 export function endedOnLostVolume(exitCode: number | undefined, stderr: string): boolean {
   if (exitCode === WRONG_VOLUME_EXIT && stderr.includes(WRONG_VOLUME_MARK)) return true
-  return /error while mounting volume|failed to mount local volume/.test(stderr)
+  // the docker CLI's own refusal (exit 125), not a line an agent's file name could put in a helper's stderr
+  return (
+    exitCode === 125 &&
+    /^docker: Error response from daemon: (error while mounting volume|failed to mount local volume)/m.test(stderr)
+  )
 }
 
 export function readEngineDisk(home: string, engine: string, agentId: string): EngineDisk | undefined {
@@ -90,17 +94,52 @@ export function forgetEngineDiskDevice(home: string, engine: string, agentId: st
 }
 
 /** The setup container: our script as root with CAP_SYS_ADMIN, reaching loop devices only. */
-function setupArgs(volumeOfDisks: string, image: string, labels: Record<string, string>): string[] {
+function setupArgs(volumeOfDisks: string, image: string, labels: Record<string, string>, name: string): string[] {
   return ownContainerArgs({
     image,
     user: '0:0',
     labels,
     // LOOP_CONFIGURE and LOOP_CLR_FD need CAP_SYS_ADMIN
     caps: ['SYS_ADMIN'],
-    // the host's /dev: a loop device attached here appears there, where the engine mounts it
-    volumes: ['/dev:/dev', `${volumeOfDisks}:${DISKS}`],
-    extra: ['--device-cgroup-rule', 'b 7:* rwm', '--device-cgroup-rule', 'c 10:237 rwm'],
+    volumes: [`${volumeOfDisks}:${DISKS}`],
+    extra: [
+      '--name',
+      name,
+      // the host's devtmpfs, so a loop device attached here is the one the engine mounts; not
+      // recursively: none of the host's /dev/shm, /dev/pts or /dev/mqueue
+      '--mount',
+      'type=bind,src=/dev,dst=/dev,bind-nonrecursive=true',
+      '--device-cgroup-rule',
+      'b 7:* rwm',
+      '--device-cgroup-rule',
+      'c 10:237 rwm',
+    ],
   })
+}
+
+/** A setup script run in the setup container, one at a time per disks volume (a lock file there). */
+async function runSetup(
+  cli: DockerCli,
+  options: {volume: string; image: string; labels: Record<string, string>; script: string; args: string[]},
+  signal?: AbortSignal,
+) {
+  const name = `meepa-disk-setup-${crypto.randomBytes(6).toString('hex')}`
+  try {
+    return await cli.exec(
+      [
+        ...setupArgs(options.volume, options.image, options.labels, name),
+        '-c',
+        `exec 9>${DISKS}/.lock && flock 9 || exit 1\n${options.script}`,
+        'sh',
+        ...options.args,
+      ],
+      {timeoutMs: SETUP_TIMEOUT_MS, signal},
+    )
+  } catch (error) {
+    // a client that gave up (timeout, cancel) leaves its container running: never two at once
+    await cli.exec(['rm', '--force', name], {timeoutMs: 30_000}).catch(() => {})
+    throw error
+  }
 }
 
 /**
@@ -123,7 +162,9 @@ const ATTACH = [
   '  mkfs.ext4 -q -F -m 0 -E nodiscard -U "$3" $4 "$1.new" >&2',
   '  mv "$1.new" "$1"',
   'fi',
-  'dev=$(losetup -j "$1" -n -O NAME | head -n 1)',
+  // not in a pipe: a losetup that fails must stop here, never pass for "not attached"
+  'held=$(losetup -j "$1" -n -O NAME)',
+  'dev=$(echo "$held" | head -n 1)',
   // a journal-less image after a crash needs its check; a clean one passes in milliseconds
   'if [ -z "$dev" ]; then e2fsck -p "$1" >&2 || [ $? -eq 1 ]; dev=$(losetup -f --show "$1"); fi',
   'echo "$dev"',
@@ -152,18 +193,16 @@ export async function attachEngineDisk(
   const uuid = known && known.bytes === options.bytes ? known.uuid : crypto.randomUUID()
   const image = `${options.agentId}.${uuid}.ext4`
   const journal = options.bytes >= JOURNAL_FROM_BYTES ? '' : '-O ^has_journal'
-  const attached = await cli.exec(
-    [
-      ...setupArgs(engineDisksVolume(options.homeLabel), options.image, options.labels),
-      '-c',
-      ATTACH,
-      'sh',
-      image,
-      String(options.bytes),
-      uuid,
-      journal,
-    ],
-    {timeoutMs: SETUP_TIMEOUT_MS, signal: options.signal},
+  const attached = await runSetup(
+    cli,
+    {
+      volume: engineDisksVolume(options.homeLabel),
+      image: options.image,
+      labels: options.labels,
+      script: ATTACH,
+      args: [image, String(options.bytes), uuid, journal],
+    },
+    options.signal,
   )
   const device = attached.stdout.trim().split('\n').pop() ?? ''
   if (attached.exitCode !== 0 || !/^\/dev\/loop\d+$/.test(device))
@@ -241,17 +280,19 @@ export async function removeEngineDisks(
   const exists = await cli.exec(['volume', 'inspect', volume], {signal: options.signal})
   if (exists.exitCode !== 0) return undefined
   if (!options.image) return 'no image of this home is left on the engine to detach its disk images with'
-  const removed = await cli.exec(
-    [
-      ...setupArgs(volume, options.image, {}),
-      '-c',
-      // each named agent's images: every loop device holding one detached, then the file removed
-      `cd ${DISKS} && for agent in "$@"; do for image in $agent.*.ext4; do [ -f "$image" ] || continue; for dev in $(losetup -j "$image" -n -O NAME); do losetup -d "$dev" || true; done; rm -f "$image"; done; done`,
-      'sh',
+  const removed = await runSetup(
+    cli,
+    {
+      volume,
+      image: options.image,
+      labels: {},
+      // each named agent's images: every loop device holding one detached, then the file removed;
+      // one still held is kept and named
+      script: `cd ${DISKS} || exit 1\nfor agent in "$@"; do for image in $agent.*.ext4; do [ -f "$image" ] || continue; for dev in $(losetup -j "$image" -n -O NAME); do losetup -d "$dev"; done; if [ -n "$(losetup -j "$image" -n -O NAME)" ]; then echo "$image is still attached to a loop device" >&2; exit 1; fi; rm -f "$image"; done; done`,
       // unquoted in the loop as a pattern: an agent id (letters, digits, dashes) or `*`
-      ...options.agents.filter((agent) => agent === '*' || /^[a-z0-9][a-z0-9-]*$/.test(agent)),
-    ],
-    {timeoutMs: SETUP_TIMEOUT_MS, signal: options.signal},
+      args: options.agents.filter((agent) => agent === '*' || /^[a-z0-9][a-z0-9-]*$/.test(agent)),
+    },
+    options.signal,
   )
   if (removed.exitCode !== 0) return removed.stderr.trim().split('\n').pop() ?? `exit ${removed.exitCode}`
   if (options.removeVolume) {

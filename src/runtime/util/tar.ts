@@ -136,10 +136,13 @@ export class TarEnd {
       }
       const size = this.paxSize ?? numeric(block, 124, 12, 'size')
       const next = this.at + BLOCK + Math.ceil(size / BLOCK) * BLOCK
+      if (!(next > this.at)) throw new Error('tar: a header that does not move forward')
       const type = field(block, 156, 1)
       if (type === 'x') {
         if (next > this.length) return // its records are needed whole
         const pax = paxValues(this.archive.subarray(this.at + BLOCK, this.at + BLOCK + size)).get('size')
+        // a size that is not a whole number of bytes would send the walk anywhere, even back
+        if (pax !== undefined && !/^\d{1,15}$/.test(pax)) throw new Error('tar: a PAX size that is not a size')
         this.paxSize = pax === undefined ? undefined : Number(pax)
       } else this.paxSize = undefined
       this.at = next
@@ -156,7 +159,9 @@ export function* readTar(archive: Buffer, maxBytes = Number.POSITIVE_INFINITY): 
     const block = archive.subarray(at, at + BLOCK)
     if (block.every((byte) => byte === 0)) return
     const type = field(block, 156, 1) || '0'
-    const size = Number(pax.get('size') ?? numeric(block, 124, 12, 'size'))
+    const paxSize = pax.get('size')
+    if (paxSize !== undefined && !/^\d{1,15}$/.test(paxSize)) throw new Error('tar: a PAX size that is not a size')
+    const size = paxSize === undefined ? numeric(block, 124, 12, 'size') : Number(paxSize)
     if (size > maxBytes) throw new Error(`tar: an entry of ${size} bytes is over the ${maxBytes} allowed`)
     const data = archive.subarray(at + BLOCK, at + BLOCK + size)
     if (data.length < size) throw new Error('tar: the archive ends inside an entry')

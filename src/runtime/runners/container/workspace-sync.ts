@@ -202,11 +202,13 @@ function syncToken(runId: string): string {
 const CHANGES_SINCE = [
   // nanoseconds since the epoch as find's time: @SECONDS.NANOSECONDS
   'seconds=${since%?????????}',
+  // a folder of its own: nothing the agent planted in /tmp (a FIFO, a link) is read for them
+  'lists=$(mktemp -d)',
   `cd ${CONTAINER_WORKSPACE} && [ -d ${SYNC_DIR} ]`,
-  `find . -mindepth 1 -path ./${SYNC_DIR} -prune -o -fprint0 /tmp/.meepa-list \\( -type f -o -type d \\) -newerct "@$seconds.\${since#"$seconds"}" -print0 > /tmp/.meepa-changed`,
-  `printf '${SYNC_TRAILER} %s\\n' "$(stat -c %s /tmp/.meepa-list)"`,
-  'cat /tmp/.meepa-list',
-  'tar -c --null --no-recursion --format=posix -f - -T /tmp/.meepa-changed',
+  `find . -mindepth 1 -path ./${SYNC_DIR} -prune -o -fprint0 "$lists/all" \\( -type f -o -type d \\) -newerct "@$seconds.\${since#"$seconds"}" -print0 > "$lists/changed"`,
+  `printf '${SYNC_TRAILER} %s\\n' "$(stat -c %s "$lists/all")"`,
+  'cat "$lists/all"',
+  'tar -c --null --no-recursion --format=posix -f - -T "$lists/changed"',
 ].join(' && ')
 
 /**
@@ -246,6 +248,9 @@ export function syncingCommand(
     'status=$?',
     'read -r since run < /tmp/.meepa-start || exit $status',
     '[ $status -eq 0 ] || exit $status',
+    // what the agent left running (a shell tool's background job) is killed before the listing:
+    // nothing but this shell writes the trailer (every process but it and init; all are the run's user)
+    'kill -9 -1 2>/dev/null',
     // after agent-run's last frame (sync-trailer.ts)
     `{ ${CHANGES_SINCE}; } || exit 0`,
   ].join('\n')
@@ -290,15 +295,48 @@ export async function pullWorkspace(
       .map((name) => safeName(name))
       .filter(Boolean),
   )
-  const received = applyChanges(options.workspace, changes, present, state.synced, options)
-  remember(state, snapshotWorkspace(options.workspace))
+  const {received, kept} = applyChanges(options.workspace, changes, present, state.synced, options)
+  const snapshot = snapshotWorkspace(options.workspace)
+  // the volume holds the run's version of these: recorded as unlike anything, the next push settles them
+  for (const name of kept) snapshot[name] = [-1, -1, 'f']
+  remember(state, snapshot)
   return {received}
+}
+
+function hostHas(workspace: string, name: string): boolean {
+  try {
+    return fs.lstatSync(path.join(workspace, name), {throwIfNoEntry: false}) !== undefined
+  } catch {
+    return false // a parent that is not a folder any more
+  }
+}
+
+/**
+ * Whether the host's file changed while the run ran: made, removed or rewritten since `synced`,
+ * the host's state as the run's volume was brought to it (a SOUL.md saved in the dashboard).
+ */
+function changedOnHost(workspace: string, name: string, synced: Snapshot | undefined): boolean {
+  if (!synced) return false
+  const before = synced[name]
+  let now: fs.Stats
+  try {
+    now = fs.lstatSync(path.join(workspace, name))
+  } catch {
+    return before !== undefined
+  }
+  // links, FIFOs and devices are never synced: the run's file replaces one (never written through)
+  if (!now.isFile() && !now.isDirectory()) return false
+  if (!before) return true
+  return before[2] === 'd' ? !now.isDirectory() : !now.isFile() || before[0] !== now.size || before[1] !== now.mtimeMs
 }
 
 /**
  * Applies a run's change tar to the host workspace: files and folders through the no-follow
  * writer, anything else logged and skipped; names the host had (`synced`) that are not `present`
- * in the volume any more are removed. Returns how many files were written.
+ * in the volume any more are removed. A file the host changed while the run ran keeps the host's
+ * version, logged (`kept`): the host is the one truth, and a run whose mark shares a tick with the
+ * last run's writes (a filesystem stamping whole seconds) lists those again though it never touched
+ * them. Returns how many files were written and the names kept.
  */
 export function applyChanges(
   workspace: string,
@@ -306,10 +344,17 @@ export function applyChanges(
   present: ReadonlySet<string | undefined>,
   synced: Snapshot | undefined,
   options: {maxBytes: number; log: (line: string) => void},
-): number {
+): {received: number; kept: string[]} {
   let received = 0
+  const kept: string[] = []
   const skip = (entry: TarEntry, why: string) =>
     options.log(`workspace sync: not brought back: ${JSON.stringify(entry.name)} ${why}`)
+  const keep = (name: string) => {
+    kept.push(name)
+    options.log(
+      `workspace sync: the host's ${JSON.stringify(name)} stays as it is: it was changed or removed on the host during the run`,
+    )
+  }
   for (const entry of readTar(changes, options.maxBytes)) {
     const name = safeName(entry.name)
     if (!name) {
@@ -318,6 +363,7 @@ export function applyChanges(
     }
     try {
       if (entry.type === '5') makeWorkspaceDirectory(workspace, name)
+      else if (entry.type === '0' && changedOnHost(workspace, name, synced)) keep(name)
       else if (entry.type === '0') {
         writeWorkspaceFile(workspace, name, entry.data, {mode: entry.mode & 0o777})
         received++
@@ -329,8 +375,10 @@ export function applyChanges(
   for (const name of Object.keys(synced ?? {})
     .sort()
     .reverse())
-    if (!present.has(name)) removeWorkspaceEntry(workspace, name)
-  return received
+    if (present.has(name)) continue
+    else if (synced![name]![2] === 'f' && hostHas(workspace, name) && changedOnHost(workspace, name, synced)) keep(name)
+    else removeWorkspaceEntry(workspace, name)
+  return {received, kept}
 }
 
 /**

@@ -153,6 +153,15 @@ for (const coarse of [false, true])
         expect(fs.readFileSync(path.join(workspace, 'earlier.txt'), 'utf8')).toBe('x\n')
       })
 
+      it('lists the changes itself, whatever the run left running in /tmp (a planted FIFO, a writer)', async () => {
+        const {changed} = await run(
+          `run_planted_${coarse ? 'c' : 'f'}`,
+          true,
+          'cat > /dev/null; mkfifo /tmp/.meepa-list /tmp/list; (exec 3<>/tmp/.meepa-list 4<>/tmp/list; printf forged >&3; sleep 60) & echo mine > /workspace/bg.txt',
+        )
+        expect(changed).toEqual(expect.arrayContaining(['bg.txt']))
+      })
+
       if (coarse)
         it('sends back what a run changed when it filled its volume (the list is never written there)', async () => {
           const {changed} = await run(

@@ -1,7 +1,7 @@
 import {PassThrough} from 'node:stream'
 import {describe, expect, it} from 'vitest'
 import {splitSyncTrailer, SYNC_TRAILER} from '../../../../src/runtime/runners/container/sync-trailer.js'
-import {writeTar} from '../../../../src/runtime/util/tar.js'
+import {readTar, writeTar} from '../../../../src/runtime/util/tar.js'
 
 /*
  * A sync engine's run container sends agent-run's frames, then the run's changes, on one stdout.
@@ -55,6 +55,27 @@ describe('a sync engine’s stdout: frames, then the run’s changes', () => {
     expect(over.frames).toBe(FRAMES)
     expect((await split([FRAMES, trailerOf('a\0', TAR.slice(0, 1000))], 4096)).trailer).toBeUndefined()
     expect((await split([FRAMES, trailerOf('a\0', 'NOT A TAR'.padEnd(1536, '.'))], 4096)).trailer).toBeUndefined()
+  })
+
+  it('refuses a tar whose PAX size is negative (it would walk back and loop), at once', async () => {
+    const pax = (records: string) => {
+      const block = Buffer.alloc(512)
+      block.write('././@PaxHeader', 0)
+      block.write('0000644\0', 100)
+      block.write(`${records.length.toString(8).padStart(11, '0')}\0`, 124)
+      block.write('x', 156)
+      block.write('ustar\x0000', 257)
+      block.fill(' ', 148, 156)
+      let sum = 0
+      for (const byte of block) sum += byte
+      block.write(`${sum.toString(8).padStart(6, '0')}\0 `, 148)
+      return Buffer.concat([block, Buffer.from(records.padEnd(512, '\0'))])
+    }
+    const looping = Buffer.concat([pax('14 size=-1536\n'), pax('')]).toString('latin1')
+    const started = Date.now()
+    expect((await split([FRAMES, trailerOf('', looping)], 1 << 20)).trailer).toBeUndefined()
+    expect(Date.now() - started).toBeLessThan(5000)
+    expect(() => [...readTar(Buffer.from(looping + '\0'.repeat(1024), 'latin1'))]).toThrow(/PAX size/)
   })
 
   it('takes the tar up to its end, before stdout ends, and nothing written after it', async () => {

@@ -55,6 +55,33 @@ describe('taking a run’s changes back from a remote engine', () => {
   })
   afterEach(() => fs.rmSync(root, {recursive: true, force: true}))
 
+  it('keeps what the host changed during the run: never overwritten, removed or brought back', () => {
+    fs.writeFileSync(path.join(workspace, 'soul.md'), 'as the run started')
+    fs.writeFileSync(path.join(workspace, 'notes.md'), 'as the run started')
+    fs.writeFileSync(path.join(workspace, 'old.md'), 'as the run started')
+    const synced = snapshotWorkspace(workspace)
+    // during the run: the operator saves soul.md and notes.md in the dashboard, removes old.md
+    const later = new Date(Date.now() + 5000)
+    fs.writeFileSync(path.join(workspace, 'soul.md'), 'saved in the dashboard')
+    fs.writeFileSync(path.join(workspace, 'notes.md'), 'saved too')
+    fs.utimesSync(path.join(workspace, 'soul.md'), later, later)
+    fs.utimesSync(path.join(workspace, 'notes.md'), later, later)
+    fs.rmSync(path.join(workspace, 'old.md'))
+    // the run lists soul.md and old.md as changed (the last run's writes in its mark's tick), and removed notes.md
+    const {received, kept} = apply(
+      writeTar([file('soul.md', 'as the run started'), file('old.md', 'as the run started'), file('new.md', 'made')]),
+      ['soul.md', 'old.md', 'new.md'],
+      synced,
+    )
+    expect(fs.readFileSync(path.join(workspace, 'soul.md'), 'utf8')).toBe('saved in the dashboard')
+    expect(fs.readFileSync(path.join(workspace, 'notes.md'), 'utf8')).toBe('saved too')
+    expect(fs.existsSync(path.join(workspace, 'old.md'))).toBe(false)
+    expect(fs.readFileSync(path.join(workspace, 'new.md'), 'utf8')).toBe('made')
+    expect(received).toBe(1)
+    expect(kept.sort()).toEqual(['notes.md', 'old.md', 'soul.md'])
+    expect(logged.join('\n')).toMatch(/"soul.md" stays as it is: it was changed or removed on the host during the run/)
+  })
+
   it('writes files and folders, and removes what the run removed', () => {
     fs.writeFileSync(path.join(workspace, 'gone.txt'), 'old')
     fs.writeFileSync(path.join(workspace, 'kept.txt'), 'kept')
@@ -66,7 +93,7 @@ describe('taking a run’s changes back from a remote engine', () => {
       ]),
       ['kept.txt', 'd', 'd/new.txt'],
     )
-    expect(written).toBe(2)
+    expect(written.received).toBe(2)
     expect(fs.readFileSync(path.join(workspace, 'd/new.txt'), 'utf8')).toBe('new')
     expect(fs.readFileSync(path.join(workspace, `${'long-name-'.repeat(15)}.txt`), 'utf8')).toBe('pax')
     expect(fs.existsSync(path.join(workspace, 'gone.txt'))).toBe(false)
