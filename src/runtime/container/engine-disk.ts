@@ -93,8 +93,15 @@ export function forgetEngineDiskDevice(home: string, engine: string, agentId: st
   if (disk) writeWholeFile(engineDiskFile(home, engine, agentId), JSON.stringify({...disk, device: ''}))
 }
 
-/** The setup container: our script as root with CAP_SYS_ADMIN, reaching loop devices only. */
-function setupArgs(volumeOfDisks: string, image: string, labels: Record<string, string>, name: string): string[] {
+/** The setup container: our script as root with CAP_SYS_ADMIN, reaching only the loop devices it is handed. */
+export function setupArgs(
+  volumeOfDisks: string,
+  image: string,
+  labels: Record<string, string>,
+  name: string,
+  /** The loop devices (major:minor) it may open; none: it may only ask /dev/loop-control for a free one. */
+  devices: string[],
+): string[] {
   return ownContainerArgs({
     image,
     user: '0:0',
@@ -110,9 +117,8 @@ function setupArgs(volumeOfDisks: string, image: string, labels: Record<string, 
       '--mount',
       'type=bind,src=/dev,dst=/dev,bind-nonrecursive=true',
       '--device-cgroup-rule',
-      'b 7:* rwm',
-      '--device-cgroup-rule',
       'c 10:237 rwm',
+      ...devices.flatMap((device) => ['--device-cgroup-rule', `b ${device} rwm`]),
     ],
   })
 }
@@ -120,14 +126,21 @@ function setupArgs(volumeOfDisks: string, image: string, labels: Record<string, 
 /** A setup script run in the setup container, one at a time per disks volume (a lock file there). */
 async function runSetup(
   cli: DockerCli,
-  options: {volume: string; image: string; labels: Record<string, string>; script: string; args: string[]},
+  options: {
+    volume: string
+    image: string
+    labels: Record<string, string>
+    script: string
+    args: string[]
+    devices?: string[]
+  },
   signal?: AbortSignal,
 ) {
   const name = `meepa-disk-setup-${crypto.randomBytes(6).toString('hex')}`
   try {
     return await cli.exec(
       [
-        ...setupArgs(options.volume, options.image, options.labels, name),
+        ...setupArgs(options.volume, options.image, options.labels, name, options.devices ?? []),
         '-c',
         `exec 9>${DISKS}/.lock && flock 9 || exit 1\n${options.script}`,
         'sh',
@@ -143,32 +156,140 @@ async function runSetup(
 }
 
 /**
- * Makes (the first time, or for a new size), checks and attaches the agent's image, prints its
- * loop device. Arguments: the image's name, its size, UUID and mkfs's journal option. Older
- * images of the agent (another size) are detached and removed.
+ * A shell function, `held PATTERN...`: `HELD <image> <device> <major:minor>` for each loop device
+ * holding an image whose name matches a pattern, read from sysfs: a device's backing file ends in the
+ * image's name (unique by its UUID), whatever container attached it. No device is opened.
  */
-const ATTACH = [
+const HELD = [
+  'held() {',
+  '  for file in /sys/block/loop*/loop/backing_file; do',
+  '    [ -r "$file" ] || continue',
+  '    backing=$(cat "$file"); backing=${backing% (deleted)}; name=${backing##*/}',
+  '    dev=${file#/sys/block/}; dev=${dev%%/*}',
+  '    for wanted in "$@"; do case "$name" in $wanted) echo "HELD $name /dev/$dev $(cat /sys/block/$dev/dev)" ;; esac; done',
+  '  done',
+  '}',
+].join('\n')
+
+/**
+ * First step of an attach, with no loop device reachable: makes the image when missing (the first
+ * time, or for a new size), lists the devices holding the agent's images, and when the image
+ * itself is not held asks for a free device (`FREE <device> <major:minor>`). Arguments: the image's
+ * name, its size, UUID and mkfs's journal option.
+ */
+const LOOK = [
   'set -e',
   `cd ${DISKS}`,
-  'agent=${1%%.*}',
-  'for old in "$agent".*.ext4; do',
-  '  [ -f "$old" ] && [ "$old" != "$1" ] || continue',
-  '  for dev in $(losetup -j "$old" -n -O NAME); do losetup -d "$dev" || true; done',
-  '  rm -f "$old"',
-  'done',
   'if [ ! -f "$1" ]; then',
   '  rm -f "$1.new"',
   '  fallocate -l "$2" "$1.new"',
   '  mkfs.ext4 -q -F -m 0 -E nodiscard -U "$3" $4 "$1.new" >&2',
   '  mv "$1.new" "$1"',
   'fi',
-  // not in a pipe: a losetup that fails must stop here, never pass for "not attached"
-  'held=$(losetup -j "$1" -n -O NAME)',
-  'dev=$(echo "$held" | head -n 1)',
-  // a journal-less image after a crash needs its check; a clean one passes in milliseconds
-  'if [ -z "$dev" ]; then e2fsck -p "$1" >&2 || [ $? -eq 1 ]; dev=$(losetup -f --show "$1"); fi',
-  'echo "$dev"',
+  HELD,
+  'image=$1',
+  'held=$(held "${1%%.*}.*.ext4")',
+  '[ -z "$held" ] || echo "$held"',
+  'case "$held" in *"HELD $image "*) ;; *) free=$(losetup -f); echo "FREE $free $(cat /sys/block/${free#/dev/}/dev)" ;; esac',
 ].join('\n')
+
+/**
+ * Second step, reaching only the devices the first named: older images of the agent (another size)
+ * detached and removed; the image checked and attached to the free device, unless held already.
+ * Arguments: the image, then `device` pairs to detach (`-d DEVICE`) and the one to attach (`-a DEVICE`).
+ */
+const ATTACH = [
+  'set -e',
+  `cd ${DISKS}`,
+  'image=$1; shift',
+  'while [ $# -gt 1 ]; do',
+  '  case "$1" in',
+  '    -d) losetup -d "$2" ;;',
+  // a journal-less image after a crash needs its check; a clean one passes in milliseconds
+  '    -a) e2fsck -p "$image" >&2 || [ $? -eq 1 ]; losetup "$2" "$image" ;;',
+  '  esac',
+  '  shift 2',
+  'done',
+  'for old in "${image%%.*}".*.ext4; do [ ! -f "$old" ] || [ "$old" = "$image" ] || rm -f "$old"; done',
+].join('\n')
+
+interface Held {
+  image: string
+  device: string
+  number: string
+}
+
+function parseHeld(stdout: string): {held: Held[]; free?: Held} {
+  const held: Held[] = []
+  let free: Held | undefined
+  for (const line of stdout.split('\n')) {
+    const [kind, first, second, third] = line.trim().split(' ')
+    if (kind === 'HELD' && first && /^\/dev\/loop\d+$/.test(second ?? '') && /^\d+:\d+$/.test(third ?? ''))
+      held.push({image: first, device: second!, number: third!})
+    if (kind === 'FREE' && /^\/dev\/loop\d+$/.test(first ?? '') && /^\d+:\d+$/.test(second ?? ''))
+      free = {image: '', device: first!, number: second!}
+  }
+  return {held, free}
+}
+
+/** The image made and attached in two steps (LOOK, then ATTACH reaching only the devices named); its device. */
+async function attachImage(
+  cli: DockerCli,
+  options: Parameters<typeof attachEngineDisk>[1],
+  image: string,
+  uuid: string,
+  journal: string,
+): Promise<string> {
+  const volume = engineDisksVolume(options.homeLabel)
+  const failed = (exitCode: number | undefined, stderr: string) =>
+    new GatewayError(
+      'E_DISK',
+      `engine ${options.engine} cannot hold limits.disk for agent ${options.agentId}: attaching its ${options.bytes}-byte disk image failed (exit ${exitCode}): ${stderr.trim().split('\n').slice(-2).join('; ')}`,
+      {
+        suggestions: [
+          "the engine's dockerd must run as root on a host with loop devices, and the agent's image must have losetup, mkfs.ext4 and e2fsck (Debian: mount, e2fsprogs)",
+          `or set best_effort: true on engine ${options.engine} to run there with limits.disk bounding only what comes back`,
+        ],
+      },
+    )
+  let last: {exitCode: number; stderr: string} = {exitCode: 0, stderr: ''}
+  // a free device another host process takes first fails the attach: asked again, twice at most
+  for (let attempt = 0; attempt < 3; attempt++) {
+    const looked = await runSetup(
+      cli,
+      {
+        volume,
+        image: options.image,
+        labels: options.labels,
+        script: LOOK,
+        args: [image, String(options.bytes), uuid, journal],
+      },
+      options.signal,
+    )
+    if (looked.exitCode !== 0) throw failed(looked.exitCode, looked.stderr)
+    const {held, free} = parseHeld(looked.stdout)
+    const mine = held.find((entry) => entry.image === image)
+    const older = held.filter((entry) => entry.image !== image)
+    if (mine && older.length === 0) return mine.device
+    const attach = mine ? undefined : free
+    if (!mine && !attach) throw failed(looked.exitCode, 'no free loop device')
+    const attached = await runSetup(
+      cli,
+      {
+        volume,
+        image: options.image,
+        labels: options.labels,
+        script: ATTACH,
+        args: [image, ...older.flatMap((entry) => ['-d', entry.device]), ...(attach ? ['-a', attach.device] : [])],
+        devices: [...older, ...(attach ? [attach] : [])].map((entry) => entry.number),
+      },
+      options.signal,
+    )
+    if (attached.exitCode === 0) return (mine ?? attach)!.device
+    last = attached
+  }
+  throw failed(last.exitCode, last.stderr)
+}
 
 /**
  * The agent's volume on `engine` as a filesystem of `bytes`: its image made and attached, the
@@ -193,29 +314,7 @@ export async function attachEngineDisk(
   const uuid = known && known.bytes === options.bytes ? known.uuid : crypto.randomUUID()
   const image = `${options.agentId}.${uuid}.ext4`
   const journal = options.bytes >= JOURNAL_FROM_BYTES ? '' : '-O ^has_journal'
-  const attached = await runSetup(
-    cli,
-    {
-      volume: engineDisksVolume(options.homeLabel),
-      image: options.image,
-      labels: options.labels,
-      script: ATTACH,
-      args: [image, String(options.bytes), uuid, journal],
-    },
-    options.signal,
-  )
-  const device = attached.stdout.trim().split('\n').pop() ?? ''
-  if (attached.exitCode !== 0 || !/^\/dev\/loop\d+$/.test(device))
-    throw new GatewayError(
-      'E_DISK',
-      `engine ${options.engine} cannot hold limits.disk for agent ${options.agentId}: attaching its ${options.bytes}-byte disk image failed (exit ${attached.exitCode}): ${attached.stderr.trim().split('\n').slice(-2).join('; ')}`,
-      {
-        suggestions: [
-          "the engine's dockerd must run as root on a host with loop devices, and the agent's image must have losetup, mkfs.ext4 and e2fsck (Debian: mount, e2fsprogs)",
-          `or set best_effort: true on engine ${options.engine} to run there with limits.disk bounding only what comes back`,
-        ],
-      },
-    )
+  const device = await attachImage(cli, options, image, uuid, journal)
   await volumeOnDevice(cli, options.volume, device, options.labels, options.signal)
   const disk: EngineDisk = {image, uuid, device, fsid: fsidOf(uuid), bytes: options.bytes}
   const file = engineDiskFile(options.home, options.engine, options.agentId)
@@ -280,17 +379,33 @@ export async function removeEngineDisks(
   const exists = await cli.exec(['volume', 'inspect', volume], {signal: options.signal})
   if (exists.exitCode !== 0) return undefined
   if (!options.image) return 'no image of this home is left on the engine to detach its disk images with'
+  // unquoted in the scripts as patterns: an agent id (letters, digits, dashes) or every image
+  const patterns = options.agents
+    .filter((agent) => agent === '*' || /^[a-z0-9][a-z0-9-]*$/.test(agent))
+    .map((agent) => `${agent}.*.ext4`)
+  const listed = await runSetup(
+    cli,
+    {volume, image: options.image, labels: {}, script: `${HELD}\nheld "$@"`, args: patterns},
+    options.signal,
+  )
+  if (listed.exitCode !== 0) return listed.stderr.trim().split('\n').pop() ?? `exit ${listed.exitCode}`
+  const {held} = parseHeld(listed.stdout)
   const removed = await runSetup(
     cli,
     {
       volume,
       image: options.image,
       labels: {},
-      // each named agent's images: every loop device holding one detached, then the file removed;
-      // one still held is kept and named
-      script: `cd ${DISKS} || exit 1\nfor agent in "$@"; do for image in $agent.*.ext4; do [ -f "$image" ] || continue; for dev in $(losetup -j "$image" -n -O NAME); do losetup -d "$dev"; done; if [ -n "$(losetup -j "$image" -n -O NAME)" ]; then echo "$image is still attached to a loop device" >&2; exit 1; fi; rm -f "$image"; done; done`,
-      // unquoted in the loop as a pattern: an agent id (letters, digits, dashes) or `*`
-      args: options.agents.filter((agent) => agent === '*' || /^[a-z0-9][a-z0-9-]*$/.test(agent)),
+      // every device holding one detached (reaching only those), then the files removed once none does
+      script: [
+        `cd ${DISKS} || exit 1`,
+        'while [ "$1" = -d ]; do losetup -d "$2" || exit 1; shift 2; done; shift',
+        HELD,
+        'if [ -n "$(held "$@")" ]; then echo "an image is still attached to a loop device" >&2; exit 1; fi',
+        'for pattern in "$@"; do for image in $pattern; do [ ! -f "$image" ] || rm -f "$image"; done; done',
+      ].join('\n'),
+      args: [...held.flatMap((entry) => ['-d', entry.device]), '--', ...patterns],
+      devices: held.map((entry) => entry.number),
     },
     options.signal,
   )
