@@ -99,6 +99,14 @@ function paxValues(data: Buffer): Map<string, string> {
   return values
 }
 
+/** A PAX header's `size`, if it has one; one that is not a whole number of bytes would send a walk anywhere, even back. */
+function paxSize(values: Map<string, string>): number | undefined {
+  const size = values.get('size')
+  if (size === undefined) return undefined
+  if (!/^\d{1,15}$/.test(size)) throw new Error('tar: a PAX size that is not a size')
+  return Number(size)
+}
+
 /**
  * Finds where a tar arriving in pieces ends (its two zero blocks), so that a stream carrying one
  * needs no length up front nor its end: `feed` each piece; `end` is the archive's length once found.
@@ -140,10 +148,7 @@ export class TarEnd {
       const type = field(block, 156, 1)
       if (type === 'x') {
         if (next > this.length) return // its records are needed whole
-        const pax = paxValues(this.archive.subarray(this.at + BLOCK, this.at + BLOCK + size)).get('size')
-        // a size that is not a whole number of bytes would send the walk anywhere, even back
-        if (pax !== undefined && !/^\d{1,15}$/.test(pax)) throw new Error('tar: a PAX size that is not a size')
-        this.paxSize = pax === undefined ? undefined : Number(pax)
+        this.paxSize = paxSize(paxValues(this.archive.subarray(this.at + BLOCK, this.at + BLOCK + size)))
       } else this.paxSize = undefined
       this.at = next
     }
@@ -159,9 +164,7 @@ export function* readTar(archive: Buffer, maxBytes = Number.POSITIVE_INFINITY): 
     const block = archive.subarray(at, at + BLOCK)
     if (block.every((byte) => byte === 0)) return
     const type = field(block, 156, 1) || '0'
-    const paxSize = pax.get('size')
-    if (paxSize !== undefined && !/^\d{1,15}$/.test(paxSize)) throw new Error('tar: a PAX size that is not a size')
-    const size = paxSize === undefined ? numeric(block, 124, 12, 'size') : Number(paxSize)
+    const size = paxSize(pax) ?? numeric(block, 124, 12, 'size')
     if (size > maxBytes) throw new Error(`tar: an entry of ${size} bytes is over the ${maxBytes} allowed`)
     const data = archive.subarray(at + BLOCK, at + BLOCK + size)
     if (data.length < size) throw new Error('tar: the archive ends inside an entry')

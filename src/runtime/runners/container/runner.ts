@@ -366,8 +366,8 @@ async function runOnVolume(
   )
   request.onStarted?.()
   // limits.disk: the workspace is a bind mount, measured from here (see disk-limit.ts); on a Podman
-  // engine of this machine, its volume (on a Docker engine elsewhere, the disk image holds it)
-  // engine of this machine, its volume; on another engine without a disk image, on the engine itself
+  // engine of this machine, its volume here; on another sync engine without a disk image, on the
+  // engine itself (volume-watch.ts); a disk image holds it by itself
   const here = sync && engine && (await podmanVolumeHere(cli, engine, sync.volume))
   let overWhileRunning: DiskUsage | undefined
   const onOver = (usage: DiskUsage) => {

@@ -8,8 +8,9 @@ import {TarEnd} from '../../util/tar.js'
  * two zero blocks have come, which the host sees as they come (no length up front, no wait for the
  * end of stdout, which comes only with the container's teardown). Nothing of it is written in the
  * agent's volume first (a volume at its limits.disk would have no room for it). It comes over the
- * connection the run already has: no `docker cp`. Anything in the container could write there too; what it sends is handled
- * exactly as a helper's would be (hostile, bounded), so it gains nothing.
+ * connection the run already has: no `docker cp`. Anything in the container could write there
+ * too; what it sends is handled exactly as a helper's would be (hostile, bounded), so it gains
+ * nothing.
  */
 export const SYNC_TRAILER = 'MEEPA-SYNC-TRAILER'
 
