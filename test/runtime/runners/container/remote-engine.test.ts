@@ -273,9 +273,13 @@ describeWithDocker('container runs on a remote engine over mutual TLS (own engin
     // the "reboot": the agent's device now backs another filesystem, with a file of its own
     await removeAgentContainers('small')
     const {device} = diskOf('small')
+    // The filesystem is made first so the device is free for as short a time as possible: other
+    // test files attach loop devices too. A detach while the device is still open only marks it
+    // (autoclear), so the attach is tried until the last holder has let go.
     const impostor = await onEngineHost(
-      `set -e; losetup -d ${device}; fallocate -l 8M /impostor/other.ext4; mkfs.ext4 -q -F /impostor/other.ext4; ` +
-        `losetup ${device} /impostor/other.ext4; echo attached`,
+      `set -e; fallocate -l 8M /impostor/other.ext4; mkfs.ext4 -q -F /impostor/other.ext4; losetup -d ${device}; ` +
+        `for i in $(seq 500); do losetup ${device} /impostor/other.ext4 2>/dev/null && { echo attached; exit 0; }; sleep 0.02; done; ` +
+        `losetup -l ${device}`,
     )
     expect(impostor.stdout).toContain('attached')
     const other = ['--opt', 'type=ext4', '--opt', `device=${device}`, 'meepa-test-other']
