@@ -9,6 +9,13 @@ import {failureFromError, outOfMemory} from './output.js'
 import type {AgentRunInput, AgentRunOutput} from '../shapes/agent-run-contract.js'
 import {parseAgentRunInput} from './input.js'
 import {RunnerChannel, StdinReader} from './runner-channel.js'
+import {
+  markRunStart,
+  sendWorkspaceChanges,
+  stopOtherProcesses,
+  WORKSPACE_SYNC_ENV,
+  workspaceSyncHere,
+} from './workspace-changes.js'
 
 let runModules: Promise<[typeof import('../agent/loop.js'), typeof import('../workspace/memory.js')]> | undefined
 
@@ -136,10 +143,17 @@ export async function main(): Promise<void> {
   const writeFrame = (frame: AgentRunFrame) => stdout.write(`${JSON.stringify(frame)}\n`)
   let output: AgentRunOutput
   loadRunModules().catch(() => {}) // a failure is the run's, reported where it awaits them
-  const reader = new StdinReader(process.stdin)
+  // a sync engine's run: a go line before the input, the run's changes after its result
+  const syncAsked = process.env[WORKSPACE_SYNC_ENV] === '1'
+  const sendsChanges = syncAsked && workspaceSyncHere()
+  delete process.env[WORKSPACE_SYNC_ENV]
+  let changesSince: {workspace: string; since: bigint} | undefined
+  const reader = new StdinReader(process.stdin, {goLine: syncAsked})
   try {
+    const goLine = syncAsked ? await reader.goLine : undefined
     const input = parseAgentRunInput(await reader.input)
     runId = input.run_id
+    if (goLine !== undefined) changesSince = {workspace: input.workspace, since: markRunStart(input.workspace, goLine)}
     secrets = Object.values(input.secrets)
     if (input.timeout_ms !== undefined) endAtDeadline(input.timeout_ms, log)
     channel = channelMode(input)
@@ -163,7 +177,15 @@ export async function main(): Promise<void> {
     }
   }
   const line = channel ? JSON.stringify({type: 'result', output} satisfies AgentRunFrame) : JSON.stringify(output)
-  stdout.write(`${line}\n`, () => {
+  stdout.write(`${line}\n`)
+  if (output.ok && changesSince && sendsChanges) {
+    stopOtherProcesses()
+    await sendWorkspaceChanges(changesSince.workspace, changesSince.since, stdout).catch((error: unknown) => {
+      // the trailer stays unfinished: the runner lists the changes again from the volume
+      log(`could not send the workspace's changes: ${(error as Error).message}`)
+    })
+  }
+  stdout.write('', () => {
     process.exit(output.ok ? 0 : output.error.code === 'E_INPUT' ? 2 : 1)
   })
 }

@@ -3,11 +3,19 @@ import type {ChatRequest, ChatResponse} from '../shapes/provider-types.js'
 import {FrameError, LineSplitter, MAX_FRAME_BYTES, parseLlmResponseFrame, type AgentRunFrame} from './channel.js'
 import {MAX_INPUT_BYTES} from './input.js'
 
+/** Longest go line read before the input (workspace-changes.ts): a mode and a run id. */
+const MAX_GO_LINE_BYTES = 256
+
 /**
  * agent-run's stdin: first the input (one JSON value; by hand it may span lines), then, in channel
- * mode, the runner's llm_response frames until EOF.
+ * mode, the runner's llm_response frames until EOF. On a sync engine a go line comes before the input.
  */
 export class StdinReader {
+  /** The go line, when one was asked for; rejected when stdin ends or runs on without one. */
+  readonly goLine: Promise<string>
+  private awaitingGoLine: boolean
+  private resolveGoLine!: (line: string) => void
+  private rejectGoLine!: (error: Error) => void
   private readonly inputChunks: Buffer[] = []
   private inputBytes = 0
   private inputDone = false
@@ -19,11 +27,20 @@ export class StdinReader {
   private queued: Array<() => void> = []
   private handlers: {frame(line: string): void; end(): void; broken(error: FrameError): void} | undefined
 
-  constructor(private readonly stream: NodeJS.ReadableStream) {
+  constructor(
+    private readonly stream: NodeJS.ReadableStream,
+    options: {goLine?: boolean} = {},
+  ) {
     this.input = new Promise((resolve, reject) => {
       this.resolveInput = resolve
       this.rejectInput = reject
     })
+    this.awaitingGoLine = options.goLine === true
+    this.goLine = new Promise((resolve, reject) => {
+      this.resolveGoLine = resolve
+      this.rejectGoLine = reject
+    })
+    this.goLine.catch(() => {}) // awaited only when asked for
     stream.on('data', (chunk: Buffer) => this.push(chunk))
     stream.on('end', () => this.end())
     stream.on('error', () => this.end())
@@ -31,6 +48,22 @@ export class StdinReader {
 
   private push(chunk: Buffer): void {
     if (this.frames) return this.pushFrames(chunk)
+    if (this.awaitingGoLine) {
+      const newline = chunk.indexOf(10)
+      const held = this.inputBytes + (newline === -1 ? chunk.length : newline)
+      if (held > MAX_GO_LINE_BYTES) return this.failGoLine('the go line before the input is too long')
+      if (newline === -1) {
+        this.inputChunks.push(chunk)
+        this.inputBytes += chunk.length
+        return
+      }
+      this.awaitingGoLine = false
+      this.resolveGoLine(Buffer.concat([...this.inputChunks, chunk.subarray(0, newline)]).toString('utf8'))
+      this.inputChunks.length = 0
+      this.inputBytes = 0
+      chunk = chunk.subarray(newline + 1)
+      if (chunk.length === 0) return
+    }
     for (let newline = chunk.indexOf(10); newline !== -1; newline = chunk.indexOf(10, newline + 1)) {
       const head = Buffer.concat([...this.inputChunks, chunk.subarray(0, newline)]).toString('utf8')
       if (!head.trimEnd().endsWith('}')) continue
@@ -76,7 +109,16 @@ export class StdinReader {
     else this.queued.push(() => event(this.handlers!))
   }
 
+  private failGoLine(reason: string): void {
+    this.awaitingGoLine = false
+    this.inputDone = true
+    this.stream.removeAllListeners('data')
+    const error = new GatewayError('E_INPUT', reason)
+    this.rejectGoLine(error) // the input is never awaited after it
+  }
+
   private end(): void {
+    if (this.awaitingGoLine) return this.failGoLine('stdin ended before the go line')
     if (!this.inputDone) {
       this.inputDone = true
       this.resolveInput(Buffer.concat(this.inputChunks).toString('utf8'))

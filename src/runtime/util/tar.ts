@@ -54,19 +54,31 @@ function paxRecord(key: string, value: string): string {
 /** One tar archive of the given entries (names relative, `/`-separated). */
 export type TarInput = Omit<TarEntry, 'type'> & {type: '0' | '5'}
 
+/** The header block(s) of one file ('0', of `size` bytes) or folder ('5'): PAX for a name ustar cannot hold. */
+export function tarHeader(entry: Omit<TarInput, 'data'>, size: number): Buffer {
+  const name = entry.type === '5' ? `${entry.name}/` : entry.name
+  const main = header(name.slice(0, 99), entry.type, entry.mode, entry.type === '0' ? size : 0, entry.mtimeMs)
+  if (Buffer.byteLength(name) <= 99 && /^[\x20-\x7e]*$/.test(name)) return main
+  const pax = Buffer.from(paxRecord('path', name))
+  return Buffer.concat([header('././@PaxHeader', 'x', 0o644, pax.length, entry.mtimeMs), ...padded(pax), main])
+}
+
+/** The zeros that fill a member of `size` bytes to a whole block. */
+export function tarPadding(size: number): Buffer {
+  return Buffer.alloc((BLOCK - (size % BLOCK)) % BLOCK)
+}
+
+/** The two zero blocks that end an archive. */
+export const TAR_END_BLOCKS = BLOCK * 2
+
 export function writeTar(entries: TarInput[]): Buffer {
   const parts: Buffer[] = []
   for (const entry of entries) {
     const size = entry.type === '0' ? entry.data.length : 0
-    const name = entry.type === '5' ? `${entry.name}/` : entry.name
-    if (Buffer.byteLength(name) > 99 || !/^[\x20-\x7e]*$/.test(name)) {
-      const pax = Buffer.from(paxRecord('path', name))
-      parts.push(header('././@PaxHeader', 'x', 0o644, pax.length, entry.mtimeMs), ...padded(pax))
-    }
-    parts.push(header(name.slice(0, 99), entry.type, entry.mode, size, entry.mtimeMs))
-    if (size > 0) parts.push(...padded(entry.data))
+    parts.push(tarHeader(entry, size))
+    if (size > 0) parts.push(entry.data, tarPadding(size))
   }
-  parts.push(Buffer.alloc(BLOCK * 2))
+  parts.push(Buffer.alloc(TAR_END_BLOCKS))
   return Buffer.concat(parts)
 }
 

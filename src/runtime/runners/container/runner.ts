@@ -35,12 +35,12 @@ import {watchVolumeOnEngine} from './volume-watch.js'
 import {EngineVolumeLost, endedOnLostVolume, forgetEngineDiskDevice} from '../../container/engine-disk.js'
 import {setStandbyBudget, standbyIdleMs} from '../standby-budget.js'
 import {splitSyncTrailer} from './sync-trailer.js'
+import {syncGoLine} from '../../agent-run/workspace-changes.js'
 import {enginesOf, LOCAL_ENGINE, nextPlacement, placeRun, watchEngines, type DockerEngine} from './engines.js'
 import {
   forgetVolume,
   pullWorkspace,
   pushWorkspace,
-  syncGoLine,
   syncedVolume,
   syncingCommand,
   type SyncedVolume,

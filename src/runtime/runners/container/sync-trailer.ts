@@ -1,9 +1,10 @@
 import {PassThrough, type Readable} from 'node:stream'
+import {SYNC_TRAILER} from '../../agent-run/workspace-changes.js'
 import {TarEnd} from '../../util/tar.js'
 
 /**
- * On a sync engine the run's container, once agent-run has ended, writes what the run changed on
- * its stdout after agent-run's last frame (workspace-sync.ts, syncingCommand): a line
+ * On a sync engine agent-run writes what the run changed on its stdout after its last frame
+ * (agent-run/workspace-changes.ts), as a helper listing them again does (workspace-sync.ts): a line
  * `SYNC_TRAILER <list bytes>`, the name list, then the change tar, streamed: it is whole when its
  * two zero blocks have come, which the host sees as they come (no length up front, no wait for the
  * end of stdout, which comes only with the container's teardown). Nothing of it is written in the
@@ -12,7 +13,7 @@ import {TarEnd} from '../../util/tar.js'
  * too; what it sends is handled exactly as a helper's would be (hostile, bounded), so it gains
  * nothing.
  */
-export const SYNC_TRAILER = 'MEEPA-SYNC-TRAILER'
+export {SYNC_TRAILER}
 
 export interface SyncTrailer {
   list: Buffer

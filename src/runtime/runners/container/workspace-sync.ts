@@ -11,7 +11,8 @@ import {syncStateFile, syncVolumePrefix} from '../../container/engine-state.js'
 import {makeWorkspaceDirectory, removeWorkspaceEntry, writeWorkspaceFile} from '../../workspace/files.js'
 import {volumeCheck} from '../../container/engine-disk.js'
 import {ownContainerArgs} from '../../container/own-container.js'
-import {splitSyncTrailer, SYNC_TRAILER, type SyncTrailer} from './sync-trailer.js'
+import {SYNC_DIR, SYNC_TRAILER, syncToken, WORKSPACE_SYNC_ENV} from '../../agent-run/workspace-changes.js'
+import {splitSyncTrailer, type SyncTrailer} from './sync-trailer.js'
 
 /**
  * An agent's workspace on an engine that cannot mount the host's path (docs/architecture.md,
@@ -21,9 +22,6 @@ import {splitSyncTrailer, SYNC_TRAILER, type SyncTrailer} from './sync-trailer.j
  * through the no-follow writer. A run whose changes did not come back leaves the volume unknown:
  * the next run there starts from a fresh copy of the host's workspace.
  */
-
-/** Where the run's container leaves its change list for the host, inside the agent's volume. */
-const SYNC_DIR = '.meepa-sync'
 
 /** path -> [size, mtimeMs, 'f' | 'd'] of the host's regular files and directories. */
 export type Snapshot = Record<string, [number, number, 'f' | 'd']>
@@ -175,25 +173,6 @@ export async function pushWorkspace(
 }
 
 /**
- * What the host writes on a sync engine's run container's stdin before the input: the volume has
- * been brought to the host's state, so what changes from now on is the run's. The container then
- * writes a mark file in the volume, whose time is the run's start: the volume's own clock at the
- * volume's own granularity (a filesystem may stamp whole seconds). `pushed`: this message's push
- * just wrote to the volume, so the container waits for that clock to tick past the mark, and only
- * what is stamped later is the run's; else what is stamped in the mark's own tick counts too, with
- * no wait (what the last run wrote in that tick comes back once more, unchanged). The run id is
- * written last beside the change list: a list left by an earlier run is never taken for this one's.
- */
-export function syncGoLine(runId: string, pushed: boolean): string {
-  return `${pushed ? 'pushed' : 'clean'} ${syncToken(runId)}\n`
-}
-
-/** The run id as one shell word. */
-function syncToken(runId: string): string {
-  return runId.replace(/[^A-Za-z0-9_-]/g, '_')
-}
-
-/**
  * What changed in the volume since `$since` (nanoseconds since the epoch) on stdout, as the
  * trailer sync-trailer.ts reads: one walk puts every name in the list and the files and folders
  * changed since then in a second one (both in the container's own /tmp, never the volume), then
@@ -212,48 +191,21 @@ const CHANGES_SINCE = [
 ].join(' && ')
 
 /**
- * The run container's program on a sync engine: agent-run starts at once (a standby's waits warm),
- * reading its stdin through a forwarder that first waits for the go line (syncGoLine). Only then
- * is the run's start mark set: a standby started before the host's latest writes reached the volume
- * runs its message on the volume as synced when the message came. After agent-run, every name in
- * the volume is listed and what changed since the mark (ctime: an agent cannot set it back) goes
- * out on stdout (CHANGES_SINCE, sync-trailer.ts); when it does not arrive whole, the host lists it
- * again from the volume (listChangesAgain). A mark that cannot be read ends the forwarder: the run
- * fails and its changes are never taken as a partial list. With `fsid`, a volume that is not the
- * agent's disk image ends the container before anything else (engine-disk.ts).
+ * The run container's program on a sync engine: agent-run, told so (WORKSPACE_SYNC_ENV), as the
+ * only child of the container's init. It reads the go line before its input and marks the run's
+ * start in the volume; after its result frame it stops every other process and sends what changed
+ * (agent-run/workspace-changes.ts, sync-trailer.ts). When no whole trailer comes, the host lists the
+ * changes again from the volume (listChangesAgain). With `fsid`, a volume that is not the agent's
+ * disk image ends the container before anything else (engine-disk.ts).
  */
 export function syncingCommand(
   command: string[],
   /** The volume's filesystem id when it is the agent's disk image: checked before anything runs. */
   fsid?: string,
 ): {entrypoint: string; command: string[]} {
-  const sync = `${CONTAINER_WORKSPACE}/${SYNC_DIR}`
-  // the forwarder's pid in a file: it is killed when agent-run ends, else it would wait on stdin
-  const forwarder = [
-    'echo $$ > /tmp/.meepa-forwarder',
-    'read -r mode run || exit 0',
-    `[ -d ${sync} ] || mkdir ${sync} || exit 0`,
-    `echo "$run" > ${sync}/mark || exit 0`,
-    `[ "$mode" != pushed ] || until [ -n "$(find ${sync}/tick -newer ${sync}/mark 2>/dev/null)" ]; do echo > ${sync}/tick || exit 0; done`,
-    `since=$(date -r ${sync}/mark +%s%N)`,
-    'case "$since" in ""|*[!0-9]*) exit 0 ;; esac',
-    // else "newer than one nanosecond before the mark": stamped in the mark's tick or later
-    '[ "$mode" = pushed ] || since=$((since - 1))',
-    'echo "$since $run" > /tmp/.meepa-start',
-    'exec cat',
-  ].join('\n')
-  const script = [
-    ...(fsid ? [volumeCheck(fsid)] : []),
-    `sh -c '${forwarder}' | { "$@"; status=$?; read -r forwarder < /tmp/.meepa-forwarder && kill "$forwarder" 2>/dev/null; exit $status; }`,
-    'status=$?',
-    'read -r since run < /tmp/.meepa-start || exit $status',
-    '[ $status -eq 0 ] || exit $status',
-    // what the agent left running (a shell tool's background job) is killed before the listing:
-    // nothing but this shell writes the trailer (every process but it and init; all are the run's user)
-    'kill -9 -1 2>/dev/null',
-    // after agent-run's last frame (sync-trailer.ts)
-    `{ ${CHANGES_SINCE}; } || exit 0`,
-  ].join('\n')
+  // exec: agent-run's parent is then the container's init (PID 1, `--init`), which its kill of
+  // every other process spares; the container ends with agent-run
+  const script = [...(fsid ? [volumeCheck(fsid)] : []), `${WORKSPACE_SYNC_ENV}=1 exec "$@"`].join('\n')
   return {entrypoint: '/bin/sh', command: ['-c', script, 'sh', ...command]}
 }
 

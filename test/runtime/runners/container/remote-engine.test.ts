@@ -179,6 +179,24 @@ describeWithDocker('container runs on a remote engine over mutual TLS (own engin
     expect(fs.lstatSync(path.join(workspace('far'), 'planted')).isSymbolicLink()).toBe(true)
   }, 120_000)
 
+  it('takes back every write of the run even when the agent moves its start marks, and nothing it left running writes after', async () => {
+    const reply = await serve!.chat(
+      'far',
+      // a writer left behind, then both marks an earlier design read moved an hour ahead
+      'RUN: (sleep 2; echo late > left-running.txt) > /dev/null 2>&1 & ' +
+        'echo hidden > hidden.txt; touch -d "+1 hour" .meepa-sync/mark; ' +
+        'echo "$(( $(date +%s) + 3600 ))000000000 forged" > /tmp/.meepa-start; echo done',
+    )
+    expect(reply.reply).toContain('done')
+    expect(fs.readFileSync(path.join(workspace('far'), 'hidden.txt'), 'utf8')).toBe('hidden\n')
+    await new Promise((resolve) => setTimeout(resolve, 3000))
+    // the writer was stopped before the listing: the volume holds no file the host lacks
+    const next = await serve!.chat('far', 'RUN: ls && echo listed')
+    expect(next.reply).toContain('listed')
+    expect(next.reply).not.toContain('left-running.txt')
+    expect(fs.existsSync(path.join(workspace('far'), 'left-running.txt'))).toBe(false)
+  }, 120_000)
+
   it('sends no provider key to the remote engine: not in the container, its environment, argv or volume', async () => {
     const key = 'sk-fake-test-key-123456' // what startServe gives FAKE_LLM_KEY
     await expectNoKeyOnEngine(serve!, engine, 'far', key)
@@ -268,11 +286,22 @@ describeWithDocker('container runs on a remote engine over mutual TLS (own engin
     expect((await serve!.chat('small', 'RUN: cat keep.txt')).reply).toContain('kept')
   }, 180_000)
 
+  /**
+   * A reboot leaves nothing mounted. The engine may hold a volume's mount a while after its last
+   * container went (it counts the volume's users), so the device is unmounted here (the engine's host).
+   */
+  const unmountAsRebooted = async (device: string) => {
+    for (const line of fs.readFileSync('/proc/self/mountinfo', 'utf8').split('\n'))
+      if (line.split(' - ')[1]?.split(' ')[1] === device)
+        await execa('umount', ['-l', line.split(' ')[4]!], {reject: false})
+  }
+
   it('a loop device lost with the engine host (gone, or backing another filesystem) is never written: the image is attached anew and the run placed again', async () => {
     await serve!.chat('small', 'RUN: echo before-reboot > mine.txt')
     // the "reboot": the agent's device now backs another filesystem, with a file of its own
     await removeAgentContainers('small')
     const {device} = diskOf('small')
+    await unmountAsRebooted(device)
     // The filesystem is made first so the device is free for as short a time as possible: other
     // test files attach loop devices too. A detach while the device is still open only marks it
     // (autoclear), so the attach is tried until the last holder has let go.
@@ -321,6 +350,7 @@ describeWithDocker('container runs on a remote engine over mutual TLS (own engin
     // the device simply gone (detached): the engine cannot mount the volume; the run still happens once
     await removeAgentContainers('small')
     const second = diskOf('small').device
+    await unmountAsRebooted(second)
     await onEngineHost(`losetup -d ${second}`)
     const after = serve!.output().length
     const again = await serve!.chat('small', 'RUN: cat mine.txt && echo once >> runs.txt && cat runs.txt')

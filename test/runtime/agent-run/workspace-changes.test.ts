@@ -1,0 +1,171 @@
+import {execaSync} from 'execa'
+import fs from 'node:fs'
+import os from 'node:os'
+import path from 'node:path'
+import {PassThrough} from 'node:stream'
+import {afterAll, beforeAll, describe, expect, it} from 'vitest'
+import {
+  markRunStart,
+  sendWorkspaceChanges,
+  syncGoLine,
+  SYNC_DIR,
+} from '../../../src/runtime/agent-run/workspace-changes.js'
+import {StdinReader} from '../../../src/runtime/agent-run/runner-channel.js'
+import {splitSyncTrailer} from '../../../src/runtime/runners/container/sync-trailer.js'
+import {readTar} from '../../../src/runtime/util/tar.js'
+
+/*
+ * agent-run's side of a sync engine's workspace (workspace-changes.ts), on a real filesystem: the
+ * start it marks from the go line, and the trailer it sends after its result, read back by the
+ * host's own reader. Also on an ext4 that stamps whole seconds (128-byte inodes), as a volume may.
+ */
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
+
+/** What agent-run sends after marking `since`, as the host reads it. */
+async function changesOf(workspace: string, since: bigint, maxBytes = 64 * 1024 * 1024) {
+  const out = new PassThrough()
+  const split = splitSyncTrailer(out, maxBytes)
+  split.frames.resume()
+  await sendWorkspaceChanges(workspace, since, out)
+  out.end()
+  const trailer = await split.trailer
+  expect(trailer).toBeDefined()
+  const names = trailer!.list.toString('utf8').split('\0').filter(Boolean).sort()
+  const entries = [...readTar(trailer!.changes, maxBytes)]
+  const files = entries.filter((entry) => entry.type === '0').map((entry) => entry.name.replace(/^\.\//, ''))
+  return {names, entries, files: files.sort()}
+}
+
+for (const coarse of [false, true])
+  describe(`the workspace changes agent-run sends${coarse ? ', on a filesystem that stamps whole seconds' : ''}`, () => {
+    let root: string
+    let workspace: string
+    let outside: string
+    // what a push wrote a tick before the mark: a whole second on the coarse filesystem
+    const tick = coarse ? 1100 : 30
+
+    beforeAll(() => {
+      root = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-ws-changes-'))
+      workspace = path.join(root, 'workspace')
+      outside = path.join(root, 'outside')
+      fs.mkdirSync(workspace)
+      fs.mkdirSync(outside)
+      if (coarse) {
+        const image = path.join(root, 'coarse.ext4')
+        execaSync('truncate', ['-s', '64M', image])
+        execaSync('mkfs.ext4', ['-q', '-F', '-I', '128', image])
+        execaSync('mount', ['-o', 'loop', image, workspace])
+      }
+    })
+    afterAll(() => {
+      if (coarse) execaSync('umount', [workspace], {reject: false})
+      fs.rmSync(root, {recursive: true, force: true})
+    })
+
+    it('sends what the run wrote after its go line, not what the volume held before; every name is listed', async () => {
+      fs.writeFileSync(path.join(workspace, 'before.txt'), 'old')
+      await sleep(tick)
+      const since = markRunStart(workspace, syncGoLine('run_first', false))
+      fs.mkdirSync(path.join(workspace, 'new', 'deeper'), {recursive: true})
+      fs.writeFileSync(path.join(workspace, 'new', 'deeper', 'after.txt'), 'new')
+      const {names, entries, files} = await changesOf(workspace, since)
+      // (an ext4's own lost+found is a name like any other)
+      expect(names.filter((name) => name !== './lost+found')).toEqual([
+        './before.txt',
+        './new',
+        './new/deeper',
+        './new/deeper/after.txt',
+      ])
+      expect(files).toEqual(['new/deeper/after.txt'])
+      // parents before their children, the content whole
+      const order = entries.map((entry) => entry.name)
+      expect(order.indexOf('./new/')).toBeLessThan(order.indexOf('./new/deeper/after.txt'))
+      expect(entries.find((entry) => entry.type === '0')!.data.toString()).toBe('new')
+      // the mark holds the run's id, for a helper that lists the changes again
+      expect(fs.readFileSync(path.join(workspace, SYNC_DIR, 'mark'), 'utf8')).toBe('run_first\n')
+      expect(names.some((name) => name.includes(SYNC_DIR))).toBe(false)
+    })
+
+    it('after a push, what the push wrote just before the go line is not the run’s', async () => {
+      fs.writeFileSync(path.join(workspace, 'pushed.txt'), 'pushed')
+      const since = markRunStart(workspace, syncGoLine('run_pushed', true))
+      fs.writeFileSync(path.join(workspace, 'mine.txt'), 'mine')
+      expect((await changesOf(workspace, since)).files).toEqual(['mine.txt'])
+    })
+
+    it('a file whose time the run set back is still the run’s (ctime), and a rewritten one comes whole', async () => {
+      const since = markRunStart(workspace, syncGoLine('run_backdated', true))
+      const file = path.join(workspace, 'backdated.txt')
+      fs.writeFileSync(file, 'x'.repeat(3 * 1024 * 1024 + 7))
+      fs.utimesSync(file, new Date(2000, 0, 1), new Date(2000, 0, 1))
+      const {entries} = await changesOf(workspace, since)
+      const sent = entries.find((entry) => entry.name === './backdated.txt')!
+      expect(sent.data.length).toBe(3 * 1024 * 1024 + 7)
+      expect(sent.mtimeMs).toBe(new Date(2000, 0, 1).getTime())
+    })
+
+    it('never follows what the last run planted: a link for its folder, a FIFO for its mark, links and FIFOs and odd names in the workspace', async () => {
+      fs.rmSync(path.join(workspace, SYNC_DIR), {recursive: true, force: true})
+      fs.symlinkSync(outside, path.join(workspace, SYNC_DIR))
+      markRunStart(workspace, syncGoLine('run_link', false))
+      expect(fs.readdirSync(outside)).toEqual([])
+      expect(fs.lstatSync(path.join(workspace, SYNC_DIR)).isDirectory()).toBe(true)
+      // a FIFO where the mark goes would block a writer that opened it
+      fs.rmSync(path.join(workspace, SYNC_DIR, 'mark'))
+      execaSync('mkfifo', [path.join(workspace, SYNC_DIR, 'mark')])
+      const since = markRunStart(workspace, syncGoLine('run_fifo', false))
+      expect(fs.readFileSync(path.join(workspace, SYNC_DIR, 'mark'), 'utf8')).toBe('run_fifo\n')
+      execaSync('mkfifo', [path.join(workspace, 'fifo')])
+      fs.symlinkSync('/etc/passwd', path.join(workspace, 'link'))
+      const odd = `a name with\nnewline, ünïcode and ${'long-'.repeat(40)}end`
+      fs.writeFileSync(path.join(workspace, odd), 'odd')
+      const {names, files} = await changesOf(workspace, since)
+      expect(names).toEqual(expect.arrayContaining(['./fifo', './link', `./${odd}`]))
+      // (in the mark's own second what the last test wrote then comes once more)
+      expect(files).toContain(odd)
+      expect(files).not.toEqual(expect.arrayContaining(['fifo']))
+      expect(files).not.toEqual(expect.arrayContaining(['link']))
+    })
+
+    it('refuses a malformed go line', () => {
+      expect(() => markRunStart(workspace, 'pushed ../../etc')).toThrow(/go line is malformed/)
+      expect(() => markRunStart(workspace, 'later run_x')).toThrow(/go line is malformed/)
+    })
+
+    if (coarse)
+      it('sends a run’s changes when the run filled its volume (nothing of the trailer is written there)', async () => {
+        const since = markRunStart(workspace, syncGoLine('run_full', false))
+        fs.writeFileSync(path.join(workspace, 'small.txt'), 'small')
+        const fill = execaSync('dd', ['if=/dev/zero', `of=${path.join(workspace, 'fill')}`, 'bs=1M', 'count=100'], {
+          reject: false,
+        })
+        expect(fill.stderr).toContain('No space left on device')
+        const {files} = await changesOf(workspace, since, 128 * 1024 * 1024)
+        expect(files).toEqual(expect.arrayContaining(['fill', 'small.txt']))
+        fs.rmSync(path.join(workspace, 'fill'))
+      })
+  })
+
+describe('agent-run’s stdin with a go line before the input', () => {
+  const feed = async (chunks: string[]) => {
+    const stream = new PassThrough()
+    const reader = new StdinReader(stream, {goLine: true})
+    for (const chunk of chunks) stream.write(chunk)
+    stream.end()
+    return reader
+  }
+
+  it('takes the go line, then the input, whatever the pieces they come in', async () => {
+    const reader = await feed(['pus', 'hed run_1', '\n{"a":', '1}\n'])
+    expect(await reader.goLine).toBe('pushed run_1')
+    expect(JSON.parse(await reader.input)).toEqual({a: 1})
+    const whole = await feed(['clean run_2\n{"b":2}\n'])
+    expect(await whole.goLine).toBe('clean run_2')
+    expect(JSON.parse(await whole.input)).toEqual({b: 2})
+  })
+
+  it('refuses stdin that ends before the go line, or runs on without one', async () => {
+    await expect((await feed(['clean'])).goLine).rejects.toThrow(/ended before the go line/)
+    await expect((await feed(['x'.repeat(300)])).goLine).rejects.toThrow(/go line before the input is too long/)
+  })
+})
