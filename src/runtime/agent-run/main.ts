@@ -11,7 +11,9 @@ import {parseAgentRunInput} from './input.js'
 import {RunnerChannel, StdinReader} from './runner-channel.js'
 import {
   markRunStart,
+  type RunStart,
   sendWorkspaceChanges,
+  SYNC_START_LOG,
   stopOtherProcesses,
   WORKSPACE_SYNC_ENV,
   workspaceSyncHere,
@@ -147,13 +149,17 @@ export async function main(): Promise<void> {
   const syncAsked = process.env[WORKSPACE_SYNC_ENV] === '1'
   const sendsChanges = syncAsked && workspaceSyncHere()
   delete process.env[WORKSPACE_SYNC_ENV]
-  let changesSince: {workspace: string; since: bigint} | undefined
+  let changesSince: {workspace: string; start: RunStart} | undefined
   const reader = new StdinReader(process.stdin, {goLine: syncAsked})
   try {
     const goLine = syncAsked ? await reader.goLine : undefined
     const input = parseAgentRunInput(await reader.input)
     runId = input.run_id
-    if (goLine !== undefined) changesSince = {workspace: input.workspace, since: markRunStart(input.workspace, goLine)}
+    if (goLine !== undefined) {
+      changesSince = {workspace: input.workspace, start: markRunStart(input.workspace, goLine)}
+      // for the host's own listing, should no whole trailer come: said before any command runs
+      log(`${SYNC_START_LOG} ${changesSince.start.since}`)
+    }
     secrets = Object.values(input.secrets)
     if (input.timeout_ms !== undefined) endAtDeadline(input.timeout_ms, log)
     channel = channelMode(input)
@@ -178,12 +184,15 @@ export async function main(): Promise<void> {
   }
   const line = channel ? JSON.stringify({type: 'result', output} satisfies AgentRunFrame) : JSON.stringify(output)
   stdout.write(`${line}\n`)
-  if (output.ok && changesSince && sendsChanges) {
-    stopOtherProcesses()
-    await sendWorkspaceChanges(changesSince.workspace, changesSince.since, stdout).catch((error: unknown) => {
-      // the trailer stays unfinished: the runner lists the changes again from the volume
-      log(`could not send the workspace's changes: ${(error as Error).message}`)
-    })
+  // a failed run's changes too: the host takes back what any run that answered wrote
+  if (changesSince && sendsChanges) {
+    if (!(await stopOtherProcesses()))
+      log('processes of the run outlived their kill: the host lists the changes itself')
+    else
+      await sendWorkspaceChanges(changesSince.workspace, changesSince.start, stdout).catch((error: unknown) => {
+        // the trailer stays unfinished: the runner lists the changes again from the volume
+        log(`could not send the workspace's changes: ${(error as Error).message}`)
+      })
   }
   stdout.write('', () => {
     process.exit(output.ok ? 0 : output.error.code === 'E_INPUT' ? 2 : 1)

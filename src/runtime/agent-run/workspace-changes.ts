@@ -23,6 +23,9 @@ export const SYNC_DIR = '.meepa-sync'
 /** The line that starts the trailer: `SYNC_TRAILER <list bytes>`, the NUL-separated names, the tar. */
 export const SYNC_TRAILER = 'MEEPA-SYNC-TRAILER'
 
+/** agent-run's log line with the run's start (`<line> <since>`), read by the host for its own listing. */
+export const SYNC_START_LOG = "workspace sync: the run's changes are those stamped after"
+
 /** The go line's run id as one shell word (the mark holds it; a helper compares it). */
 export function syncToken(runId: string): string {
   return runId.replace(/[^A-Za-z0-9_-]/g, '_')
@@ -31,10 +34,11 @@ export function syncToken(runId: string): string {
 /**
  * The line the runner sends before the input, once the volume holds the host's state:
  * `pushed`: this message's push just wrote to the volume, so only what is stamped after the
- * volume's clock ticked past the mark is the run's; `clean`: the mark's own tick counts too.
+ * volume's clock ticked past the mark is the run's; `clean`: the mark's own tick counts too. Then
+ * the run id, and the most the trailer may carry (limits.disk: past it, agent-run stops sending).
  */
-export function syncGoLine(runId: string, pushed: boolean): string {
-  return `${pushed ? 'pushed' : 'clean'} ${syncToken(runId)}\n`
+export function syncGoLine(runId: string, pushed: boolean, maxBytes: number): string {
+  return `${pushed ? 'pushed' : 'clean'} ${syncToken(runId)} ${Math.floor(maxBytes)}\n`
 }
 
 /**
@@ -46,22 +50,40 @@ export function workspaceSyncHere(env: NodeJS.ProcessEnv = process.env): boolean
   return env[WORKSPACE_SYNC_ENV] === '1' && process.ppid === 1
 }
 
-const GO_LINE = /^(pushed|clean) ([A-Za-z0-9_-]{1,200})$/
+const GO_LINE = /^(pushed|clean) ([A-Za-z0-9_-]{1,200}) (\d{1,16})$/
 
-/** A folder of the sync's own in the volume: whatever the agent left at its name is removed first. */
-function syncFolder(workspace: string): string {
+/** What agent-run keeps of the run's start, in its own memory. */
+export interface RunStart {
+  /** A change stamped (ctime) after this is the run's: nanoseconds, the volume's own clock. */
+  since: bigint
+  /** The most the trailer may carry. */
+  maxBytes: number
+  /** Each name in the volume at the start and its inode: a name new or replaced since is the run's. */
+  before: Map<string, bigint>
+}
+
+/**
+ * The sync's own folder with nothing in it but the mark and the tick, as regular files: whatever
+ * a run left there (a link, a FIFO, a stash) is removed. No command of the agent runs yet.
+ */
+function cleanSyncFolder(workspace: string): string {
   const dir = path.join(workspace, SYNC_DIR)
   const stat = fs.lstatSync(dir, {throwIfNoEntry: false})
-  if (stat?.isDirectory()) return dir
-  if (stat) fs.rmSync(dir, {force: true, recursive: true})
-  fs.mkdirSync(dir, {mode: 0o700})
+  if (stat && !stat.isDirectory()) fs.rmSync(dir, {force: true, recursive: true})
+  if (!stat?.isDirectory()) {
+    fs.mkdirSync(dir, {mode: 0o700})
+    return dir
+  }
+  for (const entry of fs.readdirSync(dir)) {
+    const file = path.join(dir, entry)
+    if ((entry === 'mark' || entry === 'tick') && fs.lstatSync(file).isFile()) continue
+    fs.rmSync(file, {force: true, recursive: true})
+  }
   return dir
 }
 
-/** Writes a small file without following a link or blocking on a FIFO planted at its name. */
-function writePlain(file: string, content: string): void {
-  const stat = fs.lstatSync(file, {throwIfNoEntry: false})
-  if (stat && !stat.isFile()) fs.rmSync(file, {force: true, recursive: true})
+/** Writes a small file: nothing but a regular file of ours is at its name (cleanSyncFolder). */
+function writeNew(file: string, content: string): void {
   const fd = fs.openSync(
     file,
     fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_TRUNC | fs.constants.O_NOFOLLOW,
@@ -75,28 +97,79 @@ function writePlain(file: string, content: string): void {
 }
 
 const mtimeOf = (file: string) => fs.statSync(file, {bigint: true}).mtimeNs
+const pause = (ms: number) => Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, ms)
 
 /**
- * Marks the run's start in the volume from the go line; returns the time after which a change is
- * the run's (nanoseconds, the volume's own clock and granularity: compared with ctime, which no
- * one in the container can set back).
+ * The names of a folder as they are on disk. A name that is not UTF-8 would not come back from a
+ * string (two names could even read the same): the walk refuses it, and the host lists the
+ * changes itself, from bytes.
  */
-export function markRunStart(workspace: string, goLine: string): bigint {
+function namesIn(dir: string): string[] {
+  const names = fs.readdirSync(dir)
+  if (names.some((name) => name.includes('\uFFFD')))
+    for (const raw of fs.readdirSync(dir, {encoding: 'buffer'}))
+      if (!Buffer.from(raw.toString('utf8')).equals(raw))
+        throw new Error(`a name in ${dir} is not UTF-8 (${JSON.stringify(raw.toString('latin1'))})`)
+  return names
+}
+
+/** Every name below the workspace (but the sync's folder) and its inode. */
+function inodes(workspace: string): Map<string, bigint> {
+  const found = new Map<string, bigint>()
+  const visit = (dir: string, prefix: string) => {
+    let names: string[]
+    try {
+      names = namesIn(dir)
+    } catch {
+      return // unreadable or not UTF-8: the end's walk fails on it too
+    }
+    for (const entry of names) {
+      if (!prefix && entry === SYNC_DIR) continue
+      const name = prefix ? `${prefix}/${entry}` : entry
+      const stat = fs.lstatSync(path.join(dir, entry), {bigint: true, throwIfNoEntry: false})
+      if (!stat) continue
+      found.set(name, stat.ino)
+      if (stat.isDirectory()) visit(path.join(dir, entry), name)
+    }
+  }
+  visit(workspace, '')
+  return found
+}
+
+/**
+ * Marks the run's start in the volume from the go line, before any command of the agent runs;
+ * what it returns stays in agent-run's memory. The mark (the run id) is for a helper that lists
+ * the changes again when no whole trailer came.
+ */
+export function markRunStart(workspace: string, goLine: string): RunStart {
   const go = GO_LINE.exec(goLine.trim())
   if (!go) throw new GatewayError('E_INPUT', 'the workspace sync go line is malformed')
-  const [, mode, token] = go
+  const [, mode, token, limit] = go
+  const maxBytes = Number(limit)
   try {
-    const dir = syncFolder(workspace)
+    const dir = cleanSyncFolder(workspace)
     const mark = path.join(dir, 'mark')
-    writePlain(mark, `${token}\n`)
+    writeNew(mark, `${token}\n`)
     const marked = mtimeOf(mark)
-    if (mode === 'clean') return marked - 1n // "newer than one nanosecond before": the mark's own tick counts
-    // the push's own writes may share the mark's tick: wait for the volume's clock to pass it
-    const tick = path.join(dir, 'tick')
-    const until = Date.now() + 5_000
-    do writePlain(tick, '\n')
-    while (mtimeOf(tick) <= marked && Date.now() < until)
-    return marked
+    // "newer than one nanosecond before the mark": with `clean`, the mark's own tick counts
+    let since = marked - 1n
+    if (mode === 'pushed') {
+      // the push's own writes may share the mark's tick: wait for the volume's clock to pass it
+      const tick = path.join(dir, 'tick')
+      const until = Date.now() + 5_000
+      for (;;) {
+        writeNew(tick, '\n')
+        if (mtimeOf(tick) > marked) break
+        if (Date.now() > until) throw new Error("the volume's clock did not move past the mark in 5 s")
+        pause(1)
+      }
+      since = marked
+    }
+    const start: RunStart = {since, maxBytes, before: new Map()}
+    // the names as they are now, taken as soon as this turn of the event loop ends: while the
+    // first LLM request is out, and before any tool can run (one needs an answer to that request)
+    setImmediate(() => (start.before = inodes(workspace)))
+    return start
   } catch (error) {
     throw new GatewayError(
       'E_WORKSPACE',
@@ -112,17 +185,23 @@ interface Walked {
   changed: Array<{name: string; folder: boolean; mode: number; mtimeMs: number; size: number}>
 }
 
-function walk(workspace: string, since: bigint): Walked {
+/**
+ * Changed: stamped after the start (ctime), or a name that is new or names another inode than at
+ * the start, and everything below such a folder: a folder moved in brings its files, whose own
+ * times a rename does not touch.
+ */
+function walk(workspace: string, start: RunStart): Walked {
   const walked: Walked = {names: [], changed: []}
-  const visit = (dir: string, prefix: string) => {
-    for (const entry of fs.readdirSync(dir)) {
+  const visit = (dir: string, prefix: string, movedIn: boolean) => {
+    for (const entry of namesIn(dir)) {
       if (!prefix && entry === SYNC_DIR) continue
       const name = prefix ? `${prefix}/${entry}` : entry
       const full = path.join(dir, entry)
       const stat = fs.lstatSync(full, {bigint: true})
       walked.names.push(Buffer.from(`./${name}\0`))
       const folder = stat.isDirectory()
-      if ((folder || stat.isFile()) && stat.ctimeNs > since)
+      const newHere = movedIn || start.before.get(name) !== stat.ino
+      if ((folder || stat.isFile()) && (newHere || stat.ctimeNs > start.since))
         walked.changed.push({
           name: `./${name}`,
           folder,
@@ -130,10 +209,10 @@ function walk(workspace: string, since: bigint): Walked {
           mtimeMs: Number(stat.mtimeMs),
           size: folder ? 0 : Number(stat.size),
         })
-      if (folder) visit(full, name)
+      if (folder) visit(full, name, newHere)
     }
   }
-  visit(workspace, '')
+  visit(workspace, '', false)
   return walked
 }
 
@@ -162,31 +241,52 @@ async function putFile(out: Writable, file: string, size: number): Promise<void>
 
 /**
  * Kills every process of the container but PID 1 (its init) and this one: a shell tool's
- * background job would write on after the listing. Only where workspaceSyncHere() holds.
+ * background job would write on after the listing. Only where workspaceSyncHere() holds. A kill
+ * is not a death: false when some still exist after `waitMs` (the host then lists the changes
+ * itself, once the container is gone). The wait yields, so this process reaps its own children.
  */
-export function stopOtherProcesses(): void {
-  try {
-    process.kill(-1, 'SIGKILL')
-  } catch {
-    // none left to signal
+export async function stopOtherProcesses(waitMs = 2_000): Promise<boolean> {
+  const until = Date.now() + waitMs
+  for (;;) {
+    try {
+      process.kill(-1, 'SIGKILL')
+      process.kill(-1, 0) // throws ESRCH once none is left
+    } catch {
+      return true
+    }
+    if (Date.now() > until) return false
+    await new Promise((resolve) => setTimeout(resolve, 1))
   }
 }
+
+/** Past this, the host stops reading a trailer (sync-trailer.ts): agent-run stops sending before. */
+const TRAILER_SLACK_BYTES = 1024 * 1024
 
 /**
  * After the result frame, once nothing else runs (stopOtherProcesses): sends the trailer. Any
  * error before the tar's end leaves it unfinished, which the host takes as none: it lists the
  * changes again itself.
  */
-export async function sendWorkspaceChanges(workspace: string, since: bigint, out: Writable): Promise<void> {
-  const {names, changed} = walk(workspace, since)
+export async function sendWorkspaceChanges(workspace: string, start: RunStart, out: Writable): Promise<void> {
+  const {names, changed} = walk(workspace, start)
   const list = Buffer.concat(names)
-  await put(out, Buffer.concat([Buffer.from(`${SYNC_TRAILER} ${list.length}\n`), list]))
+  let sent = 0
+  const send = (chunk: Buffer) => {
+    sent += chunk.length
+    // hard links each come whole: a file linked a thousand times must not fill the pipe for hours
+    if (sent > start.maxBytes + TRAILER_SLACK_BYTES) throw new Error('the changes are larger than limits.disk')
+    return put(out, chunk)
+  }
+  await send(Buffer.concat([Buffer.from(`${SYNC_TRAILER} ${list.length}\n`), list]))
   for (const entry of changed) {
     const type = entry.folder ? '5' : '0'
-    await put(out, tarHeader({name: entry.name, type, mode: entry.mode, mtimeMs: entry.mtimeMs}, entry.size))
+    await send(tarHeader({name: entry.name, type, mode: entry.mode, mtimeMs: entry.mtimeMs}, entry.size))
     if (entry.folder || entry.size === 0) continue
+    if (sent + entry.size > start.maxBytes + TRAILER_SLACK_BYTES)
+      throw new Error('the changes are larger than limits.disk')
+    sent += entry.size
     await putFile(out, path.join(workspace, entry.name), entry.size)
-    await put(out, tarPadding(entry.size))
+    await send(tarPadding(entry.size))
   }
-  await put(out, Buffer.alloc(TAR_END_BLOCKS))
+  await send(Buffer.alloc(TAR_END_BLOCKS))
 }

@@ -27,7 +27,7 @@ function header(name: string, type: string, mode: number, size: number, mtimeMs:
   block.write(octal(0, 8), 108, 'ascii')
   block.write(octal(0, 8), 116, 'ascii')
   block.write(octal(size, 12), 124, 'ascii')
-  block.write(octal(Math.floor(mtimeMs / 1000), 12), 136, 'ascii')
+  block.write(octal(Math.max(0, Math.floor(mtimeMs / 1000)), 12), 136, 'ascii')
   block.write(type, 156, 'ascii')
   block.write('ustar\u000000', 257, 'ascii')
   block.write('        ', 148, 'ascii')
@@ -54,13 +54,20 @@ function paxRecord(key: string, value: string): string {
 /** One tar archive of the given entries (names relative, `/`-separated). */
 export type TarInput = Omit<TarEntry, 'type'> & {type: '0' | '5'}
 
-/** The header block(s) of one file ('0', of `size` bytes) or folder ('5'): PAX for a name ustar cannot hold. */
+/** The largest size a ustar header's 11 octal digits hold (8 GiB - 1); past it, a PAX `size`. */
+const MAX_USTAR_SIZE = 0o77777777777
+
+/** The header block(s) of one file ('0', of `size` bytes) or folder ('5'): PAX for what ustar cannot hold. */
 export function tarHeader(entry: Omit<TarInput, 'data'>, size: number): Buffer {
   const name = entry.type === '5' ? `${entry.name}/` : entry.name
-  const main = header(name.slice(0, 99), entry.type, entry.mode, entry.type === '0' ? size : 0, entry.mtimeMs)
-  if (Buffer.byteLength(name) <= 99 && /^[\x20-\x7e]*$/.test(name)) return main
-  const pax = Buffer.from(paxRecord('path', name))
-  return Buffer.concat([header('././@PaxHeader', 'x', 0o644, pax.length, entry.mtimeMs), ...padded(pax), main])
+  const bytes = entry.type === '0' ? size : 0
+  let pax = ''
+  if (Buffer.byteLength(name) > 99 || !/^[\x20-\x7e]*$/.test(name)) pax += paxRecord('path', name)
+  if (bytes > MAX_USTAR_SIZE) pax += paxRecord('size', String(bytes))
+  const main = header(name.slice(0, 99), entry.type, entry.mode, bytes > MAX_USTAR_SIZE ? 0 : bytes, entry.mtimeMs)
+  if (!pax) return main
+  const records = Buffer.from(pax)
+  return Buffer.concat([header('././@PaxHeader', 'x', 0o644, records.length, entry.mtimeMs), ...padded(records), main])
 }
 
 /** The zeros that fill a member of `size` bytes to a whole block. */

@@ -6,6 +6,7 @@ import {PassThrough} from 'node:stream'
 import {afterAll, beforeAll, describe, expect, it} from 'vitest'
 import {
   markRunStart,
+  type RunStart,
   sendWorkspaceChanges,
   syncGoLine,
   SYNC_DIR,
@@ -19,14 +20,22 @@ import {readTar} from '../../../src/runtime/util/tar.js'
  * start it marks from the go line, and the trailer it sends after its result, read back by the
  * host's own reader. Also on an ext4 that stamps whole seconds (128-byte inodes), as a volume may.
  */
+const LIMIT = 128 * 1024 * 1024
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
 
+/** The start as agent-run takes it: marked, then the names of the moment, after this turn of the event loop. */
+async function startRun(workspace: string, goLine: string): Promise<RunStart> {
+  const start = markRunStart(workspace, goLine)
+  await new Promise((resolve) => setImmediate(resolve))
+  return start
+}
+
 /** What agent-run sends after marking `since`, as the host reads it. */
-async function changesOf(workspace: string, since: bigint, maxBytes = 64 * 1024 * 1024) {
+async function changesOf(workspace: string, start: RunStart, maxBytes = 64 * 1024 * 1024) {
   const out = new PassThrough()
   const split = splitSyncTrailer(out, maxBytes)
   split.frames.resume()
-  await sendWorkspaceChanges(workspace, since, out)
+  await sendWorkspaceChanges(workspace, start, out)
   out.end()
   const trailer = await split.trailer
   expect(trailer).toBeDefined()
@@ -65,7 +74,7 @@ for (const coarse of [false, true])
     it('sends what the run wrote after its go line, not what the volume held before; every name is listed', async () => {
       fs.writeFileSync(path.join(workspace, 'before.txt'), 'old')
       await sleep(tick)
-      const since = markRunStart(workspace, syncGoLine('run_first', false))
+      const since = await startRun(workspace, syncGoLine('run_first', false, LIMIT))
       fs.mkdirSync(path.join(workspace, 'new', 'deeper'), {recursive: true})
       fs.writeFileSync(path.join(workspace, 'new', 'deeper', 'after.txt'), 'new')
       const {names, entries, files} = await changesOf(workspace, since)
@@ -88,13 +97,13 @@ for (const coarse of [false, true])
 
     it('after a push, what the push wrote just before the go line is not the run’s', async () => {
       fs.writeFileSync(path.join(workspace, 'pushed.txt'), 'pushed')
-      const since = markRunStart(workspace, syncGoLine('run_pushed', true))
+      const since = await startRun(workspace, syncGoLine('run_pushed', true, LIMIT))
       fs.writeFileSync(path.join(workspace, 'mine.txt'), 'mine')
       expect((await changesOf(workspace, since)).files).toEqual(['mine.txt'])
     })
 
     it('a file whose time the run set back is still the run’s (ctime), and a rewritten one comes whole', async () => {
-      const since = markRunStart(workspace, syncGoLine('run_backdated', true))
+      const since = await startRun(workspace, syncGoLine('run_backdated', true, LIMIT))
       const file = path.join(workspace, 'backdated.txt')
       fs.writeFileSync(file, 'x'.repeat(3 * 1024 * 1024 + 7))
       fs.utimesSync(file, new Date(2000, 0, 1), new Date(2000, 0, 1))
@@ -107,14 +116,16 @@ for (const coarse of [false, true])
     it('never follows what the last run planted: a link for its folder, a FIFO for its mark, links and FIFOs and odd names in the workspace', async () => {
       fs.rmSync(path.join(workspace, SYNC_DIR), {recursive: true, force: true})
       fs.symlinkSync(outside, path.join(workspace, SYNC_DIR))
-      markRunStart(workspace, syncGoLine('run_link', false))
+      await startRun(workspace, syncGoLine('run_link', false, LIMIT))
       expect(fs.readdirSync(outside)).toEqual([])
       expect(fs.lstatSync(path.join(workspace, SYNC_DIR)).isDirectory()).toBe(true)
-      // a FIFO where the mark goes would block a writer that opened it
+      // a FIFO where the mark goes would block a writer that opened it; a stash beside it stays hidden
       fs.rmSync(path.join(workspace, SYNC_DIR, 'mark'))
       execaSync('mkfifo', [path.join(workspace, SYNC_DIR, 'mark')])
-      const since = markRunStart(workspace, syncGoLine('run_fifo', false))
+      fs.writeFileSync(path.join(workspace, SYNC_DIR, 'stash'), 'never listed')
+      const since = await startRun(workspace, syncGoLine('run_fifo', false, LIMIT))
       expect(fs.readFileSync(path.join(workspace, SYNC_DIR, 'mark'), 'utf8')).toBe('run_fifo\n')
+      expect(fs.readdirSync(path.join(workspace, SYNC_DIR))).not.toContain('stash')
       execaSync('mkfifo', [path.join(workspace, 'fifo')])
       fs.symlinkSync('/etc/passwd', path.join(workspace, 'link'))
       const odd = `a name with\nnewline, ünïcode and ${'long-'.repeat(40)}end`
@@ -128,19 +139,49 @@ for (const coarse of [false, true])
     })
 
     it('refuses a malformed go line', () => {
-      expect(() => markRunStart(workspace, 'pushed ../../etc')).toThrow(/go line is malformed/)
-      expect(() => markRunStart(workspace, 'later run_x')).toThrow(/go line is malformed/)
+      expect(() => markRunStart(workspace, 'pushed ../../etc 1')).toThrow(/go line is malformed/)
+      expect(() => markRunStart(workspace, 'later run_x 1')).toThrow(/go line is malformed/)
+      expect(() => markRunStart(workspace, 'clean run_x')).toThrow(/go line is malformed/)
+    })
+
+    it('a folder the run moved brings its files, whose own times a rename leaves alone', async () => {
+      fs.mkdirSync(path.join(workspace, 'reports', 'q'), {recursive: true})
+      fs.writeFileSync(path.join(workspace, 'reports', 'q', 'q1.txt'), 'q1')
+      await sleep(tick)
+      const start = await startRun(workspace, syncGoLine('run_moved', false, LIMIT))
+      fs.renameSync(path.join(workspace, 'reports'), path.join(workspace, 'archive'))
+      const {names, files} = await changesOf(workspace, start)
+      expect(files).toContain('archive/q/q1.txt')
+      expect(names).not.toContain('./reports/q/q1.txt')
+    })
+
+    it('stops sending at limits.disk however often a file is linked, and never sends a name that is not UTF-8', async () => {
+      const start = await startRun(workspace, syncGoLine('run_links', false, 4 * 1024 * 1024))
+      fs.writeFileSync(path.join(workspace, 'one-mb'), Buffer.alloc(1024 * 1024, 1))
+      for (let i = 0; i < 10; i++) fs.linkSync(path.join(workspace, 'one-mb'), path.join(workspace, `link-${i}`))
+      const out = new PassThrough()
+      let sent = 0
+      out.on('data', (chunk: Buffer) => (sent += chunk.length))
+      await expect(sendWorkspaceChanges(workspace, start, out)).rejects.toThrow(/larger than limits.disk/)
+      expect(sent).toBeLessThanOrEqual(5 * 1024 * 1024 + 64 * 1024)
+      for (const name of fs.readdirSync(workspace))
+        if (/^(one-mb|link-)/.test(name)) fs.rmSync(path.join(workspace, name))
+      // a name of bytes that are not UTF-8 reads as U+FFFD, as a real one would: refused, never guessed
+      fs.mkdirSync(Buffer.from([...Buffer.from(workspace + '/d'), 0xff]))
+      const bytesStart = await startRun(workspace, syncGoLine('run_bytes', false, LIMIT))
+      await expect(sendWorkspaceChanges(workspace, bytesStart, new PassThrough())).rejects.toThrow(/not UTF-8/)
+      fs.rmSync(Buffer.from([...Buffer.from(workspace + '/d'), 0xff]), {recursive: true})
     })
 
     if (coarse)
       it('sends a run’s changes when the run filled its volume (nothing of the trailer is written there)', async () => {
-        const since = markRunStart(workspace, syncGoLine('run_full', false))
+        const since = await startRun(workspace, syncGoLine('run_full', false, LIMIT))
         fs.writeFileSync(path.join(workspace, 'small.txt'), 'small')
         const fill = execaSync('dd', ['if=/dev/zero', `of=${path.join(workspace, 'fill')}`, 'bs=1M', 'count=100'], {
           reject: false,
         })
         expect(fill.stderr).toContain('No space left on device')
-        const {files} = await changesOf(workspace, since, 128 * 1024 * 1024)
+        const {files} = await changesOf(workspace, since, LIMIT)
         expect(files).toEqual(expect.arrayContaining(['fill', 'small.txt']))
         fs.rmSync(path.join(workspace, 'fill'))
       })

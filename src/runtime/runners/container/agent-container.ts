@@ -1,3 +1,4 @@
+import {SYNC_START_LOG} from '../../agent-run/workspace-changes.js'
 import type {DockerCli} from '../../../sandbox/docker/cli.js'
 import {LABEL} from '../../../sandbox/docker/dockerfile.js'
 import {buildDockerRunArgs, type DockerRunSpec} from '../../../sandbox/docker/run-args.js'
@@ -15,6 +16,8 @@ export interface RunShape {
   key: string
 }
 
+const SYNC_START = new RegExp(`^\\[agent-run [^\\]]{1,100}\\] ${SYNC_START_LOG} (\\d{1,20})$`)
+
 /** A `docker run -i` of agent-run, whose input goes in on stdin once its message is known. */
 export interface AgentContainer {
   name: string
@@ -23,6 +26,8 @@ export interface AgentContainer {
   stderrTail: string
   /** Where its stderr lines go: the run it serves (a standby container has none yet). */
   log: (line: string) => void
+  /** On a sync engine, the run's start as agent-run first said it (before any command ran). */
+  syncSince?: string
 }
 
 export function startAgentContainer(
@@ -47,7 +52,11 @@ export function startAgentContainer(
   child.stderr?.on('data', (chunk: Buffer) => {
     const text = chunk.toString('utf8')
     container.stderrTail = (container.stderrTail + text).slice(-STDERR_TAIL_BYTES)
-    for (const line of text.split('\n')) if (line.trim()) container.log(redactSecrets(line, secretValues))
+    for (const line of text.split('\n')) {
+      if (!line.trim()) continue
+      container.syncSince ??= SYNC_START.exec(line)?.[1]
+      container.log(redactSecrets(line, secretValues))
+    }
   })
   return container
 }

@@ -349,7 +349,7 @@ async function runOnVolume(
     })
   container.log = cappedLog(log)
   const {name, child} = container
-  if (sync) child.stdin?.write(syncGoLine(runId, pushed))
+  if (sync) child.stdin?.write(syncGoLine(runId, pushed, diskLimit))
   // the keeper removes the container if this process dies; the record covers the keeper dying too
   // on a listed engine, where: the next start-up removes it there (and forgets what the volume holds)
   const onEngine = engine && request.config.engines?.length ? {name: engine.name, args: cli.engineArgs} : undefined
@@ -407,6 +407,7 @@ async function runOnVolume(
               maxBytes: diskLimit,
               log,
               trailer: await split.trailer,
+              since: container.syncSince,
             })
             pulled = true
             if (received > 0) log(`workspace sync: took back ${received} changed file(s) from engine ${engine!.name}`)

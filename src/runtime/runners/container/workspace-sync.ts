@@ -187,7 +187,8 @@ const CHANGES_SINCE = [
   `find . -mindepth 1 -path ./${SYNC_DIR} -prune -o -fprint0 "$lists/all" \\( -type f -o -type d \\) -newerct "@$seconds.\${since#"$seconds"}" -print0 > "$lists/changed"`,
   `printf '${SYNC_TRAILER} %s\\n' "$(stat -c %s "$lists/all")"`,
   'cat "$lists/all"',
-  'tar -c --null --no-recursion --format=posix -f - -T "$lists/changed"',
+  // hard links as files: the host makes no links
+  'tar -c --null --no-recursion --hard-dereference --format=posix -f - -T "$lists/changed"',
 ].join(' && ')
 
 /**
@@ -235,6 +236,8 @@ export async function pullWorkspace(
     log: (line: string) => void
     /** The list and change tar as the container sent them on stdout; else listed again from the volume. */
     trailer?: SyncTrailer
+    /** The run's start as agent-run said it before any command ran; else read from the volume's mark. */
+    since?: string
     /** What the helper that lists them again runs as. */
     helper: HelperOptions
   },
@@ -341,15 +344,17 @@ export function applyChanges(
 async function listChangesAgain(
   cli: DockerCli,
   state: SyncedVolume,
-  options: {runId: string; pushed: boolean; maxBytes: number; helper: HelperOptions},
+  options: {runId: string; pushed: boolean; maxBytes: number; helper: HelperOptions; since?: string},
 ): Promise<SyncTrailer> {
   const {image, uid, gid, labels, fsid} = options.helper
   const mark = `${CONTAINER_WORKSPACE}/${SYNC_DIR}/mark`
   const script = [
     volumeCheck(fsid),
     `read -r run < ${mark} && [ "$run" = "$1" ] || exit ${NO_MARK_EXIT}`,
-    `since=$(date -r ${mark} +%s%N)`,
-    '[ "$2" = pushed ] || since=$((since - 1))',
+    // the start agent-run said before any command of the agent ran; the mark's time only when it
+    // said none (the agent could have moved the mark since)
+    `since=$3`,
+    `if [ -z "$since" ]; then since=$(date -r ${mark} +%s%N) && { [ "$2" = pushed ] || since=$((since - 1)); }; fi`,
     CHANGES_SINCE,
   ].join('\n')
   const child = cli.spawn(
@@ -360,13 +365,15 @@ async function listChangesAgain(
       'sh',
       syncToken(options.runId),
       options.pushed ? 'pushed' : 'clean',
+      /^\d{1,20}$/.test(options.since ?? '') ? options.since! : '',
     ],
     {streamStdout: true, timeoutMs: 120_000},
   )
   const {frames, trailer} = splitSyncTrailer(child.stdout!, options.maxBytes)
   frames.resume()
   const [listed, result] = await Promise.all([trailer, child])
-  if (listed) return listed
+  // a whole tar from a walk that skipped something (a file it could not read) is not the changes
+  if (listed && result.exitCode === 0) return listed
   if (result.exitCode === NO_MARK_EXIT)
     throw new GatewayError('E_WORKSPACE', "the run's container left no list of its changes (it did not finish)")
   throw new GatewayError(

@@ -61,7 +61,11 @@ for (const coarse of [false, true])
         root = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-sync-mark-'))
         made = makeVolume(`meepa-test-sync-mark-${tag}`, coarse, root)
         volume = made.name
-        await writeVolume('echo old > /workspace/before.txt && chown -R 0:0 /workspace', tick)
+        // (a disk image's lost+found is removed when it is made, as workspace-sync.ts does)
+        await writeVolume(
+          'rmdir /workspace/lost+found 2>/dev/null; echo old > /workspace/before.txt && chown -R 0:0 /workspace',
+          tick,
+        )
       })
       afterAll(async () => {
         made?.remove()
@@ -91,6 +95,34 @@ for (const coarse of [false, true])
         await pullWorkspace(dockerCli(), state, {...options, runId: 'run_earlier'})
         expect(fs.readFileSync(path.join(workspace, 'earlier.txt'), 'utf8')).toBe('x\n')
         expect(fs.existsSync(path.join(workspace, 'before.txt'))).toBe(false)
+      })
+
+      it('lists from the start agent-run said, not from a mark the agent moved; a file it could not read fails the listing', async () => {
+        // a second ago, in whole seconds (as the coarse filesystem stamps)
+        const since = `${BigInt(Math.floor(Date.now() / 1000) - 1) * 1_000_000_000n}`
+        await writeVolume(
+          `mkdir -p /workspace/${SYNC_DIR} && echo run_moved > /workspace/${SYNC_DIR}/mark && echo y > /workspace/moved.txt && ` +
+            `touch -d '+1 hour' /workspace/${SYNC_DIR}/mark`,
+        )
+        const workspace = fs.mkdtempSync(path.join(root, 'ws-'))
+        const state: SyncedVolume = {volume, synced: {}, file: path.join(root, 'state.json')}
+        const options = {
+          workspace,
+          maxBytes: 1024 * 1024,
+          log: () => {},
+          pushed: false,
+          helper: {image: BASE_IMAGE, uid: 1000, gid: 1000, labels: {}},
+        }
+        await pullWorkspace(dockerCli(), state, {...options, runId: 'run_moved', since})
+        expect(fs.readFileSync(path.join(workspace, 'moved.txt'), 'utf8')).toBe('y\n')
+        // a file the helper cannot read: its tar is whole but not the changes
+        await writeVolume(
+          `echo run_locked > /workspace/${SYNC_DIR}/mark && echo z > /workspace/locked.txt && chmod 000 /workspace/locked.txt && chown 1000 /workspace/locked.txt`,
+        )
+        await expect(pullWorkspace(dockerCli(), state, {...options, runId: 'run_locked', since})).rejects.toThrow(
+          /could not list the run's changes/,
+        )
+        await writeVolume('rm -f /workspace/locked.txt')
       })
     },
   )
