@@ -57,6 +57,13 @@ for (const coarse of [false, true])
         expect(result.exitCode, result.stderr).toBe(0)
         await new Promise((resolve) => setTimeout(resolve, ms))
       }
+      /** A fresh host workspace, what the host knows of the volume, and a helper running as `uid`. */
+      const listing = (uid: number) => {
+        const workspace = fs.mkdtempSync(path.join(root, 'ws-'))
+        const state: SyncedVolume = {volume, synced: {}, file: path.join(root, 'state.json')}
+        const helper = {image: BASE_IMAGE, uid, gid: uid, labels: {}}
+        return {workspace, state, options: {workspace, maxBytes: 1024 * 1024, log: () => {}, pushed: false, helper}}
+      }
       beforeAll(async () => {
         root = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-sync-mark-'))
         made = makeVolume(`meepa-test-sync-mark-${tag}`, coarse, root)
@@ -77,15 +84,7 @@ for (const coarse of [false, true])
         await writeVolume(
           `mkdir -p /workspace/${SYNC_DIR} && echo run_earlier > /workspace/${SYNC_DIR}/mark && echo x > /workspace/earlier.txt`,
         )
-        const workspace = fs.mkdtempSync(path.join(root, 'ws-'))
-        const state: SyncedVolume = {volume, synced: {}, file: path.join(root, 'state.json')}
-        const options = {
-          workspace,
-          maxBytes: 1024 * 1024,
-          log: () => {},
-          pushed: false,
-          helper: {image: BASE_IMAGE, uid: 0, gid: 0, labels: {}},
-        }
+        const {workspace, state, options} = listing(0)
         // a later run whose trailer was lost, and that never set its mark, finds the earlier run's
         await expect(pullWorkspace(dockerCli(), state, {...options, runId: 'run_later'})).rejects.toThrow(
           /left no list of its changes/,
@@ -104,15 +103,7 @@ for (const coarse of [false, true])
           `mkdir -p /workspace/${SYNC_DIR} && echo run_moved > /workspace/${SYNC_DIR}/mark && echo y > /workspace/moved.txt && ` +
             `touch -d '+1 hour' /workspace/${SYNC_DIR}/mark`,
         )
-        const workspace = fs.mkdtempSync(path.join(root, 'ws-'))
-        const state: SyncedVolume = {volume, synced: {}, file: path.join(root, 'state.json')}
-        const options = {
-          workspace,
-          maxBytes: 1024 * 1024,
-          log: () => {},
-          pushed: false,
-          helper: {image: BASE_IMAGE, uid: 1000, gid: 1000, labels: {}},
-        }
+        const {workspace, state, options} = listing(1000)
         await pullWorkspace(dockerCli(), state, {...options, runId: 'run_moved', since})
         expect(fs.readFileSync(path.join(workspace, 'moved.txt'), 'utf8')).toBe('y\n')
         // a file the helper cannot read: its tar is whole but not the changes
