@@ -58,13 +58,16 @@ export interface RunStart {
   since: bigint
   /** The most the trailer may carry. */
   maxBytes: number
-  /** Each name in the volume at the start and its inode: a name new or replaced since is the run's. */
-  before: Map<string, bigint>
+  /**
+   * Each name in the volume at the start and its inode: a name new or replaced since is the run's.
+   * Undefined until taken (no command of the agent can have run before): then ctime alone decides.
+   */
+  before?: Map<string, bigint>
 }
 
 /**
- * The sync's own folder with nothing in it but the mark and the tick, as regular files: whatever
- * a run left there (a link, a FIFO, a stash) is removed. No command of the agent runs yet.
+ * The sync's own folder, empty: whatever a run left there (a link, a FIFO, a stash) is removed.
+ * No command of the agent runs yet.
  */
 function cleanSyncFolder(workspace: string): string {
   const dir = path.join(workspace, SYNC_DIR)
@@ -76,17 +79,21 @@ function cleanSyncFolder(workspace: string): string {
   }
   for (const entry of fs.readdirSync(dir)) {
     const file = path.join(dir, entry)
-    if ((entry === 'mark' || entry === 'tick') && fs.lstatSync(file).isFile()) continue
-    fs.rmSync(file, {force: true, recursive: true})
+    // the mark and tick made anew (a hard link at their name would be written through): unlinked
+    if ((entry === 'mark' || entry === 'tick') && fs.lstatSync(file).isFile()) fs.unlinkSync(file)
+    else fs.rmSync(file, {force: true, recursive: true})
   }
   return dir
 }
 
-/** Writes a small file: nothing but a regular file of ours is at its name (cleanSyncFolder). */
-function writeNew(file: string, content: string): void {
+/** Writes a small file of its own: a new one, or the one it made itself before (the tick). */
+function writeNew(file: string, content: string, again = false): void {
   const fd = fs.openSync(
     file,
-    fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_TRUNC | fs.constants.O_NOFOLLOW,
+    fs.constants.O_WRONLY |
+      fs.constants.O_CREAT |
+      fs.constants.O_NOFOLLOW |
+      (again ? fs.constants.O_TRUNC : fs.constants.O_EXCL),
     0o600,
   )
   try {
@@ -126,7 +133,12 @@ function inodes(workspace: string): Map<string, bigint> {
     for (const entry of names) {
       if (!prefix && entry === SYNC_DIR) continue
       const name = prefix ? `${prefix}/${entry}` : entry
-      const stat = fs.lstatSync(path.join(dir, entry), {bigint: true, throwIfNoEntry: false})
+      let stat: fs.BigIntStats | undefined
+      try {
+        stat = fs.lstatSync(path.join(dir, entry), {bigint: true, throwIfNoEntry: false})
+      } catch {
+        continue // a folder it may list but not enter, a path too long: the end's walk fails on it too
+      }
       if (!stat) continue
       found.set(name, stat.ino)
       if (stat.isDirectory()) visit(path.join(dir, entry), name)
@@ -157,15 +169,15 @@ export function markRunStart(workspace: string, goLine: string): RunStart {
       // the push's own writes may share the mark's tick: wait for the volume's clock to pass it
       const tick = path.join(dir, 'tick')
       const until = Date.now() + 5_000
-      for (;;) {
-        writeNew(tick, '\n')
+      for (let turn = 0; ; turn++) {
+        writeNew(tick, '\n', turn > 0)
         if (mtimeOf(tick) > marked) break
         if (Date.now() > until) throw new Error("the volume's clock did not move past the mark in 5 s")
         pause(1)
       }
       since = marked
     }
-    const start: RunStart = {since, maxBytes, before: new Map()}
+    const start: RunStart = {since, maxBytes}
     // the names as they are now, taken as soon as this turn of the event loop ends: while the
     // first LLM request is out, and before any tool can run (one needs an answer to that request)
     setImmediate(() => (start.before = inodes(workspace)))
@@ -200,7 +212,7 @@ function walk(workspace: string, start: RunStart): Walked {
       const stat = fs.lstatSync(full, {bigint: true})
       walked.names.push(Buffer.from(`./${name}\0`))
       const folder = stat.isDirectory()
-      const newHere = movedIn || start.before.get(name) !== stat.ino
+      const newHere = movedIn || (start.before !== undefined && start.before.get(name) !== stat.ino)
       if ((folder || stat.isFile()) && (newHere || stat.ctimeNs > start.since))
         walked.changed.push({
           name: `./${name}`,

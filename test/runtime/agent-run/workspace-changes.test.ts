@@ -155,6 +155,20 @@ for (const coarse of [false, true])
       expect(names).not.toContain('./reports/q/q1.txt')
     })
 
+    it('never writes through a mark hard-linked to a workspace file; a run that ends at once sends by ctime alone', async () => {
+      fs.writeFileSync(path.join(workspace, 'victim.txt'), 'mine')
+      await startRun(workspace, syncGoLine('run_before_link', false, LIMIT))
+      fs.rmSync(path.join(workspace, SYNC_DIR, 'mark'))
+      fs.linkSync(path.join(workspace, 'victim.txt'), path.join(workspace, SYNC_DIR, 'mark'))
+      await sleep(tick)
+      // before the names of the start are taken (a run that failed at once): nothing counts as new
+      const start = markRunStart(workspace, syncGoLine('run_linked_mark', false, LIMIT))
+      expect(fs.readFileSync(path.join(workspace, 'victim.txt'), 'utf8')).toBe('mine')
+      // (the unlink of the link stamps victim.txt in the mark's own tick: it may come once more, unchanged)
+      const {files} = await changesOf(workspace, start)
+      expect(files).not.toContain('before.txt')
+    })
+
     it('stops sending at limits.disk however often a file is linked, and never sends a name that is not UTF-8', async () => {
       const start = await startRun(workspace, syncGoLine('run_links', false, 4 * 1024 * 1024))
       fs.writeFileSync(path.join(workspace, 'one-mb'), Buffer.alloc(1024 * 1024, 1))

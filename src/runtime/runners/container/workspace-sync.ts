@@ -184,7 +184,13 @@ const CHANGES_SINCE = [
   // a folder of its own: nothing the agent planted in /tmp (a FIFO, a link) is read for them
   'lists=$(mktemp -d)',
   `cd ${CONTAINER_WORKSPACE} && [ -d ${SYNC_DIR} ]`,
-  `find . -mindepth 1 -path ./${SYNC_DIR} -prune -o -fprint0 "$lists/all" \\( -type f -o -type d \\) -newerct "@$seconds.\${since#"$seconds"}" -print0 > "$lists/changed"`,
+  'newer="@$seconds.${since#"$seconds"}"',
+  `find . -mindepth 1 -path ./${SYNC_DIR} -prune -o -fprint0 "$lists/all" \\( -type f -o -type d \\) -newerct "$newer" -print0 > "$lists/newer"`,
+  // a folder changed since (one renamed among them) brings everything below it: a rename leaves
+  // its files' own times alone
+  `find . -mindepth 1 -path ./${SYNC_DIR} -prune -o -type d -newerct "$newer" -print0 | xargs -0r sh -c 'find "$@" -mindepth 1 \\( -type f -o -type d \\) -print0' sh > "$lists/below"`,
+  // one entry each, parents before children
+  'sort -zu "$lists/newer" "$lists/below" > "$lists/changed"',
   `printf '${SYNC_TRAILER} %s\\n' "$(stat -c %s "$lists/all")"`,
   'cat "$lists/all"',
   // hard links as files: the host makes no links

@@ -96,6 +96,18 @@ for (const coarse of [false, true])
         expect(fs.existsSync(path.join(workspace, 'before.txt'))).toBe(false)
       })
 
+      it('lists everything below a folder the run renamed (a rename leaves its files’ times alone)', async () => {
+        await writeVolume('mkdir -p /workspace/reports/q && echo q1 > /workspace/reports/q/q1.txt', tick)
+        // after the files were written, before the rename (whole seconds on the coarse filesystem)
+        const since = coarse
+          ? `${BigInt(Math.floor(Date.now() / 1000)) * 1_000_000_000n - 1n}`
+          : `${BigInt(Date.now()) * 1_000_000n}`
+        await writeVolume(`echo run_renamed > /workspace/${SYNC_DIR}/mark && mv /workspace/reports /workspace/archive`)
+        const {workspace, state, options} = listing(0)
+        await pullWorkspace(dockerCli(), state, {...options, runId: 'run_renamed', since})
+        expect(fs.readFileSync(path.join(workspace, 'archive', 'q', 'q1.txt'), 'utf8')).toBe('q1\n')
+      })
+
       it('lists from the start agent-run said, not from a mark the agent moved; a file it could not read fails the listing', async () => {
         // a second ago, in whole seconds (as the coarse filesystem stamps)
         const since = `${BigInt(Math.floor(Date.now() / 1000) - 1) * 1_000_000_000n}`
