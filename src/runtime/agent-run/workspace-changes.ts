@@ -120,31 +120,48 @@ function namesIn(dir: string): string[] {
   return names
 }
 
-/** Every name below the workspace (but the sync's folder) and its inode. */
-function inodes(workspace: string): Map<string, bigint> {
-  const found = new Map<string, bigint>()
-  const visit = (dir: string, prefix: string) => {
+/**
+ * Visits every entry below the workspace (but the sync's folder), parents before children, with
+ * what `onEntry` returned for its parent (`root` for the top). `tolerant`: an entry it cannot read
+ * is left out; else the walk fails on it.
+ */
+function eachEntry<T>(
+  workspace: string,
+  root: T,
+  onEntry: (name: string, stat: fs.BigIntStats, parent: T) => T,
+  tolerant: boolean,
+): void {
+  const visit = (dir: string, prefix: string, parent: T) => {
     let names: string[]
     try {
       names = namesIn(dir)
-    } catch {
-      return // unreadable or not UTF-8: the end's walk fails on it too
+    } catch (error) {
+      if (tolerant) return
+      throw error
     }
     for (const entry of names) {
       if (!prefix && entry === SYNC_DIR) continue
       const name = prefix ? `${prefix}/${entry}` : entry
+      const full = path.join(dir, entry)
       let stat: fs.BigIntStats | undefined
       try {
-        stat = fs.lstatSync(path.join(dir, entry), {bigint: true, throwIfNoEntry: false})
-      } catch {
-        continue // a folder it may list but not enter, a path too long: the end's walk fails on it too
+        stat = fs.lstatSync(full, {bigint: true, throwIfNoEntry: !tolerant})
+      } catch (error) {
+        if (tolerant) continue // a folder it may list but not enter, a path too long
+        throw error
       }
       if (!stat) continue
-      found.set(name, stat.ino)
-      if (stat.isDirectory()) visit(path.join(dir, entry), name)
+      const mine = onEntry(name, stat, parent)
+      if (stat.isDirectory()) visit(full, name, mine)
     }
   }
-  visit(workspace, '')
+  visit(workspace, '', root)
+}
+
+/** Every name below the workspace (but the sync's folder) and its inode; what it cannot read, the end's walk fails on. */
+function inodes(workspace: string): Map<string, bigint> {
+  const found = new Map<string, bigint>()
+  eachEntry(workspace, undefined, (name, stat) => void found.set(name, stat.ino), true)
   return found
 }
 
@@ -204,12 +221,10 @@ interface Walked {
  */
 function walk(workspace: string, start: RunStart): Walked {
   const walked: Walked = {names: [], changed: []}
-  const visit = (dir: string, prefix: string, movedIn: boolean) => {
-    for (const entry of namesIn(dir)) {
-      if (!prefix && entry === SYNC_DIR) continue
-      const name = prefix ? `${prefix}/${entry}` : entry
-      const full = path.join(dir, entry)
-      const stat = fs.lstatSync(full, {bigint: true})
+  eachEntry(
+    workspace,
+    false,
+    (name, stat, movedIn) => {
       walked.names.push(Buffer.from(`./${name}\0`))
       const folder = stat.isDirectory()
       const newHere = movedIn || (start.before !== undefined && start.before.get(name) !== stat.ino)
@@ -221,10 +236,10 @@ function walk(workspace: string, start: RunStart): Walked {
           mtimeMs: Number(stat.mtimeMs),
           size: folder ? 0 : Number(stat.size),
         })
-      if (folder) visit(full, name, newHere)
-    }
-  }
-  visit(workspace, '', false)
+      return newHere
+    },
+    false,
+  )
   return walked
 }
 
@@ -271,8 +286,8 @@ export async function stopOtherProcesses(waitMs = 2_000): Promise<boolean> {
   }
 }
 
-/** Past this, the host stops reading a trailer (sync-trailer.ts): agent-run stops sending before. */
-const TRAILER_SLACK_BYTES = 1024 * 1024
+/** What a trailer may carry past limits.disk (its names and headers): the host reads no more, agent-run sends no more. */
+export const TRAILER_SLACK_BYTES = 1024 * 1024
 
 /**
  * After the result frame, once nothing else runs (stopOtherProcesses): sends the trailer. Any
@@ -283,10 +298,13 @@ export async function sendWorkspaceChanges(workspace: string, start: RunStart, o
   const {names, changed} = walk(workspace, start)
   const list = Buffer.concat(names)
   let sent = 0
-  const send = (chunk: Buffer) => {
-    sent += chunk.length
-    // hard links each come whole: a file linked a thousand times must not fill the pipe for hours
+  // hard links each come whole: a file linked a thousand times must not fill the pipe for hours
+  const count = (bytes: number) => {
+    sent += bytes
     if (sent > start.maxBytes + TRAILER_SLACK_BYTES) throw new Error('the changes are larger than limits.disk')
+  }
+  const send = (chunk: Buffer) => {
+    count(chunk.length)
     return put(out, chunk)
   }
   await send(Buffer.concat([Buffer.from(`${SYNC_TRAILER} ${list.length}\n`), list]))
@@ -294,9 +312,7 @@ export async function sendWorkspaceChanges(workspace: string, start: RunStart, o
     const type = entry.folder ? '5' : '0'
     await send(tarHeader({name: entry.name, type, mode: entry.mode, mtimeMs: entry.mtimeMs}, entry.size))
     if (entry.folder || entry.size === 0) continue
-    if (sent + entry.size > start.maxBytes + TRAILER_SLACK_BYTES)
-      throw new Error('the changes are larger than limits.disk')
-    sent += entry.size
+    count(entry.size)
     await putFile(out, path.join(workspace, entry.name), entry.size)
     await send(tarPadding(entry.size))
   }

@@ -1,5 +1,5 @@
 import {PassThrough, type Readable} from 'node:stream'
-import {SYNC_TRAILER} from '../../agent-run/workspace-changes.js'
+import {SYNC_TRAILER, TRAILER_SLACK_BYTES} from '../../agent-run/workspace-changes.js'
 import {TarEnd} from '../../util/tar.js'
 
 /**
@@ -9,12 +9,10 @@ import {TarEnd} from '../../util/tar.js'
  * two zero blocks have come, which the host sees as they come (no length up front, no wait for the
  * end of stdout, which comes only with the container's teardown). Nothing of it is written in the
  * agent's volume first (a volume at its limits.disk would have no room for it). It comes over the
- * connection the run already has: no `docker cp`. Anything in the container could write there
- * too; what it sends is handled exactly as a helper's would be (hostile, bounded), so it gains
- * nothing.
+ * connection the run already has: no `docker cp`. What arrives is handled exactly as a helper's
+ * listing would be (hostile, bounded). A command of the agent cannot open agent-run's stdout to
+ * forge it while the sandbox helper runs it (Landlock refuses /proc/PID/fd of agent-run).
  */
-export {SYNC_TRAILER}
-
 export interface SyncTrailer {
   list: Buffer
   changes: Buffer
@@ -54,7 +52,7 @@ export function splitSyncTrailer(stdout: Readable, maxBytes: number): SplitStdou
   const takeBody = (chunk: Buffer) => {
     const taking = body!
     taking.size += chunk.length
-    if (taking.size > maxBytes + 1024 * 1024) return finish(undefined)
+    if (taking.size > maxBytes + TRAILER_SLACK_BYTES) return finish(undefined)
     const toList = Math.min(chunk.length, taking.listBytes - taking.listed)
     if (toList > 0) {
       taking.list.push(chunk.subarray(0, toList))

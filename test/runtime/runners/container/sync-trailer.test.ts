@@ -1,6 +1,7 @@
 import {PassThrough} from 'node:stream'
 import {describe, expect, it} from 'vitest'
-import {splitSyncTrailer, SYNC_TRAILER} from '../../../../src/runtime/runners/container/sync-trailer.js'
+import {SYNC_TRAILER} from '../../../../src/runtime/agent-run/workspace-changes.js'
+import {splitSyncTrailer} from '../../../../src/runtime/runners/container/sync-trailer.js'
 import {readTar, writeTar} from '../../../../src/runtime/util/tar.js'
 
 /*
