@@ -171,6 +171,9 @@ const HELD = [
   '}',
 ].join('\n')
 
+/** `make_fs IMAGE UUID JOURNAL-OPTION`: the agent's filesystem, empty, with the UUID its fsid is checked by. */
+const MAKE_FS = 'make_fs() { mkfs.ext4 -q -F -m 0 -E nodiscard -U "$2" $3 "$1" >&2; }'
+
 /**
  * First step of an attach, with no loop device reachable: makes the image when missing (the first
  * time, or for a new size), lists the devices holding the agent's images, and when the image
@@ -180,10 +183,11 @@ const HELD = [
 const LOOK = [
   'set -e',
   `cd ${DISKS}`,
+  MAKE_FS,
   'if [ ! -f "$1" ]; then',
   '  rm -f "$1.new"',
   '  fallocate -l "$2" "$1.new"',
-  '  mkfs.ext4 -q -F -m 0 -E nodiscard -U "$3" $4 "$1.new" >&2',
+  '  make_fs "$1.new" "$3" "$4"',
   '  mv "$1.new" "$1"',
   'fi',
   HELD,
@@ -196,17 +200,21 @@ const LOOK = [
 /**
  * Second step, reaching only the devices the first named: older images of the agent (another size)
  * detached and removed; the image checked and attached to the free device, unless held already.
- * Arguments: the image, then `device` pairs to detach (`-d DEVICE`) and the one to attach (`-a DEVICE`).
+ * Arguments: the image, its UUID and mkfs's journal option, then `device` pairs to detach
+ * (`-d DEVICE`) and the one to attach (`-a DEVICE`).
  */
 const ATTACH = [
   'set -e',
   `cd ${DISKS}`,
-  'image=$1; shift',
+  MAKE_FS,
+  'image=$1; uuid=$2; journal=$3; shift 3',
   'while [ $# -gt 1 ]; do',
   '  case "$1" in',
   '    -d) losetup -d "$2" ;;',
-  // a journal-less image after a crash needs its check; a clean one passes in milliseconds
-  '    -a) e2fsck -p "$image" >&2 || [ $? -eq 1 ]; losetup "$2" "$image" ;;',
+  // Checked first: a clean one passes in milliseconds. One e2fsck cannot repair is made anew:
+  // an image attached anew holds nothing the host will read (its content is sent whole), and
+  // its mount has no barriers (VOLUME_MOUNT_OPTIONS), so a crash of its host may leave it so.
+  '    -a) e2fsck -p "$image" >&2 || [ $? -eq 1 ] || make_fs "$image" "$uuid" "$journal"; losetup "$2" "$image" ;;',
   '  esac',
   '  shift 2',
   'done',
@@ -280,7 +288,13 @@ async function attachImage(
         image: options.image,
         labels: options.labels,
         script: ATTACH,
-        args: [image, ...older.flatMap((entry) => ['-d', entry.device]), ...(attach ? ['-a', attach.device] : [])],
+        args: [
+          image,
+          uuid,
+          journal,
+          ...older.flatMap((entry) => ['-d', entry.device]),
+          ...(attach ? ['-a', attach.device] : []),
+        ],
         devices: [...older, ...(attach ? [attach] : [])].map((entry) => entry.number),
       },
       options.signal,
@@ -323,7 +337,15 @@ export async function attachEngineDisk(
   return disk
 }
 
-/** The workspace volume as a local volume mounting `device`; made again when it names another. */
+/**
+ * How the engine mounts the agent's filesystem. No barriers: the volume is a copy whose content
+ * the host forgets whenever the image is attached anew (as after a crash of the engine's host),
+ * so ordering its writes to the disk buys nothing, and each fsync of the agent's (SQLite's
+ * memory.db at every run's end) would otherwise wait for the image's own disk.
+ */
+const VOLUME_MOUNT_OPTIONS = 'nosuid,nodev,noatime,nobarrier'
+
+/** The workspace volume as a local volume mounting `device`; made again when it names another or mounts otherwise. */
 async function volumeOnDevice(
   cli: DockerCli,
   volume: string,
@@ -334,7 +356,7 @@ async function volumeOnDevice(
   const inspected = await cli.exec(['volume', 'inspect', '--format', '{{json .Options}}', volume], {signal})
   if (inspected.exitCode === 0) {
     const options = JSON.parse(inspected.stdout || 'null') as Record<string, string> | null
-    if (options?.device === device && options.type === 'ext4') return
+    if (options?.device === device && options.type === 'ext4' && options.o === VOLUME_MOUNT_OPTIONS) return
     const users = await cli.check(['ps', '-aq', '--filter', `volume=${volume}`], {signal})
     const ids = users.stdout.split('\n').filter(Boolean)
     if (ids.length > 0) await cli.check(['rm', '-f', ...ids], {signal})
@@ -351,7 +373,7 @@ async function volumeOnDevice(
       '--opt',
       `device=${device}`,
       '--opt',
-      'o=nosuid,nodev,noatime',
+      `o=${VOLUME_MOUNT_OPTIONS}`,
       ...Object.entries(labels).flatMap(([key, value]) => ['--label', `${key}=${value}`]),
       volume,
     ],
