@@ -9,7 +9,8 @@ import {tempDir} from './docker-env.js'
 /**
  * An sshd of the test's own on 127.0.0.1 (its config, a throwaway host key and user key in a temp
  * dir; the system's sshd and ~/.ssh are never touched). A session's `docker` reaches `dockerHost`
- * (sshd's SetEnv), so `ssh://USER@127.0.0.1:PORT` is a Docker engine over ssh.
+ * (sshd's SetEnv), so `ssh://USER@127.0.0.1:PORT` is a Docker engine over ssh; with
+ * `containerHost`, its `podman` reaches that service, a Podman engine over ssh.
  */
 export interface OwnSshd {
   /** ssh://USER@127.0.0.1:PORT */
@@ -61,7 +62,11 @@ function connections(root: number): number[] {
   return found
 }
 
-export async function startOwnSshd(options: {dockerHost: string}): Promise<OwnSshd> {
+export async function startOwnSshd(options: {
+  dockerHost: string
+  /** Podman's far side: `podman system dial-stdio` proxies to this service (its CONTAINER_HOST). */
+  containerHost?: string
+}): Promise<OwnSshd> {
   const sshd = ['/usr/sbin/sshd', '/usr/local/sbin/sshd'].find((candidate) => fs.existsSync(candidate))
   if (!sshd) throw new Error('sshd is not installed (apt-get install openssh-server; .ci/run installs it)')
   const dir = tempDir('meepa-sshd-')
@@ -88,7 +93,7 @@ export async function startOwnSshd(options: {dockerHost: string}): Promise<OwnSs
       'KbdInteractiveAuthentication no',
       'PermitRootLogin prohibit-password',
       'MaxStartups 100',
-      `SetEnv DOCKER_HOST=${options.dockerHost} PATH=${process.env.PATH ?? '/usr/local/bin:/usr/bin:/bin'}`,
+      `SetEnv DOCKER_HOST=${options.dockerHost} PATH=${process.env.PATH ?? '/usr/local/bin:/usr/bin:/bin'}${options.containerHost ? ` CONTAINER_HOST=${options.containerHost}` : ''}`,
       '',
     ].join('\n'),
   )

@@ -284,10 +284,6 @@ function engineProblems(raw: RawConfig): string[] {
       )
     else if (engine.tls && !tcp) problems.push(`${at}.tls: only a tcp:// host speaks TLS`)
     problems.push(...sshProblems(engine, at))
-    if (engine.kind === 'podman' && engine.host?.startsWith('ssh://'))
-      problems.push(
-        `${at}: a Podman engine is reached over its socket (unix://, or tcp:// with tls through a TLS proxy), not ssh://`,
-      )
   }
   const checkAllowed = (list: string[] | undefined, at: string) => {
     for (const name of list ?? [])

@@ -12,7 +12,7 @@ import {
   markEngineUp,
   noteEngineVersion,
 } from './engine-health.js'
-import {sshEnvOf} from './engine-ssh.js'
+import {sshEnvOf} from '../../container/engine-ssh.js'
 
 /**
  * Where container runs go (docs/architecture.md, "Engines"). The runner asks only this of an
@@ -60,7 +60,7 @@ function dockerEngine(
     ...(extra.config ? {config: extra.config} : {}),
     ping:
       extra.config?.kind === 'podman'
-        ? (timeoutMs) => pingPodman(extra.config as EngineConfig, timeoutMs)
+        ? (timeoutMs) => pingPodman(extra.config as EngineConfig, Math.max(timeoutMs, extra.pingMinMs ?? 0))
         : async (timeoutMs) =>
             noteEngineVersion(name, (await cli.ping({timeoutMs: Math.max(timeoutMs, extra.pingMinMs ?? 0)})).server),
   }
@@ -105,7 +105,7 @@ function listedEngine(listed: EngineConfig): DockerEngine {
   const host = engine.host as string
   const cli = new DockerCli({
     engineArgs: engineArgsOf(engine),
-    ...(host.startsWith('ssh://') ? {engineEnv: sshEnvOf(engine.ssh, process.env.PATH ?? '/usr/bin:/bin')} : {}),
+    ...(host.startsWith('ssh://') ? {engineEnv: sshEnvOf(engine)} : {}),
   })
   // a unix socket is on this machine: it can mount the host's workspace path; anything else gets the
   // sync, and so does rootless Podman, whose user can neither reach the gateway's home nor own its files

@@ -15,13 +15,18 @@ import {makeCertificates} from '../../../helpers/own-engine.js'
 import {homeLabel} from '../../../../src/sandbox/docker/containers.js'
 import {syncedVolume} from '../../../../src/runtime/runners/container/workspace-sync.js'
 import {limitGaps, probedPodmanHost} from '../../../../src/runtime/container/podman-limits.js'
+import {startOwnSshd, type OwnSshd} from '../../../helpers/own-sshd.js'
+import {healthzNamesDown} from '../../../helpers/engine-scan.js'
 
 /*
  * The rootless Podman engine of scripts/ci/podman-up.sh (a non-root user's `podman system
  * service`), driven through its Docker-compatible socket by the same docker CLI path, as three
  * engines of a gateway served by bin/run.js: `podman` (best_effort: true), `strict` (the same
  * socket, without it) and `far`: the same engine reached as a remote one, over tcp://127.0.0.1 with
- * mutual TLS through a TLS proxy (socat; Podman's service has no TLS of its own). What Podman
+ * mutual TLS through a TLS proxy (socat; Podman's service has no TLS of its own); `viassh`: the
+ * same engine over ssh:// (an sshd of the test's own on 127.0.0.1, whose `podman system
+ * dial-stdio` reaches that service), and `podwrong`, the same sshd with a host key the gateway does
+ * not know. What Podman
  * cannot apply on this machine's cgroups is read from the engine itself; each hardening flag is
  * checked inside the running container by attempting what it forbids.
  */
@@ -41,6 +46,7 @@ describeWithPodman('container runs on rootless Podman (its Docker-compatible soc
   /** What Podman on this machine cannot apply (empty on cgroup v2 with the controllers delegated). */
   let gaps: ReturnType<typeof limitGaps> = []
   let proxy: ResultPromise | undefined
+  let sshd: OwnSshd | undefined
   const certificates = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-podman-tls-'))
 
   beforeAll(async () => {
@@ -62,6 +68,8 @@ describeWithPodman('container runs on rootless Podman (its Docker-compatible soc
       `unix-connect:${PODMAN_HOST.slice('unix://'.length)}`,
     ])
     proxy.catch(() => {})
+    // the far side's docker reaches nothing: only `podman system dial-stdio` gets there
+    sshd = await startOwnSshd({dockerHost: 'unix:///nonexistent/docker.sock', containerHost: PODMAN_HOST})
     gaps = limitGaps(await probedPodmanHost({name: 'podman', insecure: false, best_effort: false, ...engine} as never))
     const agent = (id: string, engines: string[]) => ({
       id,
@@ -78,7 +86,7 @@ describeWithPodman('container runs on rootless Podman (its Docker-compatible soc
     home = makeHome(
       fakeLlmConfig(
         llm.openaiBaseUrl,
-        [agent('pod', ['podman']), agent('strict', ['strict']), agent('farpod', ['far'])],
+        [agent('pod', ['podman']), agent('strict', ['strict']), agent('farpod', ['far']), agent('sshpod', ['viassh'])],
         {
           captain: {enabled: true, bind: '127.0.0.1', port},
           engines: [
@@ -88,6 +96,20 @@ describeWithPodman('container runs on rootless Podman (its Docker-compatible soc
               name: 'far',
               host: `tcp://127.0.0.1:${proxyPort}`,
               tls: {ca: client.ca, cert: client.cert, key: client.key},
+              kind: 'podman',
+              best_effort: true,
+            },
+            {
+              name: 'viassh',
+              host: sshd.host,
+              ssh: {known_hosts: sshd.knownHosts, identity: sshd.identity},
+              kind: 'podman',
+              best_effort: true,
+            },
+            {
+              name: 'podwrong',
+              host: sshd.host,
+              ssh: {known_hosts: sshd.wrongHosts, identity: sshd.identity},
               kind: 'podman',
               best_effort: true,
             },
@@ -106,13 +128,16 @@ describeWithPodman('container runs on rootless Podman (its Docker-compatible soc
     await llm?.close()
     listener?.close()
     proxy?.kill()
+    sshd?.destroy()
     fs.rmSync(certificates, {recursive: true, force: true})
     if (home) {
       // this home's containers and workspace volumes on the Podman engine
       const label = homeLabel(home.home)
       const left = (await podmanDocker(['ps', '-aq', '--filter', `label=meepagateway.home=${label}`])).stdout
       if (left.trim()) await podmanDocker(['rm', '-f', ...left.trim().split('\n')])
-      const volumes = ['pod', 'farpod', 'strict'].map((agent) => syncedVolume(home.home, 'podman', label, agent).volume)
+      const volumes = ['pod', 'farpod', 'strict', 'sshpod'].map(
+        (agent) => syncedVolume(home.home, 'podman', label, agent).volume,
+      )
       await podmanDocker(['volume', 'rm', '-f', ...volumes])
     }
     home?.cleanup()
@@ -130,14 +155,32 @@ describeWithPodman('container runs on rootless Podman (its Docker-compatible soc
     expect((await serve!.chat('pod', 'RUN: cat note.txt')).reply).toContain('made-in-podman')
   }, 180_000)
 
-  it('runs a message on the same Podman reached as a remote engine (tcp:// with mutual TLS)', async () => {
+  /** The host's file reaches the run on `engine`, and the run's write comes back to the host. */
+  const expectRoundTrip = async (agent: string, engine: string) => {
     // the first message makes the workspace
-    expect((await serve!.chat('farpod', 'hello')).reply, serve!.output().slice(-3000)).toBe('pong')
-    fs.writeFileSync(path.join(workspace('farpod'), 'seed.txt'), 'sent-over-tls')
-    const wrote = await serve!.chat('farpod', 'RUN: cat seed.txt && echo made-far > far.txt')
-    expect(wrote.reply, serve!.output().slice(-3000)).toContain('sent-over-tls')
-    expect(serve!.output()).toMatch(/running on engine far/)
-    expect(fs.readFileSync(path.join(workspace('farpod'), 'far.txt'), 'utf8')).toBe('made-far\n')
+    expect((await serve!.chat(agent, 'hello')).reply, serve!.output().slice(-3000)).toBe('pong')
+    fs.writeFileSync(path.join(workspace(agent), 'seed.txt'), `sent-to-${engine}`)
+    const wrote = await serve!.chat(agent, `RUN: cat seed.txt && echo made-on-${engine} > made.txt`)
+    expect(wrote.reply, serve!.output().slice(-3000)).toContain(`sent-to-${engine}`)
+    expect(serve!.output()).toMatch(new RegExp(`running on engine ${engine}\\b`))
+    expect(fs.readFileSync(path.join(workspace(agent), 'made.txt'), 'utf8')).toBe(`made-on-${engine}\n`)
+  }
+
+  it('runs a message on the same Podman reached as a remote engine (tcp:// with mutual TLS)', async () => {
+    await expectRoundTrip('farpod', 'far')
+  }, 180_000)
+
+  it('runs a message on the same Podman reached over ssh:// (podman system dial-stdio there), host keys checked', async () => {
+    await expectRoundTrip('sshpod', 'viassh')
+    // its own API answers over the same ssh: the watch counts it up; a host key it does not know is refused
+    await waitFor('the engine with the wrong host key marked down', () => healthzNamesDown(serve!, 'podwrong'), 30_000)
+    expect(await healthzNamesDown(serve!, 'viassh')).toBe(false)
+    const reasons = ((await serve!.healthz()).body.reasons ?? []) as string[]
+    expect(reasons.find((reason) => reason.startsWith('engine podwrong down'))).toMatch(/Host key verification failed/)
+    // config check takes it, and reads what it can limit over ssh as over its socket
+    const check = await runCli(['config', 'check'], {home: home.home})
+    expect(check.exitCode, check.stderr).toBe(0)
+    if (gaps.length > 0) expect(check.stderr).toMatch(/engine viassh: cannot apply .*best_effort: true/)
   }, 180_000)
 
   /** A run writing three files each under the per-file cap (8m), 18 MB together: stopped with E_DISK, nothing of it on the host. */
