@@ -120,6 +120,14 @@ function namesIn(dir: string): string[] {
   return names
 }
 
+/** A link's target as it is on disk; one that is not UTF-8 ends the walk, as such a name does (namesIn). */
+function linkTarget(file: string): string {
+  const raw = fs.readlinkSync(file, {encoding: 'buffer'})
+  const target = raw.toString('utf8')
+  if (!Buffer.from(target).equals(raw)) throw new Error(`the target of the link ${file} is not UTF-8`)
+  return target
+}
+
 /**
  * Visits every entry below the workspace (but the sync's folder), parents before children, with
  * what `onEntry` returned for its parent (`root` for the top). `tolerant`: an entry it cannot read
@@ -210,12 +218,12 @@ export function markRunStart(workspace: string, goLine: string): RunStart {
 interface Walked {
   /** Every name in the volume (but the sync's folder), NUL-terminated, in walk order. */
   names: Buffer[]
-  /** The files and folders changed since the start, parents before children. */
-  changed: Array<{name: string; folder: boolean; mode: number; mtimeMs: number; size: number}>
+  /** The files, folders and links changed since the start, parents before children. */
+  changed: Array<{name: string; type: '0' | '5' | '2'; mode: number; mtimeMs: number; size: number; linkname?: string}>
 }
 
 /**
- * Changed: stamped after the start (ctime), or a name that is new or names another inode than at
+ * Changed (files, folders and symbolic links): stamped after the start (ctime), or a name that is new or names another inode than at
  * the start, and everything below such a folder: a folder moved in brings its files, whose own
  * times a rename does not touch.
  */
@@ -226,15 +234,16 @@ function walk(workspace: string, start: RunStart): Walked {
     false,
     (name, stat, movedIn) => {
       walked.names.push(Buffer.from(`./${name}\0`))
-      const folder = stat.isDirectory()
+      const type = stat.isDirectory() ? '5' : stat.isFile() ? '0' : stat.isSymbolicLink() ? '2' : undefined
       const newHere = movedIn || (start.before !== undefined && start.before.get(name) !== stat.ino)
-      if ((folder || stat.isFile()) && (newHere || stat.ctimeNs > start.since))
+      if (type && (newHere || stat.ctimeNs > start.since))
         walked.changed.push({
           name: `./${name}`,
-          folder,
+          type,
           mode: Number(stat.mode & 0o7777n),
           mtimeMs: Number(stat.mtimeMs),
-          size: folder ? 0 : Number(stat.size),
+          size: type === '0' ? Number(stat.size) : 0,
+          ...(type === '2' ? {linkname: linkTarget(path.join(workspace, name))} : {}),
         })
       return newHere
     },
@@ -309,9 +318,9 @@ export async function sendWorkspaceChanges(workspace: string, start: RunStart, o
   }
   await send(Buffer.concat([Buffer.from(`${SYNC_TRAILER} ${list.length}\n`), list]))
   for (const entry of changed) {
-    const type = entry.folder ? '5' : '0'
-    await send(tarHeader({name: entry.name, type, mode: entry.mode, mtimeMs: entry.mtimeMs}, entry.size))
-    if (entry.folder || entry.size === 0) continue
+    const {name, type, mode, mtimeMs, linkname} = entry
+    await send(tarHeader({name, type, mode, mtimeMs, linkname}, entry.size))
+    if (type !== '0' || entry.size === 0) continue
     count(entry.size)
     await putFile(out, path.join(workspace, entry.name), entry.size)
     await send(tarPadding(entry.size))

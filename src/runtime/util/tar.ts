@@ -1,6 +1,6 @@
 /**
  * The few tar records the engine-side workspace sync exchanges (POSIX/ustar with PAX and GNU long
- * names): written for regular files and directories, read from whatever an engine sends. What is
+ * names): written for regular files, directories and symbolic links, read from whatever an engine sends. What is
  * read is only described, never written anywhere here: the caller decides what to trust.
  */
 
@@ -12,6 +12,8 @@ export interface TarEntry {
   mode: number
   mtimeMs: number
   data: Buffer
+  /** A link's target ('2', '1'), as the archive says it: never followed here. */
+  linkname?: string
 }
 
 const BLOCK = 512
@@ -20,9 +22,10 @@ function octal(value: number, width: number): string {
   return value.toString(8).padStart(width - 1, '0') + '\0'
 }
 
-function header(name: string, type: string, mode: number, size: number, mtimeMs: number): Buffer {
+function header(name: string, type: string, mode: number, size: number, mtimeMs: number, linkname = ''): Buffer {
   const block = Buffer.alloc(BLOCK)
   block.write(name, 0, 100, 'utf8')
+  block.write(linkname, 157, 100, 'utf8')
   block.write(octal(mode & 0o7777, 8), 100, 'ascii')
   block.write(octal(0, 8), 108, 'ascii')
   block.write(octal(0, 8), 116, 'ascii')
@@ -51,20 +54,35 @@ function paxRecord(key: string, value: string): string {
   return `${length}${body}`
 }
 
-/** One tar archive of the given entries (names relative, `/`-separated). */
-export type TarInput = Omit<TarEntry, 'type'> & {type: '0' | '5'}
+/** One tar archive of the given entries (names relative, `/`-separated); a link ('2') has its `linkname`. */
+export type TarInput = Omit<TarEntry, 'type'> & {type: '0' | '5' | '2'}
 
 /** The largest size a ustar header's 11 octal digits hold (8 GiB - 1); past it, a PAX `size`. */
 const MAX_USTAR_SIZE = 0o77777777777
 
-/** The header block(s) of one file ('0', of `size` bytes) or folder ('5'): PAX for what ustar cannot hold. */
+/** What a ustar field holds as it is: short, printable ASCII. */
+const fitsUstar = (text: string) => Buffer.byteLength(text) <= 99 && /^[\x20-\x7e]*$/.test(text)
+
+/**
+ * The header block(s) of one file ('0', of `size` bytes), folder ('5') or symbolic link ('2'): PAX
+ * for what ustar cannot hold.
+ */
 export function tarHeader(entry: Omit<TarInput, 'data'>, size: number): Buffer {
   const name = entry.type === '5' ? `${entry.name}/` : entry.name
   const bytes = entry.type === '0' ? size : 0
+  const linkname = entry.type === '2' ? (entry.linkname ?? '') : ''
   let pax = ''
-  if (Buffer.byteLength(name) > 99 || !/^[\x20-\x7e]*$/.test(name)) pax += paxRecord('path', name)
+  if (!fitsUstar(name)) pax += paxRecord('path', name)
+  if (!fitsUstar(linkname)) pax += paxRecord('linkpath', linkname)
   if (bytes > MAX_USTAR_SIZE) pax += paxRecord('size', String(bytes))
-  const main = header(name.slice(0, 99), entry.type, entry.mode, bytes > MAX_USTAR_SIZE ? 0 : bytes, entry.mtimeMs)
+  const main = header(
+    name.slice(0, 99),
+    entry.type,
+    entry.mode,
+    bytes > MAX_USTAR_SIZE ? 0 : bytes,
+    entry.mtimeMs,
+    fitsUstar(linkname) ? linkname : '',
+  )
   if (!pax) return main
   const records = Buffer.from(pax)
   return Buffer.concat([header('././@PaxHeader', 'x', 0o644, records.length, entry.mtimeMs), ...padded(records), main])
@@ -178,6 +196,7 @@ export class TarEnd {
 export function* readTar(archive: Buffer, maxBytes = Number.POSITIVE_INFINITY): Generator<TarEntry> {
   let at = 0
   let longName: string | undefined
+  let longLink: string | undefined
   let pax = new Map<string, string>()
   while (at + BLOCK <= archive.length) {
     const block = archive.subarray(at, at + BLOCK)
@@ -192,22 +211,28 @@ export function* readTar(archive: Buffer, maxBytes = Number.POSITIVE_INFINITY): 
       pax = paxValues(data)
       continue
     }
-    if (type === 'L') {
-      longName = data.toString('utf8').replace(/\0+$/, '')
+    if (type === 'L' || type === 'K') {
+      const long = data.toString('utf8').replace(/\0+$/, '')
+      if (type === 'L') longName = long
+      else longLink = long
       continue
     }
     if (type === 'g') continue
     const prefix = field(block, 345, 155)
     const plain = field(block, 0, 100)
     const name = pax.get('path') ?? longName ?? (prefix ? `${prefix}/${plain}` : plain)
+    const linkname =
+      type === '1' || type === '2' ? (pax.get('linkpath') ?? longLink ?? field(block, 157, 100)) : undefined
     yield {
       name,
       type: type === '\0' ? '0' : type,
       mode: numeric(block, 100, 8, 'mode'),
       mtimeMs: numeric(block, 136, 12, 'mtime') * 1000,
       data,
+      ...(linkname !== undefined ? {linkname} : {}),
     }
     longName = undefined
+    longLink = undefined
     pax = new Map()
   }
 }

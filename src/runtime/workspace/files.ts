@@ -427,6 +427,41 @@ export function makeWorkspaceDirectory(root: string, relative: string): void {
   checkDirectories(base, [...parts, '.'], relative, true)
 }
 
+/** The longest link target taken (Linux's PATH_MAX less its NUL). */
+const MAX_LINK_TARGET = 4095
+
+/**
+ * Puts a symbolic link to `target` at `relative` (the agent's own, as a run on another engine left
+ * it): never followed, only made. It is made beside its name and renamed over it, in the folder as
+ * checked and held open (through /proc/self/fd where there is one): a parent swapped for a link
+ * meanwhile cannot move where it is made. A folder at that name is refused.
+ */
+export function makeWorkspaceSymlink(root: string, relative: string, target: string): void {
+  if (target === '' || target.includes('\0') || Buffer.byteLength(target) > MAX_LINK_TARGET)
+    throw refuse(relative, 'would be a link to an empty, too long or NUL-holding target')
+  const parts = partsOf(relative)
+  const base = realRoot(root)
+  const dir = checkDirectories(base, parts, relative, true) as string
+  if (lstatOrUndefined(path.join(base, ...parts))?.isDirectory()) throw refuse(relative, 'is a directory')
+  const dirFd = fs.openSync(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW)
+  try {
+    assertOpenedAt(dirFd, dir, relative)
+    const here = openedPath(dirFd) === undefined ? dir : `/proc/self/fd/${dirFd}`
+    const temp = path.join(here, `.${parts.at(-1)}.${randomHex(6)}.tmp`)
+    const file = path.join(here, parts.at(-1)!)
+    fs.symlinkSync(target, temp)
+    try {
+      fs.renameSync(temp, file)
+    } catch (error) {
+      fs.rmSync(temp, {force: true})
+      throw error
+    }
+    giveToWorkspaceOwner(base, file)
+  } finally {
+    fs.closeSync(dirFd)
+  }
+}
+
 /** Removes `relative` (a directory with what it holds) without following a link anywhere below the root. */
 export function removeWorkspaceEntry(root: string, relative: string): void {
   const parts = partsOf(relative)

@@ -42,7 +42,7 @@ async function changesOf(workspace: string, start: RunStart, maxBytes = 64 * 102
   const names = trailer!.list.toString('utf8').split('\0').filter(Boolean).sort()
   const entries = [...readTar(trailer!.changes, maxBytes)]
   const files = entries.filter((entry) => entry.type === '0').map((entry) => entry.name.replace(/^\.\//, ''))
-  return {names, entries, files: files.sort()}
+  return {names, entries, files: files.sort(), changes: trailer!.changes}
 }
 
 for (const coarse of [false, true])
@@ -130,12 +130,27 @@ for (const coarse of [false, true])
       fs.symlinkSync('/etc/passwd', path.join(workspace, 'link'))
       const odd = `a name with\nnewline, ünïcode and ${'long-'.repeat(40)}end`
       fs.writeFileSync(path.join(workspace, odd), 'odd')
-      const {names, files} = await changesOf(workspace, since)
+      const longTarget = `${'far/'.repeat(40)}end`
+      fs.symlinkSync(longTarget, path.join(workspace, 'long-link'))
+      const {names, files, entries, changes} = await changesOf(workspace, since)
       expect(names).toEqual(expect.arrayContaining(['./fifo', './link', `./${odd}`]))
       // (in the mark's own second what the last test wrote then comes once more)
       expect(files).toContain(odd)
       expect(files).not.toEqual(expect.arrayContaining(['fifo']))
       expect(files).not.toEqual(expect.arrayContaining(['link']))
+      // a link comes as itself, its target in its header, never what it points to
+      const links = entries.filter((entry) => entry.type === '2')
+      expect(links.map((entry) => [entry.name, entry.linkname, entry.data.length]).sort()).toEqual([
+        ['./link', '/etc/passwd', 0],
+        ['./long-link', longTarget, 0],
+      ])
+      // and GNU tar reads it so: the same archive extracted makes the same links
+      const extracted = fs.mkdtempSync(path.join(root, 'extracted-'))
+      const archive = path.join(root, 'changes.tar')
+      fs.writeFileSync(archive, changes)
+      execaSync('tar', ['-x', '-f', archive, '-C', extracted, './link', './long-link'])
+      expect(fs.readlinkSync(path.join(extracted, 'long-link'))).toBe(longTarget)
+      expect(fs.readlinkSync(path.join(extracted, 'link'))).toBe('/etc/passwd')
     })
 
     it('refuses a malformed go line', () => {

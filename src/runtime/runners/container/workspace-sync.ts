@@ -8,7 +8,12 @@ import {readTar, writeTar, type TarEntry, type TarInput} from '../../util/tar.js
 import {writeWholeFile} from '../../util/write-whole-file.js'
 import {readRegularFile} from '../../util/regular-file.js'
 import {syncStateFile, syncVolumePrefix} from '../../container/engine-state.js'
-import {makeWorkspaceDirectory, removeWorkspaceEntry, writeWorkspaceFile} from '../../workspace/files.js'
+import {
+  makeWorkspaceDirectory,
+  makeWorkspaceSymlink,
+  removeWorkspaceEntry,
+  writeWorkspaceFile,
+} from '../../workspace/files.js'
 import {volumeCheck} from '../../container/engine-disk.js'
 import {ownContainerArgs} from '../../container/own-container.js'
 import {SYNC_DIR, SYNC_TRAILER, syncToken, WORKSPACE_SYNC_ENV} from '../../agent-run/workspace-changes.js'
@@ -23,10 +28,10 @@ import {splitSyncTrailer, type SyncTrailer} from './sync-trailer.js'
  * the next run there starts from a fresh copy of the host's workspace.
  */
 
-/** path -> [size, mtimeMs, 'f' | 'd'] of the host's regular files and directories. */
-export type Snapshot = Record<string, [number, number, 'f' | 'd']>
+/** path -> [size, mtimeMs, 'f' | 'd' | 'l'] of the host's regular files, directories and symbolic links. */
+export type Snapshot = Record<string, [number, number, 'f' | 'd' | 'l']>
 
-/** The regular files and directories of the workspace; links, FIFOs and devices are never sent. */
+/** The regular files, directories and symbolic links of the workspace; FIFOs, sockets and devices are never sent. */
 export function snapshotWorkspace(root: string): Snapshot {
   const found: Snapshot = {}
   const walk = (dir: string, prefix: string) => {
@@ -38,6 +43,7 @@ export function snapshotWorkspace(root: string): Snapshot {
         found[relative] = [0, 0, 'd']
         walk(path.join(dir, entry.name), relative)
       } else if (stat.isFile()) found[relative] = [stat.size, stat.mtimeMs, 'f']
+      else if (stat.isSymbolicLink()) found[relative] = [stat.size, stat.mtimeMs, 'l']
     }
   }
   walk(root, '')
@@ -135,9 +141,12 @@ export async function pushWorkspace(
   const changed = Object.keys(host).filter((name) => {
     const before = synced?.[name]
     const now = host[name]!
-    return !before || before[2] !== now[2] || (now[2] === 'f' && (before[0] !== now[0] || before[1] !== now[1]))
+    return !before || before[2] !== now[2] || (now[2] !== 'd' && (before[0] !== now[0] || before[1] !== now[1]))
   })
-  const removed = synced ? Object.keys(synced).filter((name) => !(name in host)) : []
+  // gone from the host, or another kind there now (a folder that became a link): removed first
+  const removed = synced
+    ? Object.keys(synced).filter((name) => !(name in host) || synced[name]![2] !== host[name]![2])
+    : []
   if (synced && changed.length === 0 && removed.length === 0) return {sent: 0, wrote: false}
   const labels = {...options.labels, [LABEL.run]: 'workspace-sync'}
   const checked = options.fsid ? `${volumeCheck(options.fsid)}\n` : ''
@@ -154,6 +163,10 @@ export async function pushWorkspace(
   const entries = changed.sort().flatMap((name): TarInput[] => {
     const [, mtimeMs, kind] = host[name]!
     if (kind === 'd') return [{name, type: '5', mode: 0o755, mtimeMs: Date.now(), data: Buffer.alloc(0)}]
+    if (kind === 'l') {
+      const linkname = linkTargetOf(path.join(options.workspace, name))
+      return linkname ? [{name, type: '2', mode: 0o777, mtimeMs, data: Buffer.alloc(0), linkname}] : []
+    }
     const data = readRegularFile(path.join(options.workspace, name))
     return data ? [{name, type: '0', mode: 0o644, mtimeMs, data}] : []
   })
@@ -185,15 +198,15 @@ const CHANGES_SINCE = [
   'lists=$(mktemp -d)',
   `cd ${CONTAINER_WORKSPACE} && [ -d ${SYNC_DIR} ]`,
   'newer="@$seconds.${since#"$seconds"}"',
-  `find . -mindepth 1 -path ./${SYNC_DIR} -prune -o -fprint0 "$lists/all" \\( -type f -o -type d \\) -newerct "$newer" -print0 > "$lists/newer"`,
+  `find . -mindepth 1 -path ./${SYNC_DIR} -prune -o -fprint0 "$lists/all" \\( -type f -o -type d -o -type l \\) -newerct "$newer" -print0 > "$lists/newer"`,
   // a folder changed since (one renamed among them) brings everything below it: a rename leaves
   // its files' own times alone
-  `find . -mindepth 1 -path ./${SYNC_DIR} -prune -o -type d -newerct "$newer" -print0 | xargs -0r sh -c 'find "$@" -mindepth 1 \\( -type f -o -type d \\) -print0' sh > "$lists/below"`,
+  `find . -mindepth 1 -path ./${SYNC_DIR} -prune -o -type d -newerct "$newer" -print0 | xargs -0r sh -c 'find "$@" -mindepth 1 \\( -type f -o -type d -o -type l \\) -print0' sh > "$lists/below"`,
   // one entry each, parents before children
   'sort -zu "$lists/newer" "$lists/below" > "$lists/changed"',
   `printf '${SYNC_TRAILER} %s\\n' "$(stat -c %s "$lists/all")"`,
   'cat "$lists/all"',
-  // hard links as files: the host makes no links
+  // hard links as files: the host makes no hard links
   'tar -c --null --no-recursion --hard-dereference --format=posix -f - -T "$lists/changed"',
 ].join(' && ')
 
@@ -216,6 +229,15 @@ export function syncingCommand(
   return {entrypoint: '/bin/sh', command: ['-c', script, 'sh', ...command]}
 }
 
+/** A link's target on the host, read without following it; undefined when it is no longer a link. */
+function linkTargetOf(file: string): string | undefined {
+  try {
+    return fs.readlinkSync(file)
+  } catch {
+    return undefined
+  }
+}
+
 /** A name from the engine, as a path inside the workspace; undefined for anything that could leave it. */
 function safeName(raw: string): string | undefined {
   if (raw.includes('\0') || raw.startsWith('/')) return undefined
@@ -225,9 +247,10 @@ function safeName(raw: string): string | undefined {
 }
 
 /**
- * Takes back what the run changed: files and directories through the no-follow writer, names
- * removed in the volume removed on the host. Links, FIFOs, devices, hardlinks and names with `..`
- * are never made on the host (each is logged). `maxBytes` bounds the whole transfer (limits.disk).
+ * Takes back what the run changed: files and directories through the no-follow writer, symbolic
+ * links made (never followed) as the agent left them, names removed in the volume removed on the
+ * host. FIFOs, devices, hard links and names with `..` are never made on the host (each is
+ * logged). `maxBytes` bounds the whole transfer (limits.disk).
  */
 export async function pullWorkspace(
   cli: DockerCli,
@@ -285,15 +308,17 @@ function changedOnHost(workspace: string, name: string, synced: Snapshot | undef
   } catch {
     return before !== undefined
   }
-  // links, FIFOs and devices are never synced: the run's file replaces one (never written through)
-  if (!now.isFile() && !now.isDirectory()) return false
+  // FIFOs, sockets and devices are never synced: the run's entry replaces one (never written through)
+  if (!now.isFile() && !now.isDirectory() && !now.isSymbolicLink()) return false
   if (!before) return true
-  return before[2] === 'd' ? !now.isDirectory() : !now.isFile() || before[0] !== now.size || before[1] !== now.mtimeMs
+  if (before[2] === 'd') return !now.isDirectory()
+  const sameKind = before[2] === 'l' ? now.isSymbolicLink() : now.isFile()
+  return !sameKind || before[0] !== now.size || before[1] !== now.mtimeMs
 }
 
 /**
  * Applies a run's change tar to the host workspace: files and folders through the no-follow
- * writer, anything else logged and skipped; names the host had (`synced`) that are not `present`
+ * writer, symbolic links made where they were (makeWorkspaceSymlink), anything else logged and skipped; names the host had (`synced`) that are not `present`
  * in the volume any more are removed. A file the host changed while the run ran keeps the host's
  * version, logged (`kept`): the host is the one truth, and a run whose mark shares a tick with the
  * last run's writes (a filesystem stamping whole seconds) lists those again though it never touched
@@ -324,11 +349,14 @@ export function applyChanges(
     }
     try {
       if (entry.type === '5') makeWorkspaceDirectory(workspace, name)
-      else if (entry.type === '0' && changedOnHost(workspace, name, synced)) keep(name)
+      else if ((entry.type === '0' || entry.type === '2') && changedOnHost(workspace, name, synced)) keep(name)
       else if (entry.type === '0') {
         writeWorkspaceFile(workspace, name, entry.data, {mode: entry.mode & 0o777})
         received++
-      } else skip(entry, `is not a regular file or folder (tar type ${entry.type})`)
+      } else if (entry.type === '2') {
+        makeWorkspaceSymlink(workspace, name, entry.linkname ?? '')
+        received++
+      } else skip(entry, `is not a regular file, folder or symbolic link (tar type ${entry.type})`)
     } catch (error) {
       skip(entry, toGatewayError(error).message)
     }
@@ -337,7 +365,7 @@ export function applyChanges(
     .sort()
     .reverse())
     if (present.has(name)) continue
-    else if (synced![name]![2] === 'f' && hostHas(workspace, name) && changedOnHost(workspace, name, synced)) keep(name)
+    else if (synced![name]![2] !== 'd' && hostHas(workspace, name) && changedOnHost(workspace, name, synced)) keep(name)
     else removeWorkspaceEntry(workspace, name)
   return {received, kept}
 }

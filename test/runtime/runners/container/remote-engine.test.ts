@@ -167,18 +167,30 @@ describeWithDocker('container runs on a remote engine over mutual TLS (own engin
     expect(fs.statSync(late).ino).toBe(lateInode)
   }, 120_000)
 
-  it("never makes the agent's links, FIFOs or escapes on the host, and never writes through a planted link", async () => {
-    fs.symlinkSync(outside, path.join(workspace('far'), 'planted'))
+  it("makes the agent's links as links (never followed), never its FIFOs or escapes, and never writes through a planted link", async () => {
+    const far = (name: string) => path.join(workspace('far'), name)
+    fs.symlinkSync(outside, far('planted'))
+    fs.symlinkSync('seed.txt', far('host-link'))
     const reply = await serve!.chat(
       'far',
-      'RUN: ln -s /etc/passwd link && mkfifo fifo && mkdir -p planted && echo pwned > planted/x && echo fine > plain && echo ok',
+      'RUN: readlink host-link; ln -s /etc/passwd link; ln -s d/e latest; mkfifo fifo; ' +
+        'rm -f planted; mkdir -p planted && echo pwned > planted/x; echo fine > plain; echo ok',
     )
-    expect(reply.reply).toContain('ok')
-    expect(fs.readFileSync(path.join(workspace('far'), 'plain'), 'utf8')).toBe('fine\n')
-    expect(fs.existsSync(path.join(workspace('far'), 'link'))).toBe(false)
-    expect(fs.existsSync(path.join(workspace('far'), 'fifo'))).toBe(false)
+    expect(reply.reply, serve!.output().slice(-2000)).toContain('ok')
+    // the host's link reached the run as a link
+    expect(reply.reply).toMatch(/^seed\.txt$/m)
+    expect(fs.readFileSync(far('plain'), 'utf8')).toBe('fine\n')
+    expect(fs.readlinkSync(far('link'))).toBe('/etc/passwd')
+    expect(fs.readlinkSync(far('latest'))).toBe('d/e')
+    expect(fs.existsSync(far('fifo'))).toBe(false)
     expect(fs.existsSync(path.join(outside, 'x'))).toBe(false)
-    expect(fs.lstatSync(path.join(workspace('far'), 'planted')).isSymbolicLink()).toBe(true)
+    expect(fs.lstatSync(far('planted')).isSymbolicLink()).toBe(true)
+    // a link the host removes is gone from the next run; the others are still links there
+    fs.rmSync(far('latest'))
+    const next = await serve!.chat('far', 'RUN: ls -l && echo listed')
+    expect(next.reply).toContain('listed')
+    expect(next.reply).not.toMatch(/latest ->/)
+    expect(next.reply).toMatch(/link -> \/etc\/passwd/)
   }, 120_000)
 
   it('takes back every write of the run even when the agent moves its start marks, and nothing it left running writes after', async () => {

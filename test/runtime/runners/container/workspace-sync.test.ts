@@ -7,8 +7,9 @@ import {readTar, writeTar, type TarInput} from '../../../../src/runtime/util/tar
 
 /*
  * The host side of the remote-engine workspace sync, fed hostile archives as an agent on the
- * engine could make them: nothing may be created outside the workspace, nothing but regular files
- * and folders may appear in it, and no planted link may be written through.
+ * engine could make them: nothing may be created outside the workspace, nothing but regular files,
+ * folders and symbolic links (made as links, never followed) may appear in it, and no planted link
+ * may be written through.
  */
 
 const file = (name: string, text: string, mode = 0o644): TarInput => ({
@@ -100,7 +101,7 @@ describe('taking a run’s changes back from a remote engine', () => {
     expect(fs.readFileSync(path.join(workspace, 'kept.txt'), 'utf8')).toBe('kept')
   })
 
-  it('never leaves the workspace: `..`, absolute names, symlinks, hardlinks, FIFOs and devices are skipped', () => {
+  it('never leaves the workspace: `..`, absolute names, hardlinks, FIFOs and devices are skipped; a link is only a link', () => {
     apply(
       rawTar([
         {name: '../outside/escaped', type: '0', data: 'x'},
@@ -115,8 +116,54 @@ describe('taking a run’s changes back from a remote engine', () => {
     )
     expect(fs.readdirSync(outside)).toEqual([])
     expect(fs.existsSync('/tmp/absolute')).toBe(false)
-    expect(fs.readdirSync(workspace)).toEqual(['ok'])
-    expect(logged.filter((line) => line.includes('not brought back'))).toHaveLength(7)
+    expect(fs.readdirSync(workspace).sort()).toEqual(['link', 'ok'])
+    expect(fs.readlinkSync(path.join(workspace, 'link'))).toBe('/etc/passwd')
+    expect(logged.filter((line) => line.includes('not brought back'))).toHaveLength(6)
+  })
+
+  it('makes the run’s symbolic links as it left them, never following one, and removes those it removed', () => {
+    fs.writeFileSync(path.join(workspace, 'was-a-file'), 'old')
+    fs.symlinkSync(path.join(outside, 'victim'), path.join(workspace, 'was-a-link'))
+    fs.writeFileSync(path.join(outside, 'victim'), 'untouched')
+    fs.symlinkSync('gone-target', path.join(workspace, 'removed-link'))
+    fs.symlinkSync(outside, path.join(workspace, 'parent-link'))
+    fs.mkdirSync(path.join(workspace, 'a-folder'))
+    const longTarget = `${'deep/'.repeat(40)}end`
+    const link = (name: string, linkname: string): TarInput => ({
+      name,
+      type: '2',
+      mode: 0o777,
+      mtimeMs: 0,
+      data: Buffer.alloc(0),
+      linkname,
+    })
+    const {received} = apply(
+      writeTar([
+        link('latest', 'releases/v2'),
+        link('was-a-file', '/etc/shadow'),
+        link('was-a-link', 'elsewhere'),
+        link('long', longTarget),
+        link('parent-link/escape', '/etc/passwd'),
+        link('a-folder', '/'),
+      ]),
+      ['latest', 'was-a-file', 'was-a-link', 'long', 'parent-link', 'a-folder'],
+    )
+    expect(received).toBe(4)
+    for (const [name, target] of [
+      ['latest', 'releases/v2'],
+      ['was-a-file', '/etc/shadow'],
+      ['was-a-link', 'elsewhere'],
+      ['long', longTarget],
+    ])
+      expect(fs.readlinkSync(path.join(workspace, name!))).toBe(target)
+    // the old link was replaced, not written through; nothing was made through the planted parent
+    expect(fs.readFileSync(path.join(outside, 'victim'), 'utf8')).toBe('untouched')
+    expect(fs.readdirSync(outside)).toEqual(['victim'])
+    expect(fs.lstatSync(path.join(workspace, 'a-folder')).isDirectory()).toBe(true)
+    expect(fs.existsSync(path.join(workspace, 'removed-link'))).toBe(false)
+    expect(logged.filter((line) => line.includes('not brought back'))).toHaveLength(2)
+    // the host's record holds links as links: the next push sends them as such
+    expect(snapshotWorkspace(workspace).latest?.[2]).toBe('l')
   })
 
   it('never writes through a link the host has where the run made a folder', () => {
