@@ -56,7 +56,7 @@ export interface EngineRequestOptions {
   timeoutMs?: number
 }
 
-interface EngineAnswer {
+export interface EngineAnswer {
   status: number
   /** Names in lower case. */
   headers: Record<string, string>
@@ -84,9 +84,9 @@ export class EngineApi {
     return {server: version.Version ?? 'unknown', api: version.ApiVersion ?? 'unknown'}
   }
 
-  /** The body of a GET of an endpoint of the engine's own (Podman's `/v4.0.0/libpod/info`). */
-  async getText(endpoint: string, options: EngineRequestOptions = {}): Promise<string> {
-    return (await this.call(endpoint, options)).body
+  /** A GET of an endpoint of the engine's own (Podman's `/_ping`, `/v4.0.0/libpod/info`), answered whole. */
+  async get(endpoint: string, options: EngineRequestOptions = {}): Promise<EngineAnswer> {
+    return this.call(endpoint, options)
   }
 
   /**
@@ -236,7 +236,7 @@ export function localEngineApi(env: NodeJS.ProcessEnv = process.env): EngineApi 
 }
 
 /** Status, headers and body of an HTTP/1.x answer read to the connection's close. */
-function parseHttpAnswer(raw: Buffer): EngineAnswer {
+export function parseHttpAnswer(raw: Buffer): EngineAnswer {
   const end = raw.indexOf('\r\n\r\n')
   const [statusLine = '', ...lines] = (end < 0 ? '' : raw.subarray(0, end).toString('latin1')).split('\r\n')
   const status = /^HTTP\/1\.[01] (\d{3})/.exec(statusLine)?.[1]

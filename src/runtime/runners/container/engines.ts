@@ -60,7 +60,11 @@ function dockerEngine(
     ...(extra.config ? {config: extra.config} : {}),
     ping:
       extra.config?.kind === 'podman'
-        ? (timeoutMs) => pingPodman(extra.config as EngineConfig, Math.max(timeoutMs, extra.pingMinMs ?? 0))
+        ? async (timeoutMs) =>
+            noteEngineVersion(
+              name,
+              await pingPodman(extra.config as EngineConfig, Math.max(timeoutMs, extra.pingMinMs ?? 0)),
+            )
         : async (timeoutMs) =>
             noteEngineVersion(name, (await cli.ping({timeoutMs: Math.max(timeoutMs, extra.pingMinMs ?? 0)})).server),
   }

@@ -47,6 +47,7 @@ describeWithPodman('container runs on rootless Podman (its Docker-compatible soc
   let gaps: ReturnType<typeof limitGaps> = []
   let proxy: ResultPromise | undefined
   let sshd: OwnSshd | undefined
+  let port = 0
   const certificates = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-podman-tls-'))
 
   beforeAll(async () => {
@@ -59,7 +60,7 @@ describeWithPodman('container runs on rootless Podman (its Docker-compatible soc
     listenerPort = (listener.address() as net.AddressInfo).port
     llm = await startFakeLlm()
     llm.setDefault(shellScripted)
-    const port = await freePort()
+    port = await freePort()
     const engine = {host: PODMAN_HOST, kind: 'podman', max_runs: 4}
     const {server, client} = makeCertificates(certificates)
     const proxyPort = await freePort()
@@ -177,6 +178,27 @@ describeWithPodman('container runs on rootless Podman (its Docker-compatible soc
     expect(await healthzNamesDown(serve!, 'viassh')).toBe(false)
     const reasons = ((await serve!.healthz()).body.reasons ?? []) as string[]
     expect(reasons.find((reason) => reason.startsWith('engine podwrong down'))).toMatch(/Host key verification failed/)
+    // the dashboard names each Podman engine's version, asked on its socket, over TLS and over ssh
+    const admin = JSON.parse(
+      (await runCli(['api-key', 'create', 'dash', '--admin', '--json'], {home: home.home})).stdout,
+    ) as {key: string}
+    const podmanVersion = (await podmanDocker(['version', '--format', '{{.Server.Version}}'])).stdout.trim()
+    const listed = await waitFor(
+      'a version for every Podman engine that answers',
+      async () => {
+        const response = await fetch(`http://127.0.0.1:${port}/api/captain/engines`, {
+          headers: {authorization: `Bearer ${admin.key}`},
+        })
+        const engines = (await response.json()) as Array<{name: string; health: string; version?: string}>
+        return engines.filter((entry) => entry.health === 'up').every((entry) => entry.version) && engines
+      },
+      30_000,
+    )
+    for (const name of ['podman', 'far', 'viassh'])
+      expect(listed.find((entry) => entry.name === name)).toMatchObject({
+        health: 'up',
+        version: `Podman ${podmanVersion}`,
+      })
     // config check takes it, and reads what it can limit over ssh as over its socket
     const check = await runCli(['config', 'check'], {home: home.home})
     expect(check.exitCode, check.stderr).toBe(0)
