@@ -129,6 +129,26 @@ function assertOpenedAt(fd: number, expected: string, relative: string): void {
     throw refuse(relative, 'changed while the gateway opened it (a link was swapped in)')
 }
 
+/**
+ * What is at `relative`, its parents checked without following any (lstat alone follows a link
+ * among the parents): undefined when it is missing, or when a parent is missing or is not a folder.
+ */
+export function lstatWorkspaceEntry(root: string, relative: string): fs.Stats | undefined {
+  const parts = partsOf(relative)
+  const base = realRoot(root)
+  try {
+    if (checkDirectories(base, parts, relative, false) === undefined) return undefined
+  } catch (error) {
+    if (error instanceof GatewayError) return undefined // a parent that is a link, a FIFO, ...
+    throw error
+  }
+  try {
+    return lstatOrUndefined(path.join(base, ...parts))
+  } catch {
+    return undefined // a parent swapped meanwhile
+  }
+}
+
 /** The file's text, or undefined when it does not exist; E_WORKSPACE for anything but a regular file. */
 export function readWorkspaceFile(
   root: string,

@@ -19,6 +19,13 @@ const DEFAULT_MEMORY = `# Memory
 Notes you want to keep across conversations. Edit this file with write_file.
 `
 
+/**
+ * What ensureWorkspace makes and the gateway itself relies on: at other levels an agent that puts a
+ * link there stops its own next runs (E_WORKSPACE, the operator told how to fix it); a run on a
+ * remote engine never brings one back there.
+ */
+export const GATEWAY_ENTRIES: readonly string[] = ['SOUL.md', 'MEMORY.md', 'skills', 'memory.db']
+
 export interface WorkspaceCreation {
   id: string
   path: string

@@ -9,11 +9,13 @@ import {writeWholeFile} from '../../util/write-whole-file.js'
 import {readRegularFile} from '../../util/regular-file.js'
 import {syncStateFile, syncVolumePrefix} from '../../container/engine-state.js'
 import {
+  lstatWorkspaceEntry,
   makeWorkspaceDirectory,
   makeWorkspaceSymlink,
   removeWorkspaceEntry,
   writeWorkspaceFile,
 } from '../../workspace/files.js'
+import {GATEWAY_ENTRIES} from '../../workspace/workspace.js'
 import {volumeCheck} from '../../container/engine-disk.js'
 import {ownContainerArgs} from '../../container/own-container.js'
 import {SYNC_DIR, SYNC_TRAILER, syncToken, WORKSPACE_SYNC_ENV} from '../../agent-run/workspace-changes.js'
@@ -241,7 +243,8 @@ function linkTargetOf(file: string): string | undefined {
 /** A name from the engine, as a path inside the workspace; undefined for anything that could leave it. */
 function safeName(raw: string): string | undefined {
   if (raw.includes('\0') || raw.startsWith('/')) return undefined
-  const parts = raw.split('/').filter((part) => part !== '' && part !== '.')
+  // a backslash separates as the host's workspace writer reads it (`\.meepa-sync` is the sync's folder)
+  const parts = raw.split(/[\\/]/).filter((part) => part !== '' && part !== '.')
   if (parts.length === 0 || parts.includes('..') || parts[0] === SYNC_DIR) return undefined
   return parts.join('/')
 }
@@ -288,11 +291,7 @@ export async function pullWorkspace(
 }
 
 function hostHas(workspace: string, name: string): boolean {
-  try {
-    return fs.lstatSync(path.join(workspace, name), {throwIfNoEntry: false}) !== undefined
-  } catch {
-    return false // a parent that is not a folder any more
-  }
+  return lstatWorkspaceEntry(workspace, name) !== undefined
 }
 
 /**
@@ -302,12 +301,9 @@ function hostHas(workspace: string, name: string): boolean {
 function changedOnHost(workspace: string, name: string, synced: Snapshot | undefined): boolean {
   if (!synced) return false
   const before = synced[name]
-  let now: fs.Stats
-  try {
-    now = fs.lstatSync(path.join(workspace, name))
-  } catch {
-    return before !== undefined
-  }
+  // never through a link among its parents: what is beyond one is not the host's workspace
+  const now = lstatWorkspaceEntry(workspace, name)
+  if (!now) return before !== undefined
   // FIFOs, sockets and devices are never synced: the run's entry replaces one (never written through)
   if (!now.isFile() && !now.isDirectory() && !now.isSymbolicLink()) return false
   if (!before) return true
@@ -353,7 +349,9 @@ export function applyChanges(
       else if (entry.type === '0') {
         writeWorkspaceFile(workspace, name, entry.data, {mode: entry.mode & 0o777})
         received++
-      } else if (entry.type === '2') {
+      } else if (entry.type === '2' && GATEWAY_ENTRIES.includes(name))
+        skip(entry, "is a link where the gateway keeps one of the agent's own files")
+      else if (entry.type === '2') {
         makeWorkspaceSymlink(workspace, name, entry.linkname ?? '')
         received++
       } else skip(entry, `is not a regular file, folder or symbolic link (tar type ${entry.type})`)
@@ -366,7 +364,12 @@ export function applyChanges(
     .reverse())
     if (present.has(name)) continue
     else if (synced![name]![2] !== 'd' && hostHas(workspace, name) && changedOnHost(workspace, name, synced)) keep(name)
-    else removeWorkspaceEntry(workspace, name)
+    else
+      try {
+        removeWorkspaceEntry(workspace, name)
+      } catch (error) {
+        options.log(`workspace sync: not removed: ${JSON.stringify(name)} ${toGatewayError(error).message}`)
+      }
   return {received, kept}
 }
 

@@ -102,10 +102,16 @@ for (const coarse of [false, true])
         const since = coarse
           ? `${BigInt(Math.floor(Date.now() / 1000)) * 1_000_000_000n - 1n}`
           : `${BigInt(Date.now()) * 1_000_000n}`
-        await writeVolume(`echo run_renamed > /workspace/${SYNC_DIR}/mark && mv /workspace/reports /workspace/archive`)
+        await writeVolume(
+          `echo run_renamed > /workspace/${SYNC_DIR}/mark && mv /workspace/reports /workspace/archive && ` +
+            `ln -s archive/q /workspace/latest-${'x'.repeat(120)} && ln -s ${'far/'.repeat(40)}end /workspace/long`,
+        )
         const {workspace, state, options} = listing(0)
         await pullWorkspace(dockerCli(), state, {...options, runId: 'run_renamed', since})
         expect(fs.readFileSync(path.join(workspace, 'archive', 'q', 'q1.txt'), 'utf8')).toBe('q1\n')
+        // the run's links come as links, long names and targets too (GNU tar's PAX records)
+        expect(fs.readlinkSync(path.join(workspace, `latest-${'x'.repeat(120)}`))).toBe('archive/q')
+        expect(fs.readlinkSync(path.join(workspace, 'long'))).toBe(`${'far/'.repeat(40)}end`)
       })
 
       it('lists from the start agent-run said, not from a mark the agent moved; a file it could not read fails the listing', async () => {

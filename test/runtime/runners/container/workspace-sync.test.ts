@@ -183,6 +183,51 @@ describe('taking a run’s changes back from a remote engine', () => {
     expect(fs.lstatSync(path.join(workspace, 'file-link')).isFile()).toBe(true)
   })
 
+  it('tells the run nothing of the host beyond a link: what exists there and what does not end the same way', () => {
+    // run 1 made `probe` a link to a host folder; run 2 has a real `probe/` with two names in it
+    fs.mkdirSync(path.join(outside, '.ssh'))
+    fs.writeFileSync(path.join(outside, '.ssh', 'id_ed25519'), 'secret')
+    fs.symlinkSync(path.join(outside, '.ssh'), path.join(workspace, 'probe'))
+    const synced = snapshotWorkspace(workspace)
+    const {received, kept} = apply(
+      writeTar([
+        {name: 'probe', type: '5', mode: 0o755, mtimeMs: 0, data: Buffer.alloc(0)},
+        file('probe/id_ed25519', 'x'),
+        file('probe/id_rsa', 'x'),
+      ]),
+      ['probe', 'probe/id_ed25519', 'probe/id_rsa'],
+      synced,
+    )
+    expect([received, kept]).toEqual([0, []])
+    expect(fs.readFileSync(path.join(outside, '.ssh', 'id_ed25519'), 'utf8')).toBe('secret')
+    expect(fs.readdirSync(path.join(outside, '.ssh'))).toEqual(['id_ed25519'])
+    const said = (name: string) => logged.find((line) => line.includes(`"probe/${name}"`))?.replaceAll(name, 'NAME')
+    expect(said('id_ed25519')).toBeDefined()
+    expect(said('id_ed25519')).toBe(said('id_rsa'))
+  })
+
+  it('never makes a link where the gateway keeps the agent’s own files, nor at the sync’s folder however it is spelled', () => {
+    fs.writeFileSync(path.join(workspace, 'memory.db'), '')
+    fs.mkdirSync(path.join(workspace, 'skills'))
+    const link = (name: string): TarInput => ({
+      name,
+      type: '2',
+      mode: 0o777,
+      mtimeMs: 0,
+      data: Buffer.alloc(0),
+      linkname: '/',
+    })
+    apply(writeTar([link('memory.db'), link('SOUL.md'), link('\\.meepa-sync'), link('.\\.meepa-sync')]), [
+      'memory.db',
+      'skills',
+      'SOUL.md',
+    ])
+    expect(fs.lstatSync(path.join(workspace, 'memory.db')).isFile()).toBe(true)
+    expect(fs.existsSync(path.join(workspace, 'SOUL.md'))).toBe(false)
+    expect(fs.existsSync(path.join(workspace, '.meepa-sync'))).toBe(false)
+    expect(logged.filter((line) => line.includes('not brought back'))).toHaveLength(4)
+  })
+
   it('refuses an entry over the size limit before reading it', () => {
     const big = writeTar([file('big', 'x'.repeat(4096))])
     expect(() => [...readTar(big, 1024)]).toThrow(/over the 1024 allowed/)
