@@ -2,7 +2,6 @@ import fs from 'node:fs'
 import {EngineApi, parseHttpAnswer, type EngineAnswer} from '../../sandbox/docker/engine-api.js'
 import type {EngineConfig} from '../config/types.js'
 import {GatewayError} from '../util/errors.js'
-import {startSubprocess} from '../util/subprocess.js'
 import {SSH_WRAPPER, sshArgsOf, sshEnvOf} from './engine-ssh.js'
 
 /**
@@ -71,6 +70,8 @@ async function podmanOverSsh(engine: EngineConfig, endpoint: string, timeoutMs: 
   const inherited = Object.fromEntries(
     ['HOME', 'USER', 'SSH_AUTH_SOCK'].flatMap((name) => (process.env[name] ? [[name, process.env[name]!]] : [])),
   )
+  // loaded here: execa is more than `config check` and `container status` should load at start
+  const {startSubprocess} = await import('../util/subprocess.js')
   const child = startSubprocess(SSH_WRAPPER, sshArgsOf(engine.host!, ['podman', 'system', 'dial-stdio']), {
     env: {...inherited, ...sshEnvOf(engine)},
     stdio: ['pipe', 'pipe', 'pipe'],

@@ -108,6 +108,7 @@ describe("what must match for the gateway to run send's message", () => {
       'MEEPA_SSH_CLIENT',
       'MEEPA_SSH_KNOWN_HOSTS',
       'MEEPA_SSH_IDENTITY',
+      'MEEPA_SSH_DIAL',
     ])
     const read = new Set<string>(DOCKER_CLI_ENV_NAMES)
     const walk = (dir: string): string[] =>
