@@ -290,19 +290,19 @@ export async function pullWorkspace(
   return {received}
 }
 
-function hostHas(workspace: string, name: string): boolean {
-  return lstatWorkspaceEntry(workspace, name) !== undefined
-}
-
 /**
  * Whether the host's file changed while the run ran: made, removed or rewritten since `synced`,
  * the host's state as the run's volume was brought to it (a SOUL.md saved in the dashboard).
  */
-function changedOnHost(workspace: string, name: string, synced: Snapshot | undefined): boolean {
+function changedOnHost(
+  workspace: string,
+  name: string,
+  synced: Snapshot | undefined,
+  // never through a link among its parents: what is beyond one is not the host's workspace
+  now = lstatWorkspaceEntry(workspace, name),
+): boolean {
   if (!synced) return false
   const before = synced[name]
-  // never through a link among its parents: what is beyond one is not the host's workspace
-  const now = lstatWorkspaceEntry(workspace, name)
   if (!now) return before !== undefined
   // FIFOs, sockets and devices are never synced: the run's entry replaces one (never written through)
   if (!now.isFile() && !now.isDirectory() && !now.isSymbolicLink()) return false
@@ -361,15 +361,17 @@ export function applyChanges(
   }
   for (const name of Object.keys(synced ?? {})
     .sort()
-    .reverse())
+    .reverse()) {
     if (present.has(name)) continue
-    else if (synced![name]![2] !== 'd' && hostHas(workspace, name) && changedOnHost(workspace, name, synced)) keep(name)
+    const now = lstatWorkspaceEntry(workspace, name)
+    if (synced![name]![2] !== 'd' && now && changedOnHost(workspace, name, synced, now)) keep(name)
     else
       try {
         removeWorkspaceEntry(workspace, name)
       } catch (error) {
         options.log(`workspace sync: not removed: ${JSON.stringify(name)} ${toGatewayError(error).message}`)
       }
+  }
   return {received, kept}
 }
 
