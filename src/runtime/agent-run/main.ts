@@ -14,6 +14,7 @@ import {
   type RunStart,
   sendWorkspaceChanges,
   SYNC_START_LOG,
+  SYNC_TAKEN_WAIT_MS,
   stopOtherProcesses,
   WORKSPACE_SYNC_ENV,
   workspaceSyncHere,
@@ -188,11 +189,18 @@ export async function main(): Promise<void> {
   if (changesSince && sendsChanges) {
     if (!(await stopOtherProcesses()))
       log('processes of the run outlived their kill: the host lists the changes itself')
-    else
-      await sendWorkspaceChanges(changesSince.workspace, changesSince.start, stdout).catch((error: unknown) => {
-        // the trailer stays unfinished: the runner lists the changes again from the volume
-        log(`could not send the workspace's changes: ${(error as Error).message}`)
-      })
+    else {
+      const sent = await sendWorkspaceChanges(changesSince.workspace, changesSince.start, stdout).then(
+        () => true,
+        (error: unknown) => {
+          // the trailer stays unfinished: the runner lists the changes again from the volume
+          log(`could not send the workspace's changes: ${(error as Error).message}`)
+          return false
+        },
+      )
+      // the container's teardown waits until the host has taken them (SYNC_TAKEN)
+      if (sent) await reader.nextLineOrEnd(SYNC_TAKEN_WAIT_MS)
+    }
   }
   stdout.write('', () => {
     process.exit(output.ok ? 0 : output.error.code === 'E_INPUT' ? 2 : 1)

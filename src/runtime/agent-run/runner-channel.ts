@@ -25,6 +25,8 @@ export class StdinReader {
   readonly input: Promise<string>
   /** What arrives after the input before a channel is attached waits here, in order. */
   private queued: Array<() => void> = []
+  /** stdin has ended (or failed). */
+  private ended = false
   private handlers: {frame(line: string): void; end(): void; broken(error: FrameError): void} | undefined
 
   constructor(
@@ -104,6 +106,22 @@ export class StdinReader {
     for (const event of this.queued.splice(0)) event()
   }
 
+  /**
+   * Resolves at the next line from the runner, stdin's end, or after `ms`, whichever comes first;
+   * what the run's channel was told is no longer heard (the run has ended).
+   */
+  nextLineOrEnd(ms: number): Promise<void> {
+    if (this.ended) return Promise.resolve()
+    return new Promise((resolve) => {
+      const timer = setTimeout(resolve, ms)
+      const done = () => {
+        clearTimeout(timer)
+        resolve()
+      }
+      this.attach({frame: done, end: done, broken: done})
+    })
+  }
+
   private deliver(event: (handlers: NonNullable<StdinReader['handlers']>) => void): void {
     if (this.handlers) event(this.handlers)
     else this.queued.push(() => event(this.handlers!))
@@ -118,6 +136,7 @@ export class StdinReader {
   }
 
   private end(): void {
+    this.ended = true
     if (this.awaitingGoLine) return this.failGoLine('stdin ended before the go line')
     if (!this.inputDone) {
       this.inputDone = true

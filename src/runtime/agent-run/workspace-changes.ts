@@ -23,6 +23,16 @@ export const SYNC_DIR = '.meepa-sync'
 /** The line that starts the trailer: `SYNC_TRAILER <list bytes>`, the NUL-separated names, the tar. */
 export const SYNC_TRAILER = 'MEEPA-SYNC-TRAILER'
 
+/**
+ * The line the runner sends once it has taken a whole trailer back: agent-run, which waits for it
+ * (or for stdin's end) before it exits, ends then. The container's teardown on the engine (its
+ * processes, cgroup, mounts, the engine's own records) would otherwise run while the host writes
+ * the changes; on an engine that shares the host's disk and CPUs it doubled what that takes.
+ */
+export const SYNC_TAKEN = 'MEEPA-SYNC-TAKEN'
+/** The longest agent-run waits for SYNC_TAKEN after a whole trailer: a host that never says it must not keep the container. */
+export const SYNC_TAKEN_WAIT_MS = 5_000
+
 /** agent-run's log line with the run's start (`<line> <since>`), read by the host for its own listing. */
 export const SYNC_START_LOG = "workspace sync: the run's changes are those stamped after"
 

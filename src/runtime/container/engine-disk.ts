@@ -214,7 +214,10 @@ const ATTACH = [
   // Checked first: a clean one passes in milliseconds. One e2fsck cannot repair is made anew:
   // an image attached anew holds nothing the host will read (its content is sent whole), and
   // its mount has no barriers (VOLUME_MOUNT_OPTIONS), so a crash of its host may leave it so.
-  '    -a) e2fsck -p "$image" >&2 || [ $? -eq 1 ] || make_fs "$image" "$uuid" "$journal"; losetup "$2" "$image" ;;',
+  // Direct I/O: none of the volume's writes wait dirty in the host's page cache for its next fsync
+  // (docs/architecture.md); where the kernel or filesystem refuses it, the page cache as before.
+  '    -a) e2fsck -p "$image" >&2 || [ $? -eq 1 ] || make_fs "$image" "$uuid" "$journal"',
+  '        losetup --direct-io=on "$2" "$image" 2>/dev/null || losetup "$2" "$image" ;;',
   '  esac',
   '  shift 2',
   'done',

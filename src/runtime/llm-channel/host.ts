@@ -96,6 +96,8 @@ export class AgentRunChannel {
     private readonly onResult: () => void = () => {},
     /** The input is written once this resolves true (the keeper moved the run into its cgroups); never on false. */
     inputAllowed: Promise<boolean> = Promise.resolve(true),
+    /** stdin stays open after the result: a sync engine's run ends when the runner has taken its changes (SYNC_TAKEN). */
+    private readonly holdStdinAfterResult = false,
   ) {
     this.lines = new LineSplitter(MAX_FRAME_BYTES, (line) => this.receive(line))
     stdin.on('error', () => {}) // agent-run gone: its exit is reported by the runner
@@ -166,7 +168,7 @@ export class AgentRunChannel {
       if (this.result) throw new FrameError(`a ${frame.type} frame after its result`)
       if (frame.type === 'result') {
         this.result = frame.output
-        this.stdin.end()
+        if (!this.holdStdinAfterResult) this.stdin.end()
         this.onResult()
         return
       }

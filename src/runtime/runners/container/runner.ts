@@ -35,7 +35,7 @@ import {watchVolumeOnEngine} from './volume-watch.js'
 import {EngineVolumeLost, endedOnLostVolume, forgetEngineDiskDevice} from '../../container/engine-disk.js'
 import {setStandbyBudget, standbyIdleMs} from '../standby-budget.js'
 import {splitSyncTrailer} from './sync-trailer.js'
-import {syncGoLine} from '../../agent-run/workspace-changes.js'
+import {SYNC_TAKEN, syncGoLine} from '../../agent-run/workspace-changes.js'
 import {enginesOf, LOCAL_ENGINE, nextPlacement, placeRun, watchEngines, type DockerEngine} from './engines.js'
 import {
   forgetVolume,
@@ -420,6 +420,10 @@ async function runOnVolume(
               true,
               {partly_ran: true},
             )
+          } finally {
+            // agent-run, waiting since its trailer, ends now: the container's teardown on the
+            // engine no longer runs while the changes are written here (after the reply's turn)
+            setImmediate(() => child.stdin?.end(`${SYNC_TAKEN}\n`))
           }
         })()))
     const output = await runInStartedContainer(
@@ -489,6 +493,9 @@ async function runInStartedContainer(
     () => {
       if (!stopped) onAnswer(channel.outcome()!)
     },
+    undefined,
+    // a sync engine's run sends its changes after the result and ends once they are taken (runOnVolume)
+    beforeRemoval !== undefined,
   )
 
   // The deadline kills the container itself: killing only the docker client would leave the

@@ -1,0 +1,134 @@
+import {spawn, type ChildProcess} from 'node:child_process'
+import fs from 'node:fs'
+import path from 'node:path'
+import {afterAll, afterEach, beforeAll, describe, expect, it} from 'vitest'
+import {fakeLlmConfig, makeHome, ROOT, type TestHome} from '../../helpers/home.js'
+import {findAgent, loadConfig} from '../../../src/runtime/config/load.js'
+import {buildAgentRunInput} from '../../../src/runtime/runners/run-message.js'
+import {AgentRunChannel, type HostLlm} from '../../../src/runtime/llm-channel/host.js'
+import {splitSyncTrailer} from '../../../src/runtime/runners/container/sync-trailer.js'
+import {
+  SYNC_TAKEN,
+  SYNC_TAKEN_WAIT_MS,
+  syncGoLine,
+  WORKSPACE_SYNC_ENV,
+} from '../../../src/runtime/agent-run/workspace-changes.js'
+import type {AgentRunOutput} from '../../../src/runtime/shapes/agent-run-contract.js'
+
+/*
+ * A sync engine's agent-run, after its trailer, waits for the runner to say it took the changes
+ * (SYNC_TAKEN) before it exits: the container's teardown then no longer runs on the engine while
+ * the host writes them. Here the built agent-run runs as the child of a PID namespace's init (the
+ * one place it kills and sends a trailer, as under a container's --init), with the runner's own
+ * channel and trailer reader on the other end.
+ */
+const asRoot = process.getuid?.() === 0 && fs.existsSync('/usr/bin/unshare')
+
+describe.skipIf(!asRoot)('agent-run on a sync engine ends when the runner has taken its changes', () => {
+  let home: TestHome
+  let child: ChildProcess | undefined
+  const llm: HostLlm = {
+    chat: async () => ({
+      content: 'done',
+      tool_calls: [],
+      usage: {input_tokens: 1, output_tokens: 1},
+      provider: 'fake',
+      model: 'fake',
+    }),
+    maxCalls: 4,
+  }
+
+  beforeAll(() => {
+    home = makeHome(fakeLlmConfig('http://127.0.0.1:9/v1', [{id: 'synced'}]))
+  })
+  afterEach(() => {
+    if (child?.exitCode === null) child.kill('SIGKILL')
+  })
+  afterAll(() => home?.cleanup())
+
+  /** One run up to its whole trailer; `exited` resolves with the time agent-run ended. */
+  const runToTrailer = async () => {
+    const loaded = loadConfig({configPath: home.configPath, home: home.home})
+    const workspace = home.workspace('synced')
+    fs.mkdirSync(workspace, {recursive: true})
+    const runId = `run_${Date.now()}`
+    const input = buildAgentRunInput(
+      loaded,
+      findAgent(loaded, 'synced'),
+      {id: 'm', connector: 'cli', channel_id: 'c', user: {id: 'u', name: 'u'}, content: 'hi'},
+      runId,
+      workspace,
+      'container',
+      {available: {}, providerKeys: {}},
+    )
+    // sh is the namespace's PID 1: agent-run is its child, as under the container's init
+    const started = spawn(
+      'unshare',
+      [
+        '--pid',
+        '--fork',
+        '--kill-child',
+        'sh',
+        '-c',
+        '"$0" "$@"',
+        process.execPath,
+        path.join(ROOT, 'bin', 'run.js'),
+        'agent-run',
+      ],
+      {env: {...process.env, [WORKSPACE_SYNC_ENV]: '1'}, stdio: ['pipe', 'pipe', 'pipe']},
+    )
+    child = started
+    const exited = new Promise<number>((resolve) => started.once('exit', () => resolve(performance.now())))
+    let stderr = ''
+    if (process.env.DEBUG_SYNC) started.stderr!.pipe(process.stderr)
+    started.stderr!.on('data', (chunk: Buffer) => (stderr += chunk.toString()))
+    started.stdin!.write(syncGoLine(runId, false, 64 << 20))
+    const split = splitSyncTrailer(started.stdout!, 64 << 20)
+    const answered = new Promise<AgentRunOutput>((resolve) => {
+      const channel: AgentRunChannel = new AgentRunChannel(
+        started.stdin!,
+        split.frames,
+        input,
+        llm,
+        () => {},
+        () => resolve(channel.outcome()!),
+        undefined,
+        true,
+      )
+    })
+    const output = await answered
+    expect(output.ok, stderr).toBe(true)
+    const trailer = await split.trailer
+    expect(trailer, stderr).toBeDefined()
+    // the run's own writes are in it (its memory)
+    expect(trailer!.list.toString()).toContain('./memory.db')
+    return {child: started, exited, trailedAt: performance.now()}
+  }
+
+  it('waits after its trailer until the runner says it took the changes, then ends at once', async () => {
+    const run = await runToTrailer()
+    const still = await Promise.race([run.exited.then(() => 'exited'), sleep(700).then(() => 'running')])
+    expect(still).toBe('running')
+    const saidAt = performance.now()
+    run.child.stdin!.end(`${SYNC_TAKEN}\n`)
+    const endedAt = await run.exited
+    expect(run.child.exitCode).toBe(0)
+    expect(endedAt - saidAt).toBeLessThan(1_000)
+  }, 30_000)
+
+  it('ends at the end of its stdin (the runner went away) without waiting out its limit', async () => {
+    const run = await runToTrailer()
+    run.child.stdin!.end()
+    const endedAt = await run.exited
+    expect(endedAt - run.trailedAt).toBeLessThan(1_000)
+  }, 30_000)
+
+  it('ends by itself when the runner never says it: a container is never kept', async () => {
+    const run = await runToTrailer()
+    const endedAt = await run.exited
+    expect(endedAt - run.trailedAt).toBeGreaterThan(SYNC_TAKEN_WAIT_MS - 500)
+    expect(endedAt - run.trailedAt).toBeLessThan(SYNC_TAKEN_WAIT_MS + 3_000)
+  }, 30_000)
+})
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
