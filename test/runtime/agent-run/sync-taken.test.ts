@@ -1,4 +1,4 @@
-import {spawn, type ChildProcess} from 'node:child_process'
+import {spawn, spawnSync, type ChildProcess} from 'node:child_process'
 import fs from 'node:fs'
 import path from 'node:path'
 import {afterAll, afterEach, beforeAll, describe, expect, it} from 'vitest'
@@ -22,7 +22,8 @@ import type {AgentRunOutput} from '../../../src/runtime/shapes/agent-run-contrac
  * one place it kills and sends a trailer, as under a container's --init), with the runner's own
  * channel and trailer reader on the other end.
  */
-const asRoot = process.getuid?.() === 0 && fs.existsSync('/usr/bin/unshare')
+const asRoot =
+  process.getuid?.() === 0 && spawnSync('unshare', ['--pid', '--fork', 'true'], {stdio: 'ignore'}).status === 0
 
 describe.skipIf(!asRoot)('agent-run on a sync engine ends when the runner has taken its changes', () => {
   let home: TestHome
@@ -109,8 +110,9 @@ describe.skipIf(!asRoot)('agent-run on a sync engine ends when the runner has ta
     const run = await runToTrailer()
     const still = await Promise.race([run.exited.then(() => 'exited'), sleep(700).then(() => 'running')])
     expect(still).toBe('running')
+    // the line alone, stdin left open (an engine may not pass its end on)
     const saidAt = performance.now()
-    run.child.stdin!.end(`${SYNC_TAKEN}\n`)
+    run.child.stdin!.write(`${SYNC_TAKEN}\n`)
     const endedAt = await run.exited
     expect(run.child.exitCode).toBe(0)
     expect(endedAt - saidAt).toBeLessThan(1_000)
@@ -126,7 +128,7 @@ describe.skipIf(!asRoot)('agent-run on a sync engine ends when the runner has ta
   it('ends by itself when the runner never says it: a container is never kept', async () => {
     const run = await runToTrailer()
     const endedAt = await run.exited
-    expect(endedAt - run.trailedAt).toBeGreaterThan(SYNC_TAKEN_WAIT_MS - 500)
+    expect(endedAt - run.trailedAt).toBeGreaterThan(SYNC_TAKEN_WAIT_MS - 1_500)
     expect(endedAt - run.trailedAt).toBeLessThan(SYNC_TAKEN_WAIT_MS + 3_000)
   }, 30_000)
 })

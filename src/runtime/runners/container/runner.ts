@@ -553,6 +553,12 @@ async function runInStartedContainer(
     throw new EngineVolumeLost(undefined, stderrTail.trim().split('\n').pop() ?? 'its container ended before starting')
   }
   const answer = channel.outcome()
+  if (answer && beforeRemoval && !engineSilent && (stopped === 'timeout' || stopped === 'cancelled')) {
+    // a sync engine's run answered, then was stopped while the host took its changes back (its
+    // container now waits for that): the answer and those changes stand
+    scheduleRemoval(cli, name, log)
+    return await beforeRemoval(answer)
+  }
   if (stopped === 'timeout' && deadline.suspendedMs !== undefined && answer) {
     // it answered while this process was stopped, the deadline passing meanwhile: the answer stands
     scheduleRemoval(cli, name, log)
