@@ -214,11 +214,7 @@ const ATTACH = [
   // Checked first: a clean one passes in milliseconds. One e2fsck cannot repair is made anew:
   // an image attached anew holds nothing the host will read (its content is sent whole), and
   // its mount has no barriers (VOLUME_MOUNT_OPTIONS), so a crash of its host may leave it so.
-  // Then direct I/O, asked of the attached device: none of the volume's writes wait dirty in the
-  // host's page cache for its next fsync (docs/architecture.md). Where the kernel or filesystem
-  // refuses it, the page cache as before (asked at attach, util-linux < 2.38 would fail after it).
-  '    -a) e2fsck -p "$image" >&2 || [ $? -eq 1 ] || make_fs "$image" "$uuid" "$journal"',
-  '        losetup "$2" "$image"; losetup --direct-io=on "$2" 2>/dev/null || true ;;',
+  '    -a) e2fsck -p "$image" >&2 || [ $? -eq 1 ] || make_fs "$image" "$uuid" "$journal"; losetup "$2" "$image" ;;',
   '  esac',
   '  shift 2',
   'done',
