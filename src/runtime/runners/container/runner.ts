@@ -423,7 +423,9 @@ async function runOnVolume(
           } finally {
             // agent-run, waiting since its trailer, ends now: the container's teardown on the
             // engine no longer runs while the changes are written here (after the reply's turn)
-            setImmediate(() => child.stdin?.end(`${SYNC_TAKEN}\n`))
+            setImmediate(() => {
+              if (child.stdin && !child.stdin.writableEnded) child.stdin.end(`${SYNC_TAKEN}\n`)
+            })
           }
         })()))
     const output = await runInStartedContainer(
@@ -494,8 +496,9 @@ async function runInStartedContainer(
       if (!stopped) onAnswer(channel.outcome()!)
     },
     undefined,
-    // a sync engine's run sends its changes after the result and ends once they are taken (runOnVolume)
-    beforeRemoval !== undefined,
+    // a sync engine's run sends its changes after the result and, in a running gateway (whose
+    // reply does not wait for the container's end), ends once they are taken (runOnVolume)
+    beforeRemoval !== undefined && Boolean(request.standby),
   )
 
   // The deadline kills the container itself: killing only the docker client would leave the
