@@ -13,6 +13,7 @@ import {freePort} from '../../helpers/free-port.js'
 import {BIN, fakeLlmConfig, makeHome, runCli, type TestHome} from '../../helpers/home.js'
 import {requireLandlockOrSkip} from '../../helpers/landlock-support.js'
 import {startServeProcess} from '../../helpers/serve-process.js'
+import {waitFor} from '../../helpers/wait-for.js'
 
 const PASSWORD = 'serve control plane password'
 
@@ -138,8 +139,11 @@ describe('the control plane of a real `serve`', {timeout: 90_000}, () => {
     const port = await freePort()
     home = makeHome(fakeLlmConfig(llm.openaiBaseUrl, [{id: 'a1'}], {captain: {enabled: true, bind: '127.0.0.1', port}}))
     const serve = await startServe({})
-    const code = /setup code ([A-Z0-9]{3}-[A-Z0-9]{3}-[A-Z0-9]{3})/.exec(serve.output())?.[1]
-    expect(code).toBeDefined()
+    // the dashboard's line may come on its stream a moment after the one serve's start waits for
+    const code = await waitFor(
+      "the setup code in serve's output",
+      () => /setup code ([A-Z0-9]{3}-[A-Z0-9]{3}-[A-Z0-9]{3})/.exec(serve.output())?.[1],
+    )
     expect(await withHost(serve.url, 'GET', '/api/captain/auth/session', `evil.example:${port}`)).toBe(421)
     expect(
       await withHost(serve.url, 'POST', '/api/captain/auth/setup', `evil.example:${port}`, {
