@@ -199,13 +199,14 @@ export function readWorkspaceFile(
 /**
  * Writes the file whole: a new file in the checked directory (O_EXCL|O_NOFOLLOW), then renamed
  * over the old name, which replaces a planted link instead of writing through it. `exclusive`
- * keeps an existing entry (of any kind) and reports false.
+ * keeps an existing entry (of any kind) and reports false. `written` gets the new file's own
+ * stat, taken through its descriptor (what is at the name a moment later may be another's).
  */
 export function writeWorkspaceFile(
   root: string,
   relative: string,
   content: string | Buffer,
-  options: {mode?: number; exclusive?: boolean} = {},
+  options: {mode?: number; exclusive?: boolean; written?: (stat: fs.Stats) => void} = {},
 ): boolean {
   const parts = partsOf(relative)
   const base = realRoot(root)
@@ -223,6 +224,7 @@ export function writeWorkspaceFile(
     if (owner) fs.fchownSync(fd, owner.uid, owner.gid)
     fs.writeSync(fd, typeof content === 'string' ? Buffer.from(content) : content)
     fs.fsyncSync(fd)
+    const stat = options.written && fs.fstatSync(fd)
     if (options.exclusive) {
       try {
         fs.linkSync(temp, file) // fails on any existing entry, a dangling link included
@@ -232,12 +234,14 @@ export function writeWorkspaceFile(
       }
       placed = true
       fs.unlinkSync(temp)
+      if (stat) options.written?.(stat)
       return true
     }
     fs.renameSync(temp, file)
     placed = true
     // the open file now has the final name: if a parent had been swapped for a link, it would not
     assertOpenedAt(fd, file, relative)
+    if (stat) options.written?.(stat)
     return true
   } finally {
     fs.closeSync(fd)
@@ -479,6 +483,25 @@ export function makeWorkspaceSymlink(root: string, relative: string, target: str
     giveToWorkspaceOwner(base, file)
   } finally {
     fs.closeSync(dirFd)
+  }
+}
+
+/**
+ * Removes the folder `relative` if it is empty, without following a link anywhere below the root;
+ * false when it still holds something (it stays as it is).
+ */
+export function removeEmptyWorkspaceDirectory(root: string, relative: string): boolean {
+  const parts = partsOf(relative)
+  const base = realRoot(root)
+  if (checkDirectories(base, parts, relative, false) === undefined) return true
+  try {
+    fs.rmdirSync(path.join(base, ...parts))
+    return true
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code
+    if (code === 'ENOENT') return true
+    if (code === 'ENOTEMPTY' || code === 'EEXIST') return false
+    throw error
   }
 }
 

@@ -12,6 +12,7 @@ import {
   lstatWorkspaceEntry,
   makeWorkspaceDirectory,
   makeWorkspaceSymlink,
+  removeEmptyWorkspaceDirectory,
   removeWorkspaceEntry,
   writeWorkspaceFile,
 } from '../../workspace/files.js'
@@ -282,11 +283,10 @@ export async function pullWorkspace(
       .map((name) => safeName(name))
       .filter(Boolean),
   )
-  const {received, kept} = applyChanges(options.workspace, changes, present, state.synced, options)
-  const snapshot = snapshotWorkspace(options.workspace)
-  // the volume holds the run's version of these: recorded as unlike anything, the next push settles them
-  for (const name of kept) snapshot[name] = [-1, -1, 'f']
-  remember(state, snapshot)
+  const {received, synced} = applyChanges(options.workspace, changes, present, state.synced, options)
+  // the record is what the push sent with what the run brought back, never a walk of the host now:
+  // an edit made on the host while the run ran is unlike it, so the next push sends it
+  remember(state, synced ?? snapshotWorkspace(options.workspace))
   return {received}
 }
 
@@ -316,9 +316,12 @@ function changedOnHost(
  * Applies a run's change tar to the host workspace: files and folders through the no-follow
  * writer, symbolic links made where they were (makeWorkspaceSymlink), anything else logged and skipped; names the host had (`synced`) that are not `present`
  * in the volume any more are removed. A file the host changed while the run ran keeps the host's
- * version, logged (`kept`): the host is the one truth, and a run whose mark shares a tick with the
+ * version, logged: the host is the one truth, and a run whose mark shares a tick with the
  * last run's writes (a filesystem stamping whole seconds) lists those again though it never touched
- * them. Returns how many files were written and the names kept.
+ * them. Returns how many files were written, the names kept, and `synced` updated to what the volume and the host
+ * now both hold (undefined when `synced` was): each name written, made or removed as the host has it
+ * after that step, each name kept as unlike anything (the volume holds the run's version), and any
+ * other name as it was, so a change the host made meanwhile still differs from it.
  */
 export function applyChanges(
   workspace: string,
@@ -326,13 +329,15 @@ export function applyChanges(
   present: ReadonlySet<string | undefined>,
   synced: Snapshot | undefined,
   options: {maxBytes: number; log: (line: string) => void},
-): {received: number; kept: string[]} {
+): {received: number; kept: string[]; synced: Snapshot | undefined} {
   let received = 0
   const kept: string[] = []
+  const record: Snapshot | undefined = synced && {...synced}
   const skip = (entry: TarEntry, why: string) =>
     options.log(`workspace sync: not brought back: ${JSON.stringify(entry.name)} ${why}`)
   const keep = (name: string) => {
     kept.push(name)
+    if (record) record[name] = [-1, -1, 'f']
     options.log(
       `workspace sync: the host's ${JSON.stringify(name)} stays as it is: it was changed or removed on the host during the run`,
     )
@@ -344,15 +349,20 @@ export function applyChanges(
       continue
     }
     try {
-      if (entry.type === '5') makeWorkspaceDirectory(workspace, name)
-      else if ((entry.type === '0' || entry.type === '2') && changedOnHost(workspace, name, synced)) keep(name)
+      if (entry.type === '5') {
+        makeWorkspaceDirectory(workspace, name)
+        if (record) record[name] = [0, 0, 'd']
+      } else if ((entry.type === '0' || entry.type === '2') && changedOnHost(workspace, name, synced)) keep(name)
       else if (entry.type === '0') {
-        writeWorkspaceFile(workspace, name, entry.data, {mode: entry.mode & 0o777})
+        const written = (stat: fs.Stats) => record && (record[name] = [stat.size, stat.mtimeMs, 'f'])
+        writeWorkspaceFile(workspace, name, entry.data, {mode: entry.mode & 0o777, written})
         received++
       } else if (entry.type === '2' && GATEWAY_ENTRIES.includes(name))
         skip(entry, "is a link where the gateway keeps one of the agent's own files")
       else if (entry.type === '2') {
         makeWorkspaceSymlink(workspace, name, entry.linkname ?? '')
+        const made = lstatWorkspaceEntry(workspace, name)
+        if (record && made?.isSymbolicLink()) record[name] = [made.size, made.mtimeMs, 'l']
         received++
       } else skip(entry, `is not a regular file, folder or symbolic link (tar type ${entry.type})`)
     } catch (error) {
@@ -363,16 +373,23 @@ export function applyChanges(
     .sort()
     .reverse()) {
     if (present.has(name)) continue
-    const now = lstatWorkspaceEntry(workspace, name)
-    if (synced![name]![2] !== 'd' && now && changedOnHost(workspace, name, synced, now)) keep(name)
+    const onHost = lstatWorkspaceEntry(workspace, name)
+    if (onHost && changedOnHost(workspace, name, synced, onHost)) keep(name)
     else
       try {
-        removeWorkspaceEntry(workspace, name)
+        // what it held and the run removed is gone by record (children come first): a folder that still
+        // holds something holds what the host put there during the run, so it stays, for the next push
+        if (synced![name]![2] !== 'd') removeWorkspaceEntry(workspace, name)
+        else if (!removeEmptyWorkspaceDirectory(workspace, name))
+          options.log(
+            `workspace sync: the host's ${JSON.stringify(name)} stays: it holds what the host put there during the run`,
+          )
+        if (record) delete record[name]
       } catch (error) {
         options.log(`workspace sync: not removed: ${JSON.stringify(name)} ${toGatewayError(error).message}`)
       }
   }
-  return {received, kept}
+  return {received, kept, synced: record}
 }
 
 /**

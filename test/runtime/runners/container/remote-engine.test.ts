@@ -172,6 +172,27 @@ describeWithDocker('container runs on a remote engine over mutual TLS (own engin
     expect(fs.statSync(late).ino).toBe(lateInode)
   }, 120_000)
 
+  it('what the host changes while a run is under way reaches the next run, and the run never removes it', async () => {
+    const far = (name: string) => path.join(workspace('far'), name)
+    fs.writeFileSync(far('edited-during.txt'), 'first')
+    fs.mkdirSync(far('old-folder'))
+    fs.writeFileSync(far('old-folder/was.txt'), 'was')
+    expect((await serve!.chat('far', 'RUN: cat edited-during.txt')).reply).toContain('first')
+    const asked = llm.requests.length
+    const running = serve!.chat('far', 'RUN: sleep 2; rm -rf old-folder; echo slept')
+    await waitFor('the run asking for its command', async () => llm.requests.length > asked, 30_000)
+    // the operator, during the run: an edit, and a new file in the folder the run removes
+    fs.writeFileSync(far('edited-during.txt'), 'second-from-the-operator')
+    fs.writeFileSync(far('old-folder/added-during.txt'), 'added')
+    expect((await running).reply).toContain('slept')
+    // the host keeps the new file (its folder with it); the run's removal of the rest stands
+    expect(fs.readdirSync(far('old-folder'))).toEqual(['added-during.txt'])
+    const next = await serve!.chat('far', 'RUN: cat edited-during.txt old-folder/added-during.txt; ls old-folder')
+    expect(next.reply, serve!.output().slice(-2000)).toContain('second-from-the-operator')
+    expect(next.reply).toContain('added')
+    expect(next.reply).not.toContain('was.txt')
+  }, 120_000)
+
   it("makes the agent's links as links (never followed), never its FIFOs or escapes, and never writes through a planted link", async () => {
     const far = (name: string) => path.join(workspace('far'), name)
     fs.symlinkSync(outside, far('planted'))

@@ -83,6 +83,37 @@ describe('taking a run’s changes back from a remote engine', () => {
     expect(logged.join('\n')).toMatch(/"soul.md" stays as it is: it was changed or removed on the host during the run/)
   })
 
+  it('records what the run brought back, and leaves every other name as the push sent it: a change the host made meanwhile is sent next', () => {
+    fs.writeFileSync(path.join(workspace, 'edited.md'), 'as the run started')
+    fs.writeFileSync(path.join(workspace, 'removed-by-run.md'), 'x')
+    fs.mkdirSync(path.join(workspace, 'folder'))
+    fs.writeFileSync(path.join(workspace, 'folder', 'was.txt'), 'was')
+    fs.mkdirSync(path.join(workspace, 'emptied'))
+    fs.writeFileSync(path.join(workspace, 'emptied', 'gone.txt'), 'gone')
+    const synced = snapshotWorkspace(workspace)
+    // during the run: the operator edits one file and adds one to a folder the run removes whole
+    const later = new Date(Date.now() + 5000)
+    fs.writeFileSync(path.join(workspace, 'edited.md'), 'edited on the host')
+    fs.utimesSync(path.join(workspace, 'edited.md'), later, later)
+    fs.writeFileSync(path.join(workspace, 'folder', 'added.txt'), 'added')
+    const {synced: record} = apply(writeTar([file('made.txt', 'made by the run')]), ['edited.md', 'made.txt'], synced)
+    // the host keeps the new file and its folder; the run's other removals stand
+    expect(fs.readdirSync(path.join(workspace, 'folder'))).toEqual(['added.txt'])
+    expect(fs.existsSync(path.join(workspace, 'emptied'))).toBe(false)
+    expect(fs.existsSync(path.join(workspace, 'removed-by-run.md'))).toBe(false)
+    expect(logged.join('\n')).toMatch(/"folder" stays: it holds what the host put there during the run/)
+    const made = fs.statSync(path.join(workspace, 'made.txt'))
+    expect(record).toEqual({
+      // as the push sent it, so unlike the host's edit
+      'edited.md': synced['edited.md'],
+      'made.txt': [made.size, made.mtimeMs, 'f'],
+    })
+    // the next push's view: what differs from the record is exactly what the volume lacks
+    const host = snapshotWorkspace(workspace)
+    const differs = Object.keys(host).filter((name) => JSON.stringify(host[name]) !== JSON.stringify(record![name]))
+    expect(differs.sort()).toEqual(['edited.md', 'folder', 'folder/added.txt'])
+  })
+
   it('writes files and folders, and removes what the run removed', () => {
     fs.writeFileSync(path.join(workspace, 'gone.txt'), 'old')
     fs.writeFileSync(path.join(workspace, 'kept.txt'), 'kept')
