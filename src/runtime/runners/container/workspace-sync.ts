@@ -163,15 +163,21 @@ export async function pushWorkspace(
       signal: options.signal,
     })
   }
+  // what could not be read as it was walked (gone, unreadable, another kind now) is not sent, nor
+  // recorded as the volume's: the next take-back must not remove it here, the next push tries again
+  const notSent = (name: string): TarInput[] => {
+    delete host[name]
+    return []
+  }
   const entries = changed.sort().flatMap((name): TarInput[] => {
     const [, mtimeMs, kind] = host[name]!
     if (kind === 'd') return [{name, type: '5', mode: 0o755, mtimeMs: Date.now(), data: Buffer.alloc(0)}]
     if (kind === 'l') {
       const linkname = linkTargetOf(path.join(options.workspace, name))
-      return linkname ? [{name, type: '2', mode: 0o777, mtimeMs, data: Buffer.alloc(0), linkname}] : []
+      return linkname ? [{name, type: '2', mode: 0o777, mtimeMs, data: Buffer.alloc(0), linkname}] : notSent(name)
     }
     const data = readRegularFile(path.join(options.workspace, name))
-    return data ? [{name, type: '0', mode: 0o644, mtimeMs, data}] : []
+    return data ? [{name, type: '0', mode: 0o644, mtimeMs, data}] : notSent(name)
   })
   await cli.check(
     [
@@ -283,10 +289,10 @@ export async function pullWorkspace(
       .map((name) => safeName(name))
       .filter(Boolean),
   )
-  const {received, synced} = applyChanges(options.workspace, changes, present, state.synced, options)
+  const {received, record} = applyChanges(options.workspace, changes, present, state.synced, options)
   // the record is what the push sent with what the run brought back, never a walk of the host now:
   // an edit made on the host while the run ran is unlike it, so the next push sends it
-  remember(state, synced ?? snapshotWorkspace(options.workspace))
+  remember(state, record ?? snapshotWorkspace(options.workspace))
   return {received}
 }
 
@@ -314,14 +320,18 @@ function changedOnHost(
 
 /**
  * Applies a run's change tar to the host workspace: files and folders through the no-follow
- * writer, symbolic links made where they were (makeWorkspaceSymlink), anything else logged and skipped; names the host had (`synced`) that are not `present`
- * in the volume any more are removed. A file the host changed while the run ran keeps the host's
- * version, logged: the host is the one truth, and a run whose mark shares a tick with the
- * last run's writes (a filesystem stamping whole seconds) lists those again though it never touched
- * them. Returns how many files were written, the names kept, and `synced` updated to what the volume and the host
- * now both hold (undefined when `synced` was): each name written, made or removed as the host has it
- * after that step, each name kept as unlike anything (the volume holds the run's version), and any
- * other name as it was, so a change the host made meanwhile still differs from it.
+ * writer, symbolic links made where they were (makeWorkspaceSymlink), anything else logged and
+ * skipped; names the host had (`synced`) that are not `present` in the volume any more are
+ * removed. A file the host changed while the run ran keeps the host's version, logged (`kept`):
+ * the host is the one truth, and a run whose mark shares a tick with the last run's writes (a
+ * filesystem stamping whole seconds) lists those again though it never touched them.
+ *
+ * Returns how many files were written, the names kept, and `record`: `synced` brought to what
+ * the volume now holds as far as the host knows it (undefined when `synced` was). A name written,
+ * made or removed is recorded as the host has it after that step; a name the host kept, or whose
+ * entry it could not take (a folder where the run made a file), as unlike anything, of the kind
+ * the volume has there, with nothing recorded below it, so the next push replaces it in the volume
+ * whole; any other name as it was, so a change the host made meanwhile still differs and is sent.
  */
 export function applyChanges(
   workspace: string,
@@ -329,15 +339,23 @@ export function applyChanges(
   present: ReadonlySet<string | undefined>,
   synced: Snapshot | undefined,
   options: {maxBytes: number; log: (line: string) => void},
-): {received: number; kept: string[]; synced: Snapshot | undefined} {
+): {received: number; kept: string[]; record: Snapshot | undefined} {
   let received = 0
   const kept: string[] = []
   const record: Snapshot | undefined = synced && {...synced}
-  const skip = (entry: TarEntry, why: string) =>
+  /** The volume's `name` (of `kind`, or none) differs from the host's: the next push replaces it. */
+  const unlike = (name: string, kind: 'f' | 'd' | 'l') => {
+    if (!record) return
+    for (const below of Object.keys(record)) if (below.startsWith(`${name}/`)) delete record[below]
+    record[name] = [-1, -1, kind]
+  }
+  const skip = (entry: TarEntry, why: string, kind?: 'f' | 'd' | 'l') => {
+    if (kind) unlike(safeName(entry.name)!, kind)
     options.log(`workspace sync: not brought back: ${JSON.stringify(entry.name)} ${why}`)
-  const keep = (name: string) => {
+  }
+  const keep = (name: string, kind: 'f' | 'd' | 'l') => {
     kept.push(name)
-    if (record) record[name] = [-1, -1, 'f']
+    unlike(name, kind)
     options.log(
       `workspace sync: the host's ${JSON.stringify(name)} stays as it is: it was changed or removed on the host during the run`,
     )
@@ -348,25 +366,28 @@ export function applyChanges(
       skip(entry, 'is not a name inside the workspace')
       continue
     }
+    const kind = TAR_KINDS[entry.type]
     try {
       if (entry.type === '5') {
         makeWorkspaceDirectory(workspace, name)
-        if (record) record[name] = [0, 0, 'd']
-      } else if ((entry.type === '0' || entry.type === '2') && changedOnHost(workspace, name, synced)) keep(name)
+        if (record && record[name]?.[2] !== 'd') record[name] = [0, 0, 'd']
+      } else if (kind && changedOnHost(workspace, name, synced)) keep(name, kind)
       else if (entry.type === '0') {
-        const written = (stat: fs.Stats) => record && (record[name] = [stat.size, stat.mtimeMs, 'f'])
+        const written = (stat: fs.Stats) => {
+          if (record) record[name] = [stat.size, stat.mtimeMs, 'f']
+        }
         writeWorkspaceFile(workspace, name, entry.data, {mode: entry.mode & 0o777, written})
         received++
       } else if (entry.type === '2' && GATEWAY_ENTRIES.includes(name))
-        skip(entry, "is a link where the gateway keeps one of the agent's own files")
+        skip(entry, "is a link where the gateway keeps one of the agent's own files", 'l')
       else if (entry.type === '2') {
         makeWorkspaceSymlink(workspace, name, entry.linkname ?? '')
         const made = lstatWorkspaceEntry(workspace, name)
-        if (record && made?.isSymbolicLink()) record[name] = [made.size, made.mtimeMs, 'l']
+        if (record) record[name] = made?.isSymbolicLink() ? [made.size, made.mtimeMs, 'l'] : [-1, -1, 'l']
         received++
       } else skip(entry, `is not a regular file, folder or symbolic link (tar type ${entry.type})`)
     } catch (error) {
-      skip(entry, toGatewayError(error).message)
+      skip(entry, toGatewayError(error).message, kind)
     }
   }
   for (const name of Object.keys(synced ?? {})
@@ -374,23 +395,26 @@ export function applyChanges(
     .reverse()) {
     if (present.has(name)) continue
     const onHost = lstatWorkspaceEntry(workspace, name)
-    if (onHost && changedOnHost(workspace, name, synced, onHost)) keep(name)
+    if (onHost && changedOnHost(workspace, name, synced, onHost)) keep(name, 'f')
     else
       try {
-        // what it held and the run removed is gone by record (children come first): a folder that still
-        // holds something holds what the host put there during the run, so it stays, for the next push
+        // what it held that the run removed is gone by now (children come first): a folder that
+        // still holds something stays, with what it holds, and the next push makes it again
         if (synced![name]![2] !== 'd') removeWorkspaceEntry(workspace, name)
         else if (!removeEmptyWorkspaceDirectory(workspace, name))
           options.log(
-            `workspace sync: the host's ${JSON.stringify(name)} stays: it holds what the host put there during the run`,
+            `workspace sync: the host's ${JSON.stringify(name)} stays: it still holds something the run did not have (put there during the run, or never synced)`,
           )
         if (record) delete record[name]
       } catch (error) {
         options.log(`workspace sync: not removed: ${JSON.stringify(name)} ${toGatewayError(error).message}`)
       }
   }
-  return {received, kept, synced: record}
+  return {received, kept, record}
 }
+
+/** The kind a snapshot records for a tar entry's type; none for what is never synced. */
+const TAR_KINDS: Partial<Record<string, 'f' | 'd' | 'l'>> = {'0': 'f', '5': 'd', '2': 'l'}
 
 /**
  * The run's list and change tar when its trailer did not arrive whole (the engine's connection

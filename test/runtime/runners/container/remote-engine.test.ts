@@ -179,13 +179,15 @@ describeWithDocker('container runs on a remote engine over mutual TLS (own engin
     fs.writeFileSync(far('old-folder/was.txt'), 'was')
     expect((await serve!.chat('far', 'RUN: cat edited-during.txt')).reply).toContain('first')
     const asked = llm.requests.length
-    const running = serve!.chat('far', 'RUN: sleep 2; rm -rf old-folder; echo slept')
+    // the run removes a folder and makes a file of that name
+    const running = serve!.chat('far', 'RUN: sleep 2; rm -rf old-folder; echo a-file > old-folder; echo slept')
     await waitFor('the run asking for its command', async () => llm.requests.length > asked, 30_000)
     // the operator, during the run: an edit, and a new file in the folder the run removes
     fs.writeFileSync(far('edited-during.txt'), 'second-from-the-operator')
     fs.writeFileSync(far('old-folder/added-during.txt'), 'added')
     expect((await running).reply).toContain('slept')
-    // the host keeps the new file (its folder with it); the run's removal of the rest stands
+    // the host keeps the new file (its folder with it); the run's removal of the rest stands, and
+    // the next push makes the volume's file that folder again
     expect(fs.readdirSync(far('old-folder'))).toEqual(['added-during.txt'])
     const next = await serve!.chat('far', 'RUN: cat edited-during.txt old-folder/added-during.txt; ls old-folder')
     expect(next.reply, serve!.output().slice(-2000)).toContain('second-from-the-operator')

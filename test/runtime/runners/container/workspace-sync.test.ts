@@ -96,12 +96,12 @@ describe('taking a run’s changes back from a remote engine', () => {
     fs.writeFileSync(path.join(workspace, 'edited.md'), 'edited on the host')
     fs.utimesSync(path.join(workspace, 'edited.md'), later, later)
     fs.writeFileSync(path.join(workspace, 'folder', 'added.txt'), 'added')
-    const {synced: record} = apply(writeTar([file('made.txt', 'made by the run')]), ['edited.md', 'made.txt'], synced)
+    const {record} = apply(writeTar([file('made.txt', 'made by the run')]), ['edited.md', 'made.txt'], synced)
     // the host keeps the new file and its folder; the run's other removals stand
     expect(fs.readdirSync(path.join(workspace, 'folder'))).toEqual(['added.txt'])
     expect(fs.existsSync(path.join(workspace, 'emptied'))).toBe(false)
     expect(fs.existsSync(path.join(workspace, 'removed-by-run.md'))).toBe(false)
-    expect(logged.join('\n')).toMatch(/"folder" stays: it holds what the host put there during the run/)
+    expect(logged.join('\n')).toMatch(/"folder" stays: it still holds something the run did not have/)
     const made = fs.statSync(path.join(workspace, 'made.txt'))
     expect(record).toEqual({
       // as the push sent it, so unlike the host's edit
@@ -112,6 +112,39 @@ describe('taking a run’s changes back from a remote engine', () => {
     const host = snapshotWorkspace(workspace)
     const differs = Object.keys(host).filter((name) => JSON.stringify(host[name]) !== JSON.stringify(record![name]))
     expect(differs.sort()).toEqual(['edited.md', 'folder', 'folder/added.txt'])
+  })
+
+  it('records a name whose entry the host could not take as the kind the volume has, nothing below it: the next push replaces it whole', () => {
+    fs.mkdirSync(path.join(workspace, 'd'))
+    fs.writeFileSync(path.join(workspace, 'd', 'a'), 'a')
+    fs.writeFileSync(path.join(workspace, 'was-a-file'), 'host')
+    fs.mkdirSync(path.join(workspace, 'x'))
+    const synced = snapshotWorkspace(workspace)
+    fs.writeFileSync(path.join(workspace, 'd', 'new'), 'the operator, during the run')
+    // the run made the folder d a file, the file was-a-file a folder with a file in it; a hostile
+    // archive lists x/c before making its parent x a file
+    const {record} = apply(
+      writeTar([
+        file('d', 'the run made d a file'),
+        {name: 'was-a-file', type: '5', mode: 0o755, mtimeMs: 0, data: Buffer.alloc(0)},
+        file('was-a-file/inside', 'x'),
+        file('x/c', 'c'),
+        file('x', 'x'),
+      ]),
+      ['d', 'was-a-file', 'was-a-file/inside', 'x', 'x/c'],
+      synced,
+    )
+    // the host's own entries stand; what the run removed with its folder (d/a) is removed
+    expect(fs.readdirSync(path.join(workspace, 'd'))).toEqual(['new'])
+    expect(fs.readFileSync(path.join(workspace, 'was-a-file'), 'utf8')).toBe('host')
+    expect(record!.d).toEqual([-1, -1, 'f'])
+    expect(record!['was-a-file']).toEqual([-1, -1, 'd'])
+    expect(record!.x).toEqual([-1, -1, 'f'])
+    expect(Object.keys(record!).filter((name) => /^(d|x)\//.test(name))).toEqual([])
+    // the next push: each differs in kind from the host's, so the volume's is removed and the host's sent whole
+    const host = snapshotWorkspace(workspace)
+    for (const name of ['d', 'was-a-file', 'x']) expect(record![name]![2]).not.toBe(host[name]![2])
+    for (const name of ['d/a', 'd/new', 'x/c']) expect(record![name]).toBeUndefined()
   })
 
   it('writes files and folders, and removes what the run removed', () => {
