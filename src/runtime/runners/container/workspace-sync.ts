@@ -343,14 +343,18 @@ export function applyChanges(
   let received = 0
   const kept: string[] = []
   const record: Snapshot | undefined = synced && {...synced}
+  /** Names the next push replaces whole: nothing below them is recorded (see the end). */
+  const replaced = new Set<string>()
   /** The volume's `name` (of `kind`, or none) differs from the host's: the next push replaces it. */
   const unlike = (name: string, kind: 'f' | 'd' | 'l') => {
     if (!record) return
-    for (const below of Object.keys(record)) if (below.startsWith(`${name}/`)) delete record[below]
     record[name] = [-1, -1, kind]
+    replaced.add(name)
   }
   const skip = (entry: TarEntry, why: string, kind?: 'f' | 'd' | 'l') => {
-    if (kind) unlike(safeName(entry.name)!, kind)
+    // only over what the host had there: a name new to both is not the host's to send again
+    const name = safeName(entry.name)
+    if (kind && name && record && name in record) unlike(name, kind)
     options.log(`workspace sync: not brought back: ${JSON.stringify(entry.name)} ${why}`)
   }
   const keep = (name: string, kind: 'f' | 'd' | 'l') => {
@@ -410,7 +414,17 @@ export function applyChanges(
         options.log(`workspace sync: not removed: ${JSON.stringify(name)} ${toGatewayError(error).message}`)
       }
   }
+  // once, whatever order the archive came in: one pass over the record, never one per name
+  if (record && replaced.size > 0)
+    for (const name of Object.keys(record)) if (belowAny(name, replaced)) delete record[name]
   return {received, kept, record}
+}
+
+/** Whether a folder above `name` is one of `folders`. */
+function belowAny(name: string, folders: ReadonlySet<string>): boolean {
+  for (let slash = name.indexOf('/'); slash !== -1; slash = name.indexOf('/', slash + 1))
+    if (folders.has(name.slice(0, slash))) return true
+  return false
 }
 
 /** The kind a snapshot records for a tar entry's type; none for what is never synced. */

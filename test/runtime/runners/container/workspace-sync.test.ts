@@ -1,8 +1,12 @@
 import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
-import {afterEach, beforeEach, describe, expect, it} from 'vitest'
-import {applyChanges, snapshotWorkspace} from '../../../../src/runtime/runners/container/workspace-sync.js'
+import {afterEach, beforeEach, describe, expect, it, vi} from 'vitest'
+import {
+  applyChanges,
+  snapshotWorkspace,
+  type Snapshot,
+} from '../../../../src/runtime/runners/container/workspace-sync.js'
 import {readTar, writeTar, type TarInput} from '../../../../src/runtime/util/tar.js'
 
 /*
@@ -130,8 +134,9 @@ describe('taking a run’s changes back from a remote engine', () => {
         file('was-a-file/inside', 'x'),
         file('x/c', 'c'),
         file('x', 'x'),
+        file('x/after', 'after'),
       ]),
-      ['d', 'was-a-file', 'was-a-file/inside', 'x', 'x/c'],
+      ['d', 'was-a-file', 'was-a-file/inside', 'x', 'x/c', 'x/after'],
       synced,
     )
     // the host's own entries stand; what the run removed with its folder (d/a) is removed
@@ -144,7 +149,29 @@ describe('taking a run’s changes back from a remote engine', () => {
     // the next push: each differs in kind from the host's, so the volume's is removed and the host's sent whole
     const host = snapshotWorkspace(workspace)
     for (const name of ['d', 'was-a-file', 'x']) expect(record![name]![2]).not.toBe(host[name]![2])
-    for (const name of ['d/a', 'd/new', 'x/c']) expect(record![name]).toBeUndefined()
+    for (const name of ['d/a', 'd/new', 'x/c', 'x/after']) expect(record![name]).toBeUndefined()
+  })
+
+  it('records a hostile archive of many refused names in one pass over the record, not one per name', () => {
+    for (let i = 0; i < 5_000; i++) fs.mkdirSync(path.join(workspace, `dir${i}`))
+    fs.writeFileSync(path.join(workspace, 'host-file'), 'host')
+    const synced = snapshotWorkspace(workspace)
+    // every folder made a file (each refused), and names under the host's file (refused, new to both)
+    const made = Array.from({length: 5_000}, (_, i) => file(`dir${i}`, ''))
+    const under = Array.from({length: 5_000}, (_, i) => file(`host-file/n${i}`, ''))
+    const tar = writeTar([...made, ...under])
+    const passes = vi.spyOn(Object, 'keys')
+    let record: Snapshot | undefined
+    try {
+      record = apply(tar, [...Object.keys(synced), ...under.map((entry) => entry.name)], synced).record
+      expect(passes.mock.calls.length).toBeLessThan(10)
+    } finally {
+      passes.mockRestore()
+    }
+    expect(record!.dir42).toEqual([-1, -1, 'f'])
+    // nothing recorded of what neither side had before: the record stays the host's size
+    expect(Object.keys(record!)).toHaveLength(Object.keys(synced).length)
+    expect(fs.readFileSync(path.join(workspace, 'host-file'), 'utf8')).toBe('host')
   })
 
   it('writes files and folders, and removes what the run removed', () => {
