@@ -224,7 +224,6 @@ export function writeWorkspaceFile(
     if (owner) fs.fchownSync(fd, owner.uid, owner.gid)
     fs.writeSync(fd, typeof content === 'string' ? Buffer.from(content) : content)
     fs.fsyncSync(fd)
-    const stat = options.written && fs.fstatSync(fd)
     if (options.exclusive) {
       try {
         fs.linkSync(temp, file) // fails on any existing entry, a dangling link included
@@ -234,14 +233,14 @@ export function writeWorkspaceFile(
       }
       placed = true
       fs.unlinkSync(temp)
-      if (stat) options.written?.(stat)
+      options.written?.(fs.fstatSync(fd))
       return true
     }
     fs.renameSync(temp, file)
     placed = true
     // the open file now has the final name: if a parent had been swapped for a link, it would not
     assertOpenedAt(fd, file, relative)
-    if (stat) options.written?.(stat)
+    options.written?.(fs.fstatSync(fd))
     return true
   } finally {
     fs.closeSync(fd)
