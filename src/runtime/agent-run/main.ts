@@ -11,6 +11,7 @@ import {parseAgentRunInput} from './input.js'
 import {RunnerChannel, StdinReader} from './runner-channel.js'
 import {
   markRunStart,
+  prepareRunStart,
   type RunStart,
   sendWorkspaceChanges,
   SYNC_START_LOG,
@@ -142,7 +143,9 @@ export async function main(): Promise<void> {
   let runId = 'unknown'
   let secrets: string[] = []
   let channel = false
-  const log = (line: string) => process.stderr.write(`[agent-run ${runId}] ${redactSecrets(line, secrets)}\n`)
+  // made now (Node makes it at first use, ≈ 0.5–1 ms), while a standby waits, not before a run's first request
+  const stderr = process.stderr
+  const log = (line: string) => stderr.write(`[agent-run ${runId}] ${redactSecrets(line, secrets)}\n`)
   const writeFrame = (frame: AgentRunFrame) => stdout.write(`${JSON.stringify(frame)}\n`)
   let output: AgentRunOutput
   loadRunModules().catch(() => {}) // a failure is the run's, reported where it awaits them
@@ -153,11 +156,13 @@ export async function main(): Promise<void> {
   let changesSince: {workspace: string; start: RunStart} | undefined
   const reader = new StdinReader(process.stdin, {goLine: syncAsked})
   try {
+    // a sync engine's run container starts in the workspace (docs/agent-run.md); checked at the go line
+    const prepared = sendsChanges ? prepareRunStart(process.cwd()) : undefined
     const goLine = syncAsked ? await reader.goLine : undefined
     const input = parseAgentRunInput(await reader.input)
     runId = input.run_id
     if (goLine !== undefined) {
-      changesSince = {workspace: input.workspace, start: markRunStart(input.workspace, goLine)}
+      changesSince = {workspace: input.workspace, start: markRunStart(input.workspace, goLine, prepared)}
       // for the host's own listing, should no whole trailer come: said before any command runs
       log(`${SYNC_START_LOG} ${changesSince.start.since}`)
     }
