@@ -8,6 +8,11 @@ export interface WholeFileOptions {
   beforeRename?: (tempPath: string) => void
   /** Never replace a file: put in place with link(2), which fails with EEXIST when the name exists. */
   exclusive?: boolean
+  /**
+   * false: nothing fsynced, for a record whose older version is as good after a crash. Still whole
+   * or absent to a reader, never a part.
+   */
+  durable?: boolean
 }
 
 /**
@@ -31,7 +36,7 @@ export function writeWholeFile(file: string, content: string, options: WholeFile
     const fd = fs.openSync(temp, 'wx', mode)
     try {
       fs.writeFileSync(fd, content)
-      fs.fsyncSync(fd)
+      if (options.durable !== false) fs.fsyncSync(fd)
     } finally {
       fs.closeSync(fd)
     }
@@ -41,7 +46,7 @@ export function writeWholeFile(file: string, content: string, options: WholeFile
       fs.renameSync(temp, file)
       renamed = true
     }
-    syncDirectory(dir)
+    if (options.durable !== false) syncDirectory(dir)
   } finally {
     if (!renamed) fs.rmSync(temp, {force: true})
   }
