@@ -11,7 +11,6 @@ import {parseAgentRunInput} from './input.js'
 import {RunnerChannel, StdinReader} from './runner-channel.js'
 import {
   markRunStart,
-  prepareRunStart,
   type RunStart,
   sendWorkspaceChanges,
   SYNC_START_LOG,
@@ -156,13 +155,11 @@ export async function main(): Promise<void> {
   let changesSince: {workspace: string; start: RunStart} | undefined
   const reader = new StdinReader(process.stdin, {goLine: syncAsked})
   try {
-    // a sync engine's run container starts in the workspace (docs/agent-run.md); checked at the go line
-    const prepared = sendsChanges ? prepareRunStart(process.cwd()) : undefined
     const goLine = syncAsked ? await reader.goLine : undefined
     const input = parseAgentRunInput(await reader.input)
     runId = input.run_id
     if (goLine !== undefined) {
-      changesSince = {workspace: input.workspace, start: markRunStart(input.workspace, goLine, prepared)}
+      changesSince = {workspace: input.workspace, start: markRunStart(input.workspace, goLine)}
       // for the host's own listing, should no whole trailer come: said before any command runs
       log(`${SYNC_START_LOG} ${changesSince.start.since}`)
     }

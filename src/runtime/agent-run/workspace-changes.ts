@@ -184,77 +184,16 @@ function inodes(workspace: string): Map<string, bigint> {
 }
 
 /**
- * The mark made while a standby agent-run waits for its go line (prepareRunStart): its
- * descriptor kept for the run id. Used when the go line says `clean` (nothing was pushed since).
- */
-export interface PreparedStart {
-  workspace: string
-  fd: number
-  ino: bigint
-  /** As a `clean` go line's: the mark's own tick counts. */
-  since: bigint
-}
-
-/**
- * Makes the run's mark ahead, in a standby: the sync's folder emptied and the mark made, so its
- * go line costs one write instead of a fresh process's first file calls in the volume (≈ 1–2 ms
- * before its first LLM request). A start taken earlier only makes more names the run's, never
- * fewer; the names of the start are still taken at the go line. Undefined when it cannot: the go
- * line then marks the start as ever.
- */
-export function prepareRunStart(workspace: string): PreparedStart | undefined {
-  let fd: number | undefined
-  try {
-    fd = fs.openSync(
-      path.join(cleanSyncFolder(workspace), 'mark'),
-      fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW,
-      0o600,
-    )
-    const stat = fs.fstatSync(fd, {bigint: true})
-    return {workspace, fd, ino: stat.ino, since: stat.mtimeNs - 1n}
-  } catch {
-    if (fd !== undefined) fs.closeSync(fd)
-    return undefined
-  }
-}
-
-/** Whether the prepared mark still holds: asked `clean`, the same workspace, the mark still the file it made. */
-function stillPrepared(prepared: PreparedStart, workspace: string, mode: string): boolean {
-  if (mode !== 'clean' || prepared.workspace !== workspace) return false
-  const dir = fs.lstatSync(path.join(workspace, SYNC_DIR), {throwIfNoEntry: false})
-  const mark = fs.lstatSync(path.join(workspace, SYNC_DIR, 'mark'), {bigint: true, throwIfNoEntry: false})
-  return Boolean(dir?.isDirectory() && mark?.isFile() && mark.ino === prepared.ino && mark.nlink === 1n)
-}
-
-/**
- * The names as they are now, taken as soon as this turn of the event loop ends: while the first
- * LLM request is out, and before any tool can run (one needs an answer to that request).
- */
-function takeNamesSoon(workspace: string, start: RunStart): RunStart {
-  setImmediate(() => (start.before = inodes(workspace)))
-  return start
-}
-
-/**
  * Marks the run's start in the volume from the go line, before any command of the agent runs;
  * what it returns stays in agent-run's memory. The mark (the run id) is for a helper that lists
  * the changes again when no whole trailer came.
  */
-export function markRunStart(workspace: string, goLine: string, prepared?: PreparedStart): RunStart {
+export function markRunStart(workspace: string, goLine: string): RunStart {
   const go = GO_LINE.exec(goLine.trim())
   if (!go) throw new GatewayError('E_INPUT', 'the workspace sync go line is malformed')
   const [, mode, token, limit] = go
   const maxBytes = Number(limit)
   try {
-    if (prepared)
-      try {
-        if (stillPrepared(prepared, workspace, mode!)) {
-          fs.writeSync(prepared.fd, `${token}\n`)
-          return takeNamesSoon(workspace, {since: prepared.since, maxBytes})
-        }
-      } finally {
-        fs.closeSync(prepared.fd)
-      }
     const dir = cleanSyncFolder(workspace)
     const mark = path.join(dir, 'mark')
     writeNew(mark, `${token}\n`)
@@ -273,7 +212,11 @@ export function markRunStart(workspace: string, goLine: string, prepared?: Prepa
       }
       since = marked
     }
-    return takeNamesSoon(workspace, {since, maxBytes})
+    const start: RunStart = {since, maxBytes}
+    // the names as they are now, taken as soon as this turn of the event loop ends: while the
+    // first LLM request is out, and before any tool can run (one needs an answer to that request)
+    setImmediate(() => (start.before = inodes(workspace)))
+    return start
   } catch (error) {
     throw new GatewayError(
       'E_WORKSPACE',

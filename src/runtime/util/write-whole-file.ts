@@ -8,11 +8,6 @@ export interface WholeFileOptions {
   beforeRename?: (tempPath: string) => void
   /** Never replace a file: put in place with link(2), which fails with EEXIST when the name exists. */
   exclusive?: boolean
-  /**
-   * false: nothing fsynced, for a record whose older version is as good after a crash. Still whole
-   * or absent to a reader, never a part.
-   */
-  durable?: boolean
 }
 
 /**
@@ -36,7 +31,7 @@ export function writeWholeFile(file: string, content: string, options: WholeFile
     const fd = fs.openSync(temp, 'wx', mode)
     try {
       fs.writeFileSync(fd, content)
-      if (options.durable !== false) fs.fsyncSync(fd)
+      fs.fsyncSync(fd)
     } finally {
       fs.closeSync(fd)
     }
@@ -46,7 +41,7 @@ export function writeWholeFile(file: string, content: string, options: WholeFile
       fs.renameSync(temp, file)
       renamed = true
     }
-    if (options.durable !== false) syncDirectory(dir)
+    syncDirectory(dir)
   } finally {
     if (!renamed) fs.rmSync(temp, {force: true})
   }

@@ -6,7 +6,6 @@ import {PassThrough} from 'node:stream'
 import {afterAll, beforeAll, describe, expect, it} from 'vitest'
 import {
   markRunStart,
-  prepareRunStart,
   type RunStart,
   sendWorkspaceChanges,
   syncGoLine,
@@ -25,12 +24,8 @@ const LIMIT = 128 * 1024 * 1024
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
 
 /** The start as agent-run takes it: marked, then the names of the moment, after this turn of the event loop. */
-async function startRun(
-  workspace: string,
-  goLine: string,
-  prepared?: ReturnType<typeof prepareRunStart>,
-): Promise<RunStart> {
-  const start = markRunStart(workspace, goLine, prepared)
+async function startRun(workspace: string, goLine: string): Promise<RunStart> {
+  const start = markRunStart(workspace, goLine)
   await new Promise((resolve) => setImmediate(resolve))
   return start
 }
@@ -156,52 +151,6 @@ for (const coarse of [false, true])
       execaSync('tar', ['-x', '-f', archive, '-C', extracted, './link', './long-link'])
       expect(fs.readlinkSync(path.join(extracted, 'long-link'))).toBe(longTarget)
       expect(fs.readlinkSync(path.join(extracted, 'link'))).toBe('/etc/passwd')
-    })
-
-    it('a standby’s start made ahead is the run’s at a `clean` go line, and counts what came after it', async () => {
-      fs.writeFileSync(path.join(workspace, 'settled.txt'), 'settled')
-      await sleep(tick)
-      const prepared = prepareRunStart(workspace)
-      expect(prepared).toBeDefined()
-      // made ahead: nothing but the sync's own folder was written, and the mark waits for the run id
-      expect(fs.readdirSync(path.join(workspace, SYNC_DIR))).toEqual(['mark'])
-      expect(fs.readFileSync(path.join(workspace, SYNC_DIR, 'mark'), 'utf8')).toBe('')
-      await sleep(tick)
-      // what changed while it waited (only another run could) counts too: a start taken earlier adds, never drops
-      fs.writeFileSync(path.join(workspace, 'meanwhile.txt'), 'meanwhile')
-      const start = await startRun(workspace, syncGoLine('run_prepared', false, LIMIT), prepared)
-      fs.writeFileSync(path.join(workspace, 'mine.txt'), 'mine')
-      const {files} = await changesOf(workspace, start)
-      expect(files).toEqual(expect.arrayContaining(['meanwhile.txt', 'mine.txt']))
-      expect(files).not.toContain('settled.txt')
-      expect(start.since).toBe(prepared!.since)
-      expect(fs.readFileSync(path.join(workspace, SYNC_DIR, 'mark'), 'utf8')).toBe('run_prepared\n')
-      // its descriptor is closed at the go line
-      expect(() => fs.fstatSync(prepared!.fd)).toThrow()
-    })
-
-    it('a start made ahead is never used after a push, nor once its mark is another file', async () => {
-      const afterPush = prepareRunStart(workspace)!
-      await sleep(tick)
-      fs.writeFileSync(path.join(workspace, 'pushed-later.txt'), 'pushed')
-      const start = await startRun(workspace, syncGoLine('run_after_push', true, LIMIT), afterPush)
-      expect(start.since).toBeGreaterThan(afterPush.since)
-      expect((await changesOf(workspace, start)).files).not.toContain('pushed-later.txt')
-      // a mark swapped for a hard link to a workspace file: marked anew, the file never written through
-      fs.writeFileSync(path.join(workspace, 'victim.txt'), 'mine')
-      const swapped = prepareRunStart(workspace)!
-      fs.rmSync(path.join(workspace, SYNC_DIR, 'mark'))
-      fs.linkSync(path.join(workspace, 'victim.txt'), path.join(workspace, SYNC_DIR, 'mark'))
-      await startRun(workspace, syncGoLine('run_swapped', false, LIMIT), swapped)
-      expect(fs.readFileSync(path.join(workspace, 'victim.txt'), 'utf8')).toBe('mine')
-      expect(fs.readFileSync(path.join(workspace, SYNC_DIR, 'mark'), 'utf8')).toBe('run_swapped\n')
-      // the sync's folder swapped for a link: nothing is made outside, the folder is made anew
-      const linked = prepareRunStart(workspace)!
-      fs.rmSync(path.join(workspace, SYNC_DIR), {recursive: true})
-      fs.symlinkSync(outside, path.join(workspace, SYNC_DIR))
-      await startRun(workspace, syncGoLine('run_relinked', false, LIMIT), linked)
-      expect(fs.readdirSync(outside)).toEqual([])
-      expect(fs.lstatSync(path.join(workspace, SYNC_DIR)).isDirectory()).toBe(true)
     })
 
     it('refuses a malformed go line', () => {

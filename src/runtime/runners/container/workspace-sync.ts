@@ -83,14 +83,14 @@ export function syncedVolume(home: string, engine: string, homeLabel: string, ag
   return {volume, synced, file}
 }
 
-function remember(state: SyncedVolume, snapshot: Snapshot | undefined, durable = true): void {
+function remember(state: SyncedVolume, snapshot: Snapshot | undefined): void {
   state.synced = snapshot
   if (!snapshot) {
     fs.rmSync(state.file, {force: true})
     return
   }
   fs.mkdirSync(path.dirname(state.file), {recursive: true, mode: 0o700})
-  writeWholeFile(state.file, JSON.stringify(snapshot), {durable})
+  writeWholeFile(state.file, JSON.stringify(snapshot))
 }
 
 /** Forgets what the volume holds: the next run copies the host's workspace whole. */
@@ -122,23 +122,6 @@ function helperArgs(
 }
 
 /**
- * What a push does to bring a volume holding `synced` to the host's `host`: the names it sends
- * (new, another kind, or a file or link of another size or time), and those it removes first
- * (gone from the host, or another kind there now: a folder that became a link).
- */
-export function pushDifference(host: Snapshot, synced: Snapshot | undefined): {changed: string[]; removed: string[]} {
-  const changed = Object.keys(host).filter((name) => {
-    const before = synced?.[name]
-    const now = host[name]!
-    return !before || before[2] !== now[2] || (now[2] !== 'd' && (before[0] !== now[0] || before[1] !== now[1]))
-  })
-  const removed = synced
-    ? Object.keys(synced).filter((name) => !(name in host) || synced[name]![2] !== host[name]![2])
-    : []
-  return {changed, removed}
-}
-
-/**
  * Brings the volume up to the host's workspace: nothing when the host has not changed since the
  * last sync; else removes what the host removed and sends the changed files in one tar stream.
  */
@@ -158,7 +141,15 @@ export async function pushWorkspace(
 ): Promise<{sent: number; wrote: boolean}> {
   const host = snapshotWorkspace(options.workspace)
   const synced = state.synced
-  const {changed, removed} = pushDifference(host, synced)
+  const changed = Object.keys(host).filter((name) => {
+    const before = synced?.[name]
+    const now = host[name]!
+    return !before || before[2] !== now[2] || (now[2] !== 'd' && (before[0] !== now[0] || before[1] !== now[1]))
+  })
+  // gone from the host, or another kind there now (a folder that became a link): removed first
+  const removed = synced
+    ? Object.keys(synced).filter((name) => !(name in host) || synced[name]![2] !== host[name]![2])
+    : []
   if (synced && changed.length === 0 && removed.length === 0) return {sent: 0, wrote: false}
   const labels = {...options.labels, [LABEL.run]: 'workspace-sync'}
   const checked = options.fsid ? `${volumeCheck(options.fsid)}\n` : ''
@@ -298,12 +289,10 @@ export async function pullWorkspace(
       .map((name) => safeName(name))
       .filter(Boolean),
   )
-  const {received, record, unlike} = applyChanges(options.workspace, changes, present, state.synced, options)
+  const {received, record} = applyChanges(options.workspace, changes, present, state.synced, options)
   // the record is what the push sent with what the run brought back, never a walk of the host now:
-  // an edit made on the host while the run ran is unlike it, so the next push sends it. Fsynced
-  // only when it holds a name the next push must replace: else any older record (the last one
-  // fsynced) is as good after a crash, it only makes that push send again what came back
-  remember(state, record ?? snapshotWorkspace(options.workspace), !record || unlike)
+  // an edit made on the host while the run ran is unlike it, so the next push sends it
+  remember(state, record ?? snapshotWorkspace(options.workspace))
   return {received}
 }
 
@@ -350,7 +339,7 @@ export function applyChanges(
   present: ReadonlySet<string | undefined>,
   synced: Snapshot | undefined,
   options: {maxBytes: number; log: (line: string) => void},
-): {received: number; kept: string[]; record: Snapshot | undefined; unlike: boolean} {
+): {received: number; kept: string[]; record: Snapshot | undefined} {
   let received = 0
   const kept: string[] = []
   const record: Snapshot | undefined = synced && {...synced}
@@ -428,7 +417,7 @@ export function applyChanges(
   // once, whatever order the archive came in: one pass over the record, never one per name
   if (record && replaced.size > 0)
     for (const name of Object.keys(record)) if (belowAny(name, replaced)) delete record[name]
-  return {received, kept, record, unlike: replaced.size > 0}
+  return {received, kept, record}
 }
 
 /** Whether a folder above `name` is one of `folders`. */

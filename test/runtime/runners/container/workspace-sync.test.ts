@@ -4,7 +4,6 @@ import path from 'node:path'
 import {afterEach, beforeEach, describe, expect, it, vi} from 'vitest'
 import {
   applyChanges,
-  pushDifference,
   snapshotWorkspace,
   type Snapshot,
 } from '../../../../src/runtime/runners/container/workspace-sync.js'
@@ -117,50 +116,6 @@ describe('taking a run’s changes back from a remote engine', () => {
     const host = snapshotWorkspace(workspace)
     const differs = Object.keys(host).filter((name) => JSON.stringify(host[name]) !== JSON.stringify(record![name]))
     expect(differs.sort()).toEqual(['edited.md', 'folder', 'folder/added.txt'])
-  })
-
-  it('has the record fsynced only when the older one, found after a crash, would make the next push do less', () => {
-    fs.writeFileSync(path.join(workspace, 'removed-by-run.md'), 'x')
-    fs.mkdirSync(path.join(workspace, 'd'))
-    fs.writeFileSync(path.join(workspace, 'd', 'a'), 'a')
-    /** What the next push would send or remove from the take-back's record but not from the older one. */
-    const missedFromOlder = (record: Snapshot | undefined, older: Snapshot) => {
-      const host = snapshotWorkspace(workspace)
-      const now = pushDifference(host, record)
-      const then = pushDifference(host, older)
-      return [
-        ...now.changed.filter((name) => !then.changed.includes(name)),
-        ...now.removed.filter((name) => !then.removed.includes(name)),
-      ]
-    }
-    // a run that wrote, made and removed: the older record only has the next push send again what came back
-    const before = snapshotWorkspace(workspace)
-    const ordinary = apply(
-      writeTar([
-        file('made.txt', 'made by the run'),
-        {name: 'folder', type: '5', mode: 0o755, mtimeMs: 0, data: Buffer.alloc(0)},
-        file('folder/in.txt', 'in'),
-      ]),
-      ['d', 'd/a', 'made.txt', 'folder', 'folder/in.txt'],
-      before,
-    )
-    expect(ordinary.unlike).toBe(false)
-    expect(missedFromOlder(ordinary.record, before)).toEqual([])
-    expect(pushDifference(snapshotWorkspace(workspace), before).changed.sort()).toEqual([
-      'folder',
-      'folder/in.txt',
-      'made.txt',
-    ])
-    // a file where the host keeps its folder, unchanged: only the take-back's record has the next
-    // push replace the volume's entry, so that one is fsynced
-    const older = snapshotWorkspace(workspace)
-    const refused = apply(
-      writeTar([file('d', 'the run made d a file')]),
-      ['d', 'made.txt', 'folder', 'folder/in.txt'],
-      older,
-    )
-    expect(refused.unlike).toBe(true)
-    expect(missedFromOlder(refused.record, older).sort()).toEqual(['d', 'd'])
   })
 
   it('records a name whose entry the host could not take as the kind the volume has, nothing below it: the next push replaces it whole', () => {
