@@ -5,7 +5,7 @@ import {LABEL} from '../../../sandbox/docker/dockerfile.js'
 import {CONTAINER_TMP_SIZE, CONTAINER_WORKSPACE} from '../../../sandbox/docker/run-args.js'
 import {GatewayError, toGatewayError} from '../../util/errors.js'
 import {readTar, writeTar, type TarEntry, type TarInput} from '../../util/tar.js'
-import {writeWholeFile} from '../../util/write-whole-file.js'
+import {syncDirectory, writeWholeFile} from '../../util/write-whole-file.js'
 import {readRegularFile} from '../../util/regular-file.js'
 import {syncStateFile, syncVolumePrefix} from '../../container/engine-state.js'
 import {
@@ -318,6 +318,15 @@ function changedOnHost(
   return !sameKind || before[0] !== now.size || before[1] !== now.mtimeMs
 }
 
+/** fsyncs a folder of the workspace; one gone since (a later entry removed it) has nothing to keep. */
+function syncFolder(workspace: string, dir: string): void {
+  try {
+    syncDirectory(path.join(workspace, dir))
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code !== 'ENOENT') throw error
+  }
+}
+
 /**
  * Applies a run's change tar to the host workspace: files and folders through the no-follow
  * writer, symbolic links made where they were (makeWorkspaceSymlink), anything else logged and
@@ -364,6 +373,9 @@ export function applyChanges(
       `workspace sync: the host's ${JSON.stringify(name)} stays as it is: it was changed or removed on the host during the run`,
     )
   }
+  /** The folders whose entries it made, replaced or removed: fsynced once each at the end. */
+  const touched = new Set<string>()
+  const changedIn = (name: string) => touched.add(path.dirname(name))
   for (const entry of readTar(changes, options.maxBytes)) {
     const name = safeName(entry.name)
     if (!name) {
@@ -374,6 +386,7 @@ export function applyChanges(
     try {
       if (entry.type === '5') {
         makeWorkspaceDirectory(workspace, name)
+        changedIn(name)
         if (record && record[name]?.[2] !== 'd') record[name] = [0, 0, 'd']
       } else if (kind && changedOnHost(workspace, name, synced)) keep(name, kind)
       else if (entry.type === '0') {
@@ -381,11 +394,13 @@ export function applyChanges(
           if (record) record[name] = [stat.size, stat.mtimeMs, 'f']
         }
         writeWorkspaceFile(workspace, name, entry.data, {mode: entry.mode & 0o777, written})
+        changedIn(name)
         received++
       } else if (entry.type === '2' && GATEWAY_ENTRIES.includes(name))
         skip(entry, "is a link where the gateway keeps one of the agent's own files", 'l')
       else if (entry.type === '2') {
         makeWorkspaceSymlink(workspace, name, entry.linkname ?? '')
+        changedIn(name)
         const made = lstatWorkspaceEntry(workspace, name)
         if (record) record[name] = made?.isSymbolicLink() ? [made.size, made.mtimeMs, 'l'] : [-1, -1, 'l']
         received++
@@ -409,11 +424,15 @@ export function applyChanges(
           options.log(
             `workspace sync: the host's ${JSON.stringify(name)} stays: it still holds something the run did not have (put there during the run, or never synced)`,
           )
+        changedIn(name)
         if (record) delete record[name]
       } catch (error) {
         options.log(`workspace sync: not removed: ${JSON.stringify(name)} ${toGatewayError(error).message}`)
       }
   }
+  // each file was fsynced before its rename: its name, and every name made or removed, are now too
+  // (the reply says the run's writes are on the host's disk; the record after this says so too)
+  for (const dir of touched) syncFolder(workspace, dir)
   // once, whatever order the archive came in: one pass over the record, never one per name
   if (record && replaced.size > 0)
     for (const name of Object.keys(record)) if (belowAny(name, replaced)) delete record[name]

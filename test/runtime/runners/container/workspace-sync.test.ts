@@ -16,6 +16,9 @@ import {readTar, writeTar, type TarInput} from '../../../../src/runtime/util/tar
  * may be written through.
  */
 
+const openReal = fs.openSync.bind(fs) as (file: fs.PathLike, ...rest: unknown[]) => number
+const fsyncReal = fs.fsyncSync.bind(fs)
+
 const file = (name: string, text: string, mode = 0o644): TarInput => ({
   name,
   type: '0',
@@ -190,6 +193,47 @@ describe('taking a run’s changes back from a remote engine', () => {
     expect(fs.readFileSync(path.join(workspace, `${'long-name-'.repeat(15)}.txt`), 'utf8')).toBe('pax')
     expect(fs.existsSync(path.join(workspace, 'gone.txt'))).toBe(false)
     expect(fs.readFileSync(path.join(workspace, 'kept.txt'), 'utf8')).toBe('kept')
+  })
+
+  it('has every name it made, replaced or removed on the disk before it returns: each folder touched is fsynced', () => {
+    fs.mkdirSync(path.join(workspace, 'old'))
+    fs.writeFileSync(path.join(workspace, 'old', 'gone.txt'), 'old')
+    fs.mkdirSync(path.join(workspace, 'untouched'))
+    const synced = snapshotWorkspace(workspace)
+    const opened = new Map<number, string>()
+    const fsynced = new Set<string>()
+    const open = vi.spyOn(fs, 'openSync')
+    const fsync = vi.spyOn(fs, 'fsyncSync')
+    open.mockImplementation(((file: fs.PathLike, ...rest: unknown[]) => {
+      const fd = openReal(file, ...rest)
+      opened.set(fd, path.resolve(String(file)))
+      return fd
+    }) as typeof fs.openSync)
+    fsync.mockImplementation((fd: number) => {
+      fsynced.add(opened.get(fd) ?? '?')
+      fsyncReal(fd)
+    })
+    try {
+      apply(
+        writeTar([
+          {name: 'd', type: '5', mode: 0o755, mtimeMs: 0, data: Buffer.alloc(0)},
+          file('d/new.txt', 'new'),
+          file('top.txt', 'top'),
+        ]),
+        ['untouched', 'd', 'd/new.txt', 'top.txt'],
+        synced,
+      )
+    } finally {
+      open.mockRestore()
+      fsync.mockRestore()
+    }
+    const real = fs.realpathSync(workspace)
+    const folders = [...fsynced].filter((name) => fs.existsSync(name) && fs.statSync(name).isDirectory())
+    // the workspace (top.txt, d made, old removed), d (new.txt), old's removal of gone.txt (old is gone)
+    expect(folders.map((name) => path.relative(real, fs.realpathSync(name)) || '.').sort()).toEqual(['.', 'd'])
+    expect(fs.existsSync(path.join(workspace, 'old'))).toBe(false)
+    // each file was fsynced before its rename
+    expect([...fsynced].filter((name) => name.endsWith('.tmp'))).toHaveLength(2)
   })
 
   it('never leaves the workspace: `..`, absolute names, hardlinks, FIFOs and devices are skipped; a link is only a link', () => {
