@@ -45,7 +45,9 @@ export async function lockGatewayHome(home: string): Promise<HomeLock> {
     // the holder's pid file can lag its lock by a write, or name a gateway that died (its lock is free again: retried)
     const holder = readPid(pidFile)
     if (holder !== undefined || Date.now() > deadline) throw gatewayRunning(home, holder)
-    await sleep(PID_POLL_MS)
+    // two started at the same instant can each hold SQLite's shared lock as the other asks for its
+    // exclusive one: both busy, in step, every try until both gave up (seen in CI). A random wait breaks the step.
+    await sleep(PID_POLL_MS / 2 + Math.random() * PID_POLL_MS * 1.5)
   }
 }
 
