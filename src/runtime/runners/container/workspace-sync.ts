@@ -385,8 +385,9 @@ export function applyChanges(
     const kind = TAR_KINDS[entry.type]
     try {
       if (entry.type === '5') {
+        // a folder listed because its entries changed is not new in its own: those entries say so
+        if (!lstatWorkspaceEntry(workspace, name)?.isDirectory()) changedIn(name)
         makeWorkspaceDirectory(workspace, name)
-        changedIn(name)
         if (record && record[name]?.[2] !== 'd') record[name] = [0, 0, 'd']
       } else if (kind && changedOnHost(workspace, name, synced)) keep(name, kind)
       else if (entry.type === '0') {
@@ -419,12 +420,14 @@ export function applyChanges(
       try {
         // what it held that the run removed is gone by now (children come first): a folder that
         // still holds something stays, with what it holds, and the next push makes it again
+        let stays = false
         if (synced![name]![2] !== 'd') removeWorkspaceEntry(workspace, name)
-        else if (!removeEmptyWorkspaceDirectory(workspace, name))
+        else if ((stays = !removeEmptyWorkspaceDirectory(workspace, name)))
           options.log(
             `workspace sync: the host's ${JSON.stringify(name)} stays: it still holds something the run did not have (put there during the run, or never synced)`,
           )
-        changedIn(name)
+        // its folder changed only when something was there and went
+        if (onHost && !stays) changedIn(name)
         if (record) delete record[name]
       } catch (error) {
         options.log(`workspace sync: not removed: ${JSON.stringify(name)} ${toGatewayError(error).message}`)
