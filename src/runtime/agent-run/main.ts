@@ -16,6 +16,7 @@ import {
   SYNC_START_LOG,
   SYNC_TAKEN_WAIT_MS,
   stopOtherProcesses,
+  warmWorkspaceSync,
   WORKSPACE_SYNC_ENV,
   workspaceSyncHere,
 } from './workspace-changes.js'
@@ -152,6 +153,8 @@ export async function main(): Promise<void> {
   const syncAsked = process.env[WORKSPACE_SYNC_ENV] === '1'
   const sendsChanges = syncAsked && workspaceSyncHere()
   delete process.env[WORKSPACE_SYNC_ENV]
+  // while a standby waits: its message's mark and trailer then run as warm code
+  const syncWarmed = syncAsked ? warmWorkspaceSync().catch(() => {}) : undefined
   let changesSince: {workspace: string; start: RunStart} | undefined
   const reader = new StdinReader(process.stdin, {goLine: syncAsked})
   try {
@@ -159,6 +162,7 @@ export async function main(): Promise<void> {
     const input = parseAgentRunInput(await reader.input)
     runId = input.run_id
     if (goLine !== undefined) {
+      await syncWarmed
       changesSince = {workspace: input.workspace, start: markRunStart(input.workspace, goLine)}
       // for the host's own listing, should no whole trailer come: said before any command runs
       log(`${SYNC_START_LOG} ${changesSince.start.since}`)

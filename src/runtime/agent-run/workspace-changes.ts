@@ -1,6 +1,7 @@
 import fs from 'node:fs'
+import os from 'node:os'
 import path from 'node:path'
-import type {Writable} from 'node:stream'
+import {Writable} from 'node:stream'
 import {GatewayError} from '../util/errors.js'
 import {TAR_END_BLOCKS, tarHeader, tarPadding} from '../util/tar.js'
 
@@ -336,4 +337,34 @@ export async function sendWorkspaceChanges(workspace: string, start: RunStart, o
     await send(tarPadding(entry.size))
   }
   await send(Buffer.alloc(TAR_END_BLOCKS))
+}
+
+/**
+ * Runs the mark, the listing and the trailer once on a scratch tree of its own in TMPDIR (the
+ * container's private tmpfs), while a standby waits for its go line. A fresh process's first mark
+ * costs ≈ 1.3 ms and its first trailer ≈ 3 ms against ≈ 0.3 and 1 ms after (V8 compiling the code,
+ * Node's first bigint stats), its first failed kill 0.5–1 ms against 0.03: time a standby's message
+ * would otherwise spend between its input and its reply. The volume is never touched, and the
+ * scratch is gone before the go line is read.
+ */
+export async function warmWorkspaceSync(tmp = os.tmpdir()): Promise<void> {
+  const scratch = fs.mkdtempSync(path.join(tmp, 'meepa-sync-warm-'))
+  try {
+    const file = path.join(scratch, 'folder', 'file')
+    fs.mkdirSync(path.dirname(file))
+    fs.writeFileSync(file, 'before')
+    const start = markRunStart(scratch, syncGoLine('warm', false, 1 << 20))
+    await new Promise((resolve) => setImmediate(resolve)) // the start's listing of names
+    fs.writeFileSync(file, 'after')
+    await sendWorkspaceChanges(scratch, start, new Writable({write: (_chunk, _encoding, done) => done()}))
+    // stopOtherProcesses' way to its answer: signal 0 sends nothing, and where nothing else runs
+    // (a waiting standby) it fails with ESRCH as at a run's end, whose first error costs 0.5–1 ms
+    try {
+      process.kill(-1, 0)
+    } catch {
+      // nothing else to signal: the answer it warms
+    }
+  } finally {
+    fs.rmSync(scratch, {force: true, recursive: true})
+  }
 }

@@ -10,6 +10,7 @@ import {
   sendWorkspaceChanges,
   syncGoLine,
   SYNC_DIR,
+  warmWorkspaceSync,
 } from '../../../src/runtime/agent-run/workspace-changes.js'
 import {StdinReader} from '../../../src/runtime/agent-run/runner-channel.js'
 import {splitSyncTrailer} from '../../../src/runtime/runners/container/sync-trailer.js'
@@ -215,6 +216,35 @@ for (const coarse of [false, true])
         fs.rmSync(path.join(workspace, 'fill'))
       })
   })
+
+describe('the warm-up a waiting standby runs on its own scratch', () => {
+  let root: string
+  beforeAll(() => void (root = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-sync-warm-test-'))))
+  afterAll(() => fs.rmSync(root, {recursive: true, force: true}))
+
+  it('leaves TMPDIR as it found it, and the run after it sends exactly its own changes', async () => {
+    const tmp = path.join(root, 'tmp')
+    const workspace = path.join(root, 'workspace')
+    fs.mkdirSync(tmp)
+    fs.mkdirSync(workspace)
+    fs.writeFileSync(path.join(tmp, 'theirs'), 'x')
+    fs.writeFileSync(path.join(workspace, 'old.txt'), 'old')
+    await sleep(30)
+    await warmWorkspaceSync(tmp)
+    expect(fs.readdirSync(tmp)).toEqual(['theirs'])
+    expect(fs.readdirSync(workspace)).toEqual(['old.txt'])
+    const start = await startRun(workspace, syncGoLine('run_after_warm_up', false, LIMIT))
+    fs.writeFileSync(path.join(workspace, 'new.txt'), 'new')
+    const {names, files} = await changesOf(workspace, start)
+    expect(files).toEqual(['new.txt'])
+    expect(names).toEqual(['./new.txt', './old.txt'])
+  })
+
+  it('fails, touching nothing, where TMPDIR cannot be written (agent-run goes on without it)', async () => {
+    await expect(warmWorkspaceSync(path.join(root, 'missing'))).rejects.toThrow(/ENOENT/)
+    expect(fs.existsSync(path.join(root, 'missing'))).toBe(false)
+  })
+})
 
 describe('agent-run’s stdin with a go line before the input', () => {
   const feed = async (chunks: string[]) => {
