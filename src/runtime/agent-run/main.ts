@@ -143,8 +143,11 @@ export async function main(): Promise<void> {
   let runId = 'unknown'
   let secrets: string[] = []
   let channel = false
-  // made now (Node makes it at first use, ≈ 0.5–1 ms), while a standby waits, not before a run's first request
+  // made and written now, while a standby waits, not before a run's first request: Node makes each
+  // stream at first use (≈ 0.5–1 ms) and its first write to a pipe costs ≈ 0.5 ms; empty, it sends nothing
   const stderr = process.stderr
+  stderr.write('')
+  stdout.write('')
   const log = (line: string) => stderr.write(`[agent-run ${runId}] ${redactSecrets(line, secrets)}\n`)
   const writeFrame = (frame: AgentRunFrame) => stdout.write(`${JSON.stringify(frame)}\n`)
   let output: AgentRunOutput
