@@ -64,9 +64,13 @@ export function syncDirectory(dir: string): void {
     fd = fs.openSync(dir, 'r')
     fs.fsyncSync(fd)
   } catch (error) {
-    // Some file systems refuse fsync on a directory; the rename has happened either way.
-    if (!['EINVAL', 'EISDIR', 'EPERM', 'EBADF'].includes((error as NodeJS.ErrnoException).code ?? '')) throw error
+    if (!folderSyncRefused(error)) throw error
   } finally {
     if (fd !== undefined) fs.closeSync(fd)
   }
+}
+
+/** Some file systems refuse fsync on a directory; the rename has happened either way. */
+export function folderSyncRefused(error: unknown): boolean {
+  return ['EINVAL', 'EISDIR', 'EPERM', 'EBADF'].includes((error as NodeJS.ErrnoException).code ?? '')
 }

@@ -5,7 +5,7 @@ import {LABEL} from '../../../sandbox/docker/dockerfile.js'
 import {CONTAINER_TMP_SIZE, CONTAINER_WORKSPACE} from '../../../sandbox/docker/run-args.js'
 import {GatewayError, toGatewayError} from '../../util/errors.js'
 import {readTar, writeTar, type TarEntry, type TarInput} from '../../util/tar.js'
-import {syncDirectory, writeWholeFile} from '../../util/write-whole-file.js'
+import {folderSyncRefused, writeWholeFile} from '../../util/write-whole-file.js'
 import {readRegularFile} from '../../util/regular-file.js'
 import {syncStateFile, syncVolumePrefix} from '../../container/engine-state.js'
 import {
@@ -289,10 +289,17 @@ export async function pullWorkspace(
       .map((name) => safeName(name))
       .filter(Boolean),
   )
-  const {received, record} = applyChanges(options.workspace, changes, present, state.synced, options)
+  const {received, record, folders} = applyChanges(options.workspace, changes, present, state.synced, options)
+  // each file was fsynced before its rename: its name, and every name made or removed, reach the
+  // disk while the record is written. The record says what the volume holds, true before they do
+  // (a crash between leaves a message that never answered, its changes sent again or undone by the
+  // next push); the reply, after this, says the run's writes are on the host's disk.
+  const durable = syncFoldersAside(options.workspace, folders)
+  durable.catch(() => {}) // awaited below, after the record's own error if it has one
   // the record is what the push sent with what the run brought back, never a walk of the host now:
   // an edit made on the host while the run ran is unlike it, so the next push sends it
   remember(state, record ?? snapshotWorkspace(options.workspace))
+  await durable
   return {received}
 }
 
@@ -318,13 +325,33 @@ function changedOnHost(
   return !sameKind || before[0] !== now.size || before[1] !== now.mtimeMs
 }
 
-/** fsyncs a folder of the workspace; one gone since (a later entry removed it) has nothing to keep. */
-function syncFolder(workspace: string, dir: string): void {
-  try {
-    syncDirectory(path.join(workspace, dir))
-  } catch (error) {
-    if ((error as NodeJS.ErrnoException).code !== 'ENOENT') throw error
+/**
+ * fsyncs folders of the workspace on libuv's threads, all started before it returns, so this
+ * thread may write meanwhile; settles once each is on the disk. A folder gone since (a later entry
+ * removed it) has nothing to keep.
+ */
+function syncFoldersAside(workspace: string, folders: Iterable<string>): Promise<void> {
+  const synced: Array<Promise<void>> = []
+  for (const dir of folders) {
+    let fd: number
+    try {
+      fd = fs.openSync(path.join(workspace, dir), 'r')
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code === 'ENOENT') continue
+      synced.push(Promise.reject(error))
+      break
+    }
+    synced.push(
+      new Promise<void>((resolve, reject) =>
+        fs.fsync(fd, (error) => {
+          fs.close(fd, () => {})
+          if (error && !folderSyncRefused(error)) reject(error)
+          else resolve()
+        }),
+      ),
+    )
   }
+  return Promise.all(synced).then(() => {})
 }
 
 /**
@@ -335,7 +362,8 @@ function syncFolder(workspace: string, dir: string): void {
  * the host is the one truth, and a run whose mark shares a tick with the last run's writes (a
  * filesystem stamping whole seconds) lists those again though it never touched them.
  *
- * Returns how many files were written, the names kept, and `record`: `synced` brought to what
+ * Returns how many files were written, the names kept, the folders whose entries changed (for
+ * the caller to fsync: each file was), and `record`: `synced` brought to what
  * the volume now holds as far as the host knows it (undefined when `synced` was). A name written,
  * made or removed is recorded as the host has it after that step; a name the host kept, or whose
  * entry it could not take (a folder where the run made a file), as unlike anything, of the kind
@@ -348,7 +376,7 @@ export function applyChanges(
   present: ReadonlySet<string | undefined>,
   synced: Snapshot | undefined,
   options: {maxBytes: number; log: (line: string) => void},
-): {received: number; kept: string[]; record: Snapshot | undefined} {
+): {received: number; kept: string[]; record: Snapshot | undefined; folders: Set<string>} {
   let received = 0
   const kept: string[] = []
   const record: Snapshot | undefined = synced && {...synced}
@@ -373,7 +401,7 @@ export function applyChanges(
       `workspace sync: the host's ${JSON.stringify(name)} stays as it is: it was changed or removed on the host during the run`,
     )
   }
-  /** The folders whose entries it made, replaced or removed: fsynced once each at the end. */
+  /** The folders whose entries it made, replaced or removed: each to be fsynced once (pullWorkspace). */
   const touched = new Set<string>()
   const changedIn = (name: string) => touched.add(path.dirname(name))
   for (const entry of readTar(changes, options.maxBytes)) {
@@ -433,13 +461,10 @@ export function applyChanges(
         options.log(`workspace sync: not removed: ${JSON.stringify(name)} ${toGatewayError(error).message}`)
       }
   }
-  // each file was fsynced before its rename: its name, and every name made or removed, are now too
-  // (the reply says the run's writes are on the host's disk; the record after this says so too)
-  for (const dir of touched) syncFolder(workspace, dir)
   // once, whatever order the archive came in: one pass over the record, never one per name
   if (record && replaced.size > 0)
     for (const name of Object.keys(record)) if (belowAny(name, replaced)) delete record[name]
-  return {received, kept, record}
+  return {received, kept, record, folders: touched}
 }
 
 /** Whether a folder above `name` is one of `folders`. */

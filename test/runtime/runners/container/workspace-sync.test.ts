@@ -4,8 +4,10 @@ import path from 'node:path'
 import {afterEach, beforeEach, describe, expect, it, vi} from 'vitest'
 import {
   applyChanges,
+  pullWorkspace,
   snapshotWorkspace,
   type Snapshot,
+  type SyncedVolume,
 } from '../../../../src/runtime/runners/container/workspace-sync.js'
 import {readTar, writeTar, type TarInput} from '../../../../src/runtime/util/tar.js'
 
@@ -18,6 +20,7 @@ import {readTar, writeTar, type TarInput} from '../../../../src/runtime/util/tar
 
 const openReal = fs.openSync.bind(fs) as (file: fs.PathLike, ...rest: unknown[]) => number
 const fsyncReal = fs.fsyncSync.bind(fs)
+const fsyncCallback = fs.fsync.bind(fs)
 
 const file = (name: string, text: string, mode = 0o644): TarInput => ({
   name,
@@ -195,45 +198,71 @@ describe('taking a run’s changes back from a remote engine', () => {
     expect(fs.readFileSync(path.join(workspace, 'kept.txt'), 'utf8')).toBe('kept')
   })
 
-  it('has every name it made, replaced or removed on the disk before it returns: each folder touched is fsynced', () => {
+  it('has every name it made, replaced or removed on the disk, and its record written, before it returns', async () => {
     fs.mkdirSync(path.join(workspace, 'old'))
     fs.writeFileSync(path.join(workspace, 'old', 'gone.txt'), 'old')
     fs.mkdirSync(path.join(workspace, 'untouched'))
-    const synced = snapshotWorkspace(workspace)
+    const state: SyncedVolume = {
+      volume: 'unused',
+      synced: snapshotWorkspace(workspace),
+      file: path.join(root, 'record'),
+    }
     const opened = new Map<number, string>()
     const fsynced = new Set<string>()
     const open = vi.spyOn(fs, 'openSync')
-    const fsync = vi.spyOn(fs, 'fsyncSync')
+    const fsyncNow = vi.spyOn(fs, 'fsyncSync')
+    const fsyncAside = vi.spyOn(fs, 'fsync')
     open.mockImplementation(((file: fs.PathLike, ...rest: unknown[]) => {
       const fd = openReal(file, ...rest)
       opened.set(fd, path.resolve(String(file)))
       return fd
     }) as typeof fs.openSync)
-    fsync.mockImplementation((fd: number) => {
-      fsynced.add(opened.get(fd) ?? '?')
+    fsyncNow.mockImplementation((fd: number) => {
       fsyncReal(fd)
+      fsynced.add(opened.get(fd) ?? '?')
     })
+    fsyncAside.mockImplementation(((fd: number, done: (error: NodeJS.ErrnoException | null) => void) =>
+      fsyncCallback(fd, (error) => {
+        if (!error) fsynced.add(opened.get(fd) ?? '?')
+        done(error)
+      })) as typeof fs.fsync)
     try {
-      apply(
-        writeTar([
-          {name: 'd', type: '5', mode: 0o755, mtimeMs: 0, data: Buffer.alloc(0)},
-          file('d/new.txt', 'new'),
-          file('top.txt', 'top'),
-        ]),
-        ['untouched', 'd', 'd/new.txt', 'top.txt'],
-        synced,
-      )
+      const changes = writeTar([
+        {name: 'd', type: '5', mode: 0o755, mtimeMs: 0, data: Buffer.alloc(0)},
+        file('d/new.txt', 'new'),
+        file('top.txt', 'top'),
+      ])
+      const list = Buffer.from(['untouched', 'd', 'd/new.txt', 'top.txt'].map((name) => `./${name}\0`).join(''))
+      await pullWorkspace(undefined as never, state, {
+        runId: 'run_durable',
+        pushed: false,
+        workspace,
+        maxBytes: 1024 * 1024,
+        log: (line) => logged.push(line),
+        trailer: {list, changes},
+        helper: {image: 'unused', uid: 1000, gid: 1000, labels: {}},
+      })
     } finally {
       open.mockRestore()
-      fsync.mockRestore()
+      fsyncNow.mockRestore()
+      fsyncAside.mockRestore()
     }
     const real = fs.realpathSync(workspace)
-    const folders = [...fsynced].filter((name) => fs.existsSync(name) && fs.statSync(name).isDirectory())
-    // the workspace (top.txt, d made, old removed), d (new.txt), old's removal of gone.txt (old is gone)
-    expect(folders.map((name) => path.relative(real, fs.realpathSync(name)) || '.').sort()).toEqual(['.', 'd'])
+    const folders = [...fsynced]
+      .filter((name) => fs.existsSync(name) && fs.statSync(name).isDirectory())
+      .map((name) => path.relative(real, fs.realpathSync(name)) || '.')
+    // the workspace (top.txt, d made, old removed), d (new.txt), old's removal of gone.txt (old is
+    // gone); the record's own folder
+    expect(folders.sort()).toEqual(['.', '..', 'd'])
     expect(fs.existsSync(path.join(workspace, 'old'))).toBe(false)
-    // each file was fsynced before its rename
-    expect([...fsynced].filter((name) => name.endsWith('.tmp'))).toHaveLength(2)
+    // each file was fsynced before its rename, the record's too
+    expect([...fsynced].filter((name) => name.endsWith('.tmp'))).toHaveLength(3)
+    expect(Object.keys(JSON.parse(fs.readFileSync(state.file, 'utf8')) as Snapshot).sort()).toEqual([
+      'd',
+      'd/new.txt',
+      'top.txt',
+      'untouched',
+    ])
   })
 
   it('never leaves the workspace: `..`, absolute names, hardlinks, FIFOs and devices are skipped; a link is only a link', () => {
