@@ -16,6 +16,7 @@ import {
   SYNC_START_LOG,
   SYNC_TAKEN_WAIT_MS,
   stopOtherProcesses,
+  SYNC_WARM_UP_AFTER_MS,
   warmWorkspaceSync,
   WORKSPACE_SYNC_ENV,
   workspaceSyncHere,
@@ -156,12 +157,17 @@ export async function main(): Promise<void> {
   const syncAsked = process.env[WORKSPACE_SYNC_ENV] === '1'
   const sendsChanges = syncAsked && workspaceSyncHere()
   delete process.env[WORKSPACE_SYNC_ENV]
-  // while a standby waits: its message's mark and trailer then run as warm code
-  const syncWarmed = syncAsked ? warmWorkspaceSync().catch(() => {}) : undefined
+  // while a standby waits, its message's mark and trailer then run as warm code; a cold run's go
+  // line is there at once, and it goes on without
+  let syncWarmed: Promise<void> | undefined
+  const warmUp = syncAsked
+    ? setTimeout(() => (syncWarmed = warmWorkspaceSync().catch(() => {})), SYNC_WARM_UP_AFTER_MS).unref()
+    : undefined
   let changesSince: {workspace: string; start: RunStart} | undefined
   const reader = new StdinReader(process.stdin, {goLine: syncAsked})
   try {
     const goLine = syncAsked ? await reader.goLine : undefined
+    clearTimeout(warmUp)
     const input = parseAgentRunInput(await reader.input)
     runId = input.run_id
     if (goLine !== undefined) {

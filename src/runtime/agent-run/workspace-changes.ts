@@ -339,13 +339,16 @@ export async function sendWorkspaceChanges(workspace: string, start: RunStart, o
   await send(Buffer.alloc(TAR_END_BLOCKS))
 }
 
+/** How long agent-run waits for its go line before it warms up: a cold run's is there already. */
+export const SYNC_WARM_UP_AFTER_MS = 25
+
 /**
  * Runs the mark, the listing and the trailer once on a scratch tree of its own in TMPDIR (the
  * container's private tmpfs), while a standby waits for its go line. A fresh process's first mark
  * costs ≈ 1.3 ms and its first trailer ≈ 3 ms against ≈ 0.3 and 1 ms after (V8 compiling the code,
  * Node's first bigint stats), its first failed kill 0.5–1 ms against 0.03: time a standby's message
  * would otherwise spend between its input and its reply. The volume is never touched, and the
- * scratch is gone before the go line is read.
+ * scratch is gone before the run's start is marked.
  */
 export async function warmWorkspaceSync(tmp = os.tmpdir()): Promise<void> {
   const scratch = fs.mkdtempSync(path.join(tmp, 'meepa-sync-warm-'))

@@ -325,33 +325,45 @@ function changedOnHost(
   return !sameKind || before[0] !== now.size || before[1] !== now.mtimeMs
 }
 
+/** How many folders' fsyncs run at once: each holds a descriptor, and a run may have made 100,000 folders. */
+const FOLDER_SYNCS_AT_ONCE = 8
+
 /**
- * fsyncs folders of the workspace on libuv's threads, all started before it returns, so this
- * thread may write meanwhile; settles once each is on the disk. A folder gone since (a later entry
- * removed it) has nothing to keep.
+ * fsyncs folders of the workspace on libuv's threads, the first ones started before it returns,
+ * so this thread may write meanwhile; settles once each is on the disk. A folder gone since (a
+ * later entry removed it) or no longer a folder has nothing to keep; never a link followed.
  */
 function syncFoldersAside(workspace: string, folders: Iterable<string>): Promise<void> {
-  const synced: Array<Promise<void>> = []
-  for (const dir of folders) {
-    let fd: number
-    try {
-      fd = fs.openSync(path.join(workspace, dir), 'r')
-    } catch (error) {
-      if ((error as NodeJS.ErrnoException).code === 'ENOENT') continue
-      synced.push(Promise.reject(error))
-      break
-    }
-    synced.push(
-      new Promise<void>((resolve, reject) =>
+  const left = [...folders]
+  const flags = fs.constants.O_RDONLY | fs.constants.O_DIRECTORY | fs.constants.O_NOFOLLOW
+  return new Promise<void>((resolve, reject) => {
+    let running = 0
+    let failed: {error: unknown} | undefined
+    const next = () => {
+      while (!failed && running < FOLDER_SYNCS_AT_ONCE && left.length > 0) {
+        let fd: number
+        try {
+          fd = fs.openSync(path.join(workspace, left.shift()!), flags)
+        } catch (error) {
+          const code = (error as NodeJS.ErrnoException).code ?? ''
+          if (!['ENOENT', 'ENOTDIR', 'ELOOP'].includes(code) && !folderSyncRefused(error)) failed = {error}
+          continue
+        }
+        running++
         fs.fsync(fd, (error) => {
           fs.close(fd, () => {})
-          if (error && !folderSyncRefused(error)) reject(error)
-          else resolve()
-        }),
-      ),
-    )
-  }
-  return Promise.all(synced).then(() => {})
+          running--
+          if (error && !folderSyncRefused(error)) failed ??= {error}
+          next()
+        })
+      }
+      if (running === 0) {
+        if (failed) reject(failed.error)
+        else resolve()
+      }
+    }
+    next()
+  })
 }
 
 /**
@@ -404,6 +416,11 @@ export function applyChanges(
   /** The folders whose entries it made, replaced or removed: each to be fsynced once (pullWorkspace). */
   const touched = new Set<string>()
   const changedIn = (name: string) => touched.add(path.dirname(name))
+  /** The folders the writer makes on the way to `name` (an archive that did not list them) change their parents too. */
+  const parentsMadeFor = (name: string) => {
+    for (let dir = path.dirname(name); dir !== '.' && !lstatWorkspaceEntry(workspace, dir); dir = path.dirname(dir))
+      changedIn(dir)
+  }
   for (const entry of readTar(changes, options.maxBytes)) {
     const name = safeName(entry.name)
     if (!name) {
@@ -422,12 +439,14 @@ export function applyChanges(
         const written = (stat: fs.Stats) => {
           if (record) record[name] = [stat.size, stat.mtimeMs, 'f']
         }
+        parentsMadeFor(name)
         writeWorkspaceFile(workspace, name, entry.data, {mode: entry.mode & 0o777, written})
         changedIn(name)
         received++
       } else if (entry.type === '2' && GATEWAY_ENTRIES.includes(name))
         skip(entry, "is a link where the gateway keeps one of the agent's own files", 'l')
       else if (entry.type === '2') {
+        parentsMadeFor(name)
         makeWorkspaceSymlink(workspace, name, entry.linkname ?? '')
         changedIn(name)
         const made = lstatWorkspaceEntry(workspace, name)

@@ -21,6 +21,7 @@ import {readTar, writeTar, type TarInput} from '../../../../src/runtime/util/tar
 const openReal = fs.openSync.bind(fs) as (file: fs.PathLike, ...rest: unknown[]) => number
 const fsyncReal = fs.fsyncSync.bind(fs)
 const fsyncCallback = fs.fsync.bind(fs)
+const closeCallback = fs.close.bind(fs) as (fd: number, done: (error: NodeJS.ErrnoException | null) => void) => void
 
 const file = (name: string, text: string, mode = 0o644): TarInput => ({
   name,
@@ -231,8 +232,13 @@ describe('taking a run’s changes back from a remote engine', () => {
         {name: 'd', type: '5', mode: 0o755, mtimeMs: 0, data: Buffer.alloc(0)},
         file('d/new.txt', 'new'),
         file('top.txt', 'top'),
+        file('e/f/unlisted-folders.txt', 'made'), // an archive that does not list e and e/f
       ])
-      const list = Buffer.from(['untouched', 'd', 'd/new.txt', 'top.txt'].map((name) => `./${name}\0`).join(''))
+      const list = Buffer.from(
+        ['untouched', 'd', 'd/new.txt', 'top.txt', 'e', 'e/f', 'e/f/unlisted-folders.txt']
+          .map((name) => `./${name}\0`)
+          .join(''),
+      )
       await pullWorkspace(undefined as never, state, {
         runId: 'run_durable',
         pushed: false,
@@ -251,18 +257,72 @@ describe('taking a run’s changes back from a remote engine', () => {
     const folders = [...fsynced]
       .filter((name) => fs.existsSync(name) && fs.statSync(name).isDirectory())
       .map((name) => path.relative(real, fs.realpathSync(name)) || '.')
-    // the workspace (top.txt, d made, old removed), d (new.txt), old's removal of gone.txt (old is
-    // gone); the record's own folder
-    expect(folders.sort()).toEqual(['.', '..', 'd'])
+    // the workspace (top.txt, d and e made, old removed), d (new.txt), e (f made), e/f (its file),
+    // old's removal of gone.txt (old is gone); the record's own folder
+    expect(folders.sort()).toEqual(['.', '..', 'd', 'e', 'e/f'])
     expect(fs.existsSync(path.join(workspace, 'old'))).toBe(false)
     // each file was fsynced before its rename, the record's too
-    expect([...fsynced].filter((name) => name.endsWith('.tmp'))).toHaveLength(3)
+    expect([...fsynced].filter((name) => name.endsWith('.tmp'))).toHaveLength(4)
     expect(Object.keys(JSON.parse(fs.readFileSync(state.file, 'utf8')) as Snapshot).sort()).toEqual([
       'd',
       'd/new.txt',
+      'e/f/unlisted-folders.txt',
       'top.txt',
       'untouched',
     ])
+  })
+
+  it('keeps few folders open at once however many the run made: the gateway’s descriptors are everyone’s', async () => {
+    const state: SyncedVolume = {volume: 'unused', synced: {}, file: path.join(root, 'record')}
+    const made = Array.from({length: 300}, (_, i) => `f${i}`)
+    const real = fs.realpathSync(workspace)
+    const openFolders = new Set<number>()
+    let opened = 0
+    let most = 0
+    const open = vi.spyOn(fs, 'openSync')
+    const close = vi.spyOn(fs, 'close')
+    open.mockImplementation(((file: fs.PathLike, ...rest: unknown[]) => {
+      const fd = openReal(file, ...rest)
+      const name = path.resolve(String(file))
+      if (name.startsWith(real) && fs.statSync(name).isDirectory()) {
+        openFolders.add(fd)
+        opened++
+      }
+      most = Math.max(most, openFolders.size)
+      return fd
+    }) as typeof fs.openSync)
+    close.mockImplementation(((fd: number, done: (error: NodeJS.ErrnoException | null) => void) => {
+      openFolders.delete(fd)
+      closeCallback(fd, done)
+    }) as typeof fs.close)
+    try {
+      await pullWorkspace(undefined as never, state, {
+        runId: 'run_many_folders',
+        pushed: false,
+        workspace,
+        maxBytes: 16 * 1024 * 1024,
+        log: (line) => logged.push(line),
+        trailer: {
+          list: Buffer.from(made.flatMap((dir) => [`./${dir}\0`, `./${dir}/x\0`]).join('')),
+          changes: writeTar(
+            made.flatMap((dir) => [
+              {name: dir, type: '5' as const, mode: 0o755, mtimeMs: 0, data: Buffer.alloc(0)},
+              file(`${dir}/x`, dir),
+            ]),
+          ),
+        },
+        helper: {image: 'unused', uid: 1000, gid: 1000, labels: {}},
+      })
+    } finally {
+      open.mockRestore()
+      close.mockRestore()
+    }
+    expect(fs.readFileSync(path.join(workspace, 'f299', 'x'), 'utf8')).toBe('f299')
+    // every folder was opened for its fsync (the workspace and 300 made), never more than a few at once
+    expect(opened).toBe(301)
+    expect(most).toBeGreaterThan(1)
+    expect(most).toBeLessThanOrEqual(8)
+    expect(openFolders.size).toBe(0)
   })
 
   it('never leaves the workspace: `..`, absolute names, hardlinks, FIFOs and devices are skipped; a link is only a link', () => {
