@@ -58,7 +58,7 @@ function linkExclusively(temp: string, file: string, content: string, mode: numb
 }
 
 /** Makes a rename, creation or removal in `dir` durable; a file system that refuses a folder's fsync is let be. */
-export function syncDirectory(dir: string): void {
+function syncDirectory(dir: string): void {
   let fd: number | undefined
   try {
     fd = fs.openSync(dir, 'r')
