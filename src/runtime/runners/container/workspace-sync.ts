@@ -333,7 +333,7 @@ const FOLDER_SYNCS_AT_ONCE = 8
  * so this thread may write meanwhile; settles once each is on the disk. A folder gone since (a
  * later entry removed it) or no longer a folder has nothing to keep; never a link followed.
  */
-function syncFoldersAside(workspace: string, folders: Iterable<string>): Promise<void> {
+export function syncFoldersAside(workspace: string, folders: Iterable<string>): Promise<void> {
   const left = [...folders]
   const flags = fs.constants.O_RDONLY | fs.constants.O_DIRECTORY | fs.constants.O_NOFOLLOW
   return new Promise<void>((resolve, reject) => {

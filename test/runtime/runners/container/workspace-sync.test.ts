@@ -1,3 +1,4 @@
+import {execaSync} from 'execa'
 import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
@@ -6,6 +7,7 @@ import {
   applyChanges,
   pullWorkspace,
   snapshotWorkspace,
+  syncFoldersAside,
   type Snapshot,
   type SyncedVolume,
 } from '../../../../src/runtime/runners/container/workspace-sync.js'
@@ -323,6 +325,25 @@ describe('taking a run’s changes back from a remote engine', () => {
     expect(most).toBeGreaterThan(1)
     expect(most).toBeLessThanOrEqual(8)
     expect(openFolders.size).toBe(0)
+  })
+
+  it('fsyncs no folder through a link, and never waits on a FIFO put at a folder’s name', async () => {
+    fs.mkdirSync(path.join(workspace, 'real'))
+    fs.symlinkSync(outside, path.join(workspace, 'link'))
+    execaSync('mkfifo', [path.join(workspace, 'fifo')])
+    const opened: string[] = []
+    const open = vi.spyOn(fs, 'openSync')
+    open.mockImplementation(((file: fs.PathLike, ...rest: unknown[]) => {
+      const fd = openReal(file, ...rest)
+      opened.push(fs.realpathSync(`/proc/self/fd/${fd}`))
+      return fd
+    }) as typeof fs.openSync)
+    try {
+      await syncFoldersAside(workspace, ['real', 'link', 'fifo', 'gone'])
+    } finally {
+      open.mockRestore()
+    }
+    expect(opened).toEqual([fs.realpathSync(path.join(workspace, 'real'))])
   })
 
   it('never leaves the workspace: `..`, absolute names, hardlinks, FIFOs and devices are skipped; a link is only a link', () => {
