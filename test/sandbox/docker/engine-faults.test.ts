@@ -134,7 +134,10 @@ describeWithDocker('a hung or dying Docker engine under a running gateway (own e
 
     engine.resume()
     await until('the left container is removed', async () => (await containers()).length === 0)
-    expect(serve!.output()).toMatch(/the Docker engine answers again: removed container meepa-run_/)
+    // the engine has removed it a moment before the gateway's removal call returns and logs
+    await until('the gateway says it removed the left container', () =>
+      /the Docker engine answers again: removed container meepa-run_/.test(serve!.output()),
+    )
     await until('/healthz is ok again', async () => (await serve!.healthz()).status === 200)
   }, 120_000)
 
@@ -183,7 +186,10 @@ describeWithDocker('a hung or dying Docker engine under a running gateway (own e
     expect(await containers()).not.toEqual([])
     serve = await startServe({home: home.home, port, env: engine.env, apiKey: serve!.apiKey})
     await until('the next start-up removed the left container', async () => (await containers()).length === 0)
-    expect(serve.output()).toMatch(/removed [12] container\(s\) left behind by a previous gateway/)
+    // the engine has removed them a moment before the gateway's call returns and logs
+    await until('the gateway says it removed what was left', () =>
+      /removed [12] container\(s\) left behind by a previous gateway/.test(serve!.output()),
+    )
   }, 120_000)
 
   it("/healthz asks the engine itself, with no run: a stopped engine is named at once, in the CLI's words, and ok once it answers", async () => {
@@ -213,7 +219,7 @@ describeWithDocker('a hung or dying Docker engine under a running gateway (own e
         async () => (await containers('label=meepagateway.agent=boxed', 'status=running')).length === 0,
         15_000,
       )
-      expect(Date.now() - stoppedAt).toBeLessThan((TIMEOUT_SECONDS + 3) * 1000)
+      expect(Date.now() - stoppedAt).toBeLessThan((TIMEOUT_SECONDS + 5) * 1000)
       await new Promise((resolve) => setTimeout(resolve, 15_000 - (Date.now() - stoppedAt)))
     } finally {
       serve!.process.kill('SIGCONT')
