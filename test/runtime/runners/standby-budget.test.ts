@@ -55,16 +55,17 @@ describe('the standby budget', {timeout: 60_000}, () => {
       await startTestGateway({
         agents: [{id: 'a1'}],
         llmBaseUrl: llm.openaiBaseUrl,
-        gateway: {standby_idle_minutes: 0.05},
+        // 9 s: long enough that a loaded machine sees the standby before it expires
+        gateway: {standby_idle_minutes: 0.15},
       }),
     )
     llm.setDefault({text: 'ok'})
     expect((await test.chat({agent: 'a1', message: 'hi'})).status).toBe(200)
     await waitFor('a standby', () => waiting(test, 'a1') === 1)
     expect((await standbys(test)).count).toBe(1)
-    await waitFor('the idle standby to end', () => waiting(test, 'a1') === 0, 10_000)
+    await waitFor('the idle standby to end', () => waiting(test, 'a1') === 0, 20_000)
     expect((await standbys(test)).count).toBe(0)
-  })
+  }, 60_000)
 
   it('max_standbys: 0 starts none', async () => {
     const test = closeLater(
