@@ -22,6 +22,8 @@ const SUITE = {
     "what a child started through execa costs the parent against node:child_process's spawn, shaped as agent-run's process",
   'llm-channel': 'per LLM call, agent-run asking its runner against calling the provider itself (issue 11)',
   'container-overhead': 'container mode, send to reply with a fake LLM, against a bare `docker run` (issue 4; Docker)',
+  'container-network-none':
+    'a `network: none` container created with no network stack (Engine API, NetworkDisabled) against `docker run --network none`, CPU and wall per container (issue 25; Docker)',
   'container-cold-network':
     'a cold container message with `network: none` against `network: host` before issue 11 (ARGS: a built checkout of the previous commit; Docker)',
   'gateway-webchat':

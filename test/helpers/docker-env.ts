@@ -3,6 +3,7 @@ import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
 import {describeRequiring} from './describe-requiring.js'
+import {homeLabel} from '../../src/sandbox/docker/containers.js'
 
 /**
  * Whether this machine can run the container-mode tests: a docker CLI, an engine that answers, and
@@ -76,4 +77,23 @@ export function dockerRecorder(dir: string): DockerRecorder {
 
 export function tempDir(prefix: string): string {
   return fs.mkdtempSync(path.join(os.tmpdir(), prefix))
+}
+
+/** The id of a running standby container of the gateway home `home`, once one runs (30 s at most), else ''. */
+export async function runningStandby(home: string): Promise<string> {
+  for (let i = 0; i < 150; i++) {
+    const {stdout} = await execa('docker', [
+      'ps',
+      '-q',
+      '--filter',
+      `label=meepagateway.home=${homeLabel(home)}`,
+      '--filter',
+      'label=meepagateway.run=standby',
+      '--filter',
+      'status=running',
+    ])
+    if (stdout.trim()) return stdout.trim().split('\n')[0]!
+    await new Promise((resolve) => setTimeout(resolve, 200))
+  }
+  return ''
 }

@@ -49,8 +49,10 @@ function usesDefaultContext(env: NodeJS.ProcessEnv): boolean {
 }
 
 export interface EngineRequestOptions {
-  /** GET unless said (DELETE removes a container or an image). */
-  method?: 'GET' | 'DELETE'
+  /** GET unless said (DELETE removes a container or an image, POST creates one). */
+  method?: 'GET' | 'DELETE' | 'POST'
+  /** A POST's JSON body. */
+  json?: unknown
   signal?: AbortSignal
   /** Deadline of the call, connecting included; default DEFAULT_DOCKER_TIMEOUT_MS. */
   timeoutMs?: number
@@ -137,6 +139,18 @@ export class EngineApi {
     return answer.status < 400 || answer.status === 404 ? undefined : refusalOf(answer)
   }
 
+  /**
+   * `docker create`: the container named `name` from the engine's own body (see run-args.ts);
+   * fails as the engine refuses (no such image, a name taken).
+   */
+  async createContainer(name: string, config: object, options: EngineRequestOptions = {}): Promise<void> {
+    await this.call(
+      `/containers/create?name=${encodeURIComponent(name)}`,
+      {...options, method: 'POST', json: config},
+      () => false,
+    )
+  }
+
   /** `docker rm --force --volumes` of one container: gone already (404) or being removed (409) is done too. */
   async removeContainer(nameOrId: string, options: EngineRequestOptions = {}): Promise<void> {
     await this.call(
@@ -172,6 +186,7 @@ export class EngineApi {
         method,
         `${this.options.apiVersion ? `/v${this.options.apiVersion}` : ''}${endpoint}`,
         signal,
+        options.json === undefined ? undefined : JSON.stringify(options.json),
       )
       if (answer.status >= 400 && !answered(answer.status)) throw engineRefused(request, answer)
       return answer
@@ -187,7 +202,7 @@ export class EngineApi {
    * so the answer is what arrives before the close. node:http would do the same at ≈ 10 ms more
    * CPU (loading its client) per process, a quarter of what `container status` may take.
    */
-  private send(method: string, endpoint: string, signal: AbortSignal): Promise<EngineAnswer> {
+  private send(method: string, endpoint: string, signal: AbortSignal, json?: string): Promise<EngineAnswer> {
     // loaded at the first request: a command that only may ask (`config check`) starts ≈ 2 ms faster
     const net = process.getBuiltinModule('node:net')
     return new Promise((resolve, reject) => {
@@ -203,7 +218,12 @@ export class EngineApi {
       })
       socket.on('error', reject)
       // not end(): a half-closed connection reads to the engine as a client that went away
-      socket.write(`${method} ${endpoint} HTTP/1.0\r\nHost: docker\r\nUser-Agent: meepagateway\r\n\r\n`)
+      const body = json === undefined ? '' : json
+      const headers =
+        json === undefined ? '' : `Content-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n`
+      socket.write(
+        `${method} ${endpoint} HTTP/1.0\r\nHost: docker\r\nUser-Agent: meepagateway\r\n${headers}\r\n${body}`,
+      )
     })
   }
 

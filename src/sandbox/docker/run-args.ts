@@ -49,6 +49,11 @@ export interface DockerRunSpec {
   engineKind?: 'docker' | 'podman'
   /** Limits the engine cannot apply, left out of argv (an engine's best_effort: true, see podman-limits.ts). */
   unappliedLimits?: ReadonlyArray<'memory' | 'cpus' | 'pids'>
+  /**
+   * A host file with `localhost` in it, bound read-only at /etc/hosts when the container is created
+   * with no network of the engine's at all (buildCreateRequest): the engine then writes none.
+   */
+  hostsFile?: string
 }
 
 export const CONTAINER_WORKSPACE = '/workspace'
@@ -62,6 +67,108 @@ const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/
  * its exit code and OOMKilled. No value of any secret: argv is visible to every user in `ps`.
  */
 export function buildDockerRunArgs(spec: DockerRunSpec): string[] {
+  checkRunSpec(spec)
+  const user = `${spec.uid}:${spec.gid}`
+  const podman = spec.engineKind === 'podman'
+  const without = new Set(spec.unappliedLimits ?? [])
+  const started = startedProgram(spec)
+  return [
+    'run',
+    '--name',
+    spec.name,
+    '-i',
+    // never reach a registry from a message run; images are built (or pulled) by `container build`
+    '--pull',
+    'never',
+    // stdout carries the reply: keep it off the engine's disk (attach still streams it)
+    '--log-driver',
+    'none',
+    '--read-only',
+    '--cap-drop=ALL',
+    '--security-opt=no-new-privileges',
+    ...(without.has('memory') ? [] : ['--memory', spec.memoryLimit, '--memory-swap', spec.memoryLimit]),
+    ...(without.has('pids') ? [] : ['--pids-limit', String(spec.pidsLimit)]),
+    ...(without.has('cpus') ? [] : ['--cpus', String(spec.cpus)]),
+    ...(spec.fileSizeLimit ? ['--ulimit', `fsize=${spec.fileSizeLimit}`] : []),
+    // its own cgroup at /sys/fs/cgroup whatever the engine's default, where agent-run reads OOM kills
+    '--cgroupns',
+    'private',
+    '--init',
+    // owned by the run user: with --cap-drop=ALL even root could not write a root-owned 0755 /tmp
+    '--tmpfs',
+    `/tmp:${tmpfsOptions(spec, podman)}`,
+    '--user',
+    user,
+    '-v',
+    `${spec.workspace}:${CONTAINER_WORKSPACE}`,
+    '-w',
+    CONTAINER_WORKSPACE,
+    ...fixedEnv(spec).flatMap((entry) => ['-e', entry]),
+    ...spec.forwardEnv.flatMap((name) => ['-e', name]),
+    '--network',
+    spec.network,
+    ...Object.entries(spec.labels).flatMap(([key, value]) => ['--label', `${key}=${value}`]),
+    '--entrypoint',
+    started[0]!,
+    spec.image,
+    ...started.slice(1),
+  ]
+}
+
+/**
+ * The Engine API's create body for the same container as buildDockerRunArgs, on a Docker engine,
+ * with `network: none` made as NetworkDisabled: a namespace of its own holding only `lo`, which
+ * the engine makes without its network stack (that stack's set-up hook runs the whole dockerd
+ * binary twice per container: ≈ 80 ms of CPU here, docs/benchmark-history.md). `env` holds the
+ * forwarded secrets' values; the body goes to the engine's socket, never to argv.
+ */
+export function buildCreateRequest(spec: DockerRunSpec & {hostsFile: string}, env: Record<string, string>): object {
+  checkRunSpec(spec)
+  if (spec.network !== 'none' || spec.engineKind === 'podman' || spec.unappliedLimits?.length)
+    throw new Error("buildCreateRequest makes only a Docker engine's network-less container with every limit")
+  const started = startedProgram(spec)
+  const memory = sizeInBytes(spec.memoryLimit)
+  return {
+    Image: spec.image,
+    Entrypoint: [started[0]],
+    Cmd: started.slice(1),
+    User: `${spec.uid}:${spec.gid}`,
+    WorkingDir: CONTAINER_WORKSPACE,
+    Env: [
+      ...fixedEnv(spec),
+      ...spec.forwardEnv.filter((name) => env[name] !== undefined).map((name) => `${name}=${env[name]}`),
+    ],
+    Labels: spec.labels,
+    OpenStdin: true,
+    StdinOnce: true,
+    AttachStdin: true,
+    AttachStdout: true,
+    AttachStderr: true,
+    NetworkDisabled: true,
+    HostConfig: {
+      NetworkMode: 'none',
+      LogConfig: {Type: 'none', Config: {}},
+      ReadonlyRootfs: true,
+      CapDrop: ['ALL'],
+      SecurityOpt: ['no-new-privileges'],
+      Memory: memory,
+      MemorySwap: memory,
+      PidsLimit: spec.pidsLimit,
+      NanoCpus: Math.round(spec.cpus * 1e9),
+      Ulimits: spec.fileSizeLimit ? [{Name: 'fsize', Soft: spec.fileSizeLimit, Hard: spec.fileSizeLimit}] : [],
+      CgroupnsMode: 'private',
+      Init: true,
+      Tmpfs: {'/tmp': tmpfsOptions(spec, false)},
+      Binds: [`${spec.workspace}:${CONTAINER_WORKSPACE}`],
+      Mounts: [{Type: 'bind', Source: spec.hostsFile, Target: '/etc/hosts', ReadOnly: true}],
+    },
+  }
+}
+
+/** What `/etc/hosts` says in a container made with NetworkDisabled (the engine's own for `--network none`). */
+export const CONTAINER_HOSTS = '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n'
+
+function checkRunSpec(spec: DockerRunSpec): void {
   if (!SIZE.test(spec.memoryLimit))
     throw new GatewayError('E_CONFIG', `container_mode.memory_limit: "${spec.memoryLimit}" must look like 512m or 2g`)
   if (!Number.isInteger(spec.pidsLimit) || spec.pidsLimit < 1)
@@ -87,64 +194,37 @@ export function buildDockerRunArgs(spec: DockerRunSpec): string[] {
         `"${name}" is not a valid environment variable name to forward into the container`,
       )
   }
-  const user = `${spec.uid}:${spec.gid}`
-  const podman = spec.engineKind === 'podman'
-  const without = new Set(spec.unappliedLimits ?? [])
+}
+
+/** The program and its arguments, behind sh's `ulimit -f` on Podman (which drops --ulimit). */
+function startedProgram(spec: DockerRunSpec): string[] {
   const program = [spec.entrypoint ?? CONTAINER_NODE, ...(spec.command ?? [`${CONTAINER_APP}/bin/run.js`, 'agent-run'])]
   // sh's `ulimit -f` counts 512-byte blocks; it sets the soft and the hard limit
-  const started =
-    podman && spec.fileSizeLimit
-      ? ['/bin/sh', '-c', `ulimit -f ${Math.floor(spec.fileSizeLimit / 512)} && exec "$@"`, 'sh', ...program]
-      : program
+  return spec.engineKind === 'podman' && spec.fileSizeLimit
+    ? ['/bin/sh', '-c', `ulimit -f ${Math.floor(spec.fileSizeLimit / 512)} && exec "$@"`, 'sh', ...program]
+    : program
+}
+
+function tmpfsOptions(spec: DockerRunSpec, podman: boolean): string {
+  return `rw,nosuid,nodev,exec,size=${CONTAINER_TMP_SIZE},${podman ? 'U' : `uid=${spec.uid},gid=${spec.gid}`},mode=0700`
+}
+
+/** The variables every run gets, as NAME=value. */
+function fixedEnv(spec: DockerRunSpec): string[] {
   return [
-    'run',
-    '--name',
-    spec.name,
-    '-i',
-    // never reach a registry from a message run; images are built (or pulled) by `container build`
-    '--pull',
-    'never',
-    // stdout carries the reply: keep it off the engine's disk (attach still streams it)
-    '--log-driver',
-    'none',
-    '--read-only',
-    '--cap-drop=ALL',
-    '--security-opt=no-new-privileges',
-    ...(without.has('memory') ? [] : ['--memory', spec.memoryLimit, '--memory-swap', spec.memoryLimit]),
-    ...(without.has('pids') ? [] : ['--pids-limit', String(spec.pidsLimit)]),
-    ...(without.has('cpus') ? [] : ['--cpus', String(spec.cpus)]),
-    ...(spec.fileSizeLimit ? ['--ulimit', `fsize=${spec.fileSizeLimit}`] : []),
-    // its own cgroup at /sys/fs/cgroup whatever the engine's default, where agent-run reads OOM kills
-    '--cgroupns',
-    'private',
-    '--init',
-    // owned by the run user: with --cap-drop=ALL even root could not write a root-owned 0755 /tmp
-    '--tmpfs',
-    `/tmp:rw,nosuid,nodev,exec,size=${CONTAINER_TMP_SIZE},${podman ? 'U' : `uid=${spec.uid},gid=${spec.gid}`},mode=0700`,
-    '--user',
-    user,
-    '-v',
-    `${spec.workspace}:${CONTAINER_WORKSPACE}`,
-    '-w',
-    CONTAINER_WORKSPACE,
-    '-e',
     `HOME=${CONTAINER_WORKSPACE}`,
-    '-e',
     'TMPDIR=/tmp',
-    '-e',
     `${IN_CONTAINER_ENV}=1`,
     ...(spec.sandboxHelper
-      ? ['-e', `${SANDBOX_HELPER_ENV}=${spec.sandboxHelper}`, '-e', `${SANDBOX_LISTEN_ENV}=${spec.listen}`]
+      ? [`${SANDBOX_HELPER_ENV}=${spec.sandboxHelper}`, `${SANDBOX_LISTEN_ENV}=${spec.listen}`]
       : []),
-    ...spec.forwardEnv.flatMap((name) => ['-e', name]),
-    '--network',
-    spec.network,
-    ...Object.entries(spec.labels).flatMap(([key, value]) => ['--label', `${key}=${value}`]),
-    '--entrypoint',
-    started[0]!,
-    spec.image,
-    ...started.slice(1),
   ]
+}
+
+/** Docker's size (512m, 2g: powers of 1024, as the CLI reads --memory) in bytes. */
+function sizeInBytes(size: string): number {
+  const unit = {k: 1024, m: 1024 ** 2, g: 1024 ** 3}[size.slice(-1).toLowerCase() as 'k' | 'm' | 'g']
+  return Number.parseInt(size, 10) * unit
 }
 
 /** A container name from a run id: [a-zA-Z0-9][a-zA-Z0-9_.-]*, at most 63 characters. */

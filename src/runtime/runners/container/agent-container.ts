@@ -1,9 +1,10 @@
 import {SYNC_START_LOG} from '../../agent-run/workspace-changes.js'
 import type {DockerCli} from '../../../sandbox/docker/cli.js'
 import {LABEL} from '../../../sandbox/docker/dockerfile.js'
-import {buildDockerRunArgs, type DockerRunSpec} from '../../../sandbox/docker/run-args.js'
+import {buildCreateRequest, buildDockerRunArgs, type DockerRunSpec} from '../../../sandbox/docker/run-args.js'
 import {redactSecrets} from '../../util/redact.js'
 import type {Subprocess} from '../../util/subprocess.js'
+import {engineApiFor, scheduleRemoval} from './removals.js'
 
 const STDERR_TAIL_BYTES = 4096
 
@@ -18,7 +19,7 @@ export interface RunShape {
 
 const SYNC_START = new RegExp(`^\\[agent-run [^\\]]{1,100}\\] ${SYNC_START_LOG} (\\d{1,20})$`)
 
-/** A `docker run -i` of agent-run, whose input goes in on stdin once its message is known. */
+/** A container of agent-run attached with stdin, whose input goes in once its message is known. */
 export interface AgentContainer {
   name: string
   key: string
@@ -30,20 +31,41 @@ export interface AgentContainer {
   syncSince?: string
 }
 
-export function startAgentContainer(
+/** How long creating a container over the Engine API may take before the engine counts as hung. */
+const CREATE_TIMEOUT_MS = 10_000
+
+/**
+ * On the local Docker engine a network-less run's container is created over the Engine API
+ * (NetworkDisabled: run-args.ts says why) and started with `docker start -ai`; anywhere else
+ * with `docker run -i`. A container whose creation failed is removed (it may exist regardless).
+ */
+export async function startAgentContainer(
   cli: DockerCli,
   shape: RunShape,
-  options: {name: string; run: string; clientTimeoutMs: number},
-): AgentContainer {
-  const args = buildDockerRunArgs({
-    ...shape.spec,
-    name: options.name,
-    labels: {...shape.spec.labels, [LABEL.run]: options.run},
-  })
-  const child = cli.spawn(args, {
+  options: {name: string; run: string; clientTimeoutMs: number; signal?: AbortSignal},
+): Promise<AgentContainer> {
+  const spec = {...shape.spec, name: options.name, labels: {...shape.spec.labels, [LABEL.run]: options.run}}
+  const {hostsFile} = spec
+  const api =
+    hostsFile && spec.network === 'none' && spec.engineKind !== 'podman' && !spec.unappliedLimits?.length
+      ? engineApiFor(cli)
+      : undefined
+  if (api && hostsFile) {
+    await api
+      .createContainer(options.name, buildCreateRequest({...spec, hostsFile}, shape.cliEnv), {
+        timeoutMs: Math.min(CREATE_TIMEOUT_MS, options.clientTimeoutMs),
+        signal: options.signal,
+      })
+      .catch((error: unknown) => {
+        void scheduleRemoval(cli, options.name, () => {})
+        throw error
+      })
+  }
+  const child = cli.spawn(api ? ['start', '--attach', '--interactive', options.name] : buildDockerRunArgs(spec), {
     openStdin: true,
     streamStdout: true,
-    env: shape.cliEnv,
+    // the forwarded secrets went in the create body: the client needs none
+    env: api ? {} : shape.cliEnv,
     timeoutMs: options.clientTimeoutMs,
     removeIfOwnerDies: options.name,
   })

@@ -29,6 +29,7 @@ import {APP_ROOT} from '../../util/app-root.js'
 import {dockerEngineProblem, markEngineDown, reportEngineAnswered, reportEngineProblem} from './engine-health.js'
 import {engineAnswers, ENGINE_PING_TIMEOUT_MS} from './engine-watch.js'
 import {startAgentContainer, type AgentContainer, type RunShape} from './agent-container.js'
+import {containerHostsFile} from './hosts-file.js'
 import {prepareStandby, takeStandby} from './standby-pool.js'
 import {agentDiskFor, agentDiskForStandby, podmanVolumeHere} from './agent-disk.js'
 import {watchVolumeOnEngine} from './volume-watch.js'
@@ -342,11 +343,12 @@ async function runOnVolume(
   if (standby) log(`running in standby container ${standby.name}, started before this message arrived`)
   const container =
     standby ??
-    startAgentContainer(cli, shape, {
+    (await startAgentContainer(cli, shape, {
       name: containerNameFor(runId),
       run: runId,
       clientTimeoutMs: request.timeoutMs + CLIENT_GRACE_MS,
-    })
+      signal: request.signal,
+    }))
   container.log = cappedLog(log)
   const {name, child} = container
   if (sync) child.stdin?.write(syncGoLine(runId, pushed, diskLimit))
@@ -705,11 +707,12 @@ function prepareNextStandby(
         disk ? disk.fsid : undefined,
       )
       const name = containerNameFor(`standby_${randomHex(8)}`)
-      return () =>
+      return (startSignal: AbortSignal) =>
         startAgentContainer(cli, shape, {
           name,
           run: 'standby',
           clientTimeoutMs: standbyIdleMs() + request.timeoutMs + CLIENT_GRACE_MS,
+          signal: startSignal,
         })
     },
     log,
@@ -765,6 +768,8 @@ async function runShape(
     },
     forwardEnv,
     sandboxHelper: bundledSandboxHelper(),
+    // a container of this machine's engine, made with no network of the engine's (agent-container.ts)
+    ...(volume || dialect.engineKind === 'podman' ? {} : {hostsFile: containerHostsFile(request.home)}),
     ...dialect,
     // on a sync engine the same agent-run, followed by the list of what it changed
     ...(volume ? syncingCommand([CONTAINER_NODE, `${CONTAINER_APP}/bin/run.js`, 'agent-run'], fsid) : {}),

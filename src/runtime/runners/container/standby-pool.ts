@@ -69,7 +69,7 @@ const DISCARD_CLIENT_WAIT_MS = 10_000
  * Removed at once (which stops it), and again once its docker client has exited: a container
  * the engine was still creating when the first removal ran would otherwise outlive the gateway.
  */
-function discard({container, cli}: Waiting): void {
+function discard({container, cli}: Pick<Waiting, 'container' | 'cli'>): void {
   container.child.stdin?.destroy()
   discarding.add(container)
   void trackRemoval(
@@ -115,15 +115,21 @@ export function prepareStandby(
   slot: string,
   cli: DockerCli,
   engine: string,
-  prepare: (signal: AbortSignal) => Promise<() => AgentContainer>,
+  prepare: (signal: AbortSignal) => Promise<(signal: AbortSignal) => Promise<AgentContainer>>,
   log: (line: string) => void,
 ): void {
   const preparing = (async () => {
     if (standbys.get(slot)?.engine === engine || !standbysAllowed()) return
     const start = await prepare(standbyPreparation.signal)
     if (standbys.get(slot)?.engine === engine || standbyPreparation.signal.aborted || !standbysAllowed()) return
+    const preparation = standbyPreparation.signal
+    const container = await start(preparation)
+    // a stop, or another standby for the slot, may have come while the engine created it
+    if (standbys.get(slot)?.engine === engine || preparation.aborted || !standbysAllowed()) {
+      discard({container, cli})
+      return
+    }
     if (standbys.has(slot)) discard(removeStandby(slot)!)
-    const container = start()
     const discardIfWaiting = () => {
       if (standbys.get(slot)?.container === container) discard(removeStandby(slot)!)
     }

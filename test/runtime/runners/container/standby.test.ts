@@ -9,7 +9,7 @@ import {runShellWithStandby} from '../../../helpers/standby-message.js'
 import type {RunMessageResult} from '../../../../src/runtime/runners/run-message.js'
 import {stopStandbyContainers} from '../../../../src/runtime/runners/container/standby-pool.js'
 import {homeLabel} from '../../../../src/sandbox/docker/containers.js'
-import {describeWithDocker} from '../../../helpers/docker-env.js'
+import {describeWithDocker, runningStandby} from '../../../helpers/docker-env.js'
 
 /*
  * Standby containers, on the path a running gateway takes (runMessage with `standby`): after a
@@ -175,23 +175,8 @@ describeWithDocker('`serve` with a container agent (real engine)', () => {
           .split('\n')
           .filter(Boolean)
 
-      const standbyRunning = async () =>
-        (
-          await execa('docker', [
-            'ps',
-            '-q',
-            '--filter',
-            `label=meepagateway.home=${homeLabel(home.home)}`,
-            '--filter',
-            'label=meepagateway.run=standby',
-            '--filter',
-            'status=running',
-          ])
-        ).stdout.trim() !== ''
-
       expect(await chat()).toBe('pong')
-      for (let i = 0; i < 150 && !(await standbyRunning()); i++)
-        await new Promise((resolve) => setTimeout(resolve, 200))
+      expect(await runningStandby(home.home)).not.toBe('')
       expect(await chat()).toBe('pong')
       expect(output).toMatch(/running in standby container meepa-standby_/)
 
