@@ -101,9 +101,12 @@ function toGatewayContainer(raw: RawContainer): GatewayContainer {
 
 /**
  * Left behind: not running (nobody will read or remove it), or running for a runner process
- * that no longer exists. Probes and builds carry no owner and are only orphans once stopped.
+ * that no longer exists. Probes and builds carry no owner and are only orphans once stopped. A
+ * container still `created` for a live runner is being started (created over the API, then
+ * `docker start`): not one.
  */
 export function isOrphan(container: GatewayContainer, isAlive: (pid: number) => boolean = processAlive): boolean {
+  if (container.state === 'created' && container.ownerPid !== undefined && isAlive(container.ownerPid)) return false
   if (!container.running) return true
   return container.ownerPid !== undefined && !isAlive(container.ownerPid)
 }

@@ -66,6 +66,8 @@ export interface EngineAnswer {
 }
 
 export class EngineApi {
+  private dockerItself: Promise<boolean> | undefined
+
   constructor(
     readonly socketPath: string,
     private readonly options: {apiVersion?: string; defaultTimeoutMs?: number} = {},
@@ -143,12 +145,26 @@ export class EngineApi {
    * `docker create`: the container named `name` from the engine's own body (see run-args.ts);
    * fails as the engine refuses (no such image, a name taken).
    */
-  async createContainer(name: string, config: object, options: EngineRequestOptions = {}): Promise<void> {
-    await this.call(
+  async createContainer(name: string, config: object, options: EngineRequestOptions = {}): Promise<string[]> {
+    const created = await this.call(
       `/containers/create?name=${encodeURIComponent(name)}`,
       {...options, method: 'POST', json: config},
       () => false,
     )
+    // what the engine dropped (a limit its kernel cannot apply): the CLI printed these as WARNING lines
+    return parseJson<{Warnings?: string[] | null}>(created, '/containers/create').Warnings ?? []
+  }
+
+  /** Whether Docker itself answers here (Podman's compatible API names itself Libpod), asked once. */
+  isDocker(options: EngineRequestOptions = {}): Promise<boolean> {
+    this.dockerItself ??= this.call('/_ping', {timeoutMs: PING_TIMEOUT_MS, ...options}).then(
+      (answer) => /^Docker\//.test(answer.headers.server ?? ''),
+      (error: unknown) => {
+        this.dockerItself = undefined
+        throw error
+      },
+    )
+    return this.dockerItself
   }
 
   /** `docker rm --force --volumes` of one container: gone already (404) or being removed (409) is done too. */

@@ -165,7 +165,7 @@ export function buildCreateRequest(spec: DockerRunSpec & {hostsFile: string}, en
   }
 }
 
-/** What `/etc/hosts` says in a container made with NetworkDisabled (the engine's own for `--network none`). */
+/** What `/etc/hosts` says in a container made with NetworkDisabled: `localhost`, IPv4 and IPv6, nothing else. */
 export const CONTAINER_HOSTS = '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n'
 
 function checkRunSpec(spec: DockerRunSpec): void {

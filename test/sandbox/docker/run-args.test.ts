@@ -141,6 +141,13 @@ describe('orphan containers', () => {
     expect(isOrphan(container({ownerPid: 4242}), () => true)).toBe(false)
     expect(isOrphan(container({}), () => false)).toBe(false)
   })
+
+  it('a container still being started (created) by a live runner is not; by a dead one it is', () => {
+    const created = {running: false, state: 'created', ownerPid: 4242}
+    expect(isOrphan(container(created), () => true)).toBe(false)
+    expect(isOrphan(container(created), () => false)).toBe(true)
+    expect(isOrphan(container({...created, ownerPid: undefined}), () => true)).toBe(true)
+  })
 })
 
 describe('docker run argv for Podman (its Docker-compatible API)', () => {

@@ -2,6 +2,7 @@ import {SYNC_START_LOG} from '../../agent-run/workspace-changes.js'
 import type {DockerCli} from '../../../sandbox/docker/cli.js'
 import {LABEL} from '../../../sandbox/docker/dockerfile.js'
 import {buildCreateRequest, buildDockerRunArgs, type DockerRunSpec} from '../../../sandbox/docker/run-args.js'
+import {toGatewayError} from '../../util/errors.js'
 import {redactSecrets} from '../../util/redact.js'
 import type {Subprocess} from '../../util/subprocess.js'
 import {engineApiFor, scheduleRemoval} from './removals.js'
@@ -31,9 +32,6 @@ export interface AgentContainer {
   syncSince?: string
 }
 
-/** How long creating a container over the Engine API may take before the engine counts as hung. */
-const CREATE_TIMEOUT_MS = 10_000
-
 /**
  * On the local Docker engine a network-less run's container is created over the Engine API
  * (NetworkDisabled: run-args.ts says why) and started with `docker start -ai`; anywhere else
@@ -42,24 +40,35 @@ const CREATE_TIMEOUT_MS = 10_000
 export async function startAgentContainer(
   cli: DockerCli,
   shape: RunShape,
-  options: {name: string; run: string; clientTimeoutMs: number; signal?: AbortSignal},
+  options: {
+    name: string
+    run: string
+    clientTimeoutMs: number
+    /** How long the engine may take to create it (as a `docker run` client would have waited). */
+    createTimeoutMs: number
+    signal?: AbortSignal
+    /** Where what the engine says on creating it goes (a limit it dropped). */
+    log: (line: string) => void
+  },
 ): Promise<AgentContainer> {
   const spec = {...shape.spec, name: options.name, labels: {...shape.spec.labels, [LABEL.run]: options.run}}
   const {hostsFile} = spec
-  const api =
+  const local =
     hostsFile && spec.network === 'none' && spec.engineKind !== 'podman' && !spec.unappliedLimits?.length
       ? engineApiFor(cli)
       : undefined
+  const request = {timeoutMs: options.createTimeoutMs, signal: options.signal}
+  // Podman answering Docker's socket would drop the body's Ulimits: it gets docker run's argv
+  const api = local && (await local.isDocker(request)) ? local : undefined
   if (api && hostsFile) {
-    await api
-      .createContainer(options.name, buildCreateRequest({...spec, hostsFile}, shape.cliEnv), {
-        timeoutMs: Math.min(CREATE_TIMEOUT_MS, options.clientTimeoutMs),
-        signal: options.signal,
-      })
+    const warnings = await api
+      .createContainer(options.name, buildCreateRequest({...spec, hostsFile}, shape.cliEnv), request)
       .catch((error: unknown) => {
-        void scheduleRemoval(cli, options.name, () => {})
+        // a name already taken is another's; anything else may have created it regardless
+        if (toGatewayError(error).details.http_status !== 409) void scheduleRemoval(cli, options.name, () => {})
         throw error
       })
+    for (const warning of warnings) options.log(`container ${options.name}: WARNING: ${warning}`)
   }
   const child = cli.spawn(api ? ['start', '--attach', '--interactive', options.name] : buildDockerRunArgs(spec), {
     openStdin: true,
@@ -69,6 +78,11 @@ export async function startAgentContainer(
     timeoutMs: options.clientTimeoutMs,
     removeIfOwnerDies: options.name,
   })
+  // no docker CLI to start it: the created container is nobody's
+  if (api)
+    void child.then((ended) => {
+      if (ended.code === 'ENOENT') void scheduleRemoval(cli, options.name, () => {})
+    })
   const container: AgentContainer = {name: options.name, key: shape.key, child, stderrTail: '', log: () => {}}
   const secretValues = Object.values(shape.cliEnv)
   child.stderr?.on('data', (chunk: Buffer) => {

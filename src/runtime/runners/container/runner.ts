@@ -347,7 +347,10 @@ async function runOnVolume(
       name: containerNameFor(runId),
       run: runId,
       clientTimeoutMs: request.timeoutMs + CLIENT_GRACE_MS,
+      // a hung engine fails the message within its timeout, as a hung `docker run` did
+      createTimeoutMs: request.timeoutMs,
       signal: request.signal,
+      log,
     }))
   container.log = cappedLog(log)
   const {name, child} = container
@@ -712,7 +715,9 @@ function prepareNextStandby(
           name,
           run: 'standby',
           clientTimeoutMs: standbyIdleMs() + request.timeoutMs + CLIENT_GRACE_MS,
+          createTimeoutMs: request.timeoutMs,
           signal: startSignal,
+          log,
         })
     },
     log,
@@ -769,7 +774,9 @@ async function runShape(
     forwardEnv,
     sandboxHelper: bundledSandboxHelper(),
     // a container of this machine's engine, made with no network of the engine's (agent-container.ts)
-    ...(volume || dialect.engineKind === 'podman' ? {} : {hostsFile: containerHostsFile(request.home)}),
+    ...(volume || dialect.engineKind === 'podman' || agent.container_mode.network !== 'none'
+      ? {}
+      : {hostsFile: containerHostsFile(request.home)}),
     ...dialect,
     // on a sync engine the same agent-run, followed by the list of what it changed
     ...(volume ? syncingCommand([CONTAINER_NODE, `${CONTAINER_APP}/bin/run.js`, 'agent-run'], fsid) : {}),

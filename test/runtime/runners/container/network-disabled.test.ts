@@ -7,7 +7,8 @@ import {fakeLlmConfig, makeHome, type TestHome} from '../../../helpers/home.js'
 import {runShellWithStandby} from '../../../helpers/standby-message.js'
 import {describeWithDocker, runningStandby} from '../../../helpers/docker-env.js'
 import {stopStandbyContainers} from '../../../../src/runtime/runners/container/standby-pool.js'
-import {localEngineApi} from '../../../../src/sandbox/docker/engine-api.js'
+import {EngineApi, localEngineApi} from '../../../../src/sandbox/docker/engine-api.js'
+import {PODMAN_SOCKET} from '../../../helpers/podman-engine.js'
 import {
   buildCreateRequest,
   buildDockerRunArgs,
@@ -44,6 +45,7 @@ describeWithDocker('network: none containers created with no network stack (real
 
   const inspect = async (name: string) =>
     JSON.parse((await execa('docker', ['container', 'inspect', name])).stdout)[0] as {
+      AppArmorProfile: string
       Config: Record<string, unknown>
       HostConfig: Record<string, unknown>
     }
@@ -104,10 +106,22 @@ describeWithDocker('network: none containers created with no network stack (real
       'PidMode',
       'UsernsMode',
       'Devices',
+      'MaskedPaths',
+      'ReadonlyPaths',
+      'ShmSize',
+      'OomKillDisable',
+      'Sysctls',
+      'Runtime',
+      'CgroupParent',
+      'GroupAdd',
+      'PublishAllPorts',
+      'Dns',
     ]
     // an empty list may read as null on one side
     const value = (config: Record<string, unknown>, key: string) => config[key] ?? []
     for (const key of host) expect([key, value(api.HostConfig, key)]).toEqual([key, value(cli.HostConfig, key)])
+    expect([api.AppArmorProfile, api.HostConfig.MaskedPaths]).toEqual([cli.AppArmorProfile, cli.HostConfig.MaskedPaths])
+    expect((api.HostConfig.MaskedPaths as string[]).length).toBeGreaterThan(0)
     expect(api.Config.Env).toContain('SOME_TOKEN=value-1')
     expect(cli.HostConfig.Memory).toBe(300 * 1024 * 1024)
     expect(api.Config.NetworkDisabled).toBe(true)
@@ -143,16 +157,30 @@ describeWithDocker('network: none containers created with no network stack (real
     expect((await inspect(standby)).Config.NetworkDisabled).toBe(true)
   }, 120_000)
 
+  it('the engine API path is only taken where Docker itself answers: Podman on a Docker socket is told apart', async () => {
+    expect(await localEngineApi()!.isDocker()).toBe(true)
+    if (fs.existsSync(PODMAN_SOCKET)) expect(await new EngineApi(PODMAN_SOCKET).isDocker()).toBe(false)
+  })
+
   it('a hosts file tampered with in the home is put back before the next container binds it', async () => {
     await stopStandbyContainers()
     const file = path.join(home.home, 'cache', 'container-hosts')
     fs.rmSync(file)
     fs.symlinkSync('/etc/shadow', file)
+    const shadowMode = fs.statSync('/etc/shadow').mode
     const result = await runShellWithStandby(llm, home, 'offline', 'cat /etc/hosts')
     if (!result.output.ok) throw new Error(JSON.stringify(result.output.error))
     expect(result.output.reply.content).toContain(CONTAINER_HOSTS.trim())
     expect(result.output.reply.content).not.toContain('root:')
     expect(fs.lstatSync(file).isFile()).toBe(true)
     expect(fs.statSync(file).mode & 0o777).toBe(0o644)
+    // the link's target was never written nor made readable
+    expect(fs.statSync('/etc/shadow').mode).toBe(shadowMode)
+    // a file narrowed to its owner is made readable by the container's user again
+    await stopStandbyContainers()
+    fs.chmodSync(file, 0o600)
+    const again = await runShellWithStandby(llm, home, 'offline', 'cat /etc/hosts')
+    if (!again.output.ok) throw new Error(JSON.stringify(again.output.error))
+    expect(again.output.reply.content).toContain(CONTAINER_HOSTS.trim())
   }, 120_000)
 })
