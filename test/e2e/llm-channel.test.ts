@@ -259,7 +259,8 @@ describe('a hostile agent-run against the real runner', () => {
     ['an answer', {text: `the proxy saw Authorization: Bearer ${KEY}`}],
   ])('a provider (or proxy) that echoes the key in %s: agent-run never receives the key', async (_name, turn) => {
     llm.reset()
-    llm.enqueue(turn as never)
+    // every request gets it: one an earlier test's run left in flight may still come, and took a queued turn in CI
+    llm.setDefault(turn as never)
     const {output} = await hostile(`
       send({type: 'llm_request', id: 1, request: REQUEST}); const line = await next()
       send({type: 'result', output: {version: 1, ok: true, run_id: input.run_id, reply: {content: line.includes(${JSON.stringify(KEY)}) ? 'LEAKED ' + line : 'CLEAN ' + line}, stop_reason: 'final', iterations: 0, tool_calls: [], usage: {input_tokens: 0, output_tokens: 0}, ms: 1}})

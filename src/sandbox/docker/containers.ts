@@ -99,14 +99,27 @@ function toGatewayContainer(raw: RawContainer): GatewayContainer {
   }
 }
 
+/** How long a live runner's container may stay `created` before it counts as left behind. */
+export const STARTING_GRACE_MS = 60_000
+
 /**
  * Left behind: not running (nobody will read or remove it), or running for a runner process
  * that no longer exists. Probes and builds carry no owner and are only orphans once stopped. A
- * container still `created` for a live runner is being started (created over the API, then
- * `docker start`): not one.
+ * container `created` less than a minute ago for a live runner is being started (created over
+ * the API, then `docker start`): not one.
  */
-export function isOrphan(container: GatewayContainer, isAlive: (pid: number) => boolean = processAlive): boolean {
-  if (container.state === 'created' && container.ownerPid !== undefined && isAlive(container.ownerPid)) return false
+export function isOrphan(
+  container: GatewayContainer,
+  isAlive: (pid: number) => boolean = processAlive,
+  now = Date.now(),
+): boolean {
+  if (
+    container.state === 'created' &&
+    container.ownerPid !== undefined &&
+    now - Date.parse(container.created) < STARTING_GRACE_MS &&
+    isAlive(container.ownerPid)
+  )
+    return false
   if (!container.running) return true
   return container.ownerPid !== undefined && !isAlive(container.ownerPid)
 }

@@ -350,13 +350,17 @@ describeWithDocker('container commands (real engine)', () => {
     const deadOwner = `meepa-test-orphan-${unique}`
     const liveOwner = `meepa-test-live-${unique}`
     const exited = `meepa-test-exited-${unique}`
+    const starting = `meepa-test-starting-${unique}`
     await run(deadOwner, 999_999_999)
     await run(liveOwner, process.pid)
-    await docker(['create', '--name', exited, ...labels(process.pid), BASE_IMAGE, 'true'])
+    await docker(['run', '--name', exited, ...labels(process.pid), BASE_IMAGE, 'true'])
+    // created a moment ago by a live runner, which is about to start it
+    await docker(['create', '--name', starting, ...labels(process.pid), BASE_IMAGE, 'true'])
     try {
       const removed = await removeOrphanContainers({home: home.home})
       expect(removed.map((container) => container.name).sort()).toEqual([exited, deadOwner].sort())
       expect((await docker(['inspect', '--format', '{{.State.Running}}', liveOwner])).stdout.trim()).toBe('true')
+      expect((await docker(['inspect', starting])).exitCode).toBe(0)
 
       await docker(['stop', '--time', '0', liveOwner])
       const dry = await cli('clean', '--dry-run', '--json')
@@ -369,7 +373,7 @@ describeWithDocker('container commands (real engine)', () => {
       )
       expect((await docker(['inspect', liveOwner])).exitCode).not.toBe(0)
     } finally {
-      await docker(['rm', '-f', deadOwner, liveOwner, exited])
+      await docker(['rm', '-f', deadOwner, liveOwner, exited, starting])
     }
   }, 600_000)
 

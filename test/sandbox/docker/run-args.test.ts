@@ -142,11 +142,13 @@ describe('orphan containers', () => {
     expect(isOrphan(container({}), () => false)).toBe(false)
   })
 
-  it('a container still being started (created) by a live runner is not; by a dead one it is', () => {
-    const created = {running: false, state: 'created', ownerPid: 4242}
-    expect(isOrphan(container(created), () => true)).toBe(false)
-    expect(isOrphan(container(created), () => false)).toBe(true)
-    expect(isOrphan(container({...created, ownerPid: undefined}), () => true)).toBe(true)
+  it('a container still being started (created) by a live runner is not; by a dead one, or for a minute, it is', () => {
+    const now = Date.parse('2026-12-06T09:00:00Z')
+    const created = {running: false, state: 'created', ownerPid: 4242, created: '2026-12-06T08:59:50Z'}
+    expect(isOrphan(container(created), () => true, now)).toBe(false)
+    expect(isOrphan(container(created), () => false, now)).toBe(true)
+    expect(isOrphan(container({...created, ownerPid: undefined}), () => true, now)).toBe(true)
+    expect(isOrphan(container({...created, created: '2026-12-06T08:58:59Z'}), () => true, now)).toBe(true)
   })
 })
 
