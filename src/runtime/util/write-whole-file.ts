@@ -8,6 +8,11 @@ export interface WholeFileOptions {
   beforeRename?: (tempPath: string) => void
   /** Never replace a file: put in place with link(2), which fails with EEXIST when the name exists. */
   exclusive?: boolean
+  /**
+   * `mode` exactly, whatever the umask and whatever the name held (a file, or a link whose target's
+   * mode would otherwise be copied): set on the temp file's descriptor.
+   */
+  exactMode?: boolean
 }
 
 /**
@@ -18,7 +23,7 @@ export interface WholeFileOptions {
 export function writeWholeFile(file: string, content: string, options: WholeFileOptions = {}): void {
   const dir = path.dirname(file)
   let mode = options.mode ?? 0o600
-  if (!options.exclusive) {
+  if (!options.exclusive && !options.exactMode) {
     try {
       mode = fs.statSync(file).mode & 0o7777
     } catch {
@@ -30,6 +35,7 @@ export function writeWholeFile(file: string, content: string, options: WholeFile
   try {
     const fd = fs.openSync(temp, 'wx', mode)
     try {
+      if (options.exactMode) fs.fchmodSync(fd, mode)
       fs.writeFileSync(fd, content)
       fs.fsyncSync(fd)
     } finally {
