@@ -24,7 +24,10 @@ export async function expectNoKeyOnEngine(serve: ServeProcess, engine: OwnEngine
     'the run container on the engine',
     async () => {
       const ids = (await engine.docker(['ps', '-q', '--filter', `label=meepagateway.agent=${agent}`])).stdout.trim()
-      return ids && (await engine.docker(['inspect', ...ids.split('\n')])).stdout
+      if (!ids) return undefined
+      // one listed may be gone by the inspect (an earlier run's, a standby discarded): look again
+      const seen = (await engine.docker(['inspect', ...ids.split('\n')])).stdout
+      return seen.includes('"Image"') && seen
     },
     20_000,
   )
