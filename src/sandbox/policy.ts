@@ -269,19 +269,14 @@ function compile(input: PolicyInput): SandboxPolicy {
   const denies: PolicyDeny[] = []
   const deniedPaths = new Set<string>()
   const addDeny = (raw: string, reason: string, source: PolicyDeny['source']) => {
-    for (const target of [canonicalPath(raw), canonicalEntry(raw)]) {
+    for (const target of deniedTargets(raw)) {
       if (deniedPaths.has(target)) continue
       deniedPaths.add(target)
       denies.push({path: target, reason, source, exists: entryKind(target) !== 'missing'})
     }
   }
-  for (const [index, raw] of fa.deny.entries()) {
-    addDeny(
-      expandConfigPath(checkConfigPath(raw, `deny[${index}]`), input.operatorHome, base),
-      `deny: ${raw}`,
-      'config',
-    )
-  }
+  for (const [index, raw] of fa.deny.entries())
+    addDeny(expandConfigDeny(raw, index, input.operatorHome, base), `deny: ${raw}`, 'config')
   addDeny(input.gatewayHome, "MEEPAGATEWAY_HOME: the gateway's config, state and other agents' workspaces", 'mandatory')
   if (input.configPath) addDeny(input.configPath, 'the gateway config file', 'mandatory')
   for (const other of input.otherWorkspaces) addDeny(other, "another agent's workspace", 'mandatory')
@@ -327,6 +322,27 @@ function compile(input: PolicyInput): SandboxPolicy {
     namespaces: input.namespaces === true,
     notes,
   }
+}
+
+/** A deny covers what its path resolves to and, when it is a symbolic link, the link itself. */
+function deniedTargets(expanded: string): string[] {
+  return [canonicalPath(expanded), canonicalEntry(expanded)]
+}
+
+function expandConfigDeny(raw: string, index: number, operatorHome: string, workspace: string): string {
+  return expandConfigPath(checkConfigPath(raw, `deny[${index}]`), operatorHome, workspace)
+}
+
+/**
+ * The canonical paths an agent's own `file_access.deny` names (relative ones in its workspace), as
+ * the policy denies them: what the gateway must not read on the agent's behalf either.
+ */
+export function configDeniedPaths(deny: readonly string[], workspace: string, operatorHome: string): string[] {
+  if (deny.length === 0) return []
+  const base = canonicalPath(workspace)
+  return withPathMemo(() =>
+    deny.flatMap((raw, index) => deniedTargets(expandConfigDeny(raw, index, operatorHome, base))),
+  )
 }
 
 /**

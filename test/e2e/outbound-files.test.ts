@@ -1,3 +1,5 @@
+import fs from 'node:fs'
+import path from 'node:path'
 import {afterEach, describe, expect, it} from 'vitest'
 import type {FakeLlm} from '../fakes/llm-server.js'
 import {fakeLlmForTests} from '../helpers/fake-llm-for-tests.js'
@@ -66,7 +68,7 @@ async function serveAgent(agent: Record<string, unknown>) {
     })
     return {status: response.status, body: (await response.json()) as any}
   }
-  return {home, serve, chat}
+  return {home, serve, chat, key}
 }
 
 async function expectOnlyTheReport(served: Awaited<ReturnType<typeof serveAgent>>, level: string) {
@@ -111,6 +113,45 @@ describe('files an agent sends, through serve and web chat (bin/run.js)', {timeo
   it('host sandbox', async () => {
     await expectOnlyTheReport(await serveAgent({}), 'host-sandbox')
   })
+
+  for (const level of ['host-sandbox', 'unrestricted'] as const) {
+    it(`never sends a file the agent's own file_access.deny covers (${level})`, async () => {
+      const deny = ['secret.txt', 'keys']
+      const served = await serveAgent({file_access: level === 'unrestricted' ? {unrestricted: true, deny} : {deny}})
+      const workspace = path.join(served.home.home, 'agents', 'a')
+      fs.mkdirSync(path.join(workspace, 'keys'), {recursive: true})
+      fs.writeFileSync(path.join(workspace, 'secret.txt'), 'SECRET=operator-only\n')
+      fs.writeFileSync(path.join(workspace, 'keys', 'api.key'), 'KEY=operator-only\n')
+      llm.reset()
+      // in the host sandbox the run sees an empty file over secret.txt; the gateway must not read the real one
+      llm.enqueue(
+        {
+          toolCalls: [
+            {name: 'send_file', arguments: {path: 'secret.txt'}},
+            {name: 'send_file', arguments: {path: 'keys/api.key'}},
+            {name: 'write_file', arguments: {path: 'out/report.txt', content: REPORT}},
+            {name: 'send_file', arguments: {path: 'out/report.txt'}},
+          ],
+        },
+        {text: 'Sent.'},
+      )
+      const response = await fetch(`${served.serve.url}/api/chat`, {
+        method: 'POST',
+        headers: {authorization: `Bearer ${served.key}`, 'content-type': 'application/json'},
+        body: JSON.stringify({agent: 'a', message: 'send me the secrets'}),
+      })
+      const body = (await response.json()) as any
+      expect(response.status, JSON.stringify(body)).toBe(200)
+      expect(JSON.stringify(body)).not.toMatch(/operator-only|U0VDUkVU|S0VZPW/)
+      expect(body.files.map((file: {name: string}) => file.name)).toEqual(['report.txt'])
+      expect(body.reply).toContain("(File not sent: secret.txt: the agent's file_access.deny covers it.)")
+      // the host sandbox hides the folder from the run itself: send_file there cannot even name it
+      if (level === 'unrestricted')
+        expect(body.reply).toContain("(File not sent: api.key: the agent's file_access.deny covers it.)")
+      const runs = JSON.parse((await runCli(['runs', '--json', '-n', '1'], {home: served.home.home})).stdout)
+      expect(runs[0]).toMatchObject({id: body.run_id, isolation: level, status: 'ok'})
+    })
+  }
 
   describeWithDocker('containers', () => {
     it('container, then a standby container', async () => {

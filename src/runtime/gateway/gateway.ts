@@ -31,6 +31,7 @@ import {findAgent} from '../config/load.js'
 import {workspacePath} from '../workspace/location.js'
 import {outboxSpoolDir} from '../util/paths.js'
 import {readFilesToSend} from '../workspace/files-to-send.js'
+import {deniedToAgent} from '../host-sandbox/agent-policy.js'
 import {Dispatcher, type RunFunction} from './dispatcher.js'
 import {GatewayHealth} from './health.js'
 import {answerInterruptedRuns} from './restart-replies.js'
@@ -177,8 +178,11 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       newRunId,
       log,
       // with the config of now: a cap lowered while the run went on applies to what it sends
-      readFiles: (agentId, requested) =>
-        readFilesToSend(workspacePath(live.home, agentId), requested, findAgent(live, agentId).attachments),
+      readFiles: (agentId, requested) => {
+        const agent = findAgent(live, agentId)
+        const workspace = workspacePath(live.home, agentId)
+        return readFilesToSend(workspace, requested, agent.attachments, deniedToAgent(agent, workspace))
+      },
       onRecordWrite: (error) => {
         if (error && isSqliteDamage(error)) guarded.suspect()
         health.recordWritten(error)

@@ -51,10 +51,17 @@ export interface FilesToSend {
 
 /**
  * The gateway's own read of the files an agent's result names, after its run, within the
- * agent's `attachments` caps (in order: the first that fit are sent). Nothing here throws: a file
+ * agent's `attachments` caps (in order: the first that fit are sent), none that `denied` covers (the
+ * agent's own file_access.deny: a run in the host sandbox saw an empty cover there, the gateway would
+ * read the real file). Nothing here throws: a file
  * that cannot be sent is a refusal with its reason, for the reply's note and the run's record.
  */
-export function readFilesToSend(workspace: string, requested: FileToSend[], caps: AttachmentsConfig): FilesToSend {
+export function readFilesToSend(
+  workspace: string,
+  requested: FileToSend[],
+  caps: AttachmentsConfig,
+  denied?: (file: string) => boolean,
+): FilesToSend {
   const maxFile = sizeBytes(caps.max_file_size, 'attachments.max_file_size')
   const maxTotal = sizeBytes(caps.max_total_size, 'attachments.max_total_size')
   const files: OutboundFile[] = []
@@ -67,7 +74,7 @@ export function readFilesToSend(workspace: string, requested: FileToSend[], caps
       continue
     }
     const bound = Math.min(maxFile, maxTotal - total)
-    const read = readAgentFile(workspace, relative, bound)
+    const read = readAgentFile(workspace, relative, bound, denied)
     if (!read.ok) {
       const reason = !read.overLimit
         ? read.reason

@@ -396,7 +396,12 @@ function openRegularEntry(entry: string): {fd: number; before: fs.Stats} | {prob
  * workspace: the agent cannot tell us which name is the original), at most `maxBytes`, read once
  * with that bound (a file the agent grows meanwhile is refused, not read without end).
  */
-export function readAgentFile(root: string, relative: string, maxBytes: number): AgentFileRead {
+export function readAgentFile(
+  root: string,
+  relative: string,
+  maxBytes: number,
+  denied?: (file: string) => boolean,
+): AgentFileRead {
   const parts = relative.split(/[\\/]+/).filter((part) => part && part !== '.')
   if (path.isAbsolute(relative) || parts.length === 0 || parts.includes('..'))
     return {ok: false, reason: 'it is not a path inside the workspace'}
@@ -406,6 +411,9 @@ export function readAgentFile(root: string, relative: string, maxBytes: number):
   } catch (error) {
     return {ok: false, reason: (error as Error).message}
   }
+  // no link is followed below the root, so this path is the file's only one (its hard links are refused)
+  const covered = denied && deniedOrUnknown(denied, path.join(base, ...parts))
+  if (covered) return {ok: false, reason: covered}
   const opened = DESCRIPTOR_PATHS ? openBeneath(base, parts) : openByCheckedPath(base, parts)
   if ('problem' in opened) return {ok: false, reason: opened.problem}
   const {fd, before} = opened
@@ -440,6 +448,14 @@ export function readAgentFile(root: string, relative: string, maxBytes: number):
     return {ok: false, reason: `it cannot be read (${(error as Error).message})`}
   } finally {
     fs.closeSync(fd)
+  }
+}
+
+function deniedOrUnknown(denied: (file: string) => boolean, file: string): string | undefined {
+  try {
+    return denied(file) ? "the agent's file_access.deny covers it" : undefined
+  } catch (error) {
+    return `the agent's file_access.deny cannot be checked (${(error as NodeJS.ErrnoException).code ?? 'error'})`
   }
 }
 
