@@ -30,6 +30,11 @@ export interface SplitStdout {
 }
 
 const HEADER = new RegExp(`^${SYNC_TRAILER} (\\d{1,15})$`)
+/**
+ * The longest name list taken (what the volume holds, NUL-separated): about a million names of 60
+ * bytes. A workspace with more is listed again from the volume, and refused there the same way.
+ */
+const MAX_LIST_BYTES = 64 << 20
 /** Longest line looked at for the trailer's header: frames may be long, the header is not. */
 const MAX_HEADER_BYTES = 64
 
@@ -65,7 +70,13 @@ export function splitSyncTrailer(stdout: Readable, maxBytes: number): SplitStdou
       return finish(undefined)
     }
     // what follows the tar's end (tar's record padding) is not taken
-    if (taking.tar.end !== undefined) finish({list: Buffer.concat(taking.list), changes: taking.tar.archiveOf()})
+    if (taking.tar.end === undefined) return
+    try {
+      finish({list: Buffer.concat(taking.list), changes: taking.tar.archiveOf()})
+    } catch {
+      // no memory for it (a list of gigabytes): a stream's handler must not throw past here
+      finish(undefined)
+    }
   }
   const onData = (chunk: Buffer) => {
     if (body) return takeBody(chunk)
@@ -76,8 +87,10 @@ export function splitSyncTrailer(stdout: Readable, maxBytes: number): SplitStdou
       const header =
         newline - start <= MAX_HEADER_BYTES ? HEADER.exec(data.subarray(start, newline).toString('latin1')) : null
       if (header) {
+        const listBytes = Number(header[1])
         if (start > 0) frames.write(data.subarray(0, start))
-        body = {listBytes: Number(header[1]), list: [], listed: 0, tar: new TarEnd(), size: 0}
+        if (listBytes > MAX_LIST_BYTES) return finish(undefined)
+        body = {listBytes, list: [], listed: 0, tar: new TarEnd(), size: 0}
         return takeBody(data.subarray(newline + 1))
       }
       start = newline + 1

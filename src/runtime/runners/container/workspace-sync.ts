@@ -282,14 +282,8 @@ export async function pullWorkspace(
   },
 ): Promise<{received: number}> {
   const {list, changes} = options.trailer ?? (await listChangesAgain(cli, state, options))
-  const present = new Set(
-    list
-      .toString('utf8')
-      .split('\0')
-      .map((name) => safeName(name))
-      .filter(Boolean),
-  )
-  const {received, record, folders} = applyChanges(options.workspace, changes, present, state.synced, options)
+  const present = await namesListed(list)
+  const {received, record, folders} = await applyChanges(options.workspace, changes, present, state.synced, options)
   // each file was fsynced before its rename: its name, and every name made or removed, reach the
   // disk while the record is written. The record says what the volume holds, true before they do
   // (a crash between leaves a message that never answered, its changes sent again or undone by the
@@ -382,13 +376,14 @@ export function syncFoldersAside(workspace: string, folders: Iterable<string>): 
  * the volume has there, with nothing recorded below it, so the next push replaces it in the volume
  * whole; any other name as it was, so a change the host made meanwhile still differs and is sent.
  */
-export function applyChanges(
+export async function applyChanges(
   workspace: string,
   changes: Buffer,
   present: ReadonlySet<string | undefined>,
   synced: Snapshot | undefined,
   options: {maxBytes: number; log: (line: string) => void},
-): {received: number; kept: string[]; record: Snapshot | undefined; folders: Set<string>} {
+): Promise<{received: number; kept: string[]; record: Snapshot | undefined; folders: Set<string>}> {
+  const turn = eventLoopTurns()
   let received = 0
   const kept: string[] = []
   const record: Snapshot | undefined = synced && {...synced}
@@ -422,9 +417,15 @@ export function applyChanges(
       changedIn(dir)
   }
   for (const entry of readTar(changes, options.maxBytes)) {
+    await turn()
     const name = safeName(entry.name)
     if (!name) {
       skip(entry, 'is not a name inside the workspace')
+      continue
+    }
+    // each step below checks every folder on the way: a deeper name costs the square of its depth
+    if (depthOf(name) > MAX_SYNC_DEPTH) {
+      skip(entry, `is more than ${MAX_SYNC_DEPTH} folders deep`)
       continue
     }
     const kind = TAR_KINDS[entry.type]
@@ -461,6 +462,7 @@ export function applyChanges(
     .sort()
     .reverse()) {
     if (present.has(name)) continue
+    await turn()
     const onHost = lstatWorkspaceEntry(workspace, name)
     if (onHost && changedOnHost(workspace, name, synced, onHost)) keep(name, 'f')
     else
@@ -484,6 +486,47 @@ export function applyChanges(
   if (record && replaced.size > 0)
     for (const name of Object.keys(record)) if (belowAny(name, replaced)) delete record[name]
   return {received, kept, record, folders: touched}
+}
+
+/** The deepest name taken back: deeper ones (a hostile trailer's `a/a/a/…`) are logged and left. */
+const MAX_SYNC_DEPTH = 256
+
+function depthOf(name: string): number {
+  let depth = 1
+  for (let slash = name.indexOf('/'); slash !== -1; slash = name.indexOf('/', slash + 1)) depth++
+  return depth
+}
+
+/** How long the take-back works on the event loop before it lets the gateway's other work run. */
+const TURN_MS = 10
+
+/**
+ * `await turn()` between steps: every TURN_MS it waits for the event loop's next turn, so a trailer
+ * that is slow to apply (many or deep names, one fsync each) never stalls other agents' replies,
+ * timers and the dashboard.
+ */
+function eventLoopTurns(): () => Promise<void> {
+  let since = performance.now()
+  return async () => {
+    if (performance.now() - since < TURN_MS) return
+    await new Promise((resolve) => setImmediate(resolve))
+    since = performance.now()
+  }
+}
+
+/** The names a trailer's list says the volume holds, read in turns (the list may hold millions). */
+async function namesListed(list: Buffer): Promise<Set<string>> {
+  const turn = eventLoopTurns()
+  const names = new Set<string>()
+  for (let start = 0; start < list.length;) {
+    await turn()
+    let end = list.indexOf(0, start)
+    if (end === -1) end = list.length
+    const name = safeName(list.toString('utf8', start, end))
+    if (name) names.add(name)
+    start = end + 1
+  }
+  return names
 }
 
 /** Whether a folder above `name` is one of `folders`. */

@@ -69,7 +69,7 @@ describe('taking a run’s changes back from a remote engine', () => {
   })
   afterEach(() => fs.rmSync(root, {recursive: true, force: true}))
 
-  it('keeps what the host changed during the run: never overwritten, removed or brought back', () => {
+  it('keeps what the host changed during the run: never overwritten, removed or brought back', async () => {
     fs.writeFileSync(path.join(workspace, 'soul.md'), 'as the run started')
     fs.writeFileSync(path.join(workspace, 'notes.md'), 'as the run started')
     fs.writeFileSync(path.join(workspace, 'old.md'), 'as the run started')
@@ -82,7 +82,7 @@ describe('taking a run’s changes back from a remote engine', () => {
     fs.utimesSync(path.join(workspace, 'notes.md'), later, later)
     fs.rmSync(path.join(workspace, 'old.md'))
     // the run lists soul.md and old.md as changed (the last run's writes in its mark's tick), and removed notes.md
-    const {received, kept} = apply(
+    const {received, kept} = await apply(
       writeTar([file('soul.md', 'as the run started'), file('old.md', 'as the run started'), file('new.md', 'made')]),
       ['soul.md', 'old.md', 'new.md'],
       synced,
@@ -96,7 +96,7 @@ describe('taking a run’s changes back from a remote engine', () => {
     expect(logged.join('\n')).toMatch(/"soul.md" stays as it is: it was changed or removed on the host during the run/)
   })
 
-  it('records what the run brought back, and leaves every other name as the push sent it: a change the host made meanwhile is sent next', () => {
+  it('records what the run brought back, and leaves every other name as the push sent it: a change the host made meanwhile is sent next', async () => {
     fs.writeFileSync(path.join(workspace, 'edited.md'), 'as the run started')
     fs.writeFileSync(path.join(workspace, 'removed-by-run.md'), 'x')
     fs.mkdirSync(path.join(workspace, 'folder'))
@@ -109,7 +109,7 @@ describe('taking a run’s changes back from a remote engine', () => {
     fs.writeFileSync(path.join(workspace, 'edited.md'), 'edited on the host')
     fs.utimesSync(path.join(workspace, 'edited.md'), later, later)
     fs.writeFileSync(path.join(workspace, 'folder', 'added.txt'), 'added')
-    const {record} = apply(writeTar([file('made.txt', 'made by the run')]), ['edited.md', 'made.txt'], synced)
+    const {record} = await apply(writeTar([file('made.txt', 'made by the run')]), ['edited.md', 'made.txt'], synced)
     // the host keeps the new file and its folder; the run's other removals stand
     expect(fs.readdirSync(path.join(workspace, 'folder'))).toEqual(['added.txt'])
     expect(fs.existsSync(path.join(workspace, 'emptied'))).toBe(false)
@@ -127,7 +127,7 @@ describe('taking a run’s changes back from a remote engine', () => {
     expect(differs.sort()).toEqual(['edited.md', 'folder', 'folder/added.txt'])
   })
 
-  it('records a name whose entry the host could not take as the kind the volume has, nothing below it: the next push replaces it whole', () => {
+  it('records a name whose entry the host could not take as the kind the volume has, nothing below it: the next push replaces it whole', async () => {
     fs.mkdirSync(path.join(workspace, 'd'))
     fs.writeFileSync(path.join(workspace, 'd', 'a'), 'a')
     fs.writeFileSync(path.join(workspace, 'was-a-file'), 'host')
@@ -136,7 +136,7 @@ describe('taking a run’s changes back from a remote engine', () => {
     fs.writeFileSync(path.join(workspace, 'd', 'new'), 'the operator, during the run')
     // the run made the folder d a file, the file was-a-file a folder with a file in it; a hostile
     // archive lists x/c before making its parent x a file
-    const {record} = apply(
+    const {record} = await apply(
       writeTar([
         file('d', 'the run made d a file'),
         {name: 'was-a-file', type: '5', mode: 0o755, mtimeMs: 0, data: Buffer.alloc(0)},
@@ -161,7 +161,7 @@ describe('taking a run’s changes back from a remote engine', () => {
     for (const name of ['d/a', 'd/new', 'x/c', 'x/after']) expect(record![name]).toBeUndefined()
   })
 
-  it('records a hostile archive of many refused names in one pass over the record, not one per name', () => {
+  it('records a hostile archive of many refused names in one pass over the record, not one per name', async () => {
     for (let i = 0; i < 5_000; i++) fs.mkdirSync(path.join(workspace, `dir${i}`))
     fs.writeFileSync(path.join(workspace, 'host-file'), 'host')
     const synced = snapshotWorkspace(workspace)
@@ -172,7 +172,7 @@ describe('taking a run’s changes back from a remote engine', () => {
     const passes = vi.spyOn(Object, 'keys')
     let record: Snapshot | undefined
     try {
-      record = apply(tar, [...Object.keys(synced), ...under.map((entry) => entry.name)], synced).record
+      record = (await apply(tar, [...Object.keys(synced), ...under.map((entry) => entry.name)], synced)).record
       expect(passes.mock.calls.length).toBeLessThan(10)
     } finally {
       passes.mockRestore()
@@ -183,10 +183,10 @@ describe('taking a run’s changes back from a remote engine', () => {
     expect(fs.readFileSync(path.join(workspace, 'host-file'), 'utf8')).toBe('host')
   })
 
-  it('writes files and folders, and removes what the run removed', () => {
+  it('writes files and folders, and removes what the run removed', async () => {
     fs.writeFileSync(path.join(workspace, 'gone.txt'), 'old')
     fs.writeFileSync(path.join(workspace, 'kept.txt'), 'kept')
-    const written = apply(
+    const written = await apply(
       writeTar([
         {name: 'd', type: '5', mode: 0o755, mtimeMs: 0, data: Buffer.alloc(0)},
         file('d/new.txt', 'new'),
@@ -346,8 +346,37 @@ describe('taking a run’s changes back from a remote engine', () => {
     expect(opened).toEqual([fs.realpathSync(path.join(workspace, 'real'))])
   })
 
-  it('never leaves the workspace: `..`, absolute names, hardlinks, FIFOs and devices are skipped; a link is only a link', () => {
-    apply(
+  it('leaves names deeper than 256 folders, and keeps the event loop turning while a long archive is applied', async () => {
+    const deep = Array.from({length: 300}, () => 'd').join('/')
+    const many = Array.from({length: 400}, (_, index) => file(`${'n/'.repeat(30)}f${index}`, 'x'))
+    const tar = writeTar([file(`${deep}/too-deep`, 'x'), ...many])
+    let longestGap = 0
+    let last = performance.now()
+    const ticker = setInterval(() => {
+      const now = performance.now()
+      longestGap = Math.max(longestGap, now - last)
+      last = now
+    }, 1)
+    const started = performance.now()
+    const {received} = await apply(
+      tar,
+      many.map((entry) => entry.name),
+    )
+    const took = performance.now() - started
+    clearInterval(ticker)
+    longestGap = Math.max(longestGap, performance.now() - last)
+    expect(received).toBe(400)
+    expect(fs.existsSync(path.join(workspace, 'd'))).toBe(false)
+    expect(logged).toContain(
+      `workspace sync: not brought back: ${JSON.stringify(`${deep}/too-deep`)} is more than 256 folders deep`,
+    )
+    // the whole apply took many turns' worth; no single stretch of it held the loop for more than a few
+    expect(took).toBeGreaterThan(300)
+    expect(longestGap).toBeLessThan(Math.min(150, took / 3))
+  })
+
+  it('never leaves the workspace: `..`, absolute names, hardlinks, FIFOs and devices are skipped; a link is only a link', async () => {
+    await apply(
       rawTar([
         {name: '../outside/escaped', type: '0', data: 'x'},
         {name: '/tmp/absolute', type: '0', data: 'x'},
@@ -366,7 +395,7 @@ describe('taking a run’s changes back from a remote engine', () => {
     expect(logged.filter((line) => line.includes('not brought back'))).toHaveLength(6)
   })
 
-  it('makes the run’s symbolic links as it left them, never following one, and removes those it removed', () => {
+  it('makes the run’s symbolic links as it left them, never following one, and removes those it removed', async () => {
     fs.writeFileSync(path.join(workspace, 'was-a-file'), 'old')
     fs.symlinkSync(path.join(outside, 'victim'), path.join(workspace, 'was-a-link'))
     fs.writeFileSync(path.join(outside, 'victim'), 'untouched')
@@ -382,7 +411,7 @@ describe('taking a run’s changes back from a remote engine', () => {
       data: Buffer.alloc(0),
       linkname,
     })
-    const {received} = apply(
+    const {received} = await apply(
       writeTar([
         link('latest', 'releases/v2'),
         link('was-a-file', '/etc/shadow'),
@@ -411,10 +440,10 @@ describe('taking a run’s changes back from a remote engine', () => {
     expect(snapshotWorkspace(workspace).latest?.[2]).toBe('l')
   })
 
-  it('never writes through a link the host has where the run made a folder', () => {
+  it('never writes through a link the host has where the run made a folder', async () => {
     fs.symlinkSync(outside, path.join(workspace, 'planted'))
     fs.symlinkSync(path.join(outside, 'target'), path.join(workspace, 'file-link'))
-    apply(
+    await apply(
       writeTar([
         {name: 'planted', type: '5', mode: 0o755, mtimeMs: 0, data: Buffer.alloc(0)},
         file('planted/x', 'pwned'),
@@ -428,13 +457,13 @@ describe('taking a run’s changes back from a remote engine', () => {
     expect(fs.lstatSync(path.join(workspace, 'file-link')).isFile()).toBe(true)
   })
 
-  it('tells the run nothing of the host beyond a link: what exists there and what does not end the same way', () => {
+  it('tells the run nothing of the host beyond a link: what exists there and what does not end the same way', async () => {
     // run 1 made `probe` a link to a host folder; run 2 has a real `probe/` with two names in it
     fs.mkdirSync(path.join(outside, '.ssh'))
     fs.writeFileSync(path.join(outside, '.ssh', 'id_ed25519'), 'secret')
     fs.symlinkSync(path.join(outside, '.ssh'), path.join(workspace, 'probe'))
     const synced = snapshotWorkspace(workspace)
-    const {received, kept} = apply(
+    const {received, kept} = await apply(
       writeTar([
         {name: 'probe', type: '5', mode: 0o755, mtimeMs: 0, data: Buffer.alloc(0)},
         file('probe/id_ed25519', 'x'),
@@ -451,7 +480,7 @@ describe('taking a run’s changes back from a remote engine', () => {
     expect(said('id_ed25519')).toBe(said('id_rsa'))
   })
 
-  it('never makes a link where the gateway keeps the agent’s own files, nor at the sync’s folder however it is spelled', () => {
+  it('never makes a link where the gateway keeps the agent’s own files, nor at the sync’s folder however it is spelled', async () => {
     fs.writeFileSync(path.join(workspace, 'memory.db'), '')
     fs.mkdirSync(path.join(workspace, 'skills'))
     const link = (name: string): TarInput => ({
@@ -462,7 +491,7 @@ describe('taking a run’s changes back from a remote engine', () => {
       data: Buffer.alloc(0),
       linkname: '/',
     })
-    apply(writeTar([link('memory.db'), link('SOUL.md'), link('\\.meepa-sync'), link('.\\.meepa-sync')]), [
+    await apply(writeTar([link('memory.db'), link('SOUL.md'), link('\\.meepa-sync'), link('.\\.meepa-sync')]), [
       'memory.db',
       'skills',
       'SOUL.md',
