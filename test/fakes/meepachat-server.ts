@@ -68,6 +68,8 @@ export interface FakeMeepaChat extends PlatformFaults {
   readonly posts: PostedMessage[]
   /** Attachments the server holds (`files.add('/uploads/a.png', {body})`, storedPath `uploads/a.png`) and their downloads. */
   readonly files: FakeFiles
+  /** Every HTTP request the bot made (not its WebSocket upgrade), path and query as sent. */
+  readonly requests: Array<{method: string; url: string}>
   /** Frames the bot sent (ping, typing, ...). */
   readonly frames: ClientFrame[]
   /** WebSocket upgrades refused for a bad token. */
@@ -123,6 +125,7 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
   ]
   const posts: PostedMessage[] = []
   const frames: ClientFrame[] = []
+  const requests: FakeMeepaChat['requests'] = []
   const sockets = new Set<WebSocket>()
   const muted = new WeakSet<WebSocket>()
   let refused = 0
@@ -174,6 +177,7 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
 
   const files = createFakeFiles()
   const handle = async (req: IncomingMessage, res: ServerResponse) => {
+    requests.push({method: req.method ?? '', url: req.url ?? ''})
     const url = new URL(req.url ?? '/', 'http://fake')
     if (files.serve(req, res, authorized(req))) return notify()
     if (!authorized(req)) return sendJson(res, 401, {error: 'unauthorized'})
@@ -320,6 +324,7 @@ export async function startFakeMeepaChat(options: FakeMeepaChatOptions): Promise
     botUser,
     posts,
     files,
+    requests,
     frames,
     get refused() {
       return refused

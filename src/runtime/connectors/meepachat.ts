@@ -85,6 +85,33 @@ export function meepaChatRestBase(gatewayUrl: string): string {
 }
 
 /**
+ * Where an attachment is fetched with the bot token: `<server>/<storedPath>`, as the authors'
+ * clients do. The sender writes storedPath, so it must name a stored file and nothing else the
+ * token reaches: not the REST API under `/api`, no query or fragment, and no percent-encoded dot or
+ * slash (a server that decodes them after routing would walk elsewhere). Checked on the resolved URL.
+ */
+export function meepaChatAttachmentUrl(restBase: string, storedPath: string): {url: string} | {problem: string} {
+  const base = new URL(`${restBase}/`)
+  let url: URL | undefined
+  try {
+    url = new URL(storedPath.replace(/^\/+/, ''), base)
+  } catch {
+    // not a path: refused below
+  }
+  const relative =
+    url?.origin === base.origin && url.pathname.startsWith(base.pathname)
+      ? url.pathname.slice(base.pathname.length)
+      : ''
+  if (!url || !relative) return {problem: 'its storedPath is not a path on the MeepaChat server'}
+  if (url.href !== url.origin + url.pathname)
+    return {problem: 'its storedPath carries a query or fragment, which no stored file has'}
+  // `api`, `api/…`, and `api;…`, which some servers route as `api`
+  if (/^api(?![\w-])/i.test(relative)) return {problem: "its storedPath names MeepaChat's REST API, not a stored file"}
+  if (/%(2e|2f|5c)/i.test(url.pathname)) return {problem: 'its storedPath holds a percent-encoded dot or slash'}
+  return {url: url.href}
+}
+
+/**
  * MeepaChat bot gateway: a WebSocket with `Authorization: Bot <token>` carrying `{type, data}`
  * frames, replies over REST. Reconnects with exponential backoff for as long as it runs.
  */
@@ -312,17 +339,11 @@ export class MeepaChatConnector extends ReconnectingConnector {
 
   /** Only this server, with the bot token: the URL is built from `storedPath`, never taken whole. */
   private incomingFile(attachment: MeepaAttachment): IncomingFile {
-    const base = `${this.restBase}/`
     const storedPath = typeof attachment?.storedPath === 'string' ? attachment.storedPath : ''
-    let url = ''
-    try {
-      url = new URL(storedPath.replace(/^\/+/, ''), base).toString()
-    } catch {
-      // not a path: reported as unavailable below
-    }
+    const found = meepaChatAttachmentUrl(this.restBase, storedPath)
     const allowed: AllowedOrigin[] = [
       {
-        origin: new URL(base).origin,
+        origin: new URL(this.restBase).origin,
         publicOnly: false,
         headers: {Authorization: `Bot ${this.config.bot_token}`},
         verifyTls: this.verifyTls,
@@ -333,11 +354,14 @@ export class MeepaChatConnector extends ReconnectingConnector {
       name: typeof attachment?.filename === 'string' ? attachment.filename : 'file',
       ...(typeof attachment?.mimeType === 'string' ? {contentType: attachment.mimeType} : {}),
       ...(typeof size === 'number' && Number.isFinite(size) && size >= 0 ? {declaredSize: size} : {}),
-      ...(!storedPath || !url.startsWith(base)
-        ? {unavailable: 'its storedPath is not a path on the MeepaChat server'}
-        : {}),
+      ...('problem' in found ? {unavailable: found.problem} : {}),
       read: ({maxBytes, signal}) =>
-        downloadFile(url, {allowed, maxBytes, signal, idleTimeoutMs: this.timings.requestTimeoutMs}),
+        downloadFile('url' in found ? found.url : '', {
+          allowed,
+          maxBytes,
+          signal,
+          idleTimeoutMs: this.timings.requestTimeoutMs,
+        }),
     }
   }
 

@@ -3,6 +3,7 @@ import path from 'node:path'
 import {describe, expect, it} from 'vitest'
 import type {FakeLlm} from '../../fakes/llm-server.js'
 import {startFakeMeepaChat, type FakeMeepaChat} from '../../fakes/meepachat-server.js'
+import {meepaChatAttachmentUrl} from '../../../src/runtime/connectors/meepachat.js'
 import {RunRecords, runFilesOf} from '../../../src/runtime/state/run-records.js'
 import {lastUserText} from '../../helpers/attachments.js'
 import {fakeLlmForTests} from '../../helpers/fake-llm-for-tests.js'
@@ -109,5 +110,64 @@ describe('MeepaChat attachments in (fake MeepaChat server, real agent with the f
     const text = lastUserText(llm.requests[0] as never)
     expect(text).toContain('big.bin (application/octet-stream, 10 bytes): not received: it is larger than')
     expect(chat.files.downloads.map((download) => download.path)).toEqual(['/uploads/big.bin', '/uploads/endless.bin'])
+  })
+
+  it('never fetches a storedPath that reaches the REST API or hides a query, fragment or encoded dot or slash', async () => {
+    llm.setDefault({text: 'done'})
+    const {chat, workspace} = await gatewayWith()
+    // served if asked for: only the connector's check keeps the token's answers out of the inbox
+    chat.files.add('/api/users/@me', {body: Buffer.from('{"id":"bot-1","token":"x"}')})
+    chat.files.add('/api/x', {body: Buffer.from('api answer')})
+    chat.files.add('/uploads/a', {body: Buffer.from('a')})
+    chat.files.add('/uploads/ok.txt', {body: Buffer.from('fine')})
+    const forbidden = [
+      'api/users/@me',
+      '/api/x',
+      'API/x',
+      'uploads/../api/x',
+      'uploads/%2e%2e/api/x',
+      'uploads/%2E%2E%2Fapi/x',
+      'uploads/a?x=1',
+      'uploads/a#x',
+    ]
+    chat.userSays({
+      id: 'msg-10',
+      channelId: 'general',
+      content: 'look',
+      attachments: [
+        ...forbidden.map((storedPath, index) => ({filename: `f${index}.json`, storedPath})),
+        {filename: 'ok.txt', storedPath: 'uploads/ok.txt'},
+      ],
+    })
+    const [reply] = await chat.waitForPosts(1)
+    for (const index of forbidden.keys())
+      expect(reply?.content).toMatch(new RegExp(`\\(f${index}\\.json was not received: its storedPath `))
+    expect(reply?.content).toContain("f0.json was not received: its storedPath names MeepaChat's REST API")
+    expect(reply?.content).toContain('f4.json was not received: its storedPath names MeepaChat')
+    expect(reply?.content).toContain('f5.json was not received: its storedPath holds a percent-encoded dot or slash')
+    expect(reply?.content).toContain('f6.json was not received: its storedPath carries a query or fragment')
+    expect(chat.requests.filter((request) => request.method === 'GET')).toEqual([
+      {method: 'GET', url: '/uploads/ok.txt'},
+    ])
+    expect(fs.readdirSync(path.join(workspace, 'inbox/msg-10'))).toEqual(['ok.txt'])
+  })
+
+  it('keeps a server under a path prefix to its own files, outside its API', () => {
+    const base = 'https://chat.example/meepa'
+    expect(meepaChatAttachmentUrl(base, 'uploads/x/a.png')).toEqual({url: 'https://chat.example/meepa/uploads/x/a.png'})
+    expect(meepaChatAttachmentUrl(base, '/uploads/a%20b.png')).toEqual({
+      url: 'https://chat.example/meepa/uploads/a%20b.png',
+    })
+    for (const storedPath of ['api/users/@me', 'uploads/../api/x', 'api;x/users', 'api'])
+      expect(meepaChatAttachmentUrl(base, storedPath), storedPath).toEqual({
+        problem: "its storedPath names MeepaChat's REST API, not a stored file",
+      })
+    for (const storedPath of ['', '/', '../api/x', '\\\\evil.example/x', 'https://chat.example/x'])
+      expect(meepaChatAttachmentUrl(base, storedPath), storedPath).toEqual({
+        problem: 'its storedPath is not a path on the MeepaChat server',
+      })
+    expect(meepaChatAttachmentUrl(base, 'uploads/a?')).toEqual({
+      problem: 'its storedPath carries a query or fragment, which no stored file has',
+    })
   })
 })
