@@ -1,6 +1,7 @@
 import {describeSize, type AttachmentCaps} from '../config/attachment-caps.js'
 import {DownloadRefused} from '../http/download.js'
 import type {MessageAttachment} from '../shapes/agent-run-contract.js'
+import {errorCode} from '../util/errors.js'
 import {writeNewWorkspaceFile} from '../workspace/files.js'
 
 /**
@@ -78,13 +79,29 @@ async function* capped(chunks: AsyncIterable<Uint8Array>, maxBytes: number, tooL
 }
 
 /**
+ * Why a file could not be received, as its sender reads it: the error's code, never its message,
+ * which holds host paths (the inbox, the agent's volume); the whole message goes to the gateway's log.
+ */
+export function notReceived(name: string, error: unknown, log: (line: string) => void): string {
+  log(`file ${JSON.stringify(name)} not received: ${JSON.stringify(String((error as Error)?.message ?? error))}`)
+  return `it could not be received (${errorCode(error)}; the gateway's log has the details)`
+}
+
+/**
  * Receives a message's files into `inbox/<message id>/` of the workspace, in order, every one of
  * them: each is skipped (with the reason the user is told) when it is past the caps, refused by
  * the download's rules or fails; the others still arrive. Never throws for one file.
  */
 export async function receiveFiles(
   files: IncomingFile[],
-  options: {workspace: string; messageId: string; caps: AttachmentCaps; signal?: AbortSignal},
+  options: {
+    workspace: string
+    messageId: string
+    caps: AttachmentCaps
+    /** The gateway's log: what went wrong in full, for the operator. */
+    log: (line: string) => void
+    signal?: AbortSignal
+  },
 ): Promise<MessageAttachment[]> {
   const {caps} = options
   const directory = `${INBOX_DIRECTORY}/${sanitiseFileName(options.messageId, 'message')}`
@@ -123,7 +140,7 @@ export async function receiveFiles(
     } catch (error) {
       if (options.signal?.aborted) throw error
       if (error instanceof DownloadRefused) skip(error.kind === 'too-large' ? tooLarge() : refusalWords(error))
-      else skip(`it could not be received: ${(error as Error).message}`)
+      else skip(notReceived(name, error, options.log))
     }
   }
   return received

@@ -11,6 +11,8 @@ import type {
 } from '../connectors/types.js'
 import type {RunMessageResult} from '../runners/run-message.js'
 import {failure} from '../agent-run/output.js'
+import {errorCode} from '../util/errors.js'
+import {displayName} from '../workspace/files-to-send.js'
 import {abortSignalName} from '../util/subprocess.js'
 import type {RunRecords, RunStart} from '../state/run-records.js'
 import type {ReplyOutbox} from './reply-outbox.js'
@@ -259,7 +261,8 @@ export class Dispatcher implements MessageDispatcher {
     try {
       read = this.options.readFiles?.(start.agentId, requested) ?? {files: [], refused: []}
     } catch (error) {
-      read = {files: [], refused: requested.map(({path}) => ({name: path, reason: (error as Error).message}))}
+      const refusal = {reason: `the gateway could not read it (${errorCode(error)})`, detail: (error as Error).message}
+      read = {files: [], refused: requested.map(({path}) => ({name: displayName(path), ...refusal}))}
     }
     let {files} = read
     const refused = [...read.refused]
@@ -270,8 +273,7 @@ export class Dispatcher implements MessageDispatcher {
       files = []
     }
     const text = reply + refusalNote(refused)
-    for (const refusal of refused)
-      this.options.log(`run ${start.id}: file ${JSON.stringify(refusal.name)} not sent: ${refusal.reason}`)
+    for (const refusal of refused) this.logRefusal(start.id, refusal)
     const record = (refusedLater: FileRefusal[]) =>
       this.writeRecord(start.id, () =>
         this.options.records.files(start.id, [
@@ -315,10 +317,15 @@ export class Dispatcher implements MessageDispatcher {
       this.options.log(`run ${start.id}: could not send the reply via ${start.connector}: ${(error as Error).message}`)
       refusedByPlatform = files.map((file) => ({name: file.name, reason: `not sent: ${(error as Error).message}`}))
     }
-    for (const refusal of refusedByPlatform)
-      this.options.log(`run ${start.id}: file ${JSON.stringify(refusal.name)} not sent: ${refusal.reason}`)
+    for (const refusal of refusedByPlatform) this.logRefusal(start.id, refusal)
     if (!throughOutbox) record(refusedByPlatform)
     return text + refusalNote(refusedByPlatform)
+  }
+
+  /** Quoted: the agent's file name and a platform's words must not start a log line of their own. */
+  private logRefusal(runId: string, {name, reason, detail}: FileRefusal): void {
+    const why = JSON.stringify(reason) + (detail ? ` (${JSON.stringify(detail)})` : '')
+    this.options.log(`run ${runId}: file ${JSON.stringify(name)} not sent: ${why}`)
   }
 
   /** A message whose sender would now run it differently from this gateway: back to the sender unrun. */

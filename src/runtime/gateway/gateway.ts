@@ -149,7 +149,9 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       options.run ??
       (async ({agentId, message, runId, isolation, signal, onLog, files}) => {
         const loadedForRun = live
-        const attachments = files ? await receiveInbox(loadedForRun, agentId, message.id, files, signal) : undefined
+        const attachments = files
+          ? await receiveInbox(loadedForRun, agentId, message.id, files, signal, (line) => log(`run ${runId}: ${line}`))
+          : undefined
         const result = await runMessage({
           loaded: loadedForRun,
           agentId,

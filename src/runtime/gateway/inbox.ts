@@ -1,7 +1,13 @@
 import {attachmentCaps} from '../config/attachment-caps.js'
 import {findAgent} from '../config/load.js'
 import type {LoadedConfig} from '../config/types.js'
-import {receiveFiles, type IncomingFile} from '../connectors/attachments.js'
+import {
+  notReceived,
+  receiveFiles,
+  sanitiseContentType,
+  sanitiseFileName,
+  type IncomingFile,
+} from '../connectors/attachments.js'
 import type {MessageAttachment} from '../shapes/agent-run-contract.js'
 import {readyWorkspace} from '../workspace/workspace.js'
 
@@ -16,6 +22,7 @@ export async function receiveInbox(
   messageId: string,
   files: IncomingFile[],
   signal: AbortSignal,
+  log: (line: string) => void,
 ): Promise<MessageAttachment[]> {
   let workspace: string
   let caps: ReturnType<typeof attachmentCaps>
@@ -25,12 +32,15 @@ export async function receiveInbox(
     // its volume mounted first: files written under an unmounted one would be hidden, then refused
     workspace = (await readyWorkspace(loaded.home, agent.id, agent.limits.disk)).path
   } catch (error) {
-    return files.map((file) => ({
-      name: file.name,
-      content_type: file.contentType ?? 'application/octet-stream',
-      size: file.declaredSize ?? 0,
-      skipped: `it could not be received: ${(error as Error).message}`,
-    }))
+    return files.map((file) => {
+      const name = sanitiseFileName(file.name)
+      return {
+        name,
+        content_type: sanitiseContentType(file.contentType),
+        size: file.declaredSize ?? 0,
+        skipped: notReceived(name, error, log),
+      }
+    })
   }
-  return receiveFiles(files, {workspace, messageId, caps, signal})
+  return receiveFiles(files, {workspace, messageId, caps, log, signal})
 }

@@ -229,7 +229,8 @@ export class ReplyOutbox {
     connector: Connector,
   ): void {
     this.store.fileRefused(reply, part, reason, connector.messageLimit)
-    this.options.log(`run ${reply.runId}: file ${JSON.stringify(part.name)} not sent: ${reason}`)
+    // quoted like the dispatcher's: a platform's words must not start a log line of their own
+    this.options.log(`run ${reply.runId}: file ${JSON.stringify(part.name)} not sent: ${JSON.stringify(reason)}`)
   }
 
   /**

@@ -10,7 +10,10 @@ export interface OutboundFile {
 /** A file that was not sent, and why (the gateway's checks or the platform's refusal). */
 export interface FileRefusal {
   name: string
+  /** What the user is told and the record keeps. */
   reason: string
+  /** The error in full, for the gateway's log only (it may hold host paths). */
+  detail?: string
 }
 
 /** One line per file not sent, for the end of the reply: the text always goes out, with this. */

@@ -121,3 +121,12 @@ export function toGatewayError(error: unknown, code: ErrorCode = 'E_INTERNAL'): 
   const message = error instanceof Error ? error.message : String(error)
   return new GatewayError(code, message, {cause: error})
 }
+
+/**
+ * What went wrong, in a word fit for a remote user: Node's code (EACCES, ENOSPC, ENAMETOOLONG) or a
+ * GatewayError's. Never the message: it holds host paths and names an agent or sender chose.
+ */
+export function errorCode(error: unknown): string {
+  const code = (error as {code?: unknown} | null | undefined)?.code
+  return typeof code === 'string' && /^[A-Z][A-Z0-9_]{0,39}$/.test(code) ? code : 'unexpected error'
+}

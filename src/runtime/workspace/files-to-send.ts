@@ -81,7 +81,7 @@ export function readFilesToSend(
         : bound < maxFile
           ? `the files of this message would exceed attachments.max_total_size (${caps.max_total_size})`
           : `${read.reason} (attachments.max_file_size: ${caps.max_file_size})`
-      refused.push({name, reason})
+      refused.push({name, reason, detail: read.detail})
       continue
     }
     total += read.data.length

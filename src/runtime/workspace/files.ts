@@ -1,6 +1,6 @@
 import fs from 'node:fs'
 import path from 'node:path'
-import {GatewayError} from '../util/errors.js'
+import {errorCode, GatewayError} from '../util/errors.js'
 import {randomHex} from '../util/random.js'
 
 /**
@@ -317,25 +317,30 @@ export async function writeNewWorkspaceFile(
   }
 }
 
-/** How reading a file the agent named ended: its bytes, or why it was not read (never thrown). */
-export type AgentFileRead = {ok: true; data: Buffer} | {ok: false; reason: string; overLimit?: true}
+/**
+ * How reading a file the agent named ended: its bytes, or why it was not read (never thrown):
+ * `reason` for the user, `detail` (Node's message: host paths, the agent's names) for the log only.
+ */
+export type AgentFileRead = {ok: true; data: Buffer} | {ok: false; reason: string; detail?: string; overLimit?: true}
+
+type OpenProblem = {problem: string; detail?: string}
 
 /** `/proc/self/fd/N/name` is openat(N, name): the kernel resolves name inside that directory. */
 const DESCRIPTOR_PATHS = fs.existsSync('/proc/self/fd')
 
-function openProblem(error: unknown, what: string): string {
+function openProblem(error: unknown, what: string): OpenProblem {
   switch ((error as NodeJS.ErrnoException).code) {
     case 'ENOENT':
-      return `${what} does not exist`
+      return {problem: `${what} does not exist`}
     case 'ELOOP':
-      return `${what} is a symbolic link`
+      return {problem: `${what} is a symbolic link`}
     case 'ENOTDIR':
-      return `${what} is not a directory`
+      return {problem: `${what} is not a directory`}
     case 'EACCES':
     case 'EPERM':
-      return `the gateway may not read it`
+      return {problem: `the gateway may not read it`}
     default:
-      return `it cannot be opened (${(error as Error).message})`
+      return {problem: `it cannot be opened (${errorCode(error)})`, detail: (error as Error).message}
   }
 }
 
@@ -345,7 +350,7 @@ function openProblem(error: unknown, what: string): string {
  * entries meanwhile. The file itself is lstat'ed first (a FIFO or device is never opened) and
  * opened O_NONBLOCK.
  */
-function openBeneath(base: string, parts: string[]): {fd: number; before: fs.Stats} | {problem: string} {
+function openBeneath(base: string, parts: string[]): {fd: number; before: fs.Stats} | OpenProblem {
   let dir = fs.openSync(base, O_RDONLY | O_DIRECTORY)
   try {
     for (const part of parts.slice(0, -1)) {
@@ -356,7 +361,7 @@ function openBeneath(base: string, parts: string[]): {fd: number; before: fs.Sta
       } catch (error) {
         // O_DIRECTORY|O_NOFOLLOW answers ENOTDIR for a link: name what is there
         const stat = (error as NodeJS.ErrnoException).code === 'ENOTDIR' ? lstatOrUndefined(entry) : undefined
-        return {problem: stat ? `a folder on its path is ${kindOf(stat)}` : openProblem(error, 'a folder on its path')}
+        return stat ? {problem: `a folder on its path is ${kindOf(stat)}`} : openProblem(error, 'a folder on its path')
       }
       fs.closeSync(dir)
       dir = next
@@ -368,7 +373,7 @@ function openBeneath(base: string, parts: string[]): {fd: number; before: fs.Sta
 }
 
 /** Where /proc is missing (macOS): every component lstat'ed, then the opened file's identity compared. */
-function openByCheckedPath(base: string, parts: string[]): {fd: number; before: fs.Stats} | {problem: string} {
+function openByCheckedPath(base: string, parts: string[]): {fd: number; before: fs.Stats} | OpenProblem {
   let current = base
   for (const part of parts.slice(0, -1)) {
     current = path.join(current, part)
@@ -380,13 +385,13 @@ function openByCheckedPath(base: string, parts: string[]): {fd: number; before: 
 }
 
 /** lstat first (a FIFO or device is never opened), then open without following or blocking. */
-function openRegularEntry(entry: string): {fd: number; before: fs.Stats} | {problem: string} {
+function openRegularEntry(entry: string): {fd: number; before: fs.Stats} | OpenProblem {
   try {
     const before = fs.lstatSync(entry)
     if (!before.isFile()) return {problem: `it is ${kindOf(before)}`}
     return {fd: fs.openSync(entry, O_RDONLY | O_NOFOLLOW | O_NONBLOCK), before}
   } catch (error) {
-    return {problem: openProblem(error, 'it')}
+    return openProblem(error, 'it')
   }
 }
 
@@ -409,13 +414,13 @@ export function readAgentFile(
   try {
     base = realRoot(root)
   } catch (error) {
-    return {ok: false, reason: (error as Error).message}
+    return {ok: false, reason: `the workspace cannot be opened (${errorCode(error)})`, detail: (error as Error).message}
   }
   // no link is followed below the root, so this path is the file's only one (its hard links are refused)
   const covered = denied && deniedOrUnknown(denied, path.join(base, ...parts))
   if (covered) return {ok: false, reason: covered}
   const opened = DESCRIPTOR_PATHS ? openBeneath(base, parts) : openByCheckedPath(base, parts)
-  if ('problem' in opened) return {ok: false, reason: opened.problem}
+  if ('problem' in opened) return {ok: false, reason: opened.problem, detail: opened.detail}
   const {fd, before} = opened
   try {
     const stat = fs.fstatSync(fd)
@@ -445,7 +450,7 @@ export function readAgentFile(
     }
     return {ok: true, data: buffer.subarray(0, length)}
   } catch (error) {
-    return {ok: false, reason: `it cannot be read (${(error as Error).message})`}
+    return {ok: false, reason: `it cannot be read (${errorCode(error)})`, detail: (error as Error).message}
   } finally {
     fs.closeSync(fd)
   }

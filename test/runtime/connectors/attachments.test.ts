@@ -7,6 +7,7 @@ import {
   receiveFiles,
   sanitiseContentType,
   sanitiseFileName,
+  skippedFilesNote,
   type IncomingFile,
 } from '../../../src/runtime/connectors/attachments.js'
 import {DownloadRefused} from '../../../src/runtime/http/download.js'
@@ -37,6 +38,12 @@ function file(name: string, body: Buffer | string, extra: Partial<IncomingFile> 
 }
 
 const CAPS = {fileBytes: 1024, files: 10, totalBytes: 4096}
+/** The gateway's log, as receiveFiles writes to it. */
+let logged: string[] = []
+const log = (line: string) => logged.push(line)
+afterEach(() => {
+  logged = []
+})
 
 describe('receiving a message’s files into inbox/<message id>/', () => {
   it('sanitises names: no separators, leading dots, control or direction characters, bounded length', () => {
@@ -62,7 +69,7 @@ describe('receiving a message’s files into inbox/<message id>/', () => {
     fs.linkSync(path.join(outside, 'target'), path.join(inbox, 'c.txt'))
     const received = await receiveFiles(
       [file('a.txt', 'A'), file('b.txt', 'B'), file('c.txt', 'C'), file('a.txt', 'A2')],
-      {workspace: root, messageId: 'm1', caps: CAPS},
+      {workspace: root, messageId: 'm1', caps: CAPS, log},
     )
     expect(received.map((entry) => entry.path)).toEqual([
       'inbox/m1/a-2.txt',
@@ -80,9 +87,10 @@ describe('receiving a message’s files into inbox/<message id>/', () => {
       const {root, outside} = workspace()
       fs.mkdirSync(path.dirname(path.join(root, planted)), {recursive: true})
       fs.symlinkSync(outside, path.join(root, planted))
-      const [entry] = await receiveFiles([file('x.txt', 'X')], {workspace: root, messageId: 'm1', caps: CAPS})
+      const [entry] = await receiveFiles([file('x.txt', 'X')], {workspace: root, messageId: 'm1', caps: CAPS, log})
       expect(entry?.path).toBeUndefined()
-      expect(entry?.skipped).toMatch(/symbolic link/)
+      expect(entry?.skipped).toBe("it could not be received (E_WORKSPACE; the gateway's log has the details)")
+      expect(logged.at(-1)).toMatch(/^file "x\.txt" not received: ".*symbolic link/)
       expect(fs.readdirSync(outside)).toEqual([])
     }
   })
@@ -116,7 +124,7 @@ describe('receiving a message’s files into inbox/<message id>/', () => {
         file('tenth', 'x'),
         file('eleventh', 'x'),
       ],
-      {workspace: root, messageId: 'm2', caps: CAPS},
+      {workspace: root, messageId: 'm2', caps: CAPS, log},
     )
     const why = Object.fromEntries(received.map((entry) => [entry.name, entry.skipped ?? entry.path]))
     expect(why).toEqual({
@@ -135,10 +143,36 @@ describe('receiving a message’s files into inbox/<message id>/', () => {
     expect(fs.readdirSync(path.join(root, 'inbox/m2')).sort()).toEqual(['four.bin', 'one.bin', 'three.bin', 'two.bin'])
   })
 
+  it('tells the sender the error code only: host paths and error texts go to the gateway log', async () => {
+    const {root} = workspace()
+    const missing = path.join(root, 'gone')
+    const full: IncomingFile = {
+      name: 'full.bin',
+      async *read() {
+        yield Buffer.from('part')
+        throw Object.assign(new Error(`ENOSPC: no space left on device, write '${root}/inbox/m4/x'`), {code: 'ENOSPC'})
+      },
+    }
+    const [gone] = await receiveFiles([file('a.txt', 'A')], {workspace: missing, messageId: 'm4', caps: CAPS, log})
+    const [nospace] = await receiveFiles([full], {workspace: root, messageId: 'm4', caps: CAPS, log})
+    expect(gone?.skipped).toBe("it could not be received (E_WORKSPACE; the gateway's log has the details)")
+    expect(nospace?.skipped).toBe("it could not be received (ENOSPC; the gateway's log has the details)")
+    const note = skippedFilesNote([gone!, nospace!])
+    expect(note).not.toContain(root)
+    expect(note).toBe(
+      "(a.txt was not received: it could not be received (E_WORKSPACE; the gateway's log has the details).)\n" +
+        "(full.bin was not received: it could not be received (ENOSPC; the gateway's log has the details).)",
+    )
+    expect(logged).toEqual([
+      `file "a.txt" not received: ${JSON.stringify(`the workspace ${missing} does not exist`)}`,
+      `file "full.bin" not received: ${JSON.stringify(`ENOSPC: no space left on device, write '${root}/inbox/m4/x'`)}`,
+    ])
+  })
+
   it.skipIf(process.getuid?.() !== 0)('gives the files to the workspace owner (a container’s uid)', async () => {
     const {root} = workspace()
     fs.chownSync(root, 4321, 4321)
-    const [entry] = await receiveFiles([file('x.txt', 'X')], {workspace: root, messageId: 'm3', caps: CAPS})
+    const [entry] = await receiveFiles([file('x.txt', 'X')], {workspace: root, messageId: 'm3', caps: CAPS, log})
     for (const made of ['inbox', 'inbox/m3', entry!.path!])
       expect(fs.lstatSync(path.join(root, made)), made).toMatchObject({uid: 4321, gid: 4321})
   })

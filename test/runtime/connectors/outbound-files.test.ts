@@ -258,7 +258,7 @@ describe('files an agent sends go out through each platform (wire fakes)', () =>
       /^Here is the report\.\n\n\(File not sent: report\.txt: Slack refused it: the app lacks the files:write scope/,
     )
     expect(slack.shares).toHaveLength(1)
-    await gateway.waitForLog(/file "report.txt" not sent: Slack refused it/)
+    await gateway.waitForLog(/file "report.txt" not sent: "Slack refused it/)
   })
 
   it('web chat: the files in the JSON answer, base64', async () => {
