@@ -71,6 +71,16 @@ const SLACK_FILE_ORIGIN = 'https://files.slack.com'
 const MISSING_FILES_SCOPE =
   'the Slack app lacks the files:read scope, so the gateway cannot download it (add files:read under OAuth & Permissions and reinstall the app)'
 
+/**
+ * Text as Slack shows it, not as markup: `<!channel>` in a file name or in the agent's words would
+ * notify the whole channel, `<@U1>` mention someone. No reply is meant as markup (the gateway's own
+ * words use none), so &, < and > are escaped as Slack documents: like Discord's `allowed_mentions`,
+ * the bot mentions no one. A part of 4000 characters stays under Slack's 40,000 however it grows.
+ */
+function slackPlainText(text: string): string {
+  return text.replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;')
+}
+
 /** The libraries log through this; connection problems are reported by the connector itself. */
 const quietLogger: Logger = {
   debug: () => {},
@@ -293,7 +303,11 @@ export class SlackConnector extends ReconnectingConnector {
 
   async postMessage({channelId, threadId}: Omit<Conversation, 'connector'>, text: string): Promise<void> {
     try {
-      await this.poster.chat.postMessage({channel: channelId, text, ...(threadId ? {thread_ts: threadId} : {})})
+      await this.poster.chat.postMessage({
+        channel: channelId,
+        text: slackPlainText(text),
+        ...(threadId ? {thread_ts: threadId} : {}),
+      })
     } catch (error) {
       throw describePostError(error)
     }

@@ -96,4 +96,17 @@ describe('Slack files in (real Slack clients against the fake Slack)', () => {
     await test.waitForLog(/slacker\/slack: .*sign-in page.*files:read/)
     expect(fs.readdirSync(path.join(workspace, 'inbox', ts))).toEqual([])
   })
+
+  it('posts a file name and the agent’s words as text, never as Slack markup: no <!channel> from the bot', async () => {
+    llm.setDefault({text: 'Q&A for <!here>'})
+    const {slack} = await gatewayWith()
+    // over the 25 MB cap by its declared size: skipped, and its name echoed in the note
+    slack.userSays({channel: 'C1', text: 'look', files: [slackFile(slack, 'F5', '<!channel>.bin', 26 * 1024 * 1024)]})
+    const [reply] = await slack.waitForPosts(1)
+    expect(reply?.text).toMatch(
+      /^Q&amp;A for &lt;!here&gt;\n\n\(&lt;!channel&gt;\.bin was not received: it is larger than/,
+    )
+    expect(reply?.text).not.toMatch(/[<>]/)
+    expect(slack.files.downloads).toEqual([])
+  })
 })
