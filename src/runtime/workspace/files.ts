@@ -460,7 +460,7 @@ function deniedOrUnknown(denied: (file: string) => boolean, file: string): strin
   try {
     return denied(file) ? "the agent's file_access.deny covers it" : undefined
   } catch (error) {
-    return `the agent's file_access.deny cannot be checked (${(error as NodeJS.ErrnoException).code ?? 'error'})`
+    return `the agent's file_access.deny cannot be checked (${errorCode(error)})`
   }
 }
 
