@@ -68,6 +68,26 @@ export function sanitiseContentType(contentType: string | undefined): string {
     : 'application/octet-stream'
 }
 
+/**
+ * The room limits.disk leaves the agent's workspace when a message's files arrive: measured
+ * before they are received, so a workspace at its limit takes none (its run would fail with
+ * E_DISK anyway) and the host's disk is not filled through `inbox/` where the limit is measured,
+ * not a filesystem of its own.
+ */
+export interface DiskRoom {
+  /** Bytes the workspace may still take (0 or less: none). */
+  bytes: number
+  /** Why a file that does not fit is not received, and what to do, in the user's words. */
+  full: string
+}
+
+/** What an entry takes at least, as the measurement counts it (src/sandbox/directory-tree.ts): whole 4 KiB blocks. */
+const ENTRY_BYTES = 4096
+
+function onDisk(size: number): number {
+  return Math.max(ENTRY_BYTES, Math.ceil(size / ENTRY_BYTES) * ENTRY_BYTES)
+}
+
 /** Stops the stream once it is past `maxBytes`, with the cap's own words. */
 async function* capped(chunks: AsyncIterable<Uint8Array>, maxBytes: number, tooLarge: () => string) {
   let size = 0
@@ -89,8 +109,9 @@ export function notReceived(name: string, error: unknown, log: (line: string) =>
 
 /**
  * Receives a message's files into `inbox/<message id>/` of the workspace, in order, every one of
- * them: each is skipped (with the reason the user is told) when it is past the caps, refused by
- * the download's rules or fails; the others still arrive. Never throws for one file.
+ * them: each is skipped (with the reason the user is told) when it is past the caps or the room
+ * `disk` leaves, refused by the download's rules or fails; the others still arrive. Never throws
+ * for one file.
  */
 export async function receiveFiles(
   files: IncomingFile[],
@@ -98,17 +119,21 @@ export async function receiveFiles(
     workspace: string
     messageId: string
     caps: AttachmentCaps
+    /** What limits.disk leaves the workspace (none: only the caps bound what is received). */
+    disk?: DiskRoom
     /** The gateway's log: what went wrong in full, for the operator. */
     log: (line: string) => void
     signal?: AbortSignal
   },
 ): Promise<MessageAttachment[]> {
-  const {caps} = options
+  const {caps, disk} = options
   const directory = `${INBOX_DIRECTORY}/${sanitiseFileName(options.messageId, 'message')}`
   const perFile = `the limit per file (${describeSize(caps.fileBytes)}, attachments.max_file_size)`
   const perMessage = `the limit for all files of a message (${describeSize(caps.totalBytes)}, attachments.max_total_size)`
   const received: MessageAttachment[] = []
   let total = 0
+  // what the workspace may still take, less the folders the files land in (inbox/, inbox/<message id>/)
+  let diskLeft = disk ? disk.bytes - 2 * ENTRY_BYTES : Infinity
   for (const [index, file] of files.entries()) {
     const name = sanitiseFileName(file.name)
     const entry = {name, content_type: sanitiseContentType(file.contentType), size: file.declaredSize ?? 0}
@@ -129,13 +154,24 @@ export async function receiveFiles(
       skip(`it would take the message past ${perMessage}`)
       continue
     }
-    const room = Math.min(caps.fileBytes, caps.totalBytes - total)
+    // the bytes whose blocks fit in what limits.disk leaves (none: not even an empty file's entry)
+    const diskRoom = diskLeft < ENTRY_BYTES ? -1 : Math.floor(diskLeft / ENTRY_BYTES) * ENTRY_BYTES
+    if (disk && (diskRoom < 0 || (file.declaredSize !== undefined && file.declaredSize > diskRoom))) {
+      skip(disk.full)
+      continue
+    }
+    const room = Math.min(caps.fileBytes, caps.totalBytes - total, diskRoom)
     const tooLarge = () =>
-      room === caps.fileBytes ? `it is larger than ${perFile}` : `it would take the message past ${perMessage}`
+      disk && room === diskRoom
+        ? disk.full
+        : room === caps.fileBytes
+          ? `it is larger than ${perFile}`
+          : `it would take the message past ${perMessage}`
     try {
       const bytes = capped(file.read({maxBytes: room, signal: options.signal}), room, tooLarge)
       const written = await writeNewWorkspaceFile(options.workspace, directory, name, bytes)
       total += written.size
+      diskLeft -= onDisk(written.size)
       received.push({...entry, size: written.size, path: written.relative})
     } catch (error) {
       if (options.signal?.aborted) throw error

@@ -169,6 +169,48 @@ describe('receiving a message’s files into inbox/<message id>/', () => {
     ])
   })
 
+  it('takes no more than the room limits.disk leaves: a file past it is skipped with the disk reason, the others arrive', async () => {
+    const {root} = workspace()
+    const full = "there is no room for it under the agent's disk limit"
+    const caps = {fileBytes: 64 * 1024, files: 10, totalBytes: 256 * 1024}
+    const endless: IncomingFile = {
+      name: 'endless',
+      async *read() {
+        for (;;) yield Buffer.alloc(1024)
+      },
+    }
+    // 28 KiB left: 8 KiB for inbox/ and inbox/m4/, 8 KiB for small.bin, 12 KiB for what follows
+    const received = await receiveFiles(
+      [
+        file('small.bin', Buffer.alloc(5000)),
+        file('declared.bin', '', {declaredSize: 13 * 1024}),
+        endless,
+        file('fits.bin', Buffer.alloc(12 * 1024)),
+        file('after.bin', 'x'),
+      ],
+      {workspace: root, messageId: 'm4', caps, disk: {bytes: 28 * 1024, full}, log},
+    )
+    const why = Object.fromEntries(received.map((entry) => [entry.name, entry.skipped ?? entry.path]))
+    expect(why).toEqual({
+      'small.bin': 'inbox/m4/small.bin',
+      'declared.bin': full,
+      endless: full,
+      'fits.bin': 'inbox/m4/fits.bin',
+      'after.bin': full,
+    })
+    expect(fs.readdirSync(path.join(root, 'inbox/m4')).sort()).toEqual(['fits.bin', 'small.bin'])
+    // no room at all: nothing is read, no folder is made
+    let read = false
+    const none = await receiveFiles([{name: 'x', read: () => ((read = true), file('x', 'x').read({maxBytes: 1}))}], {
+      workspace: root,
+      messageId: 'm5',
+      caps,
+      disk: {bytes: -100, full},
+      log,
+    })
+    expect([none[0]?.skipped, read, fs.existsSync(path.join(root, 'inbox/m5'))]).toEqual([full, false, false])
+  })
+
   it.skipIf(process.getuid?.() !== 0)('gives the files to the workspace owner (a container’s uid)', async () => {
     const {root} = workspace()
     fs.chownSync(root, 4321, 4321)

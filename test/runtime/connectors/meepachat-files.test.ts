@@ -14,7 +14,11 @@ let llm: FakeLlm
 fakeLlmForTests((started) => (llm = started), {resetBeforeEach: true})
 const closeAfterTest = closeAfterEachTest()
 
-async function gatewayWith(attachments?: Record<string, unknown>) {
+async function gatewayWith(
+  attachments?: Record<string, unknown>,
+  agent: Record<string, unknown> = {},
+  beforeStart?: (workspace: string) => void,
+) {
   const chat: FakeMeepaChat = closeAfterTest(await startFakeMeepaChat({token: TOKEN}))
   const test = closeAfterTest(
     await startTestGateway({
@@ -23,9 +27,11 @@ async function gatewayWith(attachments?: Record<string, unknown>) {
           id: 'meepa',
           connectors: [{type: 'meepachat', url: chat.gatewayUrl, bot_token: TOKEN}],
           ...(attachments ? {attachments} : {}),
+          ...agent,
         },
       ],
       llmBaseUrl: llm.openaiBaseUrl,
+      beforeStart: beforeStart && ((home) => beforeStart(path.join(home.home, 'agents', 'meepa'))),
     }),
   )
   await chat.waitForReadyCount(1)
@@ -169,5 +175,51 @@ describe('MeepaChat attachments in (fake MeepaChat server, real agent with the f
     expect(meepaChatAttachmentUrl(base, 'uploads/a?')).toEqual({
       problem: 'its storedPath carries a query or fragment, which no stored file has',
     })
+  })
+
+  it('downloads nothing into a workspace already at its limits.disk: the reply names each file, why and the fix', async () => {
+    llm.setDefault({text: 'never asked'})
+    // under 1m the limit is measured, never a filesystem of its own (even for a root gateway)
+    const {chat, test, workspace} = await gatewayWith(undefined, {limits: {disk: '64k'}}, (workspace) => {
+      fs.mkdirSync(workspace, {recursive: true})
+      fs.writeFileSync(path.join(workspace, 'full.bin'), Buffer.alloc(64 * 1024, 1))
+    })
+    chat.files.add('/uploads/x1/data.csv', {body: Buffer.alloc(1000, 2), contentType: 'text/csv'})
+    chat.files.add('/uploads/x2/more.csv', {body: Buffer.alloc(10, 3), contentType: 'text/csv'})
+    chat.userSays({
+      id: 'msg-full',
+      channelId: 'general',
+      content: 'one more file',
+      attachments: [
+        {filename: 'data.csv', storedPath: 'uploads/x1/data.csv', sizeBytes: 1000},
+        {filename: 'more.csv', storedPath: 'uploads/x2/more.csv'},
+      ],
+    })
+    const [reply] = await chat.waitForPosts(1)
+    for (const name of ['data.csv', 'more.csv'])
+      expect(reply?.content).toMatch(
+        new RegExp(
+          `\\(${name.replace('.', '\\.')} was not received: there is no room for it under the agent's disk limit ` +
+            `\\(limits\\.disk, 64 KB; its workspace already uses at least \\d+(\\.\\d)? KB\\); ` +
+            `remove files from the agent's workspace or raise its limits\\.disk, then send the file again\\.\\)`,
+        ),
+      )
+    expect(chat.files.downloads).toEqual([])
+    expect(fs.existsSync(path.join(workspace, 'inbox'))).toBe(false)
+    expect(llm.requests).toHaveLength(0)
+    const [run] = new RunRecords(test.gateway.db).list()
+    expect(run?.error_code).toBe('E_DISK')
+    expect(runFilesOf(test.gateway.db, [run!.id]).get(run!.id)).toEqual([
+      expect.objectContaining({
+        direction: 'in',
+        name: 'data.csv',
+        skipped_reason: expect.stringContaining('limits.disk'),
+      }),
+      expect.objectContaining({
+        direction: 'in',
+        name: 'more.csv',
+        skipped_reason: expect.stringContaining('limits.disk'),
+      }),
+    ])
   })
 })
