@@ -20,6 +20,7 @@ export const DEFAULT_GATEWAY: GatewayConfig['gateway'] = {
   max_standbys: 8,
   standby_idle_minutes: 10,
   reply_delivery_minutes: 15,
+  max_queued_chat_files_size: '256m',
 }
 
 /** Built-in agent defaults: the last step of agent field > agent_defaults > built-in default. */

@@ -253,6 +253,12 @@ export const CONFIG_SCHEMA = {
         max_standbys: {type: 'integer', minimum: 0},
         standby_idle_minutes: {type: 'number', exclusiveMinimum: 0},
         reply_delivery_minutes: {type: 'number', exclusiveMinimum: 0},
+        max_queued_chat_files_size: {
+          type: 'string',
+          pattern: '^[0-9]+[kmg]$',
+          description:
+            "Bytes of files that web chat messages (POST /api/chat) waiting for their run may hold in the gateway's memory, all agents together; past it a request with files is answered 429 (one alone is taken while no other waits). Released when the run starts.",
+        },
       },
     },
     engines: {type: 'array', items: engineSchema},

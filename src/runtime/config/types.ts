@@ -177,6 +177,8 @@ export interface GatewayConfig {
     standby_idle_minutes: number
     /** How long a chat reply is retried (across reconnects and restarts) before it counts as undeliverable. */
     reply_delivery_minutes: number
+    /** Bytes of files web chat messages waiting for their run may hold in the gateway's memory, all agents together (`256m`). */
+    max_queued_chat_files_size: string
   }
 }
 

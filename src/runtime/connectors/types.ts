@@ -115,6 +115,11 @@ export interface DispatchExtras {
   notRunBecause?: () => string | undefined
   /** The message's files, received into the agent's workspace when its run starts. */
   files?: IncomingFile[]
+  /**
+   * Called once when the message's turn comes, before its run starts (or it is handed back or
+   * found withdrawn); never for a message refused or dropped before its turn.
+   */
+  onTurn?: () => void
 }
 
 export type DispatchStatus = 'ok' | 'failed' | 'interrupted' | 'rejected'

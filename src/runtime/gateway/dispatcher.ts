@@ -92,12 +92,14 @@ export class Dispatcher implements MessageDispatcher {
     let settle!: (outcome: DispatchOutcome) => void
     const done = new Promise<DispatchOutcome>((resolve) => (settle = resolve))
     const accepted = this.options.queue.submit(agentId, {
-      run: async () =>
+      run: async () => {
+        extras.onTurn?.()
         settle(
           extras.signal?.aborted
             ? this.withdrawn(start, extras.signal)
             : (this.handedBack(start, extras) ?? (await this.execute(start, message, delivery, extras))),
-        ),
+        )
+      },
       cancel: (reason) =>
         reason === 'withdrawn' && extras.signal
           ? settle(this.withdrawn(start, extras.signal))

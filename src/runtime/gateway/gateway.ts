@@ -45,6 +45,7 @@ import {ConfigWatch, partsNeedingRestart} from './config-watch.js'
 import {receiveInbox} from './inbox.js'
 import {INBOX_SWEEP_INTERVAL_MS, pruneInboxes} from './inbox-retention.js'
 import {attachmentCaps} from '../config/attachment-caps.js'
+import {sizeBytes} from '../config/size.js'
 
 export interface GatewayOptions {
   loaded: LoadedConfig
@@ -308,6 +309,8 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       runs: records,
       maxAttachmentBytes: () =>
         Math.max(0, ...live.config.agents.map((agent) => attachmentCaps(agent.attachments).totalBytes)),
+      maxQueuedFileBytes: () =>
+        sizeBytes(live.config.gateway.max_queued_chat_files_size, 'gateway.max_queued_chat_files_size'),
     })
     const http: HttpListener = await startHttpListener({
       bind: config.captain.bind,

@@ -4,16 +4,18 @@ import {describe, expect, it} from 'vitest'
 import type {FakeLlm} from '../../fakes/llm-server.js'
 import {fakeLlmForTests} from '../../helpers/fake-llm-for-tests.js'
 import {pngOfSize, TINY_PNG} from '../../helpers/attachments.js'
+import {waitFor} from '../../helpers/wait-for.js'
 import {closeAfterEachTest, startTestGateway} from '../gateway/helpers.js'
 
 let llm: FakeLlm
 fakeLlmForTests((started) => (llm = started), {resetBeforeEach: true})
 const closeAfterTest = closeAfterEachTest()
 
-async function anthropicGateway(attachments?: Record<string, unknown>) {
+async function anthropicGateway(attachments?: Record<string, unknown>, gateway?: Record<string, unknown>) {
   const test = closeAfterTest(
     await startTestGateway({
       agents: [{id: 'web', ...(attachments ? {attachments} : {})}],
+      ...(gateway ? {gateway} : {}),
       config: {
         providers: {
           primary: 'claude',
@@ -119,5 +121,49 @@ describe('web chat attachments (POST /api/chat, real agent, the fake LLM speakin
     for (const attachments of [[{name: 'x', content_base64: 'not base64!'}], [{content_base64: ''}], 'nope'])
       expect((await test.chat({agent: 'web', message: 'x', attachments})).status).toBe(400)
     expect((await test.chat({agent: 'web', message: ''})).status).toBe(400)
+  })
+  it('holds at most gateway.max_queued_chat_files_size of waiting messages’ files: past it 429 naming the fix, released when the run starts', async () => {
+    let letGo!: () => void
+    const busy = new Promise<void>((resolve) => (letGo = resolve))
+    llm.enqueue(async () => {
+      await busy
+      return {text: 'that took a while'}
+    })
+    llm.setDefault({text: 'got it'})
+    const {test, workspace} = await anthropicGateway(undefined, {max_queued_chat_files_size: '1k'})
+    const file = (name: string, fill: number) => ({name, content_base64: b64(Buffer.alloc(800, fill))})
+    // the agent is busy, so the next message waits in its queue, holding its file
+    const blocker = test.chat({agent: 'web', message: 'take your time'})
+    await waitFor('the first run', () => llm.requests.length === 1)
+    const first = test.chat({agent: 'web', message: 'first', attachments: [file('first.bin', 1)]})
+    await waitFor('the first file message in the queue', () => test.gateway.queue.waitingFor('web') === 1)
+
+    const refused = await fetch(`${test.gateway.url}/api/chat`, {
+      method: 'POST',
+      headers: {'content-type': 'application/json', authorization: `Bearer ${test.apiKey}`},
+      body: JSON.stringify({agent: 'web', message: 'second', attachments: [file('second.bin', 2)]}),
+    })
+    expect(refused.status).toBe(429)
+    expect(refused.headers.get('retry-after')).toBe('30')
+    const {error} = (await refused.json()) as {error: {code: string; message: string}}
+    expect(error.code).toBe('E_BUSY')
+    expect(error.message).toBe(
+      'the gateway already holds 800 bytes of files for web chat messages waiting for their run, and this ' +
+        "message's 800 bytes would take it past its limit (1 KB, gateway.max_queued_chat_files_size): send it " +
+        "again once those have run (see Retry-After), or with smaller files; the gateway's operator can raise " +
+        'gateway.max_queued_chat_files_size',
+    )
+    expect(test.gateway.queue.waitingFor('web')).toBe(1)
+
+    letGo()
+    expect((await blocker).status).toBe(200)
+    const ran = await first
+    expect([ran.status, ran.body.reply]).toEqual([200, 'got it'])
+    expect(fs.readFileSync(path.join(workspace, ran.body.attachments[0].path))).toEqual(Buffer.alloc(800, 1))
+    // its run started: what it held is free again
+    const third = await test.chat({agent: 'web', message: 'third', attachments: [file('third.bin', 3)]})
+    expect(third.status).toBe(200)
+    expect(fs.readFileSync(path.join(workspace, third.body.attachments[0].path))).toEqual(Buffer.alloc(800, 3))
+    expect(llm.requests).toHaveLength(3)
   })
 })
