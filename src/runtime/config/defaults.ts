@@ -21,6 +21,7 @@ export const DEFAULT_GATEWAY: GatewayConfig['gateway'] = {
   standby_idle_minutes: 10,
   reply_delivery_minutes: 15,
   max_queued_chat_files_size: '256m',
+  max_outbox_spool_size: '1g',
 }
 
 /** Built-in agent defaults: the last step of agent field > agent_defaults > built-in default. */

@@ -259,6 +259,12 @@ export const CONFIG_SCHEMA = {
           description:
             "Bytes of files that web chat messages (POST /api/chat) waiting for their run may hold in the gateway's memory, all agents together; past it a request with files is answered 429 (one alone is taken while no other waits). Released when the run starts.",
         },
+        max_outbox_spool_size: {
+          type: 'string',
+          pattern: '^[0-9]+[kmg]$',
+          description:
+            "Bytes of the files chat replies carry that the gateway keeps until they are delivered (<home>/spool/outbox), all agents together; a file past it is not sent, and the reply's text says so.",
+        },
       },
     },
     engines: {type: 'array', items: engineSchema},

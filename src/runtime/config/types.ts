@@ -179,6 +179,8 @@ export interface GatewayConfig {
     reply_delivery_minutes: number
     /** Bytes of files web chat messages waiting for their run may hold in the gateway's memory, all agents together (`256m`). */
     max_queued_chat_files_size: string
+    /** Bytes of reply files the outbox's spool may keep until they are delivered (`1g`). */
+    max_outbox_spool_size: string
   }
 }
 

@@ -154,9 +154,9 @@ export function partsNeedingRestart(before: GatewayConfig, after: GatewayConfig)
   }
   for (const section of ['captain', 'gateway'] as const) {
     for (const [field, value] of Object.entries(after[section])) {
-      // the listener reads allowed_hosts at every request, the web chat its files' budget
+      // the listener reads allowed_hosts at every request, the web chat and the outbox their budgets
       if (section === 'captain' && field === 'allowed_hosts') continue
-      if (section === 'gateway' && field === 'max_queued_chat_files_size') continue
+      if (section === 'gateway' && ['max_queued_chat_files_size', 'max_outbox_spool_size'].includes(field)) continue
       if (JSON.stringify(value) !== JSON.stringify((before[section] as Record<string, unknown>)[field]))
         parts.push(`${section}.${field}`)
     }

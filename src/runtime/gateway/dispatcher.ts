@@ -274,6 +274,11 @@ export class Dispatcher implements MessageDispatcher {
       refused.push(...files.map((file) => ({name: file.name, reason: NO_FILES_HERE})))
       files = []
     }
+    if (files.length > 0 && throughOutbox && outbox) {
+      const room = outbox.spoolRoom(files)
+      files = room.files
+      refused.push(...room.refused)
+    }
     const text = reply + refusalNote(refused)
     for (const refusal of refused) this.logRefusal(start.id, refusal)
     const record = (refusedLater: FileRefusal[]) =>

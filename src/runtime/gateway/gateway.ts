@@ -129,6 +129,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       spoolDir: outboxSpoolDir(loaded.home),
       connectors: () => connectors,
       deliveryWindowMs: () => live.config.gateway.reply_delivery_minutes * 60_000,
+      spoolLimitBytes: () => sizeBytes(live.config.gateway.max_outbox_spool_size, 'gateway.max_outbox_spool_size'),
       log,
       retryBackoff: options.replyRetryBackoff,
     })

@@ -6,7 +6,8 @@ import type {Connector, Conversation, ReplyPacing} from '../connectors/types.js'
 import type {GatewayDb} from '../state/gateway-db.js'
 import {Outbox, type OutboxReply, type PendingPart} from '../state/outbox.js'
 import {OutboxSpool} from '../state/outbox-spool.js'
-import type {OutboundFile} from '../shapes/outbound-file.js'
+import type {FileRefusal, OutboundFile} from '../shapes/outbound-file.js'
+import {describeSize} from '../config/attachment-caps.js'
 import {undeliveredRestReply} from './user-replies.js'
 
 /** Between attempts when the platform names no wait: 1 s, doubling, at most a minute. */
@@ -21,6 +22,8 @@ export interface ReplyOutboxOptions {
   connectors: () => readonly Connector[]
   /** How long a reply is retried from when it was written (gateway.reply_delivery_minutes). */
   deliveryWindowMs: () => number
+  /** Bytes of files the spool may keep (gateway.max_outbox_spool_size); unset: no bound. */
+  spoolLimitBytes?: () => number
   log: (line: string) => void
   retryBackoff?: BackoffOptions
 }
@@ -61,6 +64,39 @@ export class ReplyOutbox {
       ...chunks.map((content) => ({kind: 'text' as const, content})),
     ])
     this.wake(conversation)
+  }
+
+  /**
+   * Which of a reply's files the spool can take, in order, within gateway.max_outbox_spool_size
+   * with what replies still owe: the spool is outside every agent's limits.disk, so without a
+   * bound an agent's replies could outpace a slow or failing platform and fill the home's disk.
+   * The others are refused, with the reason the reply's text gives.
+   */
+  spoolRoom(files: OutboundFile[]): {files: OutboundFile[]; refused: FileRefusal[]} {
+    const limit = this.options.spoolLimitBytes?.() ?? Infinity
+    let used: number
+    try {
+      used = this.store.spooledBytes()
+    } catch {
+      return {files, refused: []} // the outbox cannot be read: its write fails too, and the reply goes out directly
+    }
+    const kept: OutboundFile[] = []
+    const refused: FileRefusal[] = []
+    for (const file of files) {
+      if (used + file.size <= limit) {
+        kept.push(file)
+        used += file.size
+        continue
+      }
+      refused.push({
+        name: file.name,
+        reason:
+          `not sent: the gateway's outgoing file spool is full (replies not yet delivered hold ${describeSize(used)} ` +
+          `of its ${describeSize(limit)}, gateway.max_outbox_spool_size, and the file is ${describeSize(file.size)}); ` +
+          "ask for it again once they are delivered, or the gateway's operator can raise gateway.max_outbox_spool_size",
+      })
+    }
+    return {files: kept, refused}
   }
 
   /**

@@ -106,6 +106,14 @@ export class Outbox {
     return {file: {name: part.name, size: part.size, content_type: part.contentType, data: read.data}}
   }
 
+  /** Bytes of the files replies still owe, kept in the spool. */
+  spooledBytes(): number {
+    return this.db
+      .prepare('SELECT coalesce(sum(file_size), 0) FROM outbox_parts WHERE spool IS NOT NULL')
+      .pluck()
+      .get() as number
+  }
+
   /** Removes spool entries no reply still owes (at start: what a crash or a finished reply left). */
   sweepSpool(): number {
     const owed = this.db.prepare('SELECT spool FROM outbox_parts WHERE spool IS NOT NULL').pluck().all() as string[]

@@ -166,6 +166,55 @@ describe('files an agent sends go out through each platform (wire fakes)', () =>
     ])
   })
 
+  it('MeepaChat failing: a reply whose file does not fit gateway.max_outbox_spool_size goes out with its text naming it; the first reply’s file is delivered', async () => {
+    const chat = closeAfterTest(await startFakeMeepaChat({token: '1.t'}))
+    const gateway = await gatewayFor({type: 'meepachat', url: chat.gatewayUrl, bot_token: '1.t'}, undefined, {
+      max_outbox_spool_size: '1k',
+    })
+    await chat.waitForReadyCount(1)
+    for (const [name, fill] of [
+      ['first.txt', '1'],
+      ['second.txt', '2'],
+    ] as const)
+      llm.enqueue(
+        {
+          toolCalls: [
+            {name: 'write_file', arguments: {path: name, content: fill.repeat(700)}},
+            {name: 'send_file', arguments: {path: name}},
+          ],
+        },
+        {text: `Here is ${name}.`},
+      )
+    // the platform takes nothing for now: the first reply's file waits in the spool
+    chat.faults.failPosts({status: 503})
+    chat.userSays({channelId: 'general', content: 'the first file please'})
+    await gateway.waitForLog(/reply via filer\/meepachat .* not delivered yet/)
+    chat.userSays({channelId: 'general', content: 'and the second'})
+    const full =
+      "not sent: the gateway's outgoing file spool is full (replies not yet delivered hold 700 bytes of its 1 KB, " +
+      'gateway.max_outbox_spool_size, and the file is 700 bytes); ask for it again once they are delivered, ' +
+      "or the gateway's operator can raise gateway.max_outbox_spool_size"
+    await gateway.waitForLog(/file "second.txt" not sent: not sent: the gateway's outgoing file spool is full/)
+    expect(fs.readdirSync(path.join(gateway.home.home, 'spool', 'outbox'))).toHaveLength(1)
+
+    chat.faults.failPosts(undefined)
+    const [file, firstText, secondText] = await chat.waitForPosts(3)
+    expect(file?.attachments?.map((upload) => [upload.filename, upload.data?.toString()])).toEqual([
+      ['first.txt', '1'.repeat(700)],
+    ])
+    expect(firstText?.content).toBe('Here is first.txt.')
+    expect(secondText?.content).toBe(`Here is second.txt.\n\n(File not sent: second.txt: ${full}.)`)
+    expect(chat.uploads.map((upload) => upload.filename)).not.toContain('second.txt')
+    await gateway.waitForLog(/reply delivered via filer\/meepachat/)
+    const runs = new RunRecords(gateway.gateway.db).listWithFiles()
+    expect(runs.flatMap((run) => run.files ?? []).map((row) => [row.name, row.skipped_reason])).toEqual(
+      expect.arrayContaining([
+        ['first.txt', null],
+        ['second.txt', full],
+      ]),
+    )
+  })
+
   it('files the gateway refuses (a link swapped in after send_file, over the count cap) are named in the reply and recorded', async () => {
     const chat = closeAfterTest(await startFakeMeepaChat({token: '1.t'}))
     const gateway = await gatewayFor(
