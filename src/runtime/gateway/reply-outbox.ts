@@ -91,7 +91,7 @@ export class ReplyOutbox {
       refused.push({
         name: file.name,
         reason:
-          `not sent: the gateway's outgoing file spool is full (replies not yet delivered hold ${describeSize(used)} ` +
+          `the gateway's outgoing file spool is full (replies not yet delivered hold ${describeSize(used)} ` +
           `of its ${describeSize(limit)}, gateway.max_outbox_spool_size, and the file is ${describeSize(file.size)}); ` +
           "ask for it again once they are delivered, or the gateway's operator can raise gateway.max_outbox_spool_size",
       })

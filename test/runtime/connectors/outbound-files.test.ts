@@ -191,10 +191,10 @@ describe('files an agent sends go out through each platform (wire fakes)', () =>
     await gateway.waitForLog(/reply via filer\/meepachat .* not delivered yet/)
     chat.userSays({channelId: 'general', content: 'and the second'})
     const full =
-      "not sent: the gateway's outgoing file spool is full (replies not yet delivered hold 700 bytes of its 1 KB, " +
+      "the gateway's outgoing file spool is full (replies not yet delivered hold 700 bytes of its 1 KB, " +
       'gateway.max_outbox_spool_size, and the file is 700 bytes); ask for it again once they are delivered, ' +
       "or the gateway's operator can raise gateway.max_outbox_spool_size"
-    await gateway.waitForLog(/file "second.txt" not sent: not sent: the gateway's outgoing file spool is full/)
+    await gateway.waitForLog(/file "second\.txt" not sent: "the gateway's outgoing file spool is full/)
     expect(fs.readdirSync(path.join(gateway.home.home, 'spool', 'outbox'))).toHaveLength(1)
 
     chat.faults.failPosts(undefined)
