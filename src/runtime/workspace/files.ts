@@ -17,8 +17,16 @@ export const MAX_WORKSPACE_FILE_BYTES = 1024 * 1024
 
 const {O_RDONLY, O_WRONLY, O_CREAT, O_EXCL, O_NOFOLLOW, O_NONBLOCK, O_DIRECTORY} = fs.constants
 
-function refuse(relative: string, problem: string): GatewayError {
-  return new GatewayError(
+/**
+ * The writer's deliberate refusal: an entry it does not follow, open or write over (a link, a
+ * folder, a FIFO where a file would go; a parent that is not a folder). Anything else it throws is
+ * the host failing to do what it should (a full disk, a name too long for its filesystem, a
+ * permission), which a caller must not take for a refusal.
+ */
+export class WorkspaceRefusal extends GatewayError {}
+
+function refuse(relative: string, problem: string): WorkspaceRefusal {
+  return new WorkspaceRefusal(
     'E_WORKSPACE',
     `the workspace's ${relative} ${problem}; the gateway does not follow or open anything but regular files there`,
     {
@@ -43,6 +51,14 @@ function partsOf(relative: string): string[] {
     throw new GatewayError('E_INPUT', `${JSON.stringify(relative)} is not a path inside the workspace`)
   }
   return parts
+}
+
+/**
+ * The name of a temporary beside the entry it becomes: hidden, unguessable, and short whatever that
+ * entry's name (a name of 255 bytes, the most a folder entry holds, must still get one).
+ */
+function temporaryName(): string {
+  return `.m-${randomHex(8)}.tmp`
 }
 
 function lstatOrUndefined(file: string): fs.Stats | undefined {
@@ -215,14 +231,16 @@ export function writeWorkspaceFile(
   const existing = lstatOrUndefined(file)
   if (existing && options.exclusive) return false
   if (existing?.isDirectory()) throw refuse(relative, 'is a directory')
-  const temp = path.join(dir, `.${parts.at(-1)}.${randomHex(6)}.tmp`)
+  const temp = path.join(dir, temporaryName())
   const fd = fs.openSync(temp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, options.mode ?? 0o644)
   let placed = false
   try {
     assertOpenedAt(fd, temp, relative)
     const owner = newEntryOwner(base)
     if (owner) fs.fchownSync(fd, owner.uid, owner.gid)
-    fs.writeSync(fd, typeof content === 'string' ? Buffer.from(content) : content)
+    // a write may take part of it (a disk filling up): the next one then says why it cannot go on
+    const data = typeof content === 'string' ? Buffer.from(content) : content
+    for (let written = 0; written < data.length;) written += fs.writeSync(fd, data, written, data.length - written)
     fs.fsyncSync(fd)
     if (options.exclusive) {
       try {
@@ -491,7 +509,7 @@ export function makeWorkspaceSymlink(root: string, relative: string, target: str
   try {
     assertOpenedAt(dirFd, dir, relative)
     const here = openedPath(dirFd) === undefined ? dir : `/proc/self/fd/${dirFd}`
-    const temp = path.join(here, `.${parts.at(-1)}.${randomHex(6)}.tmp`)
+    const temp = path.join(here, temporaryName())
     const file = path.join(here, parts.at(-1)!)
     fs.symlinkSync(target, temp)
     try {

@@ -418,12 +418,13 @@ async function runOnVolume(
             if (received > 0) log(`workspace sync: took back ${received} changed file(s) from engine ${engine!.name}`)
             return answered
           } catch (error) {
+            const failed = toGatewayError(error)
             return failure(
               runId,
               'E_WORKSPACE',
-              `the run ended on engine ${engine!.name}, but its changes to the workspace could not be brought back: ${toGatewayError(error).message}`,
+              `the run ended on engine ${engine!.name}, but its changes to the workspace could not be brought back: ${failed.message}`,
               true,
-              {partly_ran: true},
+              {partly_ran: true, ...(failed.suggestions.length > 0 ? {suggestions: failed.suggestions} : {})},
             )
           } finally {
             // agent-run, waiting since its trailer, ends now: the container's teardown on the

@@ -14,6 +14,7 @@ import {
   makeWorkspaceSymlink,
   removeEmptyWorkspaceDirectory,
   removeWorkspaceEntry,
+  WorkspaceRefusal,
   writeWorkspaceFile,
 } from '../../workspace/files.js'
 import {GATEWAY_ENTRIES} from '../../workspace/workspace.js'
@@ -260,7 +261,8 @@ function safeName(raw: string): string | undefined {
  * Takes back what the run changed: files and directories through the no-follow writer, symbolic
  * links made (never followed) as the agent left them, names removed in the volume removed on the
  * host. FIFOs, devices, hard links and names with `..` are never made on the host (each is
- * logged). `maxBytes` bounds the whole transfer (limits.disk).
+ * logged). `maxBytes` bounds the whole transfer (limits.disk). A change the host fails to take
+ * (applyChanges) fails it, and what the volume holds is forgotten.
  */
 export async function pullWorkspace(
   cli: DockerCli,
@@ -283,7 +285,16 @@ export async function pullWorkspace(
 ): Promise<{received: number}> {
   const {list, changes} = options.trailer ?? (await listChangesAgain(cli, state, options))
   const present = await namesListed(list)
-  const {received, record, folders} = await applyChanges(options.workspace, changes, present, state.synced, options)
+  let applied: Awaited<ReturnType<typeof applyChanges>>
+  try {
+    applied = await applyChanges(options.workspace, changes, present, state.synced, options)
+  } catch (error) {
+    // part of the changes may be on the host, the rest only in the volume: no record says what it
+    // holds now, so the next run there starts from the host's workspace whole
+    forgetVolume(state)
+    throw error
+  }
+  const {received, record, folders} = applied
   // each file was fsynced before its rename: its name, and every name made or removed, reach the
   // disk while the record is written. The record says what the volume holds, true before they do
   // (a crash between leaves a message that never answered, its changes sent again or undone by the
@@ -375,6 +386,10 @@ export function syncFoldersAside(workspace: string, folders: Iterable<string>): 
  * entry it could not take (a folder where the run made a file), as unlike anything, of the kind
  * the volume has there, with nothing recorded below it, so the next push replaces it in the volume
  * whole; any other name as it was, so a change the host made meanwhile still differs and is sent.
+ *
+ * Only the writer's deliberate refusals (WorkspaceRefusal) are logged and passed over; any other
+ * failure to write or remove an entry (a full disk, a name too long for the host's filesystem, a
+ * permission) throws E_WORKSPACE naming it: the run's changes did not all reach the host.
  */
 export async function applyChanges(
   workspace: string,
@@ -455,7 +470,10 @@ export async function applyChanges(
         received++
       } else skip(entry, `is not a regular file, folder or symbolic link (tar type ${entry.type})`)
     } catch (error) {
-      skip(entry, toGatewayError(error).message, kind)
+      // the writer's refusals are the host's rules (a folder where the run made a file, a link among
+      // the parents): the host's entry stays. Anything else is the host failing to take the change
+      if (!(error instanceof WorkspaceRefusal)) throw notTakenBack(name, 'written', error)
+      skip(entry, error.message, kind)
     }
   }
   for (const name of Object.keys(synced ?? {})
@@ -479,7 +497,8 @@ export async function applyChanges(
         if (onHost && !stays) changedIn(name)
         if (record) delete record[name]
       } catch (error) {
-        options.log(`workspace sync: not removed: ${JSON.stringify(name)} ${toGatewayError(error).message}`)
+        if (!(error instanceof WorkspaceRefusal)) throw notTakenBack(name, 'removed', error)
+        options.log(`workspace sync: not removed: ${JSON.stringify(name)} ${error.message}`)
       }
   }
   // once, whatever order the archive came in: one pass over the record, never one per name
@@ -527,6 +546,47 @@ async function namesListed(list: Buffer): Promise<Set<string>> {
     start = end + 1
   }
   return names
+}
+
+/** Why the host could not take a change, and what fixes it, by the system's error code. */
+const HOST_FAILURES: Partial<Record<string, {why: string; fix: string}>> = {
+  ENAMETOOLONG: {
+    why: "the name is too long for the host's filesystem",
+    fix: 'ask the agent for a shorter name, or keep the workspace on a filesystem that takes names of 255 bytes',
+  },
+  ENOSPC: {why: "the host's disk is full", fix: "free space on the disk that holds the agent's workspace"},
+  EDQUOT: {
+    why: "the gateway's user is over its disk quota",
+    fix: "raise the disk quota of the gateway's user, or free space in it",
+  },
+  EACCES: {
+    why: "the gateway's user may not write there",
+    fix: "let the gateway's user write in the agent's workspace (owner and modes of its folders)",
+  },
+  EPERM: {
+    why: "the gateway's user may not change it",
+    fix: "let the gateway's user write in the agent's workspace (owner, modes and attributes of its entries)",
+  },
+  EROFS: {why: "the host's filesystem is read-only", fix: "mount the agents' folder writable"},
+}
+
+/**
+ * A change of the run's that the host failed to write or remove (anything but the writer's
+ * deliberate refusals): the take-back fails, so the message is never reported done with its
+ * writes only in the engine's volume. The name is quoted (it is the agent's, and may hold anything);
+ * the system's own message is not used, since it repeats the path unquoted.
+ */
+function notTakenBack(name: string, what: 'written' | 'removed', error: unknown): GatewayError {
+  const code = (error as NodeJS.ErrnoException).code
+  const known = code ? HOST_FAILURES[code] : undefined
+  const why = known ? `${known.why} (${code})` : code ? `error ${code}` : toGatewayError(error).message
+  return new GatewayError('E_WORKSPACE', `${JSON.stringify(name)} could not be ${what} on the host: ${why}`, {
+    cause: error,
+    suggestions: [
+      known?.fix ?? `fix the cause on the host (${code ?? 'see the message'})`,
+      "then send the message again: the engine's copy of the workspace is dropped, and the next run there starts from the host's",
+    ],
+  })
 }
 
 /** Whether a folder above `name` is one of `folders`. */

@@ -221,6 +221,37 @@ describeWithDocker('container runs on a remote engine over mutual TLS (own engin
     expect(next.reply).toMatch(/link -> \/etc\/passwd/)
   }, 120_000)
 
+  it('brings back names of up to 255 bytes; a change the host cannot write fails the message, and the next run starts from the host’s workspace', async () => {
+    const far = (name: string) => path.join(workspace('far'), name)
+    const long = `${'n'.repeat(246)}.txt`
+    const link = 'l'.repeat(255)
+    const made = await serve!.chat('far', `RUN: echo long > ${long} && ln -s ${long} ${link} && echo made`)
+    expect(made.reply, serve!.output().slice(-2000)).toContain('made')
+    expect(fs.readFileSync(far(long), 'utf8')).toBe('long\n')
+    expect(fs.readlinkSync(far(link))).toBe(long)
+    // the host's disk is full where the run writes: a filesystem of 64 KiB over a folder of the workspace
+    fs.mkdirSync(far('full'))
+    await execa('mount', ['-t', 'tmpfs', '-o', 'size=64k', 'meepa-test-full', far('full')])
+    const before = serve!.output().length
+    let failed: {reply: string}
+    try {
+      failed = await serve!.chat('far', 'RUN: head -c 1048576 /dev/zero > full/big && echo wrote')
+    } finally {
+      await execa('umount', ['-l', far('full')])
+    }
+    // never reported done: the user is told it went wrong, the operator which file and why
+    expect(failed.reply).not.toContain('wrote')
+    expect(failed.reply).toMatch(/something went wrong/)
+    expect(serve!.output().slice(before)).toMatch(
+      /E_WORKSPACE .*could not be brought back: "full\/big" could not be written on the host: the host's disk is full \(ENOSPC\)/,
+    )
+    // the next run trusts no record of the volume: it sees the host's workspace, without the file
+    const next = await serve!.chat('far', `RUN: ls -A full; cat ${long}; echo listed`)
+    expect(next.reply, serve!.output().slice(-2000)).toContain('listed')
+    expect(next.reply).toContain('long')
+    expect(next.reply).not.toContain('big')
+  }, 120_000)
+
   it('takes back every write of the run even when the agent moves its start marks, and nothing it left running writes after', async () => {
     const reply = await serve!.chat(
       'far',

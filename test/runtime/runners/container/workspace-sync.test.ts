@@ -12,6 +12,7 @@ import {
   type SyncedVolume,
 } from '../../../../src/runtime/runners/container/workspace-sync.js'
 import {readTar, writeTar, type TarInput} from '../../../../src/runtime/util/tar.js'
+import type {GatewayError} from '../../../../src/runtime/util/errors.js'
 
 /*
  * The host side of the remote-engine workspace sync, fed hostile archives as an agent on the
@@ -58,6 +59,17 @@ describe('taking a run’s changes back from a remote engine', () => {
   const logged: string[] = []
   const apply = (tar: Buffer, present: string[] = [], synced = snapshotWorkspace(workspace)) =>
     applyChanges(workspace, tar, new Set(present), synced, {maxBytes: 1024 * 1024, log: (line) => logged.push(line)})
+  /** pullWorkspace given the run's trailer: every name in the volume, and the change tar (no engine is asked). */
+  const pull = (state: SyncedVolume, names: string[], changes: Buffer, maxBytes = 1024 * 1024) =>
+    pullWorkspace(undefined as never, state, {
+      runId: 'run_test',
+      pushed: false,
+      workspace,
+      maxBytes,
+      log: (line) => logged.push(line),
+      trailer: {list: Buffer.from(names.map((name) => `./${name}\0`).join('')), changes},
+      helper: {image: 'unused', uid: 1000, gid: 1000, labels: {}},
+    })
 
   beforeEach(() => {
     root = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-sync-'))
@@ -201,6 +213,77 @@ describe('taking a run’s changes back from a remote engine', () => {
     expect(fs.readFileSync(path.join(workspace, 'kept.txt'), 'utf8')).toBe('kept')
   })
 
+  it('brings back a file and a link whose names are as long as a folder entry can be (its temporaries are short)', async () => {
+    const name = `${'n'.repeat(246)}.txt` // 250 bytes
+    const link = 'l'.repeat(255)
+    const {received} = await apply(
+      writeTar([
+        file(name, 'long'),
+        {name: link, type: '2', mode: 0o777, mtimeMs: 0, data: Buffer.alloc(0), linkname: name},
+      ]),
+      [name, link],
+    )
+    expect(received).toBe(2)
+    expect(fs.readFileSync(path.join(workspace, name), 'utf8')).toBe('long')
+    expect(fs.readlinkSync(path.join(workspace, link))).toBe(name)
+    expect(logged).toEqual([])
+    // no temporary is left beside them
+    expect(fs.readdirSync(workspace).sort()).toEqual([link, name])
+  })
+
+  it('writes a file whole when the host’s disk takes each write in part', async () => {
+    const real = fs.writeSync.bind(fs) as (fd: number, data: Buffer, offset: number, length: number) => number
+    const spy = vi.spyOn(fs, 'writeSync')
+    spy.mockImplementation(((fd: number, data: Buffer, offset = 0, length = data.length - offset) =>
+      real(fd, data, offset, Math.min(length, 1000))) as never)
+    try {
+      await apply(writeTar([file('whole.txt', 'x'.repeat(10_000))]), ['whole.txt'])
+    } finally {
+      spy.mockRestore()
+    }
+    expect(fs.readFileSync(path.join(workspace, 'whole.txt'), 'utf8')).toBe('x'.repeat(10_000))
+  })
+
+  it('fails the take-back, naming the entry, when the host cannot write or remove a change; what the volume holds is forgotten', async () => {
+    fs.writeFileSync(path.join(workspace, 'gone.txt'), 'the run removed it')
+    const bad = 'full\n"disk.txt' // quoted in the error as the agent's name, never as raw bytes
+    for (const [failing, what, code, said] of [
+      ['writeSync', 'written', 'ENOSPC', "the host's disk is full (ENOSPC)"],
+      ['rmSync', 'removed', 'EACCES', "the gateway's user may not write there (EACCES)"],
+    ] as const) {
+      const record = path.join(root, `record-${code}`)
+      fs.writeFileSync(record, JSON.stringify(snapshotWorkspace(workspace)))
+      const state: SyncedVolume = {volume: 'unused', synced: snapshotWorkspace(workspace), file: record}
+      const real = fs[failing].bind(fs) as (...args: unknown[]) => unknown
+      const spy = vi.spyOn(fs, failing)
+      spy.mockImplementation(((...args: unknown[]) => {
+        const target = typeof args[0] === 'number' ? fs.readlinkSync(`/proc/self/fd/${args[0]}`) : String(args[0])
+        if (path.basename(target).startsWith('.m-') || path.basename(target) === 'gone.txt')
+          throw Object.assign(new Error(`${code}: failed, '${target}'`), {code})
+        return real(...args)
+      }) as never)
+      let failed: GatewayError | undefined
+      try {
+        await pull(
+          state,
+          ['ok.txt', bad],
+          writeTar(failing === 'writeSync' ? [file(bad, 'x')] : [file('ok.txt', 'fine')]),
+        )
+      } catch (error) {
+        failed = error as GatewayError
+      } finally {
+        spy.mockRestore()
+      }
+      const name = failing === 'writeSync' ? bad : 'gone.txt'
+      expect(failed?.code).toBe('E_WORKSPACE')
+      expect(failed?.message).toBe(`${JSON.stringify(name)} could not be ${what} on the host: ${said}`)
+      expect(failed?.suggestions.join(' ')).toMatch(/send the message again/)
+      // no record: the next push empties the volume and sends the host's workspace whole
+      expect(state.synced).toBeUndefined()
+      expect(fs.existsSync(record)).toBe(false)
+    }
+  })
+
   it('has every name it made, replaced or removed on the disk, and its record written, before it returns', async () => {
     fs.mkdirSync(path.join(workspace, 'old'))
     fs.writeFileSync(path.join(workspace, 'old', 'gone.txt'), 'old')
@@ -236,20 +319,7 @@ describe('taking a run’s changes back from a remote engine', () => {
         file('top.txt', 'top'),
         file('e/f/unlisted-folders.txt', 'made'), // an archive that does not list e and e/f
       ])
-      const list = Buffer.from(
-        ['untouched', 'd', 'd/new.txt', 'top.txt', 'e', 'e/f', 'e/f/unlisted-folders.txt']
-          .map((name) => `./${name}\0`)
-          .join(''),
-      )
-      await pullWorkspace(undefined as never, state, {
-        runId: 'run_durable',
-        pushed: false,
-        workspace,
-        maxBytes: 1024 * 1024,
-        log: (line) => logged.push(line),
-        trailer: {list, changes},
-        helper: {image: 'unused', uid: 1000, gid: 1000, labels: {}},
-      })
+      await pull(state, ['untouched', 'd', 'd/new.txt', 'top.txt', 'e', 'e/f', 'e/f/unlisted-folders.txt'], changes)
     } finally {
       open.mockRestore()
       fsyncNow.mockRestore()
@@ -298,23 +368,17 @@ describe('taking a run’s changes back from a remote engine', () => {
       closeCallback(fd, done)
     }) as typeof fs.close)
     try {
-      await pullWorkspace(undefined as never, state, {
-        runId: 'run_many_folders',
-        pushed: false,
-        workspace,
-        maxBytes: 16 * 1024 * 1024,
-        log: (line) => logged.push(line),
-        trailer: {
-          list: Buffer.from(made.flatMap((dir) => [`./${dir}\0`, `./${dir}/x\0`]).join('')),
-          changes: writeTar(
-            made.flatMap((dir) => [
-              {name: dir, type: '5' as const, mode: 0o755, mtimeMs: 0, data: Buffer.alloc(0)},
-              file(`${dir}/x`, dir),
-            ]),
-          ),
-        },
-        helper: {image: 'unused', uid: 1000, gid: 1000, labels: {}},
-      })
+      await pull(
+        state,
+        made.flatMap((dir) => [dir, `${dir}/x`]),
+        writeTar(
+          made.flatMap((dir) => [
+            {name: dir, type: '5' as const, mode: 0o755, mtimeMs: 0, data: Buffer.alloc(0)},
+            file(`${dir}/x`, dir),
+          ]),
+        ),
+        16 * 1024 * 1024,
+      )
     } finally {
       open.mockRestore()
       close.mockRestore()
