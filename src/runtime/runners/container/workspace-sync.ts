@@ -102,6 +102,14 @@ export function forgetVolume(state: SyncedVolume): void {
 /** An unknown volume is emptied first (what the agent made unwritable made writable again: it owns it all). */
 const EMPTY_VOLUME = 'chmod -R u+rwx . 2>/dev/null; find . -mindepth 1 -delete && '
 
+/**
+ * Clears names in the volume before a push's tar is extracted, given NUL-separated on stdin (never
+ * as arguments: a push removing thousands of long names would not fit in an argv), each after one
+ * letter: `r` removes whatever is there; `d` removes it unless it is a folder (a link to one is
+ * not), which tar then keeps with what it holds. Any name not removed fails the push.
+ */
+const CLEAR_NAMES = `xargs -0r sh -c 'for entry; do name="./\${entry#?}"; case $entry in d*) [ -d "$name" ] && [ ! -L "$name" ] && continue;; esac; rm -rf -- "$name" || exit 1; done' sh`
+
 /** A short container of the gateway's own on the agent's volume (own-container.ts). */
 function helperArgs(
   volume: string,
@@ -122,23 +130,27 @@ function helperArgs(
   })
 }
 
+interface PushOptions {
+  workspace: string
+  image: string
+  uid: number
+  gid: number
+  labels: Record<string, string>
+  /** The volume's filesystem id when it is the agent's disk image (engine-disk.ts): checked first. */
+  fsid?: string
+  signal?: AbortSignal
+}
+
 /**
  * Brings the volume up to the host's workspace: nothing when the host has not changed since the
- * last sync; else removes what the host removed and sends the changed files in one tar stream.
+ * last sync; else removes what the host removed and sends the changed files in one tar stream. A
+ * push that fails forgets what the volume holds: the next one empties it and sends the host's
+ * workspace whole, whatever this one left half done.
  */
 export async function pushWorkspace(
   cli: DockerCli,
   state: SyncedVolume,
-  options: {
-    workspace: string
-    image: string
-    uid: number
-    gid: number
-    labels: Record<string, string>
-    /** The volume's filesystem id when it is the agent's disk image (engine-disk.ts): checked first. */
-    fsid?: string
-    signal?: AbortSignal
-  },
+  options: PushOptions,
 ): Promise<{sent: number; wrote: boolean}> {
   const host = snapshotWorkspace(options.workspace)
   const synced = state.synced
@@ -152,6 +164,31 @@ export async function pushWorkspace(
     ? Object.keys(synced).filter((name) => !(name in host) || synced[name]![2] !== host[name]![2])
     : []
   if (synced && changed.length === 0 && removed.length === 0) return {sent: 0, wrote: false}
+  // a name the record does not know may be another kind in the volume (a folder of a run's that
+  // the host refused, where the host now has a file): tar cannot put a file over a folder that
+  // holds something, so what is there goes first unless it is the folder the host sends too
+  const unknown = synced ? changed.filter((name) => !(name in synced)) : []
+  const clear = [
+    ...removed.map((name) => `r${name}`),
+    ...unknown.map((name) => `${host[name]![2] === 'd' ? 'd' : 'r'}${name}`),
+  ]
+  try {
+    return await sendChanges(cli, state, options, {host, changed, clear})
+  } catch (error) {
+    forgetVolume(state)
+    throw error
+  }
+}
+
+/** pushWorkspace's docker steps: the volume given to the run's user when new, then the names cleared and the tar. */
+async function sendChanges(
+  cli: DockerCli,
+  state: SyncedVolume,
+  options: PushOptions,
+  push: {host: Snapshot; changed: string[]; clear: string[]},
+): Promise<{sent: number; wrote: boolean}> {
+  const {host, changed, clear} = push
+  const synced = state.synced
   const labels = {...options.labels, [LABEL.run]: 'workspace-sync'}
   const checked = options.fsid ? `${volumeCheck(options.fsid)}\n` : ''
   if (!synced) {
@@ -180,16 +217,21 @@ export async function pushWorkspace(
     const data = readRegularFile(path.join(options.workspace, name))
     return data ? [{name, type: '0', mode: 0o644, mtimeMs, data}] : notSent(name)
   })
+  // the names to clear come first on stdin (their size on a line of its own, read exactly), then the tar
+  const list = Buffer.from(clear.map((entry) => `${entry}\0`).join(''))
+  const clearing = clear.length > 0 ? `read -r size && head -c "$size" | ${CLEAR_NAMES} && ` : ''
+  const tar = writeTar(entries)
   await cli.check(
     [
       ...helperArgs(state.volume, options.image, `${options.uid}:${options.gid}`, labels),
       '-c',
-      // names come as arguments, never through the shell's parser; `./` keeps a leading `-` a name
-      `${checked}cd ${CONTAINER_WORKSPACE} && ${synced ? '' : EMPTY_VOLUME}for name in "$@"; do rm -rf -- "./$name"; done && tar -x --no-same-owner -f -`,
-      'sh',
-      ...removed,
+      `${checked}cd ${CONTAINER_WORKSPACE} && ${synced ? '' : EMPTY_VOLUME}${clearing}tar -x --no-same-owner -f -`,
     ],
-    {input: writeTar(entries), timeoutMs: 120_000, signal: options.signal},
+    {
+      input: clearing ? Buffer.concat([Buffer.from(`${list.length}\n`), list, tar]) : tar,
+      timeoutMs: 120_000,
+      signal: options.signal,
+    },
   )
   remember(state, host)
   return {sent: entries.length, wrote: true}

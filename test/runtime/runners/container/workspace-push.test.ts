@@ -1,0 +1,138 @@
+import {execa} from 'execa'
+import crypto from 'node:crypto'
+import fs from 'node:fs'
+import os from 'node:os'
+import path from 'node:path'
+import {afterAll, beforeAll, describe, expect, it} from 'vitest'
+import {dockerCli, type DockerCli} from '../../../../src/sandbox/docker/cli.js'
+import {
+  pushWorkspace,
+  snapshotWorkspace,
+  type SyncedVolume,
+} from '../../../../src/runtime/runners/container/workspace-sync.js'
+import {BASE_IMAGE, describeWithDocker} from '../../../helpers/docker-env.js'
+
+/*
+ * The push that brings an agent's volume on a sync engine to the host's workspace
+ * (workspace-sync.ts, pushWorkspace), against a real engine: whatever the host removed and however
+ * the volume differs from what the host knows of it, the push goes through, and a push that fails
+ * leaves no record the next one would trust.
+ */
+
+describeWithDocker('pushing the host’s workspace to an agent’s volume on a sync engine (real engine)', () => {
+  const volume = `meepa-test-push-${crypto.randomBytes(4).toString('hex')}`
+  let root: string
+  let workspace: string
+  let state: SyncedVolume
+  const push = () => pushWorkspace(dockerCli(), state, {workspace, image: BASE_IMAGE, uid: 1000, gid: 1000, labels: {}})
+  /** Runs `script` in the volume as the run's user would (in /workspace). */
+  const inVolume = async (script: string) => {
+    const result = await execa(
+      'docker',
+      [
+        'run',
+        '--rm',
+        '--user',
+        '1000:1000',
+        '-v',
+        `${volume}:/workspace`,
+        '-w',
+        '/workspace',
+        BASE_IMAGE,
+        'sh',
+        '-c',
+        script,
+      ],
+      {reject: false},
+    )
+    expect(result.exitCode, result.stderr).toBe(0)
+    return result.stdout
+  }
+
+  beforeAll(async () => {
+    root = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-push-'))
+    workspace = path.join(root, 'ws')
+    fs.mkdirSync(workspace)
+    await execa('docker', ['volume', 'create', volume])
+    state = {volume, synced: undefined, file: path.join(root, 'record.json')}
+  })
+  afterAll(async () => {
+    await execa('docker', ['volume', 'rm', '-f', volume], {reject: false})
+    fs.rmSync(root, {recursive: true, force: true})
+  })
+
+  it('removes more names than fit in an argv (1,200 names of 2 KB): they go on the helper’s stdin', async () => {
+    // a folder 1,800 bytes deep (each name at most 255), 1,200 files of 200 bytes in it
+    const deep = Array.from({length: 9}, (_, i) => `${i}${'d'.repeat(199)}`).join('/')
+    fs.mkdirSync(path.join(workspace, deep), {recursive: true})
+    const names = Array.from({length: 1200}, (_, i) => `${deep}/${String(i).padStart(4, '0')}${'f'.repeat(196)}`)
+    for (const name of names) fs.writeFileSync(path.join(workspace, name), '')
+    fs.writeFileSync(path.join(workspace, '-leading-dash'), 'x')
+    fs.writeFileSync(path.join(workspace, 'stays.txt'), 'stays')
+    await push()
+    expect(Number(await inVolume('find . -type f | wc -l'))).toBe(1202)
+    // the host removes them all: more than 2 MB of names
+    expect(names.reduce((sum, name) => sum + Buffer.byteLength(name) + 1, 0)).toBeGreaterThan(2 * 1024 * 1024)
+    fs.rmSync(path.join(workspace, deep.split('/')[0]!), {recursive: true})
+    fs.rmSync(path.join(workspace, '-leading-dash'))
+    const {sent, wrote} = await push()
+    expect([sent, wrote]).toEqual([0, true])
+    expect((await inVolume('ls -A')).split('\n')).toEqual(['stays.txt'])
+    expect(state.synced).toEqual(snapshotWorkspace(workspace))
+  }, 180_000)
+
+  it('replaces what the volume holds as another kind at a name the host never knew it had (a folder with files where the host sends a file)', async () => {
+    // what a run left that the host refused (its folder where the host had made a file meanwhile):
+    // in the volume, unknown to the host's record
+    await inVolume(
+      'mkdir -p clash/inner && echo run > clash/inner/f && mkdir elsewhere && ln -s elsewhere linked && ' +
+        'mkdir kept && echo run > kept/from-the-run',
+    )
+    fs.writeFileSync(path.join(workspace, 'clash'), 'the host’s file')
+    fs.mkdirSync(path.join(workspace, 'linked'))
+    fs.writeFileSync(path.join(workspace, 'linked', 'a'), 'a')
+    fs.mkdirSync(path.join(workspace, 'kept'))
+    fs.writeFileSync(path.join(workspace, 'kept', 'h'), 'h')
+    await push()
+    expect(await inVolume('cat clash')).toBe('the host’s file')
+    // the link is replaced by the host's folder, never written through
+    expect(await inVolume('[ -d linked ] && [ ! -L linked ] && ls -A linked elsewhere')).toBe(
+      'elsewhere:\n\nlinked:\na',
+    )
+    // a folder the host sends too keeps what it holds
+    expect((await inVolume('ls -A kept')).split('\n')).toEqual(['from-the-run', 'h'])
+  }, 60_000)
+})
+
+describe('a push that fails', () => {
+  it('forgets what the volume holds: the next push empties it and sends the host’s workspace whole', async () => {
+    const root = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-push-'))
+    try {
+      const workspace = path.join(root, 'ws')
+      fs.mkdirSync(workspace)
+      fs.writeFileSync(path.join(workspace, 'old.txt'), 'old')
+      const file = path.join(root, 'record.json')
+      const synced = snapshotWorkspace(workspace)
+      fs.writeFileSync(file, JSON.stringify(synced))
+      const state: SyncedVolume = {volume: 'unused', synced, file}
+      fs.writeFileSync(path.join(workspace, 'new.txt'), 'new')
+      // the engine's helper failed (a name tar could not extract, the engine's disk full, a lost connection)
+      const calls: string[][] = []
+      const cli = {
+        check: (args: string[]) => {
+          calls.push(args)
+          return Promise.reject(new Error('the helper exited 2'))
+        },
+      } as unknown as DockerCli
+      const options = {workspace, image: 'unused', uid: 1000, gid: 1000, labels: {}}
+      await expect(pushWorkspace(cli, state, options)).rejects.toThrow(/the helper exited 2/)
+      expect(state.synced).toBeUndefined()
+      expect(fs.existsSync(file)).toBe(false)
+      // the next push starts as on a new volume: given to the run's user again, then emptied and sent whole
+      await expect(pushWorkspace(cli, state, options)).rejects.toThrow()
+      expect(calls.at(-1)!.join(' ')).toContain('--cap-add=CHOWN')
+    } finally {
+      fs.rmSync(root, {recursive: true, force: true})
+    }
+  })
+})
