@@ -4,6 +4,7 @@ import type {DockerCli} from '../../../sandbox/docker/cli.js'
 import {LABEL} from '../../../sandbox/docker/dockerfile.js'
 import {CONTAINER_TMP_SIZE, CONTAINER_WORKSPACE} from '../../../sandbox/docker/run-args.js'
 import {GatewayError, toGatewayError} from '../../util/errors.js'
+import {DockerCommandError} from '../../../sandbox/docker/errors.js'
 import {readTar, writeTar, type TarEntry, type TarInput} from '../../util/tar.js'
 import {folderSyncRefused, writeWholeFile} from '../../util/write-whole-file.js'
 import {readRegularFile} from '../../util/regular-file.js'
@@ -175,10 +176,15 @@ export async function pushWorkspace(
   try {
     return await sendChanges(cli, state, options, {host, changed, clear})
   } catch (error) {
-    forgetVolume(state)
+    // the script ran and failed: what the volume holds is unknown, the next push sends it whole;
+    // a timeout, a cancel or an engine out of reach is only tried again (the push is repeatable)
+    if (error instanceof DockerCommandError && error.result.exitCode !== DOCKER_OWN_FAILURE) forgetVolume(state)
     throw error
   }
 }
+
+/** `docker run`'s exit status when the engine, not the command, failed (the container never ran). */
+const DOCKER_OWN_FAILURE = 125
 
 /** pushWorkspace's docker steps: the volume given to the run's user when new, then the names cleared and the tar. */
 async function sendChanges(

@@ -4,7 +4,8 @@ import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
 import {afterAll, beforeAll, describe, expect, it} from 'vitest'
-import {dockerCli, type DockerCli} from '../../../../src/sandbox/docker/cli.js'
+import {dockerCli, type DockerCli, type DockerResult} from '../../../../src/sandbox/docker/cli.js'
+import {DockerCommandError, dockerDown, dockerHung} from '../../../../src/sandbox/docker/errors.js'
 import {
   pushWorkspace,
   snapshotWorkspace,
@@ -116,16 +117,25 @@ describe('a push that fails', () => {
       fs.writeFileSync(file, JSON.stringify(synced))
       const state: SyncedVolume = {volume: 'unused', synced, file}
       fs.writeFileSync(path.join(workspace, 'new.txt'), 'new')
-      // the engine's helper failed (a name tar could not extract, the engine's disk full, a lost connection)
       const calls: string[][] = []
+      let failure: Error = dockerHung('docker run', 120_000)
       const cli = {
         check: (args: string[]) => {
           calls.push(args)
-          return Promise.reject(new Error('the helper exited 2'))
+          return Promise.reject(failure)
         },
       } as unknown as DockerCli
       const options = {workspace, image: 'unused', uid: 1000, gid: 1000, labels: {}}
-      await expect(pushWorkspace(cli, state, options)).rejects.toThrow(/the helper exited 2/)
+      // a push cut short (a timeout, an engine out of reach, its own exit 125) is only tried again
+      for (const cut of [failure, dockerDown('Cannot connect to the Docker daemon'), helperFailed(125)]) {
+        failure = cut
+        await expect(pushWorkspace(cli, state, options)).rejects.toThrow()
+        expect(state.synced).toEqual(synced)
+        expect(calls.at(-1)!.join(' ')).not.toContain('--cap-add=CHOWN')
+      }
+      // the helper's script failed (a name tar could not extract, the engine's disk full)
+      failure = helperFailed(2)
+      await expect(pushWorkspace(cli, state, options)).rejects.toThrow(/exit 2/)
       expect(state.synced).toBeUndefined()
       expect(fs.existsSync(file)).toBe(false)
       // the next push starts as on a new volume: given to the run's user again, then emptied and sent whole
@@ -136,3 +146,7 @@ describe('a push that fails', () => {
     }
   })
 })
+
+function helperFailed(exitCode: number): DockerCommandError {
+  return new DockerCommandError(['run'], {exitCode, stdout: '', stderr: 'tar: something'} as DockerResult)
+}
