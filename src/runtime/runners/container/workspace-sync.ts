@@ -225,7 +225,8 @@ async function sendChanges(
   })
   // the names to clear come first on stdin (their size on a line of its own, read exactly), then the tar
   const list = Buffer.from(clear.map((entry) => `${entry}\0`).join(''))
-  const clearing = clear.length > 0 ? `read -r size && head -c "$size" | ${CLEAR_NAMES} && ` : ''
+  // dd one byte at a time: busybox's `head -c` reads past its count and would swallow the tar's start
+  const clearing = clear.length > 0 ? `read -r size && dd bs=1 count="$size" 2>/dev/null | ${CLEAR_NAMES} && ` : ''
   const tar = writeTar(entries)
   await cli.check(
     [
