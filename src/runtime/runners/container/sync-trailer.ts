@@ -31,10 +31,10 @@ export interface SplitStdout {
 
 const HEADER = new RegExp(`^${SYNC_TRAILER} (\\d{1,15})$`)
 /**
- * The longest name list taken (what the volume holds, NUL-separated): about a million names of 60
- * bytes. A workspace with more is listed again from the volume, and refused there the same way.
+ * The longest name list taken (what the volume holds, NUL-separated), past which no trailer is
+ * held: far beyond any workspace (it is read in turns, never as one string), well within a Buffer's.
  */
-const MAX_LIST_BYTES = 64 << 20
+const MAX_LIST_BYTES = 1 << 30
 /** Longest line looked at for the trailer's header: frames may be long, the header is not. */
 const MAX_HEADER_BYTES = 64
 
