@@ -2,6 +2,7 @@ import dns from 'node:dns'
 import http from 'node:http'
 import https from 'node:https'
 import net from 'node:net'
+import {errorCode} from '../util/errors.js'
 
 /**
  * The one way the gateway fetches a file a chat platform names (an attachment's URL). A message's
@@ -172,7 +173,8 @@ function describeFailure(error: unknown, signal: AbortSignal): DownloadRefused {
   if (signal.reason instanceof DownloadRefused) return signal.reason
   const cause = (error as {cause?: unknown}).cause
   if (cause instanceof DownloadRefused) return cause
-  return new DownloadRefused('network', `the download failed: ${(error as Error).message}`)
+  // the code only: the system's words name addresses the sender has no business seeing
+  return new DownloadRefused('network', `the download failed (${errorCode(error)})`)
 }
 
 /**
