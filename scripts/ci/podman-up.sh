@@ -2,7 +2,7 @@
 # Starts a rootless Podman engine for the tests (docs/architecture.md, "Engines").
 #
 # Idempotent and non-interactive (run as root, CI=true, no stdin):
-#   - podman, uidmap and slirp4netns come from Debian (installed by .ci/run);
+#   - podman, runc, uidmap and slirp4netns come from Debian (installed by .ci/run);
 #   - a dedicated non-root user ($PODMAN_USER) with its own subuid/subgid range owns the engine;
 #   - that user's `podman system service` listens on $PODMAN_SOCKET (a folder only it and root
 #     can enter: root, the gateway, connects; nobody else can);
@@ -59,12 +59,21 @@ if answers; then
   exit 0
 fi
 
+# runc on cgroup v1 and hybrid hosts: crun (which Podman prefers when both are installed) refuses
+# hybrid ones, "cgroups in hybrid mode not supported", and every container create then fails
+runtime=""
+if [ "$(stat -fc %T /sys/fs/cgroup)" != cgroup2fs ]; then
+  command -v runc >/dev/null || die "runc is missing, and crun cannot run on this host's cgroup v1 (apt-get install -y runc)"
+  runtime='runtime = "runc"'
+fi
+
 # cgroupfs: without a systemd user session there is no systemd to delegate to; events to a file for the same reason
 mkdir -p "$home/.config/containers"
-cat >"$home/.config/containers/containers.conf" <<'EOF'
+cat >"$home/.config/containers/containers.conf" <<EOF
 [engine]
 cgroup_manager = "cgroupfs"
 events_logger = "file"
+$runtime
 [containers]
 log_driver = "k8s-file"
 EOF

@@ -18,7 +18,7 @@ export class DockerCommandError extends GatewayError {
   ) {
     super(
       'E_DOCKER',
-      `docker ${args[0] ?? ''} failed (exit ${result.exitCode}): ${lastLines(result.stderr || result.stdout, 5)}`,
+      `docker ${args[0] ?? ''} failed (exit ${result.exitCode}): ${lastLines(result.stderr || result.stdout, 5)}${createRefusedNote(result.stderr)}`,
       {
         details: {exit_code: result.exitCode, stderr_tail: result.stderr.slice(-4096)},
       },
@@ -30,6 +30,15 @@ export class DockerCommandError extends GatewayError {
 /** The engine's reason for a refusal in a docker CLI's stderr, in the words the Engine API gives. */
 export function cliRefusal(stderr: string): string {
   return lastLines(stderr, 1).replace(/^Error response from daemon: /, '')
+}
+
+/** Podman's Docker-compatible API answers the CLI's attach with 409 when its OCI runtime could not create the container. */
+const CREATE_REFUSED = /unable to upgrade to tcp, received 409/
+
+/** What a bare "received 409" means and how to see the engine's own reason, or '' for any other failure. */
+export function createRefusedNote(stderr: string): string {
+  if (!CREATE_REFUSED.test(stderr)) return ''
+  return ' (the engine could not create the container: on Podman its OCI runtime failed; `podman run --rm --network none IMAGE true` as the engine\'s user shows why, and crun refuses cgroup v1 hybrid hosts, where runtime = "runc" in its containers.conf works)'
 }
 
 export function lastLines(text: string, count: number): string {

@@ -1,4 +1,5 @@
 import fs from 'node:fs'
+import http from 'node:http'
 import net from 'node:net'
 import path from 'node:path'
 import {afterAll, beforeAll, describe, expect, it} from 'vitest'
@@ -77,6 +78,44 @@ describe('docker CLI layer: every failure of the engine is a clear error with th
         code: 'E_DOCKER',
       })
       expect(Date.now() - started).toBeLessThan(5000)
+    })
+
+    it('an engine that refuses the attach as Podman does (its OCI runtime failed) says what that means', async () => {
+      // Podman's Docker-compatible API, when its runtime cannot create the container: the create
+      // succeeds, the attach that `docker run -i` makes before starting it answers 409
+      const socket = path.join(dir, 'refusing.sock')
+      const asked: string[] = []
+      const server = http.createServer((request, response) => {
+        asked.push(`${request.method} ${request.url?.replace(/^\/v[\d.]+/, '').split('?')[0]}`)
+        response.setHeader('Api-Version', '1.41')
+        response.setHeader('Content-Type', 'application/json')
+        if (request.url?.endsWith('/_ping')) return response.end('OK')
+        if (request.url?.includes('/containers/create')) {
+          response.statusCode = 201
+          return response.end(JSON.stringify({Id: 'c0ffee', Warnings: []}))
+        }
+        if (request.url?.includes('/attach')) {
+          response.statusCode = 409
+          return response.end(
+            JSON.stringify({cause: 'OCI runtime error', message: 'preparing container for attach', response: 409}),
+          )
+        }
+        response.statusCode = 404
+        response.end(JSON.stringify({message: 'no such route'}))
+      })
+      await new Promise<void>((resolve) => server.listen(socket, resolve))
+      try {
+        const cli = new DockerCli({baseEnv: {PATH: process.env.PATH, DOCKER_HOST: `unix://${socket}`}})
+        const error = await cli
+          .check(['run', '-i', '--rm', '--network', 'none', 'debian:bookworm-slim', 'true'], {timeoutMs: 20_000})
+          .catch((caught: unknown) => caught)
+        expect(asked).toContain('POST /containers/c0ffee/attach')
+        expect(asked).not.toContain('POST /containers/c0ffee/start') // so nothing ran
+        expect(error).toMatchObject({code: 'E_DOCKER', message: expect.stringContaining('received 409')})
+        expect((error as Error).message).toMatch(/could not create the container.*OCI runtime.*runtime = "runc"/)
+      } finally {
+        await new Promise((resolve) => server.close(resolve))
+      }
     })
 
     it('the docker CLI gets no variable of the operator beyond the ones docker reads', () => {

@@ -2,7 +2,7 @@ import fs from 'node:fs'
 import {setTimeout as sleep} from 'node:timers/promises'
 import path from 'node:path'
 import {dockerCli, type DockerCli} from '../../../sandbox/docker/cli.js'
-import {DockerCommandError, dockerMissing, engineErrorOf} from '../../../sandbox/docker/errors.js'
+import {createRefusedNote, DockerCommandError, dockerMissing, engineErrorOf} from '../../../sandbox/docker/errors.js'
 import {homeLabel} from '../../../sandbox/docker/containers.js'
 import {CONTAINER_APP, CONTAINER_NODE, LABEL, sha256} from '../../../sandbox/docker/dockerfile.js'
 import {
@@ -641,7 +641,7 @@ async function runInStartedContainer(
     if (engineError) throw engineError
     throw new GatewayError(
       'E_DOCKER',
-      `docker run failed before the container started (exit ${exitCode ?? 'unknown'}): ${stderrTail.trim().split('\n').slice(-3).join(' | ')}`,
+      `docker run failed before the container started (exit ${exitCode ?? 'unknown'}): ${stderrTail.trim().split('\n').slice(-3).join(' | ')}${createRefusedNote(stderrTail)}`,
       {
         details: {stderr_tail: stderrTail},
       },
