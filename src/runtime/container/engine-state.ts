@@ -2,6 +2,7 @@ import fs from 'node:fs'
 import path from 'node:path'
 import {sha256} from '../../sandbox/docker/dockerfile.js'
 import {writeWholeFile} from '../util/write-whole-file.js'
+import {validateAgentId} from '../workspace/location.js'
 
 /**
  * What this gateway home put on each engine of its `engines:` list, so that `container clean`
@@ -16,12 +17,12 @@ export function syncVolumePrefix(homeLabel: string): string {
 
 /** Where the host remembers what an agent's volume on an engine holds (workspace-sync.ts). */
 export function syncStateFile(home: string, engine: string, agentId: string): string {
-  return path.join(home, 'cache', 'engine-sync', engine, `${agentId}.json`)
+  return path.join(home, 'cache', 'engine-sync', engine, `${validateAgentId(agentId)}.json`)
 }
 
 /** Where the host remembers an agent's disk image on an engine (engine-disk.ts). */
 export function engineDiskFile(home: string, engine: string, agentId: string): string {
-  return path.join(home, 'cache', 'engine-sync', engine, `${agentId}.disk.json`)
+  return path.join(home, 'cache', 'engine-sync', engine, `${validateAgentId(agentId)}.disk.json`)
 }
 
 /** The engine-side volume holding this home's workspace disk images (engine-disk.ts). */

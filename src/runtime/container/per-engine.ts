@@ -3,6 +3,7 @@ import {dockerCli, type DockerCli} from '../../sandbox/docker/cli.js'
 import {cleanOrphanContainers, homeLabel} from '../../sandbox/docker/containers.js'
 import {inspectImage} from '../../sandbox/docker/images.js'
 import {shipImages} from '../../sandbox/docker/ship.js'
+import {AGENT_ID_PATTERN} from '../config/schema.js'
 import type {LoadedConfig} from '../config/types.js'
 import {toGatewayError} from '../util/errors.js'
 import {withAgentLock} from '../workspace/agent-lock.js'
@@ -209,6 +210,8 @@ export async function cleanOnEngines(
   }
 }
 
+const AGENT_ID = new RegExp(AGENT_ID_PATTERN)
+
 /**
  * This home's workspace volumes on the engine, each removed under its agent's lock (never under a
  * run); what the host remembers of it is forgotten first, so the next run copies the workspace whole.
@@ -226,6 +229,11 @@ async function cleanVolumes(
   const volumes = listed.stdout.split('\n').filter((volume) => volume.startsWith(prefix))
   for (const volume of volumes) {
     const agent = volume.slice(prefix.length)
+    // the engine's answer names the host files forgotten below: only an agent id is one
+    if (!AGENT_ID.test(agent)) {
+      result.kept_volumes.push({name: volume, reason: 'its name does not end in an agent id: not made by this gateway'})
+      continue
+    }
     if (dryRun) {
       result.volumes.push({name: volume, agent})
       continue

@@ -1,0 +1,94 @@
+import fs from 'node:fs'
+import http from 'node:http'
+import os from 'node:os'
+import path from 'node:path'
+
+/**
+ * An engine that lies: a Docker Engine API on a unix socket of the test's own, answering the
+ * docker CLI's and the gateway's questions with whatever the test forges (a compromised engine
+ * host, or a man in the middle of an `insecure: true` one). Only what a lie needs is served:
+ * `_ping`, `version`, `info`, the container, image and volume lists, volume removal; anything
+ * else is a 404 in the engine's own error shape. Every request is recorded.
+ *
+ *   const engine = await startLyingEngine({volumes: (prefix) => [`${prefix}../../x`]})
+ *   // engines: [{name: 'liar', host: engine.host}]
+ *   await engine.close()
+ */
+export interface LyingEngine {
+  host: string
+  requests: string[]
+  close(): Promise<void>
+}
+
+export interface Lies {
+  /** The workspace volumes it lists, given the name prefix the gateway filters by. */
+  volumes?: (prefix: string) => string[]
+  /** Its server version string. */
+  version?: string
+  /** The containers it lists (Engine API `containers/json` shape) and inspects. */
+  containers?: Array<{Id: string; Name: string; Labels: Record<string, string>}>
+}
+
+export async function startLyingEngine(lies: Lies = {}): Promise<LyingEngine> {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-lying-engine-'))
+  const socket = path.join(dir, 'engine.sock')
+  const requests: string[] = []
+  const server = http.createServer((request, response) => {
+    const url = new URL(request.url ?? '/', 'http://engine')
+    const route = url.pathname.replace(/^\/v[\d.]+/, '')
+    requests.push(`${request.method} ${route}`)
+    const answer = (status: number, body: unknown) => {
+      response.writeHead(status, {'Content-Type': 'application/json', 'Api-Version': '1.41'})
+      response.end(JSON.stringify(body))
+    }
+    const containers = lies.containers ?? []
+    if (route === '/_ping') return answer(200, 'OK')
+    if (route === '/version')
+      return answer(200, {Version: lies.version ?? '24.0.0', ApiVersion: '1.41', MinAPIVersion: '1.12', Os: 'linux'})
+    if (route === '/info') return answer(200, {ServerVersion: lies.version ?? '24.0.0'})
+    if (route === '/images/json') return answer(200, [])
+    if (route === '/containers/json')
+      return answer(
+        200,
+        containers.map((container) => ({
+          Id: container.Id,
+          Names: [`/${container.Name}`],
+          State: 'running',
+          Labels: container.Labels,
+        })),
+      )
+    const inspected = containers.find((container) => route === `/containers/${container.Id}/json`)
+    if (inspected)
+      return answer(200, {
+        Id: inspected.Id,
+        Name: `/${inspected.Name}`,
+        Created: new Date().toISOString(),
+        Image: `sha256:${'a'.repeat(64)}`,
+        State: {Status: 'running', Running: true},
+        Config: {Image: 'image', Labels: inspected.Labels},
+      })
+    if (route === '/volumes' && request.method === 'GET') {
+      const filters = JSON.parse(url.searchParams.get('filters') ?? '{}') as {name?: Record<string, boolean>}
+      const prefix = Object.keys(filters.name ?? {})[0] ?? ''
+      const names = lies.volumes?.(prefix) ?? []
+      return answer(200, {
+        Volumes: names.map((Name) => ({Name, Driver: 'local', Labels: {}, Scope: 'local'})),
+        Warnings: [],
+      })
+    }
+    if (route.startsWith('/volumes/') && request.method === 'DELETE') {
+      response.writeHead(204)
+      return response.end()
+    }
+    answer(404, {message: `no such route: ${request.method} ${route}`})
+  })
+  await new Promise<void>((resolve) => server.listen(socket, resolve))
+  return {
+    host: `unix://${socket}`,
+    requests,
+    close: async () => {
+      await new Promise((resolve) => server.close(resolve))
+      fs.rmSync(dir, {recursive: true, force: true})
+    },
+  }
+}
