@@ -34,6 +34,39 @@ describe('the ssh wrapper', () => {
     expect(podman).toEqual(expect.arrayContaining(['StrictHostKeyChecking=yes', 'BatchMode=yes', '/i']))
   })
 
+  it.runIf(fs.existsSync('/usr/bin/ssh'))(
+    "lends the engine's host nothing of the operator's, whatever ~/.ssh/config says for every host",
+    async () => {
+      // the real client's effective options for the engine's connection (-G: computed, not connected)
+      const home = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-ssh-home-'))
+      try {
+        fs.mkdirSync(path.join(home, '.ssh'), {mode: 0o700})
+        fs.writeFileSync(
+          path.join(home, '.ssh', 'config'),
+          'Host *\n  ForwardAgent yes\n  ForwardX11 yes\n  PermitLocalCommand yes\n  LocalCommand touch /tmp/meepa-pwned\n  LocalForward 15432 127.0.0.1:5432\n  RemoteForward 2222 127.0.0.1:22\n',
+          {mode: 0o600},
+        )
+        const env = {
+          ...sshEnvOf({kind: 'docker', ssh: {known_hosts: '/k', identity: '/i'}}, '/usr/bin:/bin'),
+          HOME: home,
+        }
+        const args = ['-G', ...sshArgsOf('ssh://deploy@far.example', ['docker', 'system', 'dial-stdio'])]
+        const options = (await execa(SSH_WRAPPER, args, {env, extendEnv: false})).stdout.split('\n')
+        expect(options).toEqual(
+          expect.arrayContaining([
+            'forwardagent no',
+            'forwardx11 no',
+            'permitlocalcommand no',
+            'clearallforwardings yes',
+          ]),
+        )
+        expect(options.filter((line) => /^(localforward|remoteforward) /.test(line))).toEqual([])
+      } finally {
+        fs.rmSync(home, {recursive: true, force: true})
+      }
+    },
+  )
+
   it('changes nothing but that command: a host named docker, other far commands', async () => {
     const named = await argvOf('podman', ['-l', 'u', '--', 'docker', 'docker', 'system', 'dial-stdio'])
     expect(named.slice(-4)).toEqual(['docker', 'podman', 'system', 'dial-stdio'])
