@@ -41,3 +41,8 @@ export function gatewayRunDir(home: string): string {
 export function outboxSpoolDir(home: string): string {
   return path.join(home, 'spool', 'outbox')
 }
+
+/** Where a run's changes from a sync engine wait while they are taken back, past what memory holds (util/spooled-bytes.ts). */
+export function syncSpoolDir(home: string): string {
+  return path.join(home, 'spool', 'sync')
+}

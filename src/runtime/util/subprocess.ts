@@ -203,6 +203,8 @@ function closePipesOnceCutOff(child: ChildProcess, options: SubprocessOptions, m
   options.signal?.addEventListener('abort', onCutOff, {once: true})
   if (options.signal?.aborted) onCutOff()
   for (const name of ['stdout', 'stderr'] as const) {
+    // a streamed one is its reader's to bound (and to pause: counting it here would cut it off)
+    if (options.buffer?.[name] === false) continue
     let size = 0
     child[name]?.on('data', (chunk: string | Buffer) => {
       size += chunk.length

@@ -1,3 +1,5 @@
+import {bufferSource, type ByteSource} from './spooled-bytes.js'
+
 /**
  * The few tar records the engine-side workspace sync exchanges (POSIX/ustar with PAX and GNU long
  * names): written for regular files, directories and symbolic links, read from whatever an engine sends. What is
@@ -125,10 +127,19 @@ function paxValues(data: Buffer): Map<string, string> {
   const values = new Map<string, string>()
   let at = 0
   while (at < data.length) {
-    const space = data.indexOf(0x20, at)
-    const length = Number(data.subarray(at, space).toString('ascii'))
-    if (space === -1 || !Number.isSafeInteger(length) || length <= 0) throw new Error('tar: a damaged PAX header')
-    const record = data.subarray(space + 1, at + length - 1).toString('utf8')
+    // "LENGTH KEY=VALUE\n": a length of a few digits, no leading zero, ending the record with its
+    // newline (a length read from anywhere, or one of 1 over a run of zeros, walks it byte by byte)
+    const space = data.subarray(at, at + 16).indexOf(0x20)
+    const digits = space === -1 ? '' : data.subarray(at, at + space).toString('ascii')
+    const length = Number(digits)
+    if (
+      !/^[1-9]\d*$/.test(digits) ||
+      length <= space + 1 ||
+      at + length > data.length ||
+      data[at + length - 1] !== 0x0a
+    )
+      throw new Error('tar: a damaged PAX header')
+    const record = data.subarray(at + space + 1, at + length - 1).toString('utf8')
     const equals = record.indexOf('=')
     if (equals > 0) values.set(record.slice(0, equals), record.slice(equals + 1))
     at += length
@@ -144,37 +155,54 @@ function paxSize(values: Map<string, string>): number | undefined {
   return Number(size)
 }
 
+/** The most a PAX or GNU long-name record may hold: a path is at most a few KiB, these are read whole. */
+const MAX_META_BYTES = 1 << 20
+
+function metaSize(size: number): number {
+  if (size > MAX_META_BYTES) throw new Error(`tar: a PAX or long-name record of ${size} bytes is refused`)
+  return size
+}
+
 /**
  * Finds where a tar arriving in pieces ends (its two zero blocks), so that a stream carrying one
- * needs no length up front nor its end: `feed` each piece; `end` is the archive's length once found.
+ * needs no length up front nor its end: `feed` each piece; `end` is the archive's length once
+ * found. Holds only the header it is reading (a PAX record at most), never the archive.
  */
 export class TarEnd {
   end: number | undefined
-  private archive = Buffer.alloc(64 * 1024)
-  private length = 0
+  /** Bytes fed so far. */
+  private received = 0
+  /** Where the next header starts. */
   private at = 0
+  /** What was fed from `at` on, while the header there is not whole: pieces, joined once there are `need` bytes. */
+  private held: Buffer[] = []
+  private heldBytes = 0
+  /** Bytes from `at` the walk needs before it can go on (a block, two zero ones, a PAX header whole). */
+  private need = BLOCK
   private paxSize: number | undefined
-
-  /** The archive up to its end (once found). */
-  archiveOf(): Buffer {
-    return this.archive.subarray(0, this.end ?? this.length)
-  }
 
   /** Takes the next piece; throws on a header that is not tar's. */
   feed(piece: Buffer): void {
     if (this.end !== undefined) return
-    if (this.length + piece.length > this.archive.length) {
-      const grown = Buffer.alloc(Math.max(this.archive.length * 2, this.length + piece.length))
-      this.archive.copy(grown, 0, 0, this.length)
-      this.archive = grown
-    }
-    piece.copy(this.archive, this.length)
-    this.length += piece.length
-    while (this.at + BLOCK <= this.length) {
-      const block = this.archive.subarray(this.at, this.at + BLOCK)
+    const pieceAt = this.received
+    this.received += piece.length
+    if (this.at >= this.received) return // inside an entry's data
+    const from = piece.subarray(Math.max(0, this.at - pieceAt))
+    this.held.push(from)
+    this.heldBytes += from.length
+    if (this.heldBytes < this.need) return
+    let held = this.held.length > 1 ? Buffer.concat(this.held) : from
+    this.held = []
+    this.heldBytes = 0
+    this.need = BLOCK
+    while (held.length >= BLOCK) {
+      const block = held.subarray(0, BLOCK)
       if (block.every((byte) => byte === 0)) {
-        if (this.at + 2 * BLOCK > this.length) return
-        if (!this.archive.subarray(this.at + BLOCK, this.at + 2 * BLOCK).every((byte) => byte === 0))
+        if (held.length < 2 * BLOCK) {
+          this.need = 2 * BLOCK
+          break
+        }
+        if (!held.subarray(BLOCK, 2 * BLOCK).every((byte) => byte === 0))
           throw new Error('tar: one zero block inside the archive')
         this.end = this.at + 2 * BLOCK
         return
@@ -184,35 +212,49 @@ export class TarEnd {
       if (!(next > this.at)) throw new Error('tar: a header that does not move forward')
       const type = field(block, 156, 1)
       if (type === 'x') {
-        if (next > this.length) return // its records are needed whole
-        this.paxSize = paxSize(paxValues(this.archive.subarray(this.at + BLOCK, this.at + BLOCK + size)))
+        if (BLOCK + metaSize(size) > held.length) {
+          this.need = BLOCK + size // its records are needed whole
+          break
+        }
+        this.paxSize = paxSize(paxValues(held.subarray(BLOCK, BLOCK + size)))
       } else this.paxSize = undefined
+      held = next - this.at < held.length ? held.subarray(next - this.at) : Buffer.alloc(0)
       this.at = next
+    }
+    if (held.length > 0) {
+      this.held = [held]
+      this.heldBytes = held.length
     }
   }
 }
 
-/** Every entry of an archive, in order; `maxBytes` bounds what one entry may hold. */
-export function* readTar(archive: Buffer, maxBytes = Number.POSITIVE_INFINITY): Generator<TarEntry> {
+/** An entry as its header describes it, its data left where it is (`size` bytes from `dataAt`). */
+export type TarHeaderEntry = Omit<TarEntry, 'data'> & {size: number; dataAt: number}
+
+/**
+ * Every entry of an archive read by position (in memory or a spooled file), in order, data not
+ * read; `maxBytes` bounds what one entry may hold.
+ */
+export function* tarEntries(archive: ByteSource, maxBytes = Number.POSITIVE_INFINITY): Generator<TarHeaderEntry> {
   let at = 0
   let longName: string | undefined
   let longLink: string | undefined
   let pax = new Map<string, string>()
   while (at + BLOCK <= archive.length) {
-    const block = archive.subarray(at, at + BLOCK)
+    const block = archive.read(at, BLOCK)
     if (block.every((byte) => byte === 0)) return
     const type = field(block, 156, 1) || '0'
     const size = paxSize(pax) ?? numeric(block, 124, 12, 'size')
     if (size > maxBytes) throw new Error(`tar: an entry of ${size} bytes is over the ${maxBytes} allowed`)
-    const data = archive.subarray(at + BLOCK, at + BLOCK + size)
-    if (data.length < size) throw new Error('tar: the archive ends inside an entry')
+    const dataAt = at + BLOCK
+    if (dataAt + size > archive.length) throw new Error('tar: the archive ends inside an entry')
     at += BLOCK + Math.ceil(size / BLOCK) * BLOCK
     if (type === 'x') {
-      pax = paxValues(data)
+      pax = paxValues(archive.read(dataAt, metaSize(size)))
       continue
     }
     if (type === 'L' || type === 'K') {
-      const long = data.toString('utf8').replace(/\0+$/, '')
+      const long = archive.read(dataAt, metaSize(size)).toString('utf8').replace(/\0+$/, '')
       if (type === 'L') longName = long
       else longLink = long
       continue
@@ -228,11 +270,18 @@ export function* readTar(archive: Buffer, maxBytes = Number.POSITIVE_INFINITY): 
       type: type === '\0' ? '0' : type,
       mode: numeric(block, 100, 8, 'mode'),
       mtimeMs: numeric(block, 136, 12, 'mtime') * 1000,
-      data,
+      size,
+      dataAt,
       ...(linkname !== undefined ? {linkname} : {}),
     }
     longName = undefined
     longLink = undefined
     pax = new Map()
   }
+}
+
+/** Every entry of an archive in memory, in order, with its data; `maxBytes` bounds what one entry may hold. */
+export function* readTar(archive: Buffer, maxBytes = Number.POSITIVE_INFINITY): Generator<TarEntry> {
+  for (const {size, dataAt, ...entry} of tarEntries(bufferSource(archive), maxBytes))
+    yield {...entry, data: archive.subarray(dataAt, dataAt + size)}
 }

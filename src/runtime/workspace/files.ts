@@ -2,6 +2,7 @@ import fs from 'node:fs'
 import path from 'node:path'
 import {errorCode, GatewayError} from '../util/errors.js'
 import {randomHex} from '../util/random.js'
+import {copyFileRange, type FileRange} from '../util/spooled-bytes.js'
 
 /**
  * Files the gateway process itself reads or writes inside an agent's workspace (SOUL.md,
@@ -221,7 +222,8 @@ export function readWorkspaceFile(
 export function writeWorkspaceFile(
   root: string,
   relative: string,
-  content: string | Buffer,
+  /** The bytes, or where they are in an open file (a spooled change tar: never in memory whole). */
+  content: string | Buffer | FileRange,
   options: {mode?: number; exclusive?: boolean; written?: (stat: fs.Stats) => void} = {},
 ): boolean {
   const parts = partsOf(relative)
@@ -239,8 +241,10 @@ export function writeWorkspaceFile(
     const owner = newEntryOwner(base)
     if (owner) fs.fchownSync(fd, owner.uid, owner.gid)
     // a write may take part of it (a disk filling up): the next one then says why it cannot go on
-    const data = typeof content === 'string' ? Buffer.from(content) : content
-    for (let written = 0; written < data.length;) written += fs.writeSync(fd, data, written, data.length - written)
+    if (typeof content === 'string' || Buffer.isBuffer(content)) {
+      const data = typeof content === 'string' ? Buffer.from(content) : content
+      for (let written = 0; written < data.length;) written += fs.writeSync(fd, data, written, data.length - written)
+    } else copyFileRange(content, fd)
     fs.fsyncSync(fd)
     if (options.exclusive) {
       try {

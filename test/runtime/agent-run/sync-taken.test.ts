@@ -1,5 +1,6 @@
 import {spawn, spawnSync, type ChildProcess} from 'node:child_process'
 import fs from 'node:fs'
+import os from 'node:os'
 import path from 'node:path'
 import {afterAll, afterEach, beforeAll, describe, expect, it} from 'vitest'
 import {fakeLlmConfig, makeHome, ROOT, type TestHome} from '../../helpers/home.js'
@@ -84,7 +85,7 @@ describe.skipIf(!asRoot)('agent-run on a sync engine ends when the runner has ta
     if (process.env.DEBUG_SYNC) started.stderr!.pipe(process.stderr)
     started.stderr!.on('data', (chunk: Buffer) => (stderr += chunk.toString()))
     started.stdin!.write(syncGoLine(runId, false, 64 << 20))
-    const split = splitSyncTrailer(started.stdout!, 64 << 20)
+    const split = splitSyncTrailer(started.stdout!, 64 << 20, path.join(os.tmpdir(), 'meepa-test-sync-spool'))
     const answered = new Promise<AgentRunOutput>((resolve) => {
       const channel: AgentRunChannel = new AgentRunChannel(
         started.stdin!,
@@ -102,7 +103,8 @@ describe.skipIf(!asRoot)('agent-run on a sync engine ends when the runner has ta
     const trailer = await split.trailer
     expect(trailer, stderr).toBeDefined()
     // the run's own writes are in it (its memory)
-    expect(trailer!.list.toString()).toContain('./memory.db')
+    expect(trailer!.list.read(0, trailer!.list.length).toString()).toContain('./memory.db')
+    trailer!.close()
     return {child: started, exited, trailedAt: performance.now()}
   }
 

@@ -34,16 +34,19 @@ async function startRun(workspace: string, goLine: string): Promise<RunStart> {
 /** What agent-run sends after marking `since`, as the host reads it. */
 async function changesOf(workspace: string, start: RunStart, maxBytes = 64 * 1024 * 1024) {
   const out = new PassThrough()
-  const split = splitSyncTrailer(out, maxBytes)
+  const split = splitSyncTrailer(out, maxBytes, path.join(os.tmpdir(), 'meepa-test-sync-spool'))
   split.frames.resume()
   await sendWorkspaceChanges(workspace, start, out)
   out.end()
   const trailer = await split.trailer
   expect(trailer).toBeDefined()
-  const names = trailer!.list.toString('utf8').split('\0').filter(Boolean).sort()
-  const entries = [...readTar(trailer!.changes, maxBytes)]
+  const list = trailer!.list.read(0, trailer!.list.length)
+  const changes = trailer!.changes.read(0, trailer!.changes.length)
+  trailer!.close()
+  const names = list.toString('utf8').split('\0').filter(Boolean).sort()
+  const entries = [...readTar(changes, maxBytes)]
   const files = entries.filter((entry) => entry.type === '0').map((entry) => entry.name.replace(/^\.\//, ''))
-  return {names, entries, files: files.sort(), changes: trailer!.changes}
+  return {names, entries, files: files.sort(), changes}
 }
 
 for (const coarse of [false, true])

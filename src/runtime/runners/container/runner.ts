@@ -387,12 +387,12 @@ async function runOnVolume(
           onOver,
         )
       : watchDiskUsage([here || request.input.workspace], diskLimit, onOver)
+  // on a sync engine the run's changes come after its last frame (sync-trailer.ts), taken back
+  // as they arrive; the reply waits until they are on the host
+  const split = sync && splitSyncTrailer(child.stdout!, diskLimit, sync.spoolDir)
+  let takenBack: Promise<AgentRunOutput> | undefined
   try {
     let pulled = false
-    // on a sync engine the run's changes come after its last frame (sync-trailer.ts), taken back
-    // as they arrive; the reply waits until they are on the host
-    const split = sync && splitSyncTrailer(child.stdout!, diskLimit)
-    let takenBack: Promise<AgentRunOutput> | undefined
     const takeBack =
       split &&
       ((answered: AgentRunOutput) =>
@@ -412,6 +412,7 @@ async function runOnVolume(
               maxBytes: diskLimit,
               log,
               trailer: await split.trailer,
+              spoolFailure: split.spoolFailure(),
               since: container.syncSince,
             })
             pulled = true
@@ -460,6 +461,8 @@ async function runOnVolume(
   } finally {
     void diskWatch.stop()
     forgetRunProcess(request.home, runId)
+    // a trailer no take-back claimed (the run failed after sending it) is freed when it is whole
+    if (split && !takenBack) void split.trailer.then((trailer) => trailer?.close())
   }
 }
 

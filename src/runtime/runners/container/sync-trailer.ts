@@ -1,5 +1,6 @@
 import {PassThrough, type Readable} from 'node:stream'
 import {SYNC_TRAILER, TRAILER_SLACK_BYTES} from '../../agent-run/workspace-changes.js'
+import {SpooledBytes, type ByteSource} from '../../util/spooled-bytes.js'
 import {TarEnd} from '../../util/tar.js'
 
 /**
@@ -14,8 +15,12 @@ import {TarEnd} from '../../util/tar.js'
  * forge it while the sandbox helper runs it (Landlock refuses /proc/PID/fd of agent-run).
  */
 export interface SyncTrailer {
-  list: Buffer
-  changes: Buffer
+  /** The names the volume holds, NUL-separated. */
+  list: ByteSource
+  /** The change tar. */
+  changes: ByteSource
+  /** Frees what holds them (past SPOOL_AFTER_BYTES, a file of the spool); idempotent. */
+  close(): void
 }
 
 export interface SplitStdout {
@@ -24,10 +29,20 @@ export interface SplitStdout {
   /**
    * The trailer once its tar is whole; undefined when stdout ended without one, or the trailer
    * was malformed, cut short or over `maxBytes` (the host then lists the changes again from the
-   * volume, workspace-sync.ts).
+   * volume, workspace-sync.ts), or the host could not hold it (`spoolFailure`).
    */
   trailer: Promise<SyncTrailer | undefined>
+  /** Why the host could not hold a trailer that came (its disk full), once `trailer` settled. */
+  spoolFailure(): Error | undefined
 }
+
+/**
+ * What a trailer may hold in the gateway's memory: past it the rest goes to an unlinked file of
+ * the spool, so a run's changes (up to its limits.disk) never sit in memory whole.
+ */
+const SPOOL_AFTER_BYTES = 4 << 20
+/** Pieces written to the spool ahead of the disk, past which stdout is paused (the engine waits). */
+const PIECES_AHEAD = 16
 
 const HEADER = new RegExp(`^${SYNC_TRAILER} (\\d{1,15})$`)
 /**
@@ -38,45 +53,78 @@ const MAX_LIST_BYTES = 1 << 30
 /** Longest line looked at for the trailer's header: frames may be long, the header is not. */
 const MAX_HEADER_BYTES = 64
 
-export function splitSyncTrailer(stdout: Readable, maxBytes: number): SplitStdout {
+export function splitSyncTrailer(stdout: Readable, maxBytes: number, spoolDir: string): SplitStdout {
   const frames = new PassThrough()
   let settle: (trailer: SyncTrailer | undefined) => void = () => {}
   const trailer = new Promise<SyncTrailer | undefined>((resolve) => (settle = resolve))
+  let spoolFailure: Error | undefined
   /** The end of the stream after its last newline, held back while it could be the header's start. */
   let pending = Buffer.alloc(0)
-  let body: {listBytes: number; list: Buffer[]; listed: number; tar: TarEnd; size: number} | undefined
+  let body: {listBytes: number; tar: TarEnd; spool: SpooledBytes; size: number; ahead: number} | undefined
   let done = false
-  const finish = (value: SyncTrailer | undefined) => {
+  const finish = (whole: boolean) => {
     if (done) return
     done = true
     if (!body && pending.length > 0) frames.write(pending)
     frames.end()
     stdout.removeListener('data', onData)
-    settle(value)
+    // what follows is not taken, but must not hold the engine's stream
+    stdout.resume()
+    if (!body) return settle(undefined)
+    const {spool, listBytes, tar} = body
+    if (!whole) {
+      spool.close()
+      return settle(undefined)
+    }
+    spool.whenHeld().then(
+      () => {
+        const bytes = spool.source()
+        settle({
+          list: bytes.slice(0, listBytes),
+          changes: bytes.slice(listBytes, tar.end!),
+          close: () => spool.close(),
+        })
+      },
+      (error: unknown) => {
+        spoolFailure = error as Error
+        spool.close()
+        settle(undefined)
+      },
+    )
+  }
+  const hold = (taking: NonNullable<typeof body>, piece: Buffer) => {
+    const writing = piece.length > 0 ? taking.spool.append(piece) : undefined
+    if (!writing) return // held in memory already
+    taking.ahead++
+    if (taking.ahead > PIECES_AHEAD) stdout.pause()
+    writing.then(
+      () => {
+        taking.ahead--
+        if (!done && taking.ahead <= PIECES_AHEAD / 4) stdout.resume()
+      },
+      (error: unknown) => {
+        spoolFailure ??= error as Error
+        finish(false)
+      },
+    )
   }
   const takeBody = (chunk: Buffer) => {
     const taking = body!
+    const before = taking.size
     taking.size += chunk.length
-    if (taking.size > maxBytes + TRAILER_SLACK_BYTES) return finish(undefined)
-    const toList = Math.min(chunk.length, taking.listBytes - taking.listed)
-    if (toList > 0) {
-      taking.list.push(chunk.subarray(0, toList))
-      taking.listed += toList
-    }
-    if (toList === chunk.length) return
+    if (taking.size > maxBytes + TRAILER_SLACK_BYTES) return finish(false)
+    const toList = Math.max(0, Math.min(chunk.length, taking.listBytes - before))
+    if (toList === chunk.length) return hold(taking, chunk)
+    const tarFed = before + toList - taking.listBytes
     try {
       taking.tar.feed(chunk.subarray(toList))
     } catch {
-      return finish(undefined)
+      return finish(false)
     }
+    if (taking.tar.end === undefined) return hold(taking, chunk)
     // what follows the tar's end (tar's record padding) is not taken
-    if (taking.tar.end === undefined) return
-    try {
-      finish({list: Buffer.concat(taking.list), changes: taking.tar.archiveOf()})
-    } catch {
-      // no memory for it (a list of gigabytes): a stream's handler must not throw past here
-      finish(undefined)
-    }
+    hold(taking, chunk.subarray(0, toList + taking.tar.end - tarFed))
+    finish(true)
   }
   const onData = (chunk: Buffer) => {
     if (body) return takeBody(chunk)
@@ -89,8 +137,9 @@ export function splitSyncTrailer(stdout: Readable, maxBytes: number): SplitStdou
       if (header) {
         const listBytes = Number(header[1])
         if (start > 0) frames.write(data.subarray(0, start))
-        if (listBytes > MAX_LIST_BYTES) return finish(undefined)
-        body = {listBytes, list: [], listed: 0, tar: new TarEnd(), size: 0}
+        if (listBytes > MAX_LIST_BYTES) return finish(false)
+        const spool = new SpooledBytes(spoolDir, SPOOL_AFTER_BYTES)
+        body = {listBytes, tar: new TarEnd(), spool, size: 0, ahead: 0}
         return takeBody(data.subarray(newline + 1))
       }
       start = newline + 1
@@ -102,10 +151,10 @@ export function splitSyncTrailer(stdout: Readable, maxBytes: number): SplitStdou
     } else frames.write(data)
   }
   stdout.on('data', onData)
-  stdout.once('end', () => finish(undefined))
-  stdout.once('close', () => finish(undefined))
-  stdout.once('error', () => finish(undefined))
-  return {frames, trailer}
+  stdout.once('end', () => finish(false))
+  stdout.once('close', () => finish(false))
+  stdout.once('error', () => finish(false))
+  return {frames, trailer, spoolFailure: () => spoolFailure}
 }
 
 function couldBeHeader(tail: Buffer): boolean {

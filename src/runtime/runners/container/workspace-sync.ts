@@ -5,10 +5,12 @@ import {LABEL} from '../../../sandbox/docker/dockerfile.js'
 import {CONTAINER_TMP_SIZE, CONTAINER_WORKSPACE} from '../../../sandbox/docker/run-args.js'
 import {GatewayError, toGatewayError} from '../../util/errors.js'
 import {DockerCommandError} from '../../../sandbox/docker/errors.js'
-import {readTar, writeTar, type TarEntry, type TarInput} from '../../util/tar.js'
+import {bufferSource, type ByteSource} from '../../util/spooled-bytes.js'
+import {tarEntries, writeTar, type TarHeaderEntry, type TarInput} from '../../util/tar.js'
 import {folderSyncRefused, writeWholeFile} from '../../util/write-whole-file.js'
 import {readRegularFile} from '../../util/regular-file.js'
 import {syncStateFile, syncVolumePrefix} from '../../container/engine-state.js'
+import {syncSpoolDir} from '../../util/paths.js'
 import {
   lstatWorkspaceEntry,
   makeWorkspaceDirectory,
@@ -70,6 +72,8 @@ export interface SyncedVolume {
   /** The volume's content as last synced (the host's snapshot then); undefined: unknown, copy it whole. */
   synced: Snapshot | undefined
   file: string
+  /** Where a run's changes wait past what memory holds while they are taken back (sync-trailer.ts). */
+  spoolDir: string
 }
 
 /** The agent's volume on an engine and what the host knows of its content. */
@@ -82,7 +86,7 @@ export function syncedVolume(home: string, engine: string, homeLabel: string, ag
   } catch {
     synced = undefined
   }
-  return {volume, synced, file}
+  return {volume, synced, file, spoolDir: syncSpoolDir(home)}
 }
 
 function remember(state: SyncedVolume, snapshot: Snapshot | undefined): void {
@@ -326,22 +330,31 @@ export async function pullWorkspace(
     log: (line: string) => void
     /** The list and change tar as the container sent them on stdout; else listed again from the volume. */
     trailer?: SyncTrailer
+    /** Why the host could not hold the trailer that came (sync-trailer.ts): the take-back fails with it. */
+    spoolFailure?: Error
     /** The run's start as agent-run said it before any command ran; else read from the volume's mark. */
     since?: string
     /** What the helper that lists them again runs as. */
     helper: HelperOptions
   },
 ): Promise<{received: number}> {
-  const {list, changes} = options.trailer ?? (await listChangesAgain(cli, state, options))
-  const present = await namesListed(list)
+  // a host that could not hold the changes once would not the second time: not listed again
+  if (!options.trailer && options.spoolFailure) {
+    forgetVolume(state)
+    throw notHeld(state.spoolDir, options.spoolFailure)
+  }
+  const trailer = options.trailer ?? (await listChangesAgain(cli, state, options))
   let applied: Awaited<ReturnType<typeof applyChanges>>
   try {
-    applied = await applyChanges(options.workspace, changes, present, state.synced, options)
+    const present = await namesListed(trailer.list, state.synced)
+    applied = await applyChanges(options.workspace, trailer.changes, present, state.synced, options)
   } catch (error) {
     // part of the changes may be on the host, the rest only in the volume: no record says what it
     // holds now, so the next run there starts from the host's workspace whole
     forgetVolume(state)
     throw error
+  } finally {
+    trailer.close()
   }
   const {received, record, folders} = applied
   // each file was fsynced before its rename: its name, and every name made or removed, reach the
@@ -442,7 +455,7 @@ export function syncFoldersAside(workspace: string, folders: Iterable<string>): 
  */
 export async function applyChanges(
   workspace: string,
-  changes: Buffer,
+  changes: ByteSource | Buffer,
   present: ReadonlySet<string | undefined>,
   synced: Snapshot | undefined,
   options: {maxBytes: number; log: (line: string) => void},
@@ -459,7 +472,7 @@ export async function applyChanges(
     record[name] = [-1, -1, kind]
     replaced.add(name)
   }
-  const skip = (entry: TarEntry, why: string, kind?: 'f' | 'd' | 'l') => {
+  const skip = (entry: TarHeaderEntry, why: string, kind?: 'f' | 'd' | 'l') => {
     // only over what the host had there: a name new to both is not the host's to send again
     const name = safeName(entry.name)
     if (kind && name && record && name in record) unlike(name, kind)
@@ -480,7 +493,8 @@ export async function applyChanges(
     for (let dir = path.dirname(name); dir !== '.' && !lstatWorkspaceEntry(workspace, dir); dir = path.dirname(dir))
       changedIn(dir)
   }
-  for (const entry of readTar(changes, options.maxBytes)) {
+  const archive = Buffer.isBuffer(changes) ? bufferSource(changes) : changes
+  for (const entry of tarEntries(archive, options.maxBytes)) {
     await turn()
     const name = safeName(entry.name)
     if (!name) {
@@ -505,7 +519,10 @@ export async function applyChanges(
           if (record) record[name] = [stat.size, stat.mtimeMs, 'f']
         }
         parentsMadeFor(name)
-        writeWorkspaceFile(workspace, name, entry.data, {mode: entry.mode & 0o777, written})
+        writeWorkspaceFile(workspace, name, archive.content(entry.dataAt, entry.size), {
+          mode: entry.mode & 0o777,
+          written,
+        })
         changedIn(name)
         received++
       } else if (entry.type === '2' && GATEWAY_ENTRIES.includes(name))
@@ -582,20 +599,48 @@ function eventLoopTurns(): () => Promise<void> {
   }
 }
 
-/** The names a trailer's list says the volume holds, read in turns (the list may hold millions). */
-async function namesListed(list: Buffer): Promise<Set<string>> {
+/**
+ * Which of the names the host synced (`synced`) a trailer's list says the volume still holds, read
+ * in pieces and turns: the list may hold millions, and only those names are ever asked about.
+ */
+async function namesListed(list: ByteSource, synced: Snapshot | undefined): Promise<Set<string>> {
   const turn = eventLoopTurns()
   const names = new Set<string>()
-  for (let start = 0; start < list.length;) {
-    await turn()
-    let end = list.indexOf(0, start)
-    if (end === -1) end = list.length
-    const name = safeName(list.toString('utf8', start, end))
-    if (name) names.add(name)
-    start = end + 1
+  if (!synced) return names
+  /** The start of a name the last piece cut. */
+  let carried = Buffer.alloc(0)
+  /** Within a "name" longer than any path: left, up to its end. */
+  let skipping = false
+  for (let at = 0; at < list.length;) {
+    const read = list.read(at, LIST_PIECE_BYTES)
+    if (read.length === 0) break
+    at += read.length
+    const last = at >= list.length
+    const piece = carried.length > 0 ? Buffer.concat([carried, read]) : read
+    let start = 0
+    while (start < piece.length) {
+      let end = piece.indexOf(0, start)
+      if (end === -1 && !last) break
+      if (end === -1) end = piece.length
+      await turn()
+      const name = skipping || end - start > MAX_NAME_BYTES ? undefined : safeName(piece.toString('utf8', start, end))
+      if (name && Object.hasOwn(synced, name)) names.add(name)
+      skipping = false
+      start = end + 1
+    }
+    carried = start < piece.length ? Buffer.from(piece.subarray(start)) : Buffer.alloc(0)
+    if (carried.length > MAX_NAME_BYTES) {
+      carried = Buffer.alloc(0)
+      skipping = true
+    }
   }
   return names
 }
+
+/** Longer than any path a filesystem takes (PATH_MAX is 4096): not a name. */
+const MAX_NAME_BYTES = 64 * 1024
+/** How much of a spooled list is read at once. */
+const LIST_PIECE_BYTES = 1 << 20
 
 /** Why the host could not take a change, and what fixes it, by the system's error code. */
 const HOST_FAILURES: Partial<Record<string, {why: string; fix: string}>> = {
@@ -636,6 +681,23 @@ function notTakenBack(name: string, what: 'written' | 'removed', error: unknown)
       "then send the message again: the engine's copy of the workspace is dropped, and the next run there starts from the host's",
     ],
   })
+}
+
+/** The host could not hold a run's changes while taking them back (its spool's disk full). */
+function notHeld(spoolDir: string, error: Error): GatewayError {
+  const code = (error as NodeJS.ErrnoException).code
+  const known = code ? HOST_FAILURES[code] : undefined
+  return new GatewayError(
+    'E_WORKSPACE',
+    `the run's changes could not be held on the host while they were taken back (${spoolDir}): ${known ? `${known.why} (${code})` : (code ?? error.message)}`,
+    {
+      cause: error,
+      suggestions: [
+        `a run's changes past 4 MiB wait in ${spoolDir} while they are taken back: ${known?.fix ?? 'fix the cause on the host'}`,
+        "then send the message again: the engine's copy of the workspace is dropped, and the next run there starts from the host's",
+      ],
+    },
+  )
 }
 
 /** Whether a folder above `name` is one of `folders`. */
@@ -681,11 +743,14 @@ async function listChangesAgain(
     ],
     {streamStdout: true, timeoutMs: 120_000},
   )
-  const {frames, trailer} = splitSyncTrailer(child.stdout!, options.maxBytes)
+  const {frames, trailer, spoolFailure} = splitSyncTrailer(child.stdout!, options.maxBytes, state.spoolDir)
   frames.resume()
   const [listed, result] = await Promise.all([trailer, child])
   // a whole tar from a walk that skipped something (a file it could not read) is not the changes
   if (listed && result.exitCode === 0) return listed
+  listed?.close()
+  const failure = spoolFailure()
+  if (failure) throw notHeld(state.spoolDir, failure)
   if (result.exitCode === NO_MARK_EXIT)
     throw new GatewayError('E_WORKSPACE', "the run's container left no list of its changes (it did not finish)")
   throw new GatewayError(

@@ -60,7 +60,7 @@ for (const coarse of [false, true])
       /** A fresh host workspace, what the host knows of the volume, and a helper running as `uid`. */
       const listing = (uid: number) => {
         const workspace = fs.mkdtempSync(path.join(root, 'ws-'))
-        const state: SyncedVolume = {volume, synced: {}, file: path.join(root, 'state.json')}
+        const state: SyncedVolume = {volume, synced: {}, file: path.join(root, 'state.json'), spoolDir: root}
         const helper = {image: BASE_IMAGE, uid, gid: uid, labels: {}}
         return {workspace, state, options: {workspace, maxBytes: 1024 * 1024, log: () => {}, pushed: false, helper}}
       }

@@ -1,7 +1,10 @@
+import os from 'node:os'
+import path from 'node:path'
 import {PassThrough} from 'node:stream'
 import {describe, expect, it} from 'vitest'
 import {SYNC_TRAILER} from '../../../../src/runtime/agent-run/workspace-changes.js'
 import {splitSyncTrailer} from '../../../../src/runtime/runners/container/sync-trailer.js'
+import type {ByteSource} from '../../../../src/runtime/util/spooled-bytes.js'
 import {readTar, writeTar} from '../../../../src/runtime/util/tar.js'
 
 /*
@@ -13,7 +16,7 @@ import {readTar, writeTar} from '../../../../src/runtime/util/tar.js'
 
 async function split(chunks: Array<string | Buffer>, maxBytes = 1024) {
   const stdout = new PassThrough()
-  const {frames, trailer} = splitSyncTrailer(stdout, maxBytes)
+  const {frames, trailer} = splitSyncTrailer(stdout, maxBytes, SPOOL)
   const seen: Buffer[] = []
   frames.on('data', (chunk: Buffer) => seen.push(chunk))
   const ended = new Promise((resolve) => frames.once('end', resolve))
@@ -27,9 +30,27 @@ async function split(chunks: Array<string | Buffer>, maxBytes = 1024) {
   return {frames: Buffer.concat(seen).toString(), trailer: taken}
 }
 
+const SPOOL = path.join(os.tmpdir(), 'meepa-test-sync-spool')
+/** A trailer's part as latin1 text. */
+const text = (source: ByteSource | undefined) => source?.read(0, source.length).toString('latin1')
+
 const FRAMES = '{"type":"llm_request","id":1}\n{"type":"result","output":{}}\n'
 /** A real tar of one file (header, data, then its two zero blocks), as latin1 text. */
 const TAR = writeTar([{name: 'f', type: '0', mode: 0o644, mtimeMs: 0, data: Buffer.from('TARDATA')}]).toString('latin1')
+/** A PAX extended header (type x) holding `records`, padded to whole blocks. */
+function pax(records: string): Buffer {
+  const block = Buffer.alloc(512)
+  block.write('././@PaxHeader', 0)
+  block.write('0000644\0', 100)
+  block.write(`${records.length.toString(8).padStart(11, '0')}\0`, 124)
+  block.write('x', 156)
+  block.write('ustar\x0000', 257)
+  block.fill(' ', 148, 156)
+  let sum = 0
+  for (const byte of block) sum += byte
+  block.write(`${sum.toString(8).padStart(6, '0')}\0 `, 148)
+  return Buffer.concat([block, Buffer.from(records.padEnd(Math.max(512, Math.ceil(records.length / 512) * 512), '\0'))])
+}
 const trailerOf = (list: string, tar: string) => `${SYNC_TRAILER} ${list.length}\n${list}${tar}`
 
 describe('a sync engine’s stdout: frames, then the run’s changes', () => {
@@ -38,8 +59,8 @@ describe('a sync engine’s stdout: frames, then the run’s changes', () => {
     for (const chunks of [[whole], whole.split('')]) {
       const {frames, trailer} = await split(chunks, 4096)
       expect(frames).toBe(FRAMES)
-      expect(trailer?.list.toString()).toBe('a\0b\0')
-      expect(trailer?.changes.toString()).toBe(TAR)
+      expect(text(trailer?.list)).toBe('a\0b\0')
+      expect(text(trailer?.changes)).toBe(TAR)
     }
   })
 
@@ -59,19 +80,6 @@ describe('a sync engine’s stdout: frames, then the run’s changes', () => {
   })
 
   it('refuses a tar whose PAX size is negative (it would walk back and loop), at once', async () => {
-    const pax = (records: string) => {
-      const block = Buffer.alloc(512)
-      block.write('././@PaxHeader', 0)
-      block.write('0000644\0', 100)
-      block.write(`${records.length.toString(8).padStart(11, '0')}\0`, 124)
-      block.write('x', 156)
-      block.write('ustar\x0000', 257)
-      block.fill(' ', 148, 156)
-      let sum = 0
-      for (const byte of block) sum += byte
-      block.write(`${sum.toString(8).padStart(6, '0')}\0 `, 148)
-      return Buffer.concat([block, Buffer.from(records.padEnd(512, '\0'))])
-    }
     const looping = Buffer.concat([pax('14 size=-1536\n'), pax('')]).toString('latin1')
     const started = Date.now()
     expect((await split([FRAMES, trailerOf('', looping)], 1 << 20)).trailer).toBeUndefined()
@@ -79,13 +87,22 @@ describe('a sync engine’s stdout: frames, then the run’s changes', () => {
     expect(() => [...readTar(Buffer.from(looping + '\0'.repeat(1024), 'latin1'))]).toThrow(/PAX size/)
   })
 
+  it('refuses a PAX header whose record lengths would walk it byte by byte, at once', async () => {
+    // "1 " after 256 KiB of zeros: a length of 1 read over the zeros re-reads them at every byte
+    const crawling = Buffer.concat([pax(`${'0'.repeat(256 * 1024)}1 \n`), Buffer.alloc(1024)]).toString('latin1')
+    const started = Date.now()
+    expect((await split([FRAMES, trailerOf('', crawling)], 1 << 20)).trailer).toBeUndefined()
+    expect(() => [...readTar(Buffer.from(crawling, 'latin1'))]).toThrow(/damaged PAX header/)
+    expect(Date.now() - started).toBeLessThan(2000)
+  })
+
   it('takes the tar up to its end, before stdout ends, and nothing written after it', async () => {
     const stdout = new PassThrough()
-    const {frames, trailer} = splitSyncTrailer(stdout, 4096)
+    const {frames, trailer} = splitSyncTrailer(stdout, 4096, SPOOL)
     frames.resume()
     stdout.write(Buffer.from(FRAMES + trailerOf('a\0', TAR) + 'forged', 'latin1'))
     const taken = await trailer // stdout still open: the container has not exited yet
-    expect(taken?.changes.toString('latin1')).toBe(TAR)
+    expect(text(taken?.changes)).toBe(TAR)
     stdout.end()
   })
 
@@ -97,7 +114,7 @@ describe('a sync engine’s stdout: frames, then the run’s changes', () => {
 
   it('gives up at once on a trailer whose name list claims more than 1 GiB, holding none of it', async () => {
     const stdout = new PassThrough()
-    const {frames, trailer} = splitSyncTrailer(stdout, 4 * 2 ** 30)
+    const {frames, trailer} = splitSyncTrailer(stdout, 4 * 2 ** 30, SPOOL)
     const seen: Buffer[] = []
     frames.on('data', (chunk: Buffer) => seen.push(chunk))
     stdout.write(`${FRAMES}${SYNC_TRAILER} ${2 ** 30 + 1}\n`)

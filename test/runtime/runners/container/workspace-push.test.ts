@@ -55,7 +55,7 @@ describeWithDocker('pushing the host’s workspace to an agent’s volume on a s
     workspace = path.join(root, 'ws')
     fs.mkdirSync(workspace)
     await execa('docker', ['volume', 'create', volume])
-    state = {volume, synced: undefined, file: path.join(root, 'record.json')}
+    state = {volume, synced: undefined, file: path.join(root, 'record.json'), spoolDir: root}
   })
   afterAll(async () => {
     await execa('docker', ['volume', 'rm', '-f', volume], {reject: false})
@@ -115,7 +115,7 @@ describe('a push that fails', () => {
       const file = path.join(root, 'record.json')
       const synced = snapshotWorkspace(workspace)
       fs.writeFileSync(file, JSON.stringify(synced))
-      const state: SyncedVolume = {volume: 'unused', synced, file}
+      const state: SyncedVolume = {volume: 'unused', synced, file, spoolDir: path.dirname(file)}
       fs.writeFileSync(path.join(workspace, 'new.txt'), 'new')
       const calls: string[][] = []
       let failure: Error = dockerHung('docker run', 120_000)

@@ -11,6 +11,7 @@ import {
   type Snapshot,
   type SyncedVolume,
 } from '../../../../src/runtime/runners/container/workspace-sync.js'
+import {bufferSource} from '../../../../src/runtime/util/spooled-bytes.js'
 import {readTar, writeTar, type TarInput} from '../../../../src/runtime/util/tar.js'
 import type {GatewayError} from '../../../../src/runtime/util/errors.js'
 
@@ -67,7 +68,11 @@ describe('taking a run’s changes back from a remote engine', () => {
       workspace,
       maxBytes,
       log: (line) => logged.push(line),
-      trailer: {list: Buffer.from(names.map((name) => `./${name}\0`).join('')), changes},
+      trailer: {
+        list: bufferSource(Buffer.from(names.map((name) => `./${name}\0`).join(''))),
+        changes: bufferSource(changes),
+        close: () => {},
+      },
       helper: {image: 'unused', uid: 1000, gid: 1000, labels: {}},
     })
 
@@ -253,7 +258,7 @@ describe('taking a run’s changes back from a remote engine', () => {
     ] as const) {
       const record = path.join(root, `record-${code}`)
       fs.writeFileSync(record, JSON.stringify(snapshotWorkspace(workspace)))
-      const state: SyncedVolume = {volume: 'unused', synced: snapshotWorkspace(workspace), file: record}
+      const state: SyncedVolume = {volume: 'unused', synced: snapshotWorkspace(workspace), file: record, spoolDir: root}
       const real = fs[failing].bind(fs) as (...args: unknown[]) => unknown
       const spy = vi.spyOn(fs, failing)
       spy.mockImplementation(((...args: unknown[]) => {
@@ -292,6 +297,7 @@ describe('taking a run’s changes back from a remote engine', () => {
       volume: 'unused',
       synced: snapshotWorkspace(workspace),
       file: path.join(root, 'record'),
+      spoolDir: root,
     }
     const opened = new Map<number, string>()
     const fsynced = new Set<string>()
@@ -345,7 +351,7 @@ describe('taking a run’s changes back from a remote engine', () => {
   })
 
   it('keeps few folders open at once however many the run made: the gateway’s descriptors are everyone’s', async () => {
-    const state: SyncedVolume = {volume: 'unused', synced: {}, file: path.join(root, 'record')}
+    const state: SyncedVolume = {volume: 'unused', synced: {}, file: path.join(root, 'record'), spoolDir: root}
     const made = Array.from({length: 300}, (_, i) => `f${i}`)
     const real = fs.realpathSync(workspace)
     const openFolders = new Set<number>()
