@@ -3,14 +3,28 @@ import os from 'node:os'
 import path from 'node:path'
 import {GatewayError} from '../../runtime/util/errors.js'
 import type {RawContainer} from './containers.js'
-import {DEFAULT_DOCKER_TIMEOUT_MS, PING_TIMEOUT_MS, type EngineVersion} from './engine.js'
-import {DOCKER_BIN_ENV, dockerCancelled, dockerDown, dockerHung, dockerPermission} from './errors.js'
+import {
+  ANSWER_MAX_BYTES,
+  DEFAULT_DOCKER_TIMEOUT_MS,
+  PING_TIMEOUT_MS,
+  SMALL_ANSWER_MAX_BYTES,
+  type EngineVersion,
+} from './engine.js'
+import {
+  DOCKER_BIN_ENV,
+  dockerCancelled,
+  dockerDown,
+  dockerHung,
+  dockerPermission,
+  engineAnswerTooLarge,
+} from './errors.js'
 import type {RawImage} from './images.js'
 
 /**
  * Questions to a Docker engine on a local unix socket, and container removal, over its HTTP API: no docker CLI
  * process (a Go binary that costs tens of ms of CPU per start). Every request has a deadline and
- * honours an AbortSignal, like every docker CLI call, and fails with the same errors. Only used
+ * honours an AbortSignal, like every docker CLI call, and fails with the same errors; no answer is
+ * collected past its size cap (the connection is cut: a flood would fill memory). Only used
  * where the docker CLI would talk to that same socket (see localEngineSocket).
  */
 
@@ -56,6 +70,8 @@ export interface EngineRequestOptions {
   signal?: AbortSignal
   /** Deadline of the call, connecting included; default DEFAULT_DOCKER_TIMEOUT_MS. */
   timeoutMs?: number
+  /** The most of the answer collected before the connection is cut; default ANSWER_MAX_BYTES. */
+  maxBytes?: number
 }
 
 export interface EngineAnswer {
@@ -75,14 +91,14 @@ export class EngineApi {
 
   /** Engine version, or E_DOCKER_DOWN / E_DOCKER_HUNG with the fix (same contract as DockerCli.ping). */
   async ping(options: EngineRequestOptions = {}): Promise<EngineVersion> {
-    const pinged = await this.call('/_ping', {timeoutMs: PING_TIMEOUT_MS, ...options})
+    const pinged = await this.call('/_ping', {timeoutMs: PING_TIMEOUT_MS, maxBytes: SMALL_ANSWER_MAX_BYTES, ...options})
     // Docker names its release in every answer's Server header: /version would cost the engine
     // ≈ 7 ms (it asks containerd)
     const server = /^Docker\/(\S+)/.exec(pinged.headers.server ?? '')?.[1]
     const api = pinged.headers['api-version']
     if (server && api) return {server, api}
     const version = parseJson<{Version?: string; ApiVersion?: string}>(
-      await this.call('/version', {timeoutMs: PING_TIMEOUT_MS, ...options}),
+      await this.call('/version', {timeoutMs: PING_TIMEOUT_MS, maxBytes: SMALL_ANSWER_MAX_BYTES, ...options}),
       '/version',
     )
     return {server: version.Version ?? 'unknown', api: version.ApiVersion ?? 'unknown'}
@@ -157,7 +173,11 @@ export class EngineApi {
 
   /** Whether Docker itself answers here (Podman's compatible API names itself Libpod), asked once. */
   isDocker(options: EngineRequestOptions = {}): Promise<boolean> {
-    this.dockerItself ??= this.call('/_ping', {timeoutMs: PING_TIMEOUT_MS, ...options}).then(
+    this.dockerItself ??= this.call('/_ping', {
+      timeoutMs: PING_TIMEOUT_MS,
+      maxBytes: SMALL_ANSWER_MAX_BYTES,
+      ...options,
+    }).then(
       (answer) => /^Docker\//.test(answer.headers.server ?? ''),
       (error: unknown) => {
         this.dockerItself = undefined
@@ -197,12 +217,15 @@ export class EngineApi {
     const signal = options.signal ? AbortSignal.any([options.signal, deadline]) : deadline
     const method = options.method ?? 'GET'
     const request = `${method} ${endpoint.split('?')[0]}`
+    const maxBytes = options.maxBytes ?? ANSWER_MAX_BYTES
     try {
       const answer = await this.send(
         method,
         `${this.options.apiVersion ? `/v${this.options.apiVersion}` : ''}${endpoint}`,
         signal,
         options.json === undefined ? undefined : JSON.stringify(options.json),
+        () => engineAnswerTooLarge(`the engine at unix://${this.socketPath}`, request, maxBytes),
+        maxBytes,
       )
       if (answer.status >= 400 && !answered(answer.status)) throw engineRefused(request, answer)
       return answer
@@ -216,15 +239,28 @@ export class EngineApi {
   /**
    * One request on its own connection, in HTTP/1.0: the engine then answers without chunks and closes,
    * so the answer is what arrives before the close. node:http would do the same at ≈ 10 ms more
-   * CPU (loading its client) per process, a quarter of what `container status` may take.
+   * CPU (loading its client) per process, a quarter of what `container status` may take. Past
+   * `maxBytes` the connection is cut and the call fails with `tooLarge()`.
    */
-  private send(method: string, endpoint: string, signal: AbortSignal, json?: string): Promise<EngineAnswer> {
+  private send(
+    method: string,
+    endpoint: string,
+    signal: AbortSignal,
+    json: string | undefined,
+    tooLarge: () => Error,
+    maxBytes: number,
+  ): Promise<EngineAnswer> {
     // loaded at the first request: a command that only may ask (`config check`) starts ≈ 2 ms faster
     const net = process.getBuiltinModule('node:net')
     return new Promise((resolve, reject) => {
       const socket = net.connect({path: this.socketPath, signal})
       const chunks: Buffer[] = []
-      socket.on('data', (chunk: Buffer) => chunks.push(chunk))
+      let size = 0
+      socket.on('data', (chunk: Buffer) => {
+        size += chunk.length
+        if (size > maxBytes) socket.destroy(tooLarge())
+        else chunks.push(chunk)
+      })
       socket.on('end', () => {
         try {
           resolve(parseHttpAnswer(Buffer.concat(chunks)))

@@ -196,3 +196,21 @@ export function dockerPermission(reason: string): GatewayError {
 export function dockerCancelled(request: string): GatewayError {
   return new GatewayError('E_DOCKER', `${request} was cancelled`, {retryable: true})
 }
+
+/**
+ * `engine` ("the Docker engine at unix:///…", "Podman engine pod") sent more than a call collects:
+ * the connection was cut (or its ssh ended) rather than the answer held until the deadline.
+ */
+export function engineAnswerTooLarge(engine: string, request: string, maxBytes: number): GatewayError {
+  return new GatewayError(
+    'E_DOCKER',
+    `${engine} sent more than ${maxBytes / (1024 * 1024)} MiB in answer to ${request}, so the connection was cut: no engine answers that much, so what answers there is not a working engine`,
+    {
+      retryable: true,
+      suggestions: [
+        "check that the engine's host points at a Docker or Podman API (its /_ping answers OK, in a few bytes)",
+        'restart the engine if it is one: sudo systemctl restart docker (Podman: systemctl --user restart podman.socket)',
+      ],
+    },
+  )
+}
