@@ -1,6 +1,7 @@
 import {podmanGet} from './podman-api.js'
 import type {EngineConfig} from '../config/types.js'
 import {GatewayError, toGatewayError} from '../util/errors.js'
+import {settledWithin} from '../util/settled-within.js'
 
 /**
  * Which of a run's limits a Podman engine can apply (docs/architecture.md, "Engines"). Podman's
@@ -64,11 +65,7 @@ export async function podmanHost(engine: EngineConfig, timeoutMs: number): Promi
   try {
     info = JSON.parse(await podmanGet(engine, INFO_ENDPOINT, timeoutMs)) as LibpodInfo
   } catch (error) {
-    throw new GatewayError(
-      'E_DOCKER_DOWN',
-      `could not ask Podman engine ${engine.name} which limits it can apply: ${toGatewayError(error).message}`,
-      {retryable: true, suggestions: [`check that \`podman system service\` answers at ${engine.host}`]},
-    )
+    throw probeFailed(engine, toGatewayError(error).message)
   }
   if (!info.host?.cgroupVersion)
     throw new GatewayError(
@@ -86,18 +83,59 @@ export async function podmanHost(engine: EngineConfig, timeoutMs: number): Promi
 }
 
 const PROBE_TIMEOUT_MS = 5_000
+/** The probe is given up this long after its own deadline, however its transport behaves. */
+const PROBE_MARGIN_MS = 1_000
 const probed = new Map<string, Promise<PodmanHost>>()
 
-/** The engine's host facts, asked once per engine config (a failed ask is asked again next time). */
+/**
+ * The engine's host facts, asked once per engine config. A failed ask, or one with no answer by its
+ * deadline, is forgotten: the next run asks again instead of waiting on it.
+ */
 export function probedPodmanHost(engine: EngineConfig): Promise<PodmanHost> {
   const key = JSON.stringify(engine)
   let answer = probed.get(key)
   if (!answer) {
-    answer = podmanHost(engine, PROBE_TIMEOUT_MS)
-    answer.catch(() => probed.delete(key))
-    probed.set(key, answer)
+    const asked = settledWithin(podmanHost(engine, PROBE_TIMEOUT_MS), PROBE_TIMEOUT_MS + PROBE_MARGIN_MS, () =>
+      probeFailed(engine, `no answer within ${(PROBE_TIMEOUT_MS + PROBE_MARGIN_MS) / 1000} s`),
+    )
+    answer = asked
+    asked.catch(() => {
+      if (probed.get(key) === asked) probed.delete(key)
+    })
+    probed.set(key, asked)
   }
   return answer
+}
+
+/**
+ * For a run: the probe, waited for no longer than the run may take and not past its cancel (the run
+ * holds its agent's lock and a run slot while it waits).
+ */
+export function podmanHostForRun(
+  engine: EngineConfig,
+  timeoutMs: number,
+  signal: AbortSignal | undefined,
+): Promise<PodmanHost> {
+  return settledWithin(
+    probedPodmanHost(engine),
+    timeoutMs,
+    () => probeFailed(engine, `no answer within the run's ${timeoutMs / 1000} s`),
+    {
+      signal,
+      cancelled: () =>
+        new GatewayError('E_RUN', `the run was cancelled while Podman engine ${engine.name} was asked for its limits`, {
+          retryable: true,
+        }),
+    },
+  )
+}
+
+function probeFailed(engine: EngineConfig, why: string): GatewayError {
+  return new GatewayError(
+    'E_DOCKER_DOWN',
+    `could not ask Podman engine ${engine.name} which limits it can apply: ${why}`,
+    {retryable: true, suggestions: [`check that \`podman system service\` answers at ${engine.host}`]},
+  )
 }
 
 /** One line per limit: `container_mode.memory_limit (memory): why`. */

@@ -6,6 +6,7 @@ import {startUnrulyEngine, type Misbehaviour, type UnrulyEngine} from '../../fak
 import {makeCertificates} from '../../helpers/own-engine.js'
 import {waitFor} from '../../helpers/wait-for.js'
 import {pingPodman} from '../../../src/runtime/container/podman-api.js'
+import {podmanHostForRun, probedPodmanHost} from '../../../src/runtime/container/podman-limits.js'
 import type {EngineConfig} from '../../../src/runtime/config/types.js'
 import {EngineApi} from '../../../src/sandbox/docker/engine-api.js'
 import {settledWithin} from '../../../src/runtime/util/settled-within.js'
@@ -14,7 +15,7 @@ import {settledWithin} from '../../../src/runtime/util/settled-within.js'
  * Engines of the test's own that answer badly (test/fakes/unruly-engine.ts), asked the way the
  * gateway asks a Podman engine itself (its ping, its libpod/info) on each way it reaches one:
  * over mutual TLS, over a unix socket, over ssh. Each call must end by its deadline, collect no
- * more than its cap, and say what went wrong.
+ * more than its cap, and say what went wrong; a probe that failed is asked again.
  */
 
 const podman = (name: string, host: string, more: Partial<EngineConfig> = {}): EngineConfig => ({
@@ -77,14 +78,29 @@ describe('a Podman engine over mutual TLS that answers badly', () => {
     })
     expect(ms).toBeLessThan(2000)
   })
+
+  it('a limits probe that gets no whole answer fails by its deadline and is asked again next time', async () => {
+    const trickle = engines.get('trickle')!
+    const engine = over('trickle')
+    const before = trickle.requests
+    const {error, ms} = await timed(within(probedPodmanHost(engine), 9000))
+    expect(error.message).toMatch(/could not ask Podman engine trickle which limits it can apply/)
+    expect(ms).toBeLessThan(7000)
+    // not the failed promise from the cache: a new question to the engine
+    const again = probedPodmanHost(engine)
+    again.catch(() => {})
+    await waitFor('the engine is asked again', () => trickle.requests === before + 2, 3000)
+  }, 20_000)
 })
 
 describe('a Podman engine on a unix socket or over ssh that floods', () => {
   let flood: UnrulyEngine
+  let hang: UnrulyEngine
   let bin: string
 
   beforeAll(async () => {
     flood = await startUnrulyEngine('flood')
+    hang = await startUnrulyEngine('hang')
     // a stand-in for the real ssh client (the wrapper runs the first `ssh` on PATH after itself):
     // its `podman system dial-stdio` is a pipe to the flooding engine's socket
     bin = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-fake-ssh-'))
@@ -103,6 +119,7 @@ socket.pipe(process.stdout)
   afterAll(async () => {
     vi.unstubAllEnvs()
     await flood.close()
+    await hang.close()
     fs.rmSync(bin, {recursive: true, force: true})
   })
 
@@ -125,6 +142,18 @@ socket.pipe(process.stdout)
     expect(ms).toBeLessThan(3000)
     const pid = Number(fs.readFileSync(path.join(bin, 'pid'), 'utf8'))
     await waitFor(`the ssh client ${pid} is gone`, () => !alive(pid), 3000)
+  })
+
+  it("a run waiting for a probe stops at its cancel, and at its timeout, not at the probe's", async () => {
+    const engine = podman('hung', hang.host)
+    const controller = new AbortController()
+    setTimeout(() => controller.abort(), 100)
+    const cancelled = await timed(within(podmanHostForRun(engine, 60_000, controller.signal), 4000))
+    expect(cancelled.error).toMatchObject({code: 'E_RUN', message: expect.stringMatching(/cancelled/)})
+    expect(cancelled.ms).toBeLessThan(1000)
+    const late = await timed(within(podmanHostForRun({...engine, name: 'hung2'}, 300, undefined), 4000))
+    expect(late.error.message).toMatch(/could not ask Podman engine hung2 .*within the run's 0.3 s/)
+    expect(late.ms).toBeLessThan(1000)
   })
 })
 

@@ -13,6 +13,7 @@ import {
   noteEngineVersion,
 } from './engine-health.js'
 import {sshEnvOf} from '../../container/engine-ssh.js'
+import {settledWithin} from '../../util/settled-within.js'
 
 /**
  * Where container runs go (docs/architecture.md, "Engines"). The runner asks only this of an
@@ -239,6 +240,8 @@ export function engineViews(config: GatewayConfig, standbysOn: (engine: string) 
 /** How often each configured engine is asked whether it answers, and how long the answer may take. */
 const ENGINE_WATCH_INTERVAL_MS = 1_000
 const ENGINE_WATCH_TIMEOUT_MS = 2_000
+/** When the watch stops waiting for a ping, whatever its transport does. */
+const ENGINE_WATCH_GIVE_UP_MS = Math.max(ENGINE_WATCH_TIMEOUT_MS, SSH_PING_MIN_MS) + 1_000
 
 let watched: {key: string; timer: NodeJS.Timeout; pinging: Set<string>} | undefined
 
@@ -258,8 +261,13 @@ export function watchEngines(config: GatewayConfig): void {
     for (const engine of engines) {
       if (pinging.has(engine.name)) continue
       pinging.add(engine.name)
-      void engine
-        .ping(ENGINE_WATCH_TIMEOUT_MS)
+      // a ping that never settles must not leave the engine's last state standing: past its own
+      // deadline (an ssh engine's is longer) and a margin, it counts as no answer
+      void settledWithin(
+        engine.ping(ENGINE_WATCH_TIMEOUT_MS),
+        ENGINE_WATCH_GIVE_UP_MS,
+        () => new Error(`no answer to its ping within ${ENGINE_WATCH_GIVE_UP_MS / 1000} s`),
+      )
         .then(
           () => markEngineUp(engine.name),
           (error: unknown) => markEngineDown(engine.name, toGatewayError(error).message.split('\n')[0] ?? 'no answer'),

@@ -46,7 +46,7 @@ import {
   syncingCommand,
   type SyncedVolume,
 } from './workspace-sync.js'
-import {describeGaps, limitGaps, limitsRefused, probedPodmanHost} from '../../container/podman-limits.js'
+import {describeGaps, limitGaps, limitsRefused, podmanHostForRun} from '../../container/podman-limits.js'
 import {
   engineApiFor,
   removeOwedContainers,
@@ -280,7 +280,7 @@ async function runOnce(
   const usageBefore = await diskUsage([request.input.workspace], diskLimit)
   if (overLimit(usageBefore, diskLimit))
     return diskFull(runId, agent.limits.disk, usageBefore, request.input.workspace, 'before')
-  const dialect = await engineDialect(engine, log)
+  const dialect = await engineDialect(engine, log, request)
   await removeOwedContainers(cli)
   const deadline = Date.now() + request.timeoutMs
   const image = await readyBeforeDeadline(cli, deadline, request.signal, (signal) =>
@@ -660,9 +660,10 @@ async function runInStartedContainer(
 async function engineDialect(
   engine: DockerEngine | undefined,
   log: (line: string) => void,
+  request: Pick<RunRequest, 'timeoutMs' | 'signal'>,
 ): Promise<Pick<DockerRunSpec, 'engineKind' | 'unappliedLimits'>> {
   if (engine?.config?.kind !== 'podman') return {}
-  const gaps = limitGaps(await probedPodmanHost(engine.config))
+  const gaps = limitGaps(await podmanHostForRun(engine.config, request.timeoutMs, request.signal))
   if (gaps.length === 0) return {engineKind: 'podman'}
   if (!engine.config.best_effort) throw limitsRefused(engine.name, gaps)
   log(
@@ -704,7 +705,7 @@ function prepareNextStandby(
         request.input.agent,
         imageContextFor(request.home, cli, {signal}),
       )
-      const dialect = await engineDialect(engine, log)
+      const dialect = await engineDialect(engine, log, {timeoutMs: request.timeoutMs, signal})
       const shape = await runShape(
         request,
         image,
