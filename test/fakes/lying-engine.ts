@@ -7,8 +7,9 @@ import path from 'node:path'
  * An engine that lies: a Docker Engine API on a unix socket of the test's own, answering the
  * docker CLI's and the gateway's questions with whatever the test forges (a compromised engine
  * host, or a man in the middle of an `insecure: true` one). Only what a lie needs is served:
- * `_ping`, `version`, `info`, the container, image and volume lists, volume removal; anything
- * else is a 404 in the engine's own error shape. Every request is recorded.
+ * `_ping`, `version`, `info`, the container, image and volume lists, an image's inspect, volume
+ * removal, and a build that reads what it is sent and then fails; anything else is a 404 in the
+ * engine's own error shape. Every request is recorded, with its headers (what the engine learns).
  *
  *   const engine = await startLyingEngine({volumes: (prefix) => [`${prefix}../../x`]})
  *   // engines: [{name: 'liar', host: engine.host}]
@@ -17,6 +18,8 @@ import path from 'node:path'
 export interface LyingEngine {
   host: string
   requests: string[]
+  /** The same requests with the headers the engine was sent. */
+  received: Array<{request: string; headers: http.IncomingHttpHeaders}>
   close(): Promise<void>
 }
 
@@ -27,16 +30,20 @@ export interface Lies {
   version?: string
   /** The containers it lists (Engine API `containers/json` shape) and inspects. */
   containers?: Array<{Id: string; Name: string; Labels: Record<string, string>}>
+  /** The images it says it holds, by reference (Engine API `images/{name}/json` shape, as far as read). */
+  images?: Record<string, {Id: string; Architecture: string; Os: string}>
 }
 
 export async function startLyingEngine(lies: Lies = {}): Promise<LyingEngine> {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-lying-engine-'))
   const socket = path.join(dir, 'engine.sock')
   const requests: string[] = []
+  const received: LyingEngine['received'] = []
   const server = http.createServer((request, response) => {
     const url = new URL(request.url ?? '/', 'http://engine')
     const route = url.pathname.replace(/^\/v[\d.]+/, '')
     requests.push(`${request.method} ${route}`)
+    received.push({request: `${request.method} ${route}`, headers: request.headers})
     const answer = (status: number, body: unknown) => {
       response.writeHead(status, {'Content-Type': 'application/json', 'Api-Version': '1.41'})
       response.end(JSON.stringify(body))
@@ -57,6 +64,21 @@ export async function startLyingEngine(lies: Lies = {}): Promise<LyingEngine> {
           Labels: container.Labels,
         })),
       )
+    const image = /^\/images\/(.+)\/json$/.exec(route)?.[1]
+    if (image !== undefined && request.method === 'GET') {
+      const held = lies.images?.[decodeURIComponent(image)]
+      return held ? answer(200, {...held, RepoTags: [], Config: {}}) : answer(404, {message: `No such image: ${image}`})
+    }
+    if (route === '/build' && request.method === 'POST') {
+      request.resume() // the build context, read and dropped
+      request.on('end', () => {
+        response.writeHead(200, {'Content-Type': 'application/json', 'Api-Version': '1.41'})
+        response.end(
+          `${JSON.stringify({errorDetail: {message: 'this engine builds nothing'}, error: 'this engine builds nothing'})}\n`,
+        )
+      })
+      return
+    }
     const inspected = containers.find((container) => route === `/containers/${container.Id}/json`)
     if (inspected)
       return answer(200, {
@@ -86,6 +108,7 @@ export async function startLyingEngine(lies: Lies = {}): Promise<LyingEngine> {
   return {
     host: `unix://${socket}`,
     requests,
+    received,
     close: async () => {
       await new Promise((resolve) => server.close(resolve))
       fs.rmSync(dir, {recursive: true, force: true})

@@ -1,5 +1,7 @@
 import fs from 'node:fs'
 import path from 'node:path'
+import {makeHomeDirectories} from '../../runtime/util/make-directories.js'
+import {gatewayHome} from '../../runtime/util/paths.js'
 import {startSubprocess, type Subprocess} from '../../runtime/util/subprocess.js'
 import {keeperArgv, keeperHelper} from '../keeper.js'
 import {DEFAULT_DOCKER_TIMEOUT_MS, PING_TIMEOUT_MS, type EngineVersion} from './engine.js'
@@ -63,6 +65,46 @@ export interface DockerCliOptions {
   engineArgs?: string[]
   /** Variables the engine's transport reads in every call (the ssh wrapper's paths: never a secret). */
   engineEnv?: Record<string, string>
+  /**
+   * The CLI's config directory (DOCKER_CONFIG) when `engineArgs` name the engine; default
+   * credentialFreeConfigDir() of the gateway home. Without `engineArgs` (the local engine) the
+   * operator's own is kept.
+   */
+  configDir?: string
+}
+
+/**
+ * What the CLI reads as its config.json for an engine of the `engines:` list: no credential, no
+ * credsStore or credHelpers. The CLI sends every credential it can find to the engine with each
+ * legacy `docker build` (X-Registry-Config), so the operator's registry logins (config.json, and
+ * the helpers it names) would reach every remote engine. The one entry holds nothing: a config with
+ * no `auths` at all makes the CLI look for a platform helper on PATH (docker-credential-pass,
+ * -secretservice) and send what the operator's keyring holds instead.
+ */
+export const CREDENTIAL_FREE_CONFIG = `${JSON.stringify({auths: {'meepagateway.invalid': {}}})}\n`
+
+/** The gateway's own docker CLI config directory (mode 0700) for engines of the `engines:` list. */
+export function credentialFreeConfigDir(home: string = gatewayHome()): string {
+  return path.join(home, 'cache', 'docker-config')
+}
+
+/** Makes the directory and its config.json as CREDENTIAL_FREE_CONFIG says (again if anything changed them). */
+function prepareCredentialFreeConfig(dir: string): void {
+  makeHomeDirectories(dir, path.dirname(path.dirname(dir)))
+  const stat = fs.lstatSync(dir)
+  if (!stat.isDirectory()) throw new Error(`${dir} is not a directory`)
+  if ((stat.mode & 0o777) !== 0o700) fs.chmodSync(dir, 0o700)
+  const file = path.join(dir, 'config.json')
+  let current: string | undefined
+  try {
+    current = fs.readFileSync(file, 'utf8')
+  } catch {
+    // missing: written below (a CLI finding none would fall back to ~/.dockercfg)
+  }
+  if (current === CREDENTIAL_FREE_CONFIG) return
+  const written = `${file}.${process.pid}.tmp`
+  fs.writeFileSync(written, CREDENTIAL_FREE_CONFIG, {mode: 0o600})
+  fs.renameSync(written, file) // another gateway process reading it sees the whole file
 }
 
 export interface DockerCallOptions {
@@ -100,18 +142,24 @@ export class DockerCli {
   private readonly defaultTimeoutMs: number
   readonly engineArgs: string[]
   private readonly engineEnv: Record<string, string>
+  /** The gateway's credential-free DOCKER_CONFIG, for an engine named by flags; unset for the local engine. */
+  readonly configDir?: string
 
   constructor(options: DockerCliOptions = {}) {
     this.engineArgs = options.engineArgs ?? []
     this.engineEnv = options.engineEnv ?? {}
     const baseEnv = options.baseEnv ?? process.env
+    if (this.engineArgs.length > 0) this.configDir = options.configDir ?? credentialFreeConfigDir(gatewayHome(baseEnv))
     this.binFromEnv = options.bin === undefined && Boolean(baseEnv[DOCKER_BIN_ENV])
     this.bin = options.bin ?? (baseEnv[DOCKER_BIN_ENV] || 'docker')
     this.baseEnv = baseEnv
     this.defaultTimeoutMs = options.defaultTimeoutMs ?? DEFAULT_DOCKER_TIMEOUT_MS
   }
 
-  /** The complete environment of a docker CLI process. */
+  /**
+   * The complete environment of a docker CLI process. An engine named by flags gets the gateway's
+   * credential-free DOCKER_CONFIG (made here), never the operator's: see CREDENTIAL_FREE_CONFIG.
+   */
   env(extra: Record<string, string> = {}): Record<string, string> {
     const env: Record<string, string> = {}
     for (const name of DOCKER_CLI_ENV_NAMES) {
@@ -120,6 +168,10 @@ export class DockerCli {
       if (value !== undefined) env[name] = value
     }
     env.PATH ??= '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
+    if (this.configDir !== undefined) {
+      prepareCredentialFreeConfig(this.configDir)
+      env.DOCKER_CONFIG = this.configDir
+    }
     return {...env, ...this.engineEnv, ...extra}
   }
 

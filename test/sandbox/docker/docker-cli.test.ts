@@ -3,7 +3,7 @@ import http from 'node:http'
 import net from 'node:net'
 import path from 'node:path'
 import {afterAll, beforeAll, describe, expect, it} from 'vitest'
-import {DockerCli} from '../../../src/sandbox/docker/cli.js'
+import {CREDENTIAL_FREE_CONFIG, DockerCli} from '../../../src/sandbox/docker/cli.js'
 import {parseElfRuntime, readElfRuntime} from '../../../src/sandbox/docker/elf.js'
 import {realDockerPath, tempDir} from '../../helpers/docker-env.js'
 
@@ -124,6 +124,26 @@ describe('docker CLI layer: every failure of the engine is a clear error with th
       })
       expect(cli.env()).toEqual({PATH: '/usr/bin', HOME: '/root', DOCKER_HOST: 'unix:///x.sock'})
     })
+  })
+
+  it("an engine named by flags gets the gateway's credential-free config, made again when changed; the local one the operator's", () => {
+    const home = tempDir('meepa-docker-config-')
+    try {
+      const baseEnv = {PATH: '/usr/bin', HOME: '/root', DOCKER_CONFIG: '/root/.docker', MEEPAGATEWAY_HOME: home}
+      const listed = new DockerCli({baseEnv, engineArgs: ['--host', 'tcp://engine.example:2376']})
+      const dir = path.join(home, 'cache', 'docker-config')
+      expect(listed.env().DOCKER_CONFIG).toBe(dir)
+      const file = path.join(dir, 'config.json')
+      expect(JSON.parse(fs.readFileSync(file, 'utf8'))).toEqual({auths: {'meepagateway.invalid': {}}})
+      fs.writeFileSync(file, JSON.stringify({credsStore: 'desktop'}))
+      fs.chmodSync(dir, 0o755)
+      listed.env()
+      expect(fs.readFileSync(file, 'utf8')).toBe(CREDENTIAL_FREE_CONFIG)
+      expect(fs.statSync(dir).mode & 0o777).toBe(0o700)
+      expect(new DockerCli({baseEnv}).env().DOCKER_CONFIG).toBe('/root/.docker')
+    } finally {
+      fs.rmSync(home, {recursive: true, force: true})
+    }
   })
 })
 
