@@ -1,5 +1,6 @@
 import type {LoadedConfig} from '../runtime/config/types.js'
 import type {EngineTarget} from '../runtime/container/per-engine.js'
+import {escapeControls} from '../runtime/util/escape-controls.js'
 
 /**
  * The engines a `container` command acts on one by one, or undefined without an `engines:` list
@@ -15,7 +16,10 @@ export async function engineTargets(
   return loaded.config.engines?.length ? selected : undefined
 }
 
-/** Prints an engine's own heading, or (exit 10) why it could not be asked; true when it answered. */
+/**
+ * Prints an engine's own heading, or (exit 10) why it could not be asked (in its own words, control
+ * characters escaped); true when it answered.
+ */
 export function engineAnswered(
   log: (line: string) => void,
   result: {name: string; error?: unknown},
@@ -25,7 +29,7 @@ export function engineAnswered(
     if (heading) log(heading)
     return true
   }
-  log(`engine ${result.name}: not answering: ${result.error}`)
+  log(`engine ${result.name}: not answering: ${escapeControls(result.error)}`)
   process.exitCode = 10
   return false
 }

@@ -2,6 +2,7 @@ import {Args, Flags} from '@oclif/core'
 import {BaseCommand} from './base-command.js'
 import type {AgentRunOutput} from '../runtime/shapes/agent-run-contract.js'
 import {GatewayError} from '../runtime/util/errors.js'
+import {escapeControls} from '../runtime/util/escape-controls.js'
 import {sendThroughGateway} from '../runtime/connectors/local-send/client.js'
 import {FORWARDED_SIGNALS, readMessageArgument, signalExitCode} from '../runtime/send/input.js'
 
@@ -32,7 +33,8 @@ export default class Send extends BaseCommand<typeof Send> {
         channel: this.flags.channel,
         content,
         unrestricted: this.flags.unrestricted,
-        onLog: (line: string) => this.logToStderr(line),
+        // the run's log names what engines and agents said: their control characters are shown, not obeyed
+        onLog: (line: string) => this.logToStderr(escapeControls(line)),
         signal: stop.signal,
       }
       const output =

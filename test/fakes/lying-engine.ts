@@ -28,8 +28,8 @@ export interface Lies {
   volumes?: (prefix: string) => string[]
   /** Its server version string. */
   version?: string
-  /** The containers it lists (Engine API `containers/json` shape) and inspects. */
-  containers?: Array<{Id: string; Name: string; Labels: Record<string, string>}>
+  /** The containers it lists (Engine API `containers/json` shape) and inspects; State defaults to running. */
+  containers?: Array<{Id: string; Name: string; Labels: Record<string, string>; State?: string}>
   /** The images it says it holds, by reference (Engine API `images/{name}/json` shape, as far as read). */
   images?: Record<string, {Id: string; Architecture: string; Os: string}>
 }
@@ -60,7 +60,7 @@ export async function startLyingEngine(lies: Lies = {}): Promise<LyingEngine> {
         containers.map((container) => ({
           Id: container.Id,
           Names: [`/${container.Name}`],
-          State: 'running',
+          State: container.State ?? 'running',
           Labels: container.Labels,
         })),
       )
@@ -86,7 +86,7 @@ export async function startLyingEngine(lies: Lies = {}): Promise<LyingEngine> {
         Name: `/${inspected.Name}`,
         Created: new Date().toISOString(),
         Image: `sha256:${'a'.repeat(64)}`,
-        State: {Status: 'running', Running: true},
+        State: {Status: inspected.State ?? 'running', Running: (inspected.State ?? 'running') === 'running'},
         Config: {Image: 'image', Labels: inspected.Labels},
       })
     if (route === '/volumes' && request.method === 'GET') {

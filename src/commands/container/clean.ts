@@ -3,6 +3,7 @@ import {BaseCommand, engineFlag} from '../base-command.js'
 import {cleanContainers, type ContainerCleanResult} from '../../runtime/container/clean.js'
 import type {EngineCleanResult, EngineFailure} from '../../runtime/container/per-engine.js'
 import {engineAnswered, engineTargets} from '../../cli/engine-targets.js'
+import {escapeControls as shown} from '../../runtime/util/escape-controls.js'
 
 export default class ContainerClean extends BaseCommand<typeof ContainerClean> {
   static summary = 'remove containers left behind and images no config refers to'
@@ -36,21 +37,26 @@ export default class ContainerClean extends BaseCommand<typeof ContainerClean> {
     for (const cleaned of result.engines) {
       if (!engineAnswered((line) => this.log(line), cleaned) || !('volumes' in cleaned)) continue
       const verb = cleaned.dry_run ? 'would remove' : 'removed'
-      for (const volume of cleaned.volumes) this.log(`  ${verb} volume ${volume.name} (agent ${volume.agent})`)
-      for (const volume of cleaned.kept_volumes) this.log(`  kept volume ${volume.name}: ${volume.reason}`)
+      for (const volume of cleaned.volumes)
+        this.log(`  ${verb} volume ${shown(volume.name)} (agent ${shown(volume.agent)})`)
+      for (const volume of cleaned.kept_volumes)
+        this.log(`  kept volume ${shown(volume.name)}: ${shown(volume.reason)}`)
       this.print(cleaned, '  ')
     }
     return result
   }
 
+  /** Names, states and refusals come from the engine: shown with their control characters escaped. */
   private print(result: ContainerCleanResult, indent: string): void {
     const verb = result.dry_run ? 'would remove' : 'removed'
     for (const container of result.containers)
-      this.log(`${indent}${verb} container ${container.name} (${container.state}, agent ${container.agent ?? '-'})`)
+      this.log(
+        `${indent}${verb} container ${shown(container.name)} (${shown(container.state)}, agent ${shown(container.agent ?? '-')})`,
+      )
     for (const container of result.kept_containers)
-      this.log(`${indent}kept container ${container.name}: ${container.reason}`)
-    for (const image of result.images) this.log(`${indent}${verb} image ${image.ref}`)
-    for (const image of result.kept) this.log(`${indent}kept image ${image.ref}: ${image.reason}`)
+      this.log(`${indent}kept container ${shown(container.name)}: ${shown(container.reason)}`)
+    for (const image of result.images) this.log(`${indent}${verb} image ${shown(image.ref)}`)
+    for (const image of result.kept) this.log(`${indent}kept image ${shown(image.ref)}: ${shown(image.reason)}`)
     this.log(
       `${indent}${verb} ${result.containers.length} container(s) and ${result.images.length} image(s), ${Math.round(result.reclaimed_bytes / 1e6)} MB`,
     )

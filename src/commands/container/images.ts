@@ -2,6 +2,7 @@ import {BaseCommand, engineFlag} from '../base-command.js'
 import {listGatewayImages, type GatewayImage} from '../../runtime/container/status.js'
 import type {EngineFailure} from '../../runtime/container/per-engine.js'
 import {engineAnswered, engineTargets} from '../../cli/engine-targets.js'
+import {escapeControls as shown} from '../../runtime/util/escape-controls.js'
 
 export default class ContainerImages extends BaseCommand<typeof ContainerImages> {
   static summary = 'list every meepagateway image with its tag, size, age and whether it is in use'
@@ -32,10 +33,10 @@ export default class ContainerImages extends BaseCommand<typeof ContainerImages>
   private print(images: GatewayImage[], indent: string): void {
     for (const image of images) {
       const use = image.in_use
-        ? `in use${image.used_by.length > 0 ? ` by ${image.used_by.join(', ')}` : ''}`
+        ? `in use${image.used_by.length > 0 ? ` by ${shown(image.used_by.join(', '))}` : ''}`
         : 'not in use'
       this.log(
-        `${indent}${`${image.repository}:${image.tag}`.padEnd(60)} ${megabytes(image.size_bytes).padStart(8)} ${age(image.age_seconds).padStart(6)}  ${use}`,
+        `${indent}${shown(`${image.repository}:${image.tag}`).padEnd(60)} ${megabytes(image.size_bytes).padStart(8)} ${age(image.age_seconds).padStart(6)}  ${use}`,
       )
     }
     if (images.length === 0) this.log(`${indent}no meepagateway images`)

@@ -4,6 +4,7 @@ import {containerStatus, type ContainerStatus} from '../../runtime/container/sta
 import type {EngineFailure} from '../../runtime/container/per-engine.js'
 import type {LoadedConfig} from '../../runtime/config/types.js'
 import {engineAnswered, engineTargets} from '../../cli/engine-targets.js'
+import {escapeControls as shown} from '../../runtime/util/escape-controls.js'
 
 /** Thrown from the config loader when the config has an `engines:` list: each is then asked on its own. */
 class HasEngines extends Error {}
@@ -52,15 +53,16 @@ export default class ContainerStatusCommand extends BaseCommand<typeof Container
     return result
   }
 
+  /** What the engine said (its version, containers, errors) is shown with its control characters escaped. */
   private print(status: ContainerStatus, {green, red, yellow}: ChalkInstance, prefix: string): void {
     const indent = prefix ? '  ' : ''
     // green: the engine is up (down is an error, exit 10)
     this.log(
-      `${prefix ? `${prefix}\n${indent}` : ''}engine: ${green(`Docker ${status.engine.server_version} (API ${status.engine.api_version})`)}`,
+      `${prefix ? `${prefix}\n${indent}` : ''}engine: ${green(`Docker ${shown(status.engine.server_version)} (API ${shown(status.engine.api_version)})`)}`,
     )
     for (const agent of status.agents) {
       if (agent.error) {
-        this.log(`${indent}agent ${agent.agent}: ${red(agent.error)}`)
+        this.log(`${indent}agent ${agent.agent}: ${red(shown(agent.error))}`)
         continue
       }
       const image = agent.isolation_image
@@ -69,15 +71,16 @@ export default class ContainerStatusCommand extends BaseCommand<typeof Container
         : image.up_to_date
           ? green('up to date')
           : yellow(`stale (${image.reason}), run \`container build\``)
-      this.log(`${indent}agent ${agent.agent}: ${image.tag} ${state}`)
+      this.log(`${indent}agent ${agent.agent}: ${shown(image.tag)} ${state}`)
     }
     if (status.agents.length === 0)
       this.log(`${indent}no agent has container_mode.enabled${prefix ? ' and may run here' : ''}`)
-    for (const {engine, warning} of status.engine_warnings) this.log(`${indent}engine ${engine}: ${yellow(warning)}`)
+    for (const {engine, warning} of status.engine_warnings)
+      this.log(`${indent}engine ${engine}: ${yellow(shown(warning))}`)
     this.log(`${indent}containers: ${status.containers.length === 0 ? 'none running' : ''}`)
     for (const container of status.containers)
       this.log(
-        `${indent}  ${container.name} ${container.state === 'running' ? green(container.state) : yellow(container.state)} agent=${container.agent ?? '-'} run=${container.run ?? '-'}`,
+        `${indent}  ${shown(container.name)} ${container.state === 'running' ? green(container.state) : yellow(shown(container.state))} agent=${shown(container.agent ?? '-')} run=${shown(container.run ?? '-')}`,
       )
   }
 }

@@ -9,6 +9,7 @@ import {
 } from '../../sandbox/docker/images.js'
 import {findAgent} from '../config/load.js'
 import type {AgentConfig, LoadedConfig} from '../config/types.js'
+import {escapeControls} from '../util/escape-controls.js'
 import {containerImageContext} from './context.js'
 
 /**
@@ -153,7 +154,7 @@ export async function buildContainerImages(options: ContainerBuildOptions): Prom
             agentTask.steps.map((step) => ({
               title: step.title,
               task: async (_stepCtx, task) => {
-                const summary = await step.run((line) => (task.output = line))
+                const summary = await step.run((line) => (task.output = escapeControls(line)))
                 task.title = `${step.title}: ${summary}`
               },
               rendererOptions: {outputBar: 5},
@@ -166,7 +167,7 @@ export async function buildContainerImages(options: ContainerBuildOptions): Prom
     const log = options.display === 'lines' ? (options.onLog ?? (() => {})) : () => {}
     for (const agentTask of tasks) {
       for (const step of agentTask.steps) {
-        const summary = await step.run((line) => log(`  ${line}`))
+        const summary = await step.run((line) => log(`  ${escapeControls(line)}`))
         log(`${agentTask.title}: ${step.title}: ${summary}`)
       }
     }

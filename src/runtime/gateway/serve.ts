@@ -1,5 +1,6 @@
 import {removeOrphanContainers} from '../container/clean.js'
 import type {LoadedConfig} from '../config/types.js'
+import {escapeControls} from '../util/escape-controls.js'
 import {redactSecrets} from '../util/redact.js'
 import {startGateway, type GatewayOptions} from './gateway.js'
 import {lockGatewayHome} from './home-lock.js'
@@ -40,9 +41,12 @@ export async function serveGateway(options: ServeOptions): Promise<ServeResult> 
 }
 
 async function serveLocked(options: ServeOptions, loaded: LoadedConfig): Promise<ServeResult> {
-  // Library errors end up in log lines; no configured secret (tokens, keys) may reach the log.
+  // Library errors end up in log lines; no configured secret (tokens, keys) may reach the log, and
+  // the control characters an engine, a daemon or a platform put in its words (a forged line, a
+  // terminal escape) are shown escaped, never obeyed.
   const secretValues = Object.values(loaded.secrets)
-  const log = (line: string) => options.log(`${new Date().toISOString()} ${redactSecrets(line, secretValues)}`)
+  const log = (line: string) =>
+    options.log(`${new Date().toISOString()} ${escapeControls(redactSecrets(line, secretValues))}`)
   const signals = options.signals ?? process
   const gateway = await startGateway({
     removeOrphans: async (signal) =>
