@@ -30,6 +30,8 @@ export interface Lies {
   version?: string
   /** The containers it lists (Engine API `containers/json` shape) and inspects; State defaults to running. */
   containers?: Array<{Id: string; Name: string; Labels: Record<string, string>; State?: string}>
+  /** Where it says each volume it is asked about is mounted (`volume inspect`). */
+  volumeMountpoint?: (name: string) => string
   /** The images it says it holds, by reference (Engine API `images/{name}/json` shape, as far as read). */
   images?: Record<string, {Id: string; Architecture: string; Os: string}>
 }
@@ -96,6 +98,16 @@ export async function startLyingEngine(lies: Lies = {}): Promise<LyingEngine> {
       return answer(200, {
         Volumes: names.map((Name) => ({Name, Driver: 'local', Labels: {}, Scope: 'local'})),
         Warnings: [],
+      })
+    }
+    if (route.startsWith('/volumes/') && request.method === 'GET' && lies.volumeMountpoint) {
+      const name = decodeURIComponent(route.slice('/volumes/'.length))
+      return answer(200, {
+        Name: name,
+        Driver: 'local',
+        Mountpoint: lies.volumeMountpoint(name),
+        Labels: {},
+        Scope: 'local',
       })
     }
     if (route.startsWith('/volumes/') && request.method === 'DELETE') {

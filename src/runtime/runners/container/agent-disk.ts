@@ -95,7 +95,10 @@ export async function podmanVolumeHere(
   if (known && fs.existsSync(known)) return known
   const inspected = await cli.exec(['volume', 'inspect', '--format', '{{.Mountpoint}}', volume])
   const dir = inspected.stdout.trim()
-  if (inspected.exitCode !== 0 || !path.isAbsolute(dir) || !fs.existsSync(dir)) return undefined
+  // Podman keeps a volume at <its volume path>/<name>/_data: any other answer (`/`, a home) would
+  // have the gateway walk a folder that is not the volume
+  const shaped = path.isAbsolute(dir) && dir.endsWith(`/${volume}/_data`) && path.normalize(dir) === dir
+  if (inspected.exitCode !== 0 || !shaped || !fs.existsSync(dir)) return undefined
   volumesHere.set(key, dir)
   return dir
 }
