@@ -2,7 +2,7 @@ import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
 import {afterAll, beforeAll, describe, expect, it} from 'vitest'
-import {CREDENTIAL_FREE_CONFIG, DockerCli} from '../../src/sandbox/docker/cli.js'
+import {DockerCli} from '../../src/sandbox/docker/cli.js'
 import {startLyingEngine, type LyingEngine} from '../fakes/lying-engine.js'
 import {fakeLlmConfig, makeHome, runCli, type TestHome} from '../helpers/home.js'
 import {realDockerPath} from '../helpers/docker-env.js'
@@ -115,7 +115,9 @@ describe.skipIf(!fs.existsSync(realDockerPath()))('registry credentials and the 
     }
     // the CLI read the gateway's own config, left as it was written, closed to others
     const configDir = path.join(gateway.home, 'cache', 'docker-config')
-    expect(fs.readFileSync(path.join(configDir, 'config.json'), 'utf8')).toBe(CREDENTIAL_FREE_CONFIG)
+    const written = JSON.parse(fs.readFileSync(path.join(configDir, 'config.json'), 'utf8')) as Record<string, unknown>
+    expect(Object.keys(written).sort()).toEqual(['auths', 'cliPluginsExtraDirs'])
+    expect(written.auths).toEqual({'meepagateway.invalid': {}})
     expect(fs.statSync(configDir).mode & 0o777).toBe(0o700)
     // and the operator's is untouched
     expect(fs.readFileSync(path.join(operator, '.docker', 'config.json'), 'utf8')).toContain(FILE_SECRET)

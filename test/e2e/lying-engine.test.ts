@@ -32,6 +32,7 @@ describe('an engine that lies to `container` commands', () => {
     )
   })
   afterAll(async () => {
+    home?.cleanup()
     await engine?.close()
     if (victim) fs.rmSync(victim, {recursive: true, force: true})
   })
@@ -87,6 +88,7 @@ describe('an engine whose words hold control characters', () => {
     fs.writeFileSync(config, fs.readFileSync(config, 'utf8').replace('unix:///nowhere.sock', engine.host))
   })
   afterAll(async () => {
+    home?.cleanup()
     await engine?.close()
   })
 

@@ -7,8 +7,8 @@ import path from 'node:path'
  * An engine that lies: a Docker Engine API on a unix socket of the test's own, answering the
  * docker CLI's and the gateway's questions with whatever the test forges (a compromised engine
  * host, or a man in the middle of an `insecure: true` one). Only what a lie needs is served:
- * `_ping`, `version`, `info`, the container, image and volume lists, an image's inspect, volume
- * removal, and a build that reads what it is sent and then fails; anything else is a 404 in the
+ * `_ping`, `version`, `info`, the container, image and volume lists, an image's and a volume's
+ * inspect, volume removal, and a build that reads what it is sent and then fails; anything else is a 404 in the
  * engine's own error shape. Every request is recorded, with its headers (what the engine learns).
  *
  *   const engine = await startLyingEngine({volumes: (prefix) => [`${prefix}../../x`]})

@@ -1,5 +1,5 @@
 import fs from 'node:fs'
-import {DockerCli, dockerCli} from '../../sandbox/docker/cli.js'
+import {credentialFreeConfigDir, DockerCli, dockerCli} from '../../sandbox/docker/cli.js'
 import {removeContainers} from '../../sandbox/docker/containers.js'
 import {toGatewayError} from '../util/errors.js'
 import {forgetRunProcess, reapAbandonedRuns, type ReapResult} from './run-processes.js'
@@ -47,7 +47,7 @@ async function reclaimOnEngine(
 ): Promise<void> {
   const engine = container.engine!
   if (engine.syncState) fs.rmSync(engine.syncState, {force: true})
-  const cli = new DockerCli({engineArgs: engine.args})
+  const cli = new DockerCli({engineArgs: engine.args, configDir: credentialFreeConfigDir(home)})
   for (let attempt = 0; ; attempt++) {
     try {
       await removeContainers(cli, [container.name], AbortSignal.timeout(CONTAINER_REMOVAL_TIMEOUT_MS))

@@ -1,12 +1,13 @@
 /**
  * Text from outside the gateway (what an engine or its daemon says: versions, names, labels,
  * errors, build output) made safe to print on a terminal or in a log line: every C0 and C1
- * control character, DEL, and the Unicode direction overrides are shown as escapes (`\n`, `\r`,
- * `\t`, `\x1b`, `\u202e`) instead of moving the cursor, clearing the screen, setting the window
- * title, linking, or starting a line of their own. Everything else is left as it is.
+ * control character, DEL, the Unicode line and paragraph separators and direction marks are shown
+ * as escapes (`\n`, `\r`, `\t`, `\x1b`, `\u2028`, `\u202e`) instead of moving the cursor,
+ * clearing the screen, setting the window title, linking, or starting a line of their own.
+ * Everything else is left as it is.
  */
 // eslint-disable-next-line no-control-regex -- control characters are exactly what is matched
-const CONTROL = /[\u0000-\u001f\u007f-\u009f\u200e\u200f\u202a-\u202e\u2066-\u2069]/g
+const CONTROL = /[\u0000-\u001f\u007f-\u009f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]/g
 
 const SHORT: Record<string, string> = {'\n': '\\n', '\r': '\\r', '\t': '\\t'}
 

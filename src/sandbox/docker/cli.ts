@@ -1,4 +1,5 @@
 import fs from 'node:fs'
+import os from 'node:os'
 import path from 'node:path'
 import {makeHomeDirectories} from '../../runtime/util/make-directories.js'
 import {gatewayHome} from '../../runtime/util/paths.js'
@@ -79,17 +80,23 @@ export interface DockerCliOptions {
  * legacy `docker build` (X-Registry-Config), so the operator's registry logins (config.json, and
  * the helpers it names) would reach every remote engine. The one entry holds nothing: a config with
  * no `auths` at all makes the CLI look for a platform helper on PATH (docker-credential-pass,
- * -secretservice) and send what the operator's keyring holds instead.
+ * -secretservice) and send what the operator's keyring holds instead. The operator's CLI plugins
+ * (buildx installed per user) are still found: programs, not secrets. Its `proxies` are not taken:
+ * the CLI would put them, credentials and all, in every container and build on that engine.
  */
-export const CREDENTIAL_FREE_CONFIG = `${JSON.stringify({auths: {'meepagateway.invalid': {}}})}\n`
+export function credentialFreeConfig(baseEnv: NodeJS.ProcessEnv = process.env): string {
+  const operatorDir = baseEnv.DOCKER_CONFIG || path.join(baseEnv.HOME || os.homedir(), '.docker')
+  const config = {auths: {'meepagateway.invalid': {}}, cliPluginsExtraDirs: [path.join(operatorDir, 'cli-plugins')]}
+  return `${JSON.stringify(config)}\n`
+}
 
 /** The gateway's own docker CLI config directory (mode 0700) for engines of the `engines:` list. */
 export function credentialFreeConfigDir(home: string = gatewayHome()): string {
   return path.join(home, 'cache', 'docker-config')
 }
 
-/** Makes the directory and its config.json as CREDENTIAL_FREE_CONFIG says (again if anything changed them). */
-function prepareCredentialFreeConfig(dir: string): void {
+/** Makes the directory and its config.json hold `content` (again if anything changed them). */
+function prepareCredentialFreeConfig(dir: string, content: string): void {
   makeHomeDirectories(dir, path.dirname(path.dirname(dir)))
   const stat = fs.lstatSync(dir)
   if (!stat.isDirectory()) throw new Error(`${dir} is not a directory`)
@@ -101,9 +108,9 @@ function prepareCredentialFreeConfig(dir: string): void {
   } catch {
     // missing: written below (a CLI finding none would fall back to ~/.dockercfg)
   }
-  if (current === CREDENTIAL_FREE_CONFIG) return
+  if (current === content) return
   const written = `${file}.${process.pid}.tmp`
-  fs.writeFileSync(written, CREDENTIAL_FREE_CONFIG, {mode: 0o600})
+  fs.writeFileSync(written, content, {mode: 0o600})
   fs.renameSync(written, file) // another gateway process reading it sees the whole file
 }
 
@@ -158,7 +165,7 @@ export class DockerCli {
 
   /**
    * The complete environment of a docker CLI process. An engine named by flags gets the gateway's
-   * credential-free DOCKER_CONFIG (made here), never the operator's: see CREDENTIAL_FREE_CONFIG.
+   * credential-free DOCKER_CONFIG (made here), never the operator's: see credentialFreeConfig.
    */
   env(extra: Record<string, string> = {}): Record<string, string> {
     const env: Record<string, string> = {}
@@ -169,7 +176,7 @@ export class DockerCli {
     }
     env.PATH ??= '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
     if (this.configDir !== undefined) {
-      prepareCredentialFreeConfig(this.configDir)
+      prepareCredentialFreeConfig(this.configDir, credentialFreeConfig(this.baseEnv))
       env.DOCKER_CONFIG = this.configDir
     }
     return {...env, ...this.engineEnv, ...extra}

@@ -8,6 +8,8 @@ describe('escapeControls', () => {
       '\\x1b[2J\\x1b]0;title\\x07\\x00\\x7f\\x9b',
     )
     expect(escapeControls('evil\u202etxt.exe\u2066')).toBe('evil\\u202etxt.exe\\u2066')
+    // line and paragraph separators (a new line to some log viewers) and the Arabic letter mark
+    expect(escapeControls('a\u2028b\u2029c\u061cd')).toBe('a\\u2028b\\u2029c\\u061cd')
   })
 
   it('leaves everything else as it is', () => {

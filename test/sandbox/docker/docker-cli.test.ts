@@ -3,7 +3,7 @@ import http from 'node:http'
 import net from 'node:net'
 import path from 'node:path'
 import {afterAll, beforeAll, describe, expect, it} from 'vitest'
-import {CREDENTIAL_FREE_CONFIG, DockerCli} from '../../../src/sandbox/docker/cli.js'
+import {credentialFreeConfig, DockerCli} from '../../../src/sandbox/docker/cli.js'
 import {parseElfRuntime, readElfRuntime} from '../../../src/sandbox/docker/elf.js'
 import {realDockerPath, tempDir} from '../../helpers/docker-env.js'
 
@@ -118,6 +118,30 @@ describe('docker CLI layer: every failure of the engine is a clear error with th
       }
     })
 
+    it("a listed engine's CLI still finds the operator's own plugins (buildx installed per user)", async () => {
+      const operator = tempDir('meepa-operator-docker-')
+      const home = tempDir('meepa-plugin-home-')
+      try {
+        const plugins = path.join(operator, 'cli-plugins')
+        fs.mkdirSync(plugins)
+        // a CLI plugin as docker finds them: it answers the metadata question, then runs
+        fs.writeFileSync(
+          path.join(plugins, 'docker-meepatest'),
+          `#!/bin/sh\nif [ "$1" = docker-cli-plugin-metadata ]; then echo '{"SchemaVersion":"0.1.0","Vendor":"test","Version":"v1"}'; exit 0; fi\necho "the operator's plugin ran"\n`,
+          {mode: 0o755},
+        )
+        fs.writeFileSync(path.join(operator, 'config.json'), JSON.stringify({auths: {'r.example': {auth: 'c2VjcmV0'}}}))
+        const baseEnv = {PATH: process.env.PATH, HOME: home, DOCKER_CONFIG: operator, MEEPAGATEWAY_HOME: home}
+        const listed = new DockerCli({baseEnv, engineArgs: ['--host', `unix://${dir}/absent.sock`]})
+        const ran = await listed.exec(['meepatest'], {timeoutMs: 20_000})
+        expect(ran.stdout + ran.stderr).toContain("the operator's plugin ran")
+        expect(listed.env().DOCKER_CONFIG).not.toBe(operator)
+      } finally {
+        fs.rmSync(operator, {recursive: true, force: true})
+        fs.rmSync(home, {recursive: true, force: true})
+      }
+    })
+
     it('the docker CLI gets no variable of the operator beyond the ones docker reads', () => {
       const cli = new DockerCli({
         baseEnv: {PATH: '/usr/bin', HOME: '/root', DOCKER_HOST: 'unix:///x.sock', OPENAI_API_KEY: 'sk-secret'},
@@ -134,11 +158,14 @@ describe('docker CLI layer: every failure of the engine is a clear error with th
       const dir = path.join(home, 'cache', 'docker-config')
       expect(listed.env().DOCKER_CONFIG).toBe(dir)
       const file = path.join(dir, 'config.json')
-      expect(JSON.parse(fs.readFileSync(file, 'utf8'))).toEqual({auths: {'meepagateway.invalid': {}}})
+      expect(JSON.parse(fs.readFileSync(file, 'utf8'))).toEqual({
+        auths: {'meepagateway.invalid': {}},
+        cliPluginsExtraDirs: ['/root/.docker/cli-plugins'],
+      })
       fs.writeFileSync(file, JSON.stringify({credsStore: 'desktop'}))
       fs.chmodSync(dir, 0o755)
       listed.env()
-      expect(fs.readFileSync(file, 'utf8')).toBe(CREDENTIAL_FREE_CONFIG)
+      expect(fs.readFileSync(file, 'utf8')).toBe(credentialFreeConfig(baseEnv))
       expect(fs.statSync(dir).mode & 0o777).toBe(0o700)
       expect(new DockerCli({baseEnv}).env().DOCKER_CONFIG).toBe('/root/.docker')
     } finally {

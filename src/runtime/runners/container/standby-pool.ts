@@ -118,11 +118,11 @@ export function prepareStandby(
   prepare: (signal: AbortSignal) => Promise<(signal: AbortSignal) => Promise<AgentContainer>>,
   log: (line: string) => void,
 ): void {
+  const preparation = standbyPreparation.signal
   const preparing = (async () => {
     if (standbys.get(slot)?.engine === engine || !standbysAllowed()) return
-    const start = await prepare(standbyPreparation.signal)
-    if (standbys.get(slot)?.engine === engine || standbyPreparation.signal.aborted || !standbysAllowed()) return
-    const preparation = standbyPreparation.signal
+    const start = await prepare(preparation)
+    if (standbys.get(slot)?.engine === engine || preparation.aborted || !standbysAllowed()) return
     const container = await start(preparation)
     // a stop, or another standby for the slot, may have come while the engine created it
     if (standbys.get(slot)?.engine === engine || preparation.aborted || !standbysAllowed()) {
@@ -142,7 +142,10 @@ export function prepareStandby(
   })()
   void track(
     preparingStandbys,
-    preparing.catch((error: unknown) => log(`could not start a standby container: ${toGatewayError(error).message}`)),
+    preparing.catch((error: unknown) => {
+      // stopped on purpose (shutdown, a config change): not a failure to report
+      if (!preparation.aborted) log(`could not start a standby container: ${toGatewayError(error).message}`)
+    }),
   )
 }
 
