@@ -671,34 +671,41 @@ const HOST_FAILURES: Partial<Record<string, {why: string; fix: string}>> = {
  * the system's own message is not used, since it repeats the path unquoted.
  */
 function notTakenBack(name: string, what: 'written' | 'removed', error: unknown): GatewayError {
-  const code = (error as NodeJS.ErrnoException).code
-  const known = code ? HOST_FAILURES[code] : undefined
-  const why = known ? `${known.why} (${code})` : code ? `error ${code}` : toGatewayError(error).message
+  const {why, fix} = hostFailure(error)
   return new GatewayError('E_WORKSPACE', `${JSON.stringify(name)} could not be ${what} on the host: ${why}`, {
     cause: error,
-    suggestions: [
-      known?.fix ?? `fix the cause on the host (${code ?? 'see the message'})`,
-      "then send the message again: the engine's copy of the workspace is dropped, and the next run there starts from the host's",
-    ],
+    suggestions: [fix, SEND_AGAIN],
   })
 }
 
 /** The host could not hold a run's changes while taking them back (its spool's disk full). */
 function notHeld(spoolDir: string, error: Error): GatewayError {
-  const code = (error as NodeJS.ErrnoException).code
-  const known = code ? HOST_FAILURES[code] : undefined
+  const {why, fix} = hostFailure(error)
   return new GatewayError(
     'E_WORKSPACE',
-    `the run's changes could not be held on the host while they were taken back (${spoolDir}): ${known ? `${known.why} (${code})` : (code ?? error.message)}`,
+    `the run's changes could not be held on the host while they were taken back (${spoolDir}): ${why}`,
     {
       cause: error,
       suggestions: [
-        `a run's changes past 4 MiB wait in ${spoolDir} while they are taken back: ${known?.fix ?? 'fix the cause on the host'}`,
-        "then send the message again: the engine's copy of the workspace is dropped, and the next run there starts from the host's",
+        `a run's changes past what memory holds wait in ${spoolDir} while they are taken back: ${fix}`,
+        SEND_AGAIN,
       ],
     },
   )
 }
+
+/** Why a write on the host failed, and its fix, by the system's error code (the message repeats the path unquoted). */
+function hostFailure(error: unknown): {why: string; fix: string} {
+  const code = (error as NodeJS.ErrnoException).code
+  const known = code ? HOST_FAILURES[code] : undefined
+  return {
+    why: known ? `${known.why} (${code})` : code ? `error ${code}` : toGatewayError(error).message,
+    fix: known?.fix ?? `fix the cause on the host (${code ?? 'see the message'})`,
+  }
+}
+
+const SEND_AGAIN =
+  "then send the message again: the engine's copy of the workspace is dropped, and the next run there starts from the host's"
 
 /** Whether a folder above `name` is one of `folders`. */
 function belowAny(name: string, folders: ReadonlySet<string>): boolean {
