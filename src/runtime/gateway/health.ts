@@ -1,6 +1,7 @@
 import fs from 'node:fs'
 import type {Connector} from '../connectors/types.js'
 import {dockerEngineProblem, downEngineReasons} from '../runners/container/engine-health.js'
+import {sharedAbortController} from '../util/shared-abort.js'
 
 /** Below this much free space in the gateway's home, new records and histories are about to fail. */
 const LOW_DISK_BYTES = 16 * 1024 * 1024
@@ -33,7 +34,7 @@ const DAY_MS = 24 * 60 * 60_000
  */
 export class GatewayHealth {
   private recordFailure: string | undefined
-  private readonly stopped = new AbortController()
+  private readonly stopped = sharedAbortController()
   private probeTimer: NodeJS.Timeout | undefined
 
   constructor(private readonly sources: HealthSources) {}

@@ -9,6 +9,7 @@ import {OutboxSpool} from '../state/outbox-spool.js'
 import type {FileRefusal, OutboundFile} from '../shapes/outbound-file.js'
 import {describeSize} from '../config/attachment-caps.js'
 import {undeliveredRestReply} from './user-replies.js'
+import {sharedAbortController} from '../util/shared-abort.js'
 
 /** Between attempts when the platform names no wait: 1 s, doubling, at most a minute. */
 const DEFAULT_RETRY_BACKOFF: BackoffOptions = {initialMs: 1000, maxMs: 60_000}
@@ -42,7 +43,7 @@ export class ReplyOutbox {
   private readonly store: Outbox
   private readonly lanes = new Map<string, Promise<void>>()
   private readonly pacers = new Map<string, Pacer>()
-  private readonly stopping = new AbortController()
+  private readonly stopping = sharedAbortController()
   /** Lanes waiting out a Retry-After or backoff: stop() does not wait for them. */
   private waiting = 0
   private idleWaiters: Array<() => void> = []

@@ -4,6 +4,7 @@ import {localEngineApi} from '../../../sandbox/docker/engine-api.js'
 import {GatewayError, toGatewayError} from '../../util/errors.js'
 import {reportEngineAnswered} from './engine-health.js'
 import {ENGINE_PING_TIMEOUT_MS, stopWatchingEngine, watchEngine} from './engine-watch.js'
+import {sharedAbortController} from '../../util/shared-abort.js'
 
 /**
  * The engine's API (no docker process) when the run uses the default docker CLI on a local engine;
@@ -20,7 +21,7 @@ const owedRemovals = new Map<string, {cli: DockerCli; log: (line: string) => voi
  * Aborts the removals in flight when stopping cannot wait for a hung engine (their docker clients
  * would hold the exit).
  */
-let giveUp = new AbortController()
+let giveUp = sharedAbortController()
 
 /** Keeps `work` in `pending` until it settles, so shutdown can wait for it. */
 export function track(pending: Set<Promise<void>>, work: Promise<void>): Promise<void> {
@@ -118,7 +119,7 @@ export function owedRemovalNames(): string[] {
 /** Aborts the removals in flight (the engine does not answer and the process cannot wait). */
 export function giveUpRemovals(): void {
   giveUp.abort()
-  giveUp = new AbortController()
+  giveUp = sharedAbortController()
 }
 
 /**

@@ -14,6 +14,7 @@ import {
   track,
   trackRemoval,
 } from './removals.js'
+import {sharedAbortController} from '../../util/shared-abort.js'
 
 /**
  * Standby containers: after a gateway's run, the agent's next container is started at once and
@@ -90,7 +91,7 @@ const discarding = new Set<AgentContainer>()
 /** Those of them a stop already gave up on (the engine did not answer): not waited for again. */
 const givenUp = new WeakSet<AgentContainer>()
 /** Aborts image checks of standbys still being prepared when the gateway stops. */
-let standbyPreparation = new AbortController()
+let standbyPreparation = sharedAbortController()
 
 /**
  * Engine down: its standbys' docker clients are killed and their containers removed once it
@@ -174,7 +175,7 @@ export async function stopStandbyContainers(options: {timeoutMs?: number} = {}):
     await containerRemovalsSettled()
   })()
   const done = await Promise.race([stopping.then(() => true), sleep(timeoutMs, false, {ref: false})])
-  standbyPreparation = new AbortController()
+  standbyPreparation = sharedAbortController()
   if (done) return []
   const left = [...discarding].map((container) => container.name)
   for (const container of discarding) {
