@@ -13,6 +13,11 @@ export interface WholeFileOptions {
    * mode would otherwise be copied): set on the temp file's descriptor.
    */
   exactMode?: boolean
+  /**
+   * false: a cache that may be found as it was before after a crash (never in part): no fsync,
+   * which costs ≈ 1.5 ms on a slow disk. Default true.
+   */
+  durable?: boolean
 }
 
 /**
@@ -37,7 +42,7 @@ export function writeWholeFile(file: string, content: string, options: WholeFile
     try {
       if (options.exactMode) fs.fchmodSync(fd, mode)
       fs.writeFileSync(fd, content)
-      fs.fsyncSync(fd)
+      if (options.durable !== false) fs.fsyncSync(fd)
     } finally {
       fs.closeSync(fd)
     }
@@ -47,9 +52,19 @@ export function writeWholeFile(file: string, content: string, options: WholeFile
       fs.renameSync(temp, file)
       renamed = true
     }
-    syncDirectory(dir)
+    if (options.durable !== false) syncDirectory(dir)
   } finally {
     if (!renamed) fs.rmSync(temp, {force: true})
+  }
+}
+
+/** Removes `file` (gone already is fine) so that a crash cannot bring it back: its folder is fsynced. */
+export function removeWholeFile(file: string): void {
+  fs.rmSync(file, {force: true})
+  try {
+    syncDirectory(path.dirname(file))
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code !== 'ENOENT') throw error
   }
 }
 

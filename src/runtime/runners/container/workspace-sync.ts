@@ -7,7 +7,7 @@ import {GatewayError, toGatewayError} from '../../util/errors.js'
 import {DockerCommandError} from '../../../sandbox/docker/errors.js'
 import {bufferSource, type ByteSource} from '../../util/spooled-bytes.js'
 import {tarEntries, writeTar, type TarHeaderEntry, type TarInput} from '../../util/tar.js'
-import {folderSyncRefused, writeWholeFile} from '../../util/write-whole-file.js'
+import {folderSyncRefused, removeWholeFile, writeWholeFile} from '../../util/write-whole-file.js'
 import {readRegularFile} from '../../util/regular-file.js'
 import {syncStateFile, syncVolumePrefix} from '../../container/engine-state.js'
 import {syncSpoolDir} from '../../util/paths.js'
@@ -89,14 +89,19 @@ export function syncedVolume(home: string, engine: string, homeLabel: string, ag
   return {volume, synced, file, spoolDir: syncSpoolDir(home)}
 }
 
+/**
+ * The record is a cache, written without fsync: one a crash took back to an earlier message's
+ * says less than the volume holds, and the next push sends again what differs (the host has it).
+ * Forgetting is durable: a record back from before a run whose changes never came would be trusted.
+ */
 function remember(state: SyncedVolume, snapshot: Snapshot | undefined): void {
   state.synced = snapshot
   if (!snapshot) {
-    fs.rmSync(state.file, {force: true})
+    removeWholeFile(state.file)
     return
   }
   fs.mkdirSync(path.dirname(state.file), {recursive: true, mode: 0o700})
-  writeWholeFile(state.file, JSON.stringify(snapshot))
+  writeWholeFile(state.file, JSON.stringify(snapshot), {durable: false})
 }
 
 /** Forgets what the volume holds: the next run copies the host's workspace whole. */
@@ -358,9 +363,9 @@ export async function pullWorkspace(
   }
   const {received, record, folders} = applied
   // each file was fsynced before its rename: its name, and every name made or removed, reach the
-  // disk while the record is written. The record says what the volume holds, true before they do
-  // (a crash between leaves a message that never answered, its changes sent again or undone by the
-  // next push); the reply, after this, says the run's writes are on the host's disk.
+  // disk while the record (a cache: see remember) is written. It says what the volume holds, true
+  // before they are (a crash between leaves a message that never answered, its changes sent again
+  // or undone by the next push); the reply, after this, says the run's writes are on the host's disk.
   const durable = syncFoldersAside(options.workspace, folders)
   durable.catch(() => {}) // awaited below, after the record's own error if it has one
   // the record is what the push sent with what the run brought back, never a walk of the host now:

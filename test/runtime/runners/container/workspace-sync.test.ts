@@ -5,6 +5,7 @@ import path from 'node:path'
 import {afterEach, beforeEach, describe, expect, it, vi} from 'vitest'
 import {
   applyChanges,
+  forgetVolume,
   pullWorkspace,
   snapshotWorkspace,
   syncFoldersAside,
@@ -289,7 +290,7 @@ describe('taking a run’s changes back from a remote engine', () => {
     }
   })
 
-  it('has every name it made, replaced or removed on the disk, and its record written, before it returns', async () => {
+  it('has every name it made, replaced or removed on the disk, and its record (a cache) written, before it returns', async () => {
     fs.mkdirSync(path.join(workspace, 'old'))
     fs.writeFileSync(path.join(workspace, 'old', 'gone.txt'), 'old')
     fs.mkdirSync(path.join(workspace, 'untouched'))
@@ -336,11 +337,12 @@ describe('taking a run’s changes back from a remote engine', () => {
       .filter((name) => fs.existsSync(name) && fs.statSync(name).isDirectory())
       .map((name) => path.relative(real, fs.realpathSync(name)) || '.')
     // the workspace (top.txt, d and e made, old removed), d (new.txt), e (f made), e/f (its file),
-    // old's removal of gone.txt (old is gone); the record's own folder
-    expect(folders.sort()).toEqual(['.', '..', 'd', 'e', 'e/f'])
+    // old's removal of gone.txt (old is gone); not the record's folder: a record a crash took back
+    // knows less than the volume holds, and the next push sends the difference again
+    expect(folders.sort()).toEqual(['.', 'd', 'e', 'e/f'])
     expect(fs.existsSync(path.join(workspace, 'old'))).toBe(false)
-    // each file was fsynced before its rename, the record's too
-    expect([...fsynced].filter((name) => name.endsWith('.tmp'))).toHaveLength(4)
+    // each file was fsynced before its rename; the record, a cache, was not
+    expect([...fsynced].filter((name) => name.endsWith('.tmp'))).toHaveLength(3)
     expect(Object.keys(JSON.parse(fs.readFileSync(state.file, 'utf8')) as Snapshot).sort()).toEqual([
       'd',
       'd/new.txt',
@@ -348,6 +350,36 @@ describe('taking a run’s changes back from a remote engine', () => {
       'top.txt',
       'untouched',
     ])
+  })
+
+  it('forgets what the volume holds for good: a crash cannot bring back a record the next push would trust', () => {
+    const state: SyncedVolume = {
+      volume: 'unused',
+      synced: snapshotWorkspace(workspace),
+      file: path.join(root, 'record'),
+      spoolDir: root,
+    }
+    fs.writeFileSync(state.file, JSON.stringify(state.synced))
+    const fsynced: string[] = []
+    const opened = new Map<number, string>()
+    const open = vi.spyOn(fs, 'openSync').mockImplementation(((file: fs.PathLike, ...rest: unknown[]) => {
+      const fd = openReal(file, ...rest)
+      opened.set(fd, path.resolve(String(file)))
+      return fd
+    }) as typeof fs.openSync)
+    const fsync = vi.spyOn(fs, 'fsyncSync').mockImplementation((fd: number) => {
+      fsyncReal(fd)
+      fsynced.push(opened.get(fd) ?? '?')
+    })
+    try {
+      forgetVolume(state)
+    } finally {
+      open.mockRestore()
+      fsync.mockRestore()
+    }
+    expect(fs.existsSync(state.file)).toBe(false)
+    expect(state.synced).toBeUndefined()
+    expect(fsynced).toEqual([path.resolve(root)])
   })
 
   it('keeps few folders open at once however many the run made: the gateway’s descriptors are everyone’s', async () => {
