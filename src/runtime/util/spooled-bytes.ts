@@ -56,13 +56,27 @@ function fileSource(fd: number, start: number, length: number, open: () => boole
 
 /** Copies a file range to `fd` in pieces; the writer's loop for what is not in memory. */
 export function copyFileRange(range: FileRange, fd: number): void {
-  const piece = Buffer.allocUnsafe(Math.min(COPY_PIECE_BYTES, Math.max(range.size, 1)))
+  const piece = pieceFor(range)
+  for (let done = 0; done < range.size;) done += copyPiece(range, fd, piece, done)
+}
+
+/** copyFileRange, waiting for `turn()` after each piece: the caller's event loop runs between them. */
+export async function copyFileRangeInTurns(range: FileRange, fd: number, turn: () => Promise<void>): Promise<void> {
+  const piece = pieceFor(range)
   for (let done = 0; done < range.size;) {
-    const read = fs.readSync(range.fd, piece, 0, Math.min(piece.length, range.size - done), range.at + done)
-    if (read === 0) throw new Error('the spooled bytes ended early')
-    for (let written = 0; written < read;) written += fs.writeSync(fd, piece, written, read - written)
-    done += read
+    done += copyPiece(range, fd, piece, done)
+    await turn()
   }
+}
+
+const pieceFor = (range: FileRange) => Buffer.allocUnsafe(Math.min(COPY_PIECE_BYTES, Math.max(range.size, 1)))
+
+/** One piece of the range from `done` on: how many bytes it copied. */
+function copyPiece(range: FileRange, fd: number, piece: Buffer, done: number): number {
+  const read = fs.readSync(range.fd, piece, 0, Math.min(piece.length, range.size - done), range.at + done)
+  if (read === 0) throw new Error('the spooled bytes ended early')
+  for (let written = 0; written < read;) written += fs.writeSync(fd, piece, written, read - written)
+  return read
 }
 
 const COPY_PIECE_BYTES = 1 << 20

@@ -2,7 +2,7 @@ import fs from 'node:fs'
 import path from 'node:path'
 import {errorCode, GatewayError} from '../util/errors.js'
 import {randomHex} from '../util/random.js'
-import {copyFileRange, type FileRange} from '../util/spooled-bytes.js'
+import {copyFileRange, copyFileRangeInTurns, type FileRange} from '../util/spooled-bytes.js'
 
 /**
  * Files the gateway process itself reads or writes inside an agent's workspace (SOUL.md,
@@ -213,6 +213,13 @@ export function readWorkspaceFile(
   }
 }
 
+/** How a workspace file is written (writeWorkspaceFile). */
+export interface WorkspaceFileOptions {
+  mode?: number
+  exclusive?: boolean
+  written?: (stat: fs.Stats) => void
+}
+
 /**
  * Writes the file whole: a new file in the checked directory (O_EXCL|O_NOFOLLOW), then renamed
  * over the old name, which replaces a planted link instead of writing through it. `exclusive`
@@ -224,50 +231,103 @@ export function writeWorkspaceFile(
   relative: string,
   /** The bytes, or where they are in an open file (a spooled change tar: never in memory whole). */
   content: string | Buffer | FileRange,
-  options: {mode?: number; exclusive?: boolean; written?: (stat: fs.Stats) => void} = {},
+  options: WorkspaceFileOptions = {},
 ): boolean {
+  const temp = openWorkspaceTemp(root, relative, options)
+  if (!temp) return false
+  try {
+    // a write may take part of it (a disk filling up): the next one then says why it cannot go on
+    if (typeof content === 'string' || Buffer.isBuffer(content)) {
+      const data = typeof content === 'string' ? Buffer.from(content) : content
+      for (let written = 0; written < data.length;)
+        written += fs.writeSync(temp.fd, data, written, data.length - written)
+    } else copyFileRange(content, temp.fd)
+    fs.fsyncSync(temp.fd)
+    return placeWorkspaceTemp(temp, options)
+  } finally {
+    closeWorkspaceTemp(temp)
+  }
+}
+
+/**
+ * writeWorkspaceFile for bytes in an open file, of any size, without holding the event loop: the
+ * copy waits for `turn()` after each piece (see copyFileRangeInTurns) and the fsync runs on
+ * libuv's threads. A GiB taken back from an engine held every other agent's reply for seconds.
+ */
+export async function writeWorkspaceFileInTurns(
+  root: string,
+  relative: string,
+  content: FileRange,
+  options: WorkspaceFileOptions & {turn: () => Promise<void>},
+): Promise<boolean> {
+  const temp = openWorkspaceTemp(root, relative, options)
+  if (!temp) return false
+  try {
+    await copyFileRangeInTurns(content, temp.fd, options.turn)
+    await new Promise<void>((resolve, reject) => fs.fsync(temp.fd, (error) => (error ? reject(error) : resolve())))
+    return placeWorkspaceTemp(temp, options)
+  } finally {
+    closeWorkspaceTemp(temp)
+  }
+}
+
+interface WorkspaceTemp {
+  fd: number
+  temp: string
+  file: string
+  relative: string
+  placed: boolean
+}
+
+/** The new file in the checked directory, opened; undefined when `exclusive` finds the name taken. */
+function openWorkspaceTemp(root: string, relative: string, options: WorkspaceFileOptions): WorkspaceTemp | undefined {
   const parts = partsOf(relative)
   const base = realRoot(root)
   const dir = checkDirectories(base, parts, relative, true) as string
   const file = path.join(base, ...parts)
   const existing = lstatOrUndefined(file)
-  if (existing && options.exclusive) return false
+  if (existing && options.exclusive) return undefined
   if (existing?.isDirectory()) throw refuse(relative, 'is a directory')
   const temp = path.join(dir, temporaryName())
   const fd = fs.openSync(temp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, options.mode ?? 0o644)
-  let placed = false
+  const opened: WorkspaceTemp = {fd, temp, file, relative, placed: false}
   try {
     assertOpenedAt(fd, temp, relative)
     const owner = newEntryOwner(base)
     if (owner) fs.fchownSync(fd, owner.uid, owner.gid)
-    // a write may take part of it (a disk filling up): the next one then says why it cannot go on
-    if (typeof content === 'string' || Buffer.isBuffer(content)) {
-      const data = typeof content === 'string' ? Buffer.from(content) : content
-      for (let written = 0; written < data.length;) written += fs.writeSync(fd, data, written, data.length - written)
-    } else copyFileRange(content, fd)
-    fs.fsyncSync(fd)
-    if (options.exclusive) {
-      try {
-        fs.linkSync(temp, file) // fails on any existing entry, a dangling link included
-      } catch (error) {
-        if ((error as NodeJS.ErrnoException).code === 'EEXIST') return false
-        throw error
-      }
-      placed = true
-      fs.unlinkSync(temp)
-      options.written?.(fs.fstatSync(fd))
-      return true
+    return opened
+  } catch (error) {
+    closeWorkspaceTemp(opened)
+    throw error
+  }
+}
+
+/** Puts the written, fsynced temp file at its name (linked when `exclusive`, else renamed over it). */
+function placeWorkspaceTemp(opened: WorkspaceTemp, options: WorkspaceFileOptions): boolean {
+  const {fd, temp, file, relative} = opened
+  if (options.exclusive) {
+    try {
+      fs.linkSync(temp, file) // fails on any existing entry, a dangling link included
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code === 'EEXIST') return false
+      throw error
     }
-    fs.renameSync(temp, file)
-    placed = true
-    // the open file now has the final name: if a parent had been swapped for a link, it would not
-    assertOpenedAt(fd, file, relative)
+    opened.placed = true
+    fs.unlinkSync(temp)
     options.written?.(fs.fstatSync(fd))
     return true
-  } finally {
-    fs.closeSync(fd)
-    if (!placed) fs.rmSync(temp, {force: true})
   }
+  fs.renameSync(temp, file)
+  opened.placed = true
+  // the open file now has the final name: if a parent had been swapped for a link, it would not
+  assertOpenedAt(fd, file, relative)
+  options.written?.(fs.fstatSync(fd))
+  return true
+}
+
+function closeWorkspaceTemp(opened: WorkspaceTemp): void {
+  fs.closeSync(opened.fd)
+  if (!opened.placed) fs.rmSync(opened.temp, {force: true})
 }
 
 /**

@@ -19,6 +19,7 @@ import {
   removeWorkspaceEntry,
   WorkspaceRefusal,
   writeWorkspaceFile,
+  writeWorkspaceFileInTurns,
 } from '../../workspace/files.js'
 import {GATEWAY_ENTRIES} from '../../workspace/workspace.js'
 import {volumeCheck} from '../../container/engine-disk.js'
@@ -524,10 +525,11 @@ export async function applyChanges(
           if (record) record[name] = [stat.size, stat.mtimeMs, 'f']
         }
         parentsMadeFor(name)
-        writeWorkspaceFile(workspace, name, archive.content(entry.dataAt, entry.size), {
-          mode: entry.mode & 0o777,
-          written,
-        })
+        const content = archive.content(entry.dataAt, entry.size)
+        const options = {mode: entry.mode & 0o777, written}
+        // what came past memory (a spooled trailer) may be a GiB: written between the loop's turns
+        if (Buffer.isBuffer(content)) writeWorkspaceFile(workspace, name, content, options)
+        else await writeWorkspaceFileInTurns(workspace, name, content, {...options, turn})
         changedIn(name)
         received++
       } else if (entry.type === '2' && GATEWAY_ENTRIES.includes(name))

@@ -15,6 +15,7 @@ import {
   type Snapshot,
 } from '../../../../src/runtime/runners/container/workspace-sync.js'
 import {writeTar} from '../../../../src/runtime/util/tar.js'
+import {watchLoopGaps} from '../../../helpers/loop-gaps.js'
 
 /*
  * A run on a sync engine sends its changes (up to its limits.disk) on stdout after its result. A
@@ -115,8 +116,16 @@ describe('a run’s changes past what the gateway holds in memory', () => {
     expect(openIn(spool)).toHaveLength(1)
     expect(openIn(spool)[0]).toMatch(/ \(deleted\)$/)
 
+    // written between the event loop's turns: other agents' replies and timers go on meanwhile
+    const gaps = watchLoopGaps()
+    const started = performance.now()
     const {received} = await takeBack(trailer!, workspace, spool, {})
+    const took = performance.now() - started
+    const longestGap = gaps.stop()
     expect(received).toBe(2)
+    // copied in pieces and fsynced off the loop: no stretch held it for most of the take-back
+    // (written in one go, the longest gap was the whole take-back, 83 of 83 ms here)
+    expect(longestGap).toBeLessThan(took / 2)
     expect(sha(fs.readFileSync(path.join(workspace, 'big.bin')))).toBe(sha(data))
     expect(fs.readFileSync(path.join(workspace, 'notes.md'), 'utf8')).toBe('notes')
     // taken back: its space is freed with its descriptor
