@@ -199,13 +199,15 @@ export async function main(): Promise<void> {
     }
   }
   const line = channel ? JSON.stringify({type: 'result', output} satisfies AgentRunFrame) : JSON.stringify(output)
-  stdout.write(`${line}\n`)
-  // a failed run's changes too: the host takes back what any run that answered wrote
+  // a failed run's changes too: the host takes back what any run that answered wrote. Its other
+  // processes are stopped and its changes listed first, so the result and a small trailer go in
+  // one write (the host's reply waits for both)
   if (changesSince && sendsChanges) {
-    if (!(await stopOtherProcesses()))
+    if (!(await stopOtherProcesses())) {
+      stdout.write(`${line}\n`)
       log('processes of the run outlived their kill: the host lists the changes itself')
-    else {
-      const sent = await sendWorkspaceChanges(changesSince.workspace, changesSince.start, stdout).then(
+    } else {
+      const sent = await sendWorkspaceChanges(changesSince.workspace, changesSince.start, stdout, `${line}\n`).then(
         () => true,
         (error: unknown) => {
           // the trailer stays unfinished: the runner lists the changes again from the volume
@@ -216,7 +218,7 @@ export async function main(): Promise<void> {
       // the container's teardown waits until the host has taken them (SYNC_TAKEN)
       if (sent) await reader.nextLineOrEnd(SYNC_TAKEN_WAIT_MS)
     }
-  }
+  } else stdout.write(`${line}\n`)
   stdout.write('', () => {
     process.exit(output.ok ? 0 : output.error.code === 'E_INPUT' ? 2 : 1)
   })

@@ -98,6 +98,8 @@ export class AgentRunChannel {
     inputAllowed: Promise<boolean> = Promise.resolve(true),
     /** stdin stays open after the result: a sync engine's run ends when the runner has taken its changes (SYNC_TAKEN). */
     private readonly holdStdinAfterResult = false,
+    /** What goes on stdin before the input, in the same write (a sync engine's go line). */
+    lead = '',
   ) {
     this.lines = new LineSplitter(MAX_FRAME_BYTES, (line) => this.receive(line))
     stdin.on('error', () => {}) // agent-run gone: its exit is reported by the runner
@@ -114,7 +116,7 @@ export class AgentRunChannel {
         this.violate(error)
       }
     })
-    const line = `${JSON.stringify({...input, llm_channel: LLM_CHANNEL_VERSION})}\n`
+    const line = `${lead}${JSON.stringify({...input, llm_channel: LLM_CHANNEL_VERSION})}\n`
     // the provider's client is loaded (≈ 15 ms of this thread) once the input is on its way, not before it
     void inputAllowed.then((allowed) => {
       if (!allowed || this.controller.signal.aborted) return

@@ -354,7 +354,6 @@ async function runOnVolume(
     }))
   container.log = cappedLog(log)
   const {name, child} = container
-  if (sync) child.stdin?.write(syncGoLine(runId, pushed, diskLimit))
   // the keeper removes the container if this process dies; the record covers the keeper dying too
   // on a listed engine, where: the next start-up removes it there (and forgets what the volume holds)
   const onEngine = engine && request.config.engines?.length ? {name: engine.name, args: cli.engineArgs} : undefined
@@ -444,6 +443,8 @@ async function runOnVolume(
       Boolean(standby),
       takeBack,
       split ? split.frames : child.stdout!,
+      // in the input's own write: the run waits for both, and each write wakes the docker client
+      sync ? syncGoLine(runId, pushed, diskLimit) : '',
     )
     await takenBack
     // what a run that did not finish did to the volume is unknown: the next run there starts from the host's copy
@@ -478,6 +479,8 @@ async function runInStartedContainer(
   beforeRemoval: ((output: AgentRunOutput) => Promise<AgentRunOutput>) | undefined = undefined,
   /** agent-run's frames: its container's stdout, or what comes of it before a sync engine's trailer. */
   frames: Readable = container.child.stdout!,
+  /** Before the input, in its write (a sync engine's go line). */
+  goLine = '',
 ): Promise<AgentRunOutput> {
   const {input} = request
   const {agent} = input
@@ -508,6 +511,7 @@ async function runInStartedContainer(
     // a sync engine's run sends its changes after the result and, in a running gateway (whose
     // reply does not wait for the container's end), ends once they are taken (runOnVolume)
     beforeRemoval !== undefined && Boolean(request.standby),
+    goLine,
   )
 
   // The deadline kills the container itself: killing only the docker client would leave the
