@@ -199,15 +199,14 @@ export async function main(): Promise<void> {
     }
   }
   const line = channel ? JSON.stringify({type: 'result', output} satisfies AgentRunFrame) : JSON.stringify(output)
-  // a failed run's changes too: the host takes back what any run that answered wrote. Its other
-  // processes are stopped and its changes listed first, so the result and a small trailer go in
-  // one write (the host's reply waits for both)
+  // the result first, whatever comes after: at the run's deadline the host keeps an answer it has
+  stdout.write(`${line}\n`)
+  // a failed run's changes too: the host takes back what any run that answered wrote
   if (changesSince && sendsChanges) {
-    if (!(await stopOtherProcesses())) {
-      stdout.write(`${line}\n`)
+    if (!(await stopOtherProcesses()))
       log('processes of the run outlived their kill: the host lists the changes itself')
-    } else {
-      const sent = await sendWorkspaceChanges(changesSince.workspace, changesSince.start, stdout, `${line}\n`).then(
+    else {
+      const sent = await sendWorkspaceChanges(changesSince.workspace, changesSince.start, stdout).then(
         () => true,
         (error: unknown) => {
           // the trailer stays unfinished: the runner lists the changes again from the volume
@@ -218,7 +217,7 @@ export async function main(): Promise<void> {
       // the container's teardown waits until the host has taken them (SYNC_TAKEN)
       if (sent) await reader.nextLineOrEnd(SYNC_TAKEN_WAIT_MS)
     }
-  } else stdout.write(`${line}\n`)
+  }
   stdout.write('', () => {
     process.exit(output.ok ? 0 : output.error.code === 'E_INPUT' ? 2 : 1)
   })

@@ -271,7 +271,7 @@ async function put(out: Writable, chunk: Buffer): Promise<void> {
 /** What the trailer gathers before a write: each write to the pipe wakes the engine's reader (≈ 1 ms on a slow host). */
 const BATCH_BYTES = 256 * 1024
 
-/** The trailer's pieces gathered into few writes: a small trailer, the result before it, goes in one. */
+/** The trailer's pieces gathered into few writes: a small trailer goes in one. */
 class Batch {
   private pieces: Buffer[] = []
   private size = 0
@@ -335,18 +335,12 @@ export async function stopOtherProcesses(waitMs = 2_000): Promise<boolean> {
 export const TRAILER_SLACK_BYTES = 1024 * 1024
 
 /**
- * Once nothing else runs (stopOtherProcesses): sends `lead` (the result frame) and the trailer
- * after it, a small one in the same write. Any error before the tar's end leaves it unfinished,
- * which the host takes as none: it lists the changes again itself. The lead is sent whatever fails.
+ * After the result frame, once nothing else runs (stopOtherProcesses): sends the trailer, a small
+ * one in one write. Any error before the tar's end leaves it unfinished, which the host takes as
+ * none: it lists the changes again itself.
  */
-export async function sendWorkspaceChanges(
-  workspace: string,
-  start: RunStart,
-  out: Writable,
-  lead = '',
-): Promise<void> {
+export async function sendWorkspaceChanges(workspace: string, start: RunStart, out: Writable): Promise<void> {
   const batch = new Batch(out)
-  if (lead) await batch.add(Buffer.from(lead))
   try {
     await sendTrailer(workspace, start, batch)
   } finally {
