@@ -20,6 +20,7 @@ import {
   syncVolumePrefix,
 } from './engine-state.js'
 import {containerStatus, listGatewayImages, type ContainerStatus, type GatewayImage} from './status.js'
+import {removeWholeFile} from '../util/write-whole-file.js'
 
 /**
  * The `container` commands over the engines of the `engines:` list (docs/architecture.md,
@@ -243,7 +244,8 @@ async function cleanVolumes(
         home,
         agent,
         async () => {
-          fs.rmSync(syncStateFile(home, engine, agent), {force: true})
+          // for good: a record back after a crash would be trusted over the new, empty volume
+          removeWholeFile(syncStateFile(home, engine, agent))
           fs.rmSync(engineDiskFile(home, engine, agent), {force: true})
           await cli.check(['volume', 'rm', volume], {signal})
         },

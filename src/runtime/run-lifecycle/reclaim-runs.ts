@@ -1,8 +1,8 @@
-import fs from 'node:fs'
 import {credentialFreeConfigDir, DockerCli, dockerCli} from '../../sandbox/docker/cli.js'
 import {removeContainers} from '../../sandbox/docker/containers.js'
 import {toGatewayError} from '../util/errors.js'
 import {forgetRunProcess, reapAbandonedRuns, type ReapResult} from './run-processes.js'
+import {removeWholeFile} from '../util/write-whole-file.js'
 
 /** Bounded: a hung engine must not hold up a start-up. */
 const CONTAINER_REMOVAL_TIMEOUT_MS = 10_000
@@ -46,7 +46,8 @@ async function reclaimOnEngine(
   log?: (line: string) => void,
 ): Promise<void> {
   const engine = container.engine!
-  if (engine.syncState) fs.rmSync(engine.syncState, {force: true})
+  // for good: a record back after a crash would be trusted over a volume the dead run changed
+  if (engine.syncState) removeWholeFile(engine.syncState)
   const cli = new DockerCli({engineArgs: engine.args, configDir: credentialFreeConfigDir(home)})
   for (let attempt = 0; ; attempt++) {
     try {

@@ -13,11 +13,6 @@ export interface WholeFileOptions {
    * mode would otherwise be copied): set on the temp file's descriptor.
    */
   exactMode?: boolean
-  /**
-   * false: a cache that may be found as it was before after a crash (never in part): no fsync,
-   * which costs ≈ 1.5 ms on a slow disk. Default true.
-   */
-  durable?: boolean
 }
 
 /**
@@ -42,7 +37,7 @@ export function writeWholeFile(file: string, content: string, options: WholeFile
     try {
       if (options.exactMode) fs.fchmodSync(fd, mode)
       fs.writeFileSync(fd, content)
-      if (options.durable !== false) fs.fsyncSync(fd)
+      fs.fsyncSync(fd)
     } finally {
       fs.closeSync(fd)
     }
@@ -52,7 +47,7 @@ export function writeWholeFile(file: string, content: string, options: WholeFile
       fs.renameSync(temp, file)
       renamed = true
     }
-    if (options.durable !== false) syncDirectory(dir)
+    syncDirectory(dir)
   } finally {
     if (!renamed) fs.rmSync(temp, {force: true})
   }

@@ -258,13 +258,19 @@ export async function writeWorkspaceFileInTurns(
   root: string,
   relative: string,
   content: FileRange,
-  options: WorkspaceFileOptions & {turn: () => Promise<void>},
+  options: WorkspaceFileOptions & {
+    turn: () => Promise<void>
+    /** Asked once the bytes are on the disk, just before they are put in place: false leaves the name as it is (returns false). */
+    stillWanted?: () => boolean
+  },
 ): Promise<boolean> {
   const temp = openWorkspaceTemp(root, relative, options)
   if (!temp) return false
   try {
     await copyFileRangeInTurns(content, temp.fd, options.turn)
     await new Promise<void>((resolve, reject) => fs.fsync(temp.fd, (error) => (error ? reject(error) : resolve())))
+    // the gateway ran other work meanwhile (a SOUL.md saved in the dashboard)
+    if (options.stillWanted && !options.stillWanted()) return false
     return placeWorkspaceTemp(temp, options)
   } finally {
     closeWorkspaceTemp(temp)

@@ -91,9 +91,9 @@ export function syncedVolume(home: string, engine: string, homeLabel: string, ag
 }
 
 /**
- * The record is a cache, written without fsync: one a crash took back to an earlier message's
- * says less than the volume holds, and the next push sends again what differs (the host has it).
- * Forgetting is durable: a record back from before a run whose changes never came would be trusted.
+ * The record is durable, and so is forgetting it: one a crash took back to an earlier message's
+ * would miss names the host removed since (the volume would keep them) and the names marked
+ * unlike; one back from before a run whose changes never came would be trusted.
  */
 function remember(state: SyncedVolume, snapshot: Snapshot | undefined): void {
   state.synced = snapshot
@@ -102,7 +102,7 @@ function remember(state: SyncedVolume, snapshot: Snapshot | undefined): void {
     return
   }
   fs.mkdirSync(path.dirname(state.file), {recursive: true, mode: 0o700})
-  writeWholeFile(state.file, JSON.stringify(snapshot), {durable: false})
+  writeWholeFile(state.file, JSON.stringify(snapshot))
 }
 
 /** Forgets what the volume holds: the next run copies the host's workspace whole. */
@@ -364,9 +364,9 @@ export async function pullWorkspace(
   }
   const {received, record, folders} = applied
   // each file was fsynced before its rename: its name, and every name made or removed, reach the
-  // disk while the record (a cache: see remember) is written. It says what the volume holds, true
-  // before they are (a crash between leaves a message that never answered, its changes sent again
-  // or undone by the next push); the reply, after this, says the run's writes are on the host's disk.
+  // disk while the record is written. The record says what the volume holds, true before they are
+  // (a crash between leaves a message that never answered, its changes sent again or undone by the
+  // next push); the reply, after this, says the run's writes are on the host's disk.
   const durable = syncFoldersAside(options.workspace, folders)
   durable.catch(() => {}) // awaited below, after the record's own error if it has one
   // the record is what the push sent with what the run brought back, never a walk of the host now:
@@ -527,9 +527,19 @@ export async function applyChanges(
         parentsMadeFor(name)
         const content = archive.content(entry.dataAt, entry.size)
         const options = {mode: entry.mode & 0o777, written}
-        // what came past memory (a spooled trailer) may be a GiB: written between the loop's turns
-        if (Buffer.isBuffer(content)) writeWorkspaceFile(workspace, name, content, options)
-        else await writeWorkspaceFileInTurns(workspace, name, content, {...options, turn})
+        // what came past memory (a spooled trailer) may be a GiB: written between the loop's turns,
+        // the host's file checked again just before it is replaced
+        const placed = Buffer.isBuffer(content)
+          ? writeWorkspaceFile(workspace, name, content, options)
+          : await writeWorkspaceFileInTurns(workspace, name, content, {
+              ...options,
+              turn,
+              stillWanted: () => !changedOnHost(workspace, name, synced),
+            })
+        if (!placed) {
+          keep(name, 'f')
+          continue
+        }
         changedIn(name)
         received++
       } else if (entry.type === '2' && GATEWAY_ENTRIES.includes(name))

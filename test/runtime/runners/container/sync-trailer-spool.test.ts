@@ -6,7 +6,7 @@ import path from 'node:path'
 import {PassThrough} from 'node:stream'
 import v8 from 'node:v8'
 import vm from 'node:vm'
-import {afterEach, describe, expect, it} from 'vitest'
+import {afterEach, describe, expect, it, vi} from 'vitest'
 import {SYNC_TRAILER} from '../../../../src/runtime/agent-run/workspace-changes.js'
 import {splitSyncTrailer, type SyncTrailer} from '../../../../src/runtime/runners/container/sync-trailer.js'
 import {
@@ -177,6 +177,38 @@ describe('a run’s changes past what the gateway holds in memory', () => {
     // an object per byte held was ≈ 100 bytes of heap each (≈ 50 MiB here)
     expect(after - before).toBeLessThan(8 << 20)
   }, 60_000)
+
+  it('keeps a file the host saved while a large change to it was being written (a SOUL.md saved in the dashboard)', async () => {
+    const spool = tempDir('meepa-spool-')
+    const workspace = tempDir('meepa-spool-ws-')
+    const soul = path.join(workspace, 'SOUL.md')
+    fs.writeFileSync(soul, 'before the run')
+    const synced = snapshotWorkspace(workspace)
+    // the run's SOUL.md, past what memory holds: written between the loop's turns
+    const runs = Buffer.alloc(8 << 20, 'r')
+    const list = Buffer.from('./SOUL.md\0')
+    const tar = writeTar([{name: './SOUL.md', type: '0', mode: 0o644, mtimeMs: Date.now(), data: runs}])
+    const stdout = new PassThrough()
+    const split = splitSyncTrailer(stdout, 64 << 20, spool)
+    split.frames.resume()
+    await send(stdout, Buffer.concat([Buffer.from(`${FRAMES}${SYNC_TRAILER} ${list.length}\n`), list, tar]))
+    const trailer = await split.trailer
+    // the operator saves it while the run's copy is on its way to the disk
+    const fsync = fs.fsync.bind(fs)
+    const saving = vi.spyOn(fs, 'fsync').mockImplementation(((fd: number, done: (error: Error | null) => void) => {
+      if (fs.readFileSync(soul, 'utf8') === 'before the run') fs.writeFileSync(soul, 'saved in the dashboard')
+      fsync(fd, done)
+    }) as typeof fs.fsync)
+    try {
+      const {received} = await takeBack(trailer!, workspace, spool, synced)
+      expect(received).toBe(0)
+    } finally {
+      saving.mockRestore()
+    }
+    expect(fs.readFileSync(soul, 'utf8')).toBe('saved in the dashboard')
+    expect(fs.readdirSync(workspace)).toEqual(['SOUL.md']) // no temporary left
+    stdout.end()
+  })
 
   it('refuses to read a spooled trailer once it is freed (its descriptor may be another file by then)', async () => {
     const spool = tempDir('meepa-spool-')

@@ -103,38 +103,6 @@ describeWithDocker('pushing the host’s workspace to an agent’s volume on a s
     // a folder the host sends too keeps what it holds
     expect((await inVolume('ls -A kept')).split('\n')).toEqual(['from-the-run', 'h'])
   }, 60_000)
-
-  it('brings the volume to the host’s workspace from a record a crash took back to an earlier message (it is not fsynced)', async () => {
-    fs.rmSync(workspace, {recursive: true, force: true})
-    fs.mkdirSync(workspace)
-    fs.writeFileSync(path.join(workspace, 'rewritten.txt'), 'one')
-    fs.writeFileSync(path.join(workspace, 'removed.txt'), 'removed by the run')
-    fs.writeFileSync(path.join(workspace, 'kept.txt'), 'kept')
-    state.synced = undefined // a volume this test starts from
-    await push()
-    const earlier = fs.readFileSync(state.file, 'utf8')
-    // message N ran and its changes were taken back: both sides hold them, and the record said so
-    await inVolume("printf 'two, longer' > rewritten.txt && rm removed.txt && mkdir made && printf new > made/new.txt")
-    fs.writeFileSync(path.join(workspace, 'rewritten.txt'), 'two, longer')
-    fs.rmSync(path.join(workspace, 'removed.txt'))
-    fs.mkdirSync(path.join(workspace, 'made'))
-    fs.writeFileSync(path.join(workspace, 'made', 'new.txt'), 'new')
-    // …until a power loss took the record back to message N-1's; the host then edits one file
-    fs.writeFileSync(state.file, earlier)
-    state.synced = JSON.parse(earlier) as SyncedVolume['synced']
-    fs.writeFileSync(path.join(workspace, 'kept.txt'), 'edited on the host')
-    await push()
-    const listing = "find . -mindepth 1 ! -path './.meepa-sync*' | sort && cat rewritten.txt made/new.txt kept.txt"
-    expect((await inVolume(listing)).split('\n')).toEqual([
-      './kept.txt',
-      './made',
-      './made/new.txt',
-      './rewritten.txt',
-      'two, longernewedited on the host',
-    ])
-    // and the record now says what both hold: nothing more to send
-    expect(await push()).toMatchObject({sent: 0})
-  }, 60_000)
 })
 
 describe('a push that fails', () => {

@@ -291,7 +291,7 @@ describe('taking a run’s changes back from a remote engine', () => {
     }
   })
 
-  it('has every name it made, replaced or removed on the disk, and its record (a cache) written, before it returns', async () => {
+  it('has every name it made, replaced or removed on the disk, and its record written, before it returns', async () => {
     fs.mkdirSync(path.join(workspace, 'old'))
     fs.writeFileSync(path.join(workspace, 'old', 'gone.txt'), 'old')
     fs.mkdirSync(path.join(workspace, 'untouched'))
@@ -338,12 +338,11 @@ describe('taking a run’s changes back from a remote engine', () => {
       .filter((name) => fs.existsSync(name) && fs.statSync(name).isDirectory())
       .map((name) => path.relative(real, fs.realpathSync(name)) || '.')
     // the workspace (top.txt, d and e made, old removed), d (new.txt), e (f made), e/f (its file),
-    // old's removal of gone.txt (old is gone); not the record's folder: a record a crash took back
-    // knows less than the volume holds, and the next push sends the difference again
-    expect(folders.sort()).toEqual(['.', 'd', 'e', 'e/f'])
+    // old's removal of gone.txt (old is gone); the record's own folder
+    expect(folders.sort()).toEqual(['.', '..', 'd', 'e', 'e/f'])
     expect(fs.existsSync(path.join(workspace, 'old'))).toBe(false)
-    // each file was fsynced before its rename; the record, a cache, was not
-    expect([...fsynced].filter((name) => name.endsWith('.tmp'))).toHaveLength(3)
+    // each file was fsynced before its rename, the record's too
+    expect([...fsynced].filter((name) => name.endsWith('.tmp'))).toHaveLength(4)
     expect(Object.keys(JSON.parse(fs.readFileSync(state.file, 'utf8')) as Snapshot).sort()).toEqual([
       'd',
       'd/new.txt',
