@@ -17,9 +17,9 @@ export interface TestHome {
   cleanup(): void
 }
 
-/** A throwaway MEEPAGATEWAY_HOME; pass a config object (written as YAML) or text. */
-export function makeHome(config?: unknown): TestHome {
-  const home = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-home-'))
+/** A throwaway MEEPAGATEWAY_HOME; pass a config object (written as YAML) or text, and where to make it. */
+export function makeHome(config?: unknown, under = os.tmpdir()): TestHome {
+  const home = fs.mkdtempSync(path.join(under, 'meepa-home-'))
   const configPath = path.join(home, 'config.yaml')
   const writeConfig = (value: unknown) =>
     fs.writeFileSync(configPath, typeof value === 'string' ? value : YAML.stringify(value))

@@ -2,7 +2,8 @@ import {execa} from 'execa'
 import {spawn} from 'node:child_process'
 import fs from 'node:fs'
 import path from 'node:path'
-import {afterEach, describe, expect, it} from 'vitest'
+import os from 'node:os'
+import {afterAll, afterEach, beforeAll, describe, expect, it} from 'vitest'
 import {
   ensureWorkspaceVolume,
   mountedAt,
@@ -24,8 +25,27 @@ afterEach(() => {
   for (const home of homes.splice(0)) home.cleanup()
 })
 
+/*
+ * Every sandboxed run of a test beside these copies the mounts into its namespace (bubblewrap's
+ * --ro-bind / /), and a copy holds a volume's loop device until that run ends. The homes here
+ * live under an unbindable mount, which those copies leave out, so a volume is held elsewhere
+ * only when a test holds it on purpose.
+ */
+let unbindable: string | undefined
+beforeAll(async () => {
+  if (volumeUnavailable() !== undefined) return
+  unbindable = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-volumes-'))
+  await execa('mount', ['--bind', unbindable, unbindable])
+  await execa('mount', ['--make-unbindable', unbindable])
+})
+afterAll(async () => {
+  if (unbindable === undefined) return
+  await execa('umount', ['--recursive', unbindable])
+  fs.rmSync(unbindable, {recursive: true, force: true})
+})
+
 function newHome(): TestHome {
-  const home = makeHome()
+  const home = makeHome(undefined, unbindable)
   homes.push(home)
   return home
 }
@@ -148,6 +168,27 @@ describe.runIf(volumeUnavailable() === undefined)('workspace volumes (limits.dis
     expect(fs.statSync(volumeImagePath(home.home, 'a1')).size).toBe(8 * MiB)
     expect(fs.readFileSync(path.join(workspace, 'kept'), 'utf8')).toBe('still here')
     expect((await writeZeros(path.join(workspace, 'big'), 20)).said).toContain('No space left on device')
+  })
+
+  it('a raised limit waits while another namespace holds the volume: never looser, grown at the next mount', async () => {
+    const home = newHome()
+    const workspace = home.workspace('a1')
+    await ensureWorkspaceVolume(home.home, 'a1', 8 * MiB)
+    // a namespace made now keeps a copy of the mount, as a standby's does
+    const holder = spawn('unshare', ['--mount', 'sleep', '60'], {stdio: 'ignore'})
+    try {
+      await new Promise((resolve) => setTimeout(resolve, 200))
+      await ensureWorkspaceVolume(home.home, 'a1', 32 * MiB)
+      expect(fs.statfsSync(workspace).blocks * fs.statfsSync(workspace).bsize).toBeLessThan(8 * MiB)
+      expect((await writeZeros(path.join(workspace, 'big'), 20)).said).toContain('No space left on device')
+      fs.rmSync(path.join(workspace, 'big'))
+    } finally {
+      holder.kill('SIGKILL')
+    }
+    await new Promise((resolve) => holder.once('exit', resolve))
+    await execa('umount', [workspace])
+    await ensureWorkspaceVolume(home.home, 'a1', 32 * MiB)
+    expect(fs.statfsSync(workspace).blocks * fs.statfsSync(workspace).bsize).toBeGreaterThan(24 * MiB)
   })
 
   it('a move cut short by a crash is undone: the files back in place, no half-filled volume', async () => {
