@@ -10,6 +10,8 @@ import type {AgentRunInput, AgentRunOutput} from '../shapes/agent-run-contract.j
 import {parseAgentRunInput} from './input.js'
 import {RunnerChannel, StdinReader} from './runner-channel.js'
 import {
+  LOST_VOLUME_EXIT,
+  LostVolume,
   markRunStart,
   type RunStart,
   sendWorkspaceChanges,
@@ -189,6 +191,11 @@ export async function main(): Promise<void> {
     }
     output = await executeAgentRun(input, log, llm)
   } catch (error) {
+    // nothing of the run started: no frame, the status and mark the runner places it again on
+    if (error instanceof LostVolume) {
+      stderr.write(`${error.message}\n`, () => process.exit(LOST_VOLUME_EXIT))
+      return
+    }
     const gatewayError = toGatewayError(error, 'E_INTERNAL')
     if (gatewayError.code === 'E_INTERNAL') log(`internal error: ${gatewayError.stack ?? gatewayError.message}`)
     output = {

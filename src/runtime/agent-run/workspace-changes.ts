@@ -34,6 +34,27 @@ export const SYNC_TAKEN = 'MEEPA-SYNC-TAKEN'
 /** The longest agent-run waits for SYNC_TAKEN after a whole trailer: a host that never says it must not keep the container. */
 export const SYNC_TAKEN_WAIT_MS = 5_000
 
+/**
+ * How a sync engine's container says its volume is not the one the host filled: engine-disk.ts's
+ * filesystem check, or a volume without the sync's folder (LostVolume). It ends with this status
+ * and mark before anything of the run started; the runner then copies the workspace whole and
+ * places the run again.
+ */
+export const LOST_VOLUME_EXIT = 96
+export const LOST_VOLUME_MARK = 'meepa: the workspace volume is not this agent'
+
+/**
+ * The volume has no sync folder, which every push that fills a volume makes: the engine lost the
+ * one the host filled (a prune, a reset) and made an empty one. Run there, the take-back would
+ * remove on the host everything the host knows the volume held.
+ */
+export class LostVolume extends Error {
+  constructor() {
+    super(`${LOST_VOLUME_MARK} (no ${SYNC_DIR} folder: the engine made the volume anew)`)
+    this.name = 'LostVolume'
+  }
+}
+
 /** agent-run's log line with the run's start (`<line> <since>`), read by the host for its own listing. */
 export const SYNC_START_LOG = "workspace sync: the run's changes are those stamped after"
 
@@ -78,16 +99,12 @@ export interface RunStart {
 
 /**
  * The sync's own folder, empty: whatever a run left there (a link, a FIFO, a stash) is removed.
- * No command of the agent runs yet.
+ * No command of the agent runs yet. Without it (or another kind there) the volume is not the one
+ * the host filled; an agent that removed it only costs its next message a whole copy.
  */
 function cleanSyncFolder(workspace: string): string {
   const dir = path.join(workspace, SYNC_DIR)
-  const stat = fs.lstatSync(dir, {throwIfNoEntry: false})
-  if (stat && !stat.isDirectory()) fs.rmSync(dir, {force: true, recursive: true})
-  if (!stat?.isDirectory()) {
-    fs.mkdirSync(dir, {mode: 0o700})
-    return dir
-  }
+  if (!fs.lstatSync(dir, {throwIfNoEntry: false})?.isDirectory()) throw new LostVolume()
   for (const entry of fs.readdirSync(dir)) {
     const file = path.join(dir, entry)
     // the mark and tick made anew (a hard link at their name would be written through): unlinked
@@ -219,6 +236,7 @@ export function markRunStart(workspace: string, goLine: string): RunStart {
     setImmediate(() => (start.before = inodes(workspace)))
     return start
   } catch (error) {
+    if (error instanceof LostVolume) throw error
     throw new GatewayError(
       'E_WORKSPACE',
       `could not mark the run's start in the workspace volume: ${(error as Error).message}`,
@@ -390,6 +408,7 @@ export async function warmWorkspaceSync(tmp = os.tmpdir()): Promise<void> {
     const file = path.join(scratch, 'folder', 'file')
     fs.mkdirSync(path.dirname(file))
     fs.writeFileSync(file, 'before')
+    fs.mkdirSync(path.join(scratch, SYNC_DIR))
     const start = markRunStart(scratch, syncGoLine('warm', false, 1 << 20))
     await new Promise((resolve) => setImmediate(resolve)) // the start's listing of names
     fs.writeFileSync(file, 'after')

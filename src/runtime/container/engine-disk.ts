@@ -4,6 +4,7 @@ import path from 'node:path'
 import type {DockerCli} from '../../sandbox/docker/cli.js'
 import {CONTAINER_WORKSPACE} from '../../sandbox/docker/run-args.js'
 import {GatewayError} from '../util/errors.js'
+import {LOST_VOLUME_EXIT, LOST_VOLUME_MARK} from '../agent-run/workspace-changes.js'
 import {writeWholeFile} from '../util/write-whole-file.js'
 import {engineDiskFile, engineDisksVolume} from './engine-state.js'
 import {ownContainerArgs} from './own-container.js'
@@ -35,10 +36,6 @@ export interface EngineDisk {
   bytes: number
 }
 
-/** The exit status of a container whose volume is not the agent's filesystem. */
-export const WRONG_VOLUME_EXIT = 96
-const WRONG_VOLUME_MARK = 'meepa: the workspace volume is not this agent'
-
 /** Below this a journal would take most of the space (as for the host's volumes). */
 const JOURNAL_FROM_BYTES = 256 * 1024 ** 2
 const SETUP_TIMEOUT_MS = 120_000
@@ -66,12 +63,12 @@ export function fsidOf(uuid: string): string {
 /** The shell line every container mounting the volume runs first (undefined: no disk, nothing to check). */
 export function volumeCheck(fsid: string | undefined): string {
   if (fsid === undefined) return ''
-  return `[ "$(stat -f -c %i ${CONTAINER_WORKSPACE})" = ${fsid} ] || { echo '${WRONG_VOLUME_MARK}' >&2; exit ${WRONG_VOLUME_EXIT}; }`
+  return `[ "$(stat -f -c %i ${CONTAINER_WORKSPACE})" = ${fsid} ] || { echo '${LOST_VOLUME_MARK}' >&2; exit ${LOST_VOLUME_EXIT}; }`
 }
 
 /** Whether a container ended at volumeCheck, or the engine could not mount the volume at all. */
 export function endedOnLostVolume(exitCode: number | undefined, stderr: string): boolean {
-  if (exitCode === WRONG_VOLUME_EXIT && stderr.includes(WRONG_VOLUME_MARK)) return true
+  if (exitCode === LOST_VOLUME_EXIT && stderr.includes(LOST_VOLUME_MARK)) return true
   // the docker CLI's own refusal (exit 125), not a line an agent's file name could put in a helper's stderr
   return (
     exitCode === 125 &&

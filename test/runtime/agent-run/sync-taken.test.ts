@@ -9,6 +9,9 @@ import {buildAgentRunInput} from '../../../src/runtime/runners/run-message.js'
 import {AgentRunChannel, type HostLlm} from '../../../src/runtime/llm-channel/host.js'
 import {splitSyncTrailer} from '../../../src/runtime/runners/container/sync-trailer.js'
 import {
+  LOST_VOLUME_EXIT,
+  LostVolume,
+  SYNC_DIR,
   SYNC_TAKEN,
   SYNC_TAKEN_WAIT_MS,
   syncGoLine,
@@ -41,22 +44,21 @@ describe.skipIf(!asRoot)('agent-run on a sync engine ends when the runner has ta
   }
 
   beforeAll(() => {
-    home = makeHome(fakeLlmConfig('http://127.0.0.1:9/v1', [{id: 'synced'}]))
+    home = makeHome(fakeLlmConfig('http://127.0.0.1:9/v1', [{id: 'synced'}, {id: 'lost'}]))
   })
   afterEach(() => {
     if (child?.exitCode === null) child.kill('SIGKILL')
   })
   afterAll(() => home?.cleanup())
 
-  /** One run up to its whole trailer; `exited` resolves with the time agent-run ended. */
-  const runToTrailer = async () => {
+  /** The built agent-run as a sync engine's, its go line and input written; `exited` resolves with the time it ended. */
+  const startRun = (agent: string) => {
     const loaded = loadConfig({configPath: home.configPath, home: home.home})
-    const workspace = home.workspace('synced')
-    fs.mkdirSync(workspace, {recursive: true})
+    const workspace = home.workspace(agent)
     const runId = `run_${Date.now()}`
     const input = buildAgentRunInput(
       loaded,
-      findAgent(loaded, 'synced'),
+      findAgent(loaded, agent),
       {id: 'm', connector: 'cli', channel_id: 'c', user: {id: 'u', name: 'u'}, content: 'hi'},
       runId,
       workspace,
@@ -81,10 +83,17 @@ describe.skipIf(!asRoot)('agent-run on a sync engine ends when the runner has ta
     )
     child = started
     const exited = new Promise<number>((resolve) => started.once('exit', () => resolve(performance.now())))
-    let stderr = ''
+    const said = {stderr: ''}
     if (process.env.DEBUG_SYNC) started.stderr!.pipe(process.stderr)
-    started.stderr!.on('data', (chunk: Buffer) => (stderr += chunk.toString()))
+    started.stderr!.on('data', (chunk: Buffer) => (said.stderr += chunk.toString()))
     started.stdin!.write(syncGoLine(runId, false, 64 << 20))
+    return {started, exited, said, input}
+  }
+
+  /** One run up to its whole trailer. */
+  const runToTrailer = async () => {
+    fs.mkdirSync(path.join(home.workspace('synced'), SYNC_DIR), {recursive: true})
+    const {started, exited, said, input} = startRun('synced')
     const split = splitSyncTrailer(started.stdout!, 64 << 20, path.join(os.tmpdir(), 'meepa-test-sync-spool'))
     const answered = new Promise<AgentRunOutput>((resolve) => {
       const channel: AgentRunChannel = new AgentRunChannel(
@@ -99,14 +108,28 @@ describe.skipIf(!asRoot)('agent-run on a sync engine ends when the runner has ta
       )
     })
     const output = await answered
-    expect(output.ok, stderr).toBe(true)
+    expect(output.ok, said.stderr).toBe(true)
     const trailer = await split.trailer
-    expect(trailer, stderr).toBeDefined()
+    expect(trailer, said.stderr).toBeDefined()
     // the run's own writes are in it (its memory)
     expect(trailer!.list.read(0, trailer!.list.length).toString()).toContain('./memory.db')
     trailer!.close()
     return {child: started, exited, trailedAt: performance.now()}
   }
+
+  it('ends before the run, with no frame, on a volume the host did not fill (no sync folder)', async () => {
+    fs.mkdirSync(home.workspace('lost'), {recursive: true})
+    fs.writeFileSync(path.join(home.workspace('lost'), 'kept.txt'), 'x')
+    const {started, exited, said, input} = startRun('lost')
+    let stdout = ''
+    started.stdout!.on('data', (chunk: Buffer) => (stdout += chunk.toString()))
+    started.stdin!.write(`${JSON.stringify(input)}\n`)
+    await exited
+    expect(started.exitCode, said.stderr).toBe(LOST_VOLUME_EXIT)
+    expect(said.stderr).toContain(new LostVolume().message)
+    expect(stdout).toBe('')
+    expect(fs.readdirSync(home.workspace('lost'))).toEqual(['kept.txt'])
+  }, 30_000)
 
   it('waits after its trailer until the runner says it took the changes, then ends at once', async () => {
     const run = await runToTrailer()

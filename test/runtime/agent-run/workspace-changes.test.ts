@@ -5,6 +5,7 @@ import path from 'node:path'
 import {PassThrough, Writable} from 'node:stream'
 import {afterAll, beforeAll, describe, expect, it} from 'vitest'
 import {
+  LostVolume,
   markRunStart,
   type RunStart,
   sendWorkspaceChanges,
@@ -70,6 +71,8 @@ for (const coarse of [false, true])
         execaSync('mkfs.ext4', ['-q', '-F', '-I', '128', image])
         execaSync('mount', ['-o', 'loop', image, workspace])
       }
+      // as the push that filled the volume left it
+      fs.mkdirSync(path.join(workspace, SYNC_DIR))
     })
     afterAll(() => {
       if (coarse) execaSync('umount', [workspace], {reject: false})
@@ -100,6 +103,12 @@ for (const coarse of [false, true])
       expect(names.some((name) => name.includes(SYNC_DIR))).toBe(false)
     })
 
+    it('refuses a volume without its folder as lost (an engine made it anew), making nothing there', async () => {
+      const fresh = fs.mkdtempSync(path.join(root, 'fresh-'))
+      expect(() => markRunStart(fresh, syncGoLine('run_fresh', true, LIMIT))).toThrow(new LostVolume().message)
+      expect(fs.readdirSync(fresh)).toEqual([])
+    })
+
     it('after a push, what the push wrote just before the go line is not the run’s', async () => {
       fs.writeFileSync(path.join(workspace, 'pushed.txt'), 'pushed')
       const since = await startRun(workspace, syncGoLine('run_pushed', true, LIMIT))
@@ -119,11 +128,14 @@ for (const coarse of [false, true])
     })
 
     it('never follows what the last run planted: a link for its folder, a FIFO for its mark, links and FIFOs and odd names in the workspace', async () => {
+      // a link for the folder: the volume is not the one the host filled, and it is never followed
       fs.rmSync(path.join(workspace, SYNC_DIR), {recursive: true, force: true})
       fs.symlinkSync(outside, path.join(workspace, SYNC_DIR))
-      await startRun(workspace, syncGoLine('run_link', false, LIMIT))
+      expect(() => markRunStart(workspace, syncGoLine('run_link', false, LIMIT))).toThrow(LostVolume)
       expect(fs.readdirSync(outside)).toEqual([])
-      expect(fs.lstatSync(path.join(workspace, SYNC_DIR)).isDirectory()).toBe(true)
+      fs.rmSync(path.join(workspace, SYNC_DIR))
+      fs.mkdirSync(path.join(workspace, SYNC_DIR))
+      await startRun(workspace, syncGoLine('run_link', false, LIMIT))
       // a FIFO where the mark goes would block a writer that opened it; a stash beside it stays hidden
       fs.rmSync(path.join(workspace, SYNC_DIR, 'mark'))
       execaSync('mkfifo', [path.join(workspace, SYNC_DIR, 'mark')])
@@ -247,13 +259,13 @@ describe('the warm-up a waiting standby runs on its own scratch', () => {
     const tmp = path.join(root, 'tmp')
     const workspace = path.join(root, 'workspace')
     fs.mkdirSync(tmp)
-    fs.mkdirSync(workspace)
+    fs.mkdirSync(path.join(workspace, SYNC_DIR), {recursive: true})
     fs.writeFileSync(path.join(tmp, 'theirs'), 'x')
     fs.writeFileSync(path.join(workspace, 'old.txt'), 'old')
     await sleep(30)
     await warmWorkspaceSync(tmp)
     expect(fs.readdirSync(tmp)).toEqual(['theirs'])
-    expect(fs.readdirSync(workspace)).toEqual(['old.txt'])
+    expect(fs.readdirSync(workspace).sort()).toEqual([SYNC_DIR, 'old.txt'])
     const start = await startRun(workspace, syncGoLine('run_after_warm_up', false, LIMIT))
     fs.writeFileSync(path.join(workspace, 'new.txt'), 'new')
     const {names, files} = await changesOf(workspace, start)

@@ -24,7 +24,14 @@ import {
 import {GATEWAY_ENTRIES} from '../../workspace/workspace.js'
 import {volumeCheck} from '../../container/engine-disk.js'
 import {ownContainerArgs} from '../../container/own-container.js'
-import {SYNC_DIR, SYNC_TRAILER, syncToken, WORKSPACE_SYNC_ENV} from '../../agent-run/workspace-changes.js'
+import {
+  LOST_VOLUME_EXIT,
+  LostVolume,
+  SYNC_DIR,
+  SYNC_TRAILER,
+  syncToken,
+  WORKSPACE_SYNC_ENV,
+} from '../../agent-run/workspace-changes.js'
 import {splitSyncTrailer, type SyncTrailer} from './sync-trailer.js'
 
 /**
@@ -111,7 +118,14 @@ export function forgetVolume(state: SyncedVolume): void {
 }
 
 /** An unknown volume is emptied first (what the agent made unwritable made writable again: it owns it all). */
-const EMPTY_VOLUME = 'chmod -R u+rwx . 2>/dev/null; find . -mindepth 1 -delete && '
+const EMPTY_VOLUME = '{ chmod -R u+rwx . 2>/dev/null; find . -mindepth 1 -delete; } && '
+
+/**
+ * A volume the host filled holds the sync's folder, made once the fill is whole (FILLED); one
+ * without it was lost and made anew on the engine, and ends the push as lost (LostVolume).
+ */
+const FILLED = `mkdir -m 700 ${SYNC_DIR}`
+const STILL_FILLED = `{ [ -d ${SYNC_DIR} ] && [ ! -L ${SYNC_DIR} ]; } || { echo '${new LostVolume().message}' >&2; exit ${LOST_VOLUME_EXIT}; }`
 
 /**
  * Clears names in the volume before a push's tar is extracted, given NUL-separated on stdin (never
@@ -242,7 +256,7 @@ async function sendChanges(
     [
       ...helperArgs(state.volume, options.image, `${options.uid}:${options.gid}`, labels),
       '-c',
-      `${checked}cd ${CONTAINER_WORKSPACE} && ${synced ? '' : EMPTY_VOLUME}${clearing}tar -x --no-same-owner -f -`,
+      `${checked}cd ${CONTAINER_WORKSPACE} && ${synced ? `${STILL_FILLED} && ` : EMPTY_VOLUME}${clearing}tar -x --no-same-owner -f -${synced ? '' : ` && ${FILLED}`}`,
     ],
     {
       input: clearing ? Buffer.concat([Buffer.from(`${list.length}\n`), list, tar]) : tar,

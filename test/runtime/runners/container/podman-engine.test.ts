@@ -156,6 +156,37 @@ describeWithPodman('container runs on rootless Podman (its Docker-compatible soc
     expect((await serve!.chat('pod', 'RUN: cat note.txt')).reply).toContain('made-in-podman')
   }, 180_000)
 
+  it('a volume the engine lost (a prune, a reset) never empties the host workspace: the run gets it whole', async () => {
+    fs.writeFileSync(path.join(workspace('pod'), 'kept.txt'), 'on-the-host')
+    expect((await serve!.chat('pod', 'RUN: cat kept.txt')).reply).toContain('on-the-host')
+    const before = fs.readdirSync(workspace('pod')).sort()
+    const memory = fs.statSync(path.join(workspace('pod'), 'memory.db')).size
+    // the engine drops the volume, and a standby on it: the next run there gets an empty one of that name
+    const volume = syncedVolume(home.home, 'podman', homeLabel(home.home), 'pod').volume
+    // `podman volume rm -f` through Podman's own API: the containers on it go too
+    const removed = await execa('curl', [
+      '-sS',
+      '-o',
+      '/dev/null',
+      '-w',
+      '%{http_code}',
+      '-X',
+      'DELETE',
+      '--unix-socket',
+      PODMAN_HOST.slice('unix://'.length),
+      `http://d/v4.0.0/libpod/volumes/${volume}?force=true`,
+    ])
+    expect(removed.stdout).toBe('204')
+    const reply = await serve!.chat('pod', 'RUN: cat kept.txt note.txt && ls -A')
+    expect(reply.reply, serve!.output().slice(-3000)).toContain('on-the-hostmade-in-podman')
+    expect(serve!.output()).toMatch(/no \.meepa-sync folder: the engine made the volume anew\)+; attaching it again/)
+    // nothing the host had is gone, and its memory is the same one, grown
+    expect(fs.readdirSync(workspace('pod')).sort()).toEqual(expect.arrayContaining(before))
+    expect(fs.readFileSync(path.join(workspace('pod'), 'kept.txt'), 'utf8')).toBe('on-the-host')
+    expect(fs.statSync(path.join(workspace('pod'), 'memory.db')).size).toBeGreaterThanOrEqual(memory)
+    expect((await serve!.chat('pod', 'RUN: cat note.txt')).reply).toContain('made-in-podman')
+  }, 180_000)
+
   /** The host's file reaches the run on `engine`, and the run's write comes back to the host. */
   const expectRoundTrip = async (agent: string, engine: string) => {
     // the first message makes the workspace

@@ -6,7 +6,9 @@ import path from 'node:path'
 import {afterAll, beforeAll, describe, expect, it} from 'vitest'
 import {dockerCli, type DockerCli, type DockerResult} from '../../../../src/sandbox/docker/cli.js'
 import {DockerCommandError, dockerDown, dockerHung} from '../../../../src/sandbox/docker/errors.js'
+import {endedOnLostVolume} from '../../../../src/runtime/container/engine-disk.js'
 import {
+  forgetVolume,
   pushWorkspace,
   snapshotWorkspace,
   type SyncedVolume,
@@ -78,7 +80,8 @@ describeWithDocker('pushing the host’s workspace to an agent’s volume on a s
     fs.rmSync(path.join(workspace, '-leading-dash'))
     const {sent, wrote} = await push()
     expect([sent, wrote]).toEqual([0, true])
-    expect((await inVolume('ls -A')).split('\n')).toEqual(['stays.txt'])
+    // the sync's folder, made by the push that filled the volume, stays
+    expect((await inVolume('ls -A')).split('\n')).toEqual(['.meepa-sync', 'stays.txt'])
     expect(state.synced).toEqual(snapshotWorkspace(workspace))
   }, 180_000)
 
@@ -102,6 +105,25 @@ describeWithDocker('pushing the host’s workspace to an agent’s volume on a s
     )
     // a folder the host sends too keeps what it holds
     expect((await inVolume('ls -A kept')).split('\n')).toEqual(['from-the-run', 'h'])
+  }, 60_000)
+
+  it('ends as lost on a volume the host knows that lacks the sync folder (the engine made it anew), writing nothing', async () => {
+    await inVolume('rmdir .meepa-sync')
+    fs.writeFileSync(path.join(workspace, 'stays.txt'), 'changed on the host')
+    const failed = await push().then(
+      () => undefined,
+      (error: unknown) => error,
+    )
+    expect(failed).toBeInstanceOf(DockerCommandError)
+    const {exitCode, stderr} = (failed as DockerCommandError).result
+    expect(endedOnLostVolume(exitCode, stderr), stderr).toBe(true)
+    expect(await inVolume('cat stays.txt')).toBe('stays')
+    // the runner forgets the record (EngineVolumeLost): the next push fills it whole, its folder with it
+    forgetVolume(state)
+    await push()
+    expect(await inVolume('cat stays.txt && ls -A')).toBe(
+      'changed on the host.meepa-sync\nclash\nkept\nlinked\nstays.txt',
+    )
   }, 60_000)
 })
 
