@@ -39,6 +39,7 @@ import {splitSyncTrailer} from './sync-trailer.js'
 import {SYNC_TAKEN, syncGoLine} from '../../agent-run/workspace-changes.js'
 import {enginesOf, LOCAL_ENGINE, nextPlacement, placeRun, watchEngines, type DockerEngine} from './engines.js'
 import {
+  ChangesOverLimit,
   forgetVolume,
   pullWorkspace,
   pushWorkspace,
@@ -418,6 +419,9 @@ async function runOnVolume(
             if (received > 0) log(`workspace sync: took back ${received} changed file(s) from engine ${engine!.name}`)
             return answered
           } catch (error) {
+            // written past limits.disk, ended before the watch read it: the same answer the watch gives
+            if (error instanceof ChangesOverLimit)
+              return diskFull(runId, agent.limits.disk, {bytes: error.bytes}, request.input.workspace, 'during')
             const failed = toGatewayError(error)
             return failure(
               runId,

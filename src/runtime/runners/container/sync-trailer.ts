@@ -34,6 +34,8 @@ export interface SplitStdout {
   trailer: Promise<SyncTrailer | undefined>
   /** Why the host could not hold a trailer that came (its disk full), once `trailer` settled. */
   spoolFailure(): Error | undefined
+  /** The bytes it had taken when it went past `maxBytes` (the run wrote past limits.disk); else undefined. */
+  overLimit(): number | undefined
 }
 
 /**
@@ -58,6 +60,7 @@ export function splitSyncTrailer(stdout: Readable, maxBytes: number, spoolDir: s
   let settle: (trailer: SyncTrailer | undefined) => void = () => {}
   const trailer = new Promise<SyncTrailer | undefined>((resolve) => (settle = resolve))
   let spoolFailure: Error | undefined
+  let overLimit: number | undefined
   /** The end of the stream after its last newline, held back while it could be the header's start. */
   let pending = Buffer.alloc(0)
   let body: {listBytes: number; tar: TarEnd; spool: SpooledBytes; size: number; ahead: number} | undefined
@@ -103,6 +106,8 @@ export function splitSyncTrailer(stdout: Readable, maxBytes: number, spoolDir: s
         if (!done && taking.ahead <= PIECES_AHEAD / 4) stdout.resume()
       },
       (error: unknown) => {
+        // a spool this closed itself (a trailer cut short) fails the writes still on their way: no failure of the host's
+        if (done) return
         spoolFailure ??= error as Error
         finish(false)
       },
@@ -112,7 +117,10 @@ export function splitSyncTrailer(stdout: Readable, maxBytes: number, spoolDir: s
     const taking = body!
     const before = taking.size
     taking.size += chunk.length
-    if (taking.size > maxBytes + TRAILER_SLACK_BYTES) return finish(false)
+    if (taking.size > maxBytes + TRAILER_SLACK_BYTES) {
+      overLimit = taking.size
+      return finish(false)
+    }
     const toList = Math.max(0, Math.min(chunk.length, taking.listBytes - before))
     if (toList === chunk.length) return hold(taking, chunk)
     const tarFed = before + toList - taking.listBytes
@@ -154,7 +162,7 @@ export function splitSyncTrailer(stdout: Readable, maxBytes: number, spoolDir: s
   stdout.once('end', () => finish(false))
   stdout.once('close', () => finish(false))
   stdout.once('error', () => finish(false))
-  return {frames, trailer, spoolFailure: () => spoolFailure}
+  return {frames, trailer, spoolFailure: () => spoolFailure, overLimit: () => overLimit}
 }
 
 function couldBeHeader(tail: Buffer): boolean {

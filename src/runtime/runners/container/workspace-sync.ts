@@ -781,7 +781,7 @@ async function listChangesAgain(
     ],
     {streamStdout: true, timeoutMs: 120_000},
   )
-  const {frames, trailer, spoolFailure} = splitSyncTrailer(child.stdout!, options.maxBytes, state.spoolDir)
+  const {frames, trailer, spoolFailure, overLimit} = splitSyncTrailer(child.stdout!, options.maxBytes, state.spoolDir)
   frames.resume()
   const [listed, result] = await Promise.all([trailer, child])
   // a whole tar from a walk that skipped something (a file it could not read) is not the changes
@@ -789,12 +789,26 @@ async function listChangesAgain(
   listed?.close()
   const failure = spoolFailure()
   if (failure) throw notHeld(state.spoolDir, failure)
+  // the run wrote past limits.disk and ended before a watch saw it: its agent-run's trailer stopped there too
+  const over = overLimit()
+  if (over !== undefined) throw new ChangesOverLimit(over)
   if (result.exitCode === NO_MARK_EXIT)
     throw new GatewayError('E_WORKSPACE', "the run's container left no list of its changes (it did not finish)")
   throw new GatewayError(
     'E_WORKSPACE',
     `could not list the run's changes on the engine (exit ${result.exitCode}): ${String(result.stderr).trim().split('\n').slice(-2).join('; ')}`,
   )
+}
+
+/** A run's changes are more than its limits.disk: it wrote past the limit (E_DISK, as a watch that saw it says). */
+export class ChangesOverLimit extends GatewayError {
+  constructor(readonly bytes: number) {
+    super(
+      'E_DISK',
+      `the run's changes on the engine came to more than its limits.disk (${bytes} bytes when they were cut)`,
+    )
+    this.name = 'ChangesOverLimit'
+  }
 }
 
 /** The exit status of a helper that found no mark of the run in the volume. */

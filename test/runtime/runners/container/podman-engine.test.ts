@@ -236,11 +236,14 @@ describeWithPodman('container runs on rootless Podman (its Docker-compatible soc
     if (gaps.length > 0) expect(check.stderr).toMatch(/engine viassh: cannot apply .*best_effort: true/)
   }, 180_000)
 
-  /** A run writing three files each under the per-file cap (8m), 18 MB together: stopped with E_DISK, nothing of it on the host. */
-  const expectStoppedPastLimit = async (agent: string) => {
+  /**
+   * A run writing three files each under the per-file cap (8m), 18 MB together: stopped with E_DISK,
+   * nothing of it on the host. `ending` runs after the writes (a sleep: the watch sees it first).
+   */
+  const expectStoppedPastLimit = async (agent: string, ending = 'sleep 10') => {
     const reply = await serve!.chat(
       agent,
-      'RUN: for i in 1 2 3; do dd if=/dev/zero of=fill-$i bs=1M count=6 2>/dev/null; done; sleep 10; echo finished',
+      `RUN: for i in 1 2 3; do dd if=/dev/zero of=fill-$i bs=1M count=6 2>/dev/null; done; ${ending}; echo finished`,
     )
     expect(reply.reply, serve!.output().slice(-2000)).toMatch(/workspace is full/)
     expect(reply.reply).not.toContain('finished')
@@ -264,6 +267,8 @@ describeWithPodman('container runs on rootless Podman (its Docker-compatible soc
         (await podmanDocker(['ps', '-aq', '--filter', 'label=meepagateway.run=disk-measure'])).stdout.trim() === '',
       30_000,
     )
+    // one that ends at once, before the watch's next reading: its changes, cut at the limit, say it
+    await expectStoppedPastLimit('farpod', 'true')
     // a run within the limit is not stopped by it
     expect((await serve!.chat('farpod', 'RUN: echo small > small.txt && echo fine')).reply).toContain('fine')
     expect(fs.readFileSync(path.join(workspace('farpod'), 'small.txt'), 'utf8')).toBe('small\n')

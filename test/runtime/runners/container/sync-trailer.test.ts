@@ -14,20 +14,23 @@ import {readTar, writeTar} from '../../../../src/runtime/util/tar.js'
  * stdout ends.
  */
 
-async function split(chunks: Array<string | Buffer>, maxBytes = 1024) {
+async function split(chunks: Array<string | Buffer>, maxBytes = 1024, endAtOnce = false) {
   const stdout = new PassThrough()
-  const {frames, trailer} = splitSyncTrailer(stdout, maxBytes, SPOOL)
+  const {frames, trailer, overLimit, spoolFailure} = splitSyncTrailer(stdout, maxBytes, SPOOL)
   const seen: Buffer[] = []
   frames.on('data', (chunk: Buffer) => seen.push(chunk))
   const ended = new Promise((resolve) => frames.once('end', resolve))
   for (const chunk of chunks) {
     stdout.write(chunk)
-    await new Promise((resolve) => setImmediate(resolve))
+    // at once: the end comes while the spool's writes are still queued
+    if (!endAtOnce) await new Promise((resolve) => setImmediate(resolve))
   }
   stdout.end()
   const taken = await trailer
   await ended
-  return {frames: Buffer.concat(seen).toString(), trailer: taken}
+  // the runner reads spoolFailure a while after: the writes that were on their way have settled
+  if (endAtOnce) await new Promise((resolve) => setTimeout(resolve, 200))
+  return {frames: Buffer.concat(seen).toString(), trailer: taken, overLimit: overLimit(), spoolFailure: spoolFailure()}
 }
 
 const SPOOL = path.join(os.tmpdir(), 'meepa-test-sync-spool')
@@ -37,6 +40,10 @@ const text = (source: ByteSource | undefined) => source?.read(0, source.length).
 const FRAMES = '{"type":"llm_request","id":1}\n{"type":"result","output":{}}\n'
 /** A real tar of one file (header, data, then its two zero blocks), as latin1 text. */
 const TAR = writeTar([{name: 'f', type: '0', mode: 0o644, mtimeMs: 0, data: Buffer.from('TARDATA')}]).toString('latin1')
+/** A tar of one 12 MiB file, as latin1 text: cut anywhere before its end, it is cut short. */
+const BIG_TAR = writeTar([{name: 'big', type: '0', mode: 0o644, mtimeMs: 0, data: Buffer.alloc(12 << 20)}]).toString(
+  'latin1',
+)
 /** A PAX extended header (type x) holding `records`, padded to whole blocks. */
 function pax(records: string): Buffer {
   const block = Buffer.alloc(512)
@@ -75,7 +82,20 @@ describe('a sync engine’s stdout: frames, then the run’s changes', () => {
     const over = await split([FRAMES, trailerOf('a\0', 'x'.repeat(2 * 1024 * 1024) + TAR)], 1024)
     expect(over.trailer).toBeUndefined()
     expect(over.frames).toBe(FRAMES)
-    expect((await split([FRAMES, trailerOf('a\0', TAR.slice(0, 1000))], 4096)).trailer).toBeUndefined()
+    // past the bound it says so (the run wrote past limits.disk: E_DISK); cut short, it does not
+    expect(over.overLimit).toBeGreaterThan(1024 + 1024 * 1024)
+    const cut = await split([FRAMES, trailerOf('a\0', TAR.slice(0, 1000))], 4096)
+    expect(cut.trailer).toBeUndefined()
+    expect(cut.overLimit).toBeUndefined()
+    // cut short past what memory holds, its spool's writes still on their way: listed again, never "not held";
+    // past the bound there too: over the limit, not a host that could not hold it
+    const bigCut = [FRAMES, trailerOf('a\0', BIG_TAR.slice(0, 6 << 20)), BIG_TAR.slice(6 << 20, 8 << 20)]
+    const spooled = await split(bigCut, 64 << 20, true)
+    expect(spooled.trailer).toBeUndefined()
+    expect(spooled.spoolFailure).toBeUndefined()
+    const overSpooled = await split(bigCut, 4 << 20, true)
+    expect(overSpooled.overLimit).toBeGreaterThan(5 << 20)
+    expect(overSpooled.spoolFailure).toBeUndefined()
     expect((await split([FRAMES, trailerOf('a\0', 'NOT A TAR'.padEnd(1536, '.'))], 4096)).trailer).toBeUndefined()
   })
 
