@@ -4,7 +4,7 @@ import {FrameError, LineSplitter, MAX_FRAME_BYTES, parseLlmResponseFrame, type A
 import {MAX_INPUT_BYTES} from './input.js'
 
 /** Longest go line read before the input (workspace-changes.ts): a mode and a run id. */
-const MAX_GO_LINE_BYTES = 256
+const MAX_GO_LINE_BYTES = 320
 
 /**
  * agent-run's stdin: first the input (one JSON value; by hand it may span lines), then, in channel

@@ -21,6 +21,13 @@ import {TAR_END_BLOCKS, tarHeader, tarPadding} from '../util/tar.js'
 export const WORKSPACE_SYNC_ENV = 'MEEPA_WORKSPACE_SYNC'
 /** The sync's own folder in the volume (the start mark), never synced itself. */
 export const SYNC_DIR = '.meepa-sync'
+/**
+ * The file in it with the token of the push that filled the volume, which the host keeps in its
+ * record and sends on the go line: a volume without it is not the one the host knows.
+ */
+export const SYNC_FILL = 'filled'
+/** A fill token: 16 random bytes in hex. */
+export const FILL_TOKEN = /^[0-9a-f]{32}$/
 /** The line that starts the trailer: `SYNC_TRAILER <list bytes>`, the NUL-separated names, the tar. */
 export const SYNC_TRAILER = 'MEEPA-SYNC-TRAILER'
 
@@ -44,13 +51,16 @@ export const LOST_VOLUME_EXIT = 96
 export const LOST_VOLUME_MARK = 'meepa: the workspace volume is not this agent'
 
 /**
- * The volume has no sync folder, which every push that fills a volume makes: the engine lost the
- * one the host filled (a prune, a reset) and made an empty one. Run there, the take-back would
- * remove on the host everything the host knows the volume held.
+ * The volume's sync folder holds no token, or another than the host's last fill made there: the
+ * engine lost the volume the host filled (a prune, a reset) and made an empty one, or another
+ * gateway filled one of the same name. Run there, the take-back would remove on the host
+ * everything the host knows the volume held.
  */
 export class LostVolume extends Error {
   constructor() {
-    super(`${LOST_VOLUME_MARK} (no ${SYNC_DIR} folder: the engine made the volume anew)`)
+    super(
+      `${LOST_VOLUME_MARK} (no ${SYNC_DIR}/${SYNC_FILL} with the token of the last fill by the host: the engine lost or replaced the volume, or a run removed it)`,
+    )
     this.name = 'LostVolume'
   }
 }
@@ -69,8 +79,8 @@ export function syncToken(runId: string): string {
  * volume's clock ticked past the mark is the run's; `clean`: the mark's own tick counts too. Then
  * the run id, and the most the trailer may carry (limits.disk: past it, agent-run stops sending).
  */
-export function syncGoLine(runId: string, pushed: boolean, maxBytes: number): string {
-  return `${pushed ? 'pushed' : 'clean'} ${syncToken(runId)} ${Math.floor(maxBytes)}\n`
+export function syncGoLine(runId: string, pushed: boolean, maxBytes: number, fill: string): string {
+  return `${pushed ? 'pushed' : 'clean'} ${syncToken(runId)} ${Math.floor(maxBytes)} ${fill}\n`
 }
 
 /**
@@ -82,7 +92,7 @@ export function workspaceSyncHere(env: NodeJS.ProcessEnv = process.env): boolean
   return env[WORKSPACE_SYNC_ENV] === '1' && process.ppid === 1
 }
 
-const GO_LINE = /^(pushed|clean) ([A-Za-z0-9_-]{1,200}) (\d{1,16})$/
+const GO_LINE = /^(pushed|clean) ([A-Za-z0-9_-]{1,200}) (\d{1,16}) ([0-9a-f]{32})$/
 
 /** What agent-run keeps of the run's start, in its own memory. */
 export interface RunStart {
@@ -102,16 +112,40 @@ export interface RunStart {
  * No command of the agent runs yet. Without it (or another kind there) the volume is not the one
  * the host filled; an agent that removed it only costs its next message a whole copy.
  */
-function cleanSyncFolder(workspace: string): string {
+function cleanSyncFolder(workspace: string, fill: string): string {
   const dir = path.join(workspace, SYNC_DIR)
-  if (!fs.lstatSync(dir, {throwIfNoEntry: false})?.isDirectory()) throw new LostVolume()
+  if (!fs.lstatSync(dir, {throwIfNoEntry: false})?.isDirectory() || fillIn(dir) !== fill) throw new LostVolume()
   for (const entry of fs.readdirSync(dir)) {
+    if (entry === SYNC_FILL) continue
     const file = path.join(dir, entry)
     // the mark and tick made anew (a hard link at their name would be written through): unlinked
     if ((entry === 'mark' || entry === 'tick') && fs.lstatSync(file).isFile()) fs.unlinkSync(file)
     else fs.rmSync(file, {force: true, recursive: true})
   }
   return dir
+}
+
+/** The fill token in the sync folder: read from a regular file only (never through a link, never a FIFO's wait). */
+function fillIn(dir: string): string | undefined {
+  let fd: number
+  try {
+    fd = fs.openSync(
+      path.join(dir, SYNC_FILL),
+      fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW | fs.constants.O_NONBLOCK,
+    )
+  } catch {
+    return undefined
+  }
+  try {
+    if (!fs.fstatSync(fd).isFile()) return undefined
+    const bytes = Buffer.alloc(64)
+    return bytes
+      .subarray(0, fs.readSync(fd, bytes, 0, bytes.length, 0))
+      .toString('latin1')
+      .trim()
+  } finally {
+    fs.closeSync(fd)
+  }
 }
 
 /** Writes a small file of its own: a new one, or the one it made itself before (the tick). */
@@ -209,10 +243,10 @@ function inodes(workspace: string): Map<string, bigint> {
 export function markRunStart(workspace: string, goLine: string): RunStart {
   const go = GO_LINE.exec(goLine.trim())
   if (!go) throw new GatewayError('E_INPUT', 'the workspace sync go line is malformed')
-  const [, mode, token, limit] = go
+  const [, mode, token, limit, fill] = go
   const maxBytes = Number(limit)
   try {
-    const dir = cleanSyncFolder(workspace)
+    const dir = cleanSyncFolder(workspace, fill!)
     const mark = path.join(dir, 'mark')
     writeNew(mark, `${token}\n`)
     const marked = mtimeOf(mark)
@@ -409,7 +443,9 @@ export async function warmWorkspaceSync(tmp = os.tmpdir()): Promise<void> {
     fs.mkdirSync(path.dirname(file))
     fs.writeFileSync(file, 'before')
     fs.mkdirSync(path.join(scratch, SYNC_DIR))
-    const start = markRunStart(scratch, syncGoLine('warm', false, 1 << 20))
+    const fill = '0'.repeat(32)
+    fs.writeFileSync(path.join(scratch, SYNC_DIR, SYNC_FILL), `${fill}\n`)
+    const start = markRunStart(scratch, syncGoLine('warm', false, 1 << 20, fill))
     await new Promise((resolve) => setImmediate(resolve)) // the start's listing of names
     fs.writeFileSync(file, 'after')
     await sendWorkspaceChanges(scratch, start, new Writable({write: (_chunk, _encoding, done) => done()}))

@@ -41,11 +41,15 @@ const JOURNAL_FROM_BYTES = 256 * 1024 ** 2
 const SETUP_TIMEOUT_MS = 120_000
 const DISKS = '/disks'
 
-/** The engine lost the agent's volume (its loop device is gone, or backs another file): attach it again. */
+/**
+ * The engine lost the agent's volume (its loop device is gone, or backs another file; a plain
+ * volume without the fill's token): attach or fill it again. Its code says the run's container
+ * could not start on it (should it happen twice), never that the workspace is full.
+ */
 export class EngineVolumeLost extends GatewayError {
   constructor(engine: string | undefined, why: string) {
     super(
-      'E_DISK',
+      'E_DOCKER',
       `the workspace volume${engine ? ` on engine ${engine}` : ''} is not this agent's filesystem any more (${why})`,
     )
     this.name = 'EngineVolumeLost'

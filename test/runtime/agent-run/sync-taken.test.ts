@@ -12,6 +12,7 @@ import {
   LOST_VOLUME_EXIT,
   LostVolume,
   SYNC_DIR,
+  SYNC_FILL,
   SYNC_TAKEN,
   SYNC_TAKEN_WAIT_MS,
   syncGoLine,
@@ -26,6 +27,7 @@ import type {AgentRunOutput} from '../../../src/runtime/shapes/agent-run-contrac
  * one place it kills and sends a trailer, as under a container's --init), with the runner's own
  * channel and trailer reader on the other end.
  */
+const FILL = 'b'.repeat(32)
 const asRoot =
   process.getuid?.() === 0 && spawnSync('unshare', ['--pid', '--fork', 'true'], {stdio: 'ignore'}).status === 0
 
@@ -86,13 +88,14 @@ describe.skipIf(!asRoot)('agent-run on a sync engine ends when the runner has ta
     const said = {stderr: ''}
     if (process.env.DEBUG_SYNC) started.stderr!.pipe(process.stderr)
     started.stderr!.on('data', (chunk: Buffer) => (said.stderr += chunk.toString()))
-    started.stdin!.write(syncGoLine(runId, false, 64 << 20))
+    started.stdin!.write(syncGoLine(runId, false, 64 << 20, FILL))
     return {started, exited, said, input}
   }
 
   /** One run up to its whole trailer. */
   const runToTrailer = async () => {
     fs.mkdirSync(path.join(home.workspace('synced'), SYNC_DIR), {recursive: true})
+    fs.writeFileSync(path.join(home.workspace('synced'), SYNC_DIR, SYNC_FILL), `${FILL}\n`)
     const {started, exited, said, input} = startRun('synced')
     const split = splitSyncTrailer(started.stdout!, 64 << 20, path.join(os.tmpdir(), 'meepa-test-sync-spool'))
     const answered = new Promise<AgentRunOutput>((resolve) => {

@@ -11,6 +11,7 @@ import {
   sendWorkspaceChanges,
   syncGoLine,
   SYNC_DIR,
+  SYNC_FILL,
   SYNC_TRAILER,
   warmWorkspaceSync,
 } from '../../../src/runtime/agent-run/workspace-changes.js'
@@ -27,6 +28,14 @@ const LIMIT = 128 * 1024 * 1024
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
 
 /** The start as agent-run takes it: marked, then the names of the moment, after this turn of the event loop. */
+/** The fill token of these tests' volumes (the push's, in a real one). */
+const FILL = 'a'.repeat(32)
+/** The sync's folder with a fill's token, as the push that filled the volume leaves it. */
+function filled(workspace: string, fill = FILL): void {
+  fs.mkdirSync(path.join(workspace, SYNC_DIR), {recursive: true})
+  fs.writeFileSync(path.join(workspace, SYNC_DIR, SYNC_FILL), `${fill}\n`)
+}
+
 async function startRun(workspace: string, goLine: string): Promise<RunStart> {
   const start = markRunStart(workspace, goLine)
   await new Promise((resolve) => setImmediate(resolve))
@@ -72,7 +81,7 @@ for (const coarse of [false, true])
         execaSync('mount', ['-o', 'loop', image, workspace])
       }
       // as the push that filled the volume left it
-      fs.mkdirSync(path.join(workspace, SYNC_DIR))
+      filled(workspace)
     })
     afterAll(() => {
       if (coarse) execaSync('umount', [workspace], {reject: false})
@@ -82,7 +91,7 @@ for (const coarse of [false, true])
     it('sends what the run wrote after its go line, not what the volume held before; every name is listed', async () => {
       fs.writeFileSync(path.join(workspace, 'before.txt'), 'old')
       await sleep(tick)
-      const since = await startRun(workspace, syncGoLine('run_first', false, LIMIT))
+      const since = await startRun(workspace, syncGoLine('run_first', false, LIMIT, FILL))
       fs.mkdirSync(path.join(workspace, 'new', 'deeper'), {recursive: true})
       fs.writeFileSync(path.join(workspace, 'new', 'deeper', 'after.txt'), 'new')
       const {names, entries, files} = await changesOf(workspace, since)
@@ -103,21 +112,39 @@ for (const coarse of [false, true])
       expect(names.some((name) => name.includes(SYNC_DIR))).toBe(false)
     })
 
-    it('refuses a volume without its folder as lost (an engine made it anew), making nothing there', async () => {
+    it('refuses a volume without the fill’s token as lost (an engine made it anew, another filled it), making nothing there', async () => {
       const fresh = fs.mkdtempSync(path.join(root, 'fresh-'))
-      expect(() => markRunStart(fresh, syncGoLine('run_fresh', true, LIMIT))).toThrow(new LostVolume().message)
+      expect(() => markRunStart(fresh, syncGoLine('run_fresh', true, LIMIT, FILL))).toThrow(new LostVolume().message)
       expect(fs.readdirSync(fresh)).toEqual([])
+      // another fill's token, a link to the right one, a FIFO (never waited on): each refused, the folder left as it was
+      filled(fresh, 'f'.repeat(32))
+      const token = path.join(fresh, SYNC_DIR, SYNC_FILL)
+      fs.writeFileSync(path.join(root, 'right-token'), FILL)
+      for (const plant of [
+        () => undefined,
+        () => (fs.rmSync(token), fs.symlinkSync(path.join(root, 'right-token'), token)),
+        () => (fs.rmSync(token), execaSync('mkfifo', [token])),
+      ]) {
+        plant()
+        expect(() => markRunStart(fresh, syncGoLine('run_other', true, LIMIT, FILL))).toThrow(LostVolume)
+        expect(fs.readdirSync(path.join(fresh, SYNC_DIR))).toEqual([SYNC_FILL])
+      }
+      // the token kept through a run: the next one finds it
+      filled(workspace)
+      await startRun(workspace, syncGoLine('run_kept', false, LIMIT, FILL))
+      expect(fs.readFileSync(path.join(workspace, SYNC_DIR, SYNC_FILL), 'utf8')).toBe(`${FILL}\n`)
+      await startRun(workspace, syncGoLine('run_kept_again', false, LIMIT, FILL))
     })
 
     it('after a push, what the push wrote just before the go line is not the run’s', async () => {
       fs.writeFileSync(path.join(workspace, 'pushed.txt'), 'pushed')
-      const since = await startRun(workspace, syncGoLine('run_pushed', true, LIMIT))
+      const since = await startRun(workspace, syncGoLine('run_pushed', true, LIMIT, FILL))
       fs.writeFileSync(path.join(workspace, 'mine.txt'), 'mine')
       expect((await changesOf(workspace, since)).files).toEqual(['mine.txt'])
     })
 
     it('a file whose time the run set back is still the run’s (ctime), and a rewritten one comes whole', async () => {
-      const since = await startRun(workspace, syncGoLine('run_backdated', true, LIMIT))
+      const since = await startRun(workspace, syncGoLine('run_backdated', true, LIMIT, FILL))
       const file = path.join(workspace, 'backdated.txt')
       fs.writeFileSync(file, 'x'.repeat(3 * 1024 * 1024 + 7))
       fs.utimesSync(file, new Date(2000, 0, 1), new Date(2000, 0, 1))
@@ -131,16 +158,16 @@ for (const coarse of [false, true])
       // a link for the folder: the volume is not the one the host filled, and it is never followed
       fs.rmSync(path.join(workspace, SYNC_DIR), {recursive: true, force: true})
       fs.symlinkSync(outside, path.join(workspace, SYNC_DIR))
-      expect(() => markRunStart(workspace, syncGoLine('run_link', false, LIMIT))).toThrow(LostVolume)
+      expect(() => markRunStart(workspace, syncGoLine('run_link', false, LIMIT, FILL))).toThrow(LostVolume)
       expect(fs.readdirSync(outside)).toEqual([])
       fs.rmSync(path.join(workspace, SYNC_DIR))
-      fs.mkdirSync(path.join(workspace, SYNC_DIR))
-      await startRun(workspace, syncGoLine('run_link', false, LIMIT))
+      filled(workspace)
+      await startRun(workspace, syncGoLine('run_link', false, LIMIT, FILL))
       // a FIFO where the mark goes would block a writer that opened it; a stash beside it stays hidden
       fs.rmSync(path.join(workspace, SYNC_DIR, 'mark'))
       execaSync('mkfifo', [path.join(workspace, SYNC_DIR, 'mark')])
       fs.writeFileSync(path.join(workspace, SYNC_DIR, 'stash'), 'never listed')
-      const since = await startRun(workspace, syncGoLine('run_fifo', false, LIMIT))
+      const since = await startRun(workspace, syncGoLine('run_fifo', false, LIMIT, FILL))
       expect(fs.readFileSync(path.join(workspace, SYNC_DIR, 'mark'), 'utf8')).toBe('run_fifo\n')
       expect(fs.readdirSync(path.join(workspace, SYNC_DIR))).not.toContain('stash')
       execaSync('mkfifo', [path.join(workspace, 'fifo')])
@@ -174,13 +201,14 @@ for (const coarse of [false, true])
       expect(() => markRunStart(workspace, 'pushed ../../etc 1')).toThrow(/go line is malformed/)
       expect(() => markRunStart(workspace, 'later run_x 1')).toThrow(/go line is malformed/)
       expect(() => markRunStart(workspace, 'clean run_x')).toThrow(/go line is malformed/)
+      expect(() => markRunStart(workspace, 'clean run_x 1')).toThrow(/go line is malformed/)
     })
 
     it('a folder the run moved brings its files, whose own times a rename leaves alone', async () => {
       fs.mkdirSync(path.join(workspace, 'reports', 'q'), {recursive: true})
       fs.writeFileSync(path.join(workspace, 'reports', 'q', 'q1.txt'), 'q1')
       await sleep(tick)
-      const start = await startRun(workspace, syncGoLine('run_moved', false, LIMIT))
+      const start = await startRun(workspace, syncGoLine('run_moved', false, LIMIT, FILL))
       fs.renameSync(path.join(workspace, 'reports'), path.join(workspace, 'archive'))
       const {names, files} = await changesOf(workspace, start)
       expect(files).toContain('archive/q/q1.txt')
@@ -189,12 +217,12 @@ for (const coarse of [false, true])
 
     it('never writes through a mark hard-linked to a workspace file; a run that ends at once sends by ctime alone', async () => {
       fs.writeFileSync(path.join(workspace, 'victim.txt'), 'mine')
-      await startRun(workspace, syncGoLine('run_before_link', false, LIMIT))
+      await startRun(workspace, syncGoLine('run_before_link', false, LIMIT, FILL))
       fs.rmSync(path.join(workspace, SYNC_DIR, 'mark'))
       fs.linkSync(path.join(workspace, 'victim.txt'), path.join(workspace, SYNC_DIR, 'mark'))
       await sleep(tick)
       // before the names of the start are taken (a run that failed at once): nothing counts as new
-      const start = markRunStart(workspace, syncGoLine('run_linked_mark', false, LIMIT))
+      const start = markRunStart(workspace, syncGoLine('run_linked_mark', false, LIMIT, FILL))
       expect(fs.readFileSync(path.join(workspace, 'victim.txt'), 'utf8')).toBe('mine')
       // (the unlink of the link stamps victim.txt in the mark's own tick: it may come once more, unchanged)
       const {files} = await changesOf(workspace, start)
@@ -209,7 +237,7 @@ for (const coarse of [false, true])
           done()
         },
       })
-      const start = await startRun(workspace, syncGoLine('run_one_write', false, LIMIT))
+      const start = await startRun(workspace, syncGoLine('run_one_write', false, LIMIT, FILL))
       fs.writeFileSync(path.join(workspace, 'small-change.txt'), 'x'.repeat(40_000))
       await sendWorkspaceChanges(workspace, start, out)
       fs.rmSync(path.join(workspace, 'small-change.txt'))
@@ -219,7 +247,7 @@ for (const coarse of [false, true])
     })
 
     it('stops sending at limits.disk however often a file is linked, and never sends a name that is not UTF-8', async () => {
-      const start = await startRun(workspace, syncGoLine('run_links', false, 4 * 1024 * 1024))
+      const start = await startRun(workspace, syncGoLine('run_links', false, 4 * 1024 * 1024, FILL))
       fs.writeFileSync(path.join(workspace, 'one-mb'), Buffer.alloc(1024 * 1024, 1))
       for (let i = 0; i < 10; i++) fs.linkSync(path.join(workspace, 'one-mb'), path.join(workspace, `link-${i}`))
       const out = new PassThrough()
@@ -231,14 +259,14 @@ for (const coarse of [false, true])
         if (/^(one-mb|link-)/.test(name)) fs.rmSync(path.join(workspace, name))
       // a name of bytes that are not UTF-8 reads as U+FFFD, as a real one would: refused, never guessed
       fs.mkdirSync(Buffer.from([...Buffer.from(workspace + '/d'), 0xff]))
-      const bytesStart = await startRun(workspace, syncGoLine('run_bytes', false, LIMIT))
+      const bytesStart = await startRun(workspace, syncGoLine('run_bytes', false, LIMIT, FILL))
       await expect(sendWorkspaceChanges(workspace, bytesStart, new PassThrough())).rejects.toThrow(/not UTF-8/)
       fs.rmSync(Buffer.from([...Buffer.from(workspace + '/d'), 0xff]), {recursive: true})
     })
 
     if (coarse)
       it('sends a run’s changes when the run filled its volume (nothing of the trailer is written there)', async () => {
-        const since = await startRun(workspace, syncGoLine('run_full', false, LIMIT))
+        const since = await startRun(workspace, syncGoLine('run_full', false, LIMIT, FILL))
         fs.writeFileSync(path.join(workspace, 'small.txt'), 'small')
         const fill = execaSync('dd', ['if=/dev/zero', `of=${path.join(workspace, 'fill')}`, 'bs=1M', 'count=100'], {
           reject: false,
@@ -259,14 +287,14 @@ describe('the warm-up a waiting standby runs on its own scratch', () => {
     const tmp = path.join(root, 'tmp')
     const workspace = path.join(root, 'workspace')
     fs.mkdirSync(tmp)
-    fs.mkdirSync(path.join(workspace, SYNC_DIR), {recursive: true})
+    filled(workspace)
     fs.writeFileSync(path.join(tmp, 'theirs'), 'x')
     fs.writeFileSync(path.join(workspace, 'old.txt'), 'old')
     await sleep(30)
     await warmWorkspaceSync(tmp)
     expect(fs.readdirSync(tmp)).toEqual(['theirs'])
     expect(fs.readdirSync(workspace).sort()).toEqual([SYNC_DIR, 'old.txt'])
-    const start = await startRun(workspace, syncGoLine('run_after_warm_up', false, LIMIT))
+    const start = await startRun(workspace, syncGoLine('run_after_warm_up', false, LIMIT, FILL))
     fs.writeFileSync(path.join(workspace, 'new.txt'), 'new')
     const {names, files} = await changesOf(workspace, start)
     expect(files).toEqual(['new.txt'])
@@ -299,6 +327,6 @@ describe('agent-run’s stdin with a go line before the input', () => {
 
   it('refuses stdin that ends before the go line, or runs on without one', async () => {
     await expect((await feed(['clean'])).goLine).rejects.toThrow(/ended before the go line/)
-    await expect((await feed(['x'.repeat(300)])).goLine).rejects.toThrow(/go line before the input is too long/)
+    await expect((await feed(['x'.repeat(400)])).goLine).rejects.toThrow(/go line before the input is too long/)
   })
 })

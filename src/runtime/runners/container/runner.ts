@@ -448,7 +448,7 @@ async function runOnVolume(
       takeBack,
       split ? split.frames : child.stdout!,
       // in the input's own write: the run waits for both, and each write wakes the docker client
-      sync ? syncGoLine(runId, pushed, diskLimit) : '',
+      sync ? syncGoLine(runId, pushed, diskLimit, sync.fill!) : '',
     )
     await takenBack
     // what a run that did not finish did to the volume is unknown: the next run there starts from the host's copy

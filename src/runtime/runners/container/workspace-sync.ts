@@ -1,3 +1,4 @@
+import crypto from 'node:crypto'
 import fs from 'node:fs'
 import path from 'node:path'
 import type {DockerCli} from '../../../sandbox/docker/cli.js'
@@ -25,9 +26,11 @@ import {GATEWAY_ENTRIES} from '../../workspace/workspace.js'
 import {volumeCheck} from '../../container/engine-disk.js'
 import {ownContainerArgs} from '../../container/own-container.js'
 import {
+  FILL_TOKEN,
   LOST_VOLUME_EXIT,
   LostVolume,
   SYNC_DIR,
+  SYNC_FILL,
   SYNC_TRAILER,
   syncToken,
   WORKSPACE_SYNC_ENV,
@@ -79,6 +82,8 @@ export interface SyncedVolume {
   volume: string
   /** The volume's content as last synced (the host's snapshot then); undefined: unknown, copy it whole. */
   synced: Snapshot | undefined
+  /** The token the push that filled the volume left in it (SYNC_FILL): without it the volume is unknown. */
+  fill?: string
   file: string
   /** Where a run's changes wait past what memory holds while they are taken back (sync-trailer.ts). */
   spoolDir: string
@@ -88,13 +93,21 @@ export interface SyncedVolume {
 export function syncedVolume(home: string, engine: string, homeLabel: string, agentId: string): SyncedVolume {
   const volume = `${syncVolumePrefix(homeLabel)}${agentId}`
   const file = syncStateFile(home, engine, agentId)
-  let synced: Snapshot | undefined
+  let record: {fill?: unknown; files?: unknown} | undefined
   try {
-    synced = JSON.parse(fs.readFileSync(file, 'utf8')) as Snapshot
+    record = JSON.parse(fs.readFileSync(file, 'utf8')) as typeof record
   } catch {
-    synced = undefined
+    record = undefined
   }
-  return {volume, synced, file, spoolDir: syncSpoolDir(home)}
+  // a record without a fill token (an older gateway's) is of an unknown volume: filled whole once
+  const known = typeof record?.fill === 'string' && FILL_TOKEN.test(record.fill) && typeof record.files === 'object'
+  return {
+    volume,
+    synced: known ? (record!.files as Snapshot) : undefined,
+    fill: known ? (record!.fill as string) : undefined,
+    file,
+    spoolDir: syncSpoolDir(home),
+  }
 }
 
 /**
@@ -105,11 +118,12 @@ export function syncedVolume(home: string, engine: string, homeLabel: string, ag
 function remember(state: SyncedVolume, snapshot: Snapshot | undefined): void {
   state.synced = snapshot
   if (!snapshot) {
+    state.fill = undefined
     removeWholeFile(state.file)
     return
   }
   fs.mkdirSync(path.dirname(state.file), {recursive: true, mode: 0o700})
-  writeWholeFile(state.file, JSON.stringify(snapshot))
+  writeWholeFile(state.file, JSON.stringify({fill: state.fill, files: snapshot}))
 }
 
 /** Forgets what the volume holds: the next run copies the host's workspace whole. */
@@ -121,11 +135,13 @@ export function forgetVolume(state: SyncedVolume): void {
 const EMPTY_VOLUME = '{ chmod -R u+rwx . 2>/dev/null; find . -mindepth 1 -delete; } && '
 
 /**
- * A volume the host filled holds the sync's folder, made once the fill is whole (FILLED); one
- * without it was lost and made anew on the engine, and ends the push as lost (LostVolume).
+ * A volume the host filled holds the sync's folder with the fill's token, written once the fill
+ * is whole (filledWith); one without that token was lost and made anew on the engine, or filled by
+ * another gateway, and ends the push as lost (LostVolume) before anything is written.
  */
-const FILLED = `mkdir -m 700 ${SYNC_DIR}`
-const STILL_FILLED = `{ [ -d ${SYNC_DIR} ] && [ ! -L ${SYNC_DIR} ]; } || { echo '${new LostVolume().message}' >&2; exit ${LOST_VOLUME_EXIT}; }`
+const filledWith = (fill: string) => `mkdir -m 700 ${SYNC_DIR} && echo ${fill} > ${SYNC_DIR}/${SYNC_FILL}`
+const stillFilledWith = (fill: string) =>
+  `{ [ -d ${SYNC_DIR} ] && [ ! -L ${SYNC_DIR} ] && [ -f ${SYNC_DIR}/${SYNC_FILL} ] && [ ! -L ${SYNC_DIR}/${SYNC_FILL} ] && read -r fill < ${SYNC_DIR}/${SYNC_FILL} && [ "$fill" = ${fill} ]; } || { echo '${new LostVolume().message.replace(/'/g, "'\\''")}' >&2; exit ${LOST_VOLUME_EXIT}; }`
 
 /**
  * Clears names in the volume before a push's tar is extracted, given NUL-separated on stdin (never
@@ -178,6 +194,8 @@ export async function pushWorkspace(
   options: PushOptions,
 ): Promise<{sent: number; wrote: boolean}> {
   const host = snapshotWorkspace(options.workspace)
+  // a volume is known by what it holds and the token of the fill that made it
+  if (!state.fill) state.synced = undefined
   const synced = state.synced
   const changed = Object.keys(host).filter((name) => {
     const before = synced?.[name]
@@ -219,6 +237,7 @@ async function sendChanges(
 ): Promise<{sent: number; wrote: boolean}> {
   const {host, changed, clear} = push
   const synced = state.synced
+  const fill = synced ? state.fill! : crypto.randomBytes(16).toString('hex')
   const labels = {...options.labels, [LABEL.run]: 'workspace-sync'}
   const checked = options.fsid ? `${volumeCheck(options.fsid)}\n` : ''
   if (!synced) {
@@ -256,7 +275,7 @@ async function sendChanges(
     [
       ...helperArgs(state.volume, options.image, `${options.uid}:${options.gid}`, labels),
       '-c',
-      `${checked}cd ${CONTAINER_WORKSPACE} && ${synced ? `${STILL_FILLED} && ` : EMPTY_VOLUME}${clearing}tar -x --no-same-owner -f -${synced ? '' : ` && ${FILLED}`}`,
+      `${checked}cd ${CONTAINER_WORKSPACE} && ${synced ? `${stillFilledWith(fill)} && ` : EMPTY_VOLUME}${clearing}tar -x --no-same-owner -f -${synced ? '' : ` && ${filledWith(fill)}`}`,
     ],
     {
       input: clearing ? Buffer.concat([Buffer.from(`${list.length}\n`), list, tar]) : tar,
@@ -264,6 +283,7 @@ async function sendChanges(
       signal: options.signal,
     },
   )
+  state.fill = fill
   remember(state, host)
   return {sent: entries.length, wrote: true}
 }

@@ -73,7 +73,7 @@ describeWithDocker('pushing the host’s workspace to an agent’s volume on a s
     fs.writeFileSync(path.join(workspace, '-leading-dash'), 'x')
     fs.writeFileSync(path.join(workspace, 'stays.txt'), 'stays')
     await push()
-    expect(Number(await inVolume('find . -type f | wc -l'))).toBe(1202)
+    expect(Number(await inVolume('find . -path ./.meepa-sync -prune -o -type f -print | wc -l'))).toBe(1202)
     // the host removes them all: more than 2 MB of names
     expect(names.reduce((sum, name) => sum + Buffer.byteLength(name) + 1, 0)).toBeGreaterThan(2 * 1024 * 1024)
     fs.rmSync(path.join(workspace, deep.split('/')[0]!), {recursive: true})
@@ -107,8 +107,10 @@ describeWithDocker('pushing the host’s workspace to an agent’s volume on a s
     expect((await inVolume('ls -A kept')).split('\n')).toEqual(['from-the-run', 'h'])
   }, 60_000)
 
-  it('ends as lost on a volume the host knows that lacks the sync folder (the engine made it anew), writing nothing', async () => {
-    await inVolume('rmdir .meepa-sync')
+  it('ends as lost on a volume the host knows without its fill’s token (made anew, filled by another), writing nothing', async () => {
+    expect(await inVolume('cat .meepa-sync/filled')).toBe(state.fill)
+    // another gateway's fill of a volume of that name
+    await inVolume('echo 0123456789abcdef0123456789abcdef > .meepa-sync/filled')
     fs.writeFileSync(path.join(workspace, 'stays.txt'), 'changed on the host')
     const failed = await push().then(
       () => undefined,
@@ -121,6 +123,7 @@ describeWithDocker('pushing the host’s workspace to an agent’s volume on a s
     // the runner forgets the record (EngineVolumeLost): the next push fills it whole, its folder with it
     forgetVolume(state)
     await push()
+    expect(await inVolume('cat .meepa-sync/filled')).toBe(state.fill)
     expect(await inVolume('cat stays.txt && ls -A')).toBe(
       'changed on the host.meepa-sync\nclash\nkept\nlinked\nstays.txt',
     )
@@ -136,8 +139,9 @@ describe('a push that fails', () => {
       fs.writeFileSync(path.join(workspace, 'old.txt'), 'old')
       const file = path.join(root, 'record.json')
       const synced = snapshotWorkspace(workspace)
-      fs.writeFileSync(file, JSON.stringify(synced))
-      const state: SyncedVolume = {volume: 'unused', synced, file, spoolDir: path.dirname(file)}
+      const fill = 'c'.repeat(32)
+      fs.writeFileSync(file, JSON.stringify({fill, files: synced}))
+      const state: SyncedVolume = {volume: 'unused', synced, fill, file, spoolDir: path.dirname(file)}
       fs.writeFileSync(path.join(workspace, 'new.txt'), 'new')
       const calls: string[][] = []
       let failure: Error = dockerHung('docker run', 120_000)

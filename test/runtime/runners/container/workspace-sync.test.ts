@@ -8,6 +8,7 @@ import {
   forgetVolume,
   pullWorkspace,
   snapshotWorkspace,
+  syncedVolume,
   syncFoldersAside,
   type Snapshot,
   type SyncedVolume,
@@ -16,6 +17,7 @@ import {bufferSource} from '../../../../src/runtime/util/spooled-bytes.js'
 import {readTar, writeTar, type TarInput} from '../../../../src/runtime/util/tar.js'
 import type {GatewayError} from '../../../../src/runtime/util/errors.js'
 import {watchLoopGaps} from '../../../helpers/loop-gaps.js'
+import {syncStateFile} from '../../../../src/runtime/container/engine-state.js'
 
 /*
  * The host side of the remote-engine workspace sync, fed hostile archives as an agent on the
@@ -343,13 +345,26 @@ describe('taking a run’s changes back from a remote engine', () => {
     expect(fs.existsSync(path.join(workspace, 'old'))).toBe(false)
     // each file was fsynced before its rename, the record's too
     expect([...fsynced].filter((name) => name.endsWith('.tmp'))).toHaveLength(4)
-    expect(Object.keys(JSON.parse(fs.readFileSync(state.file, 'utf8')) as Snapshot).sort()).toEqual([
+    const written = JSON.parse(fs.readFileSync(state.file, 'utf8')) as {files: Snapshot}
+    expect(Object.keys(written.files).sort()).toEqual([
       'd',
       'd/new.txt',
       'e/f/unlisted-folders.txt',
       'top.txt',
       'untouched',
     ])
+  })
+
+  it('knows a volume only with its fill’s token: a record without one (an older gateway’s) is of an unknown volume', () => {
+    const file = syncStateFile(root, 'far', 'a1')
+    fs.mkdirSync(path.dirname(file), {recursive: true})
+    const files: Snapshot = {'a.txt': [1, 2, 'f']}
+    fs.writeFileSync(file, JSON.stringify({fill: 'd'.repeat(32), files}))
+    expect(syncedVolume(root, 'far', 'label', 'a1')).toMatchObject({synced: files, fill: 'd'.repeat(32)})
+    for (const record of [files, {fill: 'not hex', files}, {fill: 'd'.repeat(32)}]) {
+      fs.writeFileSync(file, JSON.stringify(record))
+      expect(syncedVolume(root, 'far', 'label', 'a1')).toMatchObject({synced: undefined, fill: undefined})
+    }
   })
 
   it('forgets what the volume holds for good: a crash cannot bring back a record the next push would trust', () => {
