@@ -151,6 +151,15 @@ const stillFilledWith = (fill: string) =>
  */
 const CLEAR_NAMES = `xargs -0r sh -c 'for entry; do name="./\${entry#?}"; case $entry in d*) [ -d "$name" ] && [ ! -L "$name" ] && continue;; esac; rm -rf -- "$name" || exit 1; done' sh`
 
+/**
+ * The clear list's `$size` bytes from stdin, never one more (the tar follows): GNU dd in 64 KiB
+ * blocks, which reads only what is left for the last; one byte a read where dd lacks count_bytes
+ * (busybox's, whose `head -c` reads past its count too). The push test that clears 2.4 MB of
+ * names took 16.9 s with one byte a read, 5.9 s in blocks.
+ */
+const READ_CLEAR_LIST =
+  '{ if dd if=/dev/null of=/dev/null iflag=count_bytes,fullblock 2>/dev/null; then dd bs=65536 iflag=count_bytes,fullblock count="$size"; else dd bs=1 count="$size"; fi; } 2>/dev/null'
+
 /** A short container of the gateway's own on the agent's volume (own-container.ts). */
 function helperArgs(
   volume: string,
@@ -268,8 +277,7 @@ async function sendChanges(
   })
   // the names to clear come first on stdin (their size on a line of its own, read exactly), then the tar
   const list = Buffer.from(clear.map((entry) => `${entry}\0`).join(''))
-  // dd one byte at a time: busybox's `head -c` reads past its count and would swallow the tar's start
-  const clearing = clear.length > 0 ? `read -r size && dd bs=1 count="$size" 2>/dev/null | ${CLEAR_NAMES} && ` : ''
+  const clearing = clear.length > 0 ? `read -r size && ${READ_CLEAR_LIST} | ${CLEAR_NAMES} && ` : ''
   const tar = writeTar(entries)
   await cli.check(
     [
