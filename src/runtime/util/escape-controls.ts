@@ -3,13 +3,14 @@
  * errors, build output) made safe to print on a terminal or in a log line: every C0 and C1
  * control character, DEL, the Unicode line and paragraph separators and direction marks are shown
  * as escapes (`\n`, `\r`, `\t`, `\x1b`, `\u2028`, `\u202e`) instead of moving the cursor,
- * clearing the screen, setting the window title, linking, or starting a line of their own.
- * Everything else is left as it is.
+ * clearing the screen, setting the window title, linking, or starting a line of their own. A
+ * backslash is shown doubled, so text that spells an escape (`\n` typed out) never passes for
+ * one. Everything else is left as it is.
  */
 // eslint-disable-next-line no-control-regex -- control characters are exactly what is matched
-const CONTROL = /[\u0000-\u001f\u007f-\u009f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]/g
+const CONTROL = /[\\\u0000-\u001f\u007f-\u009f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]/g
 
-const SHORT: Record<string, string> = {'\n': '\\n', '\r': '\\r', '\t': '\\t'}
+const SHORT: Record<string, string> = {'\n': '\\n', '\r': '\\r', '\t': '\\t', '\\': '\\\\'}
 
 /** `text` with its control characters shown as escapes, for a terminal or a log line. */
 export function escapeControls(text: string): string {

@@ -12,8 +12,15 @@ describe('escapeControls', () => {
     expect(escapeControls('a\u2028b\u2029c\u061cd')).toBe('a\\u2028b\\u2029c\\u061cd')
   })
 
+  it('doubles a backslash: an escape typed out never passes for one', () => {
+    expect(escapeControls('forged\\n2026-12-06T00:00:00Z gateway: ok')).toBe(
+      'forged\\\\n2026-12-06T00:00:00Z gateway: ok',
+    )
+    expect(escapeControls('C:\\path\nnext')).toBe('C:\\\\path\\nnext')
+  })
+
   it('leaves everything else as it is', () => {
-    const text = 'Docker 24.0.0 (API 1.41) – café ✓ C:\\path "quoted" 日本'
+    const text = 'Docker 24.0.0 (API 1.41) – café ✓ "quoted" 日本'
     expect(escapeControls(text)).toBe(text)
   })
 })
