@@ -137,11 +137,13 @@ const EMPTY_VOLUME = '{ chmod -R u+rwx . 2>/dev/null; find . -mindepth 1 -delete
 /**
  * A volume the host filled holds the sync's folder with the fill's token, written once the fill
  * is whole (filledWith); one without that token was lost and made anew on the engine, or filled by
- * another gateway, and ends the push as lost (LostVolume) before anything is written.
+ * another gateway, and ends the push as lost (LostVolume) before anything is written. The agent
+ * owns the file: only its first 64 bytes are read (a sparse file of 200 GB would hold a `read` for
+ * the push's whole timeout, and the engine would be marked down).
  */
 const filledWith = (fill: string) => `mkdir -m 700 ${SYNC_DIR} && echo ${fill} > ${SYNC_DIR}/${SYNC_FILL}`
 const stillFilledWith = (fill: string) =>
-  `{ [ -d ${SYNC_DIR} ] && [ ! -L ${SYNC_DIR} ] && [ -f ${SYNC_DIR}/${SYNC_FILL} ] && [ ! -L ${SYNC_DIR}/${SYNC_FILL} ] && read -r fill < ${SYNC_DIR}/${SYNC_FILL} && [ "$fill" = ${fill} ]; } || { echo '${new LostVolume().message.replace(/'/g, "'\\''")}' >&2; exit ${LOST_VOLUME_EXIT}; }`
+  `{ { [ -d ${SYNC_DIR} ] && [ ! -L ${SYNC_DIR} ] && [ -f ${SYNC_DIR}/${SYNC_FILL} ] && [ ! -L ${SYNC_DIR}/${SYNC_FILL} ] && [ "$(head -c 64 ${SYNC_DIR}/${SYNC_FILL})" = ${fill} ]; } || { echo '${new LostVolume().message.replace(/'/g, "'\\''")}' >&2; exit ${LOST_VOLUME_EXIT}; }; }`
 
 /**
  * Clears names in the volume before a push's tar is extracted, given NUL-separated on stdin (never
@@ -790,7 +792,8 @@ async function listChangesAgain(
   const mark = `${CONTAINER_WORKSPACE}/${SYNC_DIR}/mark`
   const script = [
     volumeCheck(fsid),
-    `read -r run < ${mark} && [ "$run" = "$1" ] || exit ${NO_MARK_EXIT}`,
+    // the agent could have made the mark a FIFO or a huge sparse file: a regular file's first bytes only
+    `[ -f ${mark} ] && [ ! -L ${mark} ] && run=$(head -c 256 ${mark}) && [ "$run" = "$1" ] || exit ${NO_MARK_EXIT}`,
     // the start agent-run said before any command of the agent ran; the mark's time only when it
     // said none (the agent could have moved the mark since)
     `since=$3`,

@@ -127,6 +127,16 @@ describeWithDocker('pushing the host’s workspace to an agent’s volume on a s
     expect(await inVolume('cat stays.txt && ls -A')).toBe(
       'changed on the host.meepa-sync\nclash\nkept\nlinked\nstays.txt',
     )
+    // the agent owns the file: a sparse one of 200 GB is refused at once, never read through
+    await inVolume('rm .meepa-sync/filled && truncate -s 200G .meepa-sync/filled')
+    fs.writeFileSync(path.join(workspace, 'stays.txt'), 'changed again')
+    const startedAt = Date.now()
+    const sparse = await push().then(
+      () => undefined,
+      (error: unknown) => error as DockerCommandError,
+    )
+    expect(endedOnLostVolume(sparse?.result.exitCode, sparse?.result.stderr ?? ''), sparse?.message).toBe(true)
+    expect(Date.now() - startedAt).toBeLessThan(20_000)
   }, 60_000)
 })
 
