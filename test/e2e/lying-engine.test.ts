@@ -110,7 +110,8 @@ describe('an engine whose words hold control characters', () => {
     ])
     expect(lines.some((line) => line.trimStart().startsWith('fake line'))).toBe(false)
     expect(result.stdout).toContain('meepa-far-1\\r\\x1b[2Kfake line: engine ok exited\\x1b[31m')
-    expect(result.stdout).toContain('agent=far\\x1b]8;;https://example.invalid/\\x1b\\click\\x1b]8;;\\x1b\\')
+    // the terminator's own backslash doubled: what it ends can never pass for an escape
+    expect(result.stdout).toContain('agent=far\\x1b]8;;https://example.invalid/\\x1b\\\\click\\x1b]8;;\\x1b\\\\')
   })
 
   it('`container clean --dry-run` shows them escaped', async () => {
