@@ -43,7 +43,7 @@ export const SYNC_TAKEN_WAIT_MS = 5_000
 
 /**
  * How a sync engine's container says its volume is not the one the host filled: engine-disk.ts's
- * filesystem check, or a volume without the sync's folder (LostVolume). It ends with this status
+ * filesystem check, or a volume without the fill's token (LostVolume). It ends with this status
  * and mark before anything of the run started; the runner then copies the workspace whole and
  * places the run again.
  */
@@ -109,8 +109,8 @@ export interface RunStart {
 
 /**
  * The sync's own folder, empty: whatever a run left there (a link, a FIFO, a stash) is removed.
- * No command of the agent runs yet. Without it (or another kind there) the volume is not the one
- * the host filled; an agent that removed it only costs its next message a whole copy.
+ * No command of the agent runs yet; the fill's token stays. Without that token the volume is not
+ * the one the host filled; an agent that removed it only costs its next message a whole copy.
  */
 function cleanSyncFolder(workspace: string, fill: string): string {
   const dir = path.join(workspace, SYNC_DIR)
