@@ -30,7 +30,7 @@ import {dockerEngineProblem, markEngineDown, reportEngineAnswered, reportEngineP
 import {engineAnswers, ENGINE_PING_TIMEOUT_MS} from './engine-watch.js'
 import {startAgentContainer, type AgentContainer, type RunShape} from './agent-container.js'
 import {containerHostsFile} from './hosts-file.js'
-import {prepareStandby, takeStandby} from './standby-pool.js'
+import {prepareStandby, StandbyNeverStarted, takeStandby} from './standby-pool.js'
 import {agentDiskFor, agentDiskForStandby, podmanVolumeHere} from './agent-disk.js'
 import {watchVolumeOnEngine} from './volume-watch.js'
 import {EngineVolumeLost, endedOnLostVolume, forgetEngineDiskDevice} from '../../container/engine-disk.js'
@@ -292,8 +292,14 @@ async function runOnce(
   const sync = engine && syncedVolumeOn(request, engine)
   const disk = sync && (await agentDiskFor(request, engine!, cli, sync, image.id, log))
   const shape = await runShape(request, image, request.signal, sync?.volume, dialect, disk?.fsid)
+  const placed = {engine, image, shape, sync, diskLimit, fsid: disk?.fsid}
   try {
-    return await runOnVolume(request, cli, log, onAnswer, {engine, image, shape, sync, diskLimit, fsid: disk?.fsid})
+    return await runOnVolume(request, cli, log, onAnswer, placed).catch((error: unknown) => {
+      // nothing of the message ran in it: a fresh container takes the message
+      if (!(error instanceof StandbyNeverStarted)) throw error
+      log(`${error.message}; starting a fresh container for this message`)
+      return runOnVolume(request, cli, log, onAnswer, {...placed, standby: false})
+    })
   } catch (error) {
     // the engine lost the agent's volume (a reboot took its loop device): attached anew before the run is placed again
     if (sync && error instanceof EngineVolumeLost) {
@@ -316,6 +322,8 @@ async function runOnVolume(
     sync: SyncedVolume | undefined
     diskLimit: number
     fsid: string | undefined
+    /** false: a fresh container, even when a standby waits (the one taken could not start). */
+    standby?: false
   },
 ): Promise<AgentRunOutput> {
   const {engine, image, shape, sync, diskLimit} = placed
@@ -340,7 +348,8 @@ async function runOnVolume(
     pushed = wrote
     if (sent > 0) log(`workspace sync: sent ${sent} changed file(s) and folder(s) to engine ${engine!.name}`)
   }
-  const standby = takeStandby(standbySlot(request), shape.key, engine?.name ?? LOCAL_ENGINE)
+  const standby =
+    placed.standby === false ? undefined : takeStandby(standbySlot(request), shape.key, engine?.name ?? LOCAL_ENGINE)
   if (standby) log(`running in standby container ${standby.name}, started before this message arrived`)
   const container =
     standby ??
@@ -650,13 +659,13 @@ async function runInStartedContainer(
     // The container never existed: docker itself refused (engine down, bad image, name clash).
     const engineError = engineErrorOf(stderrTail)
     if (engineError) throw engineError
-    throw new GatewayError(
-      'E_DOCKER',
-      `docker run failed before the container started (exit ${exitCode ?? 'unknown'}): ${stderrTail.trim().split('\n').slice(-3).join(' | ')}${createRefusedNote(stderrTail)}`,
-      {
-        details: {stderr_tail: stderrTail},
-      },
-    )
+    const why = `docker run failed before the container started (exit ${exitCode ?? 'unknown'}): ${stderrTail.trim().split('\n').slice(-3).join(' | ')}`
+    // a standby made before the message (its volume since removed, say), or removed while it
+    // waited: agent-run never spoke, so no tool of the message ran
+    if (fromStandby && !channel.spoke) throw new StandbyNeverStarted(name, why)
+    throw new GatewayError('E_DOCKER', `${why}${createRefusedNote(stderrTail)}`, {
+      details: {stderr_tail: stderrTail},
+    })
   }
   return channel.outcome() ?? parseAgentRunOutput(runId, '', state.exitCode, stderrTail)
 }

@@ -1,6 +1,6 @@
 import {setTimeout as sleep} from 'node:timers/promises'
 import type {DockerCli} from '../../../sandbox/docker/cli.js'
-import {toGatewayError} from '../../util/errors.js'
+import {GatewayError, toGatewayError} from '../../util/errors.js'
 import {signalChild} from '../../util/subprocess.js'
 import {admitStandby, releaseStandby, standbysAllowed, type BudgetedStandby} from '../standby-budget.js'
 import type {AgentContainer} from './agent-container.js'
@@ -45,6 +45,14 @@ export function takeStandby(slot: string, key: string, engine: string): AgentCon
   if (entry && entry.container.key === key && entry.container.child.exitCode === null) return entry.container
   if (entry) discard(entry)
   return undefined
+}
+
+/** A standby taken for a message whose container never existed: nothing of the message ran in it. */
+export class StandbyNeverStarted extends GatewayError {
+  constructor(container: string, why: string) {
+    super('E_DOCKER', `standby container ${container} never started: ${why}`)
+    this.name = 'StandbyNeverStarted'
+  }
 }
 
 /** Standby containers waiting on an engine now (its numbers beside its active runs). */
