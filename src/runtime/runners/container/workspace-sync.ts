@@ -23,7 +23,7 @@ import {
   writeWorkspaceFileInTurns,
 } from '../../workspace/files.js'
 import {GATEWAY_ENTRIES} from '../../workspace/workspace.js'
-import {volumeCheck} from '../../container/engine-disk.js'
+import {endedOnLostVolume, volumeCheck} from '../../container/engine-disk.js'
 import {ownContainerArgs} from '../../container/own-container.js'
 import {
   FILL_TOKEN,
@@ -229,10 +229,14 @@ export async function pushWorkspace(
   try {
     return await sendChanges(cli, state, options, {host, changed, clear})
   } catch (error) {
-    // the script ran and failed: what the volume holds is unknown, the next push sends it whole;
     // a timeout, a cancel or an engine out of reach is only tried again (the push is repeatable)
-    if (error instanceof DockerCommandError && error.result.exitCode !== DOCKER_OWN_FAILURE) forgetVolume(state)
-    throw error
+    if (!(error instanceof DockerCommandError) || error.result.exitCode === DOCKER_OWN_FAILURE) throw error
+    // the script ran and failed: what the volume holds is unknown, the next push sends it whole
+    forgetVolume(state)
+    // into a known volume (a folder there the agent made unwritable, say): filled whole at once,
+    // which first gives the run's user back its own folders, then empties the volume
+    if (!synced || endedOnLostVolume(error.result.exitCode, error.result.stderr)) throw error
+    return await pushWorkspace(cli, state, options)
   }
 }
 
@@ -285,7 +289,8 @@ async function sendChanges(
     [
       ...helperArgs(state.volume, options.image, `${options.uid}:${options.gid}`, labels),
       '-c',
-      `${checked}cd ${CONTAINER_WORKSPACE} && ${synced ? `${stillFilledWith(fill)} && ` : EMPTY_VOLUME}${clearing}tar -x --no-same-owner -f -${synced ? '' : ` && ${filledWith(fill)}`}`,
+      // the run's user owns the workspace: one it made unsearchable (chmod 000) is its own again
+      `${checked}chmod u+rwx ${CONTAINER_WORKSPACE} 2>/dev/null; cd ${CONTAINER_WORKSPACE} && ${synced ? `${stillFilledWith(fill)} && ` : EMPTY_VOLUME}${clearing}tar -x --no-same-owner -f -${synced ? '' : ` && ${filledWith(fill)}`}`,
     ],
     {
       input: clearing ? Buffer.concat([Buffer.from(`${list.length}\n`), list, tar]) : tar,

@@ -107,6 +107,22 @@ describeWithDocker('pushing the host’s workspace to an agent’s volume on a s
     expect((await inVolume('ls -A kept')).split('\n')).toEqual(['from-the-run', 'h'])
   }, 60_000)
 
+  it('goes through where the run took its own rights away (chmod 000 on the workspace and a folder in it)', async () => {
+    fs.mkdirSync(path.join(workspace, 'locked'), {recursive: true})
+    fs.writeFileSync(path.join(workspace, 'locked', 'inside.txt'), 'first')
+    await push()
+    await inVolume('chmod 000 locked /workspace')
+    fs.writeFileSync(path.join(workspace, 'locked', 'inside.txt'), 'changed on the host')
+    fs.writeFileSync(path.join(workspace, 'stays.txt'), 'stays')
+    const {wrote} = await push()
+    expect(wrote).toBe(true)
+    expect(await inVolume('cat locked/inside.txt stays.txt')).toBe('changed on the hoststays')
+    // filled whole again: the record knows it, the next push sends nothing
+    expect((await push()).wrote).toBe(false)
+    fs.rmSync(path.join(workspace, 'locked'), {recursive: true})
+    await push()
+  }, 60_000)
+
   it('ends as lost on a volume the host knows without its fill’s token (made anew, filled by another), writing nothing', async () => {
     expect(await inVolume('cat .meepa-sync/filled')).toBe(state.fill)
     // another gateway's fill of a volume of that name
@@ -171,10 +187,16 @@ describe('a push that fails', () => {
       }
       // the helper's script failed (a name tar could not extract, the engine's disk full)
       failure = helperFailed(2)
+      calls.length = 0
       await expect(pushWorkspace(cli, state, options)).rejects.toThrow(/exit 2/)
       expect(state.synced).toBeUndefined()
       expect(fs.existsSync(file)).toBe(false)
-      // the next push starts as on a new volume: given to the run's user again, then emptied and sent whole
+      // tried once more at once as on a new volume: given to the run's user again, then emptied
+      // and sent whole; that failing too ends the push
+      expect(calls).toHaveLength(2)
+      expect(calls[0]!.join(' ')).not.toContain('--cap-add=CHOWN')
+      expect(calls[1]!.join(' ')).toContain('--cap-add=CHOWN')
+      // and the next push starts there again
       await expect(pushWorkspace(cli, state, options)).rejects.toThrow()
       expect(calls.at(-1)!.join(' ')).toContain('--cap-add=CHOWN')
     } finally {
