@@ -3,7 +3,7 @@ import {setTimeout as sleep} from 'node:timers/promises'
 import path from 'node:path'
 import {dockerCli, type DockerCli} from '../../../sandbox/docker/cli.js'
 import {createRefusedNote, DockerCommandError, dockerMissing, engineErrorOf} from '../../../sandbox/docker/errors.js'
-import {homeLabel} from '../../../sandbox/docker/containers.js'
+import {homeLabel} from '../../../sandbox/docker/home-label.js'
 import {CONTAINER_APP, CONTAINER_NODE, LABEL, sha256} from '../../../sandbox/docker/dockerfile.js'
 import {
   ensureContainerImage,
@@ -293,12 +293,17 @@ async function runOnce(
   const disk = sync && (await agentDiskFor(request, engine!, cli, sync, image.id, log))
   const shape = await runShape(request, image, request.signal, sync?.volume, dialect, disk?.fsid)
   const placed = {engine, image, shape, sync, diskLimit, fsid: disk?.fsid}
+  const started = Date.now()
   try {
     return await runOnVolume(request, cli, log, onAnswer, placed).catch((error: unknown) => {
-      // nothing of the message ran in it: a fresh container takes the message
+      // no tool of the message ran in it: a fresh container takes the message, within what is
+      // left of its timeout; a standby removed after its go line may have marked the volume, so
+      // the volume is filled whole
       if (!(error instanceof StandbyNeverStarted)) throw error
       log(`${error.message}; starting a fresh container for this message`)
-      return runOnVolume(request, cli, log, onAnswer, {...placed, standby: false})
+      if (sync) forgetVolume(sync)
+      const timeoutMs = Math.max(1_000, request.timeoutMs - (Date.now() - started))
+      return runOnVolume({...request, timeoutMs}, cli, log, onAnswer, {...placed, standby: false})
     })
   } catch (error) {
     // the engine lost the agent's volume (a reboot took its loop device): attached anew before the run is placed again
@@ -340,6 +345,7 @@ async function runOnVolume(
       labels: shape.spec.labels,
       fsid: placed.fsid,
       signal: request.signal,
+      log,
     }).catch((error: unknown) => {
       if (error instanceof DockerCommandError && endedOnLostVolume(error.result.exitCode, error.result.stderr))
         throw new EngineVolumeLost(engine!.name, error.message)

@@ -23,7 +23,7 @@ import {
   writeWorkspaceFileInTurns,
 } from '../../workspace/files.js'
 import {GATEWAY_ENTRIES} from '../../workspace/workspace.js'
-import {endedOnLostVolume, volumeCheck} from '../../container/engine-disk.js'
+import {volumeCheck} from '../../container/engine-disk.js'
 import {ownContainerArgs} from '../../container/own-container.js'
 import {
   FILL_TOKEN,
@@ -191,13 +191,16 @@ interface PushOptions {
   /** The volume's filesystem id when it is the agent's disk image (engine-disk.ts): checked first. */
   fsid?: string
   signal?: AbortSignal
+  /** Where a push tried again as a fill says why. */
+  log?: (line: string) => void
 }
 
 /**
  * Brings the volume up to the host's workspace: nothing when the host has not changed since the
  * last sync; else removes what the host removed and sends the changed files in one tar stream. A
- * push that fails forgets what the volume holds: the next one empties it and sends the host's
- * workspace whole, whatever this one left half done.
+ * push that fails forgets what the volume holds, so a later one empties it and sends the host's
+ * workspace whole, whatever this one left half done; one whose own steps failed in a known volume
+ * does that at once.
  */
 export async function pushWorkspace(
   cli: DockerCli,
@@ -231,17 +234,24 @@ export async function pushWorkspace(
   } catch (error) {
     // a timeout, a cancel or an engine out of reach is only tried again (the push is repeatable)
     if (!(error instanceof DockerCommandError) || error.result.exitCode === DOCKER_OWN_FAILURE) throw error
-    // the script ran and failed: what the volume holds is unknown, the next push sends it whole
+    // the script ran and failed, or its client died: what the volume holds is unknown, a later push sends it whole
     forgetVolume(state)
-    // into a known volume (a folder there the agent made unwritable, say): filled whole at once,
-    // which first gives the run's user back its own folders, then empties the volume
-    if (!synced || endedOnLostVolume(error.result.exitCode, error.result.stderr)) throw error
+    // its own steps failed in a known volume (a folder there the agent made unwritable, say):
+    // filled whole at once, which first gives the run's user back its own folders, then empties
+    // the volume; a client that died may have left its helper running there, so not at once
+    if (!synced || error.result.exitCode !== PUSH_STEPS_FAILED) throw error
+    options.log?.(
+      `workspace sync: the push into volume ${state.volume} failed (${error.result.stderr.trim().split('\n').at(-1) ?? ''}); filling it whole`,
+    )
     return await pushWorkspace(cli, state, options)
   }
 }
 
 /** `docker run`'s exit status when the engine, not the command, failed (the container never ran). */
 const DOCKER_OWN_FAILURE = 125
+
+/** The push helper's exit status when one of its own steps failed (not the lost-volume check, not its client). */
+const PUSH_STEPS_FAILED = 97
 
 /** pushWorkspace's docker steps: the volume given to the run's user when new, then the names cleared and the tar. */
 async function sendChanges(
@@ -290,7 +300,7 @@ async function sendChanges(
       ...helperArgs(state.volume, options.image, `${options.uid}:${options.gid}`, labels),
       '-c',
       // the run's user owns the workspace: one it made unsearchable (chmod 000) is its own again
-      `${checked}chmod u+rwx ${CONTAINER_WORKSPACE} 2>/dev/null; cd ${CONTAINER_WORKSPACE} && ${synced ? `${stillFilledWith(fill)} && ` : EMPTY_VOLUME}${clearing}tar -x --no-same-owner -f -${synced ? '' : ` && ${filledWith(fill)}`}`,
+      `${checked}chmod u+rwx ${CONTAINER_WORKSPACE} 2>/dev/null; { cd ${CONTAINER_WORKSPACE} && ${synced ? `${stillFilledWith(fill)} && ` : EMPTY_VOLUME}${clearing}tar -x --no-same-owner -f -${synced ? '' : ` && ${filledWith(fill)}`}; } || exit ${PUSH_STEPS_FAILED}`,
     ],
     {
       input: clearing ? Buffer.concat([Buffer.from(`${list.length}\n`), list, tar]) : tar,

@@ -185,10 +185,18 @@ describe('a push that fails', () => {
         expect(state.synced).toEqual(synced)
         expect(calls.at(-1)!.join(' ')).not.toContain('--cap-add=CHOWN')
       }
-      // the helper's script failed (a name tar could not extract, the engine's disk full)
-      failure = helperFailed(2)
+      // its client died (killed, a connection dropped): forgotten, but its helper may still run there
       calls.length = 0
-      await expect(pushWorkspace(cli, state, options)).rejects.toThrow(/exit 2/)
+      failure = helperFailed(1)
+      await expect(pushWorkspace(cli, state, options)).rejects.toThrow(/exit 1/)
+      expect(state.synced).toBeUndefined()
+      expect(calls).toHaveLength(1)
+      state.synced = synced
+      state.fill = fill
+      // the helper's own steps failed (a name tar could not extract, the engine's disk full)
+      failure = helperFailed(97)
+      calls.length = 0
+      await expect(pushWorkspace(cli, state, options)).rejects.toThrow(/exit 97/)
       expect(state.synced).toBeUndefined()
       expect(fs.existsSync(file)).toBe(false)
       // tried once more at once as on a new volume: given to the run's user again, then emptied
