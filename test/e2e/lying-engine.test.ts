@@ -2,7 +2,7 @@ import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
 import {afterAll, beforeAll, describe, expect, it} from 'vitest'
-import {homeLabel} from '../../src/sandbox/docker/containers.js'
+import {homeLabel} from '../../src/sandbox/docker/home-label.js'
 import {startLyingEngine, type LyingEngine} from '../fakes/lying-engine.js'
 import {fakeLlmConfig, makeHome, runCli, type TestHome} from '../helpers/home.js'
 

@@ -8,11 +8,12 @@ import {startFakeMeepaChat, type FakeMeepaChat} from '../fakes/meepachat-server.
 import {shellScripted} from '../helpers/fake-llm-for-tests.js'
 import {waitFor} from '../helpers/wait-for.js'
 import {freePort} from '../helpers/free-port.js'
-import {fakeLlmConfig, makeHome, runCli, type TestHome} from '../helpers/home.js'
+import {BIN, fakeLlmConfig, makeHome, runCli, type TestHome} from '../helpers/home.js'
 import {startServe, type ServeProcess} from '../helpers/serve.js'
-import {BASE_IMAGE, describeWithDocker} from '../helpers/docker-env.js'
+import {BASE_IMAGE, describeWithDocker, homeContainersArgs} from '../helpers/docker-env.js'
 import {startOwnEngine, type OwnEngine} from '../helpers/own-engine.js'
-import {homeLabel} from '../../src/sandbox/docker/containers.js'
+import {homeLabel} from '../../src/sandbox/docker/home-label.js'
+import {syncVolumePrefix} from '../../src/runtime/container/engine-state.js'
 import {openBrowser} from '../runtime/captain/browser.js'
 
 /*
@@ -195,6 +196,78 @@ describeWithDocker('container commands and crash reclaim on a remote engine (own
     serve = await startServe({home: home.home, port})
     await chat.waitForReadyCount(2)
   }, 300_000)
+
+  // a mount and pid namespace of its own for the other machine: root, as CI runs
+  it.runIf(process.getuid?.() === 0)(
+    "another machine's gateway whose home has the same path, on the same engine, takes none of this home's objects",
+    async () => {
+      if (!serve || serve.process.exitCode !== null) serve = await startServe({home: home.home, port})
+      expect((await serve.chat('far', 'RUN: cat kept.txt')).reply, serve.output().slice(-3000)).toContain('host-truth')
+      const ownContainers = async () =>
+        (await engine.docker(homeContainersArgs(home.home))).stdout.split('\n').filter(Boolean)
+      // this gateway's standby waits there, running; beside it, a container of its own left behind
+      await waitFor('a standby running on the remote engine', async () =>
+        (await ownContainers()).some((name) => name.startsWith('meepa-standby_')),
+      )
+      await engine.docker([
+        'run',
+        '--name',
+        'first-home-left',
+        '--label',
+        'meepagateway=1',
+        '--label',
+        `meepagateway.home=${homeLabel(home.home)}`,
+        BASE_IMAGE,
+        'true',
+      ])
+      const before = await ownContainers()
+      const volumes = (await remoteVolumes()).filter((name) => name.startsWith('meepa-'))
+      expect(volumes).toContain(`${syncVolumePrefix(homeLabel(home.home))}far`)
+      // the other machine: its own home mounted at this home's path, its own processes (this
+      // gateway's pid is not alive there), the same config and engine
+      const other = makeHome(fs.readFileSync(home.configPath, 'utf8'))
+      try {
+        const result = await execa(
+          'unshare',
+          [
+            '--mount',
+            '--pid',
+            '--fork',
+            '--mount-proc',
+            'sh',
+            '-c',
+            'mount --bind "$1" "$2" && shift 2 && exec "$@"',
+            'sh',
+          ].concat([
+            other.home,
+            home.home,
+            process.execPath,
+            BIN,
+            'container',
+            'clean',
+            '--engine',
+            'remote',
+            '--json',
+          ]),
+          {env: {MEEPAGATEWAY_HOME: home.home}, reject: false, timeout: 300_000},
+        )
+        expect(result.exitCode, result.stderr + result.stdout).toBe(0)
+        expect(JSON.parse(result.stdout).engines[0]).toMatchObject({volumes: [], kept_volumes: [], containers: []})
+        // its id is its own, kept in its home, not this one's
+        const otherId = fs.readFileSync(path.join(other.home, 'install-id'), 'utf8')
+        expect(otherId).not.toBe(fs.readFileSync(path.join(home.home, 'install-id'), 'utf8'))
+      } finally {
+        other.cleanup()
+      }
+      expect(await ownContainers()).toEqual(expect.arrayContaining(before))
+      expect(await remoteVolumes()).toEqual(expect.arrayContaining(volumes))
+      await engine.docker(['rm', '-f', 'first-home-left'])
+      // and this gateway's standby still serves its next message
+      const next = await serve.chat('far', 'RUN: cat kept.txt')
+      expect(next.reply, serve.output().slice(-3000)).toContain('host-truth')
+    },
+    300_000,
+  )
 
   it('a gateway SIGKILLed mid-run with its keeper: the next start-up removes the container from the remote engine and tells the user', async () => {
     if (!serve || serve.process.exitCode !== null) serve = await startServe({home: home.home, port})

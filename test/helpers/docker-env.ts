@@ -3,7 +3,7 @@ import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
 import {describeRequiring} from './describe-requiring.js'
-import {homeLabel} from '../../src/sandbox/docker/containers.js'
+import {homeLabel} from '../../src/sandbox/docker/home-label.js'
 
 /**
  * Whether this machine can run the container-mode tests: a docker CLI, an engine that answers, and
@@ -96,4 +96,9 @@ export async function runningStandby(home: string): Promise<string> {
     await new Promise((resolve) => setTimeout(resolve, 200))
   }
   return ''
+}
+
+/** `docker ps` arguments listing the names of every container of the gateway home `home` (and `filter`). */
+export function homeContainersArgs(home: string, filter: string[] = []): string[] {
+  return ['ps', '-a', '--format', '{{.Names}}', '--filter', `label=meepagateway.home=${homeLabel(home)}`, ...filter]
 }

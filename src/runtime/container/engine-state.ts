@@ -2,6 +2,7 @@ import fs from 'node:fs'
 import path from 'node:path'
 import {sha256} from '../../sandbox/docker/dockerfile.js'
 import {writeWholeFile} from '../util/write-whole-file.js'
+import {engineSyncDir} from '../util/paths.js'
 import {validateAgentId} from '../workspace/location.js'
 
 /**
@@ -17,12 +18,12 @@ export function syncVolumePrefix(homeLabel: string): string {
 
 /** Where the host remembers what an agent's volume on an engine holds (workspace-sync.ts). */
 export function syncStateFile(home: string, engine: string, agentId: string): string {
-  return path.join(home, 'cache', 'engine-sync', engine, `${validateAgentId(agentId)}.json`)
+  return path.join(engineSyncDir(home), engine, `${validateAgentId(agentId)}.json`)
 }
 
 /** Where the host remembers an agent's disk image on an engine (engine-disk.ts). */
 export function engineDiskFile(home: string, engine: string, agentId: string): string {
-  return path.join(home, 'cache', 'engine-sync', engine, `${validateAgentId(agentId)}.disk.json`)
+  return path.join(engineSyncDir(home), engine, `${validateAgentId(agentId)}.disk.json`)
 }
 
 /** The engine-side volume holding this home's workspace disk images (engine-disk.ts). */

@@ -1,6 +1,7 @@
 import fs from 'node:fs'
 import {dockerCli, type DockerCli} from '../../sandbox/docker/cli.js'
-import {cleanOrphanContainers, homeLabel} from '../../sandbox/docker/containers.js'
+import {cleanOrphanContainers} from '../../sandbox/docker/containers.js'
+import {homeLabel} from '../../sandbox/docker/home-label.js'
 import {inspectImage} from '../../sandbox/docker/images.js'
 import {shipImages} from '../../sandbox/docker/ship.js'
 import {AGENT_ID_PATTERN} from '../config/schema.js'

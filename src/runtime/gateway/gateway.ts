@@ -21,6 +21,7 @@ import {
 } from '../runners/index.js'
 import {setStandbyBudget, standbyUsage} from '../runners/standby-budget.js'
 import {insecureEngines} from '../config/load.js'
+import {labelledByPath} from '../../sandbox/docker/home-label.js'
 import {isolationLevelFor} from '../shapes/isolation-level.js'
 import {ApiKeys, takeLegacyKeysNotice} from '../state/api-keys.js'
 import {isSqliteDamage} from '../state/sqlite-damage.js'
@@ -29,7 +30,7 @@ import type {GatewayDb} from '../state/gateway-db.js'
 import {RunRecords} from '../state/run-records.js'
 import {findAgent} from '../config/load.js'
 import {workspacePath} from '../workspace/location.js'
-import {outboxSpoolDir} from '../util/paths.js'
+import {installIdFile, outboxSpoolDir} from '../util/paths.js'
 import {readFilesToSend} from '../workspace/files-to-send.js'
 import {deniedToAgent} from '../host-sandbox/agent-policy.js'
 import {Dispatcher, type RunFunction} from './dispatcher.js'
@@ -94,6 +95,12 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
   const {loaded, log} = options
   const {config} = loaded
   log(`gateway: starting with ${loaded.path} (state in ${loaded.home})`)
+  // before anything: a home whose id on engines cannot be used is refused here (home-label.ts)
+  const byPath = labelledByPath(loaded.home)
+  if (config.engines?.length && byPath)
+    log(
+      `gateway: warning: this home's objects on engines are named after its path alone (${installIdFile(loaded.home)} says path): another machine's gateway whose home has the same path would take them for its own on an engine both use; docs/architecture.md, "The home label", says how to give it an id`,
+    )
   // checked (PRAGMA quick_check) at start, and kept on the file at its path while serving
   const guarded = new GuardedGatewayDb(loaded.home, log)
   const db = guarded.db

@@ -46,3 +46,13 @@ export function outboxSpoolDir(home: string): string {
 export function syncSpoolDir(home: string): string {
   return path.join(home, 'spool', 'sync')
 }
+
+/** What the host remembers of each agent's volume and disk image on each engine (container/engine-state.ts). */
+export function engineSyncDir(home: string): string {
+  return path.join(home, 'cache', 'engine-sync')
+}
+
+/** The random id that tells this home's objects on an engine from another's (sandbox/docker/home-label.ts). */
+export function installIdFile(home: string): string {
+  return path.join(home, 'install-id')
+}

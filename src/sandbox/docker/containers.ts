@@ -1,9 +1,8 @@
-import fs from 'node:fs'
-import path from 'node:path'
 import {processAlive} from '../../runtime/util/process-alive.js'
 import type {DockerCli} from './cli.js'
-import {LABEL, sha256} from './dockerfile.js'
+import {LABEL} from './dockerfile.js'
 import {EngineApi} from './engine-api.js'
+import {homeLabel} from './home-label.js'
 import {cliRefusal} from './errors.js'
 
 /**
@@ -27,17 +26,6 @@ export interface GatewayContainer {
   home?: string
   /** The host process that started it and will remove it. */
   ownerPid?: number
-}
-
-/** The label value that scopes containers to one MEEPAGATEWAY_HOME (several may share an engine). */
-export function homeLabel(home: string): string {
-  let canonical = path.resolve(home)
-  try {
-    canonical = fs.realpathSync(canonical)
-  } catch {
-    // a home that does not exist yet is labelled by its resolved path
-  }
-  return sha256(canonical).slice(0, 16)
 }
 
 /** The gateway's containers (of one home, when given), asked over the Engine API or through the docker CLI. */

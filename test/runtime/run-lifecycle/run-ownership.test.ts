@@ -11,7 +11,7 @@ import {processesWith, uniqueMarker} from '../../helpers/processes.js'
 import {requireLandlockOrSkip} from '../../helpers/landlock-support.js'
 import {openGatewayDb} from '../../../src/runtime/state/gateway-db.js'
 import {processStartTime} from '../../../src/runtime/run-lifecycle/run-processes.js'
-import {homeLabel} from '../../../src/sandbox/docker/containers.js'
+import {homeLabel} from '../../../src/sandbox/docker/home-label.js'
 import {describeWithDocker} from '../../helpers/docker-env.js'
 
 /*

@@ -9,7 +9,7 @@ import type {GatewayConfig} from '../../../src/runtime/config/types.js'
 import {containerImageContext} from '../../../src/runtime/container/context.js'
 import {removeOrphanContainers} from '../../../src/runtime/container/clean.js'
 import {DockerCli} from '../../../src/sandbox/docker/cli.js'
-import {homeLabel} from '../../../src/sandbox/docker/containers.js'
+import {homeLabel} from '../../../src/sandbox/docker/home-label.js'
 import {computeAppHash} from '../../../src/sandbox/docker/app-bundle.js'
 import {
   detectPackageManager,

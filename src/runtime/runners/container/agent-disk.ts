@@ -1,6 +1,6 @@
 import fs from 'node:fs'
 import path from 'node:path'
-import {homeLabel} from '../../../sandbox/docker/containers.js'
+import {homeLabel} from '../../../sandbox/docker/home-label.js'
 import {LABEL} from '../../../sandbox/docker/dockerfile.js'
 import type {DockerCli} from '../../../sandbox/docker/cli.js'
 import {attachEngineDisk, readEngineDisk, type EngineDisk} from '../../container/engine-disk.js'

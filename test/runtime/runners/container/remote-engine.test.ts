@@ -15,7 +15,7 @@ import {expectNoKeyOnEngine, healthzNamesDown, inAgentVolume, lastEngineOf} from
 import {DockerCli} from '../../../../src/sandbox/docker/cli.js'
 import {engineArgsOf} from '../../../../src/runtime/runners/container/engines.js'
 import {engineDisksVolume} from '../../../../src/runtime/container/engine-state.js'
-import {homeLabel} from '../../../../src/sandbox/docker/containers.js'
+import {homeLabel} from '../../../../src/sandbox/docker/home-label.js'
 import {toGatewayError} from '../../../../src/runtime/util/errors.js'
 
 /*

@@ -8,7 +8,7 @@ import {freePort} from '../../../helpers/free-port.js'
 import {fakeLlmConfig, makeHome, type TestHome} from '../../../helpers/home.js'
 import {startServe, type ServeProcess} from '../../../helpers/serve.js'
 import {describeWithDocker, realDockerPath, runningStandby, tempDir} from '../../../helpers/docker-env.js'
-import {homeLabel} from '../../../../src/sandbox/docker/containers.js'
+import {homeLabel} from '../../../../src/sandbox/docker/home-label.js'
 
 /*
  * A standby the engine never made: it was started before the message, and its container's

@@ -8,8 +8,8 @@ import {BIN, fakeLlmConfig, makeHome, runCli, type TestHome} from '../../../help
 import {runShellWithStandby} from '../../../helpers/standby-message.js'
 import type {RunMessageResult} from '../../../../src/runtime/runners/run-message.js'
 import {stopStandbyContainers} from '../../../../src/runtime/runners/container/standby-pool.js'
-import {homeLabel} from '../../../../src/sandbox/docker/containers.js'
-import {describeWithDocker, runningStandby} from '../../../helpers/docker-env.js'
+import {homeLabel} from '../../../../src/sandbox/docker/home-label.js'
+import {describeWithDocker, homeContainersArgs, runningStandby} from '../../../helpers/docker-env.js'
 
 /*
  * Standby containers, on the path a running gateway takes (runMessage with `standby`): after a
@@ -43,19 +43,7 @@ describeWithDocker('container mode: standby containers of a running gateway (rea
     return {host: match[1], age: Number(match[2]), tmp: (match[3] ?? '').trim(), limit: match[4]}
   }
   const containers = async (filter: string[] = []) =>
-    (
-      await execa('docker', [
-        'ps',
-        '-a',
-        '--format',
-        '{{.Names}}',
-        '--filter',
-        `label=meepagateway.home=${homeLabel(home.home)}`,
-        ...filter,
-      ])
-    ).stdout
-      .split('\n')
-      .filter(Boolean)
+    (await execa('docker', homeContainersArgs(home.home, filter))).stdout.split('\n').filter(Boolean)
   const standbyReady = async () => {
     for (let i = 0; i < 150; i++) {
       if ((await containers(['--filter', 'label=meepagateway.run=standby', '--filter', 'status=running'])).length === 1)
