@@ -3,6 +3,7 @@ import fs from 'node:fs'
 import path from 'node:path'
 import type {DockerCli} from '../../../sandbox/docker/cli.js'
 import {LABEL} from '../../../sandbox/docker/dockerfile.js'
+import {removeContainers} from '../../../sandbox/docker/containers.js'
 import {CONTAINER_TMP_SIZE, CONTAINER_WORKSPACE} from '../../../sandbox/docker/run-args.js'
 import {GatewayError, toGatewayError} from '../../util/errors.js'
 import {DockerCommandError} from '../../../sandbox/docker/errors.js'
@@ -253,6 +254,19 @@ const DOCKER_OWN_FAILURE = 125
 /** The push helper's exit status when one of its own steps failed (not the lost-volume check, not its client). */
 const PUSH_STEPS_FAILED = 97
 
+/**
+ * The agent's sync helpers still on the engine (a push whose docker client died while its helper
+ * went on): removed before a fill, whose writes they would otherwise race.
+ */
+async function removeEarlierHelpers(cli: DockerCli, labels: Record<string, string>, signal?: AbortSignal) {
+  const keys = [LABEL.home, LABEL.agent, LABEL.run]
+  // only ever this home's and this agent's own
+  if (keys.some((key) => !labels[key])) return
+  const filters = keys.flatMap((key) => ['--filter', `label=${key}=${labels[key]}`])
+  const left = (await cli.check(['ps', '-aq', ...filters], {timeoutMs: 60_000, signal})).stdout.split('\n')
+  await removeContainers(cli, left.filter(Boolean), signal)
+}
+
 /** pushWorkspace's docker steps: the volume given to the run's user when new, then the names cleared and the tar. */
 async function sendChanges(
   cli: DockerCli,
@@ -266,6 +280,7 @@ async function sendChanges(
   const labels = {...options.labels, [LABEL.run]: 'workspace-sync'}
   const checked = options.fsid ? `${volumeCheck(options.fsid)}\n` : ''
   if (!synced) {
+    await removeEarlierHelpers(cli, labels, options.signal)
     // a new (or unknown) volume is given to the run's user: the one step as root, touching no agent data
     const rootArgs = helperArgs(state.volume, options.image, '0:0', labels, {caps: ['CHOWN']})
     // a new disk image's lost+found is root's: the agent could neither read nor list it

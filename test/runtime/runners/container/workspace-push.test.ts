@@ -123,6 +123,32 @@ describeWithDocker('pushing the host’s workspace to an agent’s volume on a s
     await push()
   }, 60_000)
 
+  it('before a fill, removes the agent’s own sync helpers still there (a client died), never another agent’s', async () => {
+    const labelled = (agent: string) =>
+      [
+        'meepagateway=1',
+        'meepagateway.home=h-push-test',
+        `meepagateway.agent=${agent}`,
+        'meepagateway.run=workspace-sync',
+      ]
+        .flatMap((label) => ['--label', label])
+        .concat(['-v', `${volume}:/workspace`, BASE_IMAGE, 'sleep', '300'])
+    const own = (await execa('docker', ['run', '-d', ...labelled('pusher')])).stdout.trim()
+    const other = (await execa('docker', ['run', '-d', ...labelled('someone-else')])).stdout.trim()
+    try {
+      forgetVolume(state)
+      fs.writeFileSync(path.join(workspace, 'stays.txt'), 'stays')
+      const labels = {'meepagateway.home': 'h-push-test', 'meepagateway.agent': 'pusher'}
+      await pushWorkspace(dockerCli(), state, {workspace, image: BASE_IMAGE, uid: 1000, gid: 1000, labels})
+      const left = (await execa('docker', ['ps', '-aq', '--no-trunc'])).stdout
+      expect(left).not.toContain(own)
+      expect(left).toContain(other)
+      expect(await inVolume('cat stays.txt')).toBe('stays')
+    } finally {
+      await execa('docker', ['rm', '-f', own, other], {reject: false})
+    }
+  }, 60_000)
+
   it('ends as lost on a volume the host knows without its fill’s token (made anew, filled by another), writing nothing', async () => {
     expect(await inVolume('cat .meepa-sync/filled')).toBe(state.fill)
     // another gateway's fill of a volume of that name
@@ -171,13 +197,20 @@ describe('a push that fails', () => {
       fs.writeFileSync(path.join(workspace, 'new.txt'), 'new')
       const calls: string[][] = []
       let failure: Error = dockerHung('docker run', 120_000)
+      const listed: string[][] = []
       const cli = {
         check: (args: string[]) => {
+          // the agent's helpers still there, looked for before a fill: none
+          if (args[0] === 'ps') {
+            listed.push(args)
+            return Promise.resolve({exitCode: 0, stdout: '', stderr: ''})
+          }
           calls.push(args)
           return Promise.reject(failure)
         },
       } as unknown as DockerCli
-      const options = {workspace, image: 'unused', uid: 1000, gid: 1000, labels: {}}
+      const labels = {'meepagateway.home': 'h0', 'meepagateway.agent': 'a1'}
+      const options = {workspace, image: 'unused', uid: 1000, gid: 1000, labels}
       // a push cut short (a timeout, an engine out of reach, its own exit 125) is only tried again
       for (const cut of [failure, dockerDown('Cannot connect to the Docker daemon'), helperFailed(125)]) {
         failure = cut
@@ -204,6 +237,17 @@ describe('a push that fails', () => {
       expect(calls).toHaveLength(2)
       expect(calls[0]!.join(' ')).not.toContain('--cap-add=CHOWN')
       expect(calls[1]!.join(' ')).toContain('--cap-add=CHOWN')
+      // before it, the agent's own helpers an earlier client left running there were looked for
+      expect(listed.at(-1)).toEqual([
+        'ps',
+        '-aq',
+        '--filter',
+        'label=meepagateway.home=h0',
+        '--filter',
+        'label=meepagateway.agent=a1',
+        '--filter',
+        'label=meepagateway.run=workspace-sync',
+      ])
       // and the next push starts there again
       await expect(pushWorkspace(cli, state, options)).rejects.toThrow()
       expect(calls.at(-1)!.join(' ')).toContain('--cap-add=CHOWN')
