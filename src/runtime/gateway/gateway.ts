@@ -22,6 +22,7 @@ import {
 import {setStandbyBudget, standbyUsage} from '../runners/standby-budget.js'
 import {insecureEngines} from '../config/load.js'
 import {labelledByPath} from '../../sandbox/docker/home-label.js'
+import {toGatewayError} from '../util/errors.js'
 import {isolationLevelFor} from '../shapes/isolation-level.js'
 import {ApiKeys, takeLegacyKeysNotice} from '../state/api-keys.js'
 import {isSqliteDamage} from '../state/sqlite-damage.js'
@@ -95,8 +96,13 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
   const {loaded, log} = options
   const {config} = loaded
   log(`gateway: starting with ${loaded.path} (state in ${loaded.home})`)
-  // before anything: a home whose id on engines cannot be used is refused here (home-label.ts)
-  const byPath = labelledByPath(loaded.home)
+  // made or read before any run; one that cannot be used fails container runs, saying why (home-label.ts)
+  let byPath = false
+  try {
+    byPath = labelledByPath(loaded.home)
+  } catch (error) {
+    log(`gateway: warning: ${toGatewayError(error).message}; container runs fail until it is fixed`)
+  }
   if (config.engines?.length && byPath)
     log(
       `gateway: warning: this home's objects on engines are named after its path alone (${installIdFile(loaded.home)} says path): another machine's gateway whose home has the same path would take them for its own on an engine both use; docs/architecture.md, "The home label", says how to give it an id`,
