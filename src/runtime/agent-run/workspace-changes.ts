@@ -4,6 +4,7 @@ import path from 'node:path'
 import {Writable} from 'node:stream'
 import {GatewayError} from '../util/errors.js'
 import {TAR_END_BLOCKS, tarHeader, tarPadding} from '../util/tar.js'
+import {readRegularFile} from '../util/regular-file.js'
 
 /**
  * agent-run's side of the engine-side workspace sync (docs/architecture.md, "Workspaces on other
@@ -114,7 +115,9 @@ export interface RunStart {
  */
 function cleanSyncFolder(workspace: string, fill: string): string {
   const dir = path.join(workspace, SYNC_DIR)
-  if (!fs.lstatSync(dir, {throwIfNoEntry: false})?.isDirectory() || fillIn(dir) !== fill) throw new LostVolume()
+  if (!fs.lstatSync(dir, {throwIfNoEntry: false})?.isDirectory()) throw new LostVolume()
+  // the agent owns the token's file: a regular file's first bytes, never through a link or a FIFO's wait
+  if (readRegularFile(path.join(dir, SYNC_FILL), 64)?.toString('latin1').trim() !== fill) throw new LostVolume()
   for (const entry of fs.readdirSync(dir)) {
     if (entry === SYNC_FILL) continue
     const file = path.join(dir, entry)
@@ -123,29 +126,6 @@ function cleanSyncFolder(workspace: string, fill: string): string {
     else fs.rmSync(file, {force: true, recursive: true})
   }
   return dir
-}
-
-/** The fill token in the sync folder: read from a regular file only (never through a link, never a FIFO's wait). */
-function fillIn(dir: string): string | undefined {
-  let fd: number
-  try {
-    fd = fs.openSync(
-      path.join(dir, SYNC_FILL),
-      fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW | fs.constants.O_NONBLOCK,
-    )
-  } catch {
-    return undefined
-  }
-  try {
-    if (!fs.fstatSync(fd).isFile()) return undefined
-    const bytes = Buffer.alloc(64)
-    return bytes
-      .subarray(0, fs.readSync(fd, bytes, 0, bytes.length, 0))
-      .toString('latin1')
-      .trim()
-  } finally {
-    fs.closeSync(fd)
-  }
 }
 
 /** Writes a small file of its own: a new one, or the one it made itself before (the tick). */
