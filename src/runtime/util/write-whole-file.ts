@@ -13,6 +13,11 @@ export interface WholeFileOptions {
    * mode would otherwise be copied): set on the temp file's descriptor.
    */
   exactMode?: boolean
+  /**
+   * false: whole for every reader, but not yet on the disk (neither it nor its folder fsynced); a
+   * crash of the machine may take it back. The caller makes it durable later (writeWholeFileAside).
+   */
+  durable?: false
 }
 
 /**
@@ -30,14 +35,14 @@ export function writeWholeFile(file: string, content: string, options: WholeFile
       // a new file gets options.mode
     }
   }
-  const temp = path.join(dir, `.${path.basename(file)}.${process.pid}.${Math.random().toString(36).slice(2)}.tmp`)
+  const temp = wholeFileTemp(file)
   let renamed = false
   try {
     const fd = fs.openSync(temp, 'wx', mode)
     try {
       if (options.exactMode) fs.fchmodSync(fd, mode)
       fs.writeFileSync(fd, content)
-      fs.fsyncSync(fd)
+      if (options.durable !== false) fs.fsyncSync(fd)
     } finally {
       fs.closeSync(fd)
     }
@@ -47,9 +52,51 @@ export function writeWholeFile(file: string, content: string, options: WholeFile
       fs.renameSync(temp, file)
       renamed = true
     }
-    syncDirectory(dir)
+    if (options.durable !== false) syncDirectory(dir)
   } finally {
     if (!renamed) fs.rmSync(temp, {force: true})
+  }
+}
+
+/** A temp name beside `file`, its own to this call. */
+function wholeFileTemp(file: string): string {
+  return path.join(
+    path.dirname(file),
+    `.${path.basename(file)}.${process.pid}.${Math.random().toString(36).slice(2)}.tmp`,
+  )
+}
+
+/**
+ * writeWholeFile (a file it replaces keeps its mode) with its writes and fsyncs on libuv's
+ * threads: for a file written after a reply went, whose fsyncs must not hold the event loop.
+ */
+export async function writeWholeFileAside(file: string, content: string, options: {mode?: number} = {}): Promise<void> {
+  const mode = await fs.promises.stat(file).then(
+    (stat) => stat.mode & 0o7777,
+    () => options.mode ?? 0o600,
+  )
+  const temp = wholeFileTemp(file)
+  let renamed = false
+  try {
+    const handle = await fs.promises.open(temp, 'wx', mode)
+    try {
+      await handle.writeFile(content)
+      await handle.sync()
+    } finally {
+      await handle.close()
+    }
+    await fs.promises.rename(temp, file)
+    renamed = true
+    const folder = await fs.promises.open(path.dirname(file), 'r')
+    try {
+      await folder.sync().catch((error: unknown) => {
+        if (!folderSyncRefused(error)) throw error
+      })
+    } finally {
+      await folder.close()
+    }
+  } finally {
+    if (!renamed) await fs.promises.rm(temp, {force: true})
   }
 }
 

@@ -218,6 +218,8 @@ export interface WorkspaceFileOptions {
   mode?: number
   exclusive?: boolean
   written?: (stat: fs.Stats) => void
+  /** false: put in place before its bytes are on the disk; the caller fsyncs it later (a take-back's reply first). */
+  durable?: false
 }
 
 /**
@@ -242,7 +244,7 @@ export function writeWorkspaceFile(
       for (let written = 0; written < data.length;)
         written += fs.writeSync(temp.fd, data, written, data.length - written)
     } else copyFileRange(content, temp.fd)
-    fs.fsyncSync(temp.fd)
+    if (options.durable !== false) fs.fsyncSync(temp.fd)
     return placeWorkspaceTemp(temp, options)
   } finally {
     closeWorkspaceTemp(temp)
@@ -268,7 +270,8 @@ export async function writeWorkspaceFileInTurns(
   if (!temp) return false
   try {
     await copyFileRangeInTurns(content, temp.fd, options.turn)
-    await new Promise<void>((resolve, reject) => fs.fsync(temp.fd, (error) => (error ? reject(error) : resolve())))
+    if (options.durable !== false)
+      await new Promise<void>((resolve, reject) => fs.fsync(temp.fd, (error) => (error ? reject(error) : resolve())))
     // the gateway ran other work meanwhile (a SOUL.md saved in the dashboard)
     if (options.stillWanted && !options.stillWanted()) return false
     return placeWorkspaceTemp(temp, options)
@@ -308,7 +311,7 @@ function openWorkspaceTemp(root: string, relative: string, options: WorkspaceFil
   }
 }
 
-/** Puts the written, fsynced temp file at its name (linked when `exclusive`, else renamed over it). */
+/** Puts the written (fsynced unless asked not to) temp file at its name (linked when `exclusive`, else renamed over it). */
 function placeWorkspaceTemp(opened: WorkspaceTemp, options: WorkspaceFileOptions): boolean {
   const {fd, temp, file, relative} = opened
   if (options.exclusive) {

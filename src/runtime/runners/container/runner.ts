@@ -406,6 +406,8 @@ async function runOnVolume(
   // as they arrive; the reply waits until they are on the host
   const split = sync && splitSyncTrailer(child.stdout!, diskLimit, sync.spoolDir)
   let takenBack: Promise<AgentRunOutput> | undefined
+  /** The take-back's fsyncs, after the reply (pullWorkspace): the run ends once they are done. */
+  let settled: Promise<void> | undefined
   try {
     let pulled = false
     const takeBack =
@@ -413,7 +415,7 @@ async function runOnVolume(
       ((answered: AgentRunOutput) =>
         (takenBack ??= (async () => {
           try {
-            const {received} = await pullWorkspace(cli, sync, {
+            const taken = await pullWorkspace(cli, sync, {
               runId,
               pushed,
               helper: {
@@ -431,7 +433,9 @@ async function runOnVolume(
               since: container.syncSince,
             })
             pulled = true
-            if (received > 0) log(`workspace sync: took back ${received} changed file(s) from engine ${engine!.name}`)
+            settled = taken.settled
+            if (taken.received > 0)
+              log(`workspace sync: took back ${taken.received} changed file(s) from engine ${engine!.name}`)
             return answered
           } catch (error) {
             // written past limits.disk, ended before the watch read it: the same answer the watch gives
@@ -468,6 +472,13 @@ async function runOnVolume(
     await takenBack
     // what a run that did not finish did to the volume is unknown: the next run there starts from the host's copy
     if (sync && !pulled) forgetVolume(sync)
+    // the agent's next run waits for these (the run holds its lock until it returns)
+    await settled?.catch((error: unknown) => {
+      log(
+        `workspace sync: the changes taken back from engine ${engine!.name} are in the workspace, but could not be made durable (${toGatewayError(error).message}); the next run there copies the workspace whole`,
+      )
+      forgetVolume(sync!)
+    })
     const atEnd = await diskWatch.stop()
     if (atEnd.over || overWhileRunning)
       return diskFull(

@@ -9,7 +9,8 @@ import {GatewayError, toGatewayError} from '../../util/errors.js'
 import {DockerCommandError} from '../../../sandbox/docker/errors.js'
 import {bufferSource, type ByteSource} from '../../util/spooled-bytes.js'
 import {tarEntries, writeTar, type TarHeaderEntry, type TarInput} from '../../util/tar.js'
-import {folderSyncRefused, removeWholeFile, writeWholeFile} from '../../util/write-whole-file.js'
+import {folderSyncRefused, removeWholeFile, writeWholeFile, writeWholeFileAside} from '../../util/write-whole-file.js'
+import {bootId} from '../../../sandbox/probe-record.js'
 import {readRegularFile} from '../../util/regular-file.js'
 import {syncStateFile, syncVolumePrefix} from '../../container/engine-state.js'
 import {syncSpoolDir} from '../../util/paths.js'
@@ -94,14 +95,19 @@ export interface SyncedVolume {
 export function syncedVolume(home: string, engine: string, homeLabel: string, agentId: string): SyncedVolume {
   const volume = `${syncVolumePrefix(homeLabel)}${agentId}`
   const file = syncStateFile(home, engine, agentId)
-  let record: {fill?: unknown; files?: unknown} | undefined
+  let record: {fill?: unknown; files?: unknown; unsettledIn?: unknown} | undefined
   try {
     record = JSON.parse(fs.readFileSync(file, 'utf8')) as typeof record
   } catch {
     record = undefined
   }
-  // a record without a fill token (an older gateway's) is of an unknown volume: filled whole once
-  const known = typeof record?.fill === 'string' && FILL_TOKEN.test(record.fill) && typeof record.files === 'object'
+  // a record without a fill token (an older gateway's) is of an unknown volume: filled whole once;
+  // one written before its take-back reached the disk holds only within the boot that wrote it
+  const known =
+    typeof record?.fill === 'string' &&
+    FILL_TOKEN.test(record.fill) &&
+    typeof record.files === 'object' &&
+    (record.unsettledIn === undefined || record.unsettledIn === thisBoot())
   return {
     volume,
     synced: known ? (record!.files as Snapshot) : undefined,
@@ -114,9 +120,11 @@ export function syncedVolume(home: string, engine: string, homeLabel: string, ag
 /**
  * The record is durable, and so is forgetting it: one a crash took back to an earlier message's
  * would miss names the host removed since (the volume would keep them) and the names marked
- * unlike; one back from before a run whose changes never came would be trusted.
+ * unlike; one back from before a run whose changes never came would be trusted. A take-back's
+ * record is first written `unsettledIn` this boot, not yet durable, and then again once its files
+ * are (pullWorkspace): another boot never trusts the first.
  */
-function remember(state: SyncedVolume, snapshot: Snapshot | undefined): void {
+function remember(state: SyncedVolume, snapshot: Snapshot | undefined, unsettledIn?: string): void {
   state.synced = snapshot
   if (!snapshot) {
     state.fill = undefined
@@ -124,7 +132,18 @@ function remember(state: SyncedVolume, snapshot: Snapshot | undefined): void {
     return
   }
   fs.mkdirSync(path.dirname(state.file), {recursive: true, mode: 0o700})
-  writeWholeFile(state.file, JSON.stringify({fill: state.fill, files: snapshot}))
+  if (unsettledIn) writeWholeFile(state.file, recordText(state, snapshot, unsettledIn), {durable: false})
+  else writeWholeFile(state.file, recordText(state, snapshot))
+}
+
+function recordText(state: SyncedVolume, files: Snapshot, unsettledIn?: string): string {
+  return JSON.stringify({fill: state.fill, files, ...(unsettledIn ? {unsettledIn} : {})})
+}
+
+let bootOfThisProcess: string | null | undefined
+/** The machine's boot id (Linux), read once; null where there is none. */
+function thisBoot(): string | null {
+  return (bootOfThisProcess ??= bootId())
 }
 
 /** Forgets what the volume holds: the next run copies the host's workspace whole. */
@@ -396,6 +415,11 @@ function safeName(raw: string): string | undefined {
  * host. FIFOs, devices, hard links and names with `..` are never made on the host (each is
  * logged). `maxBytes` bounds the whole transfer (limits.disk). A change the host fails to take
  * (applyChanges) fails it, and what the volume holds is forgotten.
+ *
+ * It returns once the changes are in place on the host (the next run sees them; losing the engine
+ * now loses nothing). `settled` follows, on libuv's threads: the files and folders it wrote
+ * fsynced, then the record; until then the record holds only in this boot (syncedVolume), so a
+ * machine that lost power meanwhile fills the volume whole from whatever its disk kept.
  */
 export async function pullWorkspace(
   cli: DockerCli,
@@ -417,17 +441,22 @@ export async function pullWorkspace(
     /** What the helper that lists them again runs as. */
     helper: HelperOptions
   },
-): Promise<{received: number}> {
+): Promise<{received: number; settled: Promise<void>}> {
   // a host that could not hold the changes once would not the second time: not listed again
   if (!options.trailer && options.spoolFailure) {
     forgetVolume(state)
     throw notHeld(state.spoolDir, options.spoolFailure)
   }
   const trailer = options.trailer ?? (await listChangesAgain(cli, state, options))
+  // where no boot id says which boot a record was written in, every write is durable before the reply
+  const boot = thisBoot() ?? undefined
   let applied: Awaited<ReturnType<typeof applyChanges>>
   try {
     const present = await namesListed(trailer.list, state.synced)
-    applied = await applyChanges(options.workspace, trailer.changes, present, state.synced, options)
+    applied = await applyChanges(options.workspace, trailer.changes, present, state.synced, {
+      ...options,
+      ...(boot ? {durable: false as const} : {}),
+    })
   } catch (error) {
     // part of the changes may be on the host, the rest only in the volume: no record says what it
     // holds now, so the next run there starts from the host's workspace whole
@@ -436,18 +465,28 @@ export async function pullWorkspace(
   } finally {
     trailer.close()
   }
-  const {received, record, folders} = applied
-  // each file was fsynced before its rename: its name, and every name made or removed, reach the
-  // disk while the record is written. The record says what the volume holds, true before they are
-  // (a crash between leaves a message that never answered, its changes sent again or undone by the
-  // next push); the reply, after this, says the run's writes are on the host's disk.
-  const durable = syncFoldersAside(options.workspace, folders)
-  durable.catch(() => {}) // awaited below, after the record's own error if it has one
+  const {received, record, files, folders} = applied
+  const snapshot = record ?? snapshotWorkspace(options.workspace)
   // the record is what the push sent with what the run brought back, never a walk of the host now:
   // an edit made on the host while the run ran is unlike it, so the next push sends it
-  remember(state, record ?? snapshotWorkspace(options.workspace))
-  await durable
-  return {received}
+  if (!boot) {
+    // each file was fsynced before its rename: its name, and every name made or removed, reach the
+    // disk while the record is written, and the reply waits for both
+    const durable = syncAside(options.workspace, folders, 'folder')
+    durable.catch(() => {}) // awaited below, after the record's own error if it has one
+    remember(state, snapshot)
+    await durable
+    return {received, settled: Promise.resolve()}
+  }
+  remember(state, snapshot, boot)
+  const settled = (async () => {
+    await syncAside(options.workspace, files, 'file')
+    await syncAside(options.workspace, folders, 'folder')
+    // a later message's record (or its forgetting) is never replaced by this one
+    if (state.synced === snapshot) await writeWholeFileAside(state.file, recordText(state, snapshot))
+  })()
+  settled.catch(() => {}) // the caller's to report
+  return {received, settled}
 }
 
 /**
@@ -472,25 +511,32 @@ function changedOnHost(
   return !sameKind || before[0] !== now.size || before[1] !== now.mtimeMs
 }
 
-/** How many folders' fsyncs run at once: each holds a descriptor, and a run may have made 100,000 folders. */
-const FOLDER_SYNCS_AT_ONCE = 8
+/** How many fsyncs run at once: each holds a descriptor, and a run may have made 100,000 folders. */
+const SYNCS_AT_ONCE = 8
 
 /**
- * fsyncs folders of the workspace on libuv's threads, the first ones started before it returns,
- * so this thread may write meanwhile; settles once each is on the disk. A folder gone since (a
- * later entry removed it) or no longer a folder has nothing to keep; never a link followed.
+ * fsyncs files or folders of the workspace on libuv's threads, the first ones started before it
+ * returns, so this thread may write meanwhile; settles once each is on the disk. An entry gone
+ * since (a later entry removed it) or no longer of its kind has nothing to keep; never a link
+ * followed, never a FIFO waited on.
  */
-export function syncFoldersAside(workspace: string, folders: Iterable<string>): Promise<void> {
-  const left = [...folders]
-  const flags = fs.constants.O_RDONLY | fs.constants.O_DIRECTORY | fs.constants.O_NOFOLLOW
+export function syncAside(workspace: string, names: Iterable<string>, kind: 'file' | 'folder'): Promise<void> {
+  const left = [...names]
+  const flags =
+    fs.constants.O_RDONLY |
+    fs.constants.O_NOFOLLOW |
+    (kind === 'folder' ? fs.constants.O_DIRECTORY : fs.constants.O_NONBLOCK)
   return new Promise<void>((resolve, reject) => {
     let running = 0
     let failed: {error: unknown} | undefined
     const next = () => {
-      while (!failed && running < FOLDER_SYNCS_AT_ONCE && left.length > 0) {
+      while (!failed && running < SYNCS_AT_ONCE && left.length > 0) {
+        const name = left.shift()!
+        // a file only where the writer left one, never below a link: opening a device may act on it
+        if (kind === 'file' && !isWorkspaceFile(workspace, name)) continue
         let fd: number
         try {
-          fd = fs.openSync(path.join(workspace, left.shift()!), flags)
+          fd = fs.openSync(path.join(workspace, name), flags)
         } catch (error) {
           const code = (error as NodeJS.ErrnoException).code ?? ''
           if (!['ENOENT', 'ENOTDIR', 'ELOOP'].includes(code) && !folderSyncRefused(error)) failed = {error}
@@ -511,6 +557,15 @@ export function syncFoldersAside(workspace: string, folders: Iterable<string>): 
     }
     next()
   })
+}
+
+/** Whether `name` is a regular file of the workspace now; a workspace gone has none. */
+function isWorkspaceFile(workspace: string, name: string): boolean {
+  try {
+    return lstatWorkspaceEntry(workspace, name)?.isFile() ?? false
+  } catch {
+    return false
+  }
 }
 
 /**
@@ -538,8 +593,19 @@ export async function applyChanges(
   changes: ByteSource | Buffer,
   present: ReadonlySet<string | undefined>,
   synced: Snapshot | undefined,
-  options: {maxBytes: number; log: (line: string) => void},
-): Promise<{received: number; kept: string[]; record: Snapshot | undefined; folders: Set<string>}> {
+  options: {
+    maxBytes: number
+    log: (line: string) => void
+    /** false: the files are put in place before their bytes are on the disk (the caller fsyncs `files`). */
+    durable?: false
+  },
+): Promise<{
+  received: number
+  kept: string[]
+  record: Snapshot | undefined
+  files: Set<string>
+  folders: Set<string>
+}> {
   const turn = eventLoopTurns()
   let received = 0
   const kept: string[] = []
@@ -567,6 +633,8 @@ export async function applyChanges(
   }
   /** The folders whose entries it made, replaced or removed: each to be fsynced once (pullWorkspace). */
   const touched = new Set<string>()
+  /** The files it wrote: each fsynced before its rename, or by the caller (`durable: false`). */
+  const filesWritten = new Set<string>()
   const changedIn = (name: string) => touched.add(path.dirname(name))
   /** The folders the writer makes on the way to `name` (an archive that did not list them) change their parents too. */
   const parentsMadeFor = (name: string) => {
@@ -600,13 +668,17 @@ export async function applyChanges(
         }
         parentsMadeFor(name)
         const content = archive.content(entry.dataAt, entry.size)
-        const options = {mode: entry.mode & 0o777, written}
+        const writing = {
+          mode: entry.mode & 0o777,
+          written,
+          ...(options.durable === false ? {durable: false as const} : {}),
+        }
         // what came past memory (a spooled trailer) may be a GiB: written between the loop's turns,
         // the host's file checked again just before it is replaced
         const placed = Buffer.isBuffer(content)
-          ? writeWorkspaceFile(workspace, name, content, options)
+          ? writeWorkspaceFile(workspace, name, content, writing)
           : await writeWorkspaceFileInTurns(workspace, name, content, {
-              ...options,
+              ...writing,
               turn,
               stillWanted: () => !changedOnHost(workspace, name, synced),
             })
@@ -615,6 +687,7 @@ export async function applyChanges(
           continue
         }
         changedIn(name)
+        filesWritten.add(name)
         received++
       } else if (entry.type === '2' && GATEWAY_ENTRIES.includes(name))
         skip(entry, "is a link where the gateway keeps one of the agent's own files", 'l')
@@ -661,7 +734,7 @@ export async function applyChanges(
   // once, whatever order the archive came in: one pass over the record, never one per name
   if (record && replaced.size > 0)
     for (const name of Object.keys(record)) if (belowAny(name, replaced)) delete record[name]
-  return {received, kept, record, folders: touched}
+  return {received, kept, record, files: filesWritten, folders: touched}
 }
 
 /** The deepest name taken back: deeper ones (a hostile trailer's `a/a/a/…`) are logged and left. */

@@ -9,7 +9,7 @@ import {
   pullWorkspace,
   snapshotWorkspace,
   syncedVolume,
-  syncFoldersAside,
+  syncAside,
   type Snapshot,
   type SyncedVolume,
 } from '../../../../src/runtime/runners/container/workspace-sync.js'
@@ -65,7 +65,13 @@ describe('taking a run’s changes back from a remote engine', () => {
   const apply = (tar: Buffer, present: string[] = [], synced = snapshotWorkspace(workspace)) =>
     applyChanges(workspace, tar, new Set(present), synced, {maxBytes: 1024 * 1024, log: (line) => logged.push(line)})
   /** pullWorkspace given the run's trailer: every name in the volume, and the change tar (no engine is asked). */
-  const pull = (state: SyncedVolume, names: string[], changes: Buffer, maxBytes = 1024 * 1024) =>
+  /** pullWorkspace, and its fsyncs after the reply (`settled`) done. */
+  const pull = async (state: SyncedVolume, names: string[], changes: Buffer, maxBytes = 1024 * 1024) => {
+    const taken = await pullBeforeSettled(state, names, changes, maxBytes)
+    await taken.settled
+    return taken
+  }
+  const pullBeforeSettled = (state: SyncedVolume, names: string[], changes: Buffer, maxBytes = 1024 * 1024) =>
     pullWorkspace(undefined as never, state, {
       runId: 'run_test',
       pushed: false,
@@ -79,6 +85,23 @@ describe('taking a run’s changes back from a remote engine', () => {
       },
       helper: {image: 'unused', uid: 1000, gid: 1000, labels: {}},
     })
+
+  /** What `work` opened with fs.openSync, each as the path its descriptor reached. */
+  const openedDuring = async (work: () => Promise<void>): Promise<string[]> => {
+    const opened: string[] = []
+    const open = vi.spyOn(fs, 'openSync')
+    open.mockImplementation(((file: fs.PathLike, ...rest: unknown[]) => {
+      const fd = openReal(file, ...rest)
+      opened.push(fs.realpathSync(`/proc/self/fd/${fd}`))
+      return fd
+    }) as typeof fs.openSync)
+    try {
+      await work()
+    } finally {
+      open.mockRestore()
+    }
+    return opened
+  }
 
   beforeEach(() => {
     root = fs.mkdtempSync(path.join(os.tmpdir(), 'meepa-sync-'))
@@ -293,7 +316,7 @@ describe('taking a run’s changes back from a remote engine', () => {
     }
   })
 
-  it('has every name it made, replaced or removed on the disk, and its record written, before it returns', async () => {
+  it('replies with the changes in place, then has every name and the record on the disk before the run ends', async () => {
     fs.mkdirSync(path.join(workspace, 'old'))
     fs.writeFileSync(path.join(workspace, 'old', 'gone.txt'), 'old')
     fs.mkdirSync(path.join(workspace, 'untouched'))
@@ -322,6 +345,14 @@ describe('taking a run’s changes back from a remote engine', () => {
         if (!error) fsynced.add(opened.get(fd) ?? '?')
         done(error)
       })) as typeof fs.fsync)
+    const real = fs.realpathSync(workspace)
+    const named = (kind: 'folder' | 'file') =>
+      [...fsynced]
+        .filter((name) => name.startsWith(real) && fs.existsSync(name))
+        .filter((name) => fs.statSync(name).isDirectory() === (kind === 'folder'))
+        .map((name) => path.relative(real, fs.realpathSync(name)) || '.')
+        .sort()
+    const record = () => JSON.parse(fs.readFileSync(state.file, 'utf8')) as {files: Snapshot; unsettledIn?: string}
     try {
       const changes = writeTar([
         {name: 'd', type: '5', mode: 0o755, mtimeMs: 0, data: Buffer.alloc(0)},
@@ -329,30 +360,53 @@ describe('taking a run’s changes back from a remote engine', () => {
         file('top.txt', 'top'),
         file('e/f/unlisted-folders.txt', 'made'), // an archive that does not list e and e/f
       ])
-      await pull(state, ['untouched', 'd', 'd/new.txt', 'top.txt', 'e', 'e/f', 'e/f/unlisted-folders.txt'], changes)
+      const names = ['untouched', 'd', 'd/new.txt', 'top.txt', 'e', 'e/f', 'e/f/unlisted-folders.txt']
+      const taken = await pullBeforeSettled(state, names, changes)
+      // the reply's moment: every change in place, nothing of it fsynced yet, the record bound to this boot
+      expect(fs.readFileSync(path.join(workspace, 'e/f/unlisted-folders.txt'), 'utf8')).toBe('made')
+      expect(fs.existsSync(path.join(workspace, 'old'))).toBe(false)
+      expect(fsynced.size).toBe(0)
+      expect(record().unsettledIn).toBe(fs.readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim())
+      await taken.settled
     } finally {
       open.mockRestore()
       fsyncNow.mockRestore()
       fsyncAside.mockRestore()
     }
-    const real = fs.realpathSync(workspace)
-    const folders = [...fsynced]
-      .filter((name) => fs.existsSync(name) && fs.statSync(name).isDirectory())
-      .map((name) => path.relative(real, fs.realpathSync(name)) || '.')
-    // the workspace (top.txt, d and e made, old removed), d (new.txt), e (f made), e/f (its file),
-    // old's removal of gone.txt (old is gone); the record's own folder
-    expect(folders.sort()).toEqual(['.', '..', 'd', 'e', 'e/f'])
-    expect(fs.existsSync(path.join(workspace, 'old'))).toBe(false)
-    // each file was fsynced before its rename, the record's too
-    expect([...fsynced].filter((name) => name.endsWith('.tmp'))).toHaveLength(4)
-    const written = JSON.parse(fs.readFileSync(state.file, 'utf8')) as {files: Snapshot}
-    expect(Object.keys(written.files).sort()).toEqual([
+    // the workspace (top.txt, d and e made, old removed), d (new.txt), e (f made), e/f (its file);
+    // old's removal of gone.txt (old is gone)
+    expect(named('folder')).toEqual(['.', 'd', 'e', 'e/f'])
+    expect(named('file')).toEqual(['d/new.txt', 'e/f/unlisted-folders.txt', 'top.txt'])
+    // then the record, for any boot
+    expect(record().unsettledIn).toBeUndefined()
+    expect(Object.keys(record().files).sort()).toEqual([
       'd',
       'd/new.txt',
       'e/f/unlisted-folders.txt',
       'top.txt',
       'untouched',
     ])
+    expect(syncedVolume(root, 'remote', 'label', 'a').synced).toBeUndefined() // another agent's: none
+  })
+
+  it('trusts a record its take-back had not settled only in the boot that wrote it', () => {
+    const engineState = path.dirname(syncedVolume(root, 'remote', 'label', 'agent').file)
+    const write = (record: object) => {
+      fs.mkdirSync(engineState, {recursive: true})
+      fs.writeFileSync(syncedVolume(root, 'remote', 'label', 'agent').file, JSON.stringify(record))
+    }
+    const fill = 'a'.repeat(32)
+    const files: Snapshot = {'memory.db': [4096, 1, 'f']}
+    const boot = fs.readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim()
+    write({fill, files, unsettledIn: boot})
+    expect(syncedVolume(root, 'remote', 'label', 'agent').synced).toEqual(files)
+    // a machine that lost power before the fsyncs: what its disk kept is unknown, the volume filled whole
+    write({fill, files, unsettledIn: '00000000-0000-0000-0000-000000000000'})
+    expect(syncedVolume(root, 'remote', 'label', 'agent').synced).toBeUndefined()
+    expect(syncedVolume(root, 'remote', 'label', 'agent').fill).toBeUndefined()
+    // settled: any boot
+    write({fill, files})
+    expect(syncedVolume(root, 'remote', 'label', 'agent').synced).toEqual(files)
   })
 
   it('knows a volume only with its fill’s token: a record without one (an older gateway’s) is of an unknown volume', () => {
@@ -448,19 +502,28 @@ describe('taking a run’s changes back from a remote engine', () => {
     fs.mkdirSync(path.join(workspace, 'real'))
     fs.symlinkSync(outside, path.join(workspace, 'link'))
     execaSync('mkfifo', [path.join(workspace, 'fifo')])
-    const opened: string[] = []
-    const open = vi.spyOn(fs, 'openSync')
-    open.mockImplementation(((file: fs.PathLike, ...rest: unknown[]) => {
-      const fd = openReal(file, ...rest)
-      opened.push(fs.realpathSync(`/proc/self/fd/${fd}`))
-      return fd
-    }) as typeof fs.openSync)
-    try {
-      await syncFoldersAside(workspace, ['real', 'link', 'fifo', 'gone'])
-    } finally {
-      open.mockRestore()
-    }
+    const opened = await openedDuring(() => syncAside(workspace, ['real', 'link', 'fifo', 'gone'], 'folder'))
     expect(opened).toEqual([fs.realpathSync(path.join(workspace, 'real'))])
+  })
+
+  it('fsyncs only regular files after a reply: never through a link, a FIFO, a device or a folder', async () => {
+    fs.writeFileSync(path.join(workspace, 'real.txt'), 'x')
+    fs.writeFileSync(path.join(outside, 'secret'), 'x')
+    fs.symlinkSync(path.join(outside, 'secret'), path.join(workspace, 'link'))
+    fs.symlinkSync(outside, path.join(workspace, 'linked-folder'))
+    fs.symlinkSync('/dev/null', path.join(workspace, 'device-link'))
+    // a device node needs root (as CI runs); elsewhere the link to one stands for it
+    if (process.getuid?.() === 0) execaSync('mknod', [path.join(workspace, 'device'), 'c', '1', '3'])
+    execaSync('mkfifo', [path.join(workspace, 'fifo')])
+    fs.mkdirSync(path.join(workspace, 'dir'))
+    const real = fs.realpathSync(path.join(workspace, 'real.txt'))
+    const names = ['real.txt', 'link', 'linked-folder/secret', 'device-link', 'device', 'fifo', 'dir', 'gone']
+    const opened = await openedDuring(async () => {
+      await syncAside(workspace, names, 'file')
+      fs.rmSync(workspace, {recursive: true}) // a workspace removed meanwhile: nothing to keep
+      await syncAside(workspace, ['real.txt'], 'file')
+    })
+    expect(opened).toEqual([real])
   })
 
   it('leaves names deeper than 256 folders, and keeps the event loop turning while a long archive is applied', async () => {
