@@ -13,6 +13,8 @@ import {
   LOST_VOLUME_EXIT,
   LostVolume,
   markRunStart,
+  namesBeforeGo,
+  type NamesBeforeGo,
   type RunStart,
   sendWorkspaceChanges,
   SYNC_START_LOG,
@@ -162,8 +164,16 @@ export async function main(): Promise<void> {
   // while a standby waits, its message's mark and trailer then run as warm code; a cold run's go
   // line is there at once, and it goes on without
   let syncWarmed: Promise<void> | undefined
+  // and takes the workspace's names then (its working directory), which a clean go line starts from
+  let namesTaken: NamesBeforeGo | undefined
   const warmUp = syncAsked
-    ? setTimeout(() => (syncWarmed = warmWorkspaceSync().catch(() => {})), SYNC_WARM_UP_AFTER_MS).unref()
+    ? setTimeout(
+        () =>
+          (syncWarmed = warmWorkspaceSync()
+            .catch(() => {})
+            .then(() => void (namesTaken = namesBeforeGo()))),
+        SYNC_WARM_UP_AFTER_MS,
+      ).unref()
     : undefined
   let changesSince: {workspace: string; start: RunStart} | undefined
   const reader = new StdinReader(process.stdin, {goLine: syncAsked})
@@ -174,7 +184,7 @@ export async function main(): Promise<void> {
     runId = input.run_id
     if (goLine !== undefined) {
       await syncWarmed
-      changesSince = {workspace: input.workspace, start: markRunStart(input.workspace, goLine)}
+      changesSince = {workspace: input.workspace, start: markRunStart(input.workspace, goLine, namesTaken)}
       // for the host's own listing, should no whole trailer come: said before any command runs
       log(`${SYNC_START_LOG} ${changesSince.start.since}`)
     }

@@ -215,12 +215,33 @@ function inodes(workspace: string): Map<string, bigint> {
   return found
 }
 
+/** The names of a workspace and their inodes, taken by a standby before its go line (namesBeforeGo). */
+export interface NamesBeforeGo {
+  workspace: string
+  inodes: Map<string, bigint>
+}
+
+/**
+ * The names of the standby's working directory (its container's workspace) while it waits for
+ * its go line: a walk of the volume costs 2–10 ms, which the first LLM request's answer otherwise
+ * waits for. Nothing writes the volume between them but the message's own push, whose go line
+ * says `pushed` (markRunStart then walks again); undefined when it cannot be walked.
+ */
+export function namesBeforeGo(workspace = process.cwd()): NamesBeforeGo | undefined {
+  try {
+    return {workspace: path.resolve(workspace), inodes: inodes(workspace)}
+  } catch {
+    return undefined
+  }
+}
+
 /**
  * Marks the run's start in the volume from the go line, before any command of the agent runs;
  * what it returns stays in agent-run's memory. The mark (the run id) is for a helper that lists
- * the changes again when no whole trailer came.
+ * the changes again when no whole trailer came. `taken`: the names as they were before the go
+ * line, used when it says `clean` (nothing was written since) and they are of this workspace.
  */
-export function markRunStart(workspace: string, goLine: string): RunStart {
+export function markRunStart(workspace: string, goLine: string, taken?: NamesBeforeGo): RunStart {
   const go = GO_LINE.exec(goLine.trim())
   if (!go) throw new GatewayError('E_INPUT', 'the workspace sync go line is malformed')
   const [, mode, token, limit, fill] = go
@@ -245,9 +266,11 @@ export function markRunStart(workspace: string, goLine: string): RunStart {
       since = marked
     }
     const start: RunStart = {since, maxBytes}
-    // the names as they are now, taken as soon as this turn of the event loop ends: while the
+    // names taken earlier and changed since would only be sent back as the run's: never one missed
+    if (mode === 'clean' && taken?.workspace === path.resolve(workspace)) start.before = taken.inodes
+    // else the names as they are now, taken as soon as this turn of the event loop ends: while the
     // first LLM request is out, and before any tool can run (one needs an answer to that request)
-    setImmediate(() => (start.before = inodes(workspace)))
+    else setImmediate(() => (start.before = inodes(workspace)))
     return start
   } catch (error) {
     if (error instanceof LostVolume) throw error

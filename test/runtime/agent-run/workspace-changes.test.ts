@@ -7,6 +7,8 @@ import {afterAll, beforeAll, describe, expect, it} from 'vitest'
 import {
   LostVolume,
   markRunStart,
+  namesBeforeGo,
+  type NamesBeforeGo,
   type RunStart,
   sendWorkspaceChanges,
   syncGoLine,
@@ -36,8 +38,8 @@ function filled(workspace: string, fill = FILL): void {
   fs.writeFileSync(path.join(workspace, SYNC_DIR, SYNC_FILL), `${fill}\n`)
 }
 
-async function startRun(workspace: string, goLine: string): Promise<RunStart> {
-  const start = markRunStart(workspace, goLine)
+async function startRun(workspace: string, goLine: string, taken?: NamesBeforeGo): Promise<RunStart> {
+  const start = markRunStart(workspace, goLine, taken)
   await new Promise((resolve) => setImmediate(resolve))
   return start
 }
@@ -213,6 +215,34 @@ for (const coarse of [false, true])
       const {names, files} = await changesOf(workspace, start)
       expect(files).toContain('archive/q/q1.txt')
       expect(names).not.toContain('./reports/q/q1.txt')
+    })
+
+    it('starts from the names a standby took before a clean go line; after a push it takes them anew', async () => {
+      fs.mkdirSync(path.join(workspace, 'ledger', 'y'), {recursive: true})
+      fs.writeFileSync(path.join(workspace, 'ledger', 'y', 'y1.txt'), 'y1')
+      await sleep(tick)
+      const taken = namesBeforeGo(workspace)!
+      expect(taken.inodes.has('ledger/y/y1.txt')).toBe(true)
+      // nothing pushed: those names are the start's, and a folder the run moves still brings its files
+      const clean = markRunStart(workspace, syncGoLine('run_taken', false, LIMIT, FILL), taken)
+      expect(clean.before).toBe(taken.inodes)
+      fs.renameSync(path.join(workspace, 'ledger'), path.join(workspace, 'books'))
+      expect((await changesOf(workspace, clean)).files).toContain('books/y/y1.txt')
+      // a push wrote after they were taken: they would call its file the run's
+      const stale = namesBeforeGo(workspace)!
+      fs.writeFileSync(path.join(workspace, 'pushed-by-host.txt'), 'from the host')
+      await sleep(tick)
+      const pushed = await startRun(workspace, syncGoLine('run_after_push', true, LIMIT, FILL), stale)
+      expect(pushed.before).not.toBe(stale.inodes)
+      expect((await changesOf(workspace, pushed)).files).not.toContain('pushed-by-host.txt')
+      // another folder's names are never the start's
+      const elsewhere = markRunStart(workspace, syncGoLine('run_elsewhere', false, LIMIT, FILL), {
+        workspace: outside,
+        inodes: new Map(),
+      })
+      expect(elsewhere.before).toBeUndefined()
+      await new Promise((resolve) => setImmediate(resolve))
+      expect(elsewhere.before?.has('books/y/y1.txt')).toBe(true)
     })
 
     it('never writes through a mark hard-linked to a workspace file; a run that ends at once sends by ctime alone', async () => {
