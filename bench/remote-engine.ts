@@ -83,7 +83,7 @@ try {
       fs.writeFileSync(path.join(dir, `blob-${i}.bin`), crypto.randomBytes(1 << 20))
   }
   let fromStandby = 0
-  /** BENCH_PROFILE=1: when each log line of a message came, in ms from its start (the last message of each agent). */
+  /** BENCH_PROFILE=1: when each log line of a message came, in ms from its start (the last message of each agent; `all`: every standby message as it ends). */
   const timeline = new Map<string, string[]>()
   const sendToReply = async (agentId: string, standby = false) => {
     const started = performance.now()
@@ -101,6 +101,7 @@ try {
     })
     if (!result.output.ok) throw new Error(`bench run failed: ${JSON.stringify(result.output.error)}`)
     lines.push(`${(performance.now() - started).toFixed(0).padStart(5)} ms  (reply)`)
+    if (process.env.BENCH_PROFILE === 'all' && standby) console.error(`${agentId}:\n  ${lines.join('\n  ')}`)
     return performance.now() - started
   }
   // first runs: images built (the remote one there), the 50 MB copied to the remote volume once
