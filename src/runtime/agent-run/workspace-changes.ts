@@ -77,11 +77,19 @@ export function syncToken(runId: string): string {
 /**
  * The line the runner sends before the input, once the volume holds the host's state:
  * `pushed`: this message's push just wrote to the volume, so only what is stamped after the
- * volume's clock ticked past the mark is the run's; `clean`: the mark's own tick counts too. Then
- * the run id, and the most the trailer may carry (limits.disk: past it, agent-run stops sending).
+ * volume's clock ticked past the mark is the run's; `clean`: the mark's own tick counts too;
+ * `kept`: as `clean`, and the names the standby took while it waited are the start's. Then the run id, and the most the trailer may carry (limits.disk: past it, agent-run stops sending).
  */
-export function syncGoLine(runId: string, pushed: boolean, maxBytes: number, fill: string): string {
-  return `${pushed ? 'pushed' : 'clean'} ${syncToken(runId)} ${Math.floor(maxBytes)} ${fill}\n`
+export function syncGoLine(
+  runId: string,
+  pushed: boolean,
+  maxBytes: number,
+  fill: string,
+  /** `kept`, a `clean` go line whose standby's names are the start's: nothing ran on the volume since it took them. */
+  namesKept = false,
+): string {
+  const mode = pushed ? 'pushed' : namesKept ? 'kept' : 'clean'
+  return `${mode} ${syncToken(runId)} ${Math.floor(maxBytes)} ${fill}\n`
 }
 
 /**
@@ -93,7 +101,7 @@ export function workspaceSyncHere(env: NodeJS.ProcessEnv = process.env): boolean
   return env[WORKSPACE_SYNC_ENV] === '1' && process.ppid === 1
 }
 
-const GO_LINE = /^(pushed|clean) ([A-Za-z0-9_-]{1,200}) (\d{1,16}) ([0-9a-f]{32})$/
+const GO_LINE = /^(pushed|clean|kept) ([A-Za-z0-9_-]{1,200}) (\d{1,16}) ([0-9a-f]{32})$/
 
 /** What agent-run keeps of the run's start, in its own memory. */
 export interface RunStart {
@@ -224,8 +232,9 @@ export interface NamesBeforeGo {
 /**
  * The names of the standby's working directory (its container's workspace) while it waits for
  * its go line: a walk of the volume costs 2–10 ms, which the first LLM request's answer otherwise
- * waits for. Nothing writes the volume between them but the message's own push, whose go line
- * says `pushed` (markRunStart then walks again); undefined when it cannot be walked.
+ * waits for. The host says `kept` only when nothing ran on or wrote the volume since the standby
+ * started (its generation, SyncedVolume); else markRunStart walks again. Undefined when it cannot
+ * be walked.
  */
 export function namesBeforeGo(workspace = process.cwd()): NamesBeforeGo | undefined {
   try {
@@ -239,7 +248,7 @@ export function namesBeforeGo(workspace = process.cwd()): NamesBeforeGo | undefi
  * Marks the run's start in the volume from the go line, before any command of the agent runs;
  * what it returns stays in agent-run's memory. The mark (the run id) is for a helper that lists
  * the changes again when no whole trailer came. `taken`: the names as they were before the go
- * line, used when it says `clean` (nothing was written since) and they are of this workspace.
+ * line, used when it says `kept` (nothing was written since) and they are of this workspace.
  */
 export function markRunStart(workspace: string, goLine: string, taken?: NamesBeforeGo): RunStart {
   const go = GO_LINE.exec(goLine.trim())
@@ -266,8 +275,9 @@ export function markRunStart(workspace: string, goLine: string, taken?: NamesBef
       since = marked
     }
     const start: RunStart = {since, maxBytes}
-    // names taken earlier and changed since would only be sent back as the run's: never one missed
-    if (mode === 'clean' && taken?.workspace === path.resolve(workspace)) start.before = taken.inodes
+    // the host vouches that no run or push came between (a run moving a folder away and this one
+    // moving it back would otherwise find its files' inodes unchanged, and never send them)
+    if (mode === 'kept' && taken?.workspace === path.resolve(workspace)) start.before = taken.inodes
     // else the names as they are now, taken as soon as this turn of the event loop ends: while the
     // first LLM request is out, and before any tool can run (one needs an answer to that request)
     else setImmediate(() => (start.before = inodes(workspace)))

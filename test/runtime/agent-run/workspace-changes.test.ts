@@ -217,26 +217,35 @@ for (const coarse of [false, true])
       expect(names).not.toContain('./reports/q/q1.txt')
     })
 
-    it('starts from the names a standby took before a clean go line; after a push it takes them anew', async () => {
+    it('starts from the names a standby took only when the host says they are kept; else takes them anew', async () => {
       fs.mkdirSync(path.join(workspace, 'ledger', 'y'), {recursive: true})
       fs.writeFileSync(path.join(workspace, 'ledger', 'y', 'y1.txt'), 'y1')
       await sleep(tick)
       const taken = namesBeforeGo(workspace)!
       expect(taken.inodes.has('ledger/y/y1.txt')).toBe(true)
-      // nothing pushed: those names are the start's, and a folder the run moves still brings its files
-      const clean = markRunStart(workspace, syncGoLine('run_taken', false, LIMIT, FILL), taken)
-      expect(clean.before).toBe(taken.inodes)
+      // kept: nothing ran or was pushed since; those names are the start's, and a moved folder brings its files
+      const kept = markRunStart(workspace, syncGoLine('run_taken', false, LIMIT, FILL, true), taken)
+      expect(kept.before).toBe(taken.inodes)
       fs.renameSync(path.join(workspace, 'ledger'), path.join(workspace, 'books'))
+      expect((await changesOf(workspace, kept)).files).toContain('books/y/y1.txt')
+      // clean, not kept: another run moved the folder away after they were taken (books -> shelf
+      // now), and this run moves it back: with the old names its file would keep its inode, unsent
+      const stale = namesBeforeGo(workspace)!
+      fs.renameSync(path.join(workspace, 'books'), path.join(workspace, 'shelf'))
+      await sleep(tick)
+      const clean = await startRun(workspace, syncGoLine('run_after_another', false, LIMIT, FILL), stale)
+      expect(clean.before).not.toBe(stale.inodes)
+      fs.renameSync(path.join(workspace, 'shelf'), path.join(workspace, 'books'))
       expect((await changesOf(workspace, clean)).files).toContain('books/y/y1.txt')
       // a push wrote after they were taken: they would call its file the run's
-      const stale = namesBeforeGo(workspace)!
+      const beforePush = namesBeforeGo(workspace)!
       fs.writeFileSync(path.join(workspace, 'pushed-by-host.txt'), 'from the host')
       await sleep(tick)
-      const pushed = await startRun(workspace, syncGoLine('run_after_push', true, LIMIT, FILL), stale)
-      expect(pushed.before).not.toBe(stale.inodes)
+      const pushed = await startRun(workspace, syncGoLine('run_after_push', true, LIMIT, FILL, true), beforePush)
+      expect(pushed.before).not.toBe(beforePush.inodes)
       expect((await changesOf(workspace, pushed)).files).not.toContain('pushed-by-host.txt')
       // another folder's names are never the start's
-      const elsewhere = markRunStart(workspace, syncGoLine('run_elsewhere', false, LIMIT, FILL), {
+      const elsewhere = markRunStart(workspace, syncGoLine('run_elsewhere', false, LIMIT, FILL, true), {
         workspace: outside,
         inodes: new Map(),
       })

@@ -30,6 +30,8 @@ export interface AgentContainer {
   log: (line: string) => void
   /** On a sync engine, the run's start as agent-run first said it (before any command ran). */
   syncSince?: string
+  /** A standby's: its volume's generation (SyncedVolume) as it started, when it took the workspace's names. */
+  syncGeneration?: string
 }
 
 /**

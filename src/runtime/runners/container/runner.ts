@@ -467,7 +467,7 @@ async function runOnVolume(
       takeBack,
       split ? split.frames : child.stdout!,
       // in the input's own write: the run waits for both, and each write wakes the docker client
-      sync ? syncGoLine(runId, pushed, diskLimit, sync.fill!) : '',
+      sync ? syncGoLine(runId, pushed, diskLimit, sync.fill!, namesKept(standby, sync, pushed)) : '',
     )
     await takenBack
     // what a run that did not finish did to the volume is unknown: the next run there starts from the host's copy
@@ -490,11 +490,21 @@ async function runOnVolume(
       )
     return output
   } finally {
+    // a run that failed after its take-back still holds the agent's lock until its record is written
+    await settled?.catch(() => {})
     void diskWatch.stop()
     forgetRunProcess(request.home, runId)
     // a trailer no take-back claimed (the run failed after sending it) is freed when it is whole
     if (split && !takenBack) void split.trailer.then((trailer) => trailer?.close())
   }
+}
+
+/**
+ * Whether a standby's names, taken while it waited, are the run's start: nothing was pushed for
+ * this message, and the volume's generation is the one it started at (no run or push since).
+ */
+export function namesKept(standby: AgentContainer | undefined, sync: SyncedVolume, pushed: boolean): boolean {
+  return Boolean(!pushed && standby?.syncGeneration && standby.syncGeneration === sync.generation)
 }
 
 async function runInStartedContainer(
@@ -749,8 +759,10 @@ function prepareNextStandby(
         disk ? disk.fsid : undefined,
       )
       const name = containerNameFor(`standby_${randomHex(8)}`)
-      return (startSignal: AbortSignal) =>
-        startAgentContainer(cli, shape, {
+      return async (startSignal: AbortSignal) => {
+        // read before it starts: a run or push after this one changes it, and its names are stale
+        const generation = engine && syncedVolumeOn(request, engine)?.generation
+        const container = await startAgentContainer(cli, shape, {
           name,
           run: 'standby',
           clientTimeoutMs: standbyIdleMs() + request.timeoutMs + CLIENT_GRACE_MS,
@@ -758,6 +770,9 @@ function prepareNextStandby(
           signal: startSignal,
           log,
         })
+        if (generation) container.syncGeneration = generation
+        return container
+      }
     },
     log,
   )

@@ -86,6 +86,11 @@ export interface SyncedVolume {
   synced: Snapshot | undefined
   /** The token the push that filled the volume left in it (SYNC_FILL): without it the volume is unknown. */
   fill?: string
+  /**
+   * Changes whenever the volume may have: the run whose changes were taken back last, or a push
+   * that wrote. A standby's names taken at one generation are the start's only at the same one.
+   */
+  generation?: string
   file: string
   /** Where a run's changes wait past what memory holds while they are taken back (sync-trailer.ts). */
   spoolDir: string
@@ -95,7 +100,7 @@ export interface SyncedVolume {
 export function syncedVolume(home: string, engine: string, homeLabel: string, agentId: string): SyncedVolume {
   const volume = `${syncVolumePrefix(homeLabel)}${agentId}`
   const file = syncStateFile(home, engine, agentId)
-  let record: {fill?: unknown; files?: unknown; unsettledIn?: unknown} | undefined
+  let record: {fill?: unknown; files?: unknown; unsettledIn?: unknown; generation?: unknown} | undefined
   try {
     record = JSON.parse(fs.readFileSync(file, 'utf8')) as typeof record
   } catch {
@@ -112,6 +117,7 @@ export function syncedVolume(home: string, engine: string, homeLabel: string, ag
     volume,
     synced: known ? (record!.files as Snapshot) : undefined,
     fill: known ? (record!.fill as string) : undefined,
+    generation: known && typeof record!.generation === 'string' ? record!.generation : undefined,
     file,
     spoolDir: syncSpoolDir(home),
   }
@@ -128,6 +134,7 @@ function remember(state: SyncedVolume, snapshot: Snapshot | undefined, unsettled
   state.synced = snapshot
   if (!snapshot) {
     state.fill = undefined
+    state.generation = undefined
     removeWholeFile(state.file)
     return
   }
@@ -137,7 +144,12 @@ function remember(state: SyncedVolume, snapshot: Snapshot | undefined, unsettled
 }
 
 function recordText(state: SyncedVolume, files: Snapshot, unsettledIn?: string): string {
-  return JSON.stringify({fill: state.fill, files, ...(unsettledIn ? {unsettledIn} : {})})
+  return JSON.stringify({
+    fill: state.fill,
+    files,
+    ...(state.generation ? {generation: state.generation} : {}),
+    ...(unsettledIn ? {unsettledIn} : {}),
+  })
 }
 
 let bootOfThisProcess: string | null | undefined
@@ -343,6 +355,7 @@ async function sendChanges(
     },
   )
   state.fill = fill
+  state.generation = `push-${crypto.randomBytes(8).toString('hex')}`
   remember(state, host)
   return {sent: entries.length, wrote: true}
 }
@@ -467,6 +480,7 @@ export async function pullWorkspace(
   }
   const {received, record, files, folders} = applied
   const snapshot = record ?? snapshotWorkspace(options.workspace)
+  state.generation = options.runId
   // the record is what the push sent with what the run brought back, never a walk of the host now:
   // an edit made on the host while the run ran is unlike it, so the next push sends it
   if (!boot) {
@@ -633,7 +647,7 @@ export async function applyChanges(
   }
   /** The folders whose entries it made, replaced or removed: each to be fsynced once (pullWorkspace). */
   const touched = new Set<string>()
-  /** The files it wrote: each fsynced before its rename, or by the caller (`durable: false`). */
+  /** The files it wrote not yet on the disk (`durable: false`): the caller fsyncs them. */
   const filesWritten = new Set<string>()
   const changedIn = (name: string) => touched.add(path.dirname(name))
   /** The folders the writer makes on the way to `name` (an archive that did not list them) change their parents too. */
@@ -668,11 +682,9 @@ export async function applyChanges(
         }
         parentsMadeFor(name)
         const content = archive.content(entry.dataAt, entry.size)
-        const writing = {
-          mode: entry.mode & 0o777,
-          written,
-          ...(options.durable === false ? {durable: false as const} : {}),
-        }
+        // one its owner cannot read could not be opened again for the fsync: written durably now
+        const later = options.durable === false && (entry.mode & 0o400) !== 0
+        const writing = {mode: entry.mode & 0o777, written, ...(later ? {durable: false as const} : {})}
         // what came past memory (a spooled trailer) may be a GiB: written between the loop's turns,
         // the host's file checked again just before it is replaced
         const placed = Buffer.isBuffer(content)
@@ -687,7 +699,7 @@ export async function applyChanges(
           continue
         }
         changedIn(name)
-        filesWritten.add(name)
+        if (later) filesWritten.add(name)
         received++
       } else if (entry.type === '2' && GATEWAY_ENTRIES.includes(name))
         skip(entry, "is a link where the gateway keeps one of the agent's own files", 'l')

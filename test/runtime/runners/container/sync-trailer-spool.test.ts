@@ -119,7 +119,8 @@ describe('a run’s changes past what the gateway holds in memory', () => {
     // written between the event loop's turns: other agents' replies and timers go on meanwhile
     const gaps = watchLoopGaps()
     const started = performance.now()
-    const {received} = await takeBack(trailer!, workspace, spool, {})
+    const {received, settled} = await takeBack(trailer!, workspace, spool, {})
+    await settled // its fsyncs, after the reply: on libuv's threads too
     const took = performance.now() - started
     const longestGap = gaps.stop()
     expect(received).toBe(2)
@@ -193,12 +194,14 @@ describe('a run’s changes past what the gateway holds in memory', () => {
     split.frames.resume()
     await send(stdout, Buffer.concat([Buffer.from(`${FRAMES}${SYNC_TRAILER} ${list.length}\n`), list, tar]))
     const trailer = await split.trailer
-    // the operator saves it while the run's copy is on its way to the disk
-    const fsync = fs.fsync.bind(fs)
-    const saving = vi.spyOn(fs, 'fsync').mockImplementation(((fd: number, done: (error: Error | null) => void) => {
-      if (fs.readFileSync(soul, 'utf8') === 'before the run') fs.writeFileSync(soul, 'saved in the dashboard')
-      fsync(fd, done)
-    }) as typeof fs.fsync)
+    // the operator saves it while the run's copy is being written beside it
+    const writeSync = fs.writeSync.bind(fs) as (...args: unknown[]) => number
+    const saving = vi.spyOn(fs, 'writeSync').mockImplementation(((fd: number, ...rest: unknown[]) => {
+      const runsCopy = Buffer.isBuffer(rest[0]) && rest[0].length > 1 << 19 && rest[0][0] === 'r'.charCodeAt(0)
+      if (runsCopy && fs.readFileSync(soul, 'utf8') === 'before the run')
+        fs.writeFileSync(soul, 'saved in the dashboard')
+      return writeSync(fd, ...rest)
+    }) as typeof fs.writeSync)
     try {
       const {received} = await takeBack(trailer!, workspace, spool, synced)
       expect(received).toBe(0)

@@ -18,6 +18,8 @@ import {readTar, writeTar, type TarInput} from '../../../../src/runtime/util/tar
 import type {GatewayError} from '../../../../src/runtime/util/errors.js'
 import {watchLoopGaps} from '../../../helpers/loop-gaps.js'
 import {syncStateFile} from '../../../../src/runtime/container/engine-state.js'
+import {namesKept} from '../../../../src/runtime/runners/container/runner.js'
+import type {AgentContainer} from '../../../../src/runtime/runners/container/agent-container.js'
 
 /*
  * The host side of the remote-engine workspace sync, fed hostile archives as an agent on the
@@ -387,6 +389,58 @@ describe('taking a run’s changes back from a remote engine', () => {
       'untouched',
     ])
     expect(syncedVolume(root, 'remote', 'label', 'a').synced).toBeUndefined() // another agent's: none
+  })
+
+  it('lets a standby start from its names only at the generation it started at: no run or push since', async () => {
+    const volumeOf = () => syncedVolume(root, 'remote', 'label', 'agent')
+    const state = volumeOf()
+    state.synced = {}
+    state.fill = 'b'.repeat(32)
+    await pull(state, ['a.txt'], writeTar([file('a.txt', 'a')]))
+    // the run whose changes were taken last is the volume's generation, on the disk for the next message
+    expect(volumeOf().generation).toBe('run_test')
+    const standby = (syncGeneration?: string) => ({syncGeneration}) as AgentContainer
+    expect(namesKept(standby('run_test'), volumeOf(), false)).toBe(true)
+    // this message's push wrote; a run (a fresh container's, another process's) came after it started
+    expect(namesKept(standby('run_test'), volumeOf(), true)).toBe(false)
+    expect(namesKept(standby('run_before'), volumeOf(), false)).toBe(false)
+    // a standby that started before any generation, and a fresh container
+    expect(namesKept(standby(undefined), volumeOf(), false)).toBe(false)
+    expect(namesKept(undefined, volumeOf(), false)).toBe(false)
+    // a forgotten volume has none: it is filled (pushed) before anything runs there
+    forgetVolume(state)
+    expect(volumeOf().generation).toBeUndefined()
+    expect(namesKept(standby('run_test'), volumeOf(), false)).toBe(false)
+  })
+
+  it('fsyncs a file its owner cannot read before its rename: the late pass could not open it', async () => {
+    const state: SyncedVolume = {volume: 'unused', synced: {}, file: path.join(root, 'record'), spoolDir: root}
+    const opened = new Map<number, string>()
+    const fsynced: string[] = []
+    const open = vi.spyOn(fs, 'openSync')
+    const fsyncNow = vi.spyOn(fs, 'fsyncSync')
+    open.mockImplementation(((name: fs.PathLike, ...rest: unknown[]) => {
+      const fd = openReal(name, ...rest)
+      opened.set(fd, path.basename(String(name)))
+      return fd
+    }) as typeof fs.openSync)
+    fsyncNow.mockImplementation((fd: number) => {
+      fsyncReal(fd)
+      fsynced.push(opened.get(fd) ?? '?')
+    })
+    let settledWell = false
+    try {
+      const changes = writeTar([file('write-only.txt', 'w', 0o200), file('readable.txt', 'r')])
+      const taken = await pullBeforeSettled(state, ['write-only.txt', 'readable.txt'], changes)
+      // one temp fsynced before the reply: the write-only file's (the readable one's comes after it)
+      expect(fsynced.filter((name) => name.endsWith('.tmp'))).toHaveLength(1)
+      await taken.settled.then(() => (settledWell = true))
+    } finally {
+      open.mockRestore()
+      fsyncNow.mockRestore()
+    }
+    expect(settledWell).toBe(true)
+    expect(fs.statSync(path.join(workspace, 'write-only.txt')).mode & 0o777).toBe(0o200)
   })
 
   it('trusts a record its take-back had not settled only in the boot that wrote it', () => {
