@@ -139,8 +139,7 @@ function remember(state: SyncedVolume, snapshot: Snapshot | undefined, unsettled
     return
   }
   fs.mkdirSync(path.dirname(state.file), {recursive: true, mode: 0o700})
-  if (unsettledIn) writeWholeFile(state.file, recordText(state, snapshot, unsettledIn), {durable: false})
-  else writeWholeFile(state.file, recordText(state, snapshot))
+  writeWholeFile(state.file, recordText(state, snapshot, unsettledIn), unsettledIn ? {durable: false} : {})
 }
 
 function recordText(state: SyncedVolume, files: Snapshot, unsettledIn?: string): string {
@@ -431,8 +430,9 @@ function safeName(raw: string): string | undefined {
  *
  * It returns once the changes are in place on the host (the next run sees them; losing the engine
  * now loses nothing). `settled` follows, on libuv's threads: the files and folders it wrote
- * fsynced, then the record; until then the record holds only in this boot (syncedVolume), so a
- * machine that lost power meanwhile fills the volume whole from whatever its disk kept.
+ * fsynced, then the record; until then the record holds only in this boot (syncedVolume). A
+ * power loss before even that record's rename is on the disk brings back the one before it
+ * (docs/architecture.md, the known limit).
  */
 export async function pullWorkspace(
   cli: DockerCli,
